@@ -1,0 +1,270 @@
+//! The layer: causal multi-head self-attention.
+
+use burn::module::Module;
+use burn::nn::{Dropout, Linear};
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Tensor};
+
+use crate::config::AttentionKernel;
+use crate::error::AttentionError;
+use crate::kv_cache::KvCache;
+use crate::mask::{causal_mask_with_offset, mask_then_softmax};
+
+/// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
+///
+/// Each position projects to a query, a key and a value. Every head scores each query against
+/// every key (`q·k / √d_head`: the scale keeps the scores' variance near 1 so the softmax does
+/// not saturate), hides the future with the causal mask, turns scores into weights with a
+/// softmax, and returns the weighted sum of the values. The heads' outputs are concatenated and
+/// projected back to `d_model`.
+///
+/// Create it with [`CausalSelfAttentionConfig`](crate::CausalSelfAttentionConfig).
+#[derive(Module, Debug)]
+pub struct CausalSelfAttention {
+    /// Query, key and value projections as one matrix `[d_model, 3·d_model]` (columns q | k | v),
+    /// one matmul instead of three; nanoGPT's `c_attn`.
+    pub c_attn: Linear,
+    /// Output projection `[d_model, d_model]`; nanoGPT's `c_proj`.
+    pub c_proj: Linear,
+    /// Dropout on the attention weights: during training each query randomly ignores some keys
+    /// (kept weights scaled by `1/(1-p)`), so no head leans on a single position.
+    pub attn_dropout: Dropout,
+    /// Dropout on the layer's output before it joins the residual stream.
+    pub resid_dropout: Dropout,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Longest sequence accepted.
+    pub max_seq_len: usize,
+    /// Implementation of the attention core.
+    #[module(skip)]
+    pub kernel: AttentionKernel,
+}
+
+/// Queries, keys and values, each `[batch, heads, seq, d_head]`.
+struct Heads {
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+}
+
+impl CausalSelfAttention {
+    /// Width of the residual stream.
+    pub fn d_model(&self) -> usize {
+        self.c_proj.weight.dims()[1]
+    }
+
+    /// Attends over `x`: `[batch, seq, d_model] -> [batch, seq, d_model]`.
+    ///
+    /// `key_padding`: optional `[batch, seq]`, `true` where the token is padding. Padded keys get
+    /// weight 0; a query whose keys are all padding gets zeros, never `NaN`.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Result<Tensor<3>, AttentionError> {
+        let [batch, seq, _] = self.check_input(&x, 0)?;
+        check_padding(&key_padding, batch, seq)?;
+        let heads = self.heads(x);
+        let y = if self.use_fused(&heads.q.device(), key_padding.is_some()) {
+            let mask = key_padding.map(|padding| self.mask(batch, seq, 0, Some(padding)));
+            fused(heads, mask)
+        } else {
+            let padded = key_padding.is_some();
+            let mask = self.mask(batch, seq, 0, key_padding);
+            self.explicit(heads, Some(mask), padded).0
+        };
+        Ok(self.merge_heads(y))
+    }
+
+    /// Like [`forward`](Self::forward), and also returns the attention weights
+    /// `[batch, heads, seq, seq]` (before dropout): rows sum to 1 over the visible keys, entries
+    /// above the diagonal are exactly 0. Always takes the explicit path.
+    pub fn forward_with_weights(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let [batch, seq, _] = self.check_input(&x, 0)?;
+        check_padding(&key_padding, batch, seq)?;
+        let padded = key_padding.is_some();
+        let mask = self.mask(batch, seq, 0, key_padding);
+        let (y, weights) = self.explicit(self.heads(x), Some(mask), padded);
+        Ok((self.merge_heads(y), weights))
+    }
+
+    /// Incremental decoding: attends the new tokens `x` (`[batch, new, d_model]`) over the
+    /// cached keys/values plus their own, appends their keys/values to `cache`, and returns
+    /// `[batch, new, d_model]`. Feeding a sequence in pieces gives the outputs of one
+    /// [`forward`](Self::forward) over the whole sequence, at `O(seq)` work per new token instead
+    /// of `O(seq²)`.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, AttentionError> {
+        let past = cache.len();
+        let [batch, new, _] = self.check_input(&x, past)?;
+        if let Some(cached) = cache.batch()
+            && cached != batch
+        {
+            return Err(AttentionError::CacheBatchMismatch { cached, got: batch });
+        }
+        let Heads { q, k, v } = self.heads(x);
+        let (k, v) = cache.append(k, v);
+        let heads = Heads { q, k, v };
+        // One new token may see every cached key: no mask at all.
+        let mask = (new > 1).then(|| self.mask(batch, new, past, None));
+        let y = if self.use_fused(&heads.q.device(), false) && mask.is_none() {
+            fused_unmasked(heads)
+        } else {
+            self.explicit(heads, mask, false).0
+        };
+        Ok(self.merge_heads(y))
+    }
+
+    fn check_input(&self, x: &Tensor<3>, past: usize) -> Result<[usize; 3], AttentionError> {
+        let dims = x.dims();
+        let [_, seq, width] = dims;
+        if width != self.d_model() {
+            return Err(AttentionError::WidthMismatch {
+                expected: self.d_model(),
+                got: width,
+            });
+        }
+        if seq == 0 {
+            return Err(AttentionError::EmptySequence);
+        }
+        if past + seq > self.max_seq_len {
+            return Err(AttentionError::SequenceTooLong {
+                len: past + seq,
+                max: self.max_seq_len,
+            });
+        }
+        Ok(dims)
+    }
+
+    /// Dropout only acts when training: its flag is on and the tensors track gradients.
+    fn dropout_active(&self, device: &Device) -> bool {
+        self.attn_dropout.prob > 0.0
+            && self.attn_dropout.training.is_enabled()
+            && device.is_autodiff()
+    }
+
+    /// Whether this call may take the fused kernel (see [`AttentionKernel`]).
+    fn use_fused(&self, device: &Device, padded: bool) -> bool {
+        match self.kernel {
+            AttentionKernel::Explicit => false,
+            AttentionKernel::Fused => !self.dropout_active(device),
+            // Under autodiff the fused op was slower than the explicit one on CPU, and padding
+            // needs a materialised mask anyway.
+            AttentionKernel::Auto => !device.is_autodiff() && !padded,
+        }
+    }
+
+    /// `[batch, seq, d_model]` -> queries, keys, values `[batch, heads, seq, d_head]`.
+    fn heads(&self, x: Tensor<3>) -> Heads {
+        let [batch, seq, d_model] = x.dims();
+        let d_head = d_model / self.n_heads;
+        let mut qkv = self
+            .c_attn
+            .forward(x)
+            .reshape([batch, seq, 3, self.n_heads, d_head])
+            .permute([2, 0, 3, 1, 4])
+            .chunk(3, 0)
+            .into_iter()
+            .map(|t| t.reshape([batch, self.n_heads, seq, d_head]));
+        let (q, k, v) = (qkv.next(), qkv.next(), qkv.next());
+        Heads {
+            q: q.expect("three chunks"),
+            k: k.expect("three chunks"),
+            v: v.expect("three chunks"),
+        }
+    }
+
+    /// `[batch, heads, seq, d_head]` -> concatenated heads, projected: `[batch, seq, d_model]`.
+    fn merge_heads(&self, y: Tensor<4>) -> Tensor<3> {
+        let [batch, heads, seq, d_head] = y.dims();
+        let y = y.swap_dims(1, 2).reshape([batch, seq, heads * d_head]);
+        self.resid_dropout.forward(self.c_proj.forward(y))
+    }
+
+    /// The hidden positions for `new` queries after `past` cached tokens, `true` = hidden:
+    /// the causal mask, or-ed with the key padding when given. `[batch, heads, new, past + new]`.
+    fn mask(
+        &self,
+        batch: usize,
+        new: usize,
+        past: usize,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Tensor<4, Bool> {
+        let keys = past + new;
+        let shape = [batch, self.n_heads, new, keys];
+        let device = self.c_proj.weight.device();
+        let causal = causal_mask_with_offset(new, keys, past, &device)
+            .reshape([1, 1, new, keys])
+            .expand(shape);
+        match key_padding {
+            Some(padding) => causal.bool_or(padding.reshape([batch, 1, 1, keys]).expand(shape)),
+            None => causal,
+        }
+    }
+
+    /// The attention core as the seeds write it. Returns the output `[batch, heads, seq, d_head]`
+    /// and the weights `[batch, heads, seq, keys]` (before dropout).
+    ///
+    /// `zero_hidden`: after the softmax, set hidden weights to exactly 0. Needed with padding: a
+    /// row whose keys are all hidden would otherwise spread its weight evenly over them.
+    fn explicit(
+        &self,
+        Heads { q, k, v }: Heads,
+        mask: Option<Tensor<4, Bool>>,
+        zero_hidden: bool,
+    ) -> (Tensor<4>, Tensor<4>) {
+        let d_head = q.dims()[3];
+        // Scaling q (seq·d_head values) is cheaper than scaling the scores (seq·seq values).
+        let scores = (q * (1.0 / (d_head as f64).sqrt())).matmul(k.swap_dims(2, 3));
+        let weights = match mask {
+            Some(mask) if zero_hidden => mask_then_softmax(scores, mask.clone()).mask_fill(mask, 0.0),
+            Some(mask) => mask_then_softmax(scores, mask),
+            None => burn::tensor::activation::softmax(scores, 3),
+        };
+        let y = self.attn_dropout.forward(weights.clone()).matmul(v);
+        (y, weights)
+    }
+}
+
+/// Burn's fused attention; `mask` (`true` = hidden) replaces the built-in causal mask when given.
+fn fused(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>) -> Tensor<4> {
+    let is_causal = mask.is_none();
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal,
+    };
+    attention(q, k, v, mask, None, options)
+}
+
+/// Burn's fused attention with no mask: a single new query that may see every key.
+fn fused_unmasked(Heads { q, k, v }: Heads) -> Tensor<4> {
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: false,
+    };
+    attention(q, k, v, None, None, options)
+}
+
+fn check_padding(
+    key_padding: &Option<Tensor<2, Bool>>,
+    batch: usize,
+    seq: usize,
+) -> Result<(), AttentionError> {
+    match key_padding {
+        Some(padding) if padding.dims() != [batch, seq] => Err(AttentionError::PaddingMaskShape {
+            expected: [batch, seq],
+            got: padding.dims(),
+        }),
+        _ => Ok(()),
+    }
+}

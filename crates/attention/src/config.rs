@@ -1,0 +1,111 @@
+//! Configuration of [`CausalSelfAttention`](crate::CausalSelfAttention), with validation.
+
+use burn::config::Config;
+use burn::nn::{DropoutConfig, Initializer, Linear};
+use burn::tensor::Device;
+
+use crate::attention::CausalSelfAttention;
+use crate::error::AttentionConfigError;
+
+/// Which implementation computes `softmax(QKᵀ/√d + mask) · V`.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Per call: [`Fused`](AttentionKernel::Fused) when it gives the same result and is faster
+    /// (inference without padding, weights or dropout), otherwise
+    /// [`Explicit`](AttentionKernel::Explicit).
+    Auto,
+    /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops: the code that
+    /// teaches, the only one that can return weights or apply dropout, and on CPU the faster one
+    /// under autodiff.
+    Explicit,
+    /// Burn's `burn::tensor::module::attention` with `is_causal: true`; backends may run a
+    /// flash-attention kernel. No dropout and no weights; an active dropout falls back to
+    /// [`Explicit`](AttentionKernel::Explicit).
+    Fused,
+}
+
+/// Configuration to create a [`CausalSelfAttention`] layer with [`init`](Self::init).
+#[derive(Config, Debug)]
+pub struct CausalSelfAttentionConfig {
+    /// Width of the residual stream: input and output size of the layer.
+    pub d_model: usize,
+    /// Number of heads; each works on `d_model / n_heads` channels, so it must divide `d_model`.
+    pub n_heads: usize,
+    /// Longest sequence accepted (the model's context, nanoGPT's `block_size`). Longer inputs are
+    /// an error, never a silent truncation.
+    pub max_seq_len: usize,
+    /// Dropout probability on the attention weights and on the output projection (nanoGPT's
+    /// `attn_dropout` and `resid_dropout`). Active only in training.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Whether the query/key/value and output projections have a bias.
+    #[config(default = true)]
+    pub bias: bool,
+    /// Standard deviation of the normal init of the q/k/v projection (GPT-2: 0.02). Biases are 0.
+    #[config(default = 0.02)]
+    pub init_std: f64,
+    /// Standard deviation of the output projection's init; GPT-2 scales it by `1/√(2·n_layer)`
+    /// because it adds to the residual stream once per block. `None` = `init_std`.
+    #[config(default = "None")]
+    pub proj_init_std: Option<f64>,
+    /// Which attention implementation to use.
+    #[config(default = "AttentionKernel::Auto")]
+    pub kernel: AttentionKernel,
+}
+
+impl CausalSelfAttentionConfig {
+    /// Checks every value; the first problem is returned as a typed error.
+    pub fn validate(&self) -> Result<(), AttentionConfigError> {
+        for (name, value) in [
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("max_seq_len", self.max_seq_len),
+        ] {
+            if value == 0 {
+                return Err(AttentionConfigError::Zero { name });
+            }
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(AttentionConfigError::HeadsDoNotDivide {
+                d_model: self.d_model,
+                n_heads: self.n_heads,
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(AttentionConfigError::Dropout(self.dropout));
+        }
+        for (name, std) in [
+            ("init_std", Some(self.init_std)),
+            ("proj_init_std", self.proj_init_std),
+        ] {
+            if let Some(std) = std
+                && !(std.is_finite() && std >= 0.0)
+            {
+                return Err(AttentionConfigError::InitStd { name, value: std });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates the config and creates the layer on `device`.
+    pub fn init(&self, device: &Device) -> Result<CausalSelfAttention, AttentionConfigError> {
+        self.validate()?;
+        let d = self.d_model;
+        // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform).
+        let linear = |d_out: usize, std: f64| Linear {
+            weight: Initializer::Normal { mean: 0.0, std }.init([d, d_out], device),
+            bias: self
+                .bias
+                .then(|| Initializer::Zeros.init([d_out], device)),
+        };
+        Ok(CausalSelfAttention {
+            c_attn: linear(3 * d, self.init_std),
+            c_proj: linear(d, self.proj_init_std.unwrap_or(self.init_std)),
+            attn_dropout: DropoutConfig::new(self.dropout).init(),
+            resid_dropout: DropoutConfig::new(self.dropout).init(),
+            n_heads: self.n_heads,
+            max_seq_len: self.max_seq_len,
+            kernel: self.kernel,
+        })
+    }
+}

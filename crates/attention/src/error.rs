@@ -1,0 +1,31 @@
+//! Typed errors: bad configs and bad inputs are values, never panics.
+
+use thiserror::Error;
+
+/// A [`CausalSelfAttentionConfig`](crate::CausalSelfAttentionConfig) value that cannot work.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum AttentionConfigError {
+    #[error("attention `{name}` must be at least 1, got 0")]
+    Zero { name: &'static str },
+    #[error("attention `n_heads` ({n_heads}) must divide `d_model` ({d_model})")]
+    HeadsDoNotDivide { d_model: usize, n_heads: usize },
+    #[error("attention `dropout` must be in [0, 1), got {0}")]
+    Dropout(f64),
+    #[error("attention `{name}` must be a finite number >= 0, got {value}")]
+    InitStd { name: &'static str, value: f64 },
+}
+
+/// An input the layer cannot attend over.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AttentionError {
+    #[error("sequence of {len} tokens is longer than the context of {max} tokens")]
+    SequenceTooLong { len: usize, max: usize },
+    #[error("input has {got} channels, the layer expects d_model = {expected}")]
+    WidthMismatch { expected: usize, got: usize },
+    #[error("input sequence is empty")]
+    EmptySequence,
+    #[error("padding mask has shape {got:?}, expected [batch, seq] = {expected:?}")]
+    PaddingMaskShape { expected: [usize; 2], got: [usize; 2] },
+    #[error("key/value cache holds batch {cached}, input has batch {got}")]
+    CacheBatchMismatch { cached: usize, got: usize },
+}

@@ -1,0 +1,43 @@
+//! # Masked (causal) multi-head self-attention, explained
+//!
+//! A GPT reads a sequence and, at every position `i`, predicts token `i + 1`. Attention is how a
+//! position gathers information from others: it scores itself (the *query*) against every
+//! position's *key*, turns the scores into weights with a softmax, and takes the weighted sum of
+//! the *values*:
+//!
+//! ```text
+//! weights = softmax(Q Kᵀ / √d_head + mask)      [batch, heads, seq, seq]
+//! output  = weights · V                         [batch, heads, seq, d_head]
+//! ```
+//!
+//! Training computes all positions at once, so position `i` could read the very token it must
+//! predict. The **causal mask** hides every key `j > i` from query `i`; its matrix is
+//! upper-triangular (`torch.triu(ones, diagonal=1)`), and the weights that survive form a
+//! lower-triangular one (`torch.tril`). The mask goes *before* the softmax: the softmax must
+//! share the weight among visible keys only, so the hidden scores become a large negative number
+//! whose exponential is 0. Masking *after* the softmax also works if each row is renormalised to
+//! sum to 1 again: the two give identical weights ([`mask`] explains why, the tests prove it).
+//!
+//! What this crate offers:
+//! - [`CausalSelfAttention`], a Burn [`Module`](burn::module::Module) made by
+//!   [`CausalSelfAttentionConfig::init`]: multi-head, optional key-padding mask, dropout on the
+//!   attention weights during training, weights returned for inspection
+//!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`].
+//! - Two implementations of the core ([`AttentionKernel`]): the explicit one written out as
+//!   above, and Burn's fused `attention` op, chosen per call.
+//! - The seeds' building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
+//!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
+//!
+//! Shapes use `batch` (independent sequences), `seq` (tokens), `heads`, `d_model` (the
+//! residual-stream width) and `d_head = d_model / heads`.
+
+mod attention;
+mod config;
+mod error;
+mod kv_cache;
+pub mod mask;
+
+pub use attention::CausalSelfAttention;
+pub use config::{AttentionKernel, CausalSelfAttentionConfig};
+pub use error::{AttentionConfigError, AttentionError};
+pub use kv_cache::KvCache;

@@ -1,0 +1,467 @@
+//! Behaviour of `CausalSelfAttention` on every backend: flex, ndarray and wgpu (lavapipe in CI).
+//!
+//! Each check is a function of a `Device`; `backend_tests!` runs it once per backend.
+
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::tensor::{Bool, Device, DeviceType, Distribution, Tensor, TensorData};
+use tinygpt_attention::mask::{
+    causal_mask, mask_then_softmax, softmax_then_renormalise, tril, triu,
+};
+use tinygpt_attention::{
+    AttentionConfigError, AttentionError, AttentionKernel, CausalSelfAttention,
+    CausalSelfAttentionConfig, KvCache,
+};
+
+// ---------------------------------------------------------------- helpers
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
+}
+
+/// max |a - b| / max |b|: the error relative to the reference's scale.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let scale = b.iter().fold(0f64, |m, &x| m.max(x.abs() as f64)).max(1e-12);
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+    diff / scale
+}
+
+fn assert_close(a: &[f32], b: &[f32], tol: f64, what: &str) {
+    assert!(a.iter().all(|x| x.is_finite()), "{what}: non-finite values");
+    let err = rel_err(a, b);
+    assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
+}
+
+fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+}
+
+fn config(d_model: usize, n_heads: usize, max_seq_len: usize) -> CausalSelfAttentionConfig {
+    // A larger init than GPT-2's 0.02 so the softmax is far from uniform and mistakes show.
+    CausalSelfAttentionConfig::new(d_model, n_heads, max_seq_len).with_init_std(0.3)
+}
+
+fn layer(d_model: usize, n_heads: usize, max_seq_len: usize, device: &Device) -> CausalSelfAttention {
+    config(d_model, n_heads, max_seq_len).init(device).unwrap()
+}
+
+fn with_kernel(layer: &CausalSelfAttention, kernel: AttentionKernel) -> CausalSelfAttention {
+    let mut layer = layer.clone();
+    layer.kernel = kernel;
+    layer
+}
+
+/// `[batch, seq]` padding mask from per-row flags.
+fn padding(rows: &[&[bool]], device: &Device) -> Tensor<2, Bool> {
+    let flat: Vec<bool> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    Tensor::from_data(TensorData::new(flat, [rows.len(), rows[0].len()]), device)
+}
+
+/// The whole layer written plainly in f64 from its weights: the independent reference.
+/// `x`: `[batch][seq][d]`; `pad`: per batch row, `true` = padding key.
+fn reference(layer: &CausalSelfAttention, x: &[f32], dims: [usize; 3], pad: Option<&[bool]>) -> Vec<f32> {
+    let [batch, seq, d] = dims;
+    let heads = layer.n_heads;
+    let dh = d / heads;
+    let f64s = |t: Vec<f32>| t.into_iter().map(f64::from).collect::<Vec<f64>>();
+    let w_attn = f64s(values(layer.c_attn.weight.val())); // [d, 3d]
+    let b_attn = layer.c_attn.bias.as_ref().map(|b| f64s(values(b.val())));
+    let w_proj = f64s(values(layer.c_proj.weight.val())); // [d, d]
+    let b_proj = layer.c_proj.bias.as_ref().map(|b| f64s(values(b.val())));
+    let mut out = vec![0f32; batch * seq * d];
+    for b in 0..batch {
+        // qkv[t][c] for c in 0..3d
+        let qkv: Vec<Vec<f64>> = (0..seq)
+            .map(|t| {
+                (0..3 * d)
+                    .map(|c| {
+                        let dot: f64 = (0..d)
+                            .map(|i| x[(b * seq + t) * d + i] as f64 * w_attn[i * 3 * d + c])
+                            .sum();
+                        dot + b_attn.as_ref().map_or(0.0, |bias| bias[c])
+                    })
+                    .collect()
+            })
+            .collect();
+        for t in 0..seq {
+            let mut y = vec![0f64; d];
+            for h in 0..heads {
+                let q = |c: usize| qkv[t][h * dh + c];
+                let k = |s: usize, c: usize| qkv[s][d + h * dh + c];
+                let v = |s: usize, c: usize| qkv[s][2 * d + h * dh + c];
+                let visible: Vec<usize> = (0..=t)
+                    .filter(|&s| !pad.is_some_and(|p| p[b * seq + s]))
+                    .collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&s| (0..dh).map(|c| q(c) * k(s, c)).sum::<f64>() / (dh as f64).sqrt())
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = exps.iter().sum();
+                for (&s, e) in visible.iter().zip(&exps) {
+                    for c in 0..dh {
+                        y[h * dh + c] += e / sum * v(s, c);
+                    }
+                }
+            }
+            for o in 0..d {
+                let dot: f64 = (0..d).map(|i| y[i] * w_proj[i * d + o]).sum();
+                out[(b * seq + t) * d + o] = (dot + b_proj.as_ref().map_or(0.0, |bias| bias[o])) as f32;
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- checks
+
+/// Changing token j never changes any output before j, and does change the output at j.
+fn causality(device: &Device) {
+    let layer = layer(32, 4, 16, device);
+    let (batch, seq, d) = (2, 10, 32);
+    let x = random([batch, seq, d], device);
+    let before = values(layer.forward(x.clone(), None).unwrap());
+    for j in [0, 4, seq - 1] {
+        let changed = x.clone().slice_assign([0..batch, j..j + 1, 0..d], random([batch, 1, d], device));
+        let after = values(layer.forward(changed, None).unwrap());
+        for b in 0..batch {
+            for t in 0..seq {
+                let row = |v: &[f32]| v[(b * seq + t) * d..(b * seq + t + 1) * d].to_vec();
+                if t < j {
+                    assert_eq!(row(&before), row(&after), "output {t} changed when token {j} changed");
+                } else if t == j {
+                    assert_ne!(row(&before), row(&after), "output {t} ignored its own token");
+                }
+            }
+        }
+    }
+}
+
+/// A sequence's output does not depend on what else is in the batch.
+fn batch_independence(device: &Device) {
+    let layer = layer(32, 4, 16, device);
+    let (batch, seq, d) = (3, 9, 32);
+    let x = random([batch, seq, d], device);
+    let together = values(layer.forward(x.clone(), None).unwrap());
+    for b in 0..batch {
+        let alone = values(layer.forward(x.clone().slice([b..b + 1, 0..seq, 0..d]), None).unwrap());
+        let part = &together[b * seq * d..(b + 1) * seq * d];
+        assert_close(part, &alone, 1e-5, "batched vs alone");
+    }
+}
+
+/// Right padding leaves the real tokens' outputs unchanged; padded keys get weight 0; a query
+/// whose keys are all padding (left padding) gets zero weights and finite output.
+fn padding_mask(device: &Device) {
+    let layer = layer(16, 2, 8, device);
+    let (seq, d) = (6, 16);
+    let x = random([2, seq, d], device);
+    let pad_rows: [&[bool]; 2] = [
+        &[false, false, false, false, true, true], // right padding: 4 real tokens
+        &[true, true, false, false, false, false], // left padding: queries 0, 1 see no key
+    ];
+    let pad = padding(&pad_rows, device);
+    let (y, weights) = layer.forward_with_weights(x.clone(), Some(pad.clone())).unwrap();
+    let y = values(y);
+    assert!(y.iter().all(|v| v.is_finite()), "padding produced non-finite outputs");
+
+    let real = values(layer.forward(x.clone().slice([0..1, 0..4, 0..d]), None).unwrap());
+    assert_close(&y[..4 * d], &real, 1e-5, "right-padded vs unpadded");
+
+    let w = values(weights); // [2, heads, seq, seq]
+    let heads = 2;
+    for b in 0..2 {
+        for h in 0..heads {
+            for i in 0..seq {
+                let row = &w[((b * heads + h) * seq + i) * seq..][..seq];
+                for (j, &wij) in row.iter().enumerate() {
+                    if pad_rows[b][j] || j > i {
+                        assert_eq!(wij, 0.0, "hidden key {j} of query {i} has weight {wij}");
+                    }
+                }
+                let sum: f32 = row.iter().sum();
+                let any_visible = (0..=i).any(|j| !pad_rows[b][j]);
+                let expected = if any_visible { 1.0 } else { 0.0 };
+                assert!((sum - expected).abs() < 1e-5, "row {i} sums to {sum}");
+            }
+        }
+    }
+    let flat_pad: Vec<bool> = pad_rows.iter().flat_map(|r| r.iter().copied()).collect();
+    let expect = reference(&layer, &values(x.clone()), [2, seq, d], Some(&flat_pad));
+    assert_close(&y, &expect, 1e-5, "padded explicit vs f64 reference");
+    let fused = values(with_kernel(&layer, AttentionKernel::Fused).forward(x, Some(pad)).unwrap());
+    assert_close(&fused, &expect, 1e-5, "padded fused vs f64 reference");
+}
+
+/// Weights for inspection: `[batch, heads, seq, seq]`, rows sum to 1, zeros above the diagonal.
+fn weights_are_causal(device: &Device) {
+    let layer = layer(24, 3, 12, device);
+    let (batch, heads, seq) = (2, 3, 7);
+    let (_, weights) = layer.forward_with_weights(random([batch, seq, 24], device), None).unwrap();
+    assert_eq!(weights.dims(), [batch, heads, seq, seq]);
+    let w = values(weights);
+    for row in w.chunks(seq).enumerate() {
+        let (index, row) = row;
+        let i = index % seq;
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "row does not sum to 1: {row:?}");
+        assert!(row[i + 1..].iter().all(|&x| x == 0.0), "weight above the diagonal: {row:?}");
+        assert!(row[..=i].iter().all(|&x| x > 0.0), "visible key with zero weight: {row:?}");
+    }
+}
+
+/// Method (a) fill-then-softmax and method (b) softmax-then-renormalise give the same weights.
+fn two_masking_methods_agree(device: &Device) {
+    let (seq, shape) = (7, [2, 3, 7, 7]);
+    let scores = random(shape, device) * 3.0;
+    let hidden = causal_mask(seq, device).reshape([1, 1, seq, seq]).expand(shape);
+    let keep = tril(seq, device).reshape([1, 1, seq, seq]);
+    let a = values(mask_then_softmax(scores.clone(), hidden));
+    let b = values(softmax_then_renormalise(scores, keep));
+    assert_close(&a, &b, 1e-6, "fill-then-softmax vs softmax-then-renormalise");
+}
+
+/// fused == explicit == f64 reference, on fresh random inputs, under Auto too.
+fn fused_explicit_reference_agree(device: &Device) {
+    let layer = layer(48, 6, 32, device);
+    let dims = [3, 20, 48];
+    let x = random(dims, device);
+    let expect = reference(&layer, &values(x.clone()), dims, None);
+    for kernel in [AttentionKernel::Explicit, AttentionKernel::Fused, AttentionKernel::Auto] {
+        let got = values(with_kernel(&layer, kernel).forward(x.clone(), None).unwrap());
+        assert_close(&got, &expect, 1e-5, &format!("{kernel:?} vs f64 reference"));
+    }
+    // The same under autodiff, where the module records a graph.
+    let ad = device.clone().autodiff();
+    let tracked = layer.clone().to_device(&ad);
+    let got = values(tracked.forward(x.to_device(&ad), None).unwrap());
+    assert_close(&got, &expect, 1e-5, "autodiff vs f64 reference");
+}
+
+/// Feeding a sequence in pieces through the KV cache gives the full forward's outputs.
+fn kv_cache_matches_full_forward(device: &Device) {
+    let layer = layer(32, 4, 12, device);
+    let (batch, seq, d) = (2, 12, 32);
+    let x = random([batch, seq, d], device);
+    let full = layer.forward(x.clone(), None).unwrap();
+    for kernel in [AttentionKernel::Auto, AttentionKernel::Explicit, AttentionKernel::Fused] {
+        let layer = with_kernel(&layer, kernel);
+        for pieces in [&[1usize; 12][..], &[3, 1, 5, 1, 2][..]] {
+            let mut cache = KvCache::new();
+            let mut outs = Vec::new();
+            let mut start = 0;
+            for &n in pieces {
+                outs.push(layer.forward_cached(x.clone().slice([0..batch, start..start + n, 0..d]), &mut cache).unwrap());
+                start += n;
+            }
+            assert_eq!(cache.len(), seq);
+            let cached = values(Tensor::cat(outs, 1));
+            assert_close(&cached, &values(full.clone()), 1e-5, &format!("{kernel:?} cache {pieces:?}"));
+            // A full cache refuses one more token and stays as it was.
+            let more = layer.forward_cached(random([batch, 1, d], device), &mut cache);
+            assert_eq!(more.unwrap_err(), AttentionError::SequenceTooLong { len: seq + 1, max: seq });
+            assert_eq!(cache.len(), seq);
+        }
+    }
+}
+
+/// Optimisation steps with dropout and padding (including fully padded rows): every loss and
+/// every gradient is finite, and the loss goes down.
+fn gradients_stay_finite(device: &Device) {
+    let device = device.clone().autodiff();
+    let mut layer = config(32, 4, 16).with_dropout(0.1).init(&device).unwrap();
+    let mut optim = AdamWConfig::new().init();
+    let (batch, seq, d) = (4, 16, 32);
+    let x = random([batch, seq, d], &device);
+    let target = random([batch, seq, d], &device);
+    let mut pad_rows = vec![vec![false; seq]; batch];
+    pad_rows[1][12..].fill(true); // right padding
+    pad_rows[2][..3].fill(true); // left padding: fully masked queries
+    let rows: Vec<&[bool]> = pad_rows.iter().map(|r| r.as_slice()).collect();
+    let pad = padding(&rows, &device);
+    let mut losses = Vec::new();
+    for step in 0..40 {
+        let y = layer.forward(x.clone(), Some(pad.clone())).unwrap();
+        let loss = (y - target.clone()).powf_scalar(2.0).mean();
+        let value = values(loss.clone())[0];
+        assert!(value.is_finite(), "loss at step {step} is {value}");
+        losses.push(value);
+        let grads = loss.backward();
+        for (name, grad) in [
+            ("c_attn.weight", layer.c_attn.weight.grad(&grads).map(values)),
+            ("c_attn.bias", layer.c_attn.bias.as_ref().and_then(|b| b.grad(&grads)).map(values)),
+            ("c_proj.weight", layer.c_proj.weight.grad(&grads).map(values)),
+            ("c_proj.bias", layer.c_proj.bias.as_ref().and_then(|b| b.grad(&grads)).map(values)),
+        ] {
+            let grad = grad.unwrap_or_else(|| panic!("{name} has no gradient"));
+            assert!(grad.iter().all(|g| g.is_finite()), "{name} gradient not finite at step {step}");
+        }
+        let grads = GradientsParams::from_grads(grads, &layer);
+        layer = optim.step(2e-2, layer, grads);
+    }
+    assert!(losses[39] < 0.9 * losses[0], "loss did not go down: {losses:?}");
+}
+
+/// Dropout acts in training only: training forwards differ, inference forwards are identical.
+fn dropout_only_in_training(device: &Device) {
+    let ad = device.clone().autodiff();
+    let layer = config(32, 4, 16).with_dropout(0.5).init(&ad).unwrap();
+    let x = random([2, 8, 32], &ad);
+    let a = values(layer.forward(x.clone(), None).unwrap());
+    let b = values(layer.forward(x.clone(), None).unwrap());
+    assert_ne!(a, b, "training forwards were identical despite dropout 0.5");
+
+    let eval = layer.valid();
+    let x = x.to_device(&device.clone());
+    let c = values(eval.forward(x.clone(), None).unwrap());
+    let d = values(eval.forward(x.clone(), None).unwrap());
+    assert_eq!(c, d, "inference is not deterministic");
+    let expect = reference(&eval, &values(x), [2, 8, 32], None);
+    assert_close(&c, &expect, 1e-5, "inference with dropout configured vs reference");
+}
+
+fn too_long_is_an_error(device: &Device) {
+    let layer = layer(16, 2, 8, device);
+    let err = layer.forward(random([1, 9, 16], device), None).unwrap_err();
+    assert_eq!(err, AttentionError::SequenceTooLong { len: 9, max: 8 });
+    assert_eq!(err.to_string(), "sequence of 9 tokens is longer than the context of 8 tokens");
+    let err = layer.forward(random([1, 4, 12], device), None).unwrap_err();
+    assert_eq!(err, AttentionError::WidthMismatch { expected: 16, got: 12 });
+    let err = layer.forward(random([2, 4, 16], device), Some(padding(&[&[false; 3]], device)));
+    assert_eq!(err.unwrap_err(), AttentionError::PaddingMaskShape { expected: [2, 4], got: [1, 3] });
+}
+
+// ---------------------------------------------------------------- backends
+
+fn wgpu_device() -> Option<Device> {
+    let device = Device::enumerate(DeviceType::Wgpu).into_vec().into_iter().next();
+    if device.is_none() {
+        let msg = "NO WGPU ADAPTER FOUND: wgpu attention tests did not run \
+                   (install mesa-vulkan-drivers for lavapipe)";
+        // CI must exercise wgpu: there a missing adapter is a failure, not a skip.
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("\n!!! {msg} !!!\n");
+    }
+    device
+}
+
+macro_rules! backend_tests {
+    ($backend:ident, $device:expr) => {
+        mod $backend {
+            use super::*;
+            fn run(check: fn(&Device)) {
+                if let Some(device) = $device {
+                    check(&device);
+                }
+            }
+            #[test] fn causality() { run(super::causality) }
+            #[test] fn batch_independence() { run(super::batch_independence) }
+            #[test] fn padding_mask() { run(super::padding_mask) }
+            #[test] fn weights_are_causal() { run(super::weights_are_causal) }
+            #[test] fn two_masking_methods_agree() { run(super::two_masking_methods_agree) }
+            #[test] fn fused_explicit_reference_agree() { run(super::fused_explicit_reference_agree) }
+            #[test] fn kv_cache_matches_full_forward() { run(super::kv_cache_matches_full_forward) }
+            #[test] fn gradients_stay_finite() { run(super::gradients_stay_finite) }
+            #[test] fn dropout_only_in_training() { run(super::dropout_only_in_training) }
+            #[test] fn too_long_is_an_error() { run(super::too_long_is_an_error) }
+        }
+    };
+}
+
+backend_tests!(flex, Some(Device::flex()));
+backend_tests!(ndarray, Some(Device::ndarray()));
+backend_tests!(wgpu, wgpu_device());
+
+// ---------------------------------------------------------------- backend-free checks
+
+#[test]
+fn config_errors_are_typed() {
+    let device = Device::flex();
+    let init = |c: CausalSelfAttentionConfig| c.init(&device).map(|_| ()).unwrap_err();
+    assert_eq!(
+        init(CausalSelfAttentionConfig::new(10, 3, 8)),
+        AttentionConfigError::HeadsDoNotDivide { d_model: 10, n_heads: 3 }
+    );
+    assert_eq!(init(CausalSelfAttentionConfig::new(8, 0, 8)), AttentionConfigError::Zero { name: "n_heads" });
+    assert_eq!(init(CausalSelfAttentionConfig::new(8, 2, 0)), AttentionConfigError::Zero { name: "max_seq_len" });
+    for p in [1.0, -0.1, f64::NAN] {
+        let err = init(CausalSelfAttentionConfig::new(8, 2, 8).with_dropout(p));
+        assert!(matches!(err, AttentionConfigError::Dropout(_)), "dropout {p}: {err:?}");
+    }
+    let err = init(CausalSelfAttentionConfig::new(8, 2, 8).with_init_std(-1.0));
+    assert_eq!(err.to_string(), "attention `init_std` must be a finite number >= 0, got -1");
+}
+
+#[test]
+fn mask_builders_match_pytorch() {
+    let device = Device::flex();
+    // torch.triu(torch.ones(3, 3), diagonal=1).bool()
+    let hidden: Vec<bool> = causal_mask(3, &device).into_data().to_vec().unwrap();
+    assert_eq!(hidden, [false, true, true, false, false, true, false, false, false]);
+    // torch.tril(torch.ones(3, 3)) is the complement of the causal mask
+    assert_eq!(values(tril(3, &device)), [1., 0., 0., 1., 1., 0., 1., 1., 1.]);
+    assert_eq!(values(triu(3, 1, &device)), [0., 1., 1., 0., 0., 1., 0., 0., 0.]);
+}
+
+/// Seed 000's 6×6 softmax weights, masked with tril and renormalised, give the seed's printed
+/// result (4 printed decimals).
+#[test]
+fn renormalising_reproduces_seed_000() {
+    let device = Device::flex();
+    let weights: [f32; 36] = [
+        0.2843, 0.1406, 0.0708, 0.1859, 0.2022, 0.1162, 0.4084, 0.0497, 0.0132, 0.2621, 0.1949,
+        0.0716, 0.2651, 0.1697, 0.0899, 0.1612, 0.1978, 0.1162, 0.0861, 0.1763, 0.3177, 0.1171,
+        0.1168, 0.1859, 0.2457, 0.1271, 0.0828, 0.2106, 0.1939, 0.1400, 0.1144, 0.1889, 0.2594,
+        0.1273, 0.1365, 0.1735,
+    ];
+    let printed: [f32; 36] = [
+        1.0000, 0.0, 0.0, 0.0, 0.0, 0.0, 0.8914, 0.1086, 0.0, 0.0, 0.0, 0.0, 0.5052, 0.3234,
+        0.1713, 0.0, 0.0, 0.0, 0.1235, 0.2529, 0.4556, 0.1680, 0.0, 0.0, 0.2857, 0.1478, 0.0963,
+        0.2448, 0.2255, 0.0, 0.1144, 0.1889, 0.2594, 0.1273, 0.1365, 0.1735,
+    ];
+    // softmax(log w) = w: feed the printed weights back as scores.
+    let scores = Tensor::<2>::from_data(TensorData::new(weights.to_vec(), [6, 6]), &device).log();
+    let got = values(softmax_then_renormalise(scores.clone(), tril(6, &device)));
+    let err = got.iter().zip(printed).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err < 2e-4, "max abs error {err} against seed 000");
+    let filled = values(mask_then_softmax(scores, causal_mask(6, &device)));
+    assert_close(&filled, &got, 1e-6, "seed 000 both methods");
+}
+
+/// Seed 002's raw 5×5 scores, masked with -inf-like fill and softmaxed, give its printed weights.
+#[test]
+fn filling_reproduces_seed_002() {
+    let device = Device::ndarray();
+    let raw: [f32; 25] = [
+        0.7918, -0.5124, 0.7467, -0.1884, -0.7821, -0.0497, -0.0079, -0.2227, 0.0234, 0.1894,
+        -0.9871, 0.3926, 0.0859, 0.3219, 0.9626, -0.3943, 0.1961, -0.0807, 0.1332, 0.4240,
+        -0.9710, 0.5766, -0.3295, 0.3093, 0.9815,
+    ];
+    let printed: [f32; 25] = [
+        1.0, 0.0, 0.0, 0.0, 0.0, 0.4896, 0.5104, 0.0, 0.0, 0.0, 0.1266, 0.5032, 0.3702, 0.0, 0.0,
+        0.1704, 0.3076, 0.2332, 0.2888, 0.0, 0.0548, 0.2576, 0.1041, 0.1972, 0.3862,
+    ];
+    let scores = Tensor::<2>::from_data(TensorData::new(raw.to_vec(), [5, 5]), &device);
+    let got = values(mask_then_softmax(scores, causal_mask(5, &device)));
+    let err = got.iter().zip(printed).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err < 1e-4, "max abs error {err} against seed 002");
+}
+
+/// Seed 001's shortcut, `tril(scores)` then "fill every 0 with -inf", hides a visible score that
+/// is exactly 0. Masks must come from positions, as `causal_mask` builds them.
+#[test]
+fn masking_by_value_is_a_trap() {
+    let device = Device::flex();
+    let raw = [0.5f32, 9.0, 0.0, 0.0, 9.0, 0.3, 0.2, 0.1, 0.4]; // score (1,0) is a genuine 0
+    let scores = Tensor::<2>::from_data(TensorData::new(raw.to_vec(), [3, 3]), &device);
+    let right = values(mask_then_softmax(scores.clone(), causal_mask(3, &device)));
+    let lowered = scores.tril(0);
+    let by_value = lowered.clone().equal_elem(0.0);
+    let wrong = values(mask_then_softmax(lowered, by_value));
+    assert!((right[3] - 0.5).abs() < 1e-6, "position mask: key 0 of query 1 gets half");
+    assert_eq!(wrong[3], 0.0, "value mask hid a visible key");
+}

@@ -1,0 +1,124 @@
+//! One transformer block: pre-LayerNorm causal self-attention and MLP, each on a residual branch.
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, Linear};
+use burn::tensor::activation::gelu;
+use burn::tensor::{Bool, Device, Tensor};
+use tinygpt_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
+
+use crate::config::GptConfig;
+use crate::error::GptConfigError;
+
+/// GPT-2's MLP: `d -> 4d`, GELU, `4d -> d`, dropout.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub c_fc: Linear,
+    pub c_proj: Linear,
+    pub dropout: Dropout,
+}
+
+impl Mlp {
+    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.dropout
+            .forward(self.c_proj.forward(gelu(self.c_fc.forward(x))))
+    }
+}
+
+/// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`. LayerNorms and MLP are optional (see
+/// [`GptConfig::minimal`]).
+#[derive(Module, Debug)]
+pub struct Block {
+    pub ln_1: Option<LayerNorm>,
+    pub attn: CausalSelfAttention,
+    pub ln_2: Option<LayerNorm>,
+    pub mlp: Option<Mlp>,
+}
+
+/// A linear layer with GPT-2's init: weight ~ N(0, std), bias 0.
+pub(crate) fn linear(d_in: usize, d_out: usize, std: f64, bias: bool, device: &Device) -> Linear {
+    Linear {
+        weight: Initializer::Normal { mean: 0.0, std }.init([d_in, d_out], device),
+        bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
+    }
+}
+
+pub(crate) fn layer_norm(config: &GptConfig, device: &Device) -> Option<LayerNorm> {
+    config.layer_norm.then(|| {
+        LayerNormConfig::new(config.n_embd)
+            .with_bias(config.bias)
+            .init(device)
+    })
+}
+
+impl Block {
+    pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
+        let d = config.n_embd;
+        // Each block adds to the residual stream twice; GPT-2 shrinks those projections' init by
+        // 1/√(2·n_layer) so the stream's variance does not grow with depth.
+        let proj_std = 0.02 / (2.0 * config.n_layer as f64).sqrt();
+        let attn = CausalSelfAttentionConfig::new(d, config.n_head, config.block_size)
+            .with_dropout(config.dropout)
+            .with_bias(config.bias)
+            .with_init_std(0.02)
+            .with_proj_init_std(Some(proj_std))
+            .with_kernel(config.kernel)
+            .init(device)?;
+        let mlp = config.mlp.then(|| Mlp {
+            c_fc: linear(d, 4 * d, 0.02, config.bias, device),
+            c_proj: linear(4 * d, d, proj_std, config.bias, device),
+            dropout: DropoutConfig::new(config.dropout).init(),
+        });
+        Ok(Self {
+            ln_1: layer_norm(config, device),
+            attn,
+            ln_2: layer_norm(config, device),
+            mlp,
+        })
+    }
+
+    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`; `key_padding` as in
+    /// [`CausalSelfAttention::forward`].
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
+        let a = self.attn.forward(norm(&self.ln_1, x.clone()), key_padding)?;
+        Ok(self.feed_forward(x + a))
+    }
+
+    /// Incremental form of [`forward`](Self::forward) (see [`CausalSelfAttention::forward_cached`]).
+    pub fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
+        let a = self.attn.forward_cached(norm(&self.ln_1, x.clone()), cache)?;
+        Ok(self.feed_forward(x + a))
+    }
+
+    /// Like [`forward`](Self::forward), also returning the attention weights
+    /// `[batch, heads, seq, seq]`.
+    pub fn forward_with_weights(
+        &self,
+        x: Tensor<3>,
+    ) -> Result<(Tensor<3>, Tensor<4>), tinygpt_attention::AttentionError> {
+        let (a, weights) = self.attn.forward_with_weights(norm(&self.ln_1, x.clone()), None)?;
+        Ok((self.feed_forward(x + a), weights))
+    }
+
+    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match &self.mlp {
+            Some(mlp) => x.clone() + mlp.forward(norm(&self.ln_2, x)),
+            None => x,
+        }
+    }
+}
+
+pub(crate) fn norm(ln: &Option<LayerNorm>, x: Tensor<3>) -> Tensor<3> {
+    match ln {
+        Some(ln) => ln.forward(x),
+        None => x,
+    }
+}

@@ -1,0 +1,109 @@
+//! [`GptConfig`]: the architecture, its presets and its validation.
+
+use burn::config::Config;
+use burn::tensor::Device;
+use tinygpt_attention::AttentionKernel;
+
+use crate::error::GptConfigError;
+use crate::gpt::Gpt;
+
+/// The architecture of a [`Gpt`]. Field names follow nanoGPT's `GPTConfig`.
+#[derive(Config, Debug, PartialEq)]
+pub struct GptConfig {
+    /// Number of distinct tokens (the tokenizer's vocabulary).
+    pub vocab_size: usize,
+    /// Context length: the most tokens the model sees at once.
+    #[config(default = 64)]
+    pub block_size: usize,
+    /// Number of transformer blocks.
+    #[config(default = 4)]
+    pub n_layer: usize,
+    /// Attention heads per block; must divide `n_embd`.
+    #[config(default = 4)]
+    pub n_head: usize,
+    /// Width of the residual stream.
+    #[config(default = 128)]
+    pub n_embd: usize,
+    /// Dropout after the embeddings, on attention weights and on each residual branch.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases in the linear layers and LayerNorms (GPT-2: yes; nanoGPT's 10.65M config: no).
+    #[config(default = true)]
+    pub bias: bool,
+    /// Share the token embedding matrix with the LM head (GPT-2 and nanoGPT do).
+    #[config(default = true)]
+    pub tie_embeddings: bool,
+    /// Each block has a GELU MLP after attention. Off in [`GptConfig::minimal`].
+    #[config(default = true)]
+    pub mlp: bool,
+    /// Pre-LayerNorm in each block and before the head. Off in [`GptConfig::minimal`].
+    #[config(default = true)]
+    pub layer_norm: bool,
+    /// Attention implementation (see [`AttentionKernel`]).
+    #[config(default = "AttentionKernel::Auto")]
+    pub kernel: AttentionKernel,
+}
+
+impl GptConfig {
+    /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
+    /// (0.80M parameters for a 65-character vocabulary).
+    pub fn baby(vocab_size: usize) -> Self {
+        Self::new(vocab_size)
+    }
+
+    /// nanoGPT's `train_shakespeare_char` model: 6 layers, 6 heads, `n_embd` 384, block 256,
+    /// dropout 0.2, no biases (10.65M parameters for 65 characters).
+    pub fn shakespeare_char(vocab_size: usize) -> Self {
+        Self::new(vocab_size)
+            .with_block_size(256)
+            .with_n_layer(6)
+            .with_n_head(6)
+            .with_n_embd(384)
+            .with_dropout(0.2)
+            .with_bias(false)
+    }
+
+    /// The seeds' bare model: token + position embedding, one single-head causal attention
+    /// (with its residual connection), a linear head; no MLP, no LayerNorm, untied head.
+    pub fn minimal(vocab_size: usize) -> Self {
+        Self::new(vocab_size)
+            .with_n_layer(1)
+            .with_n_head(1)
+            .with_n_embd(64)
+            .with_block_size(32)
+            .with_mlp(false)
+            .with_layer_norm(false)
+            .with_tie_embeddings(false)
+    }
+
+    /// Checks every value; the error names the offending key.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ] {
+            if value == 0 {
+                return Err(GptConfigError::Zero { name });
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(GptConfigError::HeadsDoNotDivide {
+                n_embd: self.n_embd,
+                n_head: self.n_head,
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(GptConfigError::Dropout(self.dropout));
+        }
+        Ok(())
+    }
+
+    /// Validates the config and creates the model on `device` with GPT-2's initialisation.
+    pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
+        self.validate()?;
+        Gpt::init(self, device)
+    }
+}

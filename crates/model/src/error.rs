@@ -1,0 +1,54 @@
+//! Typed errors of the model crate.
+
+use thiserror::Error;
+use tinygpt_attention::{AttentionConfigError, AttentionError};
+
+/// A [`GptConfig`](crate::GptConfig) value that cannot work; the message names the key.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum GptConfigError {
+    #[error("`{name}` must be at least 1, got 0")]
+    Zero { name: &'static str },
+    #[error("`n_head` ({n_head}) must divide `n_embd` ({n_embd})")]
+    HeadsDoNotDivide { n_embd: usize, n_head: usize },
+    #[error("`dropout` must be in [0, 1), got {0}")]
+    Dropout(f64),
+    #[error(transparent)]
+    Attention(#[from] AttentionConfigError),
+}
+
+/// An input the model cannot process.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ModelError {
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfRange { id: i64, vocab_size: usize },
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+}
+
+/// The loss has nothing to average.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LossError {
+    #[error("every target is ignore_index ({ignore_index}): the loss has nothing to average")]
+    AllTargetsIgnored { ignore_index: i64 },
+    #[error("logits have {logits} rows but there are {targets} targets")]
+    ShapeMismatch { logits: usize, targets: usize },
+}
+
+/// Invalid sampling options or prompt.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum GenerateError {
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("`temperature` must be >= 0 (0 = greedy), got {0}")]
+    Temperature(f32),
+    #[error("`top_p` must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("`top_k` must be at least 1")]
+    TopK,
+    #[error("`repetition_penalty` must be > 0 (1 = off), got {0}")]
+    RepetitionPenalty(f32),
+    #[error("a stop sequence is empty")]
+    EmptyStop,
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}

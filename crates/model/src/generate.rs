@@ -1,0 +1,325 @@
+//! Sampling text from a [`Gpt`]: temperature, top-k, top-p, repetition penalty, stop sequences.
+
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tinygpt_attention::KvCache;
+
+use crate::error::{GenerateError, ModelError};
+use crate::gpt::Gpt;
+
+/// How [`Gpt::generate`] picks each next token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// Tokens to sample (fewer if a stop sequence appears).
+    pub max_new_tokens: usize,
+    /// Divides the logits: < 1 sharper, > 1 flatter; 0 = greedy (always the most likely token).
+    pub temperature: f32,
+    /// Sample only among the `k` most likely tokens.
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: only among the most likely tokens whose probabilities add up to `top_p`
+    /// (1 = off).
+    pub top_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens already in the context, as in
+    /// CTRL and Hugging Face; 1 = off.
+    pub repetition_penalty: f32,
+    /// Seed of the sampler: same seed, same model, same backend → same text.
+    pub seed: u64,
+    /// Token sequences that end generation; they are not returned or streamed.
+    pub stop: Vec<Vec<u32>>,
+    /// Reuse keys/values across steps (a [`KvCache`] per layer). Off recomputes the whole
+    /// context at every step, as nanoGPT's `generate` does; both give the same tokens.
+    pub use_cache: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 500,
+            temperature: 0.8,
+            top_k: Some(200),
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 1337,
+            stop: Vec::new(),
+            use_cache: true,
+        }
+    }
+}
+
+impl GenerateOptions {
+    /// Checks every option; the error names the bad one.
+    pub fn validate(&self) -> Result<(), GenerateError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(GenerateError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(GenerateError::TopP(self.top_p));
+        }
+        if self.top_k == Some(0) {
+            return Err(GenerateError::TopK);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(GenerateError::RepetitionPenalty(self.repetition_penalty));
+        }
+        if self.stop.iter().any(Vec::is_empty) {
+            return Err(GenerateError::EmptyStop);
+        }
+        Ok(())
+    }
+}
+
+/// The KV caches and where the window they hold starts in the token stream.
+struct Window {
+    caches: Vec<KvCache>,
+    start: usize,
+}
+
+impl Gpt {
+    /// Continues `prompt` by up to `options.max_new_tokens` tokens, calling `on_token` with each
+    /// one as soon as it is sampled (tokens that might begin a stop sequence are held back until
+    /// they turn out not to). Returns the generated tokens, without the prompt or stop sequence.
+    ///
+    /// The context is the last `block_size` tokens. While it fits, each step feeds one token
+    /// through the KV cache; once the window slides, every position embedding shifts, so the
+    /// cache is rebuilt from the window (the same computation as without a cache).
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Vec<u32>, GenerateError> {
+        options.validate()?;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id: id.into(),
+                vocab_size: self.vocab_size,
+            }
+            .into());
+        }
+        let mut rng = StdRng::seed_from_u64(options.seed);
+        let mut tokens = prompt.to_vec();
+        let mut window = Window {
+            caches: self.new_caches(),
+            start: 0,
+        };
+        let mut generated: Vec<u32> = Vec::new();
+        let mut streamed = 0;
+        for _ in 0..options.max_new_tokens {
+            let start = tokens.len().saturating_sub(self.block_size);
+            let logits = if options.use_cache {
+                self.next_logits_cached(&tokens, start, &mut window)?
+            } else {
+                self.next_logits(&tokens[start..])?
+            };
+            let next = sample(logits, &tokens[start..], options, &mut rng);
+            tokens.push(next);
+            generated.push(next);
+            if let Some(stop) = options.stop.iter().find(|s| generated.ends_with(s)) {
+                generated.truncate(generated.len() - stop.len());
+                break;
+            }
+            let hold = held_back(&generated[streamed..], &options.stop);
+            for &t in &generated[streamed..generated.len() - hold] {
+                on_token(t);
+            }
+            streamed = generated.len() - hold;
+        }
+        for &t in &generated[streamed..] {
+            on_token(t);
+        }
+        Ok(generated)
+    }
+
+    /// Logits for the token after `context`, recomputing everything.
+    fn next_logits(&self, context: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let logits = self.forward(self.token_tensor(context))?;
+        Ok(last_row(logits))
+    }
+
+    /// Logits for the token after `tokens[start..]`, feeding the cache only what it lacks.
+    fn next_logits_cached(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        window: &mut Window,
+    ) -> Result<Vec<f32>, ModelError> {
+        if window.start != start {
+            window.caches.iter_mut().for_each(KvCache::clear);
+            window.start = start;
+        }
+        let fed = start + window.caches[0].len();
+        let logits = self.forward_cached(self.token_tensor(&tokens[fed..]), &mut window.caches)?;
+        Ok(last_row(logits))
+    }
+
+    fn token_tensor(&self, ids: &[u32]) -> Tensor<2, Int> {
+        let ids: Vec<i64> = ids.iter().map(|&id| id.into()).collect();
+        let len = ids.len();
+        Tensor::from_data(TensorData::new(ids, [1, len]), &self.wte.weight.device())
+    }
+}
+
+/// The last position's logits of `[1, seq, vocab]`.
+fn last_row(logits: Tensor<3>) -> Vec<f32> {
+    let [_, seq, vocab] = logits.dims();
+    logits
+        .slice([0..1, seq - 1..seq, 0..vocab])
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .expect("f32 logits")
+}
+
+/// How many trailing tokens of `pending` could still grow into a stop sequence.
+fn held_back(pending: &[u32], stops: &[Vec<u32>]) -> usize {
+    (1..=pending.len())
+        .rev()
+        .find(|&n| {
+            let tail = &pending[pending.len() - n..];
+            stops.iter().any(|s| s.len() > n && s.starts_with(tail))
+        })
+        .unwrap_or(0)
+}
+
+/// Picks the next token from `logits` (one per vocabulary entry).
+fn sample(mut logits: Vec<f32>, context: &[u32], o: &GenerateOptions, rng: &mut StdRng) -> u32 {
+    if o.repetition_penalty != 1.0 {
+        let mut seen = vec![false; logits.len()];
+        for &t in context {
+            seen[t as usize] = true;
+        }
+        for (l, _) in logits.iter_mut().zip(seen).filter(|(_, s)| *s) {
+            *l = if *l > 0.0 {
+                *l / o.repetition_penalty
+            } else {
+                *l * o.repetition_penalty
+            };
+        }
+    }
+    if o.temperature == 0.0 {
+        return argmax(&logits);
+    }
+    if let Some(k) = o.top_k.filter(|&k| k < logits.len()) {
+        let mut sorted = logits.clone();
+        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+        let kth = sorted[k - 1];
+        logits.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f32::NEG_INFINITY);
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<f64> = logits
+        .iter()
+        .map(|&l| (((l - max) / o.temperature) as f64).exp())
+        .collect();
+    if o.top_p < 1.0 {
+        let total: f64 = probs.iter().sum();
+        let mut order: Vec<usize> = (0..probs.len()).collect();
+        order.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        let mut cumulative = 0.0;
+        let mut keep = order.len();
+        for (rank, &i) in order.iter().enumerate() {
+            cumulative += probs[i] / total;
+            if cumulative >= o.top_p as f64 {
+                keep = rank + 1;
+                break;
+            }
+        }
+        for &i in &order[keep..] {
+            probs[i] = 0.0;
+        }
+    }
+    let total: f64 = probs.iter().sum();
+    let mut r = rng.random::<f64>() * total;
+    for (i, p) in probs.iter().enumerate() {
+        if r < *p {
+            return i as u32;
+        }
+        r -= p;
+    }
+    argmax(&logits)
+}
+
+fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> GenerateOptions {
+        GenerateOptions::default()
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let mut rng = StdRng::seed_from_u64(0);
+        let o = GenerateOptions { temperature: 0.0, ..opts() };
+        assert_eq!(sample(vec![0.1, 3.0, -1.0, 3.0], &[], &o, &mut rng), 1);
+    }
+
+    #[test]
+    fn top_k_one_and_tiny_top_p_are_greedy() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let logits = vec![0.5, 0.2, 0.9, 0.1];
+        for o in [
+            GenerateOptions { top_k: Some(1), temperature: 5.0, ..opts() },
+            GenerateOptions { top_k: None, top_p: 1e-6, temperature: 5.0, ..opts() },
+        ] {
+            for _ in 0..50 {
+                assert_eq!(sample(logits.clone(), &[], &o, &mut rng), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_never_samples_outside_the_k_best() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let o = GenerateOptions { top_k: Some(2), temperature: 10.0, ..opts() };
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            seen[sample(vec![1.0, 0.0, 1.1, 0.9], &[], &o, &mut rng) as usize] += 1;
+        }
+        assert_eq!((seen[1], seen[3]), (0, 0), "{seen:?}");
+        assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
+    }
+
+    #[test]
+    fn repetition_penalty_steers_away_from_seen_tokens() {
+        let mut rng = StdRng::seed_from_u64(0);
+        let o = GenerateOptions { temperature: 0.0, repetition_penalty: 2.0, ..opts() };
+        // token 0 leads (2.0 vs 1.5) but was already used: 2.0 / 2 = 1.0 < 1.5
+        assert_eq!(sample(vec![2.0, 1.5, 0.0], &[0], &o, &mut rng), 1);
+        // negative logits are multiplied: -0.1 * 2 = -0.2 < -0.15
+        assert_eq!(sample(vec![-0.1, -0.15, -3.0], &[0], &o, &mut rng), 1);
+    }
+
+    #[test]
+    fn stop_prefixes_are_held_back() {
+        let stops = vec![vec![5, 6, 7]];
+        assert_eq!(held_back(&[1, 2, 5], &stops), 1);
+        assert_eq!(held_back(&[1, 5, 6], &stops), 2);
+        assert_eq!(held_back(&[1, 2, 3], &stops), 0);
+        assert_eq!(held_back(&[5, 6, 8], &stops), 0);
+    }
+
+    #[test]
+    fn invalid_options_are_errors() {
+        let bad = |o: GenerateOptions| o.validate().unwrap_err();
+        assert_eq!(bad(GenerateOptions { top_p: 0.0, ..opts() }), GenerateError::TopP(0.0));
+        assert_eq!(bad(GenerateOptions { top_p: 1.5, ..opts() }), GenerateError::TopP(1.5));
+        assert_eq!(bad(GenerateOptions { temperature: -1.0, ..opts() }), GenerateError::Temperature(-1.0));
+        assert_eq!(bad(GenerateOptions { top_k: Some(0), ..opts() }), GenerateError::TopK);
+        assert_eq!(bad(GenerateOptions { stop: vec![vec![]], ..opts() }), GenerateError::EmptyStop);
+        assert!(opts().validate().is_ok());
+    }
+}

@@ -1,0 +1,178 @@
+//! [`Gpt`]: embeddings, blocks, final LayerNorm, LM head.
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, LayerNorm, Linear};
+use burn::tensor::module::linear as linear_op;
+use burn::tensor::{Bool, Device, Int, Tensor};
+use tinygpt_attention::KvCache;
+
+use crate::block::{Block, layer_norm, linear, norm};
+use crate::config::GptConfig;
+use crate::error::{GptConfigError, ModelError};
+
+/// A GPT-2-style language model (nanoGPT's `GPT`).
+#[derive(Module, Debug)]
+pub struct Gpt {
+    /// Token embedding `[vocab_size, n_embd]`; also the LM head when tied.
+    pub wte: Embedding,
+    /// Learned position embedding `[block_size, n_embd]`.
+    pub wpe: Embedding,
+    pub drop: Dropout,
+    pub h: Vec<Block>,
+    pub ln_f: Option<LayerNorm>,
+    /// Untied LM head `[n_embd, vocab_size]`, no bias; `None` when tied to `wte`.
+    pub lm_head: Option<Linear>,
+    pub vocab_size: usize,
+    pub block_size: usize,
+}
+
+impl Gpt {
+    pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
+        let embedding = |n: usize| Embedding {
+            weight: Initializer::Normal {
+                mean: 0.0,
+                std: 0.02,
+            }
+            .init([n, config.n_embd], device),
+        };
+        let h = (0..config.n_layer)
+            .map(|_| Block::init(config, device))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            wte: embedding(config.vocab_size),
+            wpe: embedding(config.block_size),
+            drop: DropoutConfig::new(config.dropout).init(),
+            h,
+            ln_f: layer_norm(config, device),
+            lm_head: (!config.tie_embeddings)
+                .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
+            vocab_size: config.vocab_size,
+            block_size: config.block_size,
+        })
+    }
+
+    /// Next-token logits: `tokens [batch, seq] Int -> [batch, seq, vocab_size]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, ModelError> {
+        self.forward_padded(tokens, None)
+    }
+
+    /// [`forward`](Self::forward) with a key-padding mask `[batch, seq]` (`true` = padding).
+    pub fn forward_padded(
+        &self,
+        tokens: Tensor<2, Int>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Result<Tensor<3>, ModelError> {
+        let mut x = self.embed(tokens, 0)?;
+        for block in &self.h {
+            x = block.forward(x, key_padding.clone())?;
+        }
+        Ok(self.head(x))
+    }
+
+    /// Logits and every layer's attention weights (`[batch, heads, seq, seq]` each), computed by
+    /// the same attention code that trains.
+    pub fn forward_with_attention(
+        &self,
+        tokens: Tensor<2, Int>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
+        let mut x = self.embed(tokens, 0)?;
+        let mut maps = Vec::with_capacity(self.h.len());
+        for block in &self.h {
+            let (y, weights) = block.forward_with_weights(x)?;
+            x = y;
+            maps.push(weights);
+        }
+        Ok((self.head(x), maps))
+    }
+
+    /// Incremental forward for sampling: `tokens [batch, new]` follow the `caches[0].len()`
+    /// tokens already cached (one [`KvCache`] per layer). Returns `[batch, new, vocab_size]`.
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<2, Int>,
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<3>, ModelError> {
+        let past = caches.first().map_or(0, KvCache::len);
+        let mut x = self.embed(tokens, past)?;
+        for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
+            x = block.forward_cached(x, cache)?;
+        }
+        Ok(self.head(x))
+    }
+
+    /// Empty caches, one per layer, for [`forward_cached`](Self::forward_cached).
+    pub fn new_caches(&self) -> Vec<KvCache> {
+        vec![KvCache::new(); self.h.len()]
+    }
+
+    /// Token + position embeddings for tokens at positions `past..past + seq`.
+    fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
+        let [batch, seq] = tokens.dims();
+        if past + seq > self.block_size {
+            return Err(tinygpt_attention::AttentionError::SequenceTooLong {
+                len: past + seq,
+                max: self.block_size,
+            }
+            .into());
+        }
+        self.check_tokens(&tokens)?;
+        let device = tokens.device();
+        let positions = Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device)
+            .reshape([1, seq]);
+        let n_embd = self.wte.weight.dims()[1];
+        let x = self.wte.forward(tokens)
+            + self.wpe.forward(positions).expand([batch, seq, n_embd]);
+        Ok(self.drop.forward(x))
+    }
+
+    /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.
+    fn check_tokens(&self, tokens: &Tensor<2, Int>) -> Result<(), ModelError> {
+        let min = tokens.clone().min().into_scalar::<i64>();
+        let max = tokens.clone().max().into_scalar::<i64>();
+        for id in [min, max] {
+            if id < 0 || id >= self.vocab_size as i64 {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    vocab_size: self.vocab_size,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Final LayerNorm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`.
+    fn head(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = norm(&self.ln_f, x);
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            // Tied: logits = x · wteᵀ, the embedding read backwards.
+            None => linear_op(x, self.wte.weight.val().transpose(), None),
+        }
+    }
+
+    /// Parameters, counting a tied matrix once.
+    pub fn num_params(&self) -> usize {
+        Module::num_params(self)
+    }
+
+    /// Parameters without the position embedding: the figure nanoGPT prints ("0.80M").
+    pub fn num_params_non_embedding(&self) -> usize {
+        self.num_params() - self.wpe.weight.shape().num_elements()
+    }
+
+    /// The parameters weight decay applies to: every 2-D weight (linear layers and embeddings),
+    /// as nanoGPT's `configure_optimizers`; biases and LayerNorm gains are left alone.
+    pub fn decayed_param_ids(&self) -> Vec<ParamId> {
+        struct Matrices(Vec<ParamId>);
+        impl ModuleVisitor for Matrices {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if D >= 2 {
+                    self.0.push(param.id);
+                }
+            }
+        }
+        let mut visitor = Matrices(Vec::new());
+        self.visit(&mut visitor);
+        visitor.0
+    }
+}

@@ -1,0 +1,27 @@
+//! # tinygpt-model: the GPT
+//!
+//! nanoGPT's architecture on Burn: token + learned position embeddings, `n_layer` pre-LayerNorm
+//! blocks of [causal self-attention](tinygpt_attention) and a GELU MLP on residual branches, a
+//! final LayerNorm, and a linear LM head (optionally tied to the token embedding). Initialised as
+//! GPT-2: weights ~ N(0, 0.02), residual projections ~ N(0, 0.02/√(2·n_layer)), biases 0.
+//!
+//! - [`GptConfig`] with presets [`GptConfig::baby`], [`GptConfig::shakespeare_char`] and the
+//!   seeds' bare [`GptConfig::minimal`];
+//! - [`Gpt::forward`]: `[batch, seq]` token ids to `[batch, seq, vocab]` logits;
+//! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
+//! - [`Gpt::generate`]: temperature, top-k, top-p, repetition penalty, stop sequences, streamed
+//!   through a callback, with a KV cache.
+
+mod block;
+mod config;
+mod error;
+mod generate;
+mod gpt;
+mod loss;
+
+pub use block::{Block, Mlp};
+pub use config::GptConfig;
+pub use error::{GenerateError, GptConfigError, LossError, ModelError};
+pub use generate::GenerateOptions;
+pub use gpt::Gpt;
+pub use loss::{IGNORE_INDEX, cross_entropy};

@@ -1,0 +1,41 @@
+//! Next-token cross-entropy with PyTorch's `ignore_index` meaning.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
+
+use crate::error::LossError;
+
+/// Targets equal to this are skipped by [`cross_entropy`] (nanoGPT and the seeds use -1).
+pub const IGNORE_INDEX: i64 = -1;
+
+/// Mean negative log-likelihood of `targets` under `logits`, over the targets that are not
+/// [`IGNORE_INDEX`], exactly as `F.cross_entropy(logits, targets, ignore_index=-1)`.
+///
+/// `logits`: `[n, vocab]`; `targets`: `[n]` Int. Ignored positions contribute neither to the sum
+/// nor to the count, so padding a batch changes neither the loss nor any gradient. A batch whose
+/// targets are all ignored is an error (PyTorch returns `NaN`).
+///
+/// Burn's `CrossEntropyLoss` takes pad tokens as `usize` ids, so it cannot express -1; and a -1
+/// must never reach `gather`. Ignored targets are replaced by 0 before the gather and their
+/// log-probabilities multiplied by 0 after it.
+pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tensor<1>, LossError> {
+    let [n, _] = logits.dims();
+    let [count] = targets.dims();
+    if n != count {
+        return Err(LossError::ShapeMismatch {
+            logits: n,
+            targets: count,
+        });
+    }
+    let ignored = targets.clone().equal_elem(IGNORE_INDEX);
+    let kept = ignored.clone().bool_not().float();
+    let kept_count = kept.clone().sum().into_scalar::<f32>();
+    if kept_count == 0.0 {
+        return Err(LossError::AllTargetsIgnored {
+            ignore_index: IGNORE_INDEX,
+        });
+    }
+    let safe_targets = targets.mask_fill(ignored, 0).reshape([n, 1]);
+    let log_probs = log_softmax(logits, 1).gather(1, safe_targets).reshape([n]);
+    Ok((log_probs * kept).sum().neg() / kept_count)
+}

@@ -17,10 +17,23 @@ struct Shape {
 }
 
 const SHAPES: [Shape; 2] = [
-    Shape { name: "b12_t64_d128_h4", batch: 12, seq: 64, d_model: 128, heads: 4 },
-    Shape { name: "b64_t256_d384_h6", batch: 64, seq: 256, d_model: 384, heads: 6 },
+    Shape {
+        name: "b12_t64_d128_h4",
+        batch: 12,
+        seq: 64,
+        d_model: 128,
+        heads: 4,
+    },
+    Shape {
+        name: "b64_t256_d384_h6",
+        batch: 64,
+        seq: 256,
+        d_model: 384,
+        heads: 6,
+    },
 ];
 
+#[allow(deprecated)] // burn-ndarray is deprecated upstream; still one of tinygpt's backends.
 fn backends() -> [(&'static str, Device); 2] {
     [("flex", Device::flex()), ("ndarray", Device::ndarray())]
 }
@@ -29,7 +42,9 @@ fn bench(c: &mut Criterion) {
     for shape in &SHAPES {
         let mut group = c.benchmark_group(format!("attention/{}", shape.name));
         if shape.batch * shape.seq > 4096 {
-            group.sample_size(10).measurement_time(Duration::from_secs(20));
+            group
+                .sample_size(10)
+                .measurement_time(Duration::from_secs(20));
         }
         for (backend, device) in backends() {
             for kernel in [AttentionKernel::Explicit, AttentionKernel::Fused] {
@@ -39,7 +54,11 @@ fn bench(c: &mut Criterion) {
 
                 let ad = device.clone().autodiff();
                 let layer = config.init(&ad).unwrap();
-                let x = Tensor::<3>::random([shape.batch, shape.seq, shape.d_model], Distribution::Default, &ad);
+                let x = Tensor::<3>::random(
+                    [shape.batch, shape.seq, shape.d_model],
+                    Distribution::Default,
+                    &ad,
+                );
                 group.bench_function(BenchmarkId::new("forward+backward", &id), |b| {
                     b.iter(|| {
                         let y = layer.forward(x.clone().require_grad(), None).unwrap();

@@ -225,7 +225,9 @@ impl CausalSelfAttention {
         // Scaling q (seq·d_head values) is cheaper than scaling the scores (seq·seq values).
         let scores = (q * (1.0 / (d_head as f64).sqrt())).matmul(k.swap_dims(2, 3));
         let weights = match mask {
-            Some(mask) if zero_hidden => mask_then_softmax(scores, mask.clone()).mask_fill(mask, 0.0),
+            Some(mask) if zero_hidden => {
+                mask_then_softmax(scores, mask.clone()).mask_fill(mask, 0.0)
+            }
             Some(mask) => mask_then_softmax(scores, mask),
             None => burn::tensor::activation::softmax(scores, 3),
         };

@@ -65,7 +65,7 @@ impl CausalSelfAttentionConfig {
                 return Err(AttentionConfigError::Zero { name });
             }
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(AttentionConfigError::HeadsDoNotDivide {
                 d_model: self.d_model,
                 n_heads: self.n_heads,
@@ -94,9 +94,7 @@ impl CausalSelfAttentionConfig {
         // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform).
         let linear = |d_out: usize, std: f64| Linear {
             weight: Initializer::Normal { mean: 0.0, std }.init([d, d_out], device),
-            bias: self
-                .bias
-                .then(|| Initializer::Zeros.init([d_out], device)),
+            bias: self.bias.then(|| Initializer::Zeros.init([d_out], device)),
         };
         Ok(CausalSelfAttention {
             c_attn: linear(3 * d, self.init_std),

@@ -25,7 +25,10 @@ pub enum AttentionError {
     #[error("input sequence is empty")]
     EmptySequence,
     #[error("padding mask has shape {got:?}, expected [batch, seq] = {expected:?}")]
-    PaddingMaskShape { expected: [usize; 2], got: [usize; 2] },
+    PaddingMaskShape {
+        expected: [usize; 2],
+        got: [usize; 2],
+    },
     #[error("key/value cache holds batch {cached}, input has batch {got}")]
     CacheBatchMismatch { cached: usize, got: usize },
 }

@@ -76,10 +76,7 @@ pub fn triu(seq_len: usize, diagonal: i64, device: &Device) -> Tensor<2> {
 ///
 /// `scores`: `[..., queries, keys]`; `mask`: same shape, `true` = hidden. Returns weights of the
 /// same shape whose rows sum to 1 over the visible keys.
-pub fn mask_then_softmax<const D: usize>(
-    scores: Tensor<D>,
-    mask: Tensor<D, Bool>,
-) -> Tensor<D> {
+pub fn mask_then_softmax<const D: usize>(scores: Tensor<D>, mask: Tensor<D, Bool>) -> Tensor<D> {
     softmax(scores.mask_fill(mask, MASKED_SCORE), D - 1)
 }
 

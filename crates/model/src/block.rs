@@ -84,7 +84,9 @@ impl Block {
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self.attn.forward(norm(&self.ln_1, x.clone()), key_padding)?;
+        let a = self
+            .attn
+            .forward(norm(&self.ln_1, x.clone()), key_padding)?;
         Ok(self.feed_forward(x + a))
     }
 
@@ -94,7 +96,9 @@ impl Block {
         x: Tensor<3>,
         cache: &mut KvCache,
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self.attn.forward_cached(norm(&self.ln_1, x.clone()), cache)?;
+        let a = self
+            .attn
+            .forward_cached(norm(&self.ln_1, x.clone()), cache)?;
         Ok(self.feed_forward(x + a))
     }
 
@@ -104,7 +108,9 @@ impl Block {
         &self,
         x: Tensor<3>,
     ) -> Result<(Tensor<3>, Tensor<4>), tinygpt_attention::AttentionError> {
-        let (a, weights) = self.attn.forward_with_weights(norm(&self.ln_1, x.clone()), None)?;
+        let (a, weights) = self
+            .attn
+            .forward_with_weights(norm(&self.ln_1, x.clone()), None)?;
         Ok((self.feed_forward(x + a), weights))
     }
 

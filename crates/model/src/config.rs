@@ -89,7 +89,7 @@ impl GptConfig {
                 return Err(GptConfigError::Zero { name });
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(GptConfigError::HeadsDoNotDivide {
                 n_embd: self.n_embd,
                 n_head: self.n_head,

@@ -152,7 +152,8 @@ impl Gpt {
             window.start = start;
         }
         let fed = start + window.caches[0].len();
-        let logits = self.forward_cached(self.token_tensor(&tokens[fed..]), &mut window.caches)?;
+        let logits =
+            self.forward_cached_unchecked(self.token_tensor(&tokens[fed..]), &mut window.caches)?;
         Ok(last_row(logits))
     }
 
@@ -169,9 +170,8 @@ fn last_row(logits: Tensor<3>) -> Vec<f32> {
     logits
         .slice([0..1, seq - 1..seq, 0..vocab])
         .into_data()
-        .convert::<f32>()
-        .to_vec()
-        .expect("f32 logits")
+        .try_to_vec_as::<f32>()
+        .expect("logits convert to f32")
 }
 
 /// How many trailing tokens of `pending` could still grow into a stop sequence.
@@ -207,7 +207,10 @@ fn sample(mut logits: Vec<f32>, context: &[u32], o: &GenerateOptions, rng: &mut 
         let mut sorted = logits.clone();
         sorted.sort_unstable_by(|a, b| b.total_cmp(a));
         let kth = sorted[k - 1];
-        logits.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f32::NEG_INFINITY);
+        logits
+            .iter_mut()
+            .filter(|l| **l < kth)
+            .for_each(|l| *l = f32::NEG_INFINITY);
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut probs: Vec<f64> = logits
@@ -263,7 +266,10 @@ mod tests {
     #[test]
     fn greedy_takes_the_first_maximum() {
         let mut rng = StdRng::seed_from_u64(0);
-        let o = GenerateOptions { temperature: 0.0, ..opts() };
+        let o = GenerateOptions {
+            temperature: 0.0,
+            ..opts()
+        };
         assert_eq!(sample(vec![0.1, 3.0, -1.0, 3.0], &[], &o, &mut rng), 1);
     }
 
@@ -272,8 +278,17 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let logits = vec![0.5, 0.2, 0.9, 0.1];
         for o in [
-            GenerateOptions { top_k: Some(1), temperature: 5.0, ..opts() },
-            GenerateOptions { top_k: None, top_p: 1e-6, temperature: 5.0, ..opts() },
+            GenerateOptions {
+                top_k: Some(1),
+                temperature: 5.0,
+                ..opts()
+            },
+            GenerateOptions {
+                top_k: None,
+                top_p: 1e-6,
+                temperature: 5.0,
+                ..opts()
+            },
         ] {
             for _ in 0..50 {
                 assert_eq!(sample(logits.clone(), &[], &o, &mut rng), 2);
@@ -284,7 +299,11 @@ mod tests {
     #[test]
     fn top_k_never_samples_outside_the_k_best() {
         let mut rng = StdRng::seed_from_u64(3);
-        let o = GenerateOptions { top_k: Some(2), temperature: 10.0, ..opts() };
+        let o = GenerateOptions {
+            top_k: Some(2),
+            temperature: 10.0,
+            ..opts()
+        };
         let mut seen = [0usize; 4];
         for _ in 0..400 {
             seen[sample(vec![1.0, 0.0, 1.1, 0.9], &[], &o, &mut rng) as usize] += 1;
@@ -296,7 +315,11 @@ mod tests {
     #[test]
     fn repetition_penalty_steers_away_from_seen_tokens() {
         let mut rng = StdRng::seed_from_u64(0);
-        let o = GenerateOptions { temperature: 0.0, repetition_penalty: 2.0, ..opts() };
+        let o = GenerateOptions {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..opts()
+        };
         // token 0 leads (2.0 vs 1.5) but was already used: 2.0 / 2 = 1.0 < 1.5
         assert_eq!(sample(vec![2.0, 1.5, 0.0], &[0], &o, &mut rng), 1);
         // negative logits are multiplied: -0.1 * 2 = -0.2 < -0.15
@@ -315,11 +338,41 @@ mod tests {
     #[test]
     fn invalid_options_are_errors() {
         let bad = |o: GenerateOptions| o.validate().unwrap_err();
-        assert_eq!(bad(GenerateOptions { top_p: 0.0, ..opts() }), GenerateError::TopP(0.0));
-        assert_eq!(bad(GenerateOptions { top_p: 1.5, ..opts() }), GenerateError::TopP(1.5));
-        assert_eq!(bad(GenerateOptions { temperature: -1.0, ..opts() }), GenerateError::Temperature(-1.0));
-        assert_eq!(bad(GenerateOptions { top_k: Some(0), ..opts() }), GenerateError::TopK);
-        assert_eq!(bad(GenerateOptions { stop: vec![vec![]], ..opts() }), GenerateError::EmptyStop);
+        assert_eq!(
+            bad(GenerateOptions {
+                top_p: 0.0,
+                ..opts()
+            }),
+            GenerateError::TopP(0.0)
+        );
+        assert_eq!(
+            bad(GenerateOptions {
+                top_p: 1.5,
+                ..opts()
+            }),
+            GenerateError::TopP(1.5)
+        );
+        assert_eq!(
+            bad(GenerateOptions {
+                temperature: -1.0,
+                ..opts()
+            }),
+            GenerateError::Temperature(-1.0)
+        );
+        assert_eq!(
+            bad(GenerateOptions {
+                top_k: Some(0),
+                ..opts()
+            }),
+            GenerateError::TopK
+        );
+        assert_eq!(
+            bad(GenerateOptions {
+                stop: vec![vec![]],
+                ..opts()
+            }),
+            GenerateError::EmptyStop
+        );
         assert!(opts().validate().is_ok());
     }
 }

@@ -62,6 +62,7 @@ impl Gpt {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Result<Tensor<3>, ModelError> {
+        self.check_tokens(&tokens)?;
         let mut x = self.embed(tokens, 0)?;
         for block in &self.h {
             x = block.forward(x, key_padding.clone())?;
@@ -75,6 +76,7 @@ impl Gpt {
         &self,
         tokens: Tensor<2, Int>,
     ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
+        self.check_tokens(&tokens)?;
         let mut x = self.embed(tokens, 0)?;
         let mut maps = Vec::with_capacity(self.h.len());
         for block in &self.h {
@@ -88,6 +90,17 @@ impl Gpt {
     /// Incremental forward for sampling: `tokens [batch, new]` follow the `caches[0].len()`
     /// tokens already cached (one [`KvCache`] per layer). Returns `[batch, new, vocab_size]`.
     pub fn forward_cached(
+        &self,
+        tokens: Tensor<2, Int>,
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<3>, ModelError> {
+        self.check_tokens(&tokens)?;
+        self.forward_cached_unchecked(tokens, caches)
+    }
+
+    /// [`forward_cached`](Self::forward_cached) for ids already known to be in range (the
+    /// sampler's): skips the two host reads of the range check on every sampled token.
+    pub(crate) fn forward_cached_unchecked(
         &self,
         tokens: Tensor<2, Int>,
         caches: &mut [KvCache],
@@ -115,13 +128,11 @@ impl Gpt {
             }
             .into());
         }
-        self.check_tokens(&tokens)?;
         let device = tokens.device();
-        let positions = Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device)
-            .reshape([1, seq]);
+        let positions =
+            Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
         let n_embd = self.wte.weight.dims()[1];
-        let x = self.wte.forward(tokens)
-            + self.wpe.forward(positions).expand([batch, seq, n_embd]);
+        let x = self.wte.forward(tokens) + self.wpe.forward(positions).expand([batch, seq, n_embd]);
         Ok(self.drop.forward(x))
     }
 

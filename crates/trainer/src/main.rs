@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tinygpt_model::GptConfig;
 
 #[derive(Parser)]
-#[command(name = "tinygpt", version, about = "Train and sample a tiny GPT on any text file")]
+#[command(
+    name = "tinygpt",
+    version,
+    about = "Train and sample a tiny GPT on any text file"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

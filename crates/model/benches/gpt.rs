@@ -1,0 +1,56 @@
+//! `cargo bench -p tinygpt-model`: one training step's forward + backward of nanoGPT's baby
+//! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends.
+
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tinygpt_model::{GenerateOptions, GptConfig, cross_entropy};
+
+#[allow(deprecated)] // burn-ndarray is deprecated upstream; still one of tinygpt's backends.
+fn backends() -> [(&'static str, Device); 2] {
+    [("flex", Device::flex()), ("ndarray", Device::ndarray())]
+}
+
+fn bench(c: &mut Criterion) {
+    let (batch, vocab) = (12, 65);
+    let config = GptConfig::baby(vocab);
+    let block = config.block_size;
+    let mut group = c.benchmark_group("gpt/baby");
+    for (backend, device) in backends() {
+        let ad = device.clone().autodiff();
+        let model = config.init(&ad).unwrap();
+        let tokens: Tensor<2, Int> = Tensor::<2>::random(
+            [batch, block + 1],
+            Distribution::Uniform(0.0, vocab as f64),
+            &ad,
+        )
+        .int()
+        .clamp(0, vocab as i64 - 1);
+        let inputs = tokens.clone().slice([0..batch, 0..block]);
+        let targets = tokens
+            .slice([0..batch, 1..block + 1])
+            .reshape([batch * block]);
+        group.throughput(Throughput::Elements((batch * block) as u64));
+        group.bench_function(BenchmarkId::new("forward+backward", backend), |b| {
+            b.iter(|| {
+                let logits = model.forward(inputs.clone()).unwrap();
+                let loss = cross_entropy(logits.reshape([batch * block, vocab]), targets.clone());
+                let grads = loss.unwrap().backward();
+                model.wte.weight.grad(&grads).unwrap().into_data()
+            })
+        });
+
+        let model = config.init(&device).unwrap();
+        let options = GenerateOptions {
+            max_new_tokens: block - 1,
+            ..Default::default()
+        };
+        group.throughput(Throughput::Elements(options.max_new_tokens as u64));
+        group.bench_function(BenchmarkId::new("sample-kv-cache", backend), |b| {
+            b.iter(|| model.generate(&[0], &options, |_| {}).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -68,7 +68,8 @@ impl CausalSelfAttention {
         let heads = self.heads(x);
         let y = if self.use_fused(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, Some(padding)));
-            fused(heads, mask)
+            let is_causal = mask.is_none();
+            fused(heads, mask, is_causal)
         } else {
             let padded = key_padding.is_some();
             let mask = self.mask(batch, seq, 0, key_padding);
@@ -116,7 +117,7 @@ impl CausalSelfAttention {
         // One new token may see every cached key: no mask at all.
         let mask = (new > 1).then(|| self.mask(batch, new, past, None));
         let y = if self.use_fused(&heads.q.device(), false) && mask.is_none() {
-            fused_unmasked(heads)
+            fused(heads, None, false)
         } else {
             self.explicit(heads, mask, false).0
         };
@@ -236,25 +237,14 @@ impl CausalSelfAttention {
     }
 }
 
-/// Burn's fused attention; `mask` (`true` = hidden) replaces the built-in causal mask when given.
-fn fused(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>) -> Tensor<4> {
-    let is_causal = mask.is_none();
+/// Burn's fused attention: `mask` (`true` = hidden) and/or its built-in causal mask.
+fn fused(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>, is_causal: bool) -> Tensor<4> {
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,
         is_causal,
     };
     attention(q, k, v, mask, None, options)
-}
-
-/// Burn's fused attention with no mask: a single new query that may see every key.
-fn fused_unmasked(Heads { q, k, v }: Heads) -> Tensor<4> {
-    let options = AttentionModuleOptions {
-        scale: None,
-        softcap: None,
-        is_causal: false,
-    };
-    attention(q, k, v, None, None, options)
 }
 
 fn check_padding(

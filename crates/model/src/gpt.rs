@@ -138,8 +138,12 @@ impl Gpt {
 
     /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.
     fn check_tokens(&self, tokens: &Tensor<2, Int>) -> Result<(), ModelError> {
-        let min = tokens.clone().min().into_scalar::<i64>();
-        let max = tokens.clone().max().into_scalar::<i64>();
+        // One host read for both ends of the range: this runs on every training step.
+        let ends = Tensor::cat(vec![tokens.clone().min(), tokens.clone().max()], 0)
+            .into_data()
+            .try_to_vec_as::<i64>()
+            .expect("token ids convert to i64");
+        let (min, max) = (ends[0], ends[1]);
         for id in [min, max] {
             if id < 0 || id >= self.vocab_size as i64 {
                 return Err(ModelError::TokenOutOfRange {

@@ -1,19 +1,38 @@
-//! `tinygpt`: the command-line front door.
-//!
-//! Training, generation and evaluation arrive with the trainer (see README.md's status); today
-//! the binary reports the architecture of the model presets.
+//! `tinygpt`: train a tiny GPT on any text file, sample from it, evaluate it.
 
+mod backend;
+mod checkpoint;
+mod config;
+mod data;
+mod eval;
+mod inspect;
+mod interop;
+mod metrics;
+mod tokenizer;
+mod train;
+
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use anyhow::{Context, Result};
 use burn::tensor::Device;
 use clap::{Parser, Subcommand, ValueEnum};
-use tinygpt_model::GptConfig;
+use tinygpt_model::{GenerateOptions, GptConfig};
+
+use crate::backend::{Backend, describe};
+use crate::checkpoint::{Run, Which};
+use crate::data::{Dataset, read_corpus};
 
 #[derive(Parser)]
 #[command(
     name = "tinygpt",
     version,
-    about = "Train and sample a tiny GPT on any text file"
+    about = "Train and sample a tiny GPT on any text file",
+    after_help = "Examples:\n  tinygpt train                                   # configs/default.toml on data/paradise-lost.txt\n  tinygpt train --config configs/baby.toml --data ../shared/data/tinyshakespeare.txt\n  tinygpt generate --checkpoint runs/default --prompt \"Of Man's first\"\n  tinygpt eval --checkpoint runs/default\n  tinygpt info --checkpoint runs/default"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -22,6 +41,169 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a GPT on a text file; writes a run directory (weights, tokenizer, metrics, plot).
+    ///
+    /// With no arguments: configs/default.toml on data/paradise-lost.txt into runs/default.
+    /// Ctrl-C (or --max-time) saves the run; --resume continues it exactly.
+    #[command(
+        after_help = "Examples:\n  tinygpt train\n  tinygpt train --config configs/baby.toml --data ../shared/data/tinyshakespeare.txt --out runs/baby\n  tinygpt train --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000"
+    )]
+    Train {
+        /// Run configuration (TOML with [model], [data], [train]).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Training corpus, UTF-8 text (default: the config's data.path).
+        #[arg(long, value_name = "FILE")]
+        data: Option<PathBuf>,
+        /// Run directory (default: runs/<config name>). Must not exist unless --resume.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+        /// Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Continue the run in --out from its last checkpoint.
+        #[arg(long)]
+        resume: bool,
+        /// Train to this many steps (overrides train.max_iters).
+        #[arg(long, value_name = "N")]
+        max_iters: Option<usize>,
+        /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        max_time: Option<Duration>,
+        /// Seed of the initial weights, batches and dropout (overrides train.seed).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Sample text from a trained run, streamed to stdout.
+    #[command(
+        after_help = "Example:\n  tinygpt generate --checkpoint runs/default --prompt \"Of Man's first\" --max-new-tokens 300 --temperature 0.8"
+    )]
+    Generate {
+        /// Run directory written by `tinygpt train`.
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+        /// Which weights: the best validation loss, or the latest.
+        #[arg(long, value_enum, default_value_t = Which::Best)]
+        which: Which,
+        /// Text to continue (default: a newline).
+        #[arg(long, default_value = "\n")]
+        prompt: String,
+        #[arg(long, default_value_t = 500)]
+        max_new_tokens: usize,
+        /// Sharpness of sampling: < 1 more conservative, > 1 more random, 0 = greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        /// Sample only among the K most likely tokens.
+        #[arg(long, default_value_t = 200)]
+        top_k: usize,
+        /// Nucleus sampling: the most likely tokens covering probability P (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Penalise tokens already in the context (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        repetition_penalty: f32,
+        /// Stop when this text is generated (repeatable; not printed).
+        #[arg(long, value_name = "STR")]
+        stop: Vec<String>,
+        #[arg(long, default_value_t = 1337)]
+        seed: u64,
+        /// Recompute the whole context at every token instead of using the KV cache.
+        #[arg(long)]
+        no_cache: bool,
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+    },
+    /// Loss, bits per character (bits per byte for BPE) and perplexity.
+    ///
+    /// On the run's validation split, or on every token of --data.
+    Eval {
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+        /// Evaluate on this text instead of the validation split.
+        #[arg(long, value_name = "FILE")]
+        data: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Which::Best)]
+        which: Which,
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+    },
+    /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
+    Info {
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+    },
+    /// Print and draw a trained model's attention weights for a prompt.
+    ///
+    /// Each selected head's matrix is printed (rows = query tokens, columns = key tokens; the
+    /// causal mask makes everything above the diagonal 0) and drawn as an SVG heatmap, with one
+    /// overview image of all layers and heads.
+    #[command(
+        after_help = "Example:\n  tinygpt attention --checkpoint runs/default --prompt \"Of Man's first\" --layer 0 --head 1"
+    )]
+    Attention {
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+        /// Text whose attention to show (at most block_size tokens).
+        #[arg(long)]
+        prompt: String,
+        /// Only this layer (default: all).
+        #[arg(long)]
+        layer: Option<usize>,
+        /// Only this head (default: all).
+        #[arg(long)]
+        head: Option<usize>,
+        /// Decimal places in the printed matrices.
+        #[arg(long, default_value_t = 2)]
+        decimals: usize,
+        /// Where to write the SVG heatmaps (default: CHECKPOINT/attention).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Which::Best)]
+        which: Which,
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+    },
+    /// Write a run's weights for PyTorch: nanoGPT's parameter names and [out, in] layout.
+    ///
+    /// Writes FILE.safetensors and FILE.json (nanoGPT's config and tokenizer maps).
+    #[command(
+        after_help = "Example:\n  tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors"
+    )]
+    Export {
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Nanogpt)]
+        format: Format,
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value_t = Which::Best)]
+        which: Which,
+    },
+    /// Build a run directory from nanoGPT-named weights (and their .json sidecar).
+    #[command(
+        after_help = "Example:\n  tinygpt import --from model.safetensors --out runs/imported"
+    )]
+    Import {
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// The run directory to create.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Print the logits for given tokens as JSON (the format of torch_gpt.py's `logits`).
+    Logits {
+        #[arg(long, value_name = "DIR")]
+        checkpoint: PathBuf,
+        /// Comma-separated token ids, e.g. 14,53,1.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        #[arg(long, value_enum, default_value_t = Which::Best)]
+        which: Which,
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+    },
     /// Print a preset's architecture and parameter count.
     ///
     /// Example: tinygpt params --preset shakespeare-char --vocab-size 65
@@ -36,6 +218,12 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// nanoGPT / Hugging Face GPT-2 parameter names, PyTorch layouts.
+    Nanogpt,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum Preset {
     /// nanoGPT's CPU baby model: 4 layers, 4 heads, 128 wide, block 64.
     Baby,
@@ -46,21 +234,363 @@ enum Preset {
 }
 
 fn main() -> ExitCode {
+    // A bug must still end in one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("unknown panic");
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "tinygpt: internal error{at}: {}",
+            message.replace('\n', " ")
+        );
+    }));
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // Mesa's Vulkan drivers print an error per adapter probe without it (headless boxes,
+        // CI); a temp dir is what they would fall back to. Set before any thread starts.
+        // SAFETY: single-threaded here, nothing else reads the environment concurrently.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
     let cli = Cli::parse();
+    match std::panic::catch_unwind(|| run(cli)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(err)) => {
+            eprintln!("tinygpt: error: {}", format!("{err:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+        Err(_) => ExitCode::from(101),
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
+        Command::Train {
+            config,
+            data,
+            out,
+            backend,
+            set,
+            resume,
+            max_iters,
+            max_time,
+            seed,
+        } => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let flag = stop.clone();
+            ctrlc::set_handler(move || {
+                if flag.swap(true, Ordering::SeqCst) {
+                    // Second Ctrl-C: leave now. Checkpoints are written atomically.
+                    std::process::exit(130);
+                }
+                eprintln!(
+                    "\ntinygpt: stopping after this step and saving (Ctrl-C again to quit now)"
+                );
+            })
+            .context("cannot install the Ctrl-C handler")?;
+            let config = match (config, resume) {
+                (None, false) => Some(PathBuf::from("configs/default.toml")).filter(|p| p.exists()),
+                (config, _) => config,
+            };
+            let outcome = train::train(
+                train::TrainArgs {
+                    config,
+                    data,
+                    out,
+                    backend,
+                    set,
+                    resume,
+                    max_iters,
+                    max_time,
+                    seed,
+                },
+                stop,
+            )?;
+            if outcome.interrupted {
+                return Ok(ExitCode::from(130));
+            }
+            println!(
+                "sample with: tinygpt generate --checkpoint {}",
+                outcome.dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Generate {
+            checkpoint,
+            which,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+            stop,
+            seed,
+            no_cache,
+            backend,
+        } => {
+            let run = Run::open(&checkpoint)?;
+            let device = backend.device()?;
+            let tokenizer = &run.tokenizer;
+            let prompt_ids = tokenizer.encode(&prompt).context("--prompt")?;
+            let stop = stop
+                .iter()
+                .map(|s| tokenizer.encode(s).context("--stop"))
+                .collect::<Result<Vec<_>>>()?;
+            let (model, _) = run.load_model(which, &device)?;
+            let options = GenerateOptions {
+                max_new_tokens,
+                temperature,
+                top_k: Some(top_k),
+                top_p,
+                repetition_penalty,
+                seed,
+                stop,
+                use_cache: !no_cache,
+            };
+            let mut out = std::io::stdout().lock();
+            write!(out, "{prompt}")?;
+            // Byte-level BPE tokens can end inside a character: print what decodes cleanly.
+            let mut ids = Vec::new();
+            let mut printed = 0;
+            let mut write_error = None;
+            model.generate(&prompt_ids, &options, |id| {
+                ids.push(id);
+                if let Ok(text) = tokenizer.decode(&ids)
+                    && !text.ends_with('\u{FFFD}')
+                    && text.len() > printed
+                {
+                    if let Err(e) = out
+                        .write_all(&text.as_bytes()[printed..])
+                        .and_then(|_| out.flush())
+                    {
+                        write_error.get_or_insert(e);
+                    }
+                    printed = text.len();
+                }
+            })?;
+            if let Some(e) = write_error
+                && e.kind() != std::io::ErrorKind::BrokenPipe
+            {
+                return Err(e.into());
+            }
+            let _ = writeln!(out);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval {
+            checkpoint,
+            data,
+            which,
+            backend,
+        } => {
+            let run = Run::open(&checkpoint)?;
+            let device = backend.device()?;
+            let (model, state) = run.load_model(which, &device)?;
+            let config = &run.config;
+            let (split, source) = match data {
+                Some(path) => {
+                    let text = read_corpus(&path)?;
+                    let split = data::whole_split(
+                        &text,
+                        &run.tokenizer,
+                        &config.data,
+                        config.model.block_size,
+                    )
+                    .with_context(|| format!("--data {}", path.display()))?;
+                    (split, path.display().to_string())
+                }
+                None => {
+                    let text = read_corpus(&config.data.path).context(
+                        "the run's corpus is needed for its validation split (or pass --data)",
+                    )?;
+                    let dataset =
+                        Dataset::new(&text, &run.tokenizer, &config.data, config.model.block_size)?;
+                    (
+                        dataset.val,
+                        format!("validation split of {}", config.data.path.display()),
+                    )
+                }
+            };
+            let result = eval::evaluate(
+                &model,
+                &run.tokenizer,
+                &split,
+                config.model.block_size,
+                &device,
+            )?;
+            println!(
+                "{source} | {} weights (step {}) on {} | {} tokens | loss {:.4} | {:.4} bits per {} | perplexity {:.3}",
+                match which {
+                    Which::Best => "best",
+                    Which::Last => "last",
+                },
+                state.step,
+                describe(&device),
+                result.tokens,
+                result.loss,
+                result.bits_per_unit,
+                run.tokenizer.unit(),
+                result.perplexity
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Info { checkpoint } => {
+            let run = Run::open(&checkpoint)?;
+            let gpt = run.config.gpt(run.tokenizer.vocab_size());
+            let model = gpt.init(&Device::flex())?;
+            println!("run {}", run.dir.display());
+            println!(
+                "model: {} layers, {} heads, n_embd {}, block {}, vocab {} | {} parameters ({:.2}M without wpe)",
+                gpt.n_layer,
+                gpt.n_head,
+                gpt.n_embd,
+                gpt.block_size,
+                gpt.vocab_size,
+                model.num_params(),
+                model.num_params_non_embedding() as f64 / 1e6
+            );
+            println!(
+                "tokenizer: {}, {} tokens",
+                run.tokenizer.kind(),
+                run.tokenizer.vocab_size()
+            );
+            match run.state(Which::Last) {
+                Ok(state) => println!(
+                    "trained: {} of {} steps, {} tokens, {:.1}s | last train loss {} val loss {} | best val loss {}",
+                    state.step,
+                    run.config.train.max_iters,
+                    state.tokens,
+                    state.elapsed_s,
+                    fmt_loss(state.train_loss),
+                    fmt_loss(state.val_loss),
+                    match (state.best_val_loss, state.best_step) {
+                        (Some(v), Some(s)) => format!("{v:.4} at step {s}"),
+                        _ => "-".into(),
+                    }
+                ),
+                Err(_) => println!("trained: no checkpoint saved yet"),
+            }
+            println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
+            print!("{}", run.config.to_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Attention {
+            checkpoint,
+            prompt,
+            layer,
+            head,
+            decimals,
+            out,
+            which,
+            backend,
+        } => {
+            let run = Run::open(&checkpoint)?;
+            let device = backend.device()?;
+            let (model, _) = run.load_model(which, &device)?;
+            let maps = inspect::AttentionMaps::compute(&model, &run.tokenizer, &prompt, &device)?;
+            let (layers, heads) = (run.config.model.n_layer, run.config.model.n_head);
+            for (what, value, count) in [("--layer", layer, layers), ("--head", head, heads)] {
+                if let Some(v) = value
+                    && v >= count
+                {
+                    anyhow::bail!(
+                        "{what} {v} does not exist: the model has {count} (0..{})",
+                        count - 1
+                    );
+                }
+            }
+            let selected: Vec<(usize, usize)> = (0..layers)
+                .filter(|l| layer.is_none_or(|x| x == *l))
+                .flat_map(|l| {
+                    (0..heads)
+                        .filter(|h| head.is_none_or(|x| x == *h))
+                        .map(move |h| (l, h))
+                })
+                .collect();
+            for &(l, h) in &selected {
+                println!("{}", maps.format(l, h, decimals));
+            }
+            let dir = out.unwrap_or_else(|| run.dir.join("attention"));
+            for path in maps.write(&dir, &selected)? {
+                println!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export {
+            checkpoint,
+            format: Format::Nanogpt,
+            out,
+            which,
+        } => {
+            let run = Run::open(&checkpoint)?;
+            interop::export(&run, which, &out)?;
+            println!(
+                "wrote {} and {} (nanoGPT names, PyTorch [out, in] layout)",
+                out.display(),
+                interop::sidecar_path(&out).display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import { from, out } => {
+            interop::import(&from, &out)?;
+            println!("wrote run {} from {}", out.display(), from.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logits {
+            checkpoint,
+            tokens,
+            which,
+            backend,
+        } => {
+            let run = Run::open(&checkpoint)?;
+            let device = backend.device()?;
+            let (model, _) = run.load_model(which, &device)?;
+            let seq = tokens.len();
+            let input = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(tokens.iter().map(|&t| t as i64).collect(), [1, seq]),
+                &device,
+            );
+            let logits = model.forward(input)?;
+            let vocab = model.vocab_size;
+            let loss = (seq > 1)
+                .then(|| {
+                    let targets = burn::tensor::Tensor::<1, burn::tensor::Int>::from_data(
+                        burn::tensor::TensorData::new(
+                            tokens[1..].iter().map(|&t| t as i64).collect(),
+                            [seq - 1],
+                        ),
+                        &device,
+                    );
+                    let head = logits
+                        .clone()
+                        .slice([0..1, 0..seq - 1])
+                        .reshape([seq - 1, vocab]);
+                    tinygpt_model::cross_entropy(head, targets).map(|l| l.into_scalar::<f32>())
+                })
+                .transpose()?;
+            let values = logits
+                .into_data()
+                .try_to_vec_as::<f32>()
+                .expect("f32 logits");
+            let rows: Vec<&[f32]> = values.chunks(vocab).collect();
+            println!(
+                "{}",
+                serde_json::json!({"phase": "logits", "shape": [1, seq, vocab], "logits": rows, "loss": loss})
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Params { preset, vocab_size } => {
             let config = match preset {
                 Preset::Baby => GptConfig::baby(vocab_size),
                 Preset::ShakespeareChar => GptConfig::shakespeare_char(vocab_size),
                 Preset::Minimal => GptConfig::minimal(vocab_size),
             };
-            let model = match config.init(&Device::flex()) {
-                Ok(model) => model,
-                Err(err) => {
-                    eprintln!("tinygpt: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
+            let model = config.init(&Device::flex())?;
             println!(
                 "{} layers, {} heads, n_embd {}, block {}, vocab {}, bias {}, tied head {}",
                 config.n_layer,
@@ -76,7 +606,11 @@ fn main() -> ExitCode {
                 model.num_params(),
                 model.num_params_non_embedding() as f64 / 1e6
             );
+            Ok(ExitCode::SUCCESS)
         }
     }
-    ExitCode::SUCCESS
+}
+
+fn fmt_loss(loss: Option<f64>) -> String {
+    loss.map_or("-".into(), |l| format!("{l:.4}"))
 }

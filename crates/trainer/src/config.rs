@@ -1,0 +1,392 @@
+//! The run configuration: one TOML file with `[model]`, `[data]` and `[train]` sections.
+//!
+//! Every key has a documented default, unknown keys are errors, and `--set section.key=value`
+//! overrides a key before validation, so every error names the key at fault.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use tinygpt_attention::AttentionKernel;
+use tinygpt_model::GptConfig;
+
+/// A whole run: architecture, data and optimisation.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub train: TrainSection,
+}
+
+/// `[model]`: the GPT's shape. Defaults are nanoGPT's CPU "baby" model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Context length in tokens.
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    /// Dropout on embeddings, attention weights and residual branches.
+    pub dropout: f64,
+    /// Biases in linear layers and LayerNorms.
+    pub bias: bool,
+    /// LM head shares the token embedding matrix.
+    pub tie_embeddings: bool,
+    /// Attention implementation: "auto", "explicit" or "fused".
+    pub kernel: Kernel,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            block_size: 64,
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            dropout: 0.0,
+            bias: true,
+            tie_embeddings: true,
+            kernel: Kernel::Auto,
+        }
+    }
+}
+
+/// The attention kernel as it is spelled in TOML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernel {
+    Auto,
+    Explicit,
+    Fused,
+}
+
+impl From<Kernel> for AttentionKernel {
+    fn from(kernel: Kernel) -> Self {
+        match kernel {
+            Kernel::Auto => AttentionKernel::Auto,
+            Kernel::Explicit => AttentionKernel::Explicit,
+            Kernel::Fused => AttentionKernel::Fused,
+        }
+    }
+}
+
+/// `[data]`: how text becomes training samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// The corpus: a UTF-8 text file (`--data` overrides it).
+    pub path: PathBuf,
+    /// "char" (one token per distinct character, nanoGPT's ids) or "bpe" (byte-level BPE).
+    pub tokenizer: TokenizerKind,
+    /// Vocabulary size the BPE tokenizer is trained to (ignored for "char").
+    pub bpe_vocab_size: usize,
+    /// "packed": random windows of the token stream (nanoGPT); "documents": one sample per
+    /// document, padded to the batch, padded targets ignored by the loss.
+    pub batching: Batching,
+    /// What separates documents for "documents" batching.
+    pub separator: String,
+    /// Share of the corpus (its end) held out for validation.
+    pub val_fraction: f64,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("data/paradise-lost.txt"),
+            tokenizer: TokenizerKind::Char,
+            bpe_vocab_size: 512,
+            batching: Batching::Packed,
+            separator: "\n\n".into(),
+            val_fraction: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerKind {
+    Char,
+    Bpe,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Batching {
+    Packed,
+    Documents,
+}
+
+/// `[train]`: AdamW, the learning-rate schedule, evaluation and logging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches whose gradients are averaged into one optimizer step.
+    pub grad_accum: usize,
+    /// Optimizer steps.
+    pub max_iters: usize,
+    /// Peak learning rate, reached after `warmup_iters`.
+    pub learning_rate: f64,
+    /// Learning rate at the end of the cosine decay.
+    pub min_lr: f64,
+    pub warmup_iters: usize,
+    /// Step where the cosine decay reaches `min_lr`; 0 = `max_iters`.
+    pub lr_decay_iters: usize,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// AdamW weight decay, on 2-D weights only.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm (all parameters together) to this; 0 = off.
+    pub grad_clip: f64,
+    /// Evaluate train and val loss every this many steps (and at the end).
+    pub eval_interval: usize,
+    /// Batches per loss estimate.
+    pub eval_iters: usize,
+    /// Print a log line every this many steps when stdout is not a terminal.
+    pub log_interval: usize,
+    /// Seeds the initial weights, the batches and dropout.
+    pub seed: u64,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            batch_size: 12,
+            grad_accum: 1,
+            max_iters: 2000,
+            learning_rate: 1e-3,
+            min_lr: 1e-4,
+            warmup_iters: 100,
+            lr_decay_iters: 0,
+            beta1: 0.9,
+            beta2: 0.99,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            eval_interval: 250,
+            eval_iters: 20,
+            log_interval: 10,
+            seed: 1337,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Reads `path` and applies `overrides` (`section.key=value`, the value in TOML syntax or a
+    /// bare string), then validates.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self> {
+        let text = match path {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config {}", path.display()))?,
+            None => String::new(),
+        };
+        Self::load_str(&text, overrides).with_context(|| match path {
+            Some(path) => format!("config {}", path.display()),
+            None => "config".to_string(),
+        })
+    }
+
+    /// [`load`](Self::load) from TOML text.
+    pub fn load_str(text: &str, overrides: &[String]) -> Result<Self> {
+        let mut text = text.to_string();
+        if !overrides.is_empty() {
+            let mut table = text
+                .parse::<toml::Table>()
+                .map_err(|e| anyhow::anyhow!("{}", one_line(&e.to_string())))?;
+            for assignment in overrides {
+                apply_override(&mut table, assignment)?;
+            }
+            text = toml::to_string(&table)?;
+        }
+        let config: RunConfig =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}", one_line(&e.to_string())))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a config written by [`to_toml`](Self::to_toml) (a checkpoint's `config.toml`).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        Self::load_str(text, &[])
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a RunConfig always serialises")
+    }
+
+    /// The model architecture for a vocabulary of `vocab_size` tokens.
+    pub fn gpt(&self, vocab_size: usize) -> GptConfig {
+        let m = &self.model;
+        GptConfig::new(vocab_size)
+            .with_block_size(m.block_size)
+            .with_n_layer(m.n_layer)
+            .with_n_head(m.n_head)
+            .with_n_embd(m.n_embd)
+            .with_dropout(m.dropout)
+            .with_bias(m.bias)
+            .with_tie_embeddings(m.tie_embeddings)
+            .with_kernel(m.kernel.into())
+    }
+
+    /// Checks every value that serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        // The model crate checks the architecture; the vocabulary is not known yet, so use 1.
+        self.gpt(1)
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid [model]: {e}"))?;
+        let t = &self.train;
+        for (key, value) in [
+            ("train.batch_size", t.batch_size),
+            ("train.grad_accum", t.grad_accum),
+            ("train.eval_interval", t.eval_interval),
+            ("train.eval_iters", t.eval_iters),
+            ("train.log_interval", t.log_interval),
+        ] {
+            if value == 0 {
+                bail!("`{key}` must be at least 1, got 0");
+            }
+        }
+        for (key, value) in [
+            ("train.learning_rate", t.learning_rate),
+            ("train.min_lr", t.min_lr),
+            ("train.weight_decay", t.weight_decay),
+            ("train.grad_clip", t.grad_clip),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!("`{key}` must be a finite number >= 0, got {value}");
+            }
+        }
+        if t.learning_rate == 0.0 {
+            bail!("`train.learning_rate` must be > 0");
+        }
+        if t.min_lr > t.learning_rate {
+            bail!(
+                "`train.min_lr` ({}) must not exceed `train.learning_rate` ({})",
+                t.min_lr,
+                t.learning_rate
+            );
+        }
+        for (key, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&value) {
+                bail!("`{key}` must be in [0, 1), got {value}");
+            }
+        }
+        let d = &self.data;
+        if !(d.val_fraction > 0.0 && d.val_fraction < 1.0) {
+            bail!(
+                "`data.val_fraction` must be in (0, 1), got {}",
+                d.val_fraction
+            );
+        }
+        if d.tokenizer == TokenizerKind::Bpe && !(257..=65536).contains(&d.bpe_vocab_size) {
+            bail!(
+                "`data.bpe_vocab_size` must be in 257..=65536 (256 byte tokens + merges), got {}",
+                d.bpe_vocab_size
+            );
+        }
+        if d.batching == Batching::Documents && d.separator.is_empty() {
+            bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
+        }
+        Ok(())
+    }
+
+    /// The step where the cosine decay ends.
+    pub fn lr_decay_iters(&self) -> usize {
+        match self.train.lr_decay_iters {
+            0 => self.train.max_iters,
+            n => n,
+        }
+    }
+}
+
+/// `section.key=value` into `table`. The value is parsed as TOML (`3`, `0.1`, `true`, `"x"`);
+/// anything that does not parse is taken as a bare string (`data.tokenizer=bpe`).
+fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
+    let Some((key, raw)) = assignment.split_once('=') else {
+        bail!("--set expects section.key=value, got `{assignment}`");
+    };
+    let key = key.trim();
+    let Some((section, field)) = key.split_once('.') else {
+        bail!("--set key `{key}` must be section.key (model., data. or train.)");
+    };
+    if !matches!(section, "model" | "data" | "train") {
+        bail!("--set key `{key}`: unknown section `{section}` (expected model, data or train)");
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let section = table
+        .entry(section)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(section) = section.as_table_mut() else {
+        bail!(
+            "config key `{}` must be a table",
+            key.split('.').next().unwrap_or(key)
+        );
+    };
+    section.insert(field.to_string(), value);
+    Ok(())
+}
+
+/// TOML errors span several lines (position, source excerpt, caret, message); keep the
+/// offending source line and the message on one line: "`batch_size = -1`: invalid value ...".
+fn one_line(message: &str) -> String {
+    let mut source = None;
+    let mut text = Vec::new();
+    for line in message.lines().skip(1) {
+        let trimmed = line.trim();
+        if let Some((number, code)) = trimmed.split_once('|') {
+            let number = number.trim();
+            if !number.is_empty() && number.chars().all(|c| c.is_ascii_digit()) {
+                source = Some(code.trim().to_string());
+            }
+        } else if !trimmed.is_empty() {
+            text.push(trimmed);
+        }
+    }
+    match source {
+        Some(code) => format!("`{code}`: {}", text.join(" ")),
+        None => text.join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_baby_config_and_round_trip() {
+        let config = RunConfig::default();
+        assert_eq!(config.gpt(65), GptConfig::baby(65));
+        assert_eq!(RunConfig::from_toml(&config.to_toml()).unwrap(), config);
+    }
+
+    #[test]
+    fn overrides_apply_and_errors_name_the_key() {
+        let config = RunConfig::load(
+            None,
+            &["train.max_iters=7".into(), "data.tokenizer=bpe".into()],
+        )
+        .unwrap();
+        assert_eq!(config.train.max_iters, 7);
+        assert_eq!(config.data.tokenizer, TokenizerKind::Bpe);
+
+        let err = RunConfig::load(None, &["train.max_iterz=7".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("max_iterz"), "{err:#}");
+        let err = RunConfig::load(None, &["model.n_head=3".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("n_head"), "{err:#}");
+        let err = RunConfig::load(None, &["train.beta2=1.5".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("train.beta2"), "{err:#}");
+        let err = RunConfig::load(None, &["train.batch_size=-1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("batch_size"), "{err:#}");
+        let err = RunConfig::load(None, &["nonsense".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("section.key=value"), "{err:#}");
+        for e in [err] {
+            assert!(!format!("{e:#}").contains('\n'));
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The corpus, its train/val split, and batches of `(inputs, targets)` for the model.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tinygpt_model::IGNORE_INDEX;
+
+use crate::config::{Batching, DataSection};
+use crate::tokenizer::Tokenizer;
+
+/// Reads a text corpus; a missing, unreadable, non-UTF-8 or empty file is an error.
+pub fn read_corpus(path: &Path) -> Result<String> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "corpus {} is not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if text.trim().is_empty() {
+        bail!("corpus {} is empty", path.display());
+    }
+    Ok(text)
+}
+
+/// One split of the corpus.
+pub enum Split {
+    /// The token stream; samples are random windows of `block_size + 1` tokens.
+    Packed(Vec<u32>),
+    /// Documents of 2..=`block_size + 1` tokens; samples are whole documents.
+    Documents(Vec<Vec<u32>>),
+}
+
+impl Split {
+    /// Tokens in the split.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Packed(ids) => ids.len(),
+            Self::Documents(docs) => docs.iter().map(Vec::len).sum(),
+        }
+    }
+}
+
+/// Token ids `[batch, seq]`, targets `[batch, seq]` (`IGNORE_INDEX` where padded), on the host.
+pub struct Batch {
+    pub inputs: Vec<i64>,
+    pub targets: Vec<i64>,
+    pub batch: usize,
+    pub seq: usize,
+}
+
+impl Batch {
+    /// Inputs `[batch, seq]` and flattened targets `[batch * seq]` on `device`.
+    pub fn to_device(&self, device: &Device) -> (Tensor<2, Int>, Tensor<1, Int>) {
+        let inputs = Tensor::from_data(
+            TensorData::new(self.inputs.clone(), [self.batch, self.seq]),
+            device,
+        );
+        let targets = Tensor::from_data(
+            TensorData::new(self.targets.clone(), [self.batch * self.seq]),
+            device,
+        );
+        (inputs, targets)
+    }
+
+    /// Targets the loss counts (not padding).
+    pub fn counted_targets(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+}
+
+/// The corpus as train and val token splits.
+pub struct Dataset {
+    pub train: Split,
+    pub val: Split,
+    pub block_size: usize,
+}
+
+impl Dataset {
+    /// Tokenizes `text` and splits it: the last `val_fraction` is validation.
+    pub fn new(
+        text: &str,
+        tokenizer: &Tokenizer,
+        data: &DataSection,
+        block_size: usize,
+    ) -> Result<Self> {
+        let (train, val) = match data.batching {
+            Batching::Packed => {
+                let ids = tokenizer.encode(text)?;
+                let n = ((1.0 - data.val_fraction) * ids.len() as f64) as usize;
+                let (train, val) = (ids[..n].to_vec(), ids[n..].to_vec());
+                for (name, split) in [("train", &train), ("val", &val)] {
+                    if split.len() <= block_size {
+                        bail!(
+                            "corpus too short: the {name} split has {} tokens but block_size {block_size} \
+                             needs at least {} (use a longer text or a smaller model.block_size)",
+                            split.len(),
+                            block_size + 1
+                        );
+                    }
+                }
+                (Split::Packed(train), Split::Packed(val))
+            }
+            Batching::Documents => {
+                let mut docs = documents(text, tokenizer, &data.separator, block_size)?;
+                if docs.len() < 2 {
+                    bail!(
+                        "corpus too short: `documents` batching found {} document(s) of 2 or more tokens \
+                         separated by {:?}; it needs at least 2 (one for val)",
+                        docs.len(),
+                        data.separator
+                    );
+                }
+                let n_val = ((data.val_fraction * docs.len() as f64).round() as usize)
+                    .clamp(1, docs.len() - 1);
+                let val = docs.split_off(docs.len() - n_val);
+                (Split::Documents(docs), Split::Documents(val))
+            }
+        };
+        Ok(Self {
+            train,
+            val,
+            block_size,
+        })
+    }
+
+    /// A random batch of `batch` samples from `split`, drawn with `rng` (nanoGPT's `get_batch`).
+    pub fn sample(&self, split: &Split, batch: usize, rng: &mut StdRng) -> Batch {
+        match split {
+            Split::Packed(ids) => {
+                let seq = self.block_size;
+                let mut inputs = Vec::with_capacity(batch * seq);
+                let mut targets = Vec::with_capacity(batch * seq);
+                for _ in 0..batch {
+                    let i = rng.random_range(0..ids.len() - seq);
+                    inputs.extend(ids[i..i + seq].iter().map(|&t| t as i64));
+                    targets.extend(ids[i + 1..i + seq + 1].iter().map(|&t| t as i64));
+                }
+                Batch {
+                    inputs,
+                    targets,
+                    batch,
+                    seq,
+                }
+            }
+            Split::Documents(docs) => {
+                let picked: Vec<&Vec<u32>> = (0..batch)
+                    .map(|_| &docs[rng.random_range(0..docs.len())])
+                    .collect();
+                pad(&picked)
+            }
+        }
+    }
+}
+
+/// All of `text` as one split (to evaluate on another file), cut as `data.batching` says.
+pub fn whole_split(
+    text: &str,
+    tokenizer: &Tokenizer,
+    data: &DataSection,
+    block_size: usize,
+) -> Result<Split> {
+    let split = match data.batching {
+        Batching::Packed => Split::Packed(tokenizer.encode(text)?),
+        Batching::Documents => {
+            Split::Documents(documents(text, tokenizer, &data.separator, block_size)?)
+        }
+    };
+    if split.len() < 2 {
+        bail!("the text has fewer than 2 tokens: nothing to predict");
+    }
+    Ok(split)
+}
+
+/// The whole `split` as deterministic batches: consecutive windows of `block_size` targets
+/// (packed) or every document, so each token is predicted exactly once.
+pub fn sweep(split: &Split, block_size: usize, batch: usize) -> Vec<Batch> {
+    let pieces = match split {
+        Split::Packed(ids) => windows(ids, block_size),
+        Split::Documents(docs) => docs.clone(),
+    };
+    pieces
+        .chunks(batch)
+        .map(|chunk| pad(&chunk.iter().collect::<Vec<_>>()))
+        .collect()
+}
+
+/// The documents of `text` (split on `separator`) as pieces of 2..=`block_size + 1` tokens:
+/// long documents become consecutive pieces overlapping by one token, so every token is a
+/// target exactly once.
+fn documents(
+    text: &str,
+    tokenizer: &Tokenizer,
+    separator: &str,
+    block_size: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let mut docs = Vec::new();
+    for doc in text.split(separator) {
+        docs.extend(windows(
+            &tokenizer.encode(doc.trim_matches('\n'))?,
+            block_size,
+        ));
+    }
+    Ok(docs)
+}
+
+/// `ids` as consecutive windows of up to `block_size + 1` tokens sharing their end tokens.
+fn windows(ids: &[u32], block_size: usize) -> Vec<Vec<u32>> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start + 1 < ids.len() {
+        let end = (start + block_size + 1).min(ids.len());
+        pieces.push(ids[start..end].to_vec());
+        start = end - 1;
+    }
+    pieces
+}
+
+/// Samples of `len + 1` tokens as inputs and shifted targets, right-padded to the longest:
+/// padded inputs are token 0 (causal attention means no real token ever looks at them) and
+/// padded targets are `IGNORE_INDEX`, so the loss skips them.
+fn pad(samples: &[&Vec<u32>]) -> Batch {
+    let seq = samples.iter().map(|s| s.len() - 1).max().unwrap_or(1);
+    let mut inputs = Vec::with_capacity(samples.len() * seq);
+    let mut targets = Vec::with_capacity(samples.len() * seq);
+    for sample in samples {
+        let n = sample.len() - 1;
+        inputs.extend(sample[..n].iter().map(|&t| t as i64));
+        inputs.extend(std::iter::repeat_n(0, seq - n));
+        targets.extend(sample[1..].iter().map(|&t| t as i64));
+        targets.extend(std::iter::repeat_n(IGNORE_INDEX, seq - n));
+    }
+    Batch {
+        inputs,
+        targets,
+        batch: samples.len(),
+        seq,
+    }
+}
+
+/// The RNG for one purpose at one step: a run is reproducible, and a resumed run draws exactly
+/// the batches the uninterrupted run would have, without saving any generator state.
+pub fn step_rng(seed: u64, step: usize, stream: u64) -> StdRng {
+    StdRng::seed_from_u64(mix(seed, step, stream))
+}
+
+/// A seed for (`seed`, `step`, `stream`): distinct inputs give unrelated seeds.
+pub fn mix(seed: u64, step: usize, stream: u64) -> u64 {
+    // splitmix64's finaliser over the three inputs.
+    let mut z = seed
+        ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TokenizerKind;
+
+    fn dataset(text: &str, batching: Batching, block_size: usize) -> Result<Dataset> {
+        let tokenizer = Tokenizer::train(TokenizerKind::Char, text, 0)?;
+        let data = DataSection {
+            batching,
+            ..DataSection::default()
+        };
+        Dataset::new(text, &tokenizer, &data, block_size)
+    }
+
+    #[test]
+    fn packed_batches_are_shifted_windows() {
+        let text: String = "abcdefghij".repeat(10);
+        let ds = dataset(&text, Batching::Packed, 8).unwrap();
+        assert_eq!((ds.train.len(), ds.val.len()), (90, 10));
+        let b = ds.sample(&ds.train, 4, &mut step_rng(1, 0, 0));
+        assert_eq!((b.batch, b.seq, b.inputs.len()), (4, 8, 32));
+        for row in 0..4 {
+            let x = &b.inputs[row * 8..row * 8 + 8];
+            let y = &b.targets[row * 8..row * 8 + 8];
+            assert_eq!(&x[1..], &y[..7], "targets are inputs shifted by one");
+            assert_eq!((y[7] - x[7]).rem_euclid(10), 1);
+        }
+        // The sweep predicts every val token after the first exactly once.
+        let sweep = sweep(&ds.val, 8, 3);
+        assert_eq!(sweep.iter().map(Batch::counted_targets).sum::<usize>(), 9);
+    }
+
+    #[test]
+    fn documents_are_padded_with_ignored_targets() {
+        let text = "ab\n\nabcde\n\nabc\n\nabcd";
+        let ds = dataset(text, Batching::Documents, 8).unwrap();
+        let sweep = sweep(&ds.train, 8, 8);
+        let b = &sweep[0];
+        assert_eq!((b.batch, b.seq), (3, 4));
+        // "ab" predicts one target, b (id 2 after \n and a); the other three are ignore_index.
+        assert_eq!(
+            &b.targets[..4],
+            &[2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]
+        );
+        assert_eq!(b.counted_targets(), 1 + 4 + 2);
+    }
+
+    #[test]
+    fn short_corpora_are_errors() {
+        let err = dataset("abcdefghij", Batching::Packed, 8).err().unwrap();
+        assert!(err.to_string().contains("corpus too short"), "{err}");
+        let err = dataset("abc", Batching::Documents, 8).err().unwrap();
+        assert!(err.to_string().contains("corpus too short"), "{err}");
+    }
+}

@@ -98,7 +98,7 @@ impl AttentionMaps {
     pub fn heatmap(&self, layer: usize, head: usize) -> Result<String> {
         let cell = 28;
         let margin = 60;
-        let size = (margin + cell * self.seq() as u32 + 10) as u32;
+        let size = margin + cell * self.seq() as u32 + 10;
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (size, size + 30)).into_drawing_area();

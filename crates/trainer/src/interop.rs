@@ -176,16 +176,18 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
         (Ok(head), Ok(wte)) => head.data() == wte.data(),
         _ => true,
     };
-    let mut config = RunConfig::default();
-    config.model = ModelSection {
-        block_size: c.block_size,
-        n_layer: c.n_layer,
-        n_head: c.n_head,
-        n_embd: c.n_embd,
-        dropout: c.dropout,
-        bias: c.bias,
-        tie_embeddings,
-        ..ModelSection::default()
+    let mut config = RunConfig {
+        model: ModelSection {
+            block_size: c.block_size,
+            n_layer: c.n_layer,
+            n_head: c.n_head,
+            n_embd: c.n_embd,
+            dropout: c.dropout,
+            bias: c.bias,
+            tie_embeddings,
+            ..ModelSection::default()
+        },
+        ..RunConfig::default()
     };
     config.data.tokenizer = match tokenizer {
         Tokenizer::Char { .. } => TokenizerKind::Char,
@@ -254,7 +256,10 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
 }
 
 /// The model's tensors by Burn path: shape and little-endian f32 bytes.
-fn burn_tensors(model: &Gpt) -> Result<HashMap<String, (Vec<usize>, Vec<u8>)>> {
+/// Shape and little-endian f32 bytes of each tensor, by name.
+type TensorTable = HashMap<String, (Vec<usize>, Vec<u8>)>;
+
+fn burn_tensors(model: &Gpt) -> Result<TensorTable> {
     model
         .collect(None, None, false)
         .into_iter()

@@ -1,6 +1,7 @@
 //! `tinygpt`: train a tiny GPT on any text file, sample from it, evaluate it.
 
 mod backend;
+mod bench;
 mod checkpoint;
 mod config;
 mod data;
@@ -191,6 +192,31 @@ enum Command {
         /// The run directory to create.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
+    },
+    /// Measure training and sampling speed and peak memory (table, or JSON lines).
+    ///
+    /// Training: the median of --iters real training steps (forward, backward, clipping, AdamW)
+    /// after --warmup, on random tokens. Sampling: --sample-tokens from a one-token prompt with
+    /// the KV cache. Run nothing else meanwhile: on a small machine contention distorts timings.
+    #[command(
+        after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json"
+    )]
+    Bench {
+        /// Configs to measure: baby, shakespeare-char (the files in configs/).
+        #[arg(long = "config", default_values_t = ["baby".to_string()])]
+        configs: Vec<String>,
+        /// Backends to measure.
+        #[arg(long = "backend", value_enum, default_values_t = [Backend::Flex])]
+        backends: Vec<Backend>,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        #[arg(long, default_value_t = 500)]
+        sample_tokens: usize,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the logits for given tokens as JSON (the format of torch_gpt.py's `logits`).
     Logits {
@@ -539,6 +565,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Import { from, out } => {
             interop::import(&from, &out)?;
             println!("wrote run {} from {}", out.display(), from.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            configs,
+            backends,
+            iters,
+            warmup,
+            sample_tokens,
+            json,
+        } => {
+            if iters == 0 {
+                anyhow::bail!("--iters must be at least 1");
+            }
+            if !json {
+                println!("{}", bench::header());
+            }
+            let args = bench::BenchArgs {
+                configs,
+                backends,
+                iters,
+                warmup,
+                sample_tokens,
+            };
+            bench::bench(&args, |result| {
+                if json {
+                    println!("{}", serde_json::to_string(result).expect("serialisable"));
+                } else {
+                    println!("{}", bench::row(result));
+                }
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logits {

@@ -314,7 +314,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
 
 /// One optimizer step: `grad_accum` micro-batches, global-norm clipping, AdamW. Returns the
 /// updated model and the mean loss of the micro-batches.
-fn train_step(
+pub(crate) fn train_step(
     model: Gpt,
     optim: &mut ModuleOptimizer,
     data: &Dataset,
@@ -415,7 +415,7 @@ fn estimate_loss(
 }
 
 /// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains.
-fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
+pub(crate) fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
     let t = &config.train;
     let adamw = |weight_decay: f64| {
         AdamWConfig::new()

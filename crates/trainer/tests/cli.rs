@@ -806,8 +806,9 @@ fn export_import_round_trip() {
     assert_eq!(greedy("imported"), greedy("run"));
 
     // Broken files: each error names the tensor or the problem.
-    let write_variant = |name: &str, edit: &dyn Fn(&mut Vec<(String, Vec<usize>, Vec<u8>)>)| {
-        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = file
+    type Tensors = Vec<(String, Vec<usize>, Vec<u8>)>;
+    let write_variant = |name: &str, edit: &dyn Fn(&mut Tensors)| {
+        let mut tensors: Tensors = file
             .tensors()
             .into_iter()
             .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
@@ -956,13 +957,10 @@ fn pytorch_reads_exported_weights() {
         .unwrap();
     let theirs = ok(theirs);
     let parse = |json: &str| -> Vec<f64> {
-        let start = json.find("\"logits\"").unwrap();
-        let rest = &json[start..];
-        let open = rest.find('[').unwrap();
-        let close = rest.find("]]").unwrap();
-        rest[open..close]
-            .split(|c: char| c == '[' || c == ']' || c == ',')
-            .filter_map(|s| s.trim().parse().ok())
+        let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        let rows = value["logits"].as_array().unwrap();
+        rows.iter()
+            .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
             .collect()
     };
     let (a, b) = (parse(&ours), parse(&theirs));

@@ -30,9 +30,10 @@ backend="${BACKEND:-flex}"
 data=../shared/data/tinyshakespeare.txt
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); config $config, $iters iterations"
-torch_json=$("$python" ../shared/bench/torch_gpt.py train --data "$data" "${model[@]}" \
-  --iters "$iters" --eval-iters 1 --sample-tokens 200 | head -1)
-echo "pytorch: $torch_json"
+torch_out=$("$python" ../shared/bench/torch_gpt.py train --data "$data" "${model[@]}" \
+  --iters "$iters" --eval-iters 1 --sample-tokens 200)
+torch_json=$(printf '%s\n' "$torch_out" | sed -n 1p)
+printf 'pytorch: %s\n' "$torch_out"
 tiny_json=$("$tinygpt" bench --config "$config" --backend "$backend" --iters "$iters" --warmup 3 --sample-tokens 200 --json)
 echo "tinygpt: $tiny_json"
 python3 - "$torch_json" "$tiny_json" <<'PY'

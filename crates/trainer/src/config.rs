@@ -149,6 +149,10 @@ pub struct TrainSection {
     pub log_interval: usize,
     /// Seeds the initial weights, the batches and dropout.
     pub seed: u64,
+    /// Threads that split each batch (data parallel, gradients summed) and the evals; 0 = one
+    /// per core. Training uses one thread while dropout is on: dropout masks come from one
+    /// shared generator, and threads drawing from it in turn would make runs irreproducible.
+    pub threads: usize,
 }
 
 impl Default for TrainSection {
@@ -169,6 +173,7 @@ impl Default for TrainSection {
             eval_iters: 20,
             log_interval: 10,
             seed: 1337,
+            threads: 0,
         }
     }
 }
@@ -289,6 +294,23 @@ impl RunConfig {
             bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
         }
         Ok(())
+    }
+
+    /// Threads for evaluation: `train.threads`, or one per core.
+    pub fn workers(&self) -> usize {
+        match self.train.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+
+    /// Threads for training steps: [`workers`](Self::workers), but one while dropout is on.
+    pub fn train_workers(&self) -> usize {
+        if self.model.dropout > 0.0 {
+            1
+        } else {
+            self.workers()
+        }
     }
 
     /// The step where the cosine decay ends.

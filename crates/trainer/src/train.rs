@@ -192,6 +192,8 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
             let (train_loss, val_loss) =
                 estimate_loss(&model.valid(), &data, &config, step, &device)?;
             eval_time += eval_start.elapsed();
+            // tokens/s in the progress line measures training only.
+            window = (Instant::now(), state.step);
             state.train_loss = Some(train_loss);
             state.val_loss = Some(val_loss);
             state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
@@ -328,16 +330,28 @@ pub(crate) fn train_step(
     device.seed(mix(t.seed, step, DROPOUT_STREAM));
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], device);
+    let workers = config.train_workers();
     for micro in 0..t.grad_accum {
         let batch = data.sample(
             &data.train,
             t.batch_size,
             &mut step_rng(t.seed, step, micro as u64),
         );
-        let loss = batch_loss(&model, &batch, device)? / t.grad_accum as f64;
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        loss_sum = loss_sum + loss.detach();
-        accumulator.accumulate(&model, grads);
+        // Data parallel: each worker takes some rows; weighting each part's mean by its share
+        // of the counted targets makes the sum the mean over the whole batch.
+        let total = batch.counted_targets() as f64;
+        let parts = batch.split(workers);
+        let results = parallel(&parts, workers, |part| -> Result<_> {
+            let weight = part.counted_targets() as f64 / total / t.grad_accum as f64;
+            let loss = batch_loss(&model, part, device)? * weight;
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            Ok((grads, loss.detach()))
+        });
+        for result in results {
+            let (grads, loss) = result?;
+            accumulator.accumulate(&model, grads);
+            loss_sum = loss_sum + loss;
+        }
     }
     let mut grads = accumulator.grads();
     if t.grad_clip > 0.0 {
@@ -402,16 +416,38 @@ fn estimate_loss(
     device: &Device,
 ) -> Result<(f64, f64)> {
     let t = &config.train;
+    let workers = config.workers();
     let mut means = [0.0; 2];
     for (k, split) in [&data.train, &data.val].into_iter().enumerate() {
         let mut rng = step_rng(t.seed, step, EVAL_STREAM + k as u64);
-        let mut sum = Tensor::<1>::zeros([1], device);
-        for _ in 0..t.eval_iters {
-            sum = sum + batch_loss(model, &data.sample(split, t.batch_size, &mut rng), device)?;
-        }
-        means[k] = sum.into_scalar::<f32>() as f64 / t.eval_iters as f64;
+        let batches: Vec<Batch> = (0..t.eval_iters)
+            .map(|_| data.sample(split, t.batch_size, &mut rng))
+            .collect();
+        let losses = parallel(&batches, workers, |batch| {
+            batch_loss(model, batch, device).map(|loss| loss.into_scalar::<f32>() as f64)
+        });
+        means[k] = losses.into_iter().sum::<Result<f64>>()? / t.eval_iters as f64;
     }
     Ok((means[0], means[1]))
+}
+
+/// `f` over `items` on up to `workers` scoped threads, each taking a contiguous share; results
+/// in item order. One worker runs inline.
+fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if workers <= 1 || items.len() <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(items.len().div_ceil(workers))
+            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
 }
 
 /// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains.

@@ -159,7 +159,14 @@ fn bench_one(
 pub fn header() -> String {
     format!(
         "{:<17} {:<8} {:>7} {:>9} {:>12} {:>14} {:>16} {:>14}",
-        "config", "backend", "threads", "params", "ms/iter", "train tok/s", "sample tok/s", "peak RSS MiB"
+        "config",
+        "backend",
+        "threads",
+        "params",
+        "ms/iter",
+        "train tok/s",
+        "sample tok/s",
+        "peak RSS MiB"
     )
 }
 

@@ -36,7 +36,6 @@ pub struct BenchResult {
     pub params: usize,
     pub batch: usize,
     pub block: usize,
-    pub threads: usize,
     pub iters: usize,
     pub ms_per_iter: f64,
     pub train_tokens_per_s: f64,
@@ -51,7 +50,6 @@ pub struct BenchArgs {
     pub iters: usize,
     pub warmup: usize,
     pub sample_tokens: usize,
-    pub threads: Option<usize>,
 }
 
 pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<()> {
@@ -62,10 +60,7 @@ pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<(
                 CONFIGS.map(|(n, _)| n).join(", ")
             );
         };
-        let mut config = RunConfig::from_toml(toml)?;
-        if let Some(threads) = args.threads {
-            config.train.threads = threads;
-        }
+        let config = RunConfig::from_toml(toml)?;
         for &backend in &args.backends {
             report(&bench_one(name, &config, backend, args)?);
         }
@@ -145,7 +140,6 @@ fn bench_one(
         params,
         batch: t.batch_size * t.grad_accum,
         block: config.model.block_size,
-        threads: config.train_workers(),
         iters: args.iters,
         ms_per_iter: seconds * 1e3,
         train_tokens_per_s: tokens / seconds,
@@ -158,24 +152,16 @@ fn bench_one(
 /// Prints a table header for [`row`].
 pub fn header() -> String {
     format!(
-        "{:<17} {:<8} {:>7} {:>9} {:>12} {:>14} {:>16} {:>14}",
-        "config",
-        "backend",
-        "threads",
-        "params",
-        "ms/iter",
-        "train tok/s",
-        "sample tok/s",
-        "peak RSS MiB"
+        "{:<17} {:<8} {:>9} {:>12} {:>14} {:>16} {:>14}",
+        "config", "backend", "params", "ms/iter", "train tok/s", "sample tok/s", "peak RSS MiB"
     )
 }
 
 pub fn row(r: &BenchResult) -> String {
     format!(
-        "{:<17} {:<8} {:>7} {:>9} {:>12.1} {:>14.0} {:>16.0} {:>14}",
+        "{:<17} {:<8} {:>9} {:>12.1} {:>14.0} {:>16.0} {:>14}",
         r.config,
         r.backend,
-        r.threads,
         r.params,
         r.ms_per_iter,
         r.train_tokens_per_s,

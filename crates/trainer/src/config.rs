@@ -149,9 +149,8 @@ pub struct TrainSection {
     pub log_interval: usize,
     /// Seeds the initial weights, the batches and dropout.
     pub seed: u64,
-    /// Threads that split each batch (data parallel, gradients summed) and the evals; 0 = one
-    /// per core. Training uses one thread while dropout is on: dropout masks come from one
-    /// shared generator, and threads drawing from it in turn would make runs irreproducible.
+    /// Threads that share the loss estimates' batches; 0 = one per core. (Training steps run on
+    /// one thread: see docs/perf.md.)
     pub threads: usize,
 }
 
@@ -296,20 +295,11 @@ impl RunConfig {
         Ok(())
     }
 
-    /// Threads for evaluation: `train.threads`, or one per core.
+    /// Threads for the loss estimates: `train.threads`, or one per core.
     pub fn workers(&self) -> usize {
         match self.train.threads {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             n => n,
-        }
-    }
-
-    /// Threads for training steps: [`workers`](Self::workers), but one while dropout is on.
-    pub fn train_workers(&self) -> usize {
-        if self.model.dropout > 0.0 {
-            1
-        } else {
-            self.workers()
         }
     }
 

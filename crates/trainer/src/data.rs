@@ -68,22 +68,6 @@ impl Batch {
         (inputs, targets)
     }
 
-    /// The rows cut into up to `parts` contiguous batches (for data-parallel workers).
-    pub fn split(&self, parts: usize) -> Vec<Batch> {
-        let rows = self.batch.div_ceil(parts.max(1));
-        let width = rows * self.seq;
-        self.inputs
-            .chunks(width)
-            .zip(self.targets.chunks(width))
-            .map(|(inputs, targets)| Batch {
-                inputs: inputs.to_vec(),
-                targets: targets.to_vec(),
-                batch: inputs.len() / self.seq,
-                seq: self.seq,
-            })
-            .collect()
-    }
-
     /// Targets the loss counts (not padding).
     pub fn counted_targets(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()

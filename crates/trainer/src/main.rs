@@ -214,9 +214,6 @@ enum Command {
         warmup: usize,
         #[arg(long, default_value_t = 500)]
         sample_tokens: usize,
-        /// Training threads (overrides train.threads; 0 = one per core).
-        #[arg(long)]
-        threads: Option<usize>,
         /// JSON lines instead of a table.
         #[arg(long)]
         json: bool,
@@ -576,7 +573,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
             iters,
             warmup,
             sample_tokens,
-            threads,
             json,
         } => {
             if iters == 0 {
@@ -591,7 +587,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 iters,
                 warmup,
                 sample_tokens,
-                threads,
             };
             bench::bench(&args, |result| {
                 if json {

@@ -330,28 +330,18 @@ pub(crate) fn train_step(
     device.seed(mix(t.seed, step, DROPOUT_STREAM));
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], device);
-    let workers = config.train_workers();
     for micro in 0..t.grad_accum {
         let batch = data.sample(
             &data.train,
             t.batch_size,
             &mut step_rng(t.seed, step, micro as u64),
         );
-        // Data parallel: each worker takes some rows; weighting each part's mean by its share
-        // of the counted targets makes the sum the mean over the whole batch.
-        let total = batch.counted_targets() as f64;
-        let parts = batch.split(workers);
-        let results = parallel(&parts, workers, |part| -> Result<_> {
-            let weight = part.counted_targets() as f64 / total / t.grad_accum as f64;
-            let loss = batch_loss(&model, part, device)? * weight;
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            Ok((grads, loss.detach()))
-        });
-        for result in results {
-            let (grads, loss) = result?;
-            accumulator.accumulate(&model, grads);
-            loss_sum = loss_sum + loss;
-        }
+        // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
+        // backward passes running at once panic ("graph tape has already been consumed").
+        let loss = batch_loss(&model, &batch, device)? / t.grad_accum as f64;
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        loss_sum = loss_sum + loss.detach();
+        accumulator.accumulate(&model, grads);
     }
     let mut grads = accumulator.grads();
     if t.grad_clip > 0.0 {

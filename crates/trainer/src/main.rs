@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::{Parser, Subcommand, ValueEnum};
 use tinygpt_model::{GenerateOptions, GptConfig};
 
@@ -96,7 +96,7 @@ enum Command {
         /// Sharpness of sampling: < 1 more conservative, > 1 more random, 0 = greedy.
         #[arg(long, default_value_t = 0.8)]
         temperature: f32,
-        /// Sample only among the K most likely tokens.
+        /// Sample only among the K most likely tokens (0 = all).
         #[arg(long, default_value_t = 200)]
         top_k: usize,
         /// Nucleus sampling: the most likely tokens covering probability P (1 = off).
@@ -372,7 +372,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let options = GenerateOptions {
                 max_new_tokens,
                 temperature,
-                top_k: Some(top_k),
+                top_k: (top_k > 0).then_some(top_k),
                 top_p,
                 repetition_penalty,
                 seed,
@@ -607,19 +607,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let device = backend.device()?;
             let (model, _) = run.load_model(which, &device)?;
             let seq = tokens.len();
-            let input = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data(
-                burn::tensor::TensorData::new(tokens.iter().map(|&t| t as i64).collect(), [1, seq]),
+            let input = Tensor::<2, Int>::from_data(
+                TensorData::new(tokens.iter().map(|&t| t as i64).collect(), [1, seq]),
                 &device,
             );
             let logits = model.forward(input)?;
             let vocab = model.vocab_size;
             let loss = (seq > 1)
                 .then(|| {
-                    let targets = burn::tensor::Tensor::<1, burn::tensor::Int>::from_data(
-                        burn::tensor::TensorData::new(
-                            tokens[1..].iter().map(|&t| t as i64).collect(),
-                            [seq - 1],
-                        ),
+                    let targets = Tensor::<1, Int>::from_data(
+                        TensorData::new(tokens[1..].iter().map(|&t| t as i64).collect(), [seq - 1]),
                         &device,
                     );
                     let head = logits

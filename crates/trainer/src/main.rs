@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -49,34 +48,7 @@ enum Command {
     #[command(
         after_help = "Examples:\n  tinygpt train\n  tinygpt train --config configs/baby.toml --data ../shared/data/tinyshakespeare.txt --out runs/baby\n  tinygpt train --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000"
     )]
-    Train {
-        /// Run configuration (TOML with [model], [data], [train]).
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Training corpus, UTF-8 text (default: the config's data.path).
-        #[arg(long, value_name = "FILE")]
-        data: Option<PathBuf>,
-        /// Run directory (default: runs/<config name>). Must not exist unless --resume.
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        #[arg(long, value_enum, default_value_t = Backend::Auto)]
-        backend: Backend,
-        /// Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
-        /// Continue the run in --out from its last checkpoint.
-        #[arg(long)]
-        resume: bool,
-        /// Train to this many steps (overrides train.max_iters).
-        #[arg(long, value_name = "N")]
-        max_iters: Option<usize>,
-        /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        max_time: Option<Duration>,
-        /// Seed of the initial weights, batches and dropout (overrides train.seed).
-        #[arg(long)]
-        seed: Option<u64>,
-    },
+    Train(train::TrainArgs),
     /// Sample text from a trained run, streamed to stdout.
     #[command(
         after_help = "Example:\n  tinygpt generate --checkpoint runs/default --prompt \"Of Man's first\" --max-new-tokens 300 --temperature 0.8"
@@ -296,17 +268,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Train {
-            config,
-            data,
-            out,
-            backend,
-            set,
-            resume,
-            max_iters,
-            max_time,
-            seed,
-        } => {
+        Command::Train(mut args) => {
             let stop = Arc::new(AtomicBool::new(false));
             let flag = stop.clone();
             ctrlc::set_handler(move || {
@@ -319,24 +281,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
             })
             .context("cannot install the Ctrl-C handler")?;
-            let config = match (config, resume) {
-                (None, false) => Some(PathBuf::from("configs/default.toml")).filter(|p| p.exists()),
-                (config, _) => config,
-            };
-            let outcome = train::train(
-                train::TrainArgs {
-                    config,
-                    data,
-                    out,
-                    backend,
-                    set,
-                    resume,
-                    max_iters,
-                    max_time,
-                    seed,
-                },
-                stop,
-            )?;
+            if args.config.is_none() && !args.resume {
+                args.config = Some(PathBuf::from("configs/default.toml")).filter(|p| p.exists());
+            }
+            let outcome = train::train(args, stop)?;
             if outcome.interrupted {
                 return Ok(ExitCode::from(130));
             }

@@ -30,16 +30,34 @@ const EVAL_STREAM: u64 = 1 << 20;
 const DROPOUT_STREAM: u64 = 1 << 21;
 const INIT_STREAM: u64 = 1 << 22;
 
-/// What `tinygpt train` was asked to do.
+/// What `tinygpt train` was asked to do (its command-line arguments).
+#[derive(clap::Args)]
 pub struct TrainArgs {
+    /// Run configuration (TOML with [model], [data], [train]).
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Training corpus, UTF-8 text (default: the config's data.path).
+    #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// Run directory (default: runs/<config name>). Must not exist unless --resume.
+    #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
+    /// Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Continue the run in --out from its last checkpoint.
+    #[arg(long)]
     pub resume: bool,
+    /// Train to this many steps (overrides train.max_iters).
+    #[arg(long, value_name = "N")]
     pub max_iters: Option<usize>,
+    /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub max_time: Option<Duration>,
+    /// Seed of the initial weights, batches and dropout (overrides train.seed).
+    #[arg(long)]
     pub seed: Option<u64>,
 }
 
@@ -224,12 +242,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
                 if improved {
                     run.save(Which::Best, &model, None, &state)?;
                 }
-                run.save(
-                    Which::Last,
-                    &model,
-                    Some(&optim.into_bytes().map_err(|e| anyhow::anyhow!("{e:?}"))?),
-                    &state,
-                )?;
+                save_last(&run, &model, &optim, &state)?;
             }
         }
         if step >= t.max_iters {
@@ -241,12 +254,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         if stop.load(Ordering::SeqCst) || over_time {
             interrupted = true;
             state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
-            run.save(
-                Which::Last,
-                &model,
-                Some(&optim.into_bytes().map_err(|e| anyhow::anyhow!("{e:?}"))?),
-                &state,
-            )?;
+            save_last(&run, &model, &optim, &state)?;
             say(
                 &progress,
                 format!(
@@ -501,6 +509,14 @@ fn describe_model(config: &RunConfig) -> String {
 /// `text` as a TOML string literal, for `--set` overrides built from paths.
 fn toml_string(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
+}
+
+/// The `last` checkpoint: weights, AdamW state and training state.
+fn save_last(run: &Run, model: &Gpt, optim: &ModuleOptimizer, state: &TrainState) -> Result<()> {
+    let optimizer = optim
+        .into_bytes()
+        .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
+    run.save(Which::Last, model, Some(&optimizer), state)
 }
 
 /// A line for the user: above the progress bar on a terminal, plain stdout otherwise (a hidden

@@ -13,7 +13,7 @@ mod tokenizer;
 mod train;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::{Parser, Subcommand, ValueEnum};
-use tinygpt_model::{GenerateOptions, GptConfig};
+use tinygpt_model::{GenerateOptions, Gpt, GptConfig};
 
 use crate::backend::{Backend, describe};
-use crate::checkpoint::{Run, Which};
+use crate::checkpoint::{Run, TrainState, Which};
 use crate::data::{Dataset, read_corpus};
 
 #[derive(Parser)]
@@ -308,15 +308,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             no_cache,
             backend,
         } => {
-            let run = Run::open(&checkpoint)?;
-            let device = backend.device()?;
+            let (run, _, model, _) = load(&checkpoint, which, backend)?;
             let tokenizer = &run.tokenizer;
             let prompt_ids = tokenizer.encode(&prompt).context("--prompt")?;
             let stop = stop
                 .iter()
                 .map(|s| tokenizer.encode(s).context("--stop"))
                 .collect::<Result<Vec<_>>>()?;
-            let (model, _) = run.load_model(which, &device)?;
             let options = GenerateOptions {
                 max_new_tokens,
                 temperature,
@@ -362,9 +360,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             which,
             backend,
         } => {
-            let run = Run::open(&checkpoint)?;
-            let device = backend.device()?;
-            let (model, state) = run.load_model(which, &device)?;
+            let (run, device, model, state) = load(&checkpoint, which, backend)?;
             let config = &run.config;
             let (split, source) = match data {
                 Some(path) => {
@@ -463,9 +459,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             which,
             backend,
         } => {
-            let run = Run::open(&checkpoint)?;
-            let device = backend.device()?;
-            let (model, _) = run.load_model(which, &device)?;
+            let (run, device, model, _) = load(&checkpoint, which, backend)?;
             let maps = inspect::AttentionMaps::compute(&model, &run.tokenizer, &prompt, &device)?;
             let (layers, heads) = (run.config.model.n_layer, run.config.model.n_head);
             for (what, value, count) in [("--layer", layer, layers), ("--head", head, heads)] {
@@ -551,9 +545,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             which,
             backend,
         } => {
-            let run = Run::open(&checkpoint)?;
-            let device = backend.device()?;
-            let (model, _) = run.load_model(which, &device)?;
+            let (_, device, model, _) = load(&checkpoint, which, backend)?;
             let seq = tokens.len();
             let input = Tensor::<2, Int>::from_data(
                 TensorData::new(tokens.iter().map(|&t| t as i64).collect(), [1, seq]),
@@ -610,6 +602,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The run in `checkpoint`, the device of `backend`, and the `which` weights on it.
+fn load(
+    checkpoint: &Path,
+    which: Which,
+    backend: Backend,
+) -> Result<(Run, Device, Gpt, TrainState)> {
+    let run = Run::open(checkpoint)?;
+    let device = backend.device()?;
+    let (model, state) = run.load_model(which, &device)?;
+    Ok((run, device, model, state))
 }
 
 fn fmt_loss(loss: Option<f64>) -> String {

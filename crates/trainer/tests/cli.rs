@@ -23,8 +23,16 @@ const TINY: [&str; 14] = [
     "train.eval_interval=5",
 ];
 
+/// This crate's directory, read when the test runs: a binary built in another checkout that
+/// shares the target directory would carry that checkout's path in `env!`.
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo test sets CARGO_MANIFEST_DIR"),
+    )
+}
+
 fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/paradise-lost.txt")
+    manifest_dir().join("../../data/paradise-lost.txt")
 }
 
 /// Runs `tinygpt args` in `dir`.
@@ -900,7 +908,7 @@ fn export_import_round_trip() {
 /// logits tinygpt computes. Skipped, saying why, when no Python with torch is installed.
 #[test]
 fn pytorch_reads_exported_weights() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/bench/torch_gpt.py");
+    let script = manifest_dir().join("../../../shared/bench/torch_gpt.py");
     let python = std::env::var("TINYGPT_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_torch = Command::new(&python)
         .args(["-c", "import torch, safetensors"])

@@ -327,23 +327,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let mut out = std::io::stdout().lock();
             write!(out, "{prompt}")?;
-            // Byte-level BPE tokens can end inside a character: print what decodes cleanly.
-            let mut ids = Vec::new();
-            let mut printed = 0;
+            // Byte-level BPE tokens can end inside a character: hold tokens back until they
+            // decode cleanly. Only the held-back tail is decoded per token, not the whole text.
+            let mut pending = Vec::new();
             let mut write_error = None;
             model.generate(&prompt_ids, &options, |id| {
-                ids.push(id);
-                if let Ok(text) = tokenizer.decode(&ids)
+                pending.push(id);
+                if let Ok(text) = tokenizer.decode(&pending)
                     && !text.ends_with('\u{FFFD}')
-                    && text.len() > printed
                 {
-                    if let Err(e) = out
-                        .write_all(&text.as_bytes()[printed..])
-                        .and_then(|_| out.flush())
-                    {
+                    pending.clear();
+                    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
                         write_error.get_or_insert(e);
                     }
-                    printed = text.len();
                 }
             })?;
             if let Some(e) = write_error

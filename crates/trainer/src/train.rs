@@ -148,13 +148,12 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
             .with_context(|| format!("corpus {}", config.data.path.display()))?;
         (Run::create(&out, config, tokenizer)?, data)
     };
-    let resume_from = args.resume;
     let config = run.config.clone();
     let vocab_size = run.tokenizer.vocab_size();
     let gpt = config.gpt(vocab_size);
     let train_device = device.clone().autodiff();
 
-    let (mut model, mut state, mut optim) = if resume_from {
+    let (mut model, mut state, mut optim) = if args.resume {
         let (model, state) = run.load_model(Which::Last, &train_device)?;
         let model = checkpoint::restore_param_ids(model, &state.param_ids)?;
         let optim = optimizer(&config, &model)
@@ -191,7 +190,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         vocab_size,
         run.dir.display(),
     );
-    if resume_from {
+    if args.resume {
         println!("resuming at step {} of {}", state.step, t.max_iters);
     }
 
@@ -238,7 +237,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
                     if improved { " (best)" } else { "" }
                 ),
             );
-            if step > 0 || resume_from {
+            if step > 0 || args.resume {
                 if improved {
                     run.save(Which::Best, &model, None, &state)?;
                 }

@@ -14,6 +14,7 @@
 
 mod block;
 mod config;
+mod cpu;
 mod error;
 mod generate;
 mod gpt;
@@ -21,6 +22,7 @@ mod loss;
 
 pub use block::{Block, Mlp};
 pub use config::GptConfig;
+pub use cpu::{FusedCpu, FusedError, TokenBatch};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::GenerateOptions;
 pub use gpt::Gpt;

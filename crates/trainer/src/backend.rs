@@ -6,9 +6,14 @@ use burn::tensor::{Device, DeviceType};
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// A GPU through wgpu when one is present, else flex.
+    /// A GPU through wgpu when one is present; else training takes the fused CPU step and
+    /// everything else flex.
     Auto,
-    /// Burn's flex CPU backend (the faster CPU backend).
+    /// Training steps and loss estimates by tinygpt's fused CPU kernels (hand-written forward
+    /// and backward, AVX-512 matmuls when the CPU has them, every core); the optimizer,
+    /// sampling and the other commands on flex.
+    Fused,
+    /// Burn's flex CPU backend (the faster of Burn's CPU backends).
     Flex,
     /// Burn's ndarray CPU backend.
     Ndarray,
@@ -20,7 +25,7 @@ impl Backend {
     /// The device for this backend, or an error when wgpu has no adapter.
     pub fn device(self) -> Result<Device> {
         Ok(match self {
-            Self::Flex => Device::flex(),
+            Self::Flex | Self::Fused => Device::flex(),
             Self::Ndarray => ndarray(),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
                 Some(device) => device,
@@ -29,12 +34,19 @@ impl Backend {
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Auto => wgpu_devices()
-                .into_iter()
-                // A software rasterizer is no card: on a CPU, flex is faster than wgpu over it.
-                .find(|d| d.identity().is_some_and(|id| id.physical.is_some()))
-                .unwrap_or_else(Device::flex),
+            Self::Auto => physical_gpu().unwrap_or_else(Device::flex),
         })
+    }
+}
+
+impl Backend {
+    /// What `auto` means for training on this machine: a physical GPU stays `Auto` (its
+    /// device is that GPU), no GPU means `Fused`.
+    pub fn resolve(self) -> Self {
+        match self {
+            Self::Auto if physical_gpu().is_none() => Self::Fused,
+            other => other,
+        }
     }
 }
 
@@ -44,6 +56,14 @@ pub fn describe(device: &Device) -> String {
         Some(id) => format!("{device:?} ({})", id.name),
         None => format!("{device:?}"),
     }
+}
+
+/// The first wgpu adapter that is a card. A software rasterizer (lavapipe, llvmpipe) is not:
+/// on a CPU, the CPU backends are faster than wgpu over it.
+fn physical_gpu() -> Option<Device> {
+    wgpu_devices()
+        .into_iter()
+        .find(|d| d.identity().is_some_and(|id| id.physical.is_some()))
 }
 
 fn wgpu_devices() -> Vec<Device> {

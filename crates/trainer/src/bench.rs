@@ -16,6 +16,7 @@ use tinygpt_model::GenerateOptions;
 use crate::backend::{Backend, describe};
 use crate::config::RunConfig;
 use crate::data::{Dataset, Split, step_rng};
+use crate::engine::Engine;
 use crate::train::{learning_rate, optimizer, train_step};
 
 /// The configs `bench` knows, by name: the files in `configs/`, built in.
@@ -76,6 +77,7 @@ fn bench_one(
 ) -> Result<BenchResult> {
     const VOCAB: usize = 65;
     reset_peak_rss();
+    let backend = backend.resolve();
     let device = backend.device()?;
     let train_device = device.clone().autodiff();
     // Random tokens: the speed of a step does not depend on the text.
@@ -91,17 +93,18 @@ fn bench_one(
     let mut model = config.gpt(VOCAB).init(&train_device)?;
     let params = model.num_params();
     let mut optim = optimizer(config, &model);
+    let mut engine = Engine::new(backend, true, &device, &model, config.workers())?;
     let mut times = Vec::with_capacity(args.iters);
     for step in 0..args.warmup + args.iters {
         let start = Instant::now();
         let (next, _) = train_step(
             model,
             &mut optim,
+            &mut engine,
             &data,
             config,
             step,
             learning_rate(config, step),
-            &train_device,
         )?;
         model = next;
         if step >= args.warmup {

@@ -5,6 +5,7 @@ mod bench;
 mod checkpoint;
 mod config;
 mod data;
+mod engine;
 mod eval;
 mod inspect;
 mod interop;

@@ -13,15 +13,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Bytes, Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
-use tinygpt_model::{Gpt, cross_entropy};
+use tinygpt_model::Gpt;
 
 use crate::backend::{Backend, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
+use crate::engine::Engine;
 use crate::metrics::{Metrics, Row};
 use crate::tokenizer::Tokenizer;
 
@@ -97,7 +98,8 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         overrides.push(format!("train.seed={seed}"));
     }
 
-    let device = args.backend.device()?;
+    let backend = args.backend.resolve();
+    let device = backend.device()?;
     let (run, data) = if args.resume {
         let Some(out) = &args.out else {
             bail!("--resume needs --out DIR, the run directory to continue");
@@ -175,14 +177,23 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
     };
 
     let t = &config.train;
+    let threads = config.workers();
+    let mut engine = Engine::new(
+        backend,
+        args.backend == Backend::Fused,
+        &device,
+        &model,
+        threads,
+    )?;
     let tokens_per_step = (t.batch_size * config.model.block_size * t.grad_accum) as u64;
     let mut metrics = Metrics::open(&run.dir)?;
     println!(
-        "training {} ({} parameters, {:.2}M without wpe) on {} | corpus {} ({} train / {} val tokens, {} tokenizer, vocab {}) | run {}",
+        "training {} ({} parameters, {:.2}M without wpe) on {}, {} | corpus {} ({} train / {} val tokens, {} tokenizer, vocab {}) | run {}",
         describe_model(&config),
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6,
         describe(&device),
+        engine.describe(threads),
         config.data.path.display(),
         data.train.len(),
         data.val.len(),
@@ -207,7 +218,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         if step % t.eval_interval == 0 || step == t.max_iters {
             let eval_start = Instant::now();
             let (train_loss, val_loss) =
-                estimate_loss(&model.valid(), &data, &config, step, &device)?;
+                estimate_loss(&model.valid(), &mut engine, &data, &config, step)?;
             eval_time += eval_start.elapsed();
             // tokens/s in the progress line measures training only.
             window = (Instant::now(), state.step);
@@ -271,7 +282,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         }
 
         let lr = learning_rate(&config, step);
-        let (next, loss) = train_step(model, &mut optim, &data, &config, step, lr, &train_device)?;
+        let (next, loss) = train_step(model, &mut optim, &mut engine, &data, &config, step, lr)?;
         model = next;
         last_loss = loss;
         state.step += 1;
@@ -326,49 +337,30 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
 pub(crate) fn train_step(
     model: Gpt,
     optim: &mut ModuleOptimizer,
+    engine: &mut Engine,
     data: &Dataset,
     config: &RunConfig,
     step: usize,
     lr: f64,
-    device: &Device,
 ) -> Result<(Gpt, f64)> {
     let t = &config.train;
-    // Dropout masks are drawn from the backend's generator: seed it per step.
-    device.seed(mix(t.seed, step, DROPOUT_STREAM));
-    let mut accumulator = GradientsAccumulator::new();
-    let mut loss_sum = Tensor::<1>::zeros([1], device);
-    for micro in 0..t.grad_accum {
-        let batch = data.sample(
-            &data.train,
-            t.batch_size,
-            &mut step_rng(t.seed, step, micro as u64),
-        );
-        // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
-        // backward passes running at once panic ("graph tape has already been consumed").
-        let loss = batch_loss(&model, &batch, device)? / t.grad_accum as f64;
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        loss_sum = loss_sum + loss.detach();
-        accumulator.accumulate(&model, grads);
-    }
-    let mut grads = accumulator.grads();
+    let batches: Vec<Batch> = (0..t.grad_accum)
+        .map(|micro| {
+            let mut rng = step_rng(t.seed, step, micro as u64);
+            data.sample(&data.train, t.batch_size, &mut rng)
+        })
+        .collect();
+    let dropout_seed = mix(t.seed, step, DROPOUT_STREAM);
+    let (mut grads, loss) = engine.gradients(&model, &batches, dropout_seed)?;
     if t.grad_clip > 0.0 {
         clip_global_norm(&model, &mut grads, t.grad_clip);
     }
-    let loss = loss_sum.into_scalar::<f32>() as f64;
     if !loss.is_finite() {
         bail!(
             "the loss became {loss} at step {step}: lower train.learning_rate or set train.grad_clip"
         );
     }
     Ok((optim.step(lr, model, grads), loss))
-}
-
-/// Mean cross-entropy of `batch` (padded targets ignored).
-fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
-    let (inputs, targets) = batch.to_device(device);
-    let logits = model.forward(inputs)?;
-    let [b, s, v] = logits.dims();
-    Ok(cross_entropy(logits.reshape([b * s, v]), targets)?)
 }
 
 /// Scales every gradient by `min(1, max_norm / (‖g‖ + 1e-6))`, where ‖g‖ is the norm of all
@@ -407,10 +399,10 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
 /// (so evaluating never changes the training batches).
 fn estimate_loss(
     model: &Gpt,
+    engine: &mut Engine,
     data: &Dataset,
     config: &RunConfig,
     step: usize,
-    device: &Device,
 ) -> Result<(f64, f64)> {
     let t = &config.train;
     let workers = config.workers();
@@ -420,34 +412,10 @@ fn estimate_loss(
         let batches: Vec<Batch> = (0..t.eval_iters)
             .map(|_| data.sample(split, t.batch_size, &mut rng))
             .collect();
-        let losses = parallel(&batches, workers, |batch| {
-            batch_loss(model, batch, device).map(|loss| loss.into_scalar::<f32>() as f64)
-        });
-        means[k] = losses.into_iter().sum::<Result<f64>>()? / t.eval_iters as f64;
+        let losses = engine.losses(model, &batches, workers)?;
+        means[k] = losses.iter().sum::<f64>() / t.eval_iters as f64;
     }
     Ok((means[0], means[1]))
-}
-
-/// `f` over `items` on up to `workers` scoped threads, each taking a contiguous share; results
-/// in item order. One worker runs inline.
-fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    if workers <= 1 || items.len() <= 1 {
-        return items.iter().map(f).collect();
-    }
-    let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(items.len().div_ceil(workers))
-            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
 }
 
 /// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains.

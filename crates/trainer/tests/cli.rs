@@ -79,6 +79,10 @@ fn fails(out: Output, expected: &str) {
 }
 
 fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {
+    train_on(dir, out, "flex", extra)
+}
+
+fn train_on(dir: &Path, out: &str, backend: &str, extra: &[&str]) -> Output {
     let corpus = corpus();
     let mut args = vec![
         "train",
@@ -87,7 +91,7 @@ fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {
         "--out",
         out,
         "--backend",
-        "flex",
+        backend,
     ];
     args.extend(TINY);
     args.extend(extra);
@@ -237,43 +241,45 @@ fn train_info_generate_eval() {
 
 #[test]
 fn resumed_run_equals_uninterrupted_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    // The schedule must not depend on max_iters for the two halves to match the whole.
-    let schedule = [
-        "--set",
-        "train.lr_decay_iters=20",
-        "--set",
-        "train.eval_interval=10",
-    ];
-    let whole = [&["--max-iters", "20"][..], &schedule].concat();
-    ok(train(dir, "whole", &whole));
-    ok(train(
-        dir,
-        "halves",
-        &[&["--max-iters", "10"][..], &schedule].concat(),
-    ));
-    let log = ok(tinygpt(
-        dir,
-        &[
-            "train",
-            "--resume",
-            "--out",
-            "halves",
-            "--max-iters",
-            "20",
-            "--backend",
-            "flex",
-        ],
-    ));
-    assert!(log.contains("resuming at step 10 of 20"), "{log}");
-    let (whole, halves) = (dir.join("whole"), dir.join("halves"));
-    assert_eq!(metrics(&whole), metrics(&halves));
-    // Bit for bit. (Compared as values: the files' metadata order is not deterministic.)
-    assert!(
-        weights(&whole) == weights(&halves),
-        "weights differ after resuming"
-    );
+    // The fused step with dropout on: its masks come from (seed, step), not from saved state.
+    for (backend, dropout) in [("flex", "0.0"), ("fused", "0.1")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // The schedule must not depend on max_iters for the two halves to match the whole.
+        let schedule = [
+            "--set",
+            "train.lr_decay_iters=20",
+            "--set",
+            "train.eval_interval=10",
+            "--set",
+            &format!("model.dropout={dropout}"),
+        ];
+        let whole = [&["--max-iters", "20"][..], &schedule].concat();
+        ok(train_on(dir, "whole", backend, &whole));
+        let half = [&["--max-iters", "10"][..], &schedule].concat();
+        ok(train_on(dir, "halves", backend, &half));
+        let log = ok(tinygpt(
+            dir,
+            &[
+                "train",
+                "--resume",
+                "--out",
+                "halves",
+                "--max-iters",
+                "20",
+                "--backend",
+                backend,
+            ],
+        ));
+        assert!(log.contains("resuming at step 10 of 20"), "{log}");
+        let (whole, halves) = (dir.join("whole"), dir.join("halves"));
+        assert_eq!(metrics(&whole), metrics(&halves), "{backend}");
+        // Bit for bit. (Compared as values: the files' metadata order is not deterministic.)
+        assert!(
+            weights(&whole) == weights(&halves),
+            "{backend}: weights differ after resuming"
+        );
+    }
 }
 
 #[test]
@@ -281,7 +287,7 @@ fn every_backend_starts_from_the_same_loss() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let mut losses = Vec::new();
-    for backend in ["flex", "ndarray", "wgpu"] {
+    for backend in ["flex", "fused", "ndarray", "wgpu"] {
         let corpus = corpus();
         let mut args = vec![
             "train",
@@ -293,7 +299,7 @@ fn every_backend_starts_from_the_same_loss() {
             backend,
         ];
         args.extend(TINY);
-        args.extend(["--max-iters", "3"]);
+        args.extend(["--max-iters", "3", "--set", "train.eval_interval=3"]);
         let out = tinygpt(dir, &args);
         if backend == "wgpu" && !out.status.success() && stderr(&out).contains("no wgpu adapter") {
             assert!(
@@ -305,7 +311,22 @@ fn every_backend_starts_from_the_same_loss() {
             continue;
         }
         ok(out);
-        losses.push((backend, metrics(&dir.join(backend))[0]));
+        let rows = metrics(&dir.join(backend));
+        if backend == "fused" {
+            // Three AdamW steps later, the fused step's gradients have moved the weights as
+            // Burn's did.
+            let (fused, flex) = (rows[1], metrics(&dir.join("flex"))[1]);
+            assert_eq!(fused.0, 3);
+            assert!(
+                (fused.1 - flex.1).abs() < 1e-3,
+                "{fused:?} vs flex {flex:?}"
+            );
+            assert!(
+                (fused.2 - flex.2).abs() < 1e-3,
+                "{fused:?} vs flex {flex:?}"
+            );
+        }
+        losses.push((backend, rows[0]));
     }
     let (_, reference) = losses[0];
     for (backend, row) in &losses {

@@ -1,0 +1,79 @@
+//! LayerNorm over the last axis, forward and backward, fused into one pass per row.
+
+use super::fast_math::vectorized;
+
+/// Burn's `LayerNormConfig` default, which every [`Gpt`](crate::Gpt) uses.
+pub(crate) const EPSILON: f32 = 1e-5;
+
+vectorized! {
+    /// `out = (x - mean) / √(var + ε) · gamma + beta` per row of `x [rows, width]`; keeps each row's
+    /// mean and `1/√(var + ε)` for the backward pass. `beta` may be empty (no bias).
+    pub(crate) fn forward(
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+    ) {
+        let width = gamma.len();
+        for (r, (row, out)) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
+            let m = row.iter().sum::<f32>() / width as f32;
+            // The biased variance, as PyTorch's and Burn's LayerNorm.
+            let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / width as f32;
+            let s = 1.0 / (var + EPSILON).sqrt();
+            if beta.is_empty() {
+                for ((o, v), g) in out.iter_mut().zip(row).zip(gamma) {
+                    *o = (v - m) * s * g;
+                }
+            } else {
+                for (((o, v), g), b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
+                    *o = (v - m) * s * g + b;
+                }
+            }
+            mean[r] = m;
+            rstd[r] = s;
+        }
+    }
+}
+
+vectorized! {
+    /// Adds the gradient of the loss with respect to `x` to `dx`, and to `gamma`/`beta` into
+    /// `dgamma`/`dbeta` (empty when there is no bias), given `dout`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward(
+        dx: &mut [f32],
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+        dout: &[f32],
+        x: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        gamma: &[f32],
+    ) {
+        let width = gamma.len();
+        let rows = dout.chunks_exact(width).zip(x.chunks_exact(width));
+        for (r, ((dout, x), dx)) in rows.zip(dx.chunks_exact_mut(width)).enumerate() {
+            let (m, s) = (mean[r], rstd[r]);
+            // With n = (x - mean)·rstd and dn = dout·gamma:
+            // dx = rstd · (dn - mean(dn) - n · mean(dn · n)).
+            let mut dn_mean = 0.0;
+            let mut dn_n_mean = 0.0;
+            for ((d, v), g) in dout.iter().zip(x).zip(gamma) {
+                let dn = d * g;
+                dn_mean += dn;
+                dn_n_mean += dn * (v - m) * s;
+            }
+            dn_mean /= width as f32;
+            dn_n_mean /= width as f32;
+            for (i, ((d, v), g)) in dout.iter().zip(x).zip(gamma).enumerate() {
+                let n = (v - m) * s;
+                dgamma[i] += n * d;
+                dx[i] += s * (d * g - dn_mean - n * dn_n_mean);
+            }
+            for (db, d) in dbeta.iter_mut().zip(dout) {
+                *db += d;
+            }
+        }
+    }
+}

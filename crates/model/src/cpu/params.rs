@@ -1,0 +1,181 @@
+//! The model's parameters as flat `f32` buffers, read from a [`Gpt`] and written back as
+//! gradients keyed by the same [`ParamId`]s.
+
+use burn::module::{Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::gpt::Gpt;
+
+/// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BlockParams {
+    pub ln_1_gamma: Vec<f32>,
+    pub ln_1_beta: Vec<f32>,
+    /// `[width, 3·width]`.
+    pub c_attn_w: Vec<f32>,
+    pub c_attn_b: Vec<f32>,
+    /// `[width, width]`.
+    pub attn_proj_w: Vec<f32>,
+    pub attn_proj_b: Vec<f32>,
+    pub ln_2_gamma: Vec<f32>,
+    pub ln_2_beta: Vec<f32>,
+    /// `[width, 4·width]`.
+    pub c_fc_w: Vec<f32>,
+    pub c_fc_b: Vec<f32>,
+    /// `[4·width, width]`.
+    pub mlp_proj_w: Vec<f32>,
+    pub mlp_proj_b: Vec<f32>,
+}
+
+/// Every parameter of a [`Gpt`] (or a gradient of the same shape).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Params {
+    /// `[vocab, width]`; also the LM head when tied.
+    pub wte: Vec<f32>,
+    /// `[block_size, width]`.
+    pub wpe: Vec<f32>,
+    pub blocks: Vec<BlockParams>,
+    pub ln_f_gamma: Vec<f32>,
+    pub ln_f_beta: Vec<f32>,
+    /// Untied head `[width, vocab]`; empty when tied.
+    pub lm_head: Vec<f32>,
+}
+
+/// A parameter of the model: its id, its values flattened, and its shape.
+struct Entry {
+    id: ParamId,
+    values: Tensor<1>,
+    shape: Vec<usize>,
+}
+
+fn entry<const D: usize>(param: &Param<Tensor<D>>) -> Entry {
+    let values = param.val();
+    let shape = values.dims().to_vec();
+    let len: usize = shape.iter().product();
+    Entry {
+        id: param.id,
+        values: values.reshape([len]),
+        shape,
+    }
+}
+
+/// The model's parameters in the order of [`Params::slots`]; `None` where a slot is absent.
+/// Callers have checked (`Dims::of`) that every block has its LayerNorms and MLP.
+fn entries(gpt: &Gpt) -> Vec<Option<Entry>> {
+    let ln = |ln: &Option<burn::nn::LayerNorm>| {
+        let ln = ln.as_ref().expect("checked by Dims::of");
+        [Some(entry(&ln.gamma)), ln.beta.as_ref().map(entry)]
+    };
+    let linear = |l: &burn::nn::Linear| [Some(entry(&l.weight)), l.bias.as_ref().map(entry)];
+    let mut out = vec![Some(entry(&gpt.wte.weight)), Some(entry(&gpt.wpe.weight))];
+    for block in &gpt.h {
+        let mlp = block.mlp.as_ref().expect("checked by Dims::of");
+        out.extend(ln(&block.ln_1));
+        out.extend(linear(&block.attn.c_attn));
+        out.extend(linear(&block.attn.c_proj));
+        out.extend(ln(&block.ln_2));
+        out.extend(linear(&mlp.c_fc));
+        out.extend(linear(&mlp.c_proj));
+    }
+    out.extend(ln(&gpt.ln_f));
+    out.push(gpt.lm_head.as_ref().map(|head| entry(&head.weight)));
+    out
+}
+
+impl Params {
+    /// The buffers in the order [`entries`] lists the model's parameters.
+    fn slots(&self) -> Vec<&Vec<f32>> {
+        let mut out = vec![&self.wte, &self.wpe];
+        for b in &self.blocks {
+            out.extend([
+                &b.ln_1_gamma,
+                &b.ln_1_beta,
+                &b.c_attn_w,
+                &b.c_attn_b,
+                &b.attn_proj_w,
+                &b.attn_proj_b,
+                &b.ln_2_gamma,
+                &b.ln_2_beta,
+                &b.c_fc_w,
+                &b.c_fc_b,
+                &b.mlp_proj_w,
+                &b.mlp_proj_b,
+            ]);
+        }
+        out.extend([&self.ln_f_gamma, &self.ln_f_beta, &self.lm_head]);
+        out
+    }
+
+    fn slots_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        let mut out = vec![&mut self.wte, &mut self.wpe];
+        for b in &mut self.blocks {
+            out.extend([
+                &mut b.ln_1_gamma,
+                &mut b.ln_1_beta,
+                &mut b.c_attn_w,
+                &mut b.c_attn_b,
+                &mut b.attn_proj_w,
+                &mut b.attn_proj_b,
+                &mut b.ln_2_gamma,
+                &mut b.ln_2_beta,
+                &mut b.c_fc_w,
+                &mut b.c_fc_b,
+                &mut b.mlp_proj_w,
+                &mut b.mlp_proj_b,
+            ]);
+        }
+        out.extend([&mut self.ln_f_gamma, &mut self.ln_f_beta, &mut self.lm_head]);
+        out
+    }
+
+    /// Copies the model's current values (one host read per parameter).
+    pub(crate) fn read(gpt: &Gpt) -> Self {
+        let mut params = Self {
+            blocks: vec![BlockParams::default(); gpt.h.len()],
+            ..Self::default()
+        };
+        for (slot, entry) in params.slots_mut().into_iter().zip(entries(gpt)) {
+            *slot = entry.map_or_else(Vec::new, |e| {
+                e.values
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("parameters are f32")
+            });
+        }
+        params
+    }
+
+    /// Zeros shaped like `like`, kept allocations reused.
+    pub(crate) fn zero_like(&mut self, like: &Self) {
+        self.blocks.resize_with(like.blocks.len(), Default::default);
+        for (slot, like) in self.slots_mut().into_iter().zip(like.slots()) {
+            slot.clear();
+            slot.resize(like.len(), 0.0);
+        }
+    }
+
+    /// `self += other`, slot by slot.
+    pub(crate) fn add(&mut self, other: &Self) {
+        for (slot, other) in self.slots_mut().into_iter().zip(other.slots()) {
+            slot.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+        }
+    }
+
+    /// These values as the gradients of `gpt`'s parameters, on the device the optimizer reads
+    /// gradients from (the backend under autodiff).
+    pub(crate) fn to_gradients(&self, gpt: &Gpt) -> GradientsParams {
+        let mut grads = GradientsParams::new();
+        for (slot, entry) in self.slots().into_iter().zip(entries(gpt)) {
+            let Some(entry) = entry else { continue };
+            let device: Device = entry.values.device().inner();
+            let flat = Tensor::<1>::from_data(TensorData::new(slot.clone(), [slot.len()]), &device);
+            match entry.shape[..] {
+                [n] => grads.register(entry.id, flat.reshape([n])),
+                [a, b] => grads.register(entry.id, flat.reshape([a, b])),
+                _ => unreachable!("GPT parameters are 1-D or 2-D"),
+            }
+        }
+        grads
+    }
+}

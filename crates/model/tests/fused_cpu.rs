@@ -1,0 +1,272 @@
+//! The fused CPU step against Burn's autodiff of the same model: loss and every gradient, with
+//! and without biases, tied and untied heads, padded batches and several thread counts; and its
+//! dropout against finite differences.
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use tinygpt_model::{
+    FusedCpu, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError, ModelError, TokenBatch,
+    cross_entropy,
+};
+
+/// A small deterministic token stream.
+fn tokens(len: usize, vocab: usize, salt: u64) -> Vec<i64> {
+    (0..len as u64)
+        .map(|i| ((i * 2654435761 + salt * 40503) >> 7) as i64 % vocab as i64)
+        .collect()
+}
+
+fn model(config: &GptConfig) -> Gpt {
+    let device = Device::flex().autodiff();
+    config.init(&device).unwrap()
+}
+
+/// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
+fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
+    let device = gpt.wte.weight.device();
+    let inputs = Tensor::<2, Int>::from_data(
+        TensorData::new(batch.inputs.to_vec(), [batch.batch, batch.seq]),
+        &device,
+    );
+    let targets = Tensor::<1, Int>::from_data(
+        TensorData::new(batch.targets.to_vec(), [batch.batch * batch.seq]),
+        &device,
+    );
+    let logits = gpt.forward(inputs).unwrap();
+    let [b, s, v] = logits.dims();
+    let loss = cross_entropy(logits.reshape([b * s, v]), targets).unwrap();
+    let value = loss.clone().into_scalar::<f32>() as f64;
+    (value, GradientsParams::from_grads(loss.backward(), gpt))
+}
+
+/// For every parameter: max |a - b| / max |b|, the worst over the model, and the parameters
+/// seen.
+fn worst_relative_error(gpt: &Gpt, a: &GradientsParams, b: &GradientsParams) -> (f32, usize) {
+    struct Compare<'a>(&'a GradientsParams, &'a GradientsParams, f32, usize);
+    impl ModuleVisitor for Compare<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let get = |g: &GradientsParams| {
+                g.get::<D>(param.id)
+                    .expect("a gradient for every parameter")
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+            };
+            let (a, b) = (get(self.0), get(self.1));
+            assert_eq!(a.len(), b.len());
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+            let diff = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            self.2 = self.2.max(diff / scale);
+            self.3 += 1;
+        }
+    }
+    let mut visitor = Compare(a, b, 0.0, 0);
+    gpt.visit(&mut visitor);
+    (visitor.2, visitor.3)
+}
+
+fn check_against_burn(config: GptConfig, batch: TokenBatch<'_>, threads: usize) {
+    let gpt = model(&config);
+    let (want_loss, want) = burn_reference(&gpt, &batch);
+    let mut fused = FusedCpu::new(&gpt, threads).unwrap();
+    let loss = fused.accumulate(batch, 1.0, None).unwrap();
+    let got = fused.take_gradients(&gpt);
+    assert!(
+        ((loss - want_loss) / want_loss).abs() < 1e-5,
+        "loss {loss} vs Burn {want_loss}"
+    );
+    let (error, params) = worst_relative_error(&gpt, &got, &want);
+    assert_eq!(params, gpt.num_params_tensors());
+    assert!(error < 1e-4, "worst gradient relative error {error}");
+    // Evaluation gives the same loss without touching the gradients.
+    assert!((fused.loss(batch).unwrap() - loss).abs() < 1e-9);
+}
+
+trait CountTensors {
+    fn num_params_tensors(&self) -> usize;
+}
+
+impl CountTensors for Gpt {
+    fn num_params_tensors(&self) -> usize {
+        struct Count(usize);
+        impl ModuleVisitor for Count {
+            fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<D>>) {
+                self.0 += 1;
+            }
+        }
+        let mut count = Count(0);
+        self.visit(&mut count);
+        count.0
+    }
+}
+
+fn small() -> GptConfig {
+    GptConfig::new(13)
+        .with_block_size(16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32)
+}
+
+#[test]
+fn loss_and_gradients_match_burn_autodiff() {
+    let (inputs, targets) = (tokens(3 * 16, 13, 1), tokens(3 * 16, 13, 2));
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 3,
+        seq: 16,
+    };
+    check_against_burn(small(), batch, 1);
+    // The batch split over threads (3 sequences on 2 threads: 2 + 1).
+    check_against_burn(small(), batch, 2);
+    // No biases, untied head (nanoGPT's shakespeare-char model has no biases).
+    check_against_burn(
+        small().with_bias(false).with_tie_embeddings(false),
+        batch,
+        3,
+    );
+}
+
+#[test]
+fn shorter_sequences_and_padding_match_burn() {
+    // Right-padded documents: padded targets are ignored, and causal attention means no real
+    // token looks at the padding.
+    let seq = 11;
+    let inputs = tokens(2 * seq, 13, 3);
+    let mut targets = tokens(2 * seq, 13, 4);
+    for t in &mut targets[seq - 4..seq] {
+        *t = IGNORE_INDEX;
+    }
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 2,
+        seq,
+    };
+    check_against_burn(small(), batch, 2);
+}
+
+#[test]
+fn gradients_accumulate_and_reset() {
+    let gpt = model(&small());
+    let (inputs, targets) = (tokens(2 * 16, 13, 5), tokens(2 * 16, 13, 6));
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 2,
+        seq: 16,
+    };
+    let mut fused = FusedCpu::new(&gpt, 2).unwrap();
+    fused.accumulate(batch, 1.0, None).unwrap();
+    let once = fused.take_gradients(&gpt);
+    fused.accumulate(batch, 0.25, None).unwrap();
+    fused.accumulate(batch, 0.75, None).unwrap();
+    let twice = fused.take_gradients(&gpt);
+    let (error, _) = worst_relative_error(&gpt, &twice, &once);
+    assert!(
+        error < 1e-6,
+        "0.25 + 0.75 of a gradient differs from it by {error}"
+    );
+}
+
+/// Loss with dropout on, as a function of every weight scaled by `1 + e` in one parameter.
+fn dropout_loss(gpt: &Gpt, batch: TokenBatch<'_>, seed: u64, threads: usize) -> (f64, FusedCpu) {
+    let mut fused = FusedCpu::new(gpt, threads).unwrap();
+    let loss = fused.accumulate(batch, 1.0, Some(seed)).unwrap();
+    (loss, fused)
+}
+
+#[test]
+fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly() {
+    let config = small().with_dropout(0.3).with_n_layer(1);
+    let gpt = model(&config);
+    let (inputs, targets) = (tokens(4 * 16, 13, 7), tokens(4 * 16, 13, 8));
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 4,
+        seq: 16,
+    };
+    let (a, mut fused) = dropout_loss(&gpt, batch, 9, 1);
+    let (b, _) = dropout_loss(&gpt, batch, 9, 3);
+    let (c, _) = dropout_loss(&gpt, batch, 10, 1);
+    let no_dropout = FusedCpu::new(&gpt, 1).unwrap().loss(batch).unwrap();
+    assert!(
+        (a - b).abs() < 1e-6,
+        "masks depend on the thread split: {a} vs {b}"
+    );
+    assert!((a - c).abs() > 1e-4, "another seed gives other masks");
+    assert!((a - no_dropout).abs() > 1e-4, "dropout changes the loss");
+
+    // Central differences along the gradient of the position embedding (dropout masks are the
+    // same for the same seed, so the loss is a smooth function of the weights).
+    let grads = fused.take_gradients(&gpt);
+    let g = grads
+        .get::<2>(gpt.wpe.weight.id)
+        .unwrap()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let norm2: f64 = g.iter().map(|v| (*v as f64).powi(2)).sum();
+    let h = 1e-2 / norm2.sqrt();
+    let shifted = |sign: f64| {
+        let mut moved = gpt.clone();
+        let wpe = moved.wpe.weight.val();
+        let step = Tensor::<2>::from_data(TensorData::new(g.clone(), wpe.dims()), &wpe.device());
+        moved.wpe.weight = Param::initialized(moved.wpe.weight.id, wpe + step * (sign * h));
+        dropout_loss(&moved, batch, 9, 2).0
+    };
+    let numeric = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
+    // Along the gradient, the directional derivative is |g|².
+    let rel = (numeric - norm2).abs() / norm2;
+    assert!(rel < 2e-2, "finite difference {numeric} vs |g|² {norm2}");
+}
+
+#[test]
+fn bad_batches_are_errors() {
+    let gpt = model(&small());
+    let mut fused = FusedCpu::new(&gpt, 2).unwrap();
+    let ok = tokens(16, 13, 1);
+    let batch = |inputs: &'static [i64], targets: &'static [i64], seq| TokenBatch {
+        inputs,
+        targets,
+        batch: 1,
+        seq,
+    };
+    let leak = |v: Vec<i64>| -> &'static [i64] { Vec::leak(v) };
+    let ok = leak(ok);
+    let mut out_of_range = ok.to_vec();
+    out_of_range[3] = 13;
+    assert_eq!(
+        fused.loss(batch(leak(out_of_range), ok, 16)),
+        Err(FusedError::Model(ModelError::TokenOutOfRange {
+            id: 13,
+            vocab_size: 13
+        }))
+    );
+    assert_eq!(
+        fused.loss(batch(ok, leak(vec![IGNORE_INDEX; 16]), 16)),
+        Err(FusedError::Loss(LossError::AllTargetsIgnored {
+            ignore_index: IGNORE_INDEX
+        }))
+    );
+    let long = leak(tokens(17, 13, 1));
+    assert!(matches!(
+        fused.loss(batch(long, long, 17)),
+        Err(FusedError::Model(ModelError::Attention(_)))
+    ));
+    assert!(matches!(
+        fused.loss(batch(ok, &ok[1..], 16)),
+        Err(FusedError::BatchShape { .. })
+    ));
+    let minimal = model(&GptConfig::minimal(13));
+    assert!(matches!(
+        FusedCpu::new(&minimal, 1),
+        Err(FusedError::Unsupported(_))
+    ));
+}

@@ -270,3 +270,44 @@ fn bad_batches_are_errors() {
         Err(FusedError::Unsupported(_))
     ));
 }
+
+#[test]
+fn clipping_scales_to_the_global_norm() {
+    let gpt = model(&small());
+    let (inputs, targets) = (tokens(2 * 16, 13, 11), tokens(2 * 16, 13, 12));
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 2,
+        seq: 16,
+    };
+    let (_, want) = burn_reference(&gpt, &batch);
+    struct SquaredNorm<'a>(&'a GradientsParams, f64);
+    impl ModuleVisitor for SquaredNorm<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let g = self.0.get::<D>(param.id).unwrap();
+            let values = g.into_data().try_to_vec::<f32>().unwrap();
+            self.1 += values.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+        }
+    }
+    let norm_of = |grads: &GradientsParams| {
+        let mut visitor = SquaredNorm(grads, 0.0);
+        gpt.visit(&mut visitor);
+        visitor.1.sqrt()
+    };
+    let want_norm = norm_of(&want);
+    let mut fused = FusedCpu::new(&gpt, 2).unwrap();
+    fused.accumulate(batch, 1.0, None).unwrap();
+    let norm = fused.clip_grad_norm(want_norm / 4.0);
+    assert!(
+        (norm - want_norm).abs() / want_norm < 1e-5,
+        "{norm} vs {want_norm}"
+    );
+    let clipped = norm_of(&fused.take_gradients(&gpt));
+    assert!((clipped - want_norm / 4.0).abs() / clipped < 1e-5);
+    // Under the limit nothing changes.
+    fused.accumulate(batch, 1.0, None).unwrap();
+    fused.clip_grad_norm(want_norm * 2.0);
+    let unclipped = norm_of(&fused.take_gradients(&gpt));
+    assert!((unclipped - want_norm).abs() / want_norm < 1e-5);
+}

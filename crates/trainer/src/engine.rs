@@ -2,6 +2,7 @@
 //! or the model crate's fused CPU step ([`FusedCpu`]). Either way Burn's AdamW applies them.
 
 use anyhow::Result;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use tinygpt_model::{FusedCpu, Gpt, TokenBatch, cross_entropy};
@@ -69,13 +70,15 @@ impl Engine {
     }
 
     /// Gradients of the mean loss over `batches` (each batch's loss weighted equally, as
-    /// gradient accumulation does) and that mean loss. The autodiff engine seeds `device`'s
-    /// generator with `dropout_seed`; the fused one derives each sequence's masks from it.
+    /// gradient accumulation does) and that mean loss, clipped to the global norm `grad_clip`
+    /// (0 = no clipping). The autodiff engine seeds its device's generator with
+    /// `dropout_seed`; the fused one derives each sequence's masks from it.
     pub fn gradients(
         &mut self,
         model: &Gpt,
         batches: &[Batch],
         dropout_seed: u64,
+        grad_clip: f64,
     ) -> Result<(GradientsParams, f64)> {
         let n = batches.len() as f64;
         match self {
@@ -93,7 +96,11 @@ impl Engine {
                     loss_sum = loss_sum + loss.detach();
                     accumulator.accumulate(model, grads);
                 }
-                Ok((accumulator.grads(), loss_sum.into_scalar::<f32>() as f64))
+                let mut grads = accumulator.grads();
+                if grad_clip > 0.0 {
+                    clip_global_norm(model, &mut grads, grad_clip);
+                }
+                Ok((grads, loss_sum.into_scalar::<f32>() as f64))
             }
             Self::Fused(fused) => {
                 fused.read_weights(model);
@@ -101,6 +108,9 @@ impl Engine {
                 for (k, batch) in batches.iter().enumerate() {
                     let seed = crate::data::mix(dropout_seed, k, 0);
                     loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
+                }
+                if grad_clip > 0.0 {
+                    fused.clip_grad_norm(grad_clip);
                 }
                 Ok((fused.take_gradients(model), loss))
             }
@@ -145,4 +155,36 @@ fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R +
             })
             .collect()
     })
+}
+
+/// Scales every gradient by `min(1, max_norm / (‖g‖ + 1e-6))`, where ‖g‖ is the norm of all
+/// gradients together (PyTorch's `clip_grad_norm_`). Burn's own clipping works per tensor.
+fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
+    struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
+    impl ModuleVisitor for SquaredNorms<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.get::<D>(param.id) {
+                self.1.push(g.square().sum());
+            }
+        }
+    }
+    struct Scale<'a>(&'a mut GradientsParams, f32);
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.remove::<D>(param.id) {
+                self.0.register(param.id, g * self.1);
+            }
+        }
+    }
+    let mut norms = SquaredNorms(grads, Vec::new());
+    model.visit(&mut norms);
+    if norms.1.is_empty() {
+        return;
+    }
+    // One host read per step for the whole norm.
+    let norm = Tensor::cat(norms.1, 0).sum().sqrt().into_scalar::<f32>() as f64;
+    let scale = max_norm / (norm + 1e-6);
+    if scale < 1.0 {
+        model.visit(&mut Scale(grads, scale as f32));
+    }
 }

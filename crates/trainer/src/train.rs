@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Bytes, Device, Tensor};
+use burn::module::{Module, ParamGroup, ParamId};
+use burn::optim::{AdamWConfig, ModuleOptimizer};
+use burn::tensor::{Bytes, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use tinygpt_model::Gpt;
 
@@ -351,48 +351,13 @@ pub(crate) fn train_step(
         })
         .collect();
     let dropout_seed = mix(t.seed, step, DROPOUT_STREAM);
-    let (mut grads, loss) = engine.gradients(&model, &batches, dropout_seed)?;
-    if t.grad_clip > 0.0 {
-        clip_global_norm(&model, &mut grads, t.grad_clip);
-    }
+    let (grads, loss) = engine.gradients(&model, &batches, dropout_seed, t.grad_clip)?;
     if !loss.is_finite() {
         bail!(
             "the loss became {loss} at step {step}: lower train.learning_rate or set train.grad_clip"
         );
     }
     Ok((optim.step(lr, model, grads), loss))
-}
-
-/// Scales every gradient by `min(1, max_norm / (‖g‖ + 1e-6))`, where ‖g‖ is the norm of all
-/// gradients together (PyTorch's `clip_grad_norm_`). Burn's own clipping works per tensor.
-fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
-    struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
-    impl ModuleVisitor for SquaredNorms<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(g) = self.0.get::<D>(param.id) {
-                self.1.push(g.square().sum());
-            }
-        }
-    }
-    struct Scale<'a>(&'a mut GradientsParams, f32);
-    impl ModuleVisitor for Scale<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(g) = self.0.remove::<D>(param.id) {
-                self.0.register(param.id, g * self.1);
-            }
-        }
-    }
-    let mut norms = SquaredNorms(grads, Vec::new());
-    model.visit(&mut norms);
-    if norms.1.is_empty() {
-        return;
-    }
-    // One host read per step for the whole norm.
-    let norm = Tensor::cat(norms.1, 0).sum().sqrt().into_scalar::<f32>() as f64;
-    let scale = max_norm / (norm + 1e-6);
-    if scale < 1.0 {
-        model.visit(&mut Scale(grads, scale as f32));
-    }
 }
 
 /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their own

@@ -151,6 +151,12 @@ impl FusedCpu {
         self.run(batch, Some(scale), dropout_seed)
     }
 
+    /// Scales the held gradients by `min(1, max_norm / (‖g‖ + 1e-6))`, ‖g‖ the norm of all of
+    /// them together (PyTorch's `clip_grad_norm_`), and returns ‖g‖.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        self.grads.scale_to_norm(max_norm)
+    }
+
     /// The gradients accumulated since the last call, as Burn gradients of `gpt`'s parameters;
     /// the held gradients are reset to zero.
     pub fn take_gradients(&mut self, gpt: &Gpt) -> GradientsParams {

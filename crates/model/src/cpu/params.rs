@@ -162,6 +162,24 @@ impl Params {
         }
     }
 
+    /// Scales every value by `min(1, max_norm / (‖self‖ + 1e-6))` and returns ‖self‖, the
+    /// Euclidean norm of all values together.
+    pub(crate) fn scale_to_norm(&mut self, max_norm: f64) -> f64 {
+        let squares: f64 = self
+            .slots()
+            .iter()
+            .map(|slot| slot.iter().map(|&g| f64::from(g * g)).sum::<f64>())
+            .sum();
+        let norm = squares.sqrt();
+        let scale = max_norm / (norm + 1e-6);
+        if scale < 1.0 {
+            for slot in self.slots_mut() {
+                slot.iter_mut().for_each(|g| *g *= scale as f32);
+            }
+        }
+        norm
+    }
+
     /// These values as the gradients of `gpt`'s parameters, on the device the optimizer reads
     /// gradients from (the backend under autodiff).
     pub(crate) fn to_gradients(&self, gpt: &Gpt) -> GradientsParams {

@@ -152,6 +152,24 @@ fn shorter_sequences_and_padding_match_burn() {
 }
 
 #[test]
+fn long_sequences_span_several_query_blocks() {
+    // 150 tokens: query blocks of 64, 64 and 22 rows, each seeing a different number of keys.
+    let config = small()
+        .with_block_size(160)
+        .with_n_layer(1)
+        .with_dropout(0.0);
+    let seq = 150;
+    let (inputs, targets) = (tokens(2 * seq, 13, 13), tokens(2 * seq, 13, 14));
+    let batch = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 2,
+        seq,
+    };
+    check_against_burn(config, batch, 2);
+}
+
+#[test]
 fn gradients_accumulate_and_reset() {
     let gpt = model(&small());
     let (inputs, targets) = (tokens(2 * 16, 13, 5), tokens(2 * 16, 13, 6));

@@ -179,7 +179,7 @@ enum Command {
         #[arg(long = "config", default_values_t = ["baby".to_string()])]
         configs: Vec<String>,
         /// Backends to measure.
-        #[arg(long = "backend", value_enum, default_values_t = [Backend::Flex])]
+        #[arg(long = "backend", value_enum, default_values_t = [Backend::Fused])]
         backends: Vec<Backend>,
         #[arg(long, default_value_t = 20)]
         iters: usize,

@@ -34,6 +34,18 @@ impl Shape {
     }
 }
 
+/// Queries are taken in blocks of this many rows: block `i` only needs keys `0..(i+1)·BLOCK`,
+/// so the products skip most of the hidden upper triangle (a 256-token sequence does 10 of the 16
+/// key blocks a full `[seq, seq]` product would).
+const BLOCK: usize = 64;
+
+/// The query blocks of a sequence: `(first row, end row)`; keys `0..end` are visible to them.
+fn blocks(seq: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..seq)
+        .step_by(BLOCK)
+        .map(move |r0| (r0, (r0 + BLOCK).min(seq)))
+}
+
 /// `qkv [seqs·seq, 3·width]` (columns q | k | v, heads side by side within each) to
 /// `y [seqs·seq, width]`. Writes the weights `att [seqs, heads, seq, seq]` after the softmax;
 /// `mask` (same shape, empty = no dropout) holds dropout's 0 or `1/(1-p)` per weight.
@@ -51,32 +63,41 @@ pub(crate) fn forward(
     for s in 0..shape.seqs {
         let rows = &qkv[s * seq * stride..];
         for h in 0..shape.heads {
-            let q = View::strided(&rows[h * d..], seq, d, stride);
-            let k = View::strided(&rows[width + h * d..], seq, d, stride);
-            let v = View::strided(&rows[2 * width + h * d..], seq, d, stride);
             let at = shape.map(s, h);
             let weights = &mut att[at..at + seq * seq];
-            matmul_into(weights, seq, q, k.t(), shape.scale(), false);
-            causal_softmax(weights, seq);
-            let kept: &[f32] = if mask.is_empty() {
-                weights
-            } else {
-                for ((o, w), m) in scratch.iter_mut().zip(&*weights).zip(&mask[at..]) {
-                    *o = w * m;
-                }
-                &scratch[..seq * seq]
-            };
-            let out = &mut y[s * seq * width + h * d..];
-            matmul_into(out, width, View::new(kept, seq, seq), v, 1.0, false);
+            if !mask.is_empty() {
+                scratch[..seq * seq].fill(0.0);
+            }
+            for (r0, r1) in blocks(seq) {
+                let q = View::strided(&rows[r0 * stride + h * d..], r1 - r0, d, stride);
+                let k = View::strided(&rows[width + h * d..], r1, d, stride);
+                let v = View::strided(&rows[2 * width + h * d..], r1, d, stride);
+                let block = &mut weights[r0 * seq..r1 * seq];
+                matmul_into(block, seq, q, k.t(), shape.scale(), false);
+                causal_softmax(block, seq, r0);
+                let kept: &[f32] = if mask.is_empty() {
+                    block
+                } else {
+                    let kept = &mut scratch[r0 * seq..r1 * seq];
+                    for ((o, w), m) in kept.iter_mut().zip(&*block).zip(&mask[at + r0 * seq..]) {
+                        *o = w * m;
+                    }
+                    kept
+                };
+                let out = &mut y[(s * seq + r0) * width + h * d..];
+                let kept = View::strided(kept, r1 - r0, r1, seq);
+                matmul_into(out, width, kept, v, 1.0, false);
+            }
         }
     }
 }
 
 fast_math::vectorized! {
-    /// Row `t` of `scores [seq, seq]` becomes the softmax over keys `0..=t`, zeros after.
-    fn causal_softmax(scores: &mut [f32], seq: usize) {
-        for (t, row) in scores.chunks_exact_mut(seq).enumerate() {
-            let (visible, hidden) = row.split_at_mut(t + 1);
+    /// Row `i` of `scores [rows, seq]`, the query at position `first + i`, becomes the softmax
+    /// over keys `0..=first + i`, zeros after.
+    fn causal_softmax(scores: &mut [f32], seq: usize, first: usize) {
+        for (i, row) in scores.chunks_exact_mut(seq).enumerate() {
+            let (visible, hidden) = row.split_at_mut(first + i + 1);
             let max = visible.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             visible.iter_mut().for_each(|w| *w = fast_math::exp(*w - max));
             let inv = 1.0 / visible.iter().sum::<f32>();
@@ -100,43 +121,57 @@ pub(crate) fn backward(
     let Shape { seq, width, .. } = shape;
     let (d, stride) = (shape.d_head(), 3 * width);
     let (datt, kept) = scratch[..2 * seq * seq].split_at_mut(seq * seq);
+    // Keys and values collect gradient from every later query block.
+    dqkv.fill(0.0);
     for s in 0..shape.seqs {
         let base = s * seq * stride;
         let rows = &qkv[base..];
         for h in 0..shape.heads {
-            let q = View::strided(&rows[h * d..], seq, d, stride);
-            let k = View::strided(&rows[width + h * d..], seq, d, stride);
-            let v = View::strided(&rows[2 * width + h * d..], seq, d, stride);
-            let dy = View::strided(&dy[s * seq * width + h * d..], seq, d, width);
             let at = shape.map(s, h);
-            let weights = &att[at..at + seq * seq];
-            let kept: &[f32] = if mask.is_empty() {
-                weights
-            } else {
-                for ((o, w), m) in kept.iter_mut().zip(weights).zip(&mask[at..]) {
-                    *o = w * m;
+            for (r0, r1) in blocks(seq) {
+                let n = r1 - r0;
+                let q = View::strided(&rows[r0 * stride + h * d..], n, d, stride);
+                let k = View::strided(&rows[width + h * d..], r1, d, stride);
+                let v = View::strided(&rows[2 * width + h * d..], r1, d, stride);
+                let dy = View::strided(&dy[(s * seq + r0) * width + h * d..], n, d, width);
+                let weights = &att[at + r0 * seq..at + r1 * seq];
+                let mask = if mask.is_empty() {
+                    &[][..]
+                } else {
+                    &mask[at + r0 * seq..at + r1 * seq]
+                };
+                let kept: &[f32] = if mask.is_empty() {
+                    weights
+                } else {
+                    let kept = &mut kept[..n * seq];
+                    for ((o, w), m) in kept.iter_mut().zip(weights).zip(mask) {
+                        *o = w * m;
+                    }
+                    kept
+                };
+                // y = kept · v: dv += keptᵀ · dy, dkept = dy · vᵀ.
+                let dv = &mut dqkv[base + 2 * width + h * d..];
+                let kept = View::strided(kept, n, r1, seq);
+                matmul_into(dv, stride, kept.t(), dy, 1.0, true);
+                let datt = &mut datt[..n * seq];
+                matmul_into(datt, seq, dy, v.t(), 1.0, false);
+                if !mask.is_empty() {
+                    datt.iter_mut().zip(mask).for_each(|(g, m)| *g *= m);
                 }
-                kept
-            };
-            // y = kept · v: dv = keptᵀ · dy, dkept = dy · vᵀ.
-            let dv = &mut dqkv[base + 2 * width + h * d..];
-            matmul_into(dv, stride, View::new(kept, seq, seq).t(), dy, 1.0, false);
-            matmul_into(datt, seq, dy, v.t(), 1.0, false);
-            if !mask.is_empty() {
-                datt.iter_mut().zip(&mask[at..]).for_each(|(g, m)| *g *= m);
+                // Softmax backward, row by row: dscore = w · (dw - Σ w·dw). Hidden weights are
+                // 0, so their scores get no gradient, as behind a -inf mask.
+                for (dw, w) in datt.chunks_exact_mut(seq).zip(weights.chunks_exact(seq)) {
+                    let (dw, w) = (&mut dw[..r1], &w[..r1]);
+                    let dot: f32 = dw.iter().zip(w).map(|(g, w)| g * w).sum();
+                    dw.iter_mut().zip(w).for_each(|(g, w)| *g = w * (*g - dot));
+                }
+                // scores = scale · q · kᵀ.
+                let dscores = View::strided(datt, n, r1, seq);
+                let dq = &mut dqkv[base + r0 * stride + h * d..];
+                matmul_into(dq, stride, dscores, k, shape.scale(), false);
+                let dk = &mut dqkv[base + width + h * d..];
+                matmul_into(dk, stride, dscores.t(), q, shape.scale(), true);
             }
-            // Softmax backward, row by row: dscore = w · (dw - Σ w·dw). Hidden weights are 0,
-            // so their scores get no gradient, as behind a -inf mask.
-            for (dw, w) in datt.chunks_exact_mut(seq).zip(weights.chunks_exact(seq)) {
-                let dot: f32 = dw.iter().zip(w).map(|(g, w)| g * w).sum();
-                dw.iter_mut().zip(w).for_each(|(g, w)| *g = w * (*g - dot));
-            }
-            // scores = scale · q · kᵀ.
-            let dscores = View::new(datt, seq, seq);
-            let dq = &mut dqkv[base + h * d..];
-            matmul_into(dq, stride, dscores, k, shape.scale(), false);
-            let dk = &mut dqkv[base + width + h * d..];
-            matmul_into(dk, stride, dscores.t(), q, shape.scale(), false);
         }
     }
 }

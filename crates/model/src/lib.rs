@@ -9,6 +9,8 @@
 //!   seeds' bare [`GptConfig::minimal`];
 //! - [`Gpt::forward`]: `[batch, seq]` token ids to `[batch, seq, vocab]` logits;
 //! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
+//! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
+//!   matmuls, the batch split over threads), tested against Burn's autodiff;
 //! - [`Gpt::generate`]: temperature, top-k, top-p, repetition penalty, stop sequences, streamed
 //!   through a callback, with a KV cache.
 

@@ -128,7 +128,7 @@ fn token_batch(batch: &Batch) -> TokenBatch<'_> {
 }
 
 /// Mean next-token loss of a batch through Burn.
-pub fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
+fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
     let (inputs, targets) = batch.to_device(device);
     let logits = model.forward(inputs)?;
     let [b, s, v] = logits.dims();

@@ -17,6 +17,20 @@ fn tokens(len: usize, vocab: usize, salt: u64) -> Vec<i64> {
         .collect()
 }
 
+fn token_batch<'a>(
+    inputs: &'a [i64],
+    targets: &'a [i64],
+    batch: usize,
+    seq: usize,
+) -> TokenBatch<'a> {
+    TokenBatch {
+        inputs,
+        targets,
+        batch,
+        seq,
+    }
+}
+
 fn model(config: &GptConfig) -> Gpt {
     let device = Device::flex().autodiff();
     config.init(&device).unwrap()
@@ -115,12 +129,7 @@ fn small() -> GptConfig {
 #[test]
 fn loss_and_gradients_match_burn_autodiff() {
     let (inputs, targets) = (tokens(3 * 16, 13, 1), tokens(3 * 16, 13, 2));
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 3,
-        seq: 16,
-    };
+    let batch = token_batch(&inputs, &targets, 3, 16);
     check_against_burn(small(), batch, 1);
     // The batch split over threads (3 sequences on 2 threads: 2 + 1).
     check_against_burn(small(), batch, 2);
@@ -142,12 +151,7 @@ fn shorter_sequences_and_padding_match_burn() {
     for t in &mut targets[seq - 4..seq] {
         *t = IGNORE_INDEX;
     }
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 2,
-        seq,
-    };
+    let batch = token_batch(&inputs, &targets, 2, seq);
     check_against_burn(small(), batch, 2);
 }
 
@@ -160,12 +164,7 @@ fn long_sequences_span_several_query_blocks() {
         .with_dropout(0.0);
     let seq = 150;
     let (inputs, targets) = (tokens(2 * seq, 13, 13), tokens(2 * seq, 13, 14));
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 2,
-        seq,
-    };
+    let batch = token_batch(&inputs, &targets, 2, seq);
     check_against_burn(config, batch, 2);
 }
 
@@ -173,12 +172,7 @@ fn long_sequences_span_several_query_blocks() {
 fn gradients_accumulate_and_reset() {
     let gpt = model(&small());
     let (inputs, targets) = (tokens(2 * 16, 13, 5), tokens(2 * 16, 13, 6));
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 2,
-        seq: 16,
-    };
+    let batch = token_batch(&inputs, &targets, 2, 16);
     let mut fused = FusedCpu::new(&gpt, 2).unwrap();
     fused.accumulate(batch, 1.0, None).unwrap();
     let once = fused.take_gradients(&gpt);
@@ -204,12 +198,7 @@ fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly()
     let config = small().with_dropout(0.3).with_n_layer(1);
     let gpt = model(&config);
     let (inputs, targets) = (tokens(4 * 16, 13, 7), tokens(4 * 16, 13, 8));
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 4,
-        seq: 16,
-    };
+    let batch = token_batch(&inputs, &targets, 4, 16);
     let (a, mut fused) = dropout_loss(&gpt, batch, 9, 1);
     let (b, _) = dropout_loss(&gpt, batch, 9, 3);
     let (c, _) = dropout_loss(&gpt, batch, 10, 1);
@@ -250,12 +239,8 @@ fn bad_batches_are_errors() {
     let gpt = model(&small());
     let mut fused = FusedCpu::new(&gpt, 2).unwrap();
     let ok = tokens(16, 13, 1);
-    let batch = |inputs: &'static [i64], targets: &'static [i64], seq| TokenBatch {
-        inputs,
-        targets,
-        batch: 1,
-        seq,
-    };
+    let batch =
+        |inputs: &'static [i64], targets: &'static [i64], seq| token_batch(inputs, targets, 1, seq);
     let leak = |v: Vec<i64>| -> &'static [i64] { Vec::leak(v) };
     let ok = leak(ok);
     let mut out_of_range = ok.to_vec();
@@ -293,12 +278,7 @@ fn bad_batches_are_errors() {
 fn clipping_scales_to_the_global_norm() {
     let gpt = model(&small());
     let (inputs, targets) = (tokens(2 * 16, 13, 11), tokens(2 * 16, 13, 12));
-    let batch = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 2,
-        seq: 16,
-    };
+    let batch = token_batch(&inputs, &targets, 2, 16);
     let (_, want) = burn_reference(&gpt, &batch);
     struct SquaredNorm<'a>(&'a GradientsParams, f64);
     impl ModuleVisitor for SquaredNorm<'_> {

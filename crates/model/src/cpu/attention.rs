@@ -28,6 +28,18 @@ impl Shape {
         (s * self.heads + h) * self.seq * self.seq
     }
 
+    /// Head `h`'s queries for rows `r0..r1` and its keys and values for rows `0..r1`, read in
+    /// place from one sequence's `qkv` rows.
+    fn views<'a>(&self, rows: &'a [f32], h: usize, r0: usize, r1: usize) -> [View<'a>; 3] {
+        let (d, width) = (self.d_head(), self.width);
+        let stride = 3 * width;
+        [
+            View::strided(&rows[r0 * stride + h * d..], r1 - r0, d, stride),
+            View::strided(&rows[width + h * d..], r1, d, stride),
+            View::strided(&rows[2 * width + h * d..], r1, d, stride),
+        ]
+    }
+
     /// `1/√d_head`: keeps the scores' variance near 1 so the softmax does not saturate.
     fn scale(&self) -> f32 {
         1.0 / (self.d_head() as f32).sqrt()
@@ -69,9 +81,7 @@ pub(crate) fn forward(
                 scratch[..seq * seq].fill(0.0);
             }
             for (r0, r1) in blocks(seq) {
-                let q = View::strided(&rows[r0 * stride + h * d..], r1 - r0, d, stride);
-                let k = View::strided(&rows[width + h * d..], r1, d, stride);
-                let v = View::strided(&rows[2 * width + h * d..], r1, d, stride);
+                let [q, k, v] = shape.views(rows, h, r0, r1);
                 let block = &mut weights[r0 * seq..r1 * seq];
                 matmul_into(block, seq, q, k.t(), shape.scale(), false);
                 causal_softmax(block, seq, r0);
@@ -130,9 +140,7 @@ pub(crate) fn backward(
             let at = shape.map(s, h);
             for (r0, r1) in blocks(seq) {
                 let n = r1 - r0;
-                let q = View::strided(&rows[r0 * stride + h * d..], n, d, stride);
-                let k = View::strided(&rows[width + h * d..], r1, d, stride);
-                let v = View::strided(&rows[2 * width + h * d..], r1, d, stride);
+                let [q, k, v] = shape.views(rows, h, r0, r1);
                 let dy = View::strided(&dy[(s * seq + r0) * width + h * d..], n, d, width);
                 let weights = &att[at + r0 * seq..at + r1 * seq];
                 let mask = if mask.is_empty() {

@@ -83,50 +83,41 @@ fn entries(gpt: &Gpt) -> Vec<Option<Entry>> {
     out
 }
 
+/// The buffers of a [`Params`] in the order [`entries`] lists the model's parameters, as shared
+/// (`slots!(p,)`) or mutable (`slots!(p, mut)`) references: the order is written once.
+macro_rules! slots {
+    ($params:expr, $($mut:tt)?) => {{
+        let p = $params;
+        let mut out = vec![&$($mut)? p.wte, &$($mut)? p.wpe];
+        for b in &$($mut)? p.blocks {
+            out.extend([
+                &$($mut)? b.ln_1_gamma,
+                &$($mut)? b.ln_1_beta,
+                &$($mut)? b.c_attn_w,
+                &$($mut)? b.c_attn_b,
+                &$($mut)? b.attn_proj_w,
+                &$($mut)? b.attn_proj_b,
+                &$($mut)? b.ln_2_gamma,
+                &$($mut)? b.ln_2_beta,
+                &$($mut)? b.c_fc_w,
+                &$($mut)? b.c_fc_b,
+                &$($mut)? b.mlp_proj_w,
+                &$($mut)? b.mlp_proj_b,
+            ]);
+        }
+        out.extend([&$($mut)? p.ln_f_gamma, &$($mut)? p.ln_f_beta, &$($mut)? p.lm_head]);
+        out
+    }};
+}
+
 impl Params {
     /// The buffers in the order [`entries`] lists the model's parameters.
     fn slots(&self) -> Vec<&Vec<f32>> {
-        let mut out = vec![&self.wte, &self.wpe];
-        for b in &self.blocks {
-            out.extend([
-                &b.ln_1_gamma,
-                &b.ln_1_beta,
-                &b.c_attn_w,
-                &b.c_attn_b,
-                &b.attn_proj_w,
-                &b.attn_proj_b,
-                &b.ln_2_gamma,
-                &b.ln_2_beta,
-                &b.c_fc_w,
-                &b.c_fc_b,
-                &b.mlp_proj_w,
-                &b.mlp_proj_b,
-            ]);
-        }
-        out.extend([&self.ln_f_gamma, &self.ln_f_beta, &self.lm_head]);
-        out
+        slots!(self,)
     }
 
     fn slots_mut(&mut self) -> Vec<&mut Vec<f32>> {
-        let mut out = vec![&mut self.wte, &mut self.wpe];
-        for b in &mut self.blocks {
-            out.extend([
-                &mut b.ln_1_gamma,
-                &mut b.ln_1_beta,
-                &mut b.c_attn_w,
-                &mut b.c_attn_b,
-                &mut b.attn_proj_w,
-                &mut b.attn_proj_b,
-                &mut b.ln_2_gamma,
-                &mut b.ln_2_beta,
-                &mut b.c_fc_w,
-                &mut b.c_fc_b,
-                &mut b.mlp_proj_w,
-                &mut b.mlp_proj_b,
-            ]);
-        }
-        out.extend([&mut self.ln_f_gamma, &mut self.ln_f_beta, &mut self.lm_head]);
-        out
+        slots!(self, mut)
     }
 
     /// Copies the model's current values (one host read per parameter).

@@ -1,6 +1,6 @@
 //! Sampling text from a [`Gpt`]: temperature, top-k, top-p, repetition penalty, stop sequences.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tinygpt_attention::KvCache;
@@ -69,98 +69,139 @@ impl GenerateOptions {
     }
 }
 
-/// The KV caches and where the window they hold starts in the token stream.
-struct Window {
-    caches: Vec<KvCache>,
-    start: usize,
+/// A model [`generate`] can sample from: it keeps the keys and values of the tokens fed so far
+/// (a KV cache of one sequence) and gives the logits of the token after them.
+///
+/// [`Gpt`] on any Burn backend is one ([`Gpt::generate`]); `FusedDecoder` is another, the same
+/// forward pass written out for the CPU.
+pub trait Decoder {
+    /// The longest context, in tokens.
+    fn block_size(&self) -> usize;
+    /// Token ids run from 0 to `vocab_size - 1`.
+    fn vocab_size(&self) -> usize;
+    /// How many tokens the cache holds.
+    fn cached(&self) -> usize;
+    /// Empties the cache.
+    fn clear(&mut self);
+    /// Runs `tokens` (at least one) at the positions after the cached ones, adds them to the
+    /// cache, and returns the logits `[vocab_size]` of the token that follows the last.
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError>;
+}
+
+/// Continues `prompt` by up to `options.max_new_tokens` tokens, calling `on_token` with each one
+/// as soon as it is sampled (tokens that might begin a stop sequence are held back until they
+/// turn out not to). Returns the generated tokens, without the prompt or stop sequence.
+///
+/// The context is the last `block_size` tokens. While it fits, each step feeds one token
+/// through the KV cache; once the window slides, every position embedding shifts, so the cache
+/// is rebuilt from the window (the same computation as without a cache). Without
+/// `options.use_cache`, every step rebuilds it, as nanoGPT's `generate` does.
+pub fn generate(
+    decoder: &mut (impl Decoder + ?Sized),
+    prompt: &[u32],
+    options: &GenerateOptions,
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>, GenerateError> {
+    options.validate()?;
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let vocab_size = decoder.vocab_size();
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(ModelError::TokenOutOfRange {
+            id: id.into(),
+            vocab_size,
+        }
+        .into());
+    }
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let mut tokens = prompt.to_vec();
+    // Where the window the cache holds starts in `tokens`.
+    let mut window_start = 0;
+    decoder.clear();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut streamed = 0;
+    for _ in 0..options.max_new_tokens {
+        let start = tokens.len().saturating_sub(decoder.block_size());
+        if start != window_start || !options.use_cache {
+            decoder.clear();
+            window_start = start;
+        }
+        let fed = start + decoder.cached();
+        let logits = decoder.feed(&tokens[fed..])?;
+        let next = sample(logits, &tokens[start..], options, &mut rng);
+        tokens.push(next);
+        generated.push(next);
+        if let Some(stop) = options.stop.iter().find(|s| generated.ends_with(s)) {
+            generated.truncate(generated.len() - stop.len());
+            break;
+        }
+        let hold = held_back(&generated[streamed..], &options.stop);
+        for &t in &generated[streamed..generated.len() - hold] {
+            on_token(t);
+        }
+        streamed = generated.len() - hold;
+    }
+    for &t in &generated[streamed..] {
+        on_token(t);
+    }
+    Ok(generated)
 }
 
 impl Gpt {
-    /// Continues `prompt` by up to `options.max_new_tokens` tokens, calling `on_token` with each
-    /// one as soon as it is sampled (tokens that might begin a stop sequence are held back until
-    /// they turn out not to). Returns the generated tokens, without the prompt or stop sequence.
-    ///
-    /// The context is the last `block_size` tokens. While it fits, each step feeds one token
-    /// through the KV cache; once the window slides, every position embedding shifts, so the
-    /// cache is rebuilt from the window (the same computation as without a cache).
+    /// [`generate`] from this model, on its device: [`Gpt::decoder`].
     pub fn generate(
         &self,
         prompt: &[u32],
         options: &GenerateOptions,
-        mut on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, GenerateError> {
-        options.validate()?;
-        if prompt.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                id: id.into(),
-                vocab_size: self.vocab_size,
-            }
-            .into());
-        }
-        let mut rng = StdRng::seed_from_u64(options.seed);
-        let mut tokens = prompt.to_vec();
-        let mut window = Window {
+        generate(&mut self.decoder(), prompt, options, on_token)
+    }
+
+    /// A [`Decoder`] that runs this model with Burn's tensor ops on its device, a [`KvCache`] per
+    /// layer.
+    pub fn decoder(&self) -> impl Decoder + '_ {
+        GptDecoder {
+            gpt: self,
             caches: self.new_caches(),
-            start: 0,
-        };
-        let mut generated: Vec<u32> = Vec::new();
-        let mut streamed = 0;
-        for _ in 0..options.max_new_tokens {
-            let start = tokens.len().saturating_sub(self.block_size);
-            let logits = if options.use_cache {
-                self.next_logits_cached(&tokens, start, &mut window)?
-            } else {
-                self.next_logits(&tokens[start..])?
-            };
-            let next = sample(logits, &tokens[start..], options, &mut rng);
-            tokens.push(next);
-            generated.push(next);
-            if let Some(stop) = options.stop.iter().find(|s| generated.ends_with(s)) {
-                generated.truncate(generated.len() - stop.len());
-                break;
-            }
-            let hold = held_back(&generated[streamed..], &options.stop);
-            for &t in &generated[streamed..generated.len() - hold] {
-                on_token(t);
-            }
-            streamed = generated.len() - hold;
         }
-        for &t in &generated[streamed..] {
-            on_token(t);
-        }
-        Ok(generated)
+    }
+}
+
+/// A [`Gpt`] and its per-layer KV caches.
+struct GptDecoder<'a> {
+    gpt: &'a Gpt,
+    caches: Vec<KvCache>,
+}
+
+impl Decoder for GptDecoder<'_> {
+    fn block_size(&self) -> usize {
+        self.gpt.block_size
     }
 
-    /// Logits for the token after `context`, recomputing everything.
-    fn next_logits(&self, context: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let logits = self.forward(self.token_tensor(context))?;
+    fn vocab_size(&self) -> usize {
+        self.gpt.vocab_size
+    }
+
+    fn cached(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::len)
+    }
+
+    fn clear(&mut self) {
+        self.caches.iter_mut().for_each(KvCache::clear);
+    }
+
+    /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
+    /// are in range.
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
+        let ids = Tensor::from_data(
+            TensorData::new(ids, [1, tokens.len()]),
+            &self.gpt.wte.weight.device(),
+        );
+        let logits = self.gpt.forward_cached_unchecked(ids, &mut self.caches)?;
         Ok(last_row(logits))
-    }
-
-    /// Logits for the token after `tokens[start..]`, feeding the cache only what it lacks.
-    fn next_logits_cached(
-        &self,
-        tokens: &[u32],
-        start: usize,
-        window: &mut Window,
-    ) -> Result<Vec<f32>, ModelError> {
-        if window.start != start {
-            window.caches.iter_mut().for_each(KvCache::clear);
-            window.start = start;
-        }
-        let fed = start + window.caches[0].len();
-        let logits =
-            self.forward_cached_unchecked(self.token_tensor(&tokens[fed..]), &mut window.caches)?;
-        Ok(last_row(logits))
-    }
-
-    fn token_tensor(&self, ids: &[u32]) -> Tensor<2, Int> {
-        let ids: Vec<i64> = ids.iter().map(|&id| id.into()).collect();
-        let len = ids.len();
-        Tensor::from_data(TensorData::new(ids, [1, len]), &self.wte.weight.device())
     }
 }
 

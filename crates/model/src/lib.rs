@@ -11,8 +11,9 @@
 //! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
 //! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
 //!   matmuls, the batch split over threads), tested against Burn's autodiff;
-//! - [`Gpt::generate`]: temperature, top-k, top-p, repetition penalty, stop sequences, streamed
-//!   through a callback, with a KV cache.
+//! - [`generate`] ([`Gpt::generate`] on Burn, or [`FusedDecoder`] on the CPU): temperature,
+//!   top-k, top-p, repetition penalty, stop sequences, streamed through a callback, with a KV
+//!   cache.
 
 mod block;
 mod config;
@@ -24,8 +25,8 @@ mod loss;
 
 pub use block::{Block, Mlp};
 pub use config::GptConfig;
-pub use cpu::{FusedCpu, FusedError, TokenBatch};
+pub use cpu::{FusedCpu, FusedDecoder, FusedError, TokenBatch};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use generate::GenerateOptions;
+pub use generate::{Decoder, GenerateOptions, generate};
 pub use gpt::Gpt;
 pub use loss::{IGNORE_INDEX, cross_entropy};

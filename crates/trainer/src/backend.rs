@@ -6,12 +6,11 @@ use burn::tensor::{Device, DeviceType};
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// A GPU through wgpu when one is present; else training takes the fused CPU step and
-    /// everything else flex.
+    /// A GPU through wgpu when one is present; else `fused`.
     Auto,
-    /// Training steps and loss estimates by tinygpt's fused CPU kernels (hand-written forward
-    /// and backward, AVX-512 matmuls when the CPU has them, every core); the optimizer,
-    /// sampling and the other commands on flex.
+    /// Training steps, loss estimates and sampling by tinygpt's fused CPU kernels (hand-written
+    /// forward and backward, AVX-512 matmuls when the CPU has them, every core); the optimizer
+    /// and the other commands on flex.
     Fused,
     /// Burn's flex CPU backend (the faster of Burn's CPU backends).
     Flex,

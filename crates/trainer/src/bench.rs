@@ -1,8 +1,9 @@
 //! `tinygpt bench`: training and sampling speed, and peak memory, per config and backend.
 //!
 //! Training runs the real training step (`train::train_step`: forward, backward, global-norm
-//! clipping, AdamW) on random tokens; the figure is the median step after warm-up. Sampling runs
-//! `Gpt::generate` with the KV cache from a one-token prompt. Peak memory is the process's peak
+//! clipping, AdamW) on random tokens; the figure is the median step after warm-up. Sampling
+//! generates with the KV cache from a one-token prompt, by the backend's decoder (the fused CPU
+//! decoder for `fused`, Burn's `Gpt::generate` otherwise). Peak memory is the process's peak
 //! resident set (`VmHWM`), reset before each case where Linux allows it.
 
 use std::time::Instant;
@@ -11,12 +12,12 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use rand::RngExt;
 use serde::Serialize;
-use tinygpt_model::GenerateOptions;
+use tinygpt_model::{GenerateOptions, generate};
 
 use crate::backend::{Backend, describe};
 use crate::config::RunConfig;
 use crate::data::{Dataset, Split, step_rng};
-use crate::engine::Engine;
+use crate::engine::{Engine, decoder};
 use crate::train::{learning_rate, optimizer, train_step};
 
 /// The configs `bench` knows, by name: the files in `configs/`, built in.
@@ -123,17 +124,15 @@ fn bench_one(
         top_k: None,
         ..GenerateOptions::default()
     };
+    let mut decoder = decoder(backend, true, &inference)?;
     // One untimed call warms kernels and allocations up.
-    inference.generate(
-        &[0],
-        &GenerateOptions {
-            max_new_tokens: 4,
-            ..options.clone()
-        },
-        |_| {},
-    )?;
+    let warm_up = GenerateOptions {
+        max_new_tokens: 4,
+        ..options.clone()
+    };
+    generate(&mut *decoder, &[0], &warm_up, |_| {})?;
     let start = Instant::now();
-    let sampled = inference.generate(&[0], &options, |_| {})?.len();
+    let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
     let sample_seconds = start.elapsed().as_secs_f64();
 
     Ok(BenchResult {

@@ -5,7 +5,7 @@ use anyhow::Result;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::{FusedCpu, Gpt, TokenBatch, cross_entropy};
+use tinygpt_model::{Decoder, FusedCpu, FusedDecoder, Gpt, TokenBatch, cross_entropy};
 
 use crate::backend::Backend;
 use crate::data::Batch;
@@ -116,6 +116,24 @@ impl Engine {
             }
         }
     }
+}
+
+/// The decoder that samples from `model`: the fused CPU decoder for `Fused` (an explicit
+/// `--backend fused` on a model it does not cover is an error, as in [`Engine::new`]), Burn on
+/// the model's device otherwise.
+pub fn decoder<'a>(
+    backend: Backend,
+    explicit: bool,
+    model: &'a Gpt,
+) -> Result<Box<dyn Decoder + 'a>> {
+    if backend == Backend::Fused {
+        match FusedDecoder::new(model) {
+            Ok(decoder) => return Ok(Box::new(decoder)),
+            Err(e) if explicit => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
+    Ok(Box::new(model.decoder()))
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::{Parser, Subcommand, ValueEnum};
-use tinygpt_model::{GenerateOptions, Gpt, GptConfig};
+use tinygpt_model::{GenerateOptions, Gpt, GptConfig, generate};
 
 use crate::backend::{Backend, describe};
 use crate::checkpoint::{Run, TrainState, Which};
@@ -332,7 +332,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // decode cleanly. Only the held-back tail is decoded per token, not the whole text.
             let mut pending = Vec::new();
             let mut write_error = None;
-            model.generate(&prompt_ids, &options, |id| {
+            let explicit = backend == Backend::Fused;
+            let mut decoder = engine::decoder(backend.resolve(), explicit, &model)?;
+            generate(&mut *decoder, &prompt_ids, &options, |id| {
                 pending.push(id);
                 if let Ok(text) = tokenizer.decode(&pending)
                     && !text.ends_with('\u{FFFD}')

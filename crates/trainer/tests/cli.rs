@@ -180,7 +180,7 @@ fn train_info_generate_eval() {
     assert!(info.contains("trained: 30 of 30 steps"), "{info}");
     assert!(info.contains("n_embd = 32"), "{info}");
 
-    let generate = |seed: &str| {
+    let generate_on = |seed: &str, backend: &str| {
         ok(tinygpt(
             dir,
             &[
@@ -194,10 +194,11 @@ fn train_info_generate_eval() {
                 "--seed",
                 seed,
                 "--backend",
-                "flex",
+                backend,
             ],
         ))
     };
+    let generate = |seed: &str| generate_on(seed, "flex");
     let text = generate("7");
     assert!(text.starts_with("Of Man"), "{text}");
     assert_eq!(
@@ -207,6 +208,8 @@ fn train_info_generate_eval() {
     );
     assert_eq!(text, generate("7"), "same seed, same text");
     assert_ne!(text, generate("8"), "another seed, other text");
+    // The fused CPU decoder computes the same logits (to float rounding), so the same samples.
+    assert_eq!(text, generate_on("7", "fused"), "fused decoder vs flex");
 
     let eval = ok(tinygpt(
         dir,

@@ -1,6 +1,8 @@
 //! Matrix products over row-major `f32` slices, through the `gemm` crate (AVX-512 kernels when
 //! the CPU has them, picked at run time).
 
+use super::fast_math::vectorized;
+
 /// A matrix read in place: element `(i, j)` is `data[i * row_stride + j * col_stride]`. A
 /// transpose is the same slice with the strides swapped, so no product copies its inputs.
 #[derive(Clone, Copy)]
@@ -99,6 +101,87 @@ pub(crate) fn matmul_into(
 /// Dense `out[m, n] = a[m, k] · b[k, n]` (`+ out` when `accumulate`).
 pub(crate) fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) {
     matmul_into(out, b.cols, a, b, 1.0, accumulate);
+}
+
+/// `out [rows, n_out] = x [rows, n_in] · w [n_in, n_out] + b` (`b` empty = no bias).
+pub(crate) fn linear(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    rows: usize,
+    n_in: usize,
+    n_out: usize,
+) {
+    if rows == 1 {
+        return vector_times_matrix(&mut out[..n_out], &x[..n_in], w, b);
+    }
+    let bias = !b.is_empty();
+    if bias {
+        out.chunks_exact_mut(n_out)
+            .for_each(|row| row.copy_from_slice(b));
+    }
+    matmul(
+        out,
+        View::new(x, rows, n_in),
+        View::new(w, n_in, n_out),
+        bias,
+    );
+}
+
+vectorized! {
+    /// `out [n] = x [k] · w [k, n] + b`: one token's linear layer while sampling. gemm's
+    /// one-row path packs `w` on every call; this reads it once, four rows at a time, each
+    /// added into `out` as a whole vector.
+    fn vector_times_matrix(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32]) {
+        let n = out.len();
+        if b.is_empty() {
+            out.fill(0.0);
+        } else {
+            out.copy_from_slice(b);
+        }
+        let mut rows = w.chunks_exact(4 * n);
+        let mut xs = x.chunks_exact(4);
+        for (w4, x4) in (&mut rows).zip(&mut xs) {
+            let (w0, rest) = w4.split_at(n);
+            let (w1, rest) = rest.split_at(n);
+            let (w2, w3) = rest.split_at(n);
+            for ((((o, a), b), c), d) in out.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
+                *o += x4[0] * a + x4[1] * b + x4[2] * c + x4[3] * d;
+            }
+        }
+        for (&xi, row) in xs.remainder().iter().zip(rows.remainder().chunks_exact(n)) {
+            out.iter_mut().zip(row).for_each(|(o, w)| *o += xi * w);
+        }
+    }
+}
+
+vectorized! {
+    /// `Σ a[i]·b[i]` over sixteen partial sums, so the loop vectorises (a single running sum
+    /// must be added in order, which keeps it scalar).
+    pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot_lanes(a, b)
+    }
+}
+
+/// The body of [`dot`], for loops already inside a `vectorized!` function.
+#[inline(always)]
+pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (a16, b16) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a16
+        .remainder()
+        .iter()
+        .zip(b16.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a16.zip(b16) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

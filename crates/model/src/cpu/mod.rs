@@ -16,6 +16,7 @@
 
 mod attention;
 mod cross_entropy;
+mod decode;
 mod dropout;
 mod fast_math;
 mod gelu;
@@ -30,6 +31,7 @@ use thiserror::Error;
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
 use crate::loss::IGNORE_INDEX;
+pub use decode::FusedDecoder;
 use params::Params;
 use workspace::{Job, Workspace};
 

@@ -3,7 +3,7 @@
 
 use super::attention::{self, Shape};
 use super::dropout::Rng;
-use super::matmul::{View, matmul};
+use super::matmul::{View, linear, matmul};
 use super::params::Params;
 use super::{Dims, TokenBatch, cross_entropy, gelu, layer_norm};
 
@@ -386,29 +386,6 @@ impl Workspace {
                 .for_each(|(g, d)| *g += d);
         }
     }
-}
-
-/// `out [rows, n_out] = x [rows, n_in] · w [n_in, n_out] + b` (`b` empty = no bias).
-fn linear(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    rows: usize,
-    n_in: usize,
-    n_out: usize,
-) {
-    let bias = !b.is_empty();
-    if bias {
-        out.chunks_exact_mut(n_out)
-            .for_each(|row| row.copy_from_slice(b));
-    }
-    matmul(
-        out,
-        View::new(x, rows, n_in),
-        View::new(w, n_in, n_out),
-        bias,
-    );
 }
 
 /// The backward of [`linear`]: `dx = dy · wᵀ` (overwritten), `dw += xᵀ · dy`, `db += Σ_rows dy`.

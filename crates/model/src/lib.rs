@@ -25,7 +25,7 @@ mod loss;
 
 pub use block::{Block, Mlp};
 pub use config::GptConfig;
-pub use cpu::{FusedCpu, FusedDecoder, FusedError, TokenBatch};
+pub use cpu::{AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::{Decoder, GenerateOptions, generate};
 pub use gpt::Gpt;

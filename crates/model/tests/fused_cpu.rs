@@ -1,13 +1,13 @@
 //! The fused CPU step against Burn's autodiff of the same model: loss and every gradient, with
 //! and without biases, tied and untied heads, padded batches and several thread counts; and its
-//! dropout against finite differences.
+//! dropout against finite differences; AdamW on its buffers against Burn's AdamW.
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
+use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
+use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt_model::{
-    FusedCpu, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError, ModelError, TokenBatch,
-    cross_entropy,
+    AdamWSettings, FusedCpu, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError, ModelError,
+    TokenBatch, cross_entropy,
 };
 
 /// A small deterministic token stream.
@@ -308,4 +308,118 @@ fn clipping_scales_to_the_global_norm() {
     fused.clip_grad_norm(want_norm * 2.0);
     let unclipped = norm_of(&fused.take_gradients(&gpt));
     assert!((unclipped - want_norm).abs() / want_norm < 1e-5);
+}
+
+/// Every parameter's values, keyed by id.
+fn values_by_id(gpt: &Gpt) -> Vec<(ParamId, Vec<f32>)> {
+    struct Values(Vec<(ParamId, Vec<f32>)>);
+    impl ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let values = param.val().into_data().try_to_vec::<f32>().unwrap();
+            self.0.push((param.id, values));
+        }
+    }
+    let mut visitor = Values(Vec::new());
+    gpt.visit(&mut visitor);
+    visitor.0
+}
+
+/// Panics unless `a` and `b` hold the same parameters with equal values, naming the first
+/// difference.
+fn assert_same_weights(a: &Gpt, b: &Gpt, context: &str) {
+    let (a, b) = (values_by_id(a), values_by_id(b));
+    assert_eq!(a.len(), b.len());
+    for ((id_a, a), (id_b, b)) in a.iter().zip(&b) {
+        assert_eq!(id_a, id_b);
+        if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+            panic!(
+                "{context}: parameter {id_a} differs at {i}: {} vs {}",
+                a[i], b[i]
+            );
+        }
+    }
+}
+
+/// AdamW on the fused buffers against Burn's `AdamW` with the same two groups (decay on the
+/// matrices only), step after step on the same gradients: the weights are equal bit for bit, and
+/// a state handed to a fresh `FusedCpu` continues the same way.
+#[test]
+fn adamw_on_the_buffers_equals_burns_adamw() {
+    let gpt = model(&small().with_tie_embeddings(false));
+    let decayed = gpt.decayed_param_ids();
+    let settings = AdamWSettings {
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        decayed: decayed.clone(),
+    };
+    let adamw = |weight_decay: f32| {
+        AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-8)
+            .with_weight_decay(weight_decay)
+    };
+    let mut all = Vec::new();
+    gpt.visit(&mut Ids(&mut all));
+    let undecayed: Vec<ParamId> = all.into_iter().filter(|id| !decayed.contains(id)).collect();
+    let mut burn_optim =
+        adamw(0.1)
+            .init()
+            .with_group(ParamGroup::from_ids(undecayed), adamw(0.0).build(), None);
+
+    let mut owner = FusedCpu::new(&gpt, 2).unwrap();
+    let mut helper = FusedCpu::new(&gpt, 2).unwrap();
+    let mut burn_model = gpt.clone();
+    for step in 0..4u64 {
+        let (inputs, targets) = (tokens(3 * 16, 13, 20 + step), tokens(3 * 16, 13, 40 + step));
+        let batch = token_batch(&inputs, &targets, 3, 16);
+        let lr = 1e-2 / (step + 1) as f64;
+        owner.accumulate(batch, 1.0, None).unwrap();
+        owner.adamw_step(lr, &settings);
+        helper.read_weights(&burn_model);
+        helper.accumulate(batch, 1.0, None).unwrap();
+        let grads = helper.take_gradients(&burn_model);
+        burn_model = burn_optim.step(lr, burn_model, grads);
+        assert_same_weights(
+            &owner.write_weights(gpt.clone()),
+            &burn_model,
+            &format!("step {step}"),
+        );
+    }
+    let state = owner.adamw_state();
+    assert_eq!(state.len(), gpt.num_params_tensors());
+    assert!(state.iter().all(|s| s.time == 4));
+
+    // Resuming: the written weights and the exported state in a new FusedCpu.
+    let written = owner.write_weights(gpt.clone());
+    let mut resumed = FusedCpu::new(&written, 2).unwrap();
+    resumed.load_adamw_state(state.clone()).unwrap();
+    let (inputs, targets) = (tokens(2 * 16, 13, 99), tokens(2 * 16, 13, 98));
+    let batch = token_batch(&inputs, &targets, 2, 16);
+    for fused in [&mut owner, &mut resumed] {
+        fused.accumulate(batch, 1.0, None).unwrap();
+        fused.adamw_step(1e-3, &settings);
+    }
+    assert_same_weights(
+        &owner.write_weights(gpt.clone()),
+        &resumed.write_weights(gpt.clone()),
+        "resumed",
+    );
+
+    // A state for another model is refused, and leaves nothing half-loaded.
+    let mut other = state;
+    other.pop();
+    assert!(matches!(
+        resumed.load_adamw_state(other),
+        Err(FusedError::OptimizerState(_))
+    ));
+}
+
+struct Ids<'a>(&'a mut Vec<ParamId>);
+impl ModuleVisitor for Ids<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.push(param.id);
+    }
 }

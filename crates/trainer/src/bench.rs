@@ -18,7 +18,7 @@ use crate::backend::{Backend, describe};
 use crate::config::RunConfig;
 use crate::data::{Dataset, Split, step_rng};
 use crate::engine::{Engine, decoder};
-use crate::train::{learning_rate, optimizer, train_step};
+use crate::train::{adamw_settings, learning_rate, optimizer, train_step};
 
 /// The configs `bench` knows, by name: the files in `configs/`, built in.
 pub const CONFIGS: [(&str, &str); 2] = [
@@ -94,7 +94,15 @@ fn bench_one(
     let mut model = config.gpt(VOCAB).init(&train_device)?;
     let params = model.num_params();
     let mut optim = optimizer(config, &model);
-    let mut engine = Engine::new(backend, true, &device, &model, config.workers())?;
+    let adamw = adamw_settings(config, &model);
+    let mut engine = Engine::new(
+        backend,
+        true,
+        &device,
+        (&model, &optim),
+        adamw,
+        config.workers(),
+    )?;
     let mut times = Vec::with_capacity(args.iters);
     for step in 0..args.warmup + args.iters {
         let start = Instant::now();
@@ -117,7 +125,7 @@ fn bench_one(
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
 
-    let inference = model.valid();
+    let inference = engine.sync(model, &mut optim)?.valid();
     let options = GenerateOptions {
         max_new_tokens: args.sample_tokens,
         temperature: 0.8,

@@ -1,44 +1,112 @@
-//! Where a training step's loss and gradients come from: Burn's autodiff on the chosen backend,
-//! or the model crate's fused CPU step ([`FusedCpu`]). Either way Burn's AdamW applies them.
+//! Where a training step's loss, gradients and update come from: Burn's autodiff and Burn's
+//! AdamW on the chosen backend, or the model crate's fused CPU step ([`FusedCpu`]), which keeps
+//! the weights and AdamW's moments in its own buffers and hands them to Burn (the model and a
+//! Burn optimizer state) only when asked: for checkpoints and sampling.
 
-use anyhow::Result;
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Tensor};
-use tinygpt_model::{Decoder, FusedCpu, FusedDecoder, Gpt, TokenBatch, cross_entropy};
+use anyhow::{Context, Result};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use tinygpt_model::{
+    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, MomentState, TokenBatch, cross_entropy,
+};
 
 use crate::backend::Backend;
 use crate::data::Batch;
 
 /// Computes losses and gradients for [`train_step`](crate::train::train_step) and the loss
-/// estimates.
+/// estimates, and applies the update.
 pub enum Engine {
     /// `Gpt::forward`, `cross_entropy` and `backward()` on this device (without autodiff; the
-    /// gradients are taken on its autodiff form).
+    /// gradients are taken on its autodiff form), then Burn's AdamW.
     Autodiff(Device),
-    /// Hand-written forward and backward on the CPU, the batch split over threads.
-    Fused(Box<FusedCpu>),
+    /// Hand-written forward and backward on the CPU, the batch split over threads, and AdamW on
+    /// the same buffers. The [`Gpt`] and the Burn optimizer passed around are brought up to date
+    /// by [`Engine::sync`].
+    Fused {
+        fused: Box<FusedCpu>,
+        adamw: AdamWSettings,
+        /// Whether the weights changed since the last [`Engine::sync`].
+        stale: bool,
+    },
+}
+
+/// What [`Engine::gradients`] produced: Burn gradients for Burn's optimizer, or gradients the
+/// fused engine holds in its buffers.
+pub enum Gradients {
+    Burn(GradientsParams),
+    Held,
 }
 
 impl Engine {
     /// The engine for `backend` (after [`Backend::resolve`]): fused for `Fused`, autodiff
     /// otherwise. An explicit `--backend fused` on a model the fused step does not cover is an
-    /// error; `auto` falls back to autodiff on flex for it.
+    /// error; `auto` falls back to autodiff on flex for it. The fused engine starts from
+    /// `model`'s weights and `optim`'s state (AdamW with `adamw`'s settings).
     pub fn new(
         backend: Backend,
         explicit: bool,
         device: &Device,
-        model: &Gpt,
+        (model, optim): (&Gpt, &ModuleOptimizer),
+        adamw: AdamWSettings,
         threads: usize,
     ) -> Result<Self> {
         let autodiff = Self::Autodiff(device.clone().inner());
         if backend != Backend::Fused {
             return Ok(autodiff);
         }
-        match FusedCpu::new(model, threads) {
-            Ok(fused) => Ok(Self::Fused(Box::new(fused))),
-            Err(e) if explicit => Err(e.into()),
-            Err(_) => Ok(autodiff),
+        let mut fused = match FusedCpu::new(model, threads) {
+            Ok(fused) => fused,
+            Err(e) if explicit => return Err(e.into()),
+            Err(_) => return Ok(autodiff),
+        };
+        fused
+            .load_adamw_state(moments_from_burn(optim)?)
+            .context("optimizer state")?;
+        Ok(Self::Fused {
+            fused: Box::new(fused),
+            adamw,
+            stale: false,
+        })
+    }
+
+    /// Brings `model` and `optim` up to date with the fused engine's weights and AdamW state
+    /// (nothing to do for autodiff, which updates them itself).
+    pub fn sync(&mut self, model: Gpt, optim: &mut ModuleOptimizer) -> Result<Gpt> {
+        match self {
+            Self::Fused { fused, stale, .. } if *stale => {
+                *optim = burn_from_moments(optim, fused.adamw_state())?;
+                *stale = false;
+                Ok(fused.write_weights(model))
+            }
+            _ => Ok(model),
+        }
+    }
+
+    /// One optimizer step along `grads` at learning rate `lr`; returns the updated model (for
+    /// the fused engine, `model` itself: its weights are updated in place, see [`Engine::sync`]).
+    pub fn apply(
+        &mut self,
+        model: Gpt,
+        optim: &mut ModuleOptimizer,
+        grads: Gradients,
+        lr: f64,
+    ) -> Gpt {
+        match (self, grads) {
+            (
+                Self::Fused {
+                    fused,
+                    adamw,
+                    stale,
+                },
+                Gradients::Held,
+            ) => {
+                fused.adamw_step(lr, adamw);
+                *stale = true;
+                model
+            }
+            (_, Gradients::Burn(grads)) => optim.step(lr, model, grads),
+            (Self::Autodiff(_), Gradients::Held) => unreachable!("autodiff never holds gradients"),
         }
     }
 
@@ -46,7 +114,7 @@ impl Engine {
     pub fn describe(&self, threads: usize) -> String {
         match self {
             Self::Autodiff(_) => "Burn autodiff".into(),
-            Self::Fused(_) => format!("fused CPU step on {threads} threads"),
+            Self::Fused { .. } => format!("fused CPU step and AdamW on {threads} threads"),
         }
     }
 
@@ -59,13 +127,10 @@ impl Engine {
             })
             .into_iter()
             .collect(),
-            Self::Fused(fused) => {
-                fused.read_weights(model);
-                batches
-                    .iter()
-                    .map(|batch| Ok(fused.loss(token_batch(batch))?))
-                    .collect()
-            }
+            Self::Fused { fused, .. } => batches
+                .iter()
+                .map(|batch| Ok(fused.loss(token_batch(batch))?))
+                .collect(),
         }
     }
 
@@ -79,7 +144,7 @@ impl Engine {
         batches: &[Batch],
         dropout_seed: u64,
         grad_clip: f64,
-    ) -> Result<(GradientsParams, f64)> {
+    ) -> Result<(Gradients, f64)> {
         let n = batches.len() as f64;
         match self {
             Self::Autodiff(device) => {
@@ -100,10 +165,9 @@ impl Engine {
                 if grad_clip > 0.0 {
                     clip_global_norm(model, &mut grads, grad_clip);
                 }
-                Ok((grads, loss_sum.into_scalar::<f32>() as f64))
+                Ok((Gradients::Burn(grads), loss_sum.into_scalar::<f32>() as f64))
             }
-            Self::Fused(fused) => {
-                fused.read_weights(model);
+            Self::Fused { fused, .. } => {
                 let mut loss = 0.0;
                 for (k, batch) in batches.iter().enumerate() {
                     let seed = crate::data::mix(dropout_seed, k, 0);
@@ -112,7 +176,7 @@ impl Engine {
                 if grad_clip > 0.0 {
                     fused.clip_grad_norm(grad_clip);
                 }
-                Ok((fused.take_gradients(model), loss))
+                Ok((Gradients::Held, loss))
             }
         }
     }
@@ -205,4 +269,71 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
     if scale < 1.0 {
         model.visit(&mut Scale(grads, scale as f32));
     }
+}
+
+/// AdamW's state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own
+/// serialisation: for each parameter `{id}.momentum.moment_1`, `.moment_2` and the scalar
+/// `{id}.momentum.time`. Empty before the first step.
+fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
+    let bytes = optim
+        .into_bytes()
+        .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
+    let reader = burn_pack::Reader::from_bytes(bytes)?;
+    let times = reader.scalars().clone();
+    let mut moments: std::collections::BTreeMap<u64, MomentState> = Default::default();
+    for tensor in reader.into_tensors()? {
+        let (name, dtype, shape, param_id, bytes) = tensor.into_parts()?;
+        let id = param_id.context("an optimizer tensor without a parameter id")?;
+        let data = TensorData::from_bytes(bytes, shape, dtype);
+        let shape = data.shape().to_vec();
+        let values = data
+            .try_to_vec::<f32>()
+            .map_err(|e| anyhow::anyhow!("optimizer tensor {name}: {e:?}"))?;
+        let time = times
+            .get(&format!("{id}.momentum.time"))
+            .and_then(|t| usize::try_from(*t).ok())
+            .with_context(|| format!("no step count for parameter {id}"))?;
+        let state = moments.entry(id).or_insert_with(|| MomentState {
+            id: ParamId::from(id),
+            shape,
+            time,
+            moment_1: Vec::new(),
+            moment_2: Vec::new(),
+        });
+        match name.rsplit('.').next() {
+            Some("moment_1") => state.moment_1 = values,
+            Some("moment_2") => state.moment_2 = values,
+            _ => anyhow::bail!("unexpected optimizer tensor {name} (not AdamW's state)"),
+        }
+    }
+    Ok(moments.into_values().collect())
+}
+
+/// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
+/// serialisation of AdamW's state, the names [`moments_from_burn`] reads.
+fn burn_from_moments(
+    template: &ModuleOptimizer,
+    states: Vec<MomentState>,
+) -> Result<ModuleOptimizer> {
+    let mut tensors = Vec::new();
+    let mut scalars = Vec::new();
+    for state in states {
+        let id = state.id.val();
+        for (leaf, values) in [("moment_1", state.moment_1), ("moment_2", state.moment_2)] {
+            let (bytes, shape, dtype) = TensorData::new(values, state.shape.clone()).into_parts();
+            let name = format!("{id}.momentum.{leaf}");
+            tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+        }
+        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
+        scalars.push((format!("{id}.momentum.time"), state.time as u64));
+    }
+    let mut writer = burn_pack::Writer::new(tensors);
+    for (key, value) in &scalars {
+        writer = writer.with_scalar(key, burn_pack::Scalar::UInt(*value));
+    }
+    let bytes: Bytes = writer.into_bytes()?;
+    template
+        .clone()
+        .from_bytes(bytes)
+        .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
 }

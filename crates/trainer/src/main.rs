@@ -233,6 +233,13 @@ enum Preset {
 }
 
 fn main() -> ExitCode {
+    // Burn creates a loaded optimizer state on its default device, which is wgpu when compiled
+    // in: resuming a CPU run would start a GPU driver (~90 MiB) or fail without one. Flex as the
+    // default avoids that; Burn moves the state to the model's device at its first step.
+    if std::env::var_os("BURN_DEVICE").is_none() {
+        // SAFETY: no other thread exists yet to read the environment concurrently.
+        unsafe { std::env::set_var("BURN_DEVICE", "flex") };
+    }
     // A bug must still end in one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         let message = info

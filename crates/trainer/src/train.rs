@@ -16,7 +16,7 @@ use burn::module::{Module, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Bytes, Device};
 use indicatif::{ProgressBar, ProgressStyle};
-use tinygpt_model::Gpt;
+use tinygpt_model::{AdamWSettings, Gpt};
 
 use crate::backend::{Backend, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
@@ -182,7 +182,8 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         backend,
         args.backend == Backend::Fused,
         &device,
-        &model,
+        (&model, &optim),
+        adamw_settings(&config, &model),
         threads,
     )?;
     let tokens_per_step = (t.batch_size * config.model.block_size * t.grad_accum) as u64;
@@ -217,6 +218,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         let step = state.step;
         if step % t.eval_interval == 0 || step == t.max_iters {
             let eval_start = Instant::now();
+            model = engine.sync(model, &mut optim)?;
             let (train_loss, val_loss) =
                 estimate_loss(&model.valid(), &mut engine, &data, &config, step)?;
             eval_time += eval_start.elapsed();
@@ -264,6 +266,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<Outcome> {
         if stop.load(Ordering::SeqCst) || over_time {
             interrupted = true;
             state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+            model = engine.sync(model, &mut optim)?;
             save_last(&run, &model, &optim, &state)?;
             say(
                 &progress,
@@ -357,7 +360,7 @@ pub(crate) fn train_step(
             "the loss became {loss} at step {step}: lower train.learning_rate or set train.grad_clip"
         );
     }
-    Ok((optim.step(lr, model, grads), loss))
+    Ok((engine.apply(model, optim, grads, lr), loss))
 }
 
 /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their own
@@ -383,6 +386,21 @@ fn estimate_loss(
     Ok((means[0], means[1]))
 }
 
+/// The settings of [`optimizer`], for the fused engine's AdamW.
+pub(crate) fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
+    let t = &config.train;
+    AdamWSettings {
+        beta_1: t.beta1 as f32,
+        beta_2: t.beta2 as f32,
+        epsilon: ADAMW_EPSILON,
+        weight_decay: t.weight_decay as f32,
+        decayed: model.decayed_param_ids(),
+    }
+}
+
+/// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
+const ADAMW_EPSILON: f32 = 1e-8;
+
 /// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains.
 pub(crate) fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
     let t = &config.train;
@@ -390,7 +408,7 @@ pub(crate) fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
         AdamWConfig::new()
             .with_beta_1(t.beta1 as f32)
             .with_beta_2(t.beta2 as f32)
-            .with_epsilon(1e-8)
+            .with_epsilon(ADAMW_EPSILON)
             .with_weight_decay(weight_decay as f32)
     };
     let decayed = model.decayed_param_ids();

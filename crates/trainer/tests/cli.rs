@@ -285,6 +285,49 @@ fn resumed_run_equals_uninterrupted_run() {
     }
 }
 
+/// The fused step keeps AdamW's moments in its own buffers and saves them in Burn's format:
+/// a fused run resumed on flex follows the uninterrupted fused run to float rounding (the two
+/// compute gradients in different orders), and vice versa.
+#[test]
+fn runs_resume_across_the_fused_and_autodiff_engines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let schedule = [
+        "--set",
+        "train.lr_decay_iters=20",
+        "--set",
+        "train.eval_interval=10",
+    ];
+    let whole = [&["--max-iters", "20"][..], &schedule].concat();
+    ok(train_on(dir, "whole", "fused", &whole));
+    let half = [&["--max-iters", "10"][..], &schedule].concat();
+    for (first, then) in [("fused", "flex"), ("flex", "fused")] {
+        let out = format!("{first}-then-{then}");
+        ok(train_on(dir, &out, first, &half));
+        ok(tinygpt(
+            dir,
+            &[
+                "train",
+                "--resume",
+                "--out",
+                &out,
+                "--max-iters",
+                "20",
+                "--backend",
+                then,
+            ],
+        ));
+        let (want, got) = (metrics(&dir.join("whole")), metrics(&dir.join(&out)));
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            assert!(
+                (w.1 - g.1).abs() < 1e-4 && (w.2 - g.2).abs() < 1e-4,
+                "{out}: {w:?} vs {g:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_backend_starts_from_the_same_loss() {
     let tmp = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@
 //!
 //! [`cross_entropy`]: crate::cross_entropy
 
+mod adamw;
 mod attention;
 mod cross_entropy;
 mod decode;
@@ -25,12 +26,15 @@ mod matmul;
 mod params;
 mod workspace;
 
+use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use thiserror::Error;
 
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
 use crate::loss::IGNORE_INDEX;
+use adamw::Moments;
+pub use adamw::{AdamWSettings, MomentState};
 pub use decode::FusedDecoder;
 use params::Params;
 use workspace::{Job, Workspace};
@@ -50,6 +54,8 @@ pub enum FusedError {
         batch: usize,
         seq: usize,
     },
+    #[error("the optimizer state does not fit this model: {0}")]
+    OptimizerState(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -105,11 +111,24 @@ impl Dims {
 /// let loss = fused.accumulate(batch, 1.0, Some(seed))?;
 /// let grads = fused.take_gradients(&model);   // Burn GradientsParams for the optimizer
 /// ```
+///
+/// or, keeping the weights and AdamW's moments here between steps (no copies to and from Burn):
+///
+/// ```text
+/// fused.accumulate(batch, 1.0, Some(seed))?;
+/// fused.adamw_step(lr, &settings);
+/// let model = fused.write_weights(model);     // when Burn needs them: checkpoints, sampling
+/// let state = fused.adamw_state();            // the optimizer's state, as Burn's AdamW keeps it
+/// ```
 #[derive(Debug)]
 pub struct FusedCpu {
     dims: Dims,
     weights: Params,
     grads: Params,
+    /// Each slot's parameter id and shape (`None` = absent), as in the model read.
+    layout: Vec<Option<(ParamId, Vec<usize>)>>,
+    /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
+    moments: Option<Moments>,
     work: Vec<Workspace>,
 }
 
@@ -126,6 +145,8 @@ impl FusedCpu {
             dims,
             weights,
             grads,
+            layout: params::layout(gpt),
+            moments: None,
             work,
         })
     }
@@ -133,6 +154,89 @@ impl FusedCpu {
     /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.
     pub fn read_weights(&mut self, gpt: &Gpt) {
         self.weights = Params::read(gpt);
+    }
+
+    /// `gpt` (the model this was created from, or one with the same parameter ids) with the
+    /// weights held here.
+    pub fn write_weights(&self, gpt: Gpt) -> Gpt {
+        self.weights.write(gpt)
+    }
+
+    /// One AdamW step on the held weights along the held gradients (Burn's `AdamW` arithmetic,
+    /// bit for bit), then the gradients are reset to zero.
+    pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
+        let weights = &mut self.weights;
+        let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
+        let ids: Vec<Option<ParamId>> = self
+            .layout
+            .iter()
+            .map(|e| e.as_ref().map(|e| e.0))
+            .collect();
+        moments.step(weights, &self.grads, &ids, settings, lr);
+        self.grads.zero_like(&self.weights);
+    }
+
+    /// AdamW's state of every parameter (empty before the first step).
+    pub fn adamw_state(&self) -> Vec<MomentState> {
+        let Some(moments) = &self.moments else {
+            return Vec::new();
+        };
+        let slots = self
+            .layout
+            .iter()
+            .zip(moments.m.slots().into_iter().zip(moments.v.slots()))
+            .zip(&moments.time);
+        slots
+            .filter_map(|((entry, (m, v)), &time)| {
+                let (id, shape) = entry.clone()?;
+                Some(MomentState {
+                    id,
+                    shape,
+                    time,
+                    moment_1: m.clone(),
+                    moment_2: v.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter.
+    pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
+        if states.is_empty() {
+            self.moments = None;
+            return Ok(());
+        }
+        let mut by_id: std::collections::HashMap<ParamId, MomentState> =
+            states.into_iter().map(|s| (s.id, s)).collect();
+        let mut moments = Moments::zeros(&self.weights);
+        let slots = self
+            .layout
+            .iter()
+            .zip(moments.m.slots_mut().into_iter().zip(moments.v.slots_mut()))
+            .zip(&mut moments.time);
+        for ((entry, (m, v)), time) in slots {
+            let Some((id, _)) = entry else { continue };
+            let state = by_id.remove(id).ok_or_else(|| {
+                FusedError::OptimizerState(format!("no state for parameter {id}"))
+            })?;
+            if state.moment_1.len() != m.len() || state.moment_2.len() != v.len() {
+                return Err(FusedError::OptimizerState(format!(
+                    "parameter {id} has {} values, its state {}",
+                    m.len(),
+                    state.moment_1.len()
+                )));
+            }
+            *m = state.moment_1;
+            *v = state.moment_2;
+            *time = state.time;
+        }
+        if let Some(id) = by_id.keys().next() {
+            return Err(FusedError::OptimizerState(format!(
+                "state for parameter {id}, which the model does not have"
+            )));
+        }
+        self.moments = Some(moments);
+        Ok(())
     }
 
     /// The mean loss over the kept targets of `batch`, without gradients or dropout (evaluation).

@@ -1,7 +1,9 @@
 //! The model's parameters as flat `f32` buffers, read from a [`Gpt`] and written back as
 //! gradients keyed by the same [`ParamId`]s.
 
-use burn::module::{Param, ParamId};
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -110,14 +112,50 @@ macro_rules! slots {
     }};
 }
 
+/// Each slot's parameter id and shape (`None` where absent), in [`Params::slots`] order.
+pub(crate) fn layout(gpt: &Gpt) -> Vec<Option<(ParamId, Vec<usize>)>> {
+    entries(gpt)
+        .into_iter()
+        .map(|e| e.map(|e| (e.id, e.shape)))
+        .collect()
+}
+
 impl Params {
     /// The buffers in the order [`entries`] lists the model's parameters.
-    fn slots(&self) -> Vec<&Vec<f32>> {
+    pub(crate) fn slots(&self) -> Vec<&Vec<f32>> {
         slots!(self,)
     }
 
-    fn slots_mut(&mut self) -> Vec<&mut Vec<f32>> {
+    pub(crate) fn slots_mut(&mut self) -> Vec<&mut Vec<f32>> {
         slots!(self, mut)
+    }
+
+    /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept).
+    pub(crate) fn write(&self, gpt: Gpt) -> Gpt {
+        struct Write(HashMap<ParamId, Vec<f32>>);
+        impl ModuleMapper for Write {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let Some(values) = self.0.remove(&param.id) else {
+                    return param;
+                };
+                param.map(|tensor| {
+                    let data = TensorData::new(values, tensor.shape());
+                    let new = Tensor::from_data(data, &tensor.device());
+                    if tensor.is_require_grad() {
+                        new.require_grad()
+                    } else {
+                        new
+                    }
+                })
+            }
+        }
+        let values = self
+            .slots()
+            .into_iter()
+            .zip(layout(&gpt))
+            .filter_map(|(slot, entry)| entry.map(|(id, _)| (id, slot.clone())))
+            .collect();
+        gpt.map(&mut Write(values))
     }
 
     /// Copies the model's current values (one host read per parameter).

@@ -1,0 +1,107 @@
+//! AdamW on the flat buffers, the same arithmetic as Burn's `AdamW` (so a run can move between
+//! the two and resume bit for bit): Burn spends a dozen whole-tensor ops, each a pass over
+//! memory with an allocation, per parameter; here it is one loop.
+
+use burn::module::ParamId;
+
+use super::fast_math::vectorized;
+use super::params::Params;
+
+/// AdamW's settings, as Burn's `AdamWConfig` takes them, and which parameters decay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamWSettings {
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub epsilon: f32,
+    pub weight_decay: f32,
+    /// The parameters weight decay applies to (nanoGPT: the matrices); the others get none.
+    pub decayed: Vec<ParamId>,
+}
+
+/// One parameter's AdamW state, as Burn keeps it: steps taken and the two moments (flat).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MomentState {
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+    pub time: usize,
+    pub moment_1: Vec<f32>,
+    pub moment_2: Vec<f32>,
+}
+
+/// The moments of every parameter, slot by slot as [`Params`] orders them.
+#[derive(Debug, Default)]
+pub(crate) struct Moments {
+    pub m: Params,
+    pub v: Params,
+    /// Steps taken, per slot (Burn counts per parameter).
+    pub time: Vec<usize>,
+}
+
+impl Moments {
+    /// Zero moments and no steps, shaped like `weights` (Burn's state before the first step).
+    pub(crate) fn zeros(weights: &Params) -> Self {
+        let mut moments = Self::default();
+        moments.m.zero_like(weights);
+        moments.v.zero_like(weights);
+        moments.time = vec![0; weights.slots().len()];
+        moments
+    }
+
+    /// One AdamW step of `weights` along `grads` at learning rate `lr`. `ids` names each slot
+    /// (`None` = absent parameter).
+    pub(crate) fn step(
+        &mut self,
+        weights: &mut Params,
+        grads: &Params,
+        ids: &[Option<ParamId>],
+        settings: &AdamWSettings,
+        lr: f64,
+    ) {
+        let slots = weights
+            .slots_mut()
+            .into_iter()
+            .zip(grads.slots())
+            .zip(self.m.slots_mut())
+            .zip(self.v.slots_mut())
+            .zip(self.time.iter_mut().zip(ids));
+        for ((((w, g), m), v), (time, id)) in slots {
+            let Some(id) = id else { continue };
+            *time += 1;
+            let t = *time as i32;
+            let decay = if settings.decayed.contains(id) {
+                lr * settings.weight_decay as f64
+            } else {
+                0.0
+            };
+            let s = settings;
+            // Burn's order of operations, each rounded to f32 where Burn's ops round.
+            let scalars = [
+                s.beta_1,
+                1.0 - s.beta_1,
+                s.beta_2,
+                1.0 - s.beta_2,
+                1.0 - s.beta_1.powi(t),
+                1.0 - s.beta_2.powi(t),
+                s.epsilon,
+                (1.0 - decay) as f32,
+                lr as f32,
+            ];
+            update(w, g, m, v, &scalars, decay != 0.0);
+        }
+    }
+}
+
+vectorized! {
+    /// `m = β1·m + (1-β1)·g`, `v = β2·v + (1-β2)·g²`, `w = w·(1 - lr·wd) - lr · (m/c1) /
+    /// (√(v/c2) + ε)` with `c = 1 - β^t`; `s` holds those scalars in that order.
+    fn update(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &[f32; 9], decay: bool) {
+        let [b1, f1, b2, f2, c1, c2, eps, keep, lr] = *s;
+        for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *m = *m * b1 + g * f1;
+            *v = *v * b2 + g * g * f2;
+            let delta = (*m / c1) / ((*v / c2).sqrt() + eps);
+            let decayed = if decay { *w * keep } else { *w };
+            *w = decayed - delta * lr;
+        }
+    }
+}

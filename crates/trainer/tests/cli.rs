@@ -242,6 +242,23 @@ fn train_info_generate_eval() {
     assert!(eval.contains("validation split"), "{eval}");
 }
 
+/// `train --resume` of the run `out` up to step 20 on `backend`; returns its log.
+fn resume_to_20(dir: &Path, out: &str, backend: &str) -> String {
+    ok(tinygpt(
+        dir,
+        &[
+            "train",
+            "--resume",
+            "--out",
+            out,
+            "--max-iters",
+            "20",
+            "--backend",
+            backend,
+        ],
+    ))
+}
+
 #[test]
 fn resumed_run_equals_uninterrupted_run() {
     // The fused step with dropout on: its masks come from (seed, step), not from saved state.
@@ -261,19 +278,7 @@ fn resumed_run_equals_uninterrupted_run() {
         ok(train_on(dir, "whole", backend, &whole));
         let half = [&["--max-iters", "10"][..], &schedule].concat();
         ok(train_on(dir, "halves", backend, &half));
-        let log = ok(tinygpt(
-            dir,
-            &[
-                "train",
-                "--resume",
-                "--out",
-                "halves",
-                "--max-iters",
-                "20",
-                "--backend",
-                backend,
-            ],
-        ));
+        let log = resume_to_20(dir, "halves", backend);
         assert!(log.contains("resuming at step 10 of 20"), "{log}");
         let (whole, halves) = (dir.join("whole"), dir.join("halves"));
         assert_eq!(metrics(&whole), metrics(&halves), "{backend}");
@@ -304,19 +309,7 @@ fn runs_resume_across_the_fused_and_autodiff_engines() {
     for (first, then) in [("fused", "flex"), ("flex", "fused")] {
         let out = format!("{first}-then-{then}");
         ok(train_on(dir, &out, first, &half));
-        ok(tinygpt(
-            dir,
-            &[
-                "train",
-                "--resume",
-                "--out",
-                &out,
-                "--max-iters",
-                "20",
-                "--backend",
-                then,
-            ],
-        ));
+        resume_to_20(dir, &out, then);
         let (want, got) = (metrics(&dir.join("whole")), metrics(&dir.join(&out)));
         assert_eq!(want.len(), got.len());
         for (w, g) in want.iter().zip(&got) {

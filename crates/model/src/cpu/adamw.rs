@@ -47,13 +47,13 @@ impl Moments {
         moments
     }
 
-    /// One AdamW step of `weights` along `grads` at learning rate `lr`. `ids` names each slot
-    /// (`None` = absent parameter).
+    /// One AdamW step of `weights` along `grads` at learning rate `lr`. `layout` names each
+    /// slot (`None` = absent parameter).
     pub(crate) fn step(
         &mut self,
         weights: &mut Params,
         grads: &Params,
-        ids: &[Option<ParamId>],
+        layout: &[Option<(ParamId, Vec<usize>)>],
         settings: &AdamWSettings,
         lr: f64,
     ) {
@@ -63,9 +63,9 @@ impl Moments {
             .zip(grads.slots())
             .zip(self.m.slots_mut())
             .zip(self.v.slots_mut())
-            .zip(self.time.iter_mut().zip(ids));
-        for ((((w, g), m), v), (time, id)) in slots {
-            let Some(id) = id else { continue };
+            .zip(self.time.iter_mut().zip(layout));
+        for ((((w, g), m), v), (time, entry)) in slots {
+            let Some((id, _)) = entry else { continue };
             *time += 1;
             let t = *time as i32;
             let decay = if settings.decayed.contains(id) {

@@ -167,12 +167,7 @@ impl FusedCpu {
     pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
         let weights = &mut self.weights;
         let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
-        let ids: Vec<Option<ParamId>> = self
-            .layout
-            .iter()
-            .map(|e| e.as_ref().map(|e| e.0))
-            .collect();
-        moments.step(weights, &self.grads, &ids, settings, lr);
+        moments.step(weights, &self.grads, &self.layout, settings, lr);
         self.grads.zero_like(&self.weights);
     }
 

@@ -401,23 +401,23 @@ pub(crate) fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
 /// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
 const ADAMW_EPSILON: f32 = 1e-8;
 
-/// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains.
+/// AdamW with nanoGPT's two groups: weight decay on 2-D weights, none on biases and gains
+/// ([`adamw_settings`], in Burn's optimizer).
 pub(crate) fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
-    let t = &config.train;
-    let adamw = |weight_decay: f64| {
+    let s = adamw_settings(config, model);
+    let adamw = |weight_decay: f32| {
         AdamWConfig::new()
-            .with_beta_1(t.beta1 as f32)
-            .with_beta_2(t.beta2 as f32)
-            .with_epsilon(ADAMW_EPSILON)
-            .with_weight_decay(weight_decay as f32)
+            .with_beta_1(s.beta_1)
+            .with_beta_2(s.beta_2)
+            .with_epsilon(s.epsilon)
+            .with_weight_decay(weight_decay)
     };
-    let decayed = model.decayed_param_ids();
     let undecayed: Vec<ParamId> = checkpoint::param_ids(model)
         .into_iter()
         .map(ParamId::from)
-        .filter(|id| !decayed.contains(id))
+        .filter(|id| !s.decayed.contains(id))
         .collect();
-    adamw(t.weight_decay).init().with_group(
+    adamw(s.weight_decay).init().with_group(
         ParamGroup::from_ids(undecayed),
         adamw(0.0).build(),
         None,

@@ -242,6 +242,15 @@ fn train_info_generate_eval() {
     assert!(eval.contains("validation split"), "{eval}");
 }
 
+/// For runs stopped at step 10 and resumed to 20: the schedule must not depend on max_iters
+/// for the two halves to match the whole.
+const RESUME_SCHEDULE: [&str; 4] = [
+    "--set",
+    "train.lr_decay_iters=20",
+    "--set",
+    "train.eval_interval=10",
+];
+
 /// `train --resume` of the run `out` up to step 20 on `backend`; returns its log.
 fn resume_to_20(dir: &Path, out: &str, backend: &str) -> String {
     ok(tinygpt(
@@ -265,15 +274,8 @@ fn resumed_run_equals_uninterrupted_run() {
     for (backend, dropout) in [("flex", "0.0"), ("fused", "0.1")] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        // The schedule must not depend on max_iters for the two halves to match the whole.
-        let schedule = [
-            "--set",
-            "train.lr_decay_iters=20",
-            "--set",
-            "train.eval_interval=10",
-            "--set",
-            &format!("model.dropout={dropout}"),
-        ];
+        let dropout = format!("model.dropout={dropout}");
+        let schedule = [&RESUME_SCHEDULE[..], &["--set", &dropout]].concat();
         let whole = [&["--max-iters", "20"][..], &schedule].concat();
         ok(train_on(dir, "whole", backend, &whole));
         let half = [&["--max-iters", "10"][..], &schedule].concat();
@@ -297,12 +299,7 @@ fn resumed_run_equals_uninterrupted_run() {
 fn runs_resume_across_the_fused_and_autodiff_engines() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let schedule = [
-        "--set",
-        "train.lr_decay_iters=20",
-        "--set",
-        "train.eval_interval=10",
-    ];
+    let schedule = RESUME_SCHEDULE;
     let whole = [&["--max-iters", "20"][..], &schedule].concat();
     ok(train_on(dir, "whole", "fused", &whole));
     let half = [&["--max-iters", "10"][..], &schedule].concat();

@@ -108,10 +108,7 @@ impl FusedDecoder {
         self.act.resize(rows * 4 * c, 0.0);
         let w = &self.weights;
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
-            let (te, pe) = (tok as usize * c, (past + r) * c);
-            for ((x, a), b) in x.iter_mut().zip(&w.wte[te..te + c]).zip(&w.wpe[pe..pe + c]) {
-                *x = a + b;
-            }
+            w.embed(x, tok as usize, past + r);
         }
         for (l, p) in w.blocks.iter().enumerate() {
             let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);

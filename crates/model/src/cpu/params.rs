@@ -130,6 +130,19 @@ impl Params {
         slots!(self, mut)
     }
 
+    /// `out [width] = wte[token] + wpe[position]`: one token's input to the first block.
+    pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize) {
+        let c = out.len();
+        let (te, pe) = (token * c, position * c);
+        for ((x, a), b) in out
+            .iter_mut()
+            .zip(&self.wte[te..te + c])
+            .zip(&self.wpe[pe..pe + c])
+        {
+            *x = a + b;
+        }
+    }
+
     /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept).
     pub(crate) fn write(&self, gpt: Gpt) -> Gpt {
         struct Write(HashMap<ParamId, Vec<f32>>);

@@ -181,14 +181,7 @@ impl Workspace {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
         // Token + position embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
-            let (te, pe) = (tok as usize * c, (r % seq) * c);
-            for ((x, a), b) in row
-                .iter_mut()
-                .zip(&w.wte[te..te + c])
-                .zip(&w.wpe[pe..pe + c])
-            {
-                *x = a + b;
-            }
+            w.embed(row, tok as usize, r % seq);
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {

@@ -1,4 +1,4 @@
-//! `cargo bench -p tinygpt-attention`: forward + backward of the explicit and fused attention
+//! `cargo bench -p tinygpt-attention`: forward + backward of the explicit and SDPA attention
 //! paths, and inference forward, at nanoGPT's baby (12×64, d 128, 4 heads) and
 //! shakespeare-char (64×256, d 384, 6 heads) shapes, on the flex and ndarray CPU backends.
 
@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
                 .measurement_time(Duration::from_secs(20));
         }
         for (backend, device) in backends() {
-            for kernel in [AttentionKernel::Explicit, AttentionKernel::Fused] {
+            for kernel in [AttentionKernel::Explicit, AttentionKernel::Sdpa] {
                 let config = CausalSelfAttentionConfig::new(shape.d_model, shape.heads, shape.seq)
                     .with_kernel(kernel);
                 let id = format!("{backend}/{kernel:?}");

@@ -66,10 +66,10 @@ impl CausalSelfAttention {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
         let heads = self.heads(x);
-        let y = if self.use_fused(&heads.q.device(), key_padding.is_some()) {
+        let y = if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, Some(padding)));
             let is_causal = mask.is_none();
-            fused(heads, mask, is_causal)
+            sdpa(heads, mask, is_causal)
         } else {
             let padded = key_padding.is_some();
             let mask = self.mask(batch, seq, 0, key_padding);
@@ -116,8 +116,8 @@ impl CausalSelfAttention {
         let heads = Heads { q, k, v };
         // One new token may see every cached key: no mask at all.
         let mask = (new > 1).then(|| self.mask(batch, new, past, None));
-        let y = if self.use_fused(&heads.q.device(), false) && mask.is_none() {
-            fused(heads, None, false)
+        let y = if self.use_sdpa(&heads.q.device(), false) && mask.is_none() {
+            sdpa(heads, None, false)
         } else {
             self.explicit(heads, mask, false).0
         };
@@ -152,12 +152,12 @@ impl CausalSelfAttention {
             && device.is_autodiff()
     }
 
-    /// Whether this call may take the fused kernel (see [`AttentionKernel`]).
-    fn use_fused(&self, device: &Device, padded: bool) -> bool {
+    /// Whether this call may take Burn's SDPA op (see [`AttentionKernel`]).
+    fn use_sdpa(&self, device: &Device, padded: bool) -> bool {
         match self.kernel {
             AttentionKernel::Explicit => false,
-            AttentionKernel::Fused => !self.dropout_active(device),
-            // Under autodiff the fused op was slower than the explicit one on CPU, and padding
+            AttentionKernel::Sdpa => !self.dropout_active(device),
+            // Under autodiff the SDPA op was slower than the explicit one on CPU, and padding
             // needs a materialised mask anyway.
             AttentionKernel::Auto => !device.is_autodiff() && !padded,
         }
@@ -211,7 +211,7 @@ impl CausalSelfAttention {
         }
     }
 
-    /// The attention core as the seeds write it. Returns the output `[batch, heads, seq, d_head]`
+    /// The attention core written out, op by op, as the classic notebook presentation does. Returns the output `[batch, heads, seq, d_head]`
     /// and the weights `[batch, heads, seq, keys]` (before dropout).
     ///
     /// `zero_hidden`: after the softmax, set hidden weights to exactly 0. Needed with padding: a
@@ -237,8 +237,8 @@ impl CausalSelfAttention {
     }
 }
 
-/// Burn's fused attention: `mask` (`true` = hidden) and/or its built-in causal mask.
-fn fused(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>, is_causal: bool) -> Tensor<4> {
+/// Burn's scaled dot-product attention op (PyTorch's `scaled_dot_product_attention`): `mask` (`true` = hidden) and/or its built-in causal mask.
+fn sdpa(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>, is_causal: bool) -> Tensor<4> {
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,

@@ -10,7 +10,7 @@ use crate::error::AttentionConfigError;
 /// Which implementation computes `softmax(QKᵀ/√d + mask) · V`.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// Per call: [`Fused`](AttentionKernel::Fused) when it gives the same result and is faster
+    /// Per call: [`Sdpa`](AttentionKernel::Sdpa) when it gives the same result and is faster
     /// (inference without padding, weights or dropout), otherwise
     /// [`Explicit`](AttentionKernel::Explicit).
     Auto,
@@ -21,7 +21,7 @@ pub enum AttentionKernel {
     /// Burn's `burn::tensor::module::attention` with `is_causal: true`; backends may run a
     /// flash-attention kernel. No dropout and no weights; an active dropout falls back to
     /// [`Explicit`](AttentionKernel::Explicit).
-    Fused,
+    Sdpa,
 }
 
 /// Configuration to create a [`CausalSelfAttention`] layer with [`init`](Self::init).

@@ -24,8 +24,8 @@
 //!   attention weights during training, weights returned for inspection
 //!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`].
 //! - Two implementations of the core ([`AttentionKernel`]): the explicit one written out as
-//!   above, and Burn's fused `attention` op, chosen per call.
-//! - The seeds' building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
+//!   above, and Burn's scaled dot-product attention op (`sdpa`), chosen per call.
+//! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
 //!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
 //!
 //! Shapes use `batch` (independent sequences), `seq` (tokens), `heads`, `d_model` (the

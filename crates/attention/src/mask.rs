@@ -18,13 +18,13 @@
 //!   exactly the first method's weights. It does more work and leaks nothing, but its first
 //!   softmax is wasted, which is why real models use the first method.
 //!
-//! Why a large negative number and not `-inf` (the seeds use both)? `exp(-inf) = 0` too, but any
+//! Why a large negative number and not `-inf` (tutorials use both)? `exp(-inf) = 0` too, but any
 //! arithmetic that meets `-inf` twice is `NaN`: a row whose keys are all hidden (padding) gives
 //! `-inf - (-inf)` in the softmax's max-subtraction, and backward passes multiply by the scores'
 //! neighbours (`0 · inf`). In a probe under Burn's autodiff, `-inf` scores gave a `NaN` loss within
 //! 30 optimisation steps. `-1e9` has the same effect on the weights and keeps every number finite.
 //!
-//! A trap from the seeds: `tril(scores)` followed by "fill every zero with -inf" also hides a
+//! A common trap: `tril(scores)` followed by "fill every zero with -inf" also hides a
 //! *visible* score that happens to be exactly 0. Build the mask from positions, never from values.
 
 use burn::tensor::activation::softmax;

@@ -39,6 +39,15 @@ fn assert_close(a: &[f32], b: &[f32], tol: f64, what: &str) {
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
+/// Weights and inputs come from the backends' generators, which every test thread shares: a
+/// test holds this lock and seeds its device first, so its numbers are the same on every run.
+fn seeded(device: &Device) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    device.seed(20261122);
+    guard
+}
+
 fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
 }
@@ -231,12 +240,12 @@ fn padding_mask(device: &Device) {
     let flat_pad: Vec<bool> = pad_rows.iter().flat_map(|r| r.iter().copied()).collect();
     let expect = reference(&layer, &values(x.clone()), [2, seq, d], Some(&flat_pad));
     assert_close(&y, &expect, 1e-5, "padded explicit vs f64 reference");
-    let fused = values(
-        with_kernel(&layer, AttentionKernel::Fused)
+    let sdpa = values(
+        with_kernel(&layer, AttentionKernel::Sdpa)
             .forward(x, Some(pad))
             .unwrap(),
     );
-    assert_close(&fused, &expect, 1e-5, "padded fused vs f64 reference");
+    assert_close(&sdpa, &expect, 1e-5, "padded SDPA vs f64 reference");
 }
 
 /// Weights for inspection: `[batch, heads, seq, seq]`, rows sum to 1, zeros above the diagonal.
@@ -284,15 +293,15 @@ fn two_masking_methods_agree(device: &Device) {
     );
 }
 
-/// fused == explicit == f64 reference, on fresh random inputs, under Auto too.
-fn fused_explicit_reference_agree(device: &Device) {
+/// SDPA == explicit == f64 reference, on fresh random inputs, under Auto too.
+fn sdpa_explicit_reference_agree(device: &Device) {
     let layer = layer(48, 6, 32, device);
     let dims = [3, 20, 48];
     let x = random(dims, device);
     let expect = reference(&layer, &values(x.clone()), dims, None);
     for kernel in [
         AttentionKernel::Explicit,
-        AttentionKernel::Fused,
+        AttentionKernel::Sdpa,
         AttentionKernel::Auto,
     ] {
         let got = values(
@@ -318,7 +327,7 @@ fn kv_cache_matches_full_forward(device: &Device) {
     for kernel in [
         AttentionKernel::Auto,
         AttentionKernel::Explicit,
-        AttentionKernel::Fused,
+        AttentionKernel::Sdpa,
     ] {
         let layer = with_kernel(&layer, kernel);
         for pieces in [&[1usize; 12][..], &[3, 1, 5, 1, 2][..]] {
@@ -498,6 +507,7 @@ macro_rules! backend_tests {
             use super::*;
             fn run(check: fn(&Device)) {
                 if let Some(device) = $device {
+                    let _seeded = super::seeded(&device);
                     check(&device);
                 }
             }
@@ -522,8 +532,8 @@ macro_rules! backend_tests {
                 run(super::two_masking_methods_agree)
             }
             #[test]
-            fn fused_explicit_reference_agree() {
-                run(super::fused_explicit_reference_agree)
+            fn sdpa_explicit_reference_agree() {
+                run(super::sdpa_explicit_reference_agree)
             }
             #[test]
             fn kv_cache_matches_full_forward() {

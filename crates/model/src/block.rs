@@ -2,11 +2,11 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, Linear};
-use burn::tensor::activation::gelu;
+use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
 
-use crate::config::GptConfig;
+use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
 
 /// GPT-2's MLP: `d -> 4d`, GELU, `4d -> d`, dropout.
@@ -15,13 +15,19 @@ pub struct Mlp {
     pub c_fc: Linear,
     pub c_proj: Linear,
     pub dropout: Dropout,
+    #[module(skip)]
+    pub activation: Activation,
 }
 
 impl Mlp {
     /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.dropout
-            .forward(self.c_proj.forward(gelu(self.c_fc.forward(x))))
+        let h = self.c_fc.forward(x);
+        let h = match self.activation {
+            Activation::Gelu => gelu(h),
+            Activation::GeluTanh => gelu_approximate(h),
+        };
+        self.dropout.forward(self.c_proj.forward(h))
     }
 }
 
@@ -47,6 +53,7 @@ pub(crate) fn layer_norm(config: &GptConfig, device: &Device) -> Option<LayerNor
     config.layer_norm.then(|| {
         LayerNormConfig::new(config.n_embd)
             .with_bias(config.bias)
+            .with_epsilon(config.layer_norm_eps)
             .init(device)
     })
 }
@@ -68,6 +75,7 @@ impl Block {
             c_fc: linear(d, 4 * d, 0.02, config.bias, device),
             c_proj: linear(4 * d, d, proj_std, config.bias, device),
             dropout: DropoutConfig::new(config.dropout).init(),
+            activation: config.activation,
         });
         Ok(Self {
             ln_1: layer_norm(config, device),

@@ -39,9 +39,24 @@ pub struct GptConfig {
     /// Pre-LayerNorm in each block and before the head. Off in [`GptConfig::minimal`].
     #[config(default = true)]
     pub layer_norm: bool,
+    /// The MLP's nonlinearity: exact GELU (nanoGPT) or GPT-2's tanh approximation.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// LayerNorm's ε (PyTorch's default, which nanoGPT uses; GPT-2's `layer_norm_epsilon`).
+    #[config(default = 1e-5)]
+    pub layer_norm_eps: f64,
     /// Attention implementation (see [`AttentionKernel`]).
     #[config(default = "AttentionKernel::Auto")]
     pub kernel: AttentionKernel,
+}
+
+/// The nonlinearity between the MLP's two linear layers.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x·Φ(x)`, Φ the normal CDF through `erf` (PyTorch's `F.gelu`, nanoGPT).
+    Gelu,
+    /// `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`: GPT-2's `gelu_new`, Hugging Face checkpoints.
+    GeluTanh,
 }
 
 impl GptConfig {
@@ -63,7 +78,7 @@ impl GptConfig {
             .with_bias(false)
     }
 
-    /// The seeds' bare model: token + position embedding, one single-head causal attention
+    /// The bare model of the attention lessons: token + position embedding, one single-head causal attention
     /// (with its residual connection), a linear head; no MLP, no LayerNorm, untied head.
     pub fn minimal(vocab_size: usize) -> Self {
         Self::new(vocab_size)
@@ -97,6 +112,9 @@ impl GptConfig {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(GptConfigError::Dropout(self.dropout));
+        }
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
+            return Err(GptConfigError::LayerNormEps(self.layer_norm_eps));
         }
         Ok(())
     }

@@ -12,6 +12,8 @@ pub enum GptConfigError {
     HeadsDoNotDivide { n_embd: usize, n_head: usize },
     #[error("`dropout` must be in [0, 1), got {0}")]
     Dropout(f64),
+    #[error("`layer_norm_eps` must be a finite number > 0, got {0}")]
+    LayerNormEps(f64),
     #[error(transparent)]
     Attention(#[from] AttentionConfigError),
 }

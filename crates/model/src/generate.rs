@@ -177,11 +177,11 @@ struct GptDecoder<'a> {
 
 impl Decoder for GptDecoder<'_> {
     fn block_size(&self) -> usize {
-        self.gpt.block_size
+        self.gpt.block_size()
     }
 
     fn vocab_size(&self) -> usize {
-        self.gpt.vocab_size
+        self.gpt.vocab_size()
     }
 
     fn cached(&self) -> usize {
@@ -200,7 +200,7 @@ impl Decoder for GptDecoder<'_> {
             TensorData::new(ids, [1, tokens.len()]),
             &self.gpt.wte.weight.device(),
         );
-        let logits = self.gpt.forward_cached_unchecked(ids, &mut self.caches)?;
+        let logits = self.gpt.forward_cached(ids, &mut self.caches)?;
         Ok(last_row(logits))
     }
 }

@@ -22,8 +22,10 @@ pub struct Gpt {
     pub ln_f: Option<LayerNorm>,
     /// Untied LM head `[n_embd, vocab_size]`, no bias; `None` when tied to `wte`.
     pub lm_head: Option<Linear>,
-    pub vocab_size: usize,
-    pub block_size: usize,
+    /// The architecture this model was built from: what the fused CPU engine checks before it
+    /// runs it, and what export writes.
+    #[module(skip)]
+    pub config: GptConfig,
 }
 
 impl Gpt {
@@ -46,12 +48,25 @@ impl Gpt {
             ln_f: layer_norm(config, device),
             lm_head: (!config.tie_embeddings)
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
-            vocab_size: config.vocab_size,
-            block_size: config.block_size,
+            config: config.clone(),
         })
     }
 
+    /// Number of distinct tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// The context length.
+    pub fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
     /// Next-token logits: `tokens [batch, seq] Int -> [batch, seq, vocab_size]`.
+    ///
+    /// Token ids must be in `0..vocab_size`: check ids that do not come from the model's own
+    /// tokenizer with [`check_tokens`](Self::check_tokens) on the host first. The forward pass
+    /// itself never reads back from the device, so a GPU step does not stall on it.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, ModelError> {
         self.forward_padded(tokens, None)
     }
@@ -62,7 +77,6 @@ impl Gpt {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Result<Tensor<3>, ModelError> {
-        self.check_tokens(&tokens)?;
         let mut x = self.embed(tokens, 0)?;
         for block in &self.h {
             x = block.forward(x, key_padding.clone())?;
@@ -76,7 +90,6 @@ impl Gpt {
         &self,
         tokens: Tensor<2, Int>,
     ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
-        self.check_tokens(&tokens)?;
         let mut x = self.embed(tokens, 0)?;
         let mut maps = Vec::with_capacity(self.h.len());
         for block in &self.h {
@@ -89,18 +102,8 @@ impl Gpt {
 
     /// Incremental forward for sampling: `tokens [batch, new]` follow the `caches[0].len()`
     /// tokens already cached (one [`KvCache`] per layer). Returns `[batch, new, vocab_size]`.
+    /// Token ids as in [`forward`](Self::forward).
     pub fn forward_cached(
-        &self,
-        tokens: Tensor<2, Int>,
-        caches: &mut [KvCache],
-    ) -> Result<Tensor<3>, ModelError> {
-        self.check_tokens(&tokens)?;
-        self.forward_cached_unchecked(tokens, caches)
-    }
-
-    /// [`forward_cached`](Self::forward_cached) for ids already known to be in range (the
-    /// sampler's): skips the two host reads of the range check on every sampled token.
-    pub(crate) fn forward_cached_unchecked(
         &self,
         tokens: Tensor<2, Int>,
         caches: &mut [KvCache],
@@ -121,10 +124,10 @@ impl Gpt {
     /// Token + position embeddings for tokens at positions `past..past + seq`.
     fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
         let [batch, seq] = tokens.dims();
-        if past + seq > self.block_size {
+        if past + seq > self.block_size() {
             return Err(tinygpt_attention::AttentionError::SequenceTooLong {
                 len: past + seq,
-                max: self.block_size,
+                max: self.block_size(),
             }
             .into());
         }
@@ -137,22 +140,16 @@ impl Gpt {
     }
 
     /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.
-    fn check_tokens(&self, tokens: &Tensor<2, Int>) -> Result<(), ModelError> {
-        // One host read for both ends of the range: this runs on every training step.
-        let ends = Tensor::cat(vec![tokens.clone().min(), tokens.clone().max()], 0)
-            .into_data()
-            .try_to_vec_as::<i64>()
-            .expect("token ids convert to i64");
-        let (min, max) = (ends[0], ends[1]);
-        for id in [min, max] {
-            if id < 0 || id >= self.vocab_size as i64 {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    vocab_size: self.vocab_size,
-                });
-            }
+    /// Runs on the host, where a batch is built, so the forward pass never waits for the device.
+    pub fn check_tokens(&self, ids: &[i64]) -> Result<(), ModelError> {
+        let vocab_size = self.vocab_size();
+        match ids
+            .iter()
+            .find(|&&id| !(0..vocab_size as i64).contains(&id))
+        {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Final LayerNorm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`.

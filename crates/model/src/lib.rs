@@ -6,11 +6,13 @@
 //! GPT-2: weights ~ N(0, 0.02), residual projections ~ N(0, 0.02/√(2·n_layer)), biases 0.
 //!
 //! - [`GptConfig`] with presets [`GptConfig::baby`], [`GptConfig::shakespeare_char`] and the
-//!   seeds' bare [`GptConfig::minimal`];
+//!   bare [`GptConfig::minimal`];
 //! - [`Gpt::forward`]: `[batch, seq]` token ids to `[batch, seq, vocab]` logits;
 //! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
 //! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
-//!   matmuls, the batch split over threads), tested against Burn's autodiff;
+//!   matmuls, the batch split over threads), tested against Burn's autodiff, for the configs
+//!   [`fused_support`] allows;
+//! - [`parameter_table`]: every parameter under Burn's and nanoGPT's names, in one order;
 //! - [`generate`] ([`Gpt::generate`] on Burn, or [`FusedDecoder`] on the CPU): temperature,
 //!   top-k, top-p, repetition penalty, stop sequences, streamed through a callback, with a KV
 //!   cache.
@@ -22,11 +24,15 @@ mod error;
 mod generate;
 mod gpt;
 mod loss;
+mod parameters;
 
 pub use block::{Block, Mlp};
-pub use config::GptConfig;
-pub use cpu::{AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch};
+pub use config::{Activation, GptConfig};
+pub use cpu::{
+    AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
+};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::{Decoder, GenerateOptions, generate};
 pub use gpt::Gpt;
-pub use loss::{IGNORE_INDEX, cross_entropy};
+pub use loss::{IGNORE_INDEX, cross_entropy, cross_entropy_counted, kept_targets};
+pub use parameters::{ParamName, parameter_table};

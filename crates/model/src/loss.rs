@@ -5,7 +5,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::error::LossError;
 
-/// Targets equal to this are skipped by [`cross_entropy`] (nanoGPT and the seeds use -1).
+/// Targets equal to this are skipped by [`cross_entropy`] (nanoGPT and PyTorch's examples use -1).
 pub const IGNORE_INDEX: i64 = -1;
 
 /// Mean negative log-likelihood of `targets` under `logits`, over the targets that are not
@@ -19,6 +19,24 @@ pub const IGNORE_INDEX: i64 = -1;
 /// must never reach `gather`. Ignored targets are replaced by 0 before the gather and their
 /// log-probabilities multiplied by 0 after it.
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tensor<1>, LossError> {
+    // One host read for the count; training knows it on the host and calls the counted form.
+    let kept = targets
+        .clone()
+        .equal_elem(IGNORE_INDEX)
+        .bool_not()
+        .int()
+        .sum()
+        .into_scalar::<i64>();
+    cross_entropy_counted(logits, targets, kept as usize)
+}
+
+/// [`cross_entropy`] when the number of kept targets is already known on the host (counted
+/// where the batch was built, see [`kept_targets`]): no read back from the device.
+pub fn cross_entropy_counted(
+    logits: Tensor<2>,
+    targets: Tensor<1, Int>,
+    kept: usize,
+) -> Result<Tensor<1>, LossError> {
     let [n, _] = logits.dims();
     let [count] = targets.dims();
     if n != count {
@@ -27,15 +45,25 @@ pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tenso
             targets: count,
         });
     }
-    let ignored = targets.clone().equal_elem(IGNORE_INDEX);
-    let kept = ignored.clone().bool_not().float();
-    let kept_count = kept.clone().sum().into_scalar::<f32>();
-    if kept_count == 0.0 {
+    if kept == 0 {
         return Err(LossError::AllTargetsIgnored {
             ignore_index: IGNORE_INDEX,
         });
     }
+    let ignored = targets.clone().equal_elem(IGNORE_INDEX);
+    let keep = ignored.clone().bool_not().float();
     let safe_targets = targets.mask_fill(ignored, 0).reshape([n, 1]);
     let log_probs = log_softmax(logits, 1).gather(1, safe_targets).reshape([n]);
-    Ok((log_probs * kept).sum().neg() / kept_count)
+    Ok((log_probs * keep).sum().neg() / kept as f32)
+}
+
+/// The targets of a host-side batch that the loss counts (those not [`IGNORE_INDEX`]); none is
+/// an error, as in [`cross_entropy`].
+pub fn kept_targets(targets: &[i64]) -> Result<usize, LossError> {
+    match targets.iter().filter(|&&t| t != IGNORE_INDEX).count() {
+        0 => Err(LossError::AllTargetsIgnored {
+            ignore_index: IGNORE_INDEX,
+        }),
+        kept => Ok(kept),
+    }
 }

@@ -6,8 +6,8 @@ use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt_model::{
-    AdamWSettings, FusedCpu, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError, ModelError,
-    TokenBatch, cross_entropy,
+    Activation, AdamWSettings, FusedCpu, FusedDecoder, FusedError, Gpt, GptConfig, IGNORE_INDEX,
+    LossError, ModelError, TokenBatch, cross_entropy,
 };
 
 /// A small deterministic token stream.
@@ -272,6 +272,41 @@ fn bad_batches_are_errors() {
         FusedCpu::new(&minimal, 1),
         Err(FusedError::Unsupported(_))
     ));
+}
+
+/// Settings that keep every parameter's shape but change what the model computes are refused:
+/// the allow-list reads the config, not the tensors.
+#[test]
+fn shape_preserving_settings_it_does_not_implement_are_refused() {
+    let inputs = tokens(2 * 16, 13, 3);
+    let logits = |config: &GptConfig| {
+        let device = Device::flex();
+        device.seed(5);
+        let gpt = config.init(&device).unwrap();
+        let x = Tensor::<2, Int>::from_data(TensorData::new(inputs.clone(), [2, 16]), &device);
+        let out = gpt
+            .forward(x)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        (gpt, out)
+    };
+    let (exact, exact_logits) = logits(&small());
+    assert!(FusedCpu::new(&exact, 1).is_ok());
+    for other in [
+        small().with_activation(Activation::GeluTanh),
+        small().with_layer_norm_eps(1e-3),
+    ] {
+        let (gpt, other_logits) = logits(&other);
+        // Same shapes, other numbers: running it fused would train another model.
+        assert_eq!(gpt.num_params(), exact.num_params());
+        assert_ne!(other_logits, exact_logits, "{other:?} changes nothing?");
+        let err = FusedCpu::new(&gpt, 1).unwrap_err();
+        assert!(matches!(err, FusedError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("--backend flex"), "{err}");
+        assert!(FusedDecoder::new(&gpt).is_err());
+    }
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! causal mask, softmax, dropout and the weighted sum of values, head by head.
 //!
 //! The explicit layer (`tinygpt_attention`) builds a `[seq, seq]` boolean mask and fills the
-//! hidden scores with `-inf` before the softmax. Here the mask is never materialised: row `t` of
-//! the scores only takes the softmax over keys `0..=t` and writes exact zeros after them, which
-//! is what `-inf` turns into. The tests check both against each other.
+//! hidden scores with `-1e9` (`MASKED_SCORE`) before the softmax, whose `exp` is exactly 0 in
+//! f32. Here the mask is never materialised: row `t` of the scores only takes the softmax over
+//! keys `0..=t` and writes exact zeros after them, the weights that fill gives. The tests check
+//! both against each other.
 
 use super::fast_math;
 use super::matmul::{View, matmul_into};
@@ -167,7 +168,7 @@ pub(crate) fn backward(
                     datt.iter_mut().zip(mask).for_each(|(g, m)| *g *= m);
                 }
                 // Softmax backward, row by row: dscore = w · (dw - Σ w·dw). Hidden weights are
-                // 0, so their scores get no gradient, as behind a -inf mask.
+                // 0, so their scores get no gradient, as behind the masked fill.
                 for (dw, w) in datt.chunks_exact_mut(seq).zip(weights.chunks_exact(seq)) {
                     let (dw, w) = (&mut dw[..r1], &w[..r1]);
                     let dot: f32 = dw.iter().zip(w).map(|(g, w)| g * w).sum();

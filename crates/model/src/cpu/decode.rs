@@ -106,90 +106,77 @@ impl FusedDecoder {
         self.qkv.resize(rows * 3 * c, 0.0);
         self.fc.resize(rows * 4 * c, 0.0);
         self.act.resize(rows * 4 * c, 0.0);
-        let w = &self.weights;
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
-            w.embed(x, tok as usize, past + r);
+            self.weights.embed(x, tok as usize, past + r);
         }
-        for (l, p) in w.blocks.iter().enumerate() {
-            let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);
-            layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_1_gamma, &p.ln_1_beta);
-            linear(&mut self.qkv, ln, &p.c_attn_w, &p.c_attn_b, rows, c, 3 * c);
-            let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
-            for (r, qkv) in self.qkv.chunks_exact(3 * c).enumerate() {
-                let at = (past + r) * c..(past + r + 1) * c;
-                keys[at.clone()].copy_from_slice(&qkv[c..2 * c]);
-                values[at].copy_from_slice(&qkv[2 * c..]);
-            }
-            if past == 0 && rows > 1 {
-                // A whole window (a prompt, or the rebuild after the window slid): the training
-                // kernel's blocked products.
-                let shape = Shape {
-                    seqs: 1,
-                    seq: rows,
-                    width: c,
-                    heads: self.dims.heads,
-                };
-                self.att.resize(self.dims.heads * rows * rows, 0.0);
-                attention::forward(&mut self.y, &mut self.att, &self.qkv, &[], &mut [], shape);
-            } else {
-                for (r, (y, qkv)) in self
-                    .y
-                    .chunks_exact_mut(c)
-                    .zip(self.qkv.chunks_exact(3 * c))
-                    .enumerate()
-                {
-                    let visible = past + r + 1;
-                    attend(
-                        y,
-                        &qkv[..c],
-                        &keys[..visible * c],
-                        &values[..visible * c],
-                        &mut self.scores[..visible],
-                        self.dims.heads,
-                    );
-                }
-            }
-            linear(
-                &mut self.branch,
-                &self.y,
-                &p.attn_proj_w,
-                &p.attn_proj_b,
-                rows,
-                c,
-                c,
-            );
-            self.x
-                .iter_mut()
-                .zip(&self.branch)
-                .for_each(|(x, b)| *x += b);
-            layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_2_gamma, &p.ln_2_beta);
-            linear(&mut self.fc, ln, &p.c_fc_w, &p.c_fc_b, rows, c, 4 * c);
-            gelu::forward(&mut self.act, &self.fc);
-            linear(
-                &mut self.branch,
-                &self.act,
-                &p.mlp_proj_w,
-                &p.mlp_proj_b,
-                rows,
-                4 * c,
-                c,
-            );
-            self.x
-                .iter_mut()
-                .zip(&self.branch)
-                .for_each(|(x, b)| *x += b);
+        for l in 0..self.weights.blocks.len() {
+            self.attention_branch(l, rows, past);
+            self.mlp_branch(l, rows);
         }
-        // Only the last row's next token is wanted.
+        self.last_row_logits(rows);
+        self.len += rows;
+    }
+
+    /// `x += c_proj(attention(ln_1(x)))` for block `l`, the rows' keys and values cached.
+    fn attention_branch(&mut self, l: usize, rows: usize, past: usize) {
+        let c = self.dims.width;
+        let p = &self.weights.blocks[l];
+        let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);
+        layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_1_gamma, &p.ln_1_beta);
+        linear(&mut self.qkv, ln, &p.c_attn_w, &p.c_attn_b, rows, c, 3 * c);
+        let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
+        for (r, qkv) in self.qkv.chunks_exact(3 * c).enumerate() {
+            let at = (past + r) * c..(past + r + 1) * c;
+            keys[at.clone()].copy_from_slice(&qkv[c..2 * c]);
+            values[at].copy_from_slice(&qkv[2 * c..]);
+        }
+        if past == 0 && rows > 1 {
+            // A whole window (a prompt, or the rebuild after the window slid): the training
+            // kernel's blocked products.
+            let heads = self.dims.heads;
+            let shape = Shape {
+                seqs: 1,
+                seq: rows,
+                width: c,
+                heads,
+            };
+            self.att.resize(heads * rows * rows, 0.0);
+            attention::forward(&mut self.y, &mut self.att, &self.qkv, &[], &mut [], shape);
+        } else {
+            let rows = self.y.chunks_exact_mut(c).zip(self.qkv.chunks_exact(3 * c));
+            for (r, (y, qkv)) in rows.enumerate() {
+                let visible = (past + r + 1) * c;
+                let scores = &mut self.scores[..past + r + 1];
+                let (k, v) = (&keys[..visible], &values[..visible]);
+                attend(y, &qkv[..c], k, v, scores, self.dims.heads);
+            }
+        }
+        let (w, b) = (&p.attn_proj_w, &p.attn_proj_b);
+        linear(&mut self.branch, &self.y, w, b, rows, c, c);
+        add_into(&mut self.x, &self.branch);
+    }
+
+    /// `x += mlp(ln_2(x))` for block `l`.
+    fn mlp_branch(&mut self, l: usize, rows: usize) {
+        let c = self.dims.width;
+        let p = &self.weights.blocks[l];
+        let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);
+        layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_2_gamma, &p.ln_2_beta);
+        linear(&mut self.fc, ln, &p.c_fc_w, &p.c_fc_b, rows, c, 4 * c);
+        gelu::forward(&mut self.act, &self.fc);
+        let (w, b) = (&p.mlp_proj_w, &p.mlp_proj_b);
+        linear(&mut self.branch, &self.act, w, b, rows, 4 * c, c);
+        add_into(&mut self.x, &self.branch);
+    }
+
+    /// The final LayerNorm and the LM head, for the last row only: only its next token is
+    /// wanted.
+    fn last_row_logits(&mut self, rows: usize) {
+        let (c, w) = (self.dims.width, &self.weights);
         let last = &self.x[(rows - 1) * c..];
         let h = &mut self.ln[..c];
-        layer_norm::forward(
-            h,
-            &mut self.mean[..1],
-            &mut self.rstd[..1],
-            last,
-            &w.ln_f_gamma,
-            &w.ln_f_beta,
-        );
+        let (mean, rstd) = (&mut self.mean[..1], &mut self.rstd[..1]);
+        layer_norm::forward(h, mean, rstd, last, &w.ln_f_gamma, &w.ln_f_beta);
         if w.lm_head.is_empty() {
             for (logit, row) in self.logits.iter_mut().zip(w.wte.chunks_exact(c)) {
                 *logit = dot(h, row);
@@ -197,8 +184,12 @@ impl FusedDecoder {
         } else {
             linear(&mut self.logits, h, &w.lm_head, &[], 1, c, self.dims.vocab);
         }
-        self.len += rows;
     }
+}
+
+/// `x += branch`: a residual connection.
+fn add_into(x: &mut [f32], branch: &[f32]) {
+    x.iter_mut().zip(branch).for_each(|(x, b)| *x += b);
 }
 
 impl Decoder for FusedDecoder {

@@ -1,8 +1,10 @@
-//! LayerNorm over the last axis, forward and backward, fused into one pass per row.
+//! LayerNorm over the last axis, forward and backward, one loop per row (the forward reads each
+//! row three times: its mean, its variance, the output; all from cache).
 
 use super::fast_math::vectorized;
 
-/// Burn's `LayerNormConfig` default, which every [`Gpt`](crate::Gpt) uses.
+/// Burn's and PyTorch's LayerNorm default: the one `layer_norm_eps` the fused engine runs
+/// ([`fused_support`](super::fused_support)).
 pub(crate) const EPSILON: f32 = 1e-5;
 
 vectorized! {

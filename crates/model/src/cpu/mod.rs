@@ -8,9 +8,12 @@
 //! is split into contiguous groups of sequences that run on separate threads, their gradients
 //! summed in a fixed order.
 //!
-//! It is an accelerator for the CPU, not a second model: the weights are read from a [`Gpt`], the
-//! gradients go back as Burn [`GradientsParams`] for Burn's optimizer, and the tests check loss
-//! and every gradient against Burn's autodiff of [`Gpt::forward`] + [`cross_entropy`].
+//! The Burn [`Gpt`] stays the definition of the model. This engine runs only the configs it
+//! implements exactly ([`fused_support`], an allow-list over every field of [`GptConfig`]), and
+//! the tests check its loss, every gradient, its AdamW and its decoder against Burn's autodiff of
+//! [`Gpt::forward`] + [`cross_entropy`], Burn's AdamW and [`Gpt::forward`]. The weights are read
+//! from a [`Gpt`]; between reads they may live here, with AdamW's moments, and go back to a
+//! [`Gpt`] (and the gradients to Burn as [`GradientsParams`]) when asked.
 //!
 //! [`cross_entropy`]: crate::cross_entropy
 
@@ -30,6 +33,7 @@ use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use thiserror::Error;
 
+use crate::config::{Activation, GptConfig};
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
 use crate::loss::IGNORE_INDEX;
@@ -42,11 +46,8 @@ use workspace::{Job, Workspace};
 /// Why [`FusedCpu`] cannot run a model or a batch.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum FusedError {
-    #[error(
-        "the fused CPU step needs every block's LayerNorms and MLP (this model has `{0}` off); \
-         use --backend flex"
-    )]
-    Unsupported(&'static str),
+    #[error("the fused CPU engine does not implement {0} (--backend flex runs it)")]
+    Unsupported(String),
     #[error("inputs and targets hold {inputs} and {targets} ids for a [{batch}, {seq}] batch")]
     BatchShape {
         inputs: usize,
@@ -84,22 +85,59 @@ struct Dims {
 
 impl Dims {
     fn of(gpt: &Gpt) -> Result<Self, FusedError> {
-        for block in &gpt.h {
-            if block.ln_1.is_none() || block.ln_2.is_none() || gpt.ln_f.is_none() {
-                return Err(FusedError::Unsupported("layer_norm"));
-            }
-            if block.mlp.is_none() {
-                return Err(FusedError::Unsupported("mlp"));
-            }
-        }
+        let config = &gpt.config;
+        fused_support(config)?;
         Ok(Self {
-            vocab: gpt.vocab_size,
-            block_size: gpt.block_size,
-            width: gpt.wte.weight.dims()[1],
-            heads: gpt.h.first().map_or(1, |b| b.attn.n_heads),
-            dropout: gpt.drop.prob as f32,
+            vocab: config.vocab_size,
+            block_size: config.block_size,
+            width: config.n_embd,
+            heads: config.n_head,
+            dropout: config.dropout as f32,
         })
     }
+}
+
+/// Whether the fused engine computes exactly what [`Gpt`] computes for `config`: an allow-list
+/// over every field. The sizes, dropout, biases, tying and the attention op (which only changes
+/// how Burn computes the same attention) may take any value; every other field must have the one
+/// value the kernels implement. A field added to [`GptConfig`] does not compile here until it is
+/// placed on one side or the other.
+pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
+    let GptConfig {
+        vocab_size: _,
+        block_size: _,
+        n_layer: _,
+        n_head: _,
+        n_embd: _,
+        dropout: _,
+        bias: _,
+        tie_embeddings: _,
+        kernel: _,
+        mlp,
+        layer_norm,
+        activation,
+        layer_norm_eps,
+    } = config;
+    let unsupported = |what: String| Err(FusedError::Unsupported(what));
+    if !mlp {
+        return unsupported("models without the MLP (`mlp = false`)".into());
+    }
+    if !layer_norm {
+        return unsupported("models without LayerNorms (`layer_norm = false`)".into());
+    }
+    if *activation != Activation::Gelu {
+        return unsupported(format!(
+            "the activation {activation:?} (only the exact GELU)"
+        ));
+    }
+    // The kernels compute in f32: an ε that rounds to theirs is theirs.
+    if *layer_norm_eps as f32 != layer_norm::EPSILON {
+        return unsupported(format!(
+            "LayerNorm epsilon {layer_norm_eps} (only {})",
+            layer_norm::EPSILON
+        ));
+    }
+    Ok(())
 }
 
 /// Computes loss and gradients of a [`Gpt`] on the CPU with fused, hand-written kernels, on

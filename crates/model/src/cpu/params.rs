@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::gpt::Gpt;
+use crate::parameters::parameter_table;
 
 /// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
 #[derive(Debug, Clone, Default)]
@@ -62,31 +63,31 @@ fn entry<const D: usize>(param: &Param<Tensor<D>>) -> Entry {
     }
 }
 
-/// The model's parameters in the order of [`Params::slots`]; `None` where a slot is absent.
-/// Callers have checked (`Dims::of`) that every block has its LayerNorms and MLP.
+/// The model's parameters in [`parameter_table`]'s order; `None` where a slot is absent.
 fn entries(gpt: &Gpt) -> Vec<Option<Entry>> {
-    let ln = |ln: &Option<burn::nn::LayerNorm>| {
-        let ln = ln.as_ref().expect("checked by Dims::of");
-        [Some(entry(&ln.gamma)), ln.beta.as_ref().map(entry)]
-    };
-    let linear = |l: &burn::nn::Linear| [Some(entry(&l.weight)), l.bias.as_ref().map(entry)];
-    let mut out = vec![Some(entry(&gpt.wte.weight)), Some(entry(&gpt.wpe.weight))];
-    for block in &gpt.h {
-        let mlp = block.mlp.as_ref().expect("checked by Dims::of");
-        out.extend(ln(&block.ln_1));
-        out.extend(linear(&block.attn.c_attn));
-        out.extend(linear(&block.attn.c_proj));
-        out.extend(ln(&block.ln_2));
-        out.extend(linear(&mlp.c_fc));
-        out.extend(linear(&mlp.c_proj));
+    /// Every float parameter by its module path.
+    struct ByPath(HashMap<String, Entry>, Vec<String>);
+    impl ModuleVisitor for ByPath {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.1.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.1.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.insert(self.1.join("."), entry(param));
+        }
     }
-    out.extend(ln(&gpt.ln_f));
-    out.push(gpt.lm_head.as_ref().map(|head| entry(&head.weight)));
-    out
+    let mut by_path = ByPath(HashMap::new(), Vec::new());
+    gpt.visit(&mut by_path);
+    parameter_table(&gpt.config)
+        .into_iter()
+        .map(|slot| by_path.0.remove(&slot.burn))
+        .collect()
 }
 
-/// The buffers of a [`Params`] in the order [`entries`] lists the model's parameters, as shared
-/// (`slots!(p,)`) or mutable (`slots!(p, mut)`) references: the order is written once.
+/// The buffers of a [`Params`] in [`parameter_table`]'s order, as shared (`slots!(p,)`) or
+/// mutable (`slots!(p, mut)`) references: where each slot of the table is stored.
 macro_rules! slots {
     ($params:expr, $($mut:tt)?) => {{
         let p = $params;

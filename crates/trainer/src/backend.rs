@@ -1,4 +1,7 @@
-//! `--backend`: which Burn backend runs the model, chosen at run time (Burn 0.22's `Device`).
+//! `--backend`: where the model runs and which engine trains it, chosen at run time.
+//!
+//! A backend name is a shorthand for two settings, a [`Placement`]: the Burn device (Burn 0.22's
+//! run-time `Device`) and the [`EngineChoice`] (Burn's autodiff, or tinygpt's fused CPU engine).
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceType};
@@ -6,45 +9,76 @@ use burn::tensor::{Device, DeviceType};
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// A GPU through wgpu when one is present; else `fused`.
+    /// A GPU through wgpu when one is present; else `fused` (or flex for a model the fused
+    /// engine does not implement).
     Auto,
-    /// Training steps, loss estimates and sampling by tinygpt's fused CPU kernels (hand-written
-    /// forward and backward, AVX-512 matmuls when the CPU has them, every core); the optimizer
-    /// and the other commands on flex.
+    /// tinygpt's fused CPU engine for training steps, loss estimates and sampling (hand-written
+    /// forward and backward, AVX-512 matmuls when the CPU has them, every core); the other
+    /// commands on flex.
     Fused,
     /// Burn's flex CPU backend (the faster of Burn's CPU backends).
     Flex,
     /// Burn's ndarray CPU backend.
     Ndarray,
-    /// wgpu: Vulkan, Metal or DX12 (a software Vulkan such as lavapipe counts).
+    /// wgpu: Vulkan, Metal or DX12 (a software Vulkan such as lavapipe counts), with kernel
+    /// fusion and autotuned kernels.
     Wgpu,
 }
 
+/// Which engine computes losses, gradients and updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// Burn's autodiff and Burn's AdamW on the device.
+    Autodiff,
+    /// The fused CPU engine; a model it does not implement is an error.
+    Fused,
+    /// The fused CPU engine when it implements the model, else autodiff (with a note).
+    FusedIfSupported,
+}
+
+/// Where a model runs and what trains it.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub device: Device,
+    pub engine: EngineChoice,
+}
+
 impl Backend {
-    /// The device for this backend, or an error when wgpu has no adapter.
-    pub fn device(self) -> Result<Device> {
-        Ok(match self {
-            Self::Flex | Self::Fused => Device::flex(),
-            Self::Ndarray => ndarray(),
+    /// The device and engine this backend means on this machine; wgpu without an adapter is
+    /// an error.
+    pub fn placement(self) -> Result<Placement> {
+        let (device, engine) = match self {
+            Self::Fused => (Device::flex(), EngineChoice::Fused),
+            Self::Flex => (Device::flex(), EngineChoice::Autodiff),
+            Self::Ndarray => (ndarray(), EngineChoice::Autodiff),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
-                Some(device) => device,
+                Some(device) => (device, EngineChoice::Autodiff),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Auto => physical_gpu().unwrap_or_else(Device::flex),
-        })
+            Self::Auto => match physical_gpu() {
+                Some(gpu) => (gpu, EngineChoice::Autodiff),
+                None => (Device::flex(), EngineChoice::FusedIfSupported),
+            },
+        };
+        Ok(Placement { device, engine })
     }
-}
 
-impl Backend {
-    /// What `auto` means for training on this machine: a physical GPU stays `Auto` (its
-    /// device is that GPU), no GPU means `Fused`.
-    pub fn resolve(self) -> Self {
+    /// The device alone, for commands that only run the model forward.
+    pub fn device(self) -> Result<Device> {
+        Ok(self.placement()?.device)
+    }
+
+    /// The name as typed on the command line.
+    pub fn name(self) -> &'static str {
         match self {
-            Self::Auto if physical_gpu().is_none() => Self::Fused,
-            other => other,
+            Self::Auto => "auto",
+            Self::Fused => "fused",
+            Self::Flex => "flex",
+            Self::Ndarray => "ndarray",
+            Self::Wgpu => "wgpu",
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `tinygpt bench`: training and sampling speed, and peak memory, per config and backend.
 //!
-//! Training runs the real training step (`train::train_step`: forward, backward, global-norm
+//! Training runs the real training step ([`train_step`]: forward, backward, global-norm
 //! clipping, AdamW) on random tokens; the figure is the median step after warm-up. Sampling
 //! generates with the KV cache from a one-token prompt, by the backend's decoder (the fused CPU
 //! decoder for `fused`, Burn's `Gpt::generate` otherwise). Peak memory is the process's peak
@@ -8,26 +8,19 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use burn::module::Module;
 use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::{GenerateOptions, generate};
 
-use crate::backend::{Backend, describe};
+use crate::backend::{Backend, Placement, describe};
 use crate::config::RunConfig;
 use crate::data::{Dataset, Split, step_rng};
 use crate::engine::{Engine, decoder};
-use crate::train::{adamw_settings, learning_rate, optimizer, train_step};
-
-/// The configs `bench` knows, by name: the files in `configs/`, built in.
-pub const CONFIGS: [(&str, &str); 2] = [
-    ("baby", include_str!("../../../configs/baby.toml")),
-    (
-        "shakespeare-char",
-        include_str!("../../../configs/shakespeare-char.toml"),
-    ),
-];
+use crate::optim::{adamw_settings, optimizer};
+use crate::presets::ConfigSource;
+use crate::session::train_step;
 
 /// One line of results.
 #[derive(Debug, Serialize)]
@@ -46,7 +39,9 @@ pub struct BenchResult {
     pub peak_rss_mib: Option<f64>,
 }
 
+/// What to measure.
 pub struct BenchArgs {
+    /// Configs by name or path.
     pub configs: Vec<String>,
     pub backends: Vec<Backend>,
     pub iters: usize,
@@ -54,15 +49,13 @@ pub struct BenchArgs {
     pub sample_tokens: usize,
 }
 
+/// Every config on every backend, each result reported as soon as it is measured.
 pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<()> {
+    if args.iters == 0 {
+        anyhow::bail!("--iters must be at least 1");
+    }
     for name in &args.configs {
-        let Some((_, toml)) = CONFIGS.iter().find(|(n, _)| n == name) else {
-            bail!(
-                "unknown bench config `{name}` (known: {})",
-                CONFIGS.map(|(n, _)| n).join(", ")
-            );
-        };
-        let config = RunConfig::from_toml(toml)?;
+        let config = ConfigSource::parse(name).load(&[])?;
         for &backend in &args.backends {
             report(&bench_one(name, &config, backend, args)?);
         }
@@ -70,83 +63,32 @@ pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<(
     Ok(())
 }
 
+/// The vocabulary of the random tokens: tiny shakespeare's.
+const VOCAB: usize = 65;
+
 fn bench_one(
     name: &str,
     config: &RunConfig,
     backend: Backend,
     args: &BenchArgs,
 ) -> Result<BenchResult> {
-    const VOCAB: usize = 65;
     reset_peak_rss();
-    let backend = backend.resolve();
-    let device = backend.device()?;
-    let train_device = device.clone().autodiff();
-    // Random tokens: the speed of a step does not depend on the text.
-    let mut rng = step_rng(config.train.seed, 0, 0);
-    let stream: Vec<u32> = (0..100_000)
-        .map(|_| rng.random_range(0..VOCAB as u32))
-        .collect();
-    let data = Dataset {
-        train: Split::Packed(stream.clone()),
-        val: Split::Packed(stream),
-        block_size: config.model.block_size,
-    };
-    let mut model = config.gpt(VOCAB).init(&train_device)?;
+    let placement = backend.placement()?;
+    let data = random_tokens(config);
+    let model = config
+        .gpt(VOCAB)
+        .init(&placement.device.clone().autodiff())?;
     let params = model.num_params();
-    let mut optim = optimizer(config, &model);
-    let adamw = adamw_settings(config, &model);
-    let mut engine = Engine::new(
-        backend,
-        true,
-        &device,
-        (&model, &optim),
-        adamw,
-        config.workers(),
-    )?;
-    let mut times = Vec::with_capacity(args.iters);
-    for step in 0..args.warmup + args.iters {
-        let start = Instant::now();
-        let (next, _) = train_step(
-            model,
-            &mut optim,
-            &mut engine,
-            &data,
-            config,
-            step,
-            learning_rate(config, step),
-        )?;
-        model = next;
-        if step >= args.warmup {
-            times.push(start.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    let seconds = times[times.len() / 2];
+    let (optim, adamw) = (optimizer(config, &model), adamw_settings(config, &model));
+    let (mut engine, _) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+    let seconds = median_step(&mut engine, &data, config, args)?;
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
-
-    let inference = engine.sync(model, &mut optim)?.valid();
-    let options = GenerateOptions {
-        max_new_tokens: args.sample_tokens,
-        temperature: 0.8,
-        top_k: None,
-        ..GenerateOptions::default()
-    };
-    let mut decoder = decoder(backend, true, &inference)?;
-    // One untimed call warms kernels and allocations up.
-    let warm_up = GenerateOptions {
-        max_new_tokens: 4,
-        ..options.clone()
-    };
-    generate(&mut *decoder, &[0], &warm_up, |_| {})?;
-    let start = Instant::now();
-    let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
-    let sample_seconds = start.elapsed().as_secs_f64();
-
+    let (sampled, sample_seconds) = sampling(&mut engine, &placement, args.sample_tokens)?;
     Ok(BenchResult {
         config: name.to_string(),
-        backend: format!("{backend:?}").to_lowercase(),
-        device: describe(&device),
+        backend: backend.name().to_string(),
+        device: describe(&placement.device),
         params,
         batch: t.batch_size * t.grad_accum,
         block: config.model.block_size,
@@ -157,6 +99,63 @@ fn bench_one(
         sample_tokens_per_s: sampled as f64 / sample_seconds,
         peak_rss_mib: peak_rss_mib(),
     })
+}
+
+/// Random tokens: the speed of a step does not depend on the text.
+fn random_tokens(config: &RunConfig) -> Dataset {
+    let mut rng = step_rng(config.train.seed, 0, 0);
+    let stream: Vec<u32> = (0..100_000)
+        .map(|_| rng.random_range(0..VOCAB as u32))
+        .collect();
+    Dataset {
+        train: Split::Packed(stream.clone()),
+        val: Split::Packed(stream),
+        block_size: config.model.block_size,
+    }
+}
+
+/// The median of `iters` real training steps after `warmup`, in seconds. Each step's loss is
+/// read, so a GPU step is timed to its end.
+fn median_step(
+    engine: &mut Engine,
+    data: &Dataset,
+    config: &RunConfig,
+    args: &BenchArgs,
+) -> Result<f64> {
+    let mut times = Vec::with_capacity(args.iters);
+    for step in 0..args.warmup + args.iters {
+        let start = Instant::now();
+        let loss = train_step(engine, data, config, step)?.read();
+        if !loss.is_finite() {
+            anyhow::bail!("the loss became {loss} at step {step}");
+        }
+        if step >= args.warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Tokens sampled with the KV cache from a one-token prompt, and the seconds it took.
+fn sampling(engine: &mut Engine, placement: &Placement, tokens: usize) -> Result<(usize, f64)> {
+    let inference = engine.model()?.valid();
+    let options = GenerateOptions {
+        max_new_tokens: tokens,
+        temperature: 0.8,
+        top_k: None,
+        ..GenerateOptions::default()
+    };
+    let mut decoder = decoder(placement.engine, &inference)?;
+    // One untimed call warms kernels and allocations up.
+    let warm_up = GenerateOptions {
+        max_new_tokens: 4,
+        ..options.clone()
+    };
+    generate(&mut *decoder, &[0], &warm_up, |_| {})?;
+    let start = Instant::now();
+    let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
+    Ok((sampled, start.elapsed().as_secs_f64()))
 }
 
 /// Prints a table header for [`row`].

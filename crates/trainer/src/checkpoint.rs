@@ -244,6 +244,18 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
     let result = model
         .load_from(&mut store)
         .map_err(|e| anyhow::anyhow!("the file is not valid safetensors ({e})"))?;
+    check_applied(result)
+}
+
+/// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on
+/// `from`'s device (so a seeded CPU initialisation happens there) and created on `to`'s, with
+/// `to`'s parameter ids and gradient tracking.
+pub fn copy_weights(from: &Gpt, to: &mut Gpt) -> Result<()> {
+    check_applied(to.apply(from.collect(None, None, false), None, None, false))
+}
+
+/// Every tensor applied, none missing, none left over.
+fn check_applied(result: burn::store::ApplyResult) -> Result<()> {
     if let Some(error) = result.errors.first() {
         bail!("{error}");
     }

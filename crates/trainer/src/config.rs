@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use tinygpt_attention::AttentionKernel;
-use tinygpt_model::GptConfig;
+use tinygpt_model::{Activation, GptConfig};
 
 /// A whole run: architecture, data and optimisation.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -34,7 +34,12 @@ pub struct ModelSection {
     pub bias: bool,
     /// LM head shares the token embedding matrix.
     pub tie_embeddings: bool,
-    /// Attention implementation: "auto", "explicit" or "fused".
+    /// The MLP's nonlinearity: "gelu" (exact, nanoGPT) or "gelu_tanh" (GPT-2's approximation).
+    pub activation: ActivationKind,
+    /// LayerNorm's epsilon.
+    pub layer_norm_eps: f64,
+    /// How Burn computes attention: "auto", "explicit" (the ops written out) or "sdpa" (Burn's
+    /// scaled dot-product attention op). The same numbers either way.
     pub kernel: Kernel,
 }
 
@@ -48,6 +53,8 @@ impl Default for ModelSection {
             dropout: 0.0,
             bias: true,
             tie_embeddings: true,
+            activation: ActivationKind::Gelu,
+            layer_norm_eps: 1e-5,
             kernel: Kernel::Auto,
         }
     }
@@ -59,7 +66,9 @@ impl Default for ModelSection {
 pub enum Kernel {
     Auto,
     Explicit,
-    Fused,
+    /// Run directories written before the op was renamed say "fused".
+    #[serde(alias = "fused")]
+    Sdpa,
 }
 
 impl From<Kernel> for AttentionKernel {
@@ -67,7 +76,24 @@ impl From<Kernel> for AttentionKernel {
         match kernel {
             Kernel::Auto => AttentionKernel::Auto,
             Kernel::Explicit => AttentionKernel::Explicit,
-            Kernel::Fused => AttentionKernel::Fused,
+            Kernel::Sdpa => AttentionKernel::Sdpa,
+        }
+    }
+}
+
+/// The MLP's activation as it is spelled in TOML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationKind {
+    Gelu,
+    GeluTanh,
+}
+
+impl From<ActivationKind> for Activation {
+    fn from(kind: ActivationKind) -> Self {
+        match kind {
+            ActivationKind::Gelu => Activation::Gelu,
+            ActivationKind::GeluTanh => Activation::GeluTanh,
         }
     }
 }
@@ -76,7 +102,8 @@ impl From<Kernel> for AttentionKernel {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// The corpus: a UTF-8 text file (`--data` overrides it).
+    /// The corpus: a UTF-8 text file (`--data` overrides it), or `builtin:paradise-lost.txt`,
+    /// the copy of Paradise Lost inside the binary.
     pub path: PathBuf,
     /// "char" (one token per distinct character, nanoGPT's ids) or "bpe" (byte-level BPE).
     pub tokenizer: TokenizerKind,
@@ -94,7 +121,7 @@ pub struct DataSection {
 impl Default for DataSection {
     fn default() -> Self {
         Self {
-            path: PathBuf::from("data/paradise-lost.txt"),
+            path: PathBuf::from(crate::presets::BUILTIN_CORPUS),
             tokenizer: TokenizerKind::Char,
             bpe_vocab_size: 512,
             batching: Batching::Packed,
@@ -149,8 +176,9 @@ pub struct TrainSection {
     pub log_interval: usize,
     /// Seeds the initial weights, the batches and dropout.
     pub seed: u64,
-    /// Threads that share the loss estimates' batches; 0 = one per core. (Training steps run on
-    /// one thread: see docs/perf.md.)
+    /// Threads of the fused CPU engine's training steps and loss estimates, and of the loss
+    /// estimates on Burn's CPU backends; 0 = one per core. The same seed and the same `threads`
+    /// give the same numbers.
     pub threads: usize,
 }
 
@@ -230,6 +258,8 @@ impl RunConfig {
             .with_dropout(m.dropout)
             .with_bias(m.bias)
             .with_tie_embeddings(m.tie_embeddings)
+            .with_activation(m.activation.into())
+            .with_layer_norm_eps(m.layer_norm_eps)
             .with_kernel(m.kernel.into())
     }
 

@@ -9,10 +9,15 @@ use rand::{RngExt, SeedableRng};
 use tinygpt_model::IGNORE_INDEX;
 
 use crate::config::{Batching, DataSection};
+use crate::presets;
 use crate::tokenizer::Tokenizer;
 
-/// Reads a text corpus; a missing, unreadable, non-UTF-8 or empty file is an error.
+/// Reads a text corpus; a missing, unreadable, non-UTF-8 or empty file is an error. The name
+/// of a corpus built into the binary ([`presets::BUILTIN_CORPUS`]) reads that copy.
 pub fn read_corpus(path: &Path) -> Result<String> {
+    if let Some(text) = presets::builtin_corpus(path) {
+        return Ok(text.to_string());
+    }
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
     let text = String::from_utf8(bytes).map_err(|e| {
@@ -37,6 +42,11 @@ pub enum Split {
 }
 
 impl Split {
+    /// Whether the split holds no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Tokens in the split.
     pub fn len(&self) -> usize {
         match self {
@@ -71,6 +81,12 @@ impl Batch {
     /// Targets the loss counts (not padding).
     pub fn counted_targets(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+
+    /// [`counted_targets`](Self::counted_targets), none being an error (the loss would have
+    /// nothing to average).
+    pub fn kept_targets(&self) -> Result<usize> {
+        Ok(tinygpt_model::kept_targets(&self.targets)?)
     }
 }
 

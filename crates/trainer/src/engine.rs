@@ -1,203 +1,261 @@
-//! Where a training step's loss, gradients and update come from: Burn's autodiff and Burn's
-//! AdamW on the chosen backend, or the model crate's fused CPU step ([`FusedCpu`]), which keeps
-//! the weights and AdamW's moments in its own buffers and hands them to Burn (the model and a
-//! Burn optimizer state) only when asked: for checkpoints and sampling.
+//! The training engine: it owns the model's weights and the optimizer's state, computes losses,
+//! gradients and updates, and hands out an up-to-date [`Gpt`] (or checkpoint bytes) on request.
+//!
+//! Two engines sit behind one type: Burn's autodiff with Burn's AdamW on any device, and the
+//! model crate's fused CPU engine ([`FusedCpu`]), which keeps the weights and AdamW's moments in
+//! its own buffers and writes them into the [`Gpt`] and a Burn optimizer state only when they
+//! are asked for. Either way the rest of the program cannot see stale weights.
 
 use anyhow::{Context, Result};
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use tinygpt_model::{
-    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, MomentState, TokenBatch, cross_entropy,
+    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, TokenBatch, cross_entropy_counted,
+    fused_support,
 };
 
-use crate::backend::Backend;
-use crate::data::Batch;
+use crate::backend::{EngineChoice, Placement};
+use crate::data::{Batch, mix};
+use crate::optim::{burn_from_moments, moments_from_burn};
 
-/// Computes losses and gradients for [`train_step`](crate::train::train_step) and the loss
-/// estimates, and applies the update.
-pub enum Engine {
-    /// `Gpt::forward`, `cross_entropy` and `backward()` on this device (without autodiff; the
-    /// gradients are taken on its autodiff form), then Burn's AdamW.
+/// Owns a model and its optimizer; see the module docs.
+pub struct Engine {
+    kind: Kind,
+    /// The model, on the autodiff form of the placement's device. `None` only while a step
+    /// replaces it.
+    model: Option<Gpt>,
+    optim: ModuleOptimizer,
+}
+
+enum Kind {
+    /// `Gpt::forward`, the loss and `backward()` on this device (the inner one; gradients are
+    /// taken on its autodiff form), then Burn's AdamW.
     Autodiff(Device),
-    /// Hand-written forward and backward on the CPU, the batch split over threads, and AdamW on
-    /// the same buffers. The [`Gpt`] and the Burn optimizer passed around are brought up to date
-    /// by [`Engine::sync`].
+    /// Hand-written forward, backward and AdamW on the CPU, the batch split over threads.
     Fused {
         fused: Box<FusedCpu>,
         adamw: AdamWSettings,
-        /// Whether the weights changed since the last [`Engine::sync`].
+        /// Whether the buffers hold weights that `model` and `optim` do not have yet.
         stale: bool,
     },
 }
 
-/// What [`Engine::gradients`] produced: Burn gradients for Burn's optimizer, or gradients the
-/// fused engine holds in its buffers.
-pub enum Gradients {
-    Burn(GradientsParams),
-    Held,
+/// A step's mean loss, on the device until read: reading it waits for the step to finish, so
+/// the trainer reads it only when it reports.
+pub struct StepLoss(LossValue);
+
+enum LossValue {
+    Host(f64),
+    Device(Box<Tensor<1>>),
+}
+
+impl StepLoss {
+    pub fn read(self) -> f64 {
+        match self.0 {
+            LossValue::Host(loss) => loss,
+            LossValue::Device(loss) => loss.into_scalar::<f32>() as f64,
+        }
+    }
 }
 
 impl Engine {
-    /// The engine for `backend` (after [`Backend::resolve`]): fused for `Fused`, autodiff
-    /// otherwise. An explicit `--backend fused` on a model the fused step does not cover is an
-    /// error; `auto` falls back to autodiff on flex for it. The fused engine starts from
-    /// `model`'s weights and `optim`'s state (AdamW with `adamw`'s settings).
+    /// An engine for `model` (on the autodiff form of `placement`'s device) and `optim` (its
+    /// AdamW, with `adamw`'s settings). Under [`EngineChoice::FusedIfSupported`] a model the
+    /// fused engine does not implement trains on autodiff; the second value says why.
     pub fn new(
-        backend: Backend,
-        explicit: bool,
-        device: &Device,
-        (model, optim): (&Gpt, &ModuleOptimizer),
+        placement: &Placement,
+        model: Gpt,
+        optim: ModuleOptimizer,
         adamw: AdamWSettings,
         threads: usize,
-    ) -> Result<Self> {
-        let autodiff = Self::Autodiff(device.clone().inner());
-        if backend != Backend::Fused {
-            return Ok(autodiff);
-        }
-        let mut fused = match FusedCpu::new(model, threads) {
-            Ok(fused) => fused,
-            Err(e) if explicit => return Err(e.into()),
-            Err(_) => return Ok(autodiff),
+    ) -> Result<(Self, Option<String>)> {
+        let autodiff = |model, optim| Self {
+            kind: Kind::Autodiff(placement.device.clone()),
+            model: Some(model),
+            optim,
         };
+        match (placement.engine, fused_support(&model.config)) {
+            (EngineChoice::Autodiff, _) => return Ok((autodiff(model, optim), None)),
+            (EngineChoice::Fused, Err(e)) => return Err(e.into()),
+            (EngineChoice::FusedIfSupported, Err(e)) => {
+                let note = format!("{e}; training on flex");
+                return Ok((autodiff(model, optim), Some(note)));
+            }
+            (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {}
+        }
+        let mut fused = FusedCpu::new(&model, threads)?;
         fused
-            .load_adamw_state(moments_from_burn(optim)?)
+            .load_adamw_state(moments_from_burn(&optim)?)
             .context("optimizer state")?;
-        Ok(Self::Fused {
+        let kind = Kind::Fused {
             fused: Box::new(fused),
             adamw,
             stale: false,
-        })
-    }
-
-    /// Brings `model` and `optim` up to date with the fused engine's weights and AdamW state
-    /// (nothing to do for autodiff, which updates them itself).
-    pub fn sync(&mut self, model: Gpt, optim: &mut ModuleOptimizer) -> Result<Gpt> {
-        match self {
-            Self::Fused { fused, stale, .. } if *stale => {
-                *optim = burn_from_moments(optim, fused.adamw_state())?;
-                *stale = false;
-                Ok(fused.write_weights(model))
-            }
-            _ => Ok(model),
-        }
-    }
-
-    /// One optimizer step along `grads` at learning rate `lr`; returns the updated model (for
-    /// the fused engine, `model` itself: its weights are updated in place, see [`Engine::sync`]).
-    pub fn apply(
-        &mut self,
-        model: Gpt,
-        optim: &mut ModuleOptimizer,
-        grads: Gradients,
-        lr: f64,
-    ) -> Gpt {
-        match (self, grads) {
-            (
-                Self::Fused {
-                    fused,
-                    adamw,
-                    stale,
-                },
-                Gradients::Held,
-            ) => {
-                fused.adamw_step(lr, adamw);
-                *stale = true;
-                model
-            }
-            (_, Gradients::Burn(grads)) => optim.step(lr, model, grads),
-            (Self::Autodiff(_), Gradients::Held) => unreachable!("autodiff never holds gradients"),
-        }
+        };
+        let engine = Self {
+            kind,
+            model: Some(model),
+            optim,
+        };
+        Ok((engine, None))
     }
 
     /// A short description for the log line.
     pub fn describe(&self, threads: usize) -> String {
-        match self {
-            Self::Autodiff(_) => "Burn autodiff".into(),
-            Self::Fused { .. } => format!("fused CPU step and AdamW on {threads} threads"),
+        match &self.kind {
+            Kind::Autodiff(_) => "Burn autodiff".into(),
+            Kind::Fused { .. } => format!("fused CPU engine on {threads} threads"),
         }
     }
 
-    /// Mean loss of each batch in `batches` under `model` (no gradients, no dropout).
+    /// The model with the latest weights.
+    pub fn model(&mut self) -> Result<&Gpt> {
+        self.sync()?;
+        Ok(self.held())
+    }
+
+    /// The optimizer's state as Burn serialises it (`optimizer.bpk`), up to date.
+    pub fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
+        self.sync()?;
+        let bytes = self
+            .optim
+            .into_bytes()
+            .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
+    /// gradient accumulation does), clipped to the global norm `grad_clip` (0 = no clipping),
+    /// then AdamW at learning rate `lr`. Dropout masks derive from `dropout_seed`.
+    pub fn step(
+        &mut self,
+        batches: &[Batch],
+        dropout_seed: u64,
+        grad_clip: f64,
+        lr: f64,
+    ) -> Result<StepLoss> {
+        let n = batches.len() as f64;
+        match &mut self.kind {
+            Kind::Autodiff(device) => {
+                let device = device.clone().autodiff();
+                device.seed(dropout_seed);
+                let model = self.model.take().context("the engine lost its model")?;
+                let result = gradients(&model, batches, &device, grad_clip);
+                let (grads, loss) = match result {
+                    Ok(done) => done,
+                    Err(e) => {
+                        self.model = Some(model);
+                        return Err(e);
+                    }
+                };
+                self.model = Some(self.optim.step(lr, model, grads));
+                Ok(StepLoss(LossValue::Device(Box::new(loss))))
+            }
+            Kind::Fused {
+                fused,
+                adamw,
+                stale,
+            } => {
+                let mut loss = 0.0;
+                for (k, batch) in batches.iter().enumerate() {
+                    let seed = mix(dropout_seed, k, 0);
+                    loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
+                }
+                if grad_clip > 0.0 {
+                    fused.clip_grad_norm(grad_clip);
+                }
+                fused.adamw_step(lr, adamw);
+                *stale = true;
+                Ok(StepLoss(LossValue::Host(loss)))
+            }
+        }
+    }
+
+    /// Mean loss of each batch under the current weights (no gradients, no dropout).
     /// `workers`: threads for the autodiff engine (the fused one splits every batch itself).
-    pub fn losses(&mut self, model: &Gpt, batches: &[Batch], workers: usize) -> Result<Vec<f64>> {
-        match self {
-            Self::Autodiff(device) => parallel(batches, workers, |batch| {
-                batch_loss(model, batch, device).map(|loss| loss.into_scalar::<f32>() as f64)
-            })
-            .into_iter()
-            .collect(),
-            Self::Fused { fused, .. } => batches
+    pub fn losses(&mut self, batches: &[Batch], workers: usize) -> Result<Vec<f64>> {
+        match &mut self.kind {
+            Kind::Autodiff(device) => {
+                let model = self.model.as_ref().context("the engine lost its model")?;
+                let model = model.valid();
+                let device = device.clone();
+                let losses = parallel(batches, workers, |batch| batch_loss(&model, batch, &device))
+                    .into_iter()
+                    .collect::<Result<Vec<_>>>()?;
+                if losses.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // One read back for all of them.
+                let values = Tensor::cat(losses, 0).into_data().try_to_vec::<f32>();
+                let values = values.map_err(|e| anyhow::anyhow!("losses: {e:?}"))?;
+                Ok(values.into_iter().map(f64::from).collect())
+            }
+            Kind::Fused { fused, .. } => batches
                 .iter()
                 .map(|batch| Ok(fused.loss(token_batch(batch))?))
                 .collect(),
         }
     }
 
-    /// Gradients of the mean loss over `batches` (each batch's loss weighted equally, as
-    /// gradient accumulation does) and that mean loss, clipped to the global norm `grad_clip`
-    /// (0 = no clipping). The autodiff engine seeds its device's generator with
-    /// `dropout_seed`; the fused one derives each sequence's masks from it.
-    pub fn gradients(
-        &mut self,
-        model: &Gpt,
-        batches: &[Batch],
-        dropout_seed: u64,
-        grad_clip: f64,
-    ) -> Result<(Gradients, f64)> {
-        let n = batches.len() as f64;
-        match self {
-            Self::Autodiff(device) => {
-                let device = &device.clone().autodiff();
-                device.seed(dropout_seed);
-                let mut accumulator = GradientsAccumulator::new();
-                let mut loss_sum = Tensor::<1>::zeros([1], device);
-                for batch in batches {
-                    // One thread: Burn's autodiff shares parameter leaf nodes between graphs,
-                    // and two backward passes running at once panic ("graph tape has already
-                    // been consumed").
-                    let loss = batch_loss(model, batch, device)? / n;
-                    let grads = GradientsParams::from_grads(loss.backward(), model);
-                    loss_sum = loss_sum + loss.detach();
-                    accumulator.accumulate(model, grads);
-                }
-                let mut grads = accumulator.grads();
-                if grad_clip > 0.0 {
-                    clip_global_norm(model, &mut grads, grad_clip);
-                }
-                Ok((Gradients::Burn(grads), loss_sum.into_scalar::<f32>() as f64))
-            }
-            Self::Fused { fused, .. } => {
-                let mut loss = 0.0;
-                for (k, batch) in batches.iter().enumerate() {
-                    let seed = crate::data::mix(dropout_seed, k, 0);
-                    loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
-                }
-                if grad_clip > 0.0 {
-                    fused.clip_grad_norm(grad_clip);
-                }
-                Ok((Gradients::Held, loss))
-            }
+    fn held(&self) -> &Gpt {
+        self.model
+            .as_ref()
+            .expect("a step puts the model back before it returns")
+    }
+
+    /// Writes the fused engine's weights and moments into the model and Burn's optimizer.
+    fn sync(&mut self) -> Result<()> {
+        if let Kind::Fused { fused, stale, .. } = &mut self.kind
+            && *stale
+        {
+            self.optim = burn_from_moments(&self.optim, fused.adamw_state())?;
+            let model = self.model.take().context("the engine lost its model")?;
+            self.model = Some(fused.write_weights(model));
+            *stale = false;
         }
+        Ok(())
     }
 }
 
-/// The decoder that samples from `model`: the fused CPU decoder for `Fused` (an explicit
-/// `--backend fused` on a model it does not cover is an error, as in [`Engine::new`]), Burn on
-/// the model's device otherwise.
-pub fn decoder<'a>(
-    backend: Backend,
-    explicit: bool,
-    model: &'a Gpt,
-) -> Result<Box<dyn Decoder + 'a>> {
-    if backend == Backend::Fused {
-        match FusedDecoder::new(model) {
-            Ok(decoder) => return Ok(Box::new(decoder)),
-            Err(e) if explicit => return Err(e.into()),
-            Err(_) => {}
-        }
+/// Gradients of the mean loss over `batches` through Burn's autodiff on `device`, clipped on
+/// the device, and that mean loss (still on the device).
+fn gradients(
+    model: &Gpt,
+    batches: &[Batch],
+    device: &Device,
+    grad_clip: f64,
+) -> Result<(GradientsParams, Tensor<1>)> {
+    let n = batches.len() as f64;
+    let mut accumulator = GradientsAccumulator::new();
+    let mut loss_sum = Tensor::<1>::zeros([1], device);
+    for batch in batches {
+        // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
+        // backward passes running at once panic ("graph tape has already been consumed").
+        let loss = batch_loss(model, batch, device)? / n;
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        loss_sum = loss_sum + loss.detach();
+        accumulator.accumulate(model, grads);
     }
-    Ok(Box::new(model.decoder()))
+    let mut grads = accumulator.grads();
+    if grad_clip > 0.0 {
+        clip_global_norm(model, &mut grads, grad_clip);
+    }
+    Ok((grads, loss_sum))
+}
+
+/// The decoder that samples from `model`: the fused CPU decoder when `engine` asks for the fused
+/// engine and it implements the model (an explicit [`EngineChoice::Fused`] on one it does not is
+/// an error), Burn on the model's device otherwise.
+pub fn decoder<'a>(engine: EngineChoice, model: &'a Gpt) -> Result<Box<dyn Decoder + 'a>> {
+    let supported = fused_support(&model.config);
+    Ok(match (engine, supported) {
+        (EngineChoice::Fused, Err(e)) => return Err(e.into()),
+        (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
+            Box::new(FusedDecoder::new(model)?)
+        }
+        _ => Box::new(model.decoder()),
+    })
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {
@@ -209,12 +267,19 @@ fn token_batch(batch: &Batch) -> TokenBatch<'_> {
     }
 }
 
-/// Mean next-token loss of a batch through Burn.
-fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
+/// Mean next-token loss of a batch through Burn. The batch's ids and its count of kept targets
+/// are checked on the host, so nothing is read back from the device.
+pub fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
+    model.check_tokens(&batch.inputs)?;
+    let kept = batch.kept_targets()?;
     let (inputs, targets) = batch.to_device(device);
     let logits = model.forward(inputs)?;
     let [b, s, v] = logits.dims();
-    Ok(cross_entropy(logits.reshape([b * s, v]), targets)?)
+    Ok(cross_entropy_counted(
+        logits.reshape([b * s, v]),
+        targets,
+        kept,
+    )?)
 }
 
 /// `f` over `items` on up to `workers` scoped threads, each taking a contiguous share; results
@@ -240,7 +305,8 @@ fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R +
 }
 
 /// Scales every gradient by `min(1, max_norm / (‖g‖ + 1e-6))`, where ‖g‖ is the norm of all
-/// gradients together (PyTorch's `clip_grad_norm_`). Burn's own clipping works per tensor.
+/// gradients together (PyTorch's `clip_grad_norm_`). Burn's own clipping works per tensor. The
+/// norm and the scale stay on the device: no read back per step.
 fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
     struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
     impl ModuleVisitor for SquaredNorms<'_> {
@@ -250,11 +316,12 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
             }
         }
     }
-    struct Scale<'a>(&'a mut GradientsParams, f32);
+    struct Scale<'a>(&'a mut GradientsParams, Tensor<1>);
     impl ModuleVisitor for Scale<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.0.remove::<D>(param.id) {
-                self.0.register(param.id, g * self.1);
+                let scale = self.1.clone().reshape([1; D]);
+                self.0.register(param.id, g * scale);
             }
         }
     }
@@ -263,77 +330,7 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
     if norms.1.is_empty() {
         return;
     }
-    // One host read per step for the whole norm.
-    let norm = Tensor::cat(norms.1, 0).sum().sqrt().into_scalar::<f32>() as f64;
-    let scale = max_norm / (norm + 1e-6);
-    if scale < 1.0 {
-        model.visit(&mut Scale(grads, scale as f32));
-    }
-}
-
-/// AdamW's state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own
-/// serialisation: for each parameter `{id}.momentum.moment_1`, `.moment_2` and the scalar
-/// `{id}.momentum.time`. Empty before the first step.
-fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
-    let bytes = optim
-        .into_bytes()
-        .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
-    let reader = burn_pack::Reader::from_bytes(bytes)?;
-    let times = reader.scalars().clone();
-    let mut moments: std::collections::BTreeMap<u64, MomentState> = Default::default();
-    for tensor in reader.into_tensors()? {
-        let (name, dtype, shape, param_id, bytes) = tensor.into_parts()?;
-        let id = param_id.context("an optimizer tensor without a parameter id")?;
-        let data = TensorData::from_bytes(bytes, shape, dtype);
-        let shape = data.shape().to_vec();
-        let values = data
-            .try_to_vec::<f32>()
-            .map_err(|e| anyhow::anyhow!("optimizer tensor {name}: {e:?}"))?;
-        let time = times
-            .get(&format!("{id}.momentum.time"))
-            .and_then(|t| usize::try_from(*t).ok())
-            .with_context(|| format!("no step count for parameter {id}"))?;
-        let state = moments.entry(id).or_insert_with(|| MomentState {
-            id: ParamId::from(id),
-            shape,
-            time,
-            moment_1: Vec::new(),
-            moment_2: Vec::new(),
-        });
-        match name.rsplit('.').next() {
-            Some("moment_1") => state.moment_1 = values,
-            Some("moment_2") => state.moment_2 = values,
-            _ => anyhow::bail!("unexpected optimizer tensor {name} (not AdamW's state)"),
-        }
-    }
-    Ok(moments.into_values().collect())
-}
-
-/// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
-/// serialisation of AdamW's state, the names [`moments_from_burn`] reads.
-fn burn_from_moments(
-    template: &ModuleOptimizer,
-    states: Vec<MomentState>,
-) -> Result<ModuleOptimizer> {
-    let mut tensors = Vec::new();
-    let mut scalars = Vec::new();
-    for state in states {
-        let id = state.id.val();
-        for (leaf, values) in [("moment_1", state.moment_1), ("moment_2", state.moment_2)] {
-            let (bytes, shape, dtype) = TensorData::new(values, state.shape.clone()).into_parts();
-            let name = format!("{id}.momentum.{leaf}");
-            tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
-        }
-        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
-        scalars.push((format!("{id}.momentum.time"), state.time as u64));
-    }
-    let mut writer = burn_pack::Writer::new(tensors);
-    for (key, value) in &scalars {
-        writer = writer.with_scalar(key, burn_pack::Scalar::UInt(*value));
-    }
-    let bytes: Bytes = writer.into_bytes()?;
-    template
-        .clone()
-        .from_bytes(bytes)
-        .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+    let norm = Tensor::cat(norms.1, 0).sum().sqrt();
+    let scale = (norm + 1e-6).recip().mul_scalar(max_norm).clamp_max(1.0);
+    model.visit(&mut Scale(grads, scale));
 }

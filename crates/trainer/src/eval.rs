@@ -16,8 +16,8 @@ pub struct Evaluation {
     pub loss: f64,
     /// `exp(loss)`.
     pub perplexity: f64,
-    /// Total information in bits over the characters (char) or bytes (BPE) predicted: what
-    /// compares across tokenizers.
+    /// Bits per unit: the total information in bits divided by the characters (char) or bytes
+    /// (BPE) predicted, what compares across tokenizers.
     pub bits_per_unit: f64,
 }
 

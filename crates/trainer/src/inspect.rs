@@ -1,5 +1,5 @@
-//! `tinygpt attention`: a trained model's attention weights, printed as the seeds print them and
-//! drawn as heatmaps. The weights come from [`Gpt::forward_with_attention`], the same attention
+//! `tinygpt attention`: a trained model's attention weights, printed row by row and drawn as
+//! heatmaps. The weights come from [`Gpt::forward_with_attention`], the same attention
 //! code that trains.
 
 use std::path::Path;
@@ -30,11 +30,11 @@ impl AttentionMaps {
         if ids.is_empty() {
             bail!("--prompt is empty");
         }
-        if ids.len() > model.block_size {
+        if ids.len() > model.block_size() {
             bail!(
                 "--prompt is {} tokens but the model's block_size is {}",
                 ids.len(),
-                model.block_size
+                model.block_size()
             );
         }
         let labels = ids

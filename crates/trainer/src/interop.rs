@@ -2,7 +2,7 @@
 //!
 //! nanoGPT's `state_dict` names every tensor `transformer.…` (or `lm_head.weight`) and stores a
 //! `Linear` weight as `[out, in]`; Burn's `Linear` keeps `[in, out]` and its LayerNorm calls the
-//! scale and shift `gamma` and `beta`. One table ([`names`]) pairs the two namings; export walks
+//! scale and shift `gamma` and `beta`. The model crate's [`parameter_table`] pairs the two namings; export walks
 //! it one way, import the other, and both check every shape and dtype against the model that the
 //! config describes.
 
@@ -14,69 +14,19 @@ use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
-use tinygpt_model::Gpt;
+use tinygpt_model::{Gpt, ParamName, parameter_table};
 
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::{ModelSection, RunConfig, TokenizerKind};
 use crate::tokenizer::Tokenizer;
 
-/// One tensor under both names. `transpose`: a `Linear` weight (`[in, out]` in Burn).
-struct Name {
-    burn: String,
-    nanogpt: String,
-    transpose: bool,
-}
-
-/// Every parameter of a model with `config`'s shape, in nanoGPT's order.
-fn names(config: &ModelSection) -> Vec<Name> {
-    let mut names = Vec::new();
-    let mut add = |burn: String, nanogpt: String, transpose: bool| {
-        names.push(Name {
-            burn,
-            nanogpt,
-            transpose,
-        })
-    };
-    add("wte.weight".into(), "transformer.wte.weight".into(), false);
-    add("wpe.weight".into(), "transformer.wpe.weight".into(), false);
-    let norm = |add: &mut dyn FnMut(String, String, bool), burn: &str, torch: &str| {
-        add(format!("{burn}.gamma"), format!("{torch}.weight"), false);
-        if config.bias {
-            add(format!("{burn}.beta"), format!("{torch}.bias"), false);
-        }
-    };
-    let linear = |add: &mut dyn FnMut(String, String, bool), burn: &str, torch: &str| {
-        add(format!("{burn}.weight"), format!("{torch}.weight"), true);
-        if config.bias {
-            add(format!("{burn}.bias"), format!("{torch}.bias"), false);
-        }
-    };
-    for i in 0..config.n_layer {
-        let (b, t) = (format!("h.{i}"), format!("transformer.h.{i}"));
-        norm(&mut add, &format!("{b}.ln_1"), &format!("{t}.ln_1"));
-        linear(
-            &mut add,
-            &format!("{b}.attn.c_attn"),
-            &format!("{t}.attn.c_attn"),
-        );
-        linear(
-            &mut add,
-            &format!("{b}.attn.c_proj"),
-            &format!("{t}.attn.c_proj"),
-        );
-        norm(&mut add, &format!("{b}.ln_2"), &format!("{t}.ln_2"));
-        linear(&mut add, &format!("{b}.mlp.c_fc"), &format!("{t}.mlp.c_fc"));
-        linear(
-            &mut add,
-            &format!("{b}.mlp.c_proj"),
-            &format!("{t}.mlp.c_proj"),
-        );
-    }
-    norm(&mut add, "ln_f", "transformer.ln_f");
-    if !config.tie_embeddings {
-        add("lm_head.weight".into(), "lm_head.weight".into(), true);
-    }
-    names
+/// The present parameters of a model of `config`'s shape, in nanoGPT's order (the model
+/// crate's one table of names).
+fn names(config: &RunConfig, vocab_size: usize) -> Vec<ParamName> {
+    parameter_table(&config.gpt(vocab_size))
+        .into_iter()
+        .filter(|p| p.present)
+        .collect()
 }
 
 /// The sidecar JSON: nanoGPT's `GPTConfig` fields and its `meta.pkl` maps.
@@ -110,11 +60,11 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
     let (model, _) = run.load_model(which, &Device::flex())?;
     let tensors = burn_tensors(&model)?;
     let mut exported: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for name in names(config) {
+    for name in names(&run.config, run.tokenizer.vocab_size()) {
         let (shape, bytes) = tensors
             .get(&name.burn)
             .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;
-        let (shape, bytes) = if name.transpose {
+        let (shape, bytes) = if name.transposed {
             transpose(shape, bytes)
         } else {
             (shape.clone(), bytes.clone())
@@ -147,27 +97,10 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
 
 /// Builds a run directory in `out` from a nanoGPT-named safetensors file and its sidecar.
 pub fn import(from: &Path, out: &Path) -> Result<()> {
-    let sidecar_file = sidecar_path(from);
-    let sidecar: Sidecar = serde_json::from_str(
-        &std::fs::read_to_string(&sidecar_file)
-            .with_context(|| format!("cannot read the sidecar {}", sidecar_file.display()))?,
-    )
-    .with_context(|| format!("sidecar {} is invalid", sidecar_file.display()))?;
-    let tokenizer = tokenizer_from_json(sidecar.tokenizer)
-        .with_context(|| format!("sidecar {}", sidecar_file.display()))?;
-    let c = &sidecar.config;
-    if tokenizer.vocab_size() != c.vocab_size {
-        bail!(
-            "sidecar {}: vocab_size {} but the tokenizer has {} tokens",
-            sidecar_file.display(),
-            c.vocab_size,
-            tokenizer.vocab_size()
-        );
-    }
+    let (sidecar, tokenizer) = read_sidecar(from)?;
     let bytes = std::fs::read(from).with_context(|| format!("cannot read {}", from.display()))?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow!("{} is not a valid safetensors file ({e})", from.display()))?;
-
     // Tied unless the file's head differs from its embedding.
     let tie_embeddings = match (
         file.tensor("lm_head.weight"),
@@ -176,6 +109,41 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
         (Ok(head), Ok(wte)) => head.data() == wte.data(),
         _ => true,
     };
+    let config = imported_config(&sidecar.config, &tokenizer, tie_embeddings)?;
+    let model = imported_model(&file, &config, sidecar.config.vocab_size)
+        .map_err(|e| anyhow!("{}: {e:#}", from.display()))?;
+    let run = Run::create(out, config, tokenizer)?;
+    let state = TrainState::default();
+    run.save(Which::Best, &model, None, &state)?;
+    run.save(Which::Last, &model, None, &state)
+}
+
+/// The sidecar beside `weights` and the tokenizer it holds.
+fn read_sidecar(weights: &Path) -> Result<(Sidecar, Tokenizer)> {
+    let path = sidecar_path(weights);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the sidecar {}", path.display()))?;
+    let sidecar: Sidecar = serde_json::from_str(&text)
+        .with_context(|| format!("sidecar {} is invalid", path.display()))?;
+    let tokenizer = tokenizer_from_json(sidecar.tokenizer.clone())
+        .with_context(|| format!("sidecar {}", path.display()))?;
+    if tokenizer.vocab_size() != sidecar.config.vocab_size {
+        bail!(
+            "sidecar {}: vocab_size {} but the tokenizer has {} tokens",
+            path.display(),
+            sidecar.config.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    Ok((sidecar, tokenizer))
+}
+
+/// The run config of an imported model: nanoGPT's architecture, tinygpt's other defaults.
+fn imported_config(
+    c: &NanoGptConfig,
+    tokenizer: &Tokenizer,
+    tie_embeddings: bool,
+) -> Result<RunConfig> {
     let mut config = RunConfig {
         model: ModelSection {
             block_size: c.block_size,
@@ -194,20 +162,21 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
         Tokenizer::Bpe(_) => TokenizerKind::Bpe,
     };
     config.validate().context("the sidecar's config")?;
+    Ok(config)
+}
 
+/// A model of `config` holding the tensors of `file`: every parameter present, F32, of the
+/// right shape, and nothing else.
+fn imported_model(file: &SafeTensors<'_>, config: &RunConfig, vocab_size: usize) -> Result<Gpt> {
     // Expected Burn shapes come from a model of this architecture.
-    let mut model = config.gpt(c.vocab_size).init(&Device::flex())?;
+    let mut model = config.gpt(vocab_size).init(&Device::flex())?;
     let expected = burn_tensors(&model)?;
     let mut tensors = Vec::new();
     let mut used = vec!["lm_head.weight".to_string()];
-    for name in names(&config.model) {
-        let view = file.tensor(&name.nanogpt).map_err(|_| {
-            anyhow!(
-                "tensor `{}` is missing from {}",
-                name.nanogpt,
-                from.display()
-            )
-        })?;
+    for name in names(config, vocab_size) {
+        let view = file
+            .tensor(&name.nanogpt)
+            .map_err(|_| anyhow!("tensor `{}` is missing", name.nanogpt))?;
         if view.dtype() != Dtype::F32 {
             bail!(
                 "tensor `{}` is {:?}; only F32 is supported",
@@ -216,7 +185,7 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
             );
         }
         let (burn_shape, _) = &expected[&name.burn];
-        let want: Vec<usize> = if name.transpose {
+        let want: Vec<usize> = if name.transposed {
             vec![burn_shape[1], burn_shape[0]]
         } else {
             burn_shape.clone()
@@ -229,7 +198,7 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
                 want
             );
         }
-        let (shape, data) = if name.transpose {
+        let (shape, data) = if name.transposed {
             transpose(&want, view.data())
         } else {
             (want, view.data().to_vec())
@@ -242,21 +211,13 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
         .into_iter()
         .find(|n| !used.iter().any(|u| u == n))
     {
-        bail!(
-            "unexpected tensor `{extra}` in {} (another architecture?)",
-            from.display()
-        );
+        bail!("unexpected tensor `{extra}` (another architecture?)");
     }
     checkpoint::load_weights(&mut model, write_safetensors(&tensors)?)?;
-
-    let run = Run::create(out, config, tokenizer)?;
-    let state = TrainState::default();
-    run.save(Which::Best, &model, None, &state)?;
-    run.save(Which::Last, &model, None, &state)
+    Ok(model)
 }
 
-/// The model's tensors by Burn path: shape and little-endian f32 bytes.
-/// Shape and little-endian f32 bytes of each tensor, by name.
+/// Shape and little-endian f32 bytes of each tensor, by Burn path.
 type TensorTable = HashMap<String, (Vec<usize>, Vec<u8>)>;
 
 fn burn_tensors(model: &Gpt) -> Result<TensorTable> {

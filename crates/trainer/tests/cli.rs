@@ -445,6 +445,67 @@ fn ctrl_c_saves_and_resume_continues() {
     assert!(log.contains(&format!("done: step {}", step + 2)), "{log}");
 }
 
+/// Started in `dir` with `args`, interrupted once the first evaluation is printed: the exit code
+/// and everything printed.
+fn train_until_first_eval(dir: &Path, args: &[&str]) -> (Option<i32>, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let first_eval = line.starts_with("step 0:");
+        seen.push(line);
+        if first_eval {
+            break;
+        }
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    seen.extend(lines.map(Result::unwrap));
+    (child.wait().unwrap().code(), seen)
+}
+
+/// Outside the repository the binary needs nothing beside it: `train` with no arguments and
+/// `train --config baby` find their config and corpus built in.
+#[test]
+fn works_from_any_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(!dir.starts_with(manifest_dir().join("../..").canonicalize().unwrap()));
+    let out = tinygpt(dir, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("Usage: tinygpt"), "{}", stderr(&out));
+    for (args, run) in [
+        (&["train"][..], "runs/default"),
+        (&["train", "--config", "baby"][..], "runs/baby"),
+    ] {
+        let (code, lines) = train_until_first_eval(dir, args);
+        assert_eq!(code, Some(130), "{args:?}: {lines:?}");
+        assert!(
+            lines[0].contains("corpus builtin:paradise-lost.txt (")
+                && lines[0].contains(&format!("run {run}")),
+            "{lines:?}"
+        );
+        let info = ok(tinygpt(dir, &["info", "--checkpoint", run]));
+        assert!(
+            info.contains("path = \"builtin:paradise-lost.txt\""),
+            "{info}"
+        );
+        assert!(info.contains("tokenizer: char, 66 tokens"), "{info}");
+    }
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "runs/default"]));
+    assert!(info.contains("max_iters = 1000"), "{info}");
+}
+
 #[test]
 fn bad_corpus_is_one_clear_line() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1,0 +1,66 @@
+//! `tinygpt eval`: loss, bits per character (or byte) and perplexity of a run's weights.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use tinygpt::backend::{Backend, describe};
+use tinygpt::checkpoint::{Run, Which};
+use tinygpt::data::{self, Dataset, Split, read_corpus};
+use tinygpt::eval::evaluate;
+
+/// Loss, bits per character (bits per byte for BPE) and perplexity.
+///
+/// On the run's validation split, or on every token of --data.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+    /// Evaluate on this text instead of the validation split.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Which::Best)]
+    which: Which,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (run, placement, model, state) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let device = placement.device;
+    let (split, source) = split(&run, args.data.as_ref())?;
+    let block_size = run.config.model.block_size;
+    let result = evaluate(&model, &run.tokenizer, &split, block_size, &device)?;
+    println!(
+        "{source} | {} weights (step {}) on {} | {} tokens | loss {:.4} | {:.4} bits per {} | perplexity {:.3}",
+        match args.which {
+            Which::Best => "best",
+            Which::Last => "last",
+        },
+        state.step,
+        describe(&device),
+        result.tokens,
+        result.loss,
+        result.bits_per_unit,
+        run.tokenizer.unit(),
+        result.perplexity
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text to evaluate on and its description: all of `data`, or the run's validation split.
+fn split(run: &Run, data: Option<&PathBuf>) -> Result<(Split, String)> {
+    let config = &run.config;
+    let block_size = config.model.block_size;
+    if let Some(path) = data {
+        let text = read_corpus(path)?;
+        let split = data::whole_split(&text, &run.tokenizer, &config.data, block_size)
+            .with_context(|| format!("--data {}", path.display()))?;
+        return Ok((split, path.display().to_string()));
+    }
+    let text = read_corpus(&config.data.path)
+        .context("the run's corpus is needed for its validation split (or pass --data)")?;
+    let dataset = Dataset::new(&text, &run.tokenizer, &config.data, block_size)?;
+    let source = format!("validation split of {}", config.data.path.display());
+    Ok((dataset.val, source))
+}

@@ -1,0 +1,128 @@
+//! `tinygpt generate`: sample text from a run, streamed to stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use tinygpt::backend::Backend;
+use tinygpt::checkpoint::Which;
+use tinygpt::engine::decoder;
+use tinygpt::tokenizer::Tokenizer;
+use tinygpt_model::{GenerateOptions, generate};
+
+/// Sample text from a trained run, streamed to stdout.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  tinygpt generate --checkpoint runs/default --prompt \"Of Man's first\" --max-new-tokens 300 --temperature 0.8"
+)]
+pub struct Args {
+    /// Run directory written by `tinygpt train`.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+    /// Which weights: the best validation loss, or the latest.
+    #[arg(long, value_enum, default_value_t = Which::Best)]
+    which: Which,
+    /// Text to continue (default: a newline).
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    #[arg(long, default_value_t = 500)]
+    max_new_tokens: usize,
+    /// Sharpness of sampling: < 1 more conservative, > 1 more random, 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample only among the K most likely tokens (0 = all).
+    #[arg(long, default_value_t = 200)]
+    top_k: usize,
+    /// Nucleus sampling: the most likely tokens covering probability P (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Penalise tokens already in the context (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Stop when this text is generated (repeatable; not printed).
+    #[arg(long, value_name = "STR")]
+    stop: Vec<String>,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Recompute the whole context at every token instead of using the KV cache.
+    #[arg(long)]
+    no_cache: bool,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+}
+
+impl Args {
+    fn options(&self, tokenizer: &Tokenizer) -> Result<GenerateOptions> {
+        let stop = self
+            .stop
+            .iter()
+            .map(|s| tokenizer.encode(s).context("--stop"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GenerateOptions {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_k: (self.top_k > 0).then_some(self.top_k),
+            top_p: self.top_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            stop,
+            use_cache: !self.no_cache,
+        })
+    }
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (run, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let tokenizer = &run.tokenizer;
+    let prompt_ids = tokenizer.encode(&args.prompt).context("--prompt")?;
+    let options = args.options(tokenizer)?;
+    let mut out = std::io::stdout().lock();
+    let mut text = TextStream::new(tokenizer);
+    let mut decoder = decoder(placement.engine, &model)?;
+    let written = write!(out, "{}", args.prompt);
+    let mut write_error = written.err();
+    generate(&mut *decoder, &prompt_ids, &options, |id| {
+        if let Some(piece) = text.push(id)
+            && write_error.is_none()
+            && let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush())
+        {
+            write_error = Some(e);
+        }
+    })?;
+    match write_error {
+        // A closed pipe (`| head`) ends the output quietly, as Unix tools do.
+        Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => {
+            let _ = writeln!(out);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Tokens to text as they come. Byte-level BPE tokens can end inside a character: tokens are
+/// held back until they decode cleanly, and only the held-back tail is decoded per token.
+struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u32>,
+}
+
+impl<'a> TextStream<'a> {
+    fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The text that `id` completes, if any.
+    fn push(&mut self, id: u32) -> Option<String> {
+        self.pending.push(id);
+        let text = self.tokenizer.decode(&self.pending).ok()?;
+        if text.ends_with('\u{FFFD}') {
+            return None;
+        }
+        self.pending.clear();
+        Some(text)
+    }
+}

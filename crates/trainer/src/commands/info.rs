@@ -1,0 +1,60 @@
+//! `tinygpt info`: what a run is and where its training stands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use burn::tensor::Device;
+use tinygpt::checkpoint::{self, Run, Which};
+
+/// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let run = Run::open(&args.checkpoint)?;
+    let gpt = run.config.gpt(run.tokenizer.vocab_size());
+    let model = gpt.init(&Device::flex())?;
+    println!("run {}", run.dir.display());
+    println!(
+        "model: {} layers, {} heads, n_embd {}, block {}, vocab {} | {} parameters ({:.2}M without wpe)",
+        gpt.n_layer,
+        gpt.n_head,
+        gpt.n_embd,
+        gpt.block_size,
+        gpt.vocab_size,
+        model.num_params(),
+        model.num_params_non_embedding() as f64 / 1e6
+    );
+    println!(
+        "tokenizer: {}, {} tokens",
+        run.tokenizer.kind(),
+        run.tokenizer.vocab_size()
+    );
+    match run.state(Which::Last) {
+        Ok(state) => println!(
+            "trained: {} of {} steps, {} tokens, {:.1}s | last train loss {} val loss {} | best val loss {}",
+            state.step,
+            run.config.train.max_iters,
+            state.tokens,
+            state.elapsed_s,
+            fmt_loss(state.train_loss),
+            fmt_loss(state.val_loss),
+            match (state.best_val_loss, state.best_step) {
+                (Some(v), Some(s)) => format!("{v:.4} at step {s}"),
+                _ => "-".into(),
+            }
+        ),
+        Err(_) => println!("trained: no checkpoint saved yet"),
+    }
+    println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
+    print!("{}", run.config.to_toml());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fmt_loss(loss: Option<f64>) -> String {
+    loss.map_or("-".into(), |l| format!("{l:.4}"))
+}

@@ -1,0 +1,76 @@
+//! The command line: one module per command, each with its `Args` and `run`.
+
+mod attention;
+mod bench;
+mod eval;
+mod export;
+mod generate;
+mod import;
+mod info;
+mod logits;
+mod params;
+mod train;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use tinygpt::backend::{Backend, Placement};
+use tinygpt::checkpoint::{Run, TrainState, Which};
+use tinygpt_model::Gpt;
+
+#[derive(Parser)]
+#[command(
+    name = "tinygpt",
+    version,
+    about = "Train and sample a tiny GPT on any text file",
+    after_help = "Examples:\n  tinygpt train                                   # the default config on the built-in Paradise Lost\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt generate --checkpoint runs/default --prompt \"Of Man's first\"\n  tinygpt eval --checkpoint runs/default\n  tinygpt info --checkpoint runs/default"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Train(train::Args),
+    Generate(generate::Args),
+    Eval(eval::Args),
+    Info(info::Args),
+    Attention(attention::Args),
+    Export(export::Args),
+    Import(import::Args),
+    Bench(bench::Args),
+    Logits(logits::Args),
+    Params(params::Args),
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Train(args) => train::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Eval(args) => eval::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Attention(args) => attention::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Import(args) => import::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Logits(args) => logits::run(args),
+        Command::Params(args) => params::run(args),
+    }
+}
+
+/// The run in `checkpoint`, where `backend` places it, and the `which` weights on that device:
+/// what the commands that read a run's weights start from.
+fn load(
+    checkpoint: &Path,
+    which: Which,
+    backend: Backend,
+) -> Result<(Run, Placement, Gpt, TrainState)> {
+    let run = Run::open(checkpoint)?;
+    let placement = backend.placement()?;
+    let (model, state) = run.load_model(which, &placement.device)?;
+    Ok((run, placement, model, state))
+}

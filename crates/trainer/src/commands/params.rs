@@ -1,0 +1,55 @@
+//! `tinygpt params`: a preset's architecture and parameter count.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use burn::tensor::Device;
+use tinygpt_model::GptConfig;
+
+/// Print a preset's architecture and parameter count.
+///
+/// Example: tinygpt params --preset shakespeare-char --vocab-size 65
+#[derive(clap::Args)]
+pub struct Args {
+    /// Which preset.
+    #[arg(long, value_enum, default_value_t = Preset::Baby)]
+    preset: Preset,
+    /// Vocabulary size (65 for tiny-shakespeare's characters).
+    #[arg(long, default_value_t = 65)]
+    vocab_size: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Preset {
+    /// nanoGPT's CPU baby model: 4 layers, 4 heads, 128 wide, block 64.
+    Baby,
+    /// nanoGPT's shakespeare-char model: 6 layers, 6 heads, 384 wide, block 256.
+    ShakespeareChar,
+    /// The bare model: embeddings, one attention head with its residual, a linear head.
+    Minimal,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let config = match args.preset {
+        Preset::Baby => GptConfig::baby(args.vocab_size),
+        Preset::ShakespeareChar => GptConfig::shakespeare_char(args.vocab_size),
+        Preset::Minimal => GptConfig::minimal(args.vocab_size),
+    };
+    let model = config.init(&Device::flex())?;
+    println!(
+        "{} layers, {} heads, n_embd {}, block {}, vocab {}, bias {}, tied head {}",
+        config.n_layer,
+        config.n_head,
+        config.n_embd,
+        config.block_size,
+        config.vocab_size,
+        config.bias,
+        config.tie_embeddings
+    );
+    println!(
+        "{} parameters ({:.2}M without the position embedding, as nanoGPT counts)",
+        model.num_params(),
+        model.num_params_non_embedding() as f64 / 1e6
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,102 @@
+//! `tinygpt train`: a new run from a config, or `--resume` of an existing one.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tinygpt::backend::Backend;
+use tinygpt::presets::ConfigSource;
+use tinygpt::session::{Limits, TrainOptions, Trainer};
+
+/// Train a GPT on a text file; writes a run directory (weights, tokenizer, metrics, plot).
+///
+/// With no arguments: the `default` config on the built-in Paradise Lost, into runs/default.
+/// Ctrl-C (or --max-time) saves the run; --resume continues it exactly.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000"
+)]
+pub struct Args {
+    /// Run configuration: a built-in preset (default, baby, shakespeare-char) or a TOML file
+    /// with [model], [data], [train].
+    #[arg(long, value_name = "NAME|FILE")]
+    config: Option<String>,
+    /// Training corpus, UTF-8 text (default: the config's data.path).
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Run directory (default: runs/<config name>). Must not exist unless --resume.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Continue the run in --out from its last checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Train to this many steps (overrides train.max_iters).
+    #[arg(long, value_name = "N")]
+    max_iters: Option<usize>,
+    /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    max_time: Option<Duration>,
+    /// Seed of the initial weights, batches and dropout (overrides train.seed).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl Args {
+    /// The session's options: the flags that set config keys become overrides.
+    fn options(&self) -> TrainOptions {
+        let mut overrides = self.set.clone();
+        if let Some(data) = &self.data {
+            let path = toml::Value::String(data.display().to_string());
+            overrides.push(format!("data.path={path}"));
+        }
+        if let Some(n) = self.max_iters {
+            overrides.push(format!("train.max_iters={n}"));
+        }
+        if let Some(seed) = self.seed {
+            overrides.push(format!("train.seed={seed}"));
+        }
+        TrainOptions {
+            config: self.config.as_deref().map(ConfigSource::parse),
+            overrides,
+            out: self.out.clone(),
+            backend: self.backend,
+            resume: self.resume,
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            // Second Ctrl-C: leave now. Checkpoints are written atomically.
+            std::process::exit(130);
+        }
+        eprintln!("\ntinygpt: stopping after this step and saving (Ctrl-C again to quit now)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    let mut trainer = Trainer::open(&args.options())?;
+    println!("{}", trainer.describe()?);
+    let limits = Limits {
+        stop: &stop,
+        max_time: args.max_time,
+    };
+    let outcome = trainer.run(limits)?;
+    if outcome.interrupted {
+        return Ok(ExitCode::from(130));
+    }
+    println!(
+        "sample with: tinygpt generate --checkpoint {}",
+        outcome.dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,33 @@
+//! # tinygpt: train and sample a tiny GPT on any text file
+//!
+//! The library behind the `tinygpt` binary, for programs that open runs or train without the
+//! command line (a server, integration tests). Data flows through it as:
+//!
+//! ```text
+//! corpus (data) -> tokenizer -> batches (data) -> engine: loss, gradients, AdamW (engine, optim)
+//!   -> checkpoints (checkpoint) -> generate / eval / attention / export (eval, inspect, interop)
+//! ```
+//!
+//! - [`config::RunConfig`]: the run's TOML configuration; [`presets`]: the built-in configs and
+//!   corpus;
+//! - [`session::Trainer`]: a training run as named steps (open, step, evaluate, checkpoint,
+//!   report) over an [`engine::Engine`], which owns the weights and optimizer state;
+//! - [`backend::Backend`]: the `--backend` names, each a device and an engine
+//!   ([`backend::Placement`]);
+//! - [`checkpoint::Run`]: a run directory, written atomically.
+
+pub mod backend;
+pub mod bench;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod engine;
+pub mod eval;
+pub mod inspect;
+pub mod interop;
+pub mod metrics;
+pub mod optim;
+pub mod presets;
+pub mod progress;
+pub mod session;
+pub mod tokenizer;

@@ -1,0 +1,138 @@
+//! The optimizer: nanoGPT's AdamW (decay on 2-D weights only) and learning-rate schedule, and
+//! AdamW's state moved between Burn's optimizer and the fused engine's buffers.
+
+use anyhow::{Context, Result};
+use burn::module::{ParamGroup, ParamId};
+use burn::optim::{AdamWConfig, ModuleOptimizer};
+use burn::tensor::{Bytes, TensorData};
+use tinygpt_model::{AdamWSettings, Gpt, MomentState};
+
+use crate::checkpoint;
+use crate::config::RunConfig;
+
+/// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
+const ADAMW_EPSILON: f32 = 1e-8;
+
+/// The learning rate at `step`: linear warmup to `learning_rate`, then cosine decay to
+/// `min_lr` at `lr_decay_iters`, then `min_lr` (nanoGPT's `get_lr`).
+pub fn learning_rate(config: &RunConfig, step: usize) -> f64 {
+    let t = &config.train;
+    if step < t.warmup_iters {
+        return t.learning_rate * (step + 1) as f64 / (t.warmup_iters + 1) as f64;
+    }
+    let decay = config.lr_decay_iters();
+    if step >= decay {
+        return t.min_lr;
+    }
+    let ratio = (step - t.warmup_iters) as f64 / (decay - t.warmup_iters).max(1) as f64;
+    t.min_lr + 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos()) * (t.learning_rate - t.min_lr)
+}
+
+/// AdamW's settings for `model` under `config`: betas, epsilon, and which parameters decay.
+pub fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
+    let t = &config.train;
+    AdamWSettings {
+        beta_1: t.beta1 as f32,
+        beta_2: t.beta2 as f32,
+        epsilon: ADAMW_EPSILON,
+        weight_decay: t.weight_decay as f32,
+        decayed: model.decayed_param_ids(),
+    }
+}
+
+/// Burn's AdamW with nanoGPT's two groups ([`adamw_settings`]): weight decay on 2-D weights,
+/// none on biases and gains.
+pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
+    let s = adamw_settings(config, model);
+    let adamw = |weight_decay: f32| {
+        AdamWConfig::new()
+            .with_beta_1(s.beta_1)
+            .with_beta_2(s.beta_2)
+            .with_epsilon(s.epsilon)
+            .with_weight_decay(weight_decay)
+    };
+    let undecayed: Vec<ParamId> = checkpoint::param_ids(model)
+        .into_iter()
+        .map(ParamId::from)
+        .filter(|id| !s.decayed.contains(id))
+        .collect();
+    adamw(s.weight_decay).init().with_group(
+        ParamGroup::from_ids(undecayed),
+        adamw(0.0).build(),
+        None,
+    )
+}
+
+/// [`optimizer`] holding the state saved in `bytes` (a checkpoint's `optimizer.bpk`).
+pub fn load_optimizer(config: &RunConfig, model: &Gpt, bytes: Vec<u8>) -> Result<ModuleOptimizer> {
+    optimizer(config, model)
+        .from_bytes(Bytes::from_bytes_vec(bytes))
+        .map_err(|e| anyhow::anyhow!("{e:?}"))
+}
+
+/// AdamW's state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own
+/// serialisation: for each parameter `{id}.momentum.moment_1`, `.moment_2` and the scalar
+/// `{id}.momentum.time`. Empty before the first step.
+pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
+    let bytes = optim
+        .into_bytes()
+        .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
+    let reader = burn_pack::Reader::from_bytes(bytes)?;
+    let times = reader.scalars().clone();
+    let mut moments: std::collections::BTreeMap<u64, MomentState> = Default::default();
+    for tensor in reader.into_tensors()? {
+        let (name, dtype, shape, param_id, bytes) = tensor.into_parts()?;
+        let id = param_id.context("an optimizer tensor without a parameter id")?;
+        let data = TensorData::from_bytes(bytes, shape, dtype);
+        let shape = data.shape().to_vec();
+        let values = data
+            .try_to_vec::<f32>()
+            .map_err(|e| anyhow::anyhow!("optimizer tensor {name}: {e:?}"))?;
+        let time = times
+            .get(&format!("{id}.momentum.time"))
+            .and_then(|t| usize::try_from(*t).ok())
+            .with_context(|| format!("no step count for parameter {id}"))?;
+        let state = moments.entry(id).or_insert_with(|| MomentState {
+            id: ParamId::from(id),
+            shape,
+            time,
+            moment_1: Vec::new(),
+            moment_2: Vec::new(),
+        });
+        match name.rsplit('.').next() {
+            Some("moment_1") => state.moment_1 = values,
+            Some("moment_2") => state.moment_2 = values,
+            _ => anyhow::bail!("unexpected optimizer tensor {name} (not AdamW's state)"),
+        }
+    }
+    Ok(moments.into_values().collect())
+}
+
+/// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
+/// serialisation of AdamW's state, the names [`moments_from_burn`] reads.
+pub fn burn_from_moments(
+    template: &ModuleOptimizer,
+    states: Vec<MomentState>,
+) -> Result<ModuleOptimizer> {
+    let mut tensors = Vec::new();
+    let mut scalars = Vec::new();
+    for state in states {
+        let id = state.id.val();
+        for (leaf, values) in [("moment_1", state.moment_1), ("moment_2", state.moment_2)] {
+            let (bytes, shape, dtype) = TensorData::new(values, state.shape.clone()).into_parts();
+            let name = format!("{id}.momentum.{leaf}");
+            tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+        }
+        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
+        scalars.push((format!("{id}.momentum.time"), state.time as u64));
+    }
+    let mut writer = burn_pack::Writer::new(tensors);
+    for (key, value) in &scalars {
+        writer = writer.with_scalar(key, burn_pack::Scalar::UInt(*value));
+    }
+    let bytes: Bytes = writer.into_bytes()?;
+    template
+        .clone()
+        .from_bytes(bytes)
+        .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+}

@@ -1,0 +1,479 @@
+//! A training run as named steps: set-up ([`Trainer::open`]), [`Trainer::step`],
+//! [`Trainer::evaluate`], [`Trainer::checkpoint`] and [`Trainer::report`]; [`Trainer::run`] is
+//! nanoGPT's loop over them.
+//!
+//! AdamW (decay on 2-D weights only), linear warmup then cosine decay to `min_lr`, gradient
+//! accumulation, clipping by the global gradient norm, periodic train/val loss estimates, best
+//! and last checkpoints. Every random draw (initial weights, batches, dropout) is derived from
+//! the seed and the step, so a run is reproducible and a resumed run continues exactly.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Device;
+use tinygpt_model::Gpt;
+
+use crate::backend::{Backend, describe};
+use crate::checkpoint::{self, Run, TrainState, Which};
+use crate::config::RunConfig;
+use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
+use crate::engine::{Engine, StepLoss};
+use crate::metrics::{Metrics, Row};
+use crate::optim::{adamw_settings, learning_rate, load_optimizer, optimizer};
+use crate::presets::ConfigSource;
+use crate::progress::Progress;
+use crate::tokenizer::Tokenizer;
+
+/// RNG streams: batches of micro-step `k` use stream `k`; these are far above any `grad_accum`.
+const EVAL_STREAM: u64 = 1 << 20;
+const DROPOUT_STREAM: u64 = 1 << 21;
+const INIT_STREAM: u64 = 1 << 22;
+
+/// Only these may change when resuming; anything else would make it another run.
+const CHANGEABLE_ON_RESUME: [&str; 4] = [
+    "train.max_iters",
+    "data.path",
+    "train.eval_interval",
+    "train.log_interval",
+];
+
+/// What to train: a new run from a config, or the run in `out` continued.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The config (a new run); `None` = the `default` preset.
+    pub config: Option<ConfigSource>,
+    /// `section.key=value` overrides.
+    pub overrides: Vec<String>,
+    /// The run directory (default: `runs/<config name>`).
+    pub out: Option<PathBuf>,
+    pub backend: Backend,
+    /// Continue the run in `out` from its last checkpoint.
+    pub resume: bool,
+}
+
+/// When [`Trainer::run`] stops early: Ctrl-C, or a time limit.
+pub struct Limits<'a> {
+    pub stop: &'a AtomicBool,
+    pub max_time: Option<Duration>,
+}
+
+/// How a training run ended.
+pub struct Outcome {
+    pub dir: PathBuf,
+    pub interrupted: bool,
+}
+
+/// A loss estimate of both splits.
+#[derive(Debug, Clone, Copy)]
+pub struct Estimate {
+    pub train_loss: f64,
+    pub val_loss: f64,
+    /// The best validation loss so far.
+    pub improved: bool,
+}
+
+/// A run being trained: its directory, data, engine (weights and optimizer) and state.
+pub struct Trainer {
+    run: Run,
+    config: RunConfig,
+    data: Dataset,
+    engine: Engine,
+    state: TrainState,
+    metrics: Metrics,
+    device: Device,
+    /// Why the fused engine was not taken, when `auto` fell back.
+    note: Option<String>,
+    resumed: bool,
+}
+
+impl Trainer {
+    /// Set-up: config, corpus, tokenizer, run directory, model, optimizer, engine. Everything
+    /// that can fail on the input fails before a new run directory is created.
+    pub fn open(options: &TrainOptions) -> Result<Self> {
+        let placement = options.backend.placement()?;
+        let (run, data) = if options.resume {
+            resume_run(options)?
+        } else {
+            new_run(options)?
+        };
+        let config = run.config.clone();
+        let train_device = placement.device.clone().autodiff();
+        let (model, optim, state) = if options.resume {
+            saved_model(&run, &config, &train_device)?
+        } else {
+            let (model, optim) = initial_model(&run, &config, &train_device)?;
+            (model, optim, TrainState::default())
+        };
+        let adamw = adamw_settings(&config, &model);
+        let (engine, note) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let metrics = Metrics::open(&run.dir)?;
+        Ok(Self {
+            run,
+            config,
+            data,
+            engine,
+            state,
+            metrics,
+            device: placement.device,
+            note,
+            resumed: options.resume,
+        })
+    }
+
+    /// The start line: model, device, engine, corpus, run directory.
+    pub fn describe(&mut self) -> Result<String> {
+        let (config, data) = (&self.config, &self.data);
+        let m = &config.model;
+        let model = self.engine.model()?;
+        let (params, non_embedding) = (model.num_params(), model.num_params_non_embedding());
+        Ok(format!(
+            "training {} layers x {} heads, n_embd {}, block {} ({params} parameters, {:.2}M \
+             without wpe) on {}, {} | corpus {} ({} train / {} val tokens, {} tokenizer, vocab {}) \
+             | run {}{}",
+            m.n_layer,
+            m.n_head,
+            m.n_embd,
+            m.block_size,
+            non_embedding as f64 / 1e6,
+            describe(&self.device),
+            self.engine.describe(config.workers()),
+            config.data.path.display(),
+            data.train.len(),
+            data.val.len(),
+            self.run.tokenizer.kind(),
+            self.run.tokenizer.vocab_size(),
+            self.run.dir.display(),
+            self.note
+                .as_ref()
+                .map_or(String::new(), |n| format!("\nnote: {n}")),
+        ))
+    }
+
+    /// The run's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.run.dir
+    }
+
+    /// Where training stands.
+    pub fn state(&self) -> &TrainState {
+        &self.state
+    }
+
+    /// Tokens one optimizer step consumes.
+    pub fn tokens_per_step(&self) -> u64 {
+        let t = &self.config.train;
+        (t.batch_size * self.config.model.block_size * t.grad_accum) as u64
+    }
+
+    /// One optimizer step at the current step's learning rate: `grad_accum` micro-batches,
+    /// global-norm clipping, AdamW. The loss stays on the device until read.
+    pub fn step(&mut self) -> Result<StepLoss> {
+        let loss = train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
+        self.state.step += 1;
+        self.state.tokens += self.tokens_per_step();
+        Ok(loss)
+    }
+
+    /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their
+    /// own (so evaluating never changes the training batches); recorded in the state and
+    /// `metrics.csv`.
+    pub fn evaluate(&mut self, elapsed_s: f64) -> Result<Estimate> {
+        let (t, step) = (&self.config.train, self.state.step);
+        let mut means = [0.0; 2];
+        for (k, split) in [&self.data.train, &self.data.val].into_iter().enumerate() {
+            let mut rng = step_rng(t.seed, step, EVAL_STREAM + k as u64);
+            let batches: Vec<Batch> = (0..t.eval_iters)
+                .map(|_| self.data.sample(split, t.batch_size, &mut rng))
+                .collect();
+            let losses = self.engine.losses(&batches, self.config.workers())?;
+            means[k] = losses.iter().sum::<f64>() / t.eval_iters as f64;
+        }
+        let [train_loss, val_loss] = means;
+        let state = &mut self.state;
+        state.train_loss = Some(train_loss);
+        state.val_loss = Some(val_loss);
+        state.elapsed_s = elapsed_s;
+        let improved = state.best_val_loss.is_none_or(|best| val_loss < best);
+        if improved {
+            state.best_val_loss = Some(val_loss);
+            state.best_step = Some(step);
+        }
+        let row = Row {
+            step,
+            train_loss,
+            val_loss,
+            lr: learning_rate(&self.config, step),
+            tokens: state.tokens,
+            elapsed_s,
+        };
+        self.metrics.record(&self.run.dir, row)?;
+        Ok(Estimate {
+            train_loss,
+            val_loss,
+            improved,
+        })
+    }
+
+    /// Saves the `last` checkpoint (weights, AdamW state, training state), and `best` too when
+    /// `best` is set.
+    pub fn checkpoint(&mut self, best: bool) -> Result<()> {
+        let optimizer = self.engine.optimizer_bytes()?;
+        let model = self.engine.model()?;
+        if best {
+            self.run.save(Which::Best, model, None, &self.state)?;
+        }
+        self.run
+            .save(Which::Last, model, Some(&optimizer), &self.state)
+    }
+
+    /// Trains to `train.max_iters`, evaluating every `eval_interval` steps and at the end,
+    /// checkpointing after each evaluation, until done or `limits` say stop (then the last
+    /// checkpoint is saved).
+    pub fn run(&mut self, limits: Limits<'_>) -> Result<Outcome> {
+        let t = self.config.train.clone();
+        if self.resumed {
+            println!("resuming at step {} of {}", self.state.step, t.max_iters);
+        }
+        let progress = Progress::new(t.max_iters as u64, self.state.step as u64);
+        let mut clock = Clock::new(self.state.elapsed_s, self.state.step);
+        let mut interrupted = false;
+        loop {
+            let step = self.state.step;
+            if step.is_multiple_of(t.eval_interval) || step == t.max_iters {
+                self.evaluate_and_save(&mut clock, &progress)?;
+            }
+            if step >= t.max_iters {
+                break;
+            }
+            let over_time = limits
+                .max_time
+                .is_some_and(|m| clock.started.elapsed() >= m);
+            if limits.stop.load(Ordering::SeqCst) || over_time {
+                interrupted = true;
+                self.stop_and_save(&clock, &progress, over_time)?;
+                break;
+            }
+            let loss = self.step()?;
+            progress.at(self.state.step);
+            if self.state.step.is_multiple_of(t.log_interval) || self.state.step == t.max_iters {
+                self.log(loss.read(), &mut clock, &progress)?;
+            }
+        }
+        progress.finish();
+        println!("{}", self.report(&clock));
+        Ok(Outcome {
+            dir: self.run.dir.clone(),
+            interrupted,
+        })
+    }
+
+    /// The summary line at the end of a run.
+    pub fn report(&self, clock: &Clock) -> String {
+        let wall = clock.started.elapsed();
+        let train_time = (wall - clock.eval_time).as_secs_f64();
+        let steps = self.state.step - clock.first_step;
+        let tokens_per_s = steps as f64 * self.tokens_per_step() as f64 / train_time.max(1e-9);
+        let best = self.state.best_val_loss.map_or("-".into(), |v| {
+            format!("{v:.4} (step {})", self.state.best_step.unwrap_or(0))
+        });
+        format!(
+            "done: step {} | wall {:.1}s ({train_time:.1}s training, {:.1}s eval) | \
+             {tokens_per_s:.0} training tokens/s | last loss {} | best val {best} | {}",
+            self.state.step,
+            wall.as_secs_f64(),
+            clock.eval_time.as_secs_f64(),
+            clock.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
+            self.run.dir.display()
+        )
+    }
+
+    fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<()> {
+        let eval_start = Instant::now();
+        let estimate = self.evaluate(clock.elapsed_s())?;
+        progress.say(format!(
+            "step {}: train loss {:.4}, val loss {:.4}{}",
+            self.state.step,
+            estimate.train_loss,
+            estimate.val_loss,
+            if estimate.improved { " (best)" } else { "" }
+        ));
+        if self.state.step > 0 || self.resumed {
+            self.checkpoint(estimate.improved)?;
+        }
+        clock.eval_time += eval_start.elapsed();
+        // tokens/s in the progress line measures training only.
+        clock.window = (Instant::now(), self.state.step);
+        Ok(())
+    }
+
+    fn stop_and_save(&mut self, clock: &Clock, progress: &Progress, over_time: bool) -> Result<()> {
+        self.state.elapsed_s = clock.elapsed_s();
+        self.checkpoint(false)?;
+        let why = if over_time {
+            "time limit reached"
+        } else {
+            "interrupted"
+        };
+        progress.say(format!(
+            "{why} at step {}: saved {} (continue with --resume --out {})",
+            self.state.step,
+            self.run.dir.join("last").display(),
+            self.run.dir.display()
+        ));
+        Ok(())
+    }
+
+    /// Reports a step's loss: the progress bar on a terminal, a log line otherwise.
+    fn log(&mut self, loss: f64, clock: &mut Clock, progress: &Progress) -> Result<()> {
+        let step = self.state.step;
+        if !loss.is_finite() {
+            bail!(
+                "the loss became {loss} at step {step}: lower train.learning_rate or set \
+                 train.grad_clip"
+            );
+        }
+        clock.last_loss = Some(loss);
+        let lr = learning_rate(&self.config, step - 1);
+        let since = clock.window.0.elapsed().as_secs_f64();
+        let tok_s =
+            (step - clock.window.1) as f64 * self.tokens_per_step() as f64 / since.max(1e-9);
+        let max_iters = self.config.train.max_iters;
+        progress.update(
+            &format!("loss {loss:.4} | lr {lr:.2e} | {tok_s:.0} tok/s"),
+            || {
+                format!(
+                    "step {step}/{max_iters} | loss {loss:.4} | lr {lr:.2e} | {tok_s:.0} tokens/s"
+                )
+            },
+        );
+        if since > 5.0 {
+            clock.window = (Instant::now(), step);
+        }
+        Ok(())
+    }
+}
+
+/// Training step `step` of a run of `config` on `data`: its batches (drawn from the seed and
+/// the step), its dropout seed and learning rate, through `engine`.
+pub fn train_step(
+    engine: &mut Engine,
+    data: &Dataset,
+    config: &RunConfig,
+    step: usize,
+) -> Result<StepLoss> {
+    let t = &config.train;
+    let batches: Vec<Batch> = (0..t.grad_accum)
+        .map(|micro| {
+            let mut rng = step_rng(t.seed, step, micro as u64);
+            data.sample(&data.train, t.batch_size, &mut rng)
+        })
+        .collect();
+    let dropout_seed = mix(t.seed, step, DROPOUT_STREAM);
+    let lr = learning_rate(config, step);
+    engine.step(&batches, dropout_seed, t.grad_clip, lr)
+}
+
+/// The run's clocks: wall time, time spent evaluating, and the window tokens/s is measured over.
+pub struct Clock {
+    started: Instant,
+    elapsed_before: f64,
+    eval_time: Duration,
+    window: (Instant, usize),
+    first_step: usize,
+    last_loss: Option<f64>,
+}
+
+impl Clock {
+    fn new(elapsed_before: f64, step: usize) -> Self {
+        Self {
+            started: Instant::now(),
+            elapsed_before,
+            eval_time: Duration::ZERO,
+            window: (Instant::now(), step),
+            first_step: step,
+            last_loss: None,
+        }
+    }
+
+    /// Training wall time so far, earlier sessions of a resumed run included.
+    fn elapsed_s(&self) -> f64 {
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// A new run directory for `options`, with its tokenizer trained and its corpus split.
+fn new_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
+    let source = options
+        .config
+        .clone()
+        .unwrap_or(ConfigSource::Preset("default"));
+    let config = source.load(&options.overrides)?;
+    let out = options
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(source.name()));
+    let text = read_corpus(&config.data.path)?;
+    let tokenizer = Tokenizer::train(config.data.tokenizer, &text, config.data.bpe_vocab_size)?;
+    let data = Dataset::new(&text, &tokenizer, &config.data, config.model.block_size)
+        .with_context(|| format!("corpus {}", config.data.path.display()))?;
+    Ok((Run::create(&out, config, tokenizer)?, data))
+}
+
+/// The run in `options.out`, with the allowed overrides applied, and its corpus split.
+fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
+    let Some(out) = &options.out else {
+        bail!("--resume needs --out DIR, the run directory to continue");
+    };
+    if options.config.is_some() {
+        bail!("--resume continues with the run's own config.toml; drop --config");
+    }
+    for o in &options.overrides {
+        let key = o.split('=').next().unwrap_or_default().trim();
+        if !CHANGEABLE_ON_RESUME.contains(&key) {
+            bail!(
+                "--resume cannot change `{key}` (only {})",
+                CHANGEABLE_ON_RESUME.join(", ")
+            );
+        }
+    }
+    let mut run = Run::open(out)?;
+    if !options.overrides.is_empty() {
+        run.config = RunConfig::load_str(&run.config.to_toml(), &options.overrides)?;
+        run.write_config()?;
+    }
+    let config = &run.config;
+    let text = read_corpus(&config.data.path)?;
+    let data = Dataset::new(&text, &run.tokenizer, &config.data, config.model.block_size)
+        .with_context(|| format!("corpus {}", config.data.path.display()))?;
+    Ok((run, data))
+}
+
+/// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
+/// same starting weights on every backend. And a fresh AdamW for it.
+fn initial_model(run: &Run, config: &RunConfig, device: &Device) -> Result<(Gpt, ModuleOptimizer)> {
+    let cpu = Device::flex();
+    cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
+    let gpt = config.gpt(run.tokenizer.vocab_size());
+    let init = gpt.init(&cpu)?;
+    let mut model = gpt.init(device)?;
+    checkpoint::copy_weights(&init, &mut model)?;
+    let optim = optimizer(config, &model);
+    Ok((model, optim))
+}
+
+/// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
+/// AdamW and the training state.
+fn saved_model(
+    run: &Run,
+    config: &RunConfig,
+    device: &Device,
+) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
+    let (model, state) = run.load_model(Which::Last, device)?;
+    let model = checkpoint::restore_param_ids(model, &state.param_ids)?;
+    let optim = load_optimizer(config, &model, run.optimizer_bytes()?)
+        .map_err(|e| anyhow::anyhow!("optimizer state in {} is corrupt: {e}", run.dir.display()))?;
+    Ok((model, optim, state))
+}

@@ -4,11 +4,14 @@
 #
 #   scripts/compare-pytorch.sh [baby|shakespeare-char] [iters]
 #
-# Runs ../shared/bench/torch_gpt.py train (the reference GPT of the same architecture), then
-# `tinygpt bench` with the same config, and prints both and the ratio of training tokens/s.
+# Runs torch_gpt.py train (the reference GPT of the same architecture), then `tinygpt bench`
+# with the same config, and prints both and the ratio of training tokens/s.
 # PYTHON: a Python with torch (default: ~/.venvs/torch/bin/python, else python3).
 # TINYGPT: the binary (default: target/release/tinygpt, built if missing).
-# BACKEND: the tinygpt backend (default: fused, the fastest on a CPU).
+# BACKEND: the tinygpt backend (default: fused, the fastest on a CPU; wgpu with DEVICE=cuda).
+# DEVICE=cuda: the GPU mode; PyTorch on CUDA, tinygpt on wgpu. TORCH_FLAGS adds flags to
+#   torch_gpt.py, e.g. TORCH_FLAGS="--dtype bfloat16 --tf32 --compile" (nanoGPT's GPU settings).
+# TORCH_GPT, CORPUS: torch_gpt.py and tiny shakespeare (defaults: the development checkout's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,11 +29,15 @@ if ! "$python" -c 'import torch' 2>/dev/null; then
 fi
 tinygpt="${TINYGPT:-${CARGO_TARGET_DIR:-target}/release/tinygpt}"
 [ -x "$tinygpt" ] || cargo build --release -q -p tinygpt
-backend="${BACKEND:-fused}"
-data=../shared/data/tinyshakespeare.txt
+device="${DEVICE:-cpu}"
+if [ "$device" = cpu ]; then backend="${BACKEND:-fused}"; else backend="${BACKEND:-wgpu}"; fi
+data="${CORPUS:-../shared/data/tinyshakespeare.txt}"
+torch_gpt="${TORCH_GPT:-../shared/bench/torch_gpt.py}"
+# shellcheck disable=SC2206
+torch_flags=(--device "$device" ${TORCH_FLAGS:-})
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); config $config, $iters iterations"
-torch_out=$("$python" ../shared/bench/torch_gpt.py train --data "$data" "${model[@]}" \
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); config $config, $iters iterations; torch ${torch_flags[*]}, tinygpt $backend"
+torch_out=$("$python" "$torch_gpt" train --data "$data" "${model[@]}" "${torch_flags[@]}" \
   --iters "$iters" --eval-iters 1 --sample-tokens 200)
 torch_json=$(printf '%s\n' "$torch_out" | sed -n 1p)
 printf 'pytorch: %s\n' "$torch_out"

@@ -14,9 +14,8 @@ cd "$(dirname "$0")/.."
 out="${OUT_DIR:-gpu-bench}"
 corpus="${CORPUS:-../shared/data/tinyshakespeare.txt}"
 torch_gpt="${TORCH_GPT:-../shared/bench/torch_gpt.py}"
-for f in "$corpus" "$torch_gpt"; do
-  [ -f "$f" ] || { echo "error: $f not found (set CORPUS / TORCH_GPT)" >&2; exit 1; }
-done
+[ -f "$corpus" ] || { echo "error: no tiny shakespeare: set CORPUS=path/to/input.txt" >&2; exit 1; }
+[ -f "$torch_gpt" ] || { echo "error: no PyTorch reference GPT: set TORCH_GPT=path/to/torch_gpt.py" >&2; exit 1; }
 cargo build --release -q -p tinygpt
 target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$out"

@@ -3,7 +3,13 @@
 //! (`transformer.h.0.ln_1.weight`, `[out, in]`). The fused CPU engine stores its buffers in this
 //! order, and export and import walk it; nothing else lists the parameters.
 
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::Tensor;
+
 use crate::config::GptConfig;
+use crate::gpt::Gpt;
 
 /// One parameter slot of a GPT.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,43 +90,63 @@ pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
     table
 }
 
+/// A parameter of a model: its id, its values flattened, and its shape.
+pub(crate) struct Entry {
+    pub id: ParamId,
+    pub values: Tensor<1>,
+    pub shape: Vec<usize>,
+}
+
+/// Every float parameter of `gpt` by its Burn module path (the table's `burn` names).
+pub(crate) fn parameters_by_path(gpt: &Gpt) -> HashMap<String, Entry> {
+    struct ByPath(HashMap<String, Entry>, Vec<String>);
+    impl ModuleVisitor for ByPath {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.1.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.1.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let values = param.val();
+            let shape = values.dims().to_vec();
+            let len: usize = shape.iter().product();
+            let entry = Entry {
+                id: param.id,
+                values: values.reshape([len]),
+                shape,
+            };
+            self.0.insert(self.1.join("."), entry);
+        }
+    }
+    let mut by_path = ByPath(HashMap::new(), Vec::new());
+    gpt.visit(&mut by_path);
+    by_path.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::module::{Module, ModuleVisitor, Param};
-    use burn::tensor::{Device, Tensor};
+    use burn::tensor::Device;
 
     /// The present slots are exactly the model's parameters, with Burn's paths.
     #[test]
     fn the_table_names_every_parameter_once() {
-        struct Paths(Vec<String>, Vec<String>);
-        impl ModuleVisitor for Paths {
-            fn enter_module(&mut self, name: &str, _: &str) {
-                self.1.push(name.to_string());
-            }
-            fn exit_module(&mut self, _: &str, _: &str) {
-                self.1.pop();
-            }
-            fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<D>>) {
-                self.0.push(self.1.join("."));
-            }
-        }
         for (bias, tied) in [(true, true), (false, false)] {
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
                 .with_tie_embeddings(tied);
             let model = config.init(&Device::flex()).unwrap();
-            let mut paths = Paths(Vec::new(), Vec::new());
-            model.visit(&mut paths);
+            let mut paths: Vec<String> = parameters_by_path(&model).into_keys().collect();
             let mut expected: Vec<String> = parameter_table(&config)
                 .into_iter()
                 .filter(|p| p.present)
                 .map(|p| p.burn)
                 .collect();
-            paths.0.sort();
+            paths.sort();
             expected.sort();
-            assert_eq!(paths.0, expected);
+            assert_eq!(paths, expected);
         }
     }
 }

@@ -66,11 +66,6 @@ impl Backend {
         Ok(Placement { device, engine })
     }
 
-    /// The device alone, for commands that only run the model forward.
-    pub fn device(self) -> Result<Device> {
-        Ok(self.placement()?.device)
-    }
-
     /// The name as typed on the command line.
     pub fn name(self) -> &'static str {
         match self {

@@ -394,31 +394,12 @@ fn ctrl_c_saves_and_resume_continues() {
     ];
     args.extend(TINY);
     args.extend(["--max-iters", "1000000", "--set", "train.log_interval=1"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-        .args(&args)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Wait until it is training, then interrupt.
-    for line in lines.by_ref() {
-        if line.unwrap().starts_with("step 3/") {
-            break;
-        }
-    }
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
-    let exit = child.wait().unwrap();
-    assert_eq!(exit.code(), Some(130), "{rest:?}");
+    let (code, lines) = interrupt_when(dir, &args, |line| line.starts_with("step 3/"));
+    assert_eq!(code, Some(130), "{lines:?}");
     assert!(
-        rest.iter().any(|l| l.starts_with("interrupted at step")),
-        "{rest:?}"
+        lines.iter().any(|l| l.starts_with("interrupted at step")),
+        "{lines:?}"
     );
     let state = std::fs::read_to_string(dir.join("run/last/state.json")).unwrap();
     let step: usize = state
@@ -445,9 +426,13 @@ fn ctrl_c_saves_and_resume_continues() {
     assert!(log.contains(&format!("done: step {}", step + 2)), "{log}");
 }
 
-/// Started in `dir` with `args`, interrupted once the first evaluation is printed: the exit code
-/// and everything printed.
-fn train_until_first_eval(dir: &Path, args: &[&str]) -> (Option<i32>, Vec<String>) {
+/// `tinygpt args` started in `dir` and sent Ctrl-C (SIGINT) once it prints a line for which
+/// `until` holds: the exit code and every line printed.
+fn interrupt_when(
+    dir: &Path,
+    args: &[&str],
+    until: impl Fn(&str) -> bool,
+) -> (Option<i32>, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
         .args(args)
         .current_dir(dir)
@@ -459,9 +444,9 @@ fn train_until_first_eval(dir: &Path, args: &[&str]) -> (Option<i32>, Vec<String
     let mut seen = Vec::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
-        let first_eval = line.starts_with("step 0:");
+        let done = until(&line);
         seen.push(line);
-        if first_eval {
+        if done {
             break;
         }
     }
@@ -488,7 +473,7 @@ fn works_from_any_directory() {
         (&["train"][..], "runs/default"),
         (&["train", "--config", "baby"][..], "runs/baby"),
     ] {
-        let (code, lines) = train_until_first_eval(dir, args);
+        let (code, lines) = interrupt_when(dir, args, |line| line.starts_with("step 0:"));
         assert_eq!(code, Some(130), "{args:?}: {lines:?}");
         assert!(
             lines[0].contains("corpus builtin:paradise-lost.txt (")

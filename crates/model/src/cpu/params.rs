@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::gpt::Gpt;
-use crate::parameters::parameter_table;
+use crate::parameters::{Entry, parameter_table, parameters_by_path};
 
 /// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
 #[derive(Debug, Clone, Default)]
@@ -45,44 +45,12 @@ pub(crate) struct Params {
     pub lm_head: Vec<f32>,
 }
 
-/// A parameter of the model: its id, its values flattened, and its shape.
-struct Entry {
-    id: ParamId,
-    values: Tensor<1>,
-    shape: Vec<usize>,
-}
-
-fn entry<const D: usize>(param: &Param<Tensor<D>>) -> Entry {
-    let values = param.val();
-    let shape = values.dims().to_vec();
-    let len: usize = shape.iter().product();
-    Entry {
-        id: param.id,
-        values: values.reshape([len]),
-        shape,
-    }
-}
-
 /// The model's parameters in [`parameter_table`]'s order; `None` where a slot is absent.
 fn entries(gpt: &Gpt) -> Vec<Option<Entry>> {
-    /// Every float parameter by its module path.
-    struct ByPath(HashMap<String, Entry>, Vec<String>);
-    impl ModuleVisitor for ByPath {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.1.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.1.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.insert(self.1.join("."), entry(param));
-        }
-    }
-    let mut by_path = ByPath(HashMap::new(), Vec::new());
-    gpt.visit(&mut by_path);
+    let mut by_path = parameters_by_path(gpt);
     parameter_table(&gpt.config)
         .into_iter()
-        .map(|slot| by_path.0.remove(&slot.burn))
+        .map(|slot| by_path.remove(&slot.burn))
         .collect()
 }
 

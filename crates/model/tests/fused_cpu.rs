@@ -2,9 +2,12 @@
 //! and without biases, tied and untied heads, padded batches and several thread counts; and its
 //! dropout against finite differences; AdamW on its buffers against Burn's AdamW.
 
+mod common;
+
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use common::seeded;
 use tinygpt_model::{
     Activation, AdamWSettings, FusedCpu, FusedDecoder, FusedError, Gpt, GptConfig, IGNORE_INDEX,
     LossError, ModelError, TokenBatch, cross_entropy,
@@ -128,6 +131,7 @@ fn small() -> GptConfig {
 
 #[test]
 fn loss_and_gradients_match_burn_autodiff() {
+    let _seeded = seeded();
     let (inputs, targets) = (tokens(3 * 16, 13, 1), tokens(3 * 16, 13, 2));
     let batch = token_batch(&inputs, &targets, 3, 16);
     check_against_burn(small(), batch, 1);
@@ -143,6 +147,7 @@ fn loss_and_gradients_match_burn_autodiff() {
 
 #[test]
 fn shorter_sequences_and_padding_match_burn() {
+    let _seeded = seeded();
     // Right-padded documents: padded targets are ignored, and causal attention means no real
     // token looks at the padding.
     let seq = 11;
@@ -157,6 +162,7 @@ fn shorter_sequences_and_padding_match_burn() {
 
 #[test]
 fn long_sequences_span_several_query_blocks() {
+    let _seeded = seeded();
     // 150 tokens: query blocks of 64, 64 and 22 rows, each seeing a different number of keys.
     let config = small()
         .with_block_size(160)
@@ -170,6 +176,7 @@ fn long_sequences_span_several_query_blocks() {
 
 #[test]
 fn gradients_accumulate_and_reset() {
+    let _seeded = seeded();
     let gpt = model(&small());
     let (inputs, targets) = (tokens(2 * 16, 13, 5), tokens(2 * 16, 13, 6));
     let batch = token_batch(&inputs, &targets, 2, 16);
@@ -195,6 +202,7 @@ fn dropout_loss(gpt: &Gpt, batch: TokenBatch<'_>, seed: u64, threads: usize) -> 
 
 #[test]
 fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly() {
+    let _seeded = seeded();
     let config = small().with_dropout(0.3).with_n_layer(1);
     let gpt = model(&config);
     let (inputs, targets) = (tokens(4 * 16, 13, 7), tokens(4 * 16, 13, 8));
@@ -236,6 +244,7 @@ fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly()
 
 #[test]
 fn bad_batches_are_errors() {
+    let _seeded = seeded();
     let gpt = model(&small());
     let mut fused = FusedCpu::new(&gpt, 2).unwrap();
     let ok = tokens(16, 13, 1);
@@ -278,6 +287,7 @@ fn bad_batches_are_errors() {
 /// the allow-list reads the config, not the tensors.
 #[test]
 fn shape_preserving_settings_it_does_not_implement_are_refused() {
+    let _seeded = seeded();
     let inputs = tokens(2 * 16, 13, 3);
     let logits = |config: &GptConfig| {
         let device = Device::flex();
@@ -311,6 +321,7 @@ fn shape_preserving_settings_it_does_not_implement_are_refused() {
 
 #[test]
 fn clipping_scales_to_the_global_norm() {
+    let _seeded = seeded();
     let gpt = model(&small());
     let (inputs, targets) = (tokens(2 * 16, 13, 11), tokens(2 * 16, 13, 12));
     let batch = token_batch(&inputs, &targets, 2, 16);
@@ -380,6 +391,7 @@ fn assert_same_weights(a: &Gpt, b: &Gpt, context: &str) {
 /// a state handed to a fresh `FusedCpu` continues the same way.
 #[test]
 fn adamw_on_the_buffers_equals_burns_adamw() {
+    let _seeded = seeded();
     let gpt = model(&small().with_tie_embeddings(false));
     let decayed = gpt.decayed_param_ids();
     let settings = AdamWSettings {

@@ -1,7 +1,10 @@
 //! The fused CPU decoder against Burn's `Gpt::forward` and `Gpt::generate`: the same logits at
 //! every step of a KV-cached decode, the same tokens while the window slides, typed errors.
 
+mod common;
+
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use common::seeded;
 use tinygpt_model::{
     Decoder, FusedDecoder, FusedError, GenerateOptions, Gpt, GptConfig, ModelError, generate,
 };
@@ -52,6 +55,7 @@ fn configs() -> Vec<GptConfig> {
 /// after each feed, the logits equal the last row of a full forward over everything fed.
 #[test]
 fn cached_logits_match_a_full_forward() {
+    let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
         let gpt = config.init(&device).unwrap();
@@ -85,6 +89,7 @@ fn cached_logits_match_a_full_forward() {
 /// slides and the cache is rebuilt from a many-token window every step.
 #[test]
 fn generates_the_tokens_burn_generates() {
+    let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
         let gpt = config.init(&device).unwrap();
@@ -114,6 +119,7 @@ fn generates_the_tokens_burn_generates() {
 
 #[test]
 fn bad_inputs_are_errors() {
+    let _seeded = seeded();
     let device = Device::flex();
     let config = configs().remove(0);
     let gpt = config.init(&device).unwrap();

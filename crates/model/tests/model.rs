@@ -1,9 +1,12 @@
 //! The GPT end to end: shapes, parameter counts, init loss, ignore_index, training, generation.
 
+mod common;
+
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+use common::seeded;
 use tinygpt_model::{
     GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX, LossError,
     ModelError, cross_entropy,
@@ -21,18 +24,6 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 fn ints(data: &[i64], shape: [usize; 2], device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
-}
-
-/// Weights and inputs come from the backends' generators, which every test thread shares: each
-/// test holds this lock and seeds the CPU backends first, so its numbers are the same on every
-/// run.
-fn seeded() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    for device in [Device::flex(), ndarray()] {
-        device.seed(20261122);
-    }
-    guard
 }
 
 fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {

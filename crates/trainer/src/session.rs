@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
-use tinygpt_model::Gpt;
+use tinygpt_model::{Gpt, fused_support};
 
-use crate::backend::{Backend, describe};
+use crate::backend::{Backend, EngineChoice, Placement, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
@@ -97,7 +97,7 @@ impl Trainer {
         let (run, data) = if options.resume {
             resume_run(options)?
         } else {
-            new_run(options)?
+            new_run(options, &placement)?
         };
         let config = run.config.clone();
         let train_device = placement.device.clone().autodiff();
@@ -404,13 +404,18 @@ impl Clock {
     }
 }
 
-/// A new run directory for `options`, with its tokenizer trained and its corpus split.
-fn new_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
+/// A new run directory for `options`, with its tokenizer trained and its corpus split. A model
+/// the chosen engine refuses is refused before the directory exists.
+fn new_run(options: &TrainOptions, placement: &Placement) -> Result<(Run, Dataset)> {
     let source = options
         .config
         .clone()
         .unwrap_or(ConfigSource::Preset("default"));
     let config = source.load(&options.overrides)?;
+    if placement.engine == EngineChoice::Fused {
+        // The vocabulary is not known yet; the allow-list does not look at sizes.
+        fused_support(&config.gpt(1))?;
+    }
     let out = options
         .out
         .clone()

@@ -491,6 +491,27 @@ fn works_from_any_directory() {
     assert!(info.contains("max_iters = 1000"), "{info}");
 }
 
+/// A model the fused engine does not implement (same shapes, another activation): an explicit
+/// `--backend fused` refuses it in one line before writing anything; `auto` on a machine without
+/// a GPU trains it on flex and says so.
+#[test]
+fn the_fused_engine_runs_only_what_it_implements() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let refusal = "the fused CPU engine does not implement `activation = \"gelu_tanh\"`";
+    let tanh = ["--set", "model.activation=gelu_tanh", "--max-iters", "2"];
+    fails(train_on(dir, "refused", "fused", &tanh), refusal);
+    assert!(!dir.join("refused").exists());
+    let log = ok(train_on(dir, "fallback", "auto", &tanh));
+    // Without a physical GPU, `auto` means the fused engine, which cannot take this model.
+    if log.contains("Device<Flex") {
+        assert!(log.contains(&format!("note: {refusal}")), "{log}");
+        assert!(log.contains("training on flex"), "{log}");
+    }
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "fallback"]));
+    assert!(info.contains("activation = \"gelu_tanh\""), "{info}");
+}
+
 #[test]
 fn bad_corpus_is_one_clear_line() {
     let tmp = tempfile::tempdir().unwrap();

@@ -125,15 +125,13 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     if !layer_norm {
         return unsupported("models without LayerNorms (`layer_norm = false`)".into());
     }
-    if *activation != Activation::Gelu {
-        return unsupported(format!(
-            "the activation {activation:?} (only the exact GELU)"
-        ));
+    if let Activation::GeluTanh = activation {
+        return unsupported("`activation = \"gelu_tanh\"` (only the exact GELU)".into());
     }
     // The kernels compute in f32: an ε that rounds to theirs is theirs.
     if *layer_norm_eps as f32 != layer_norm::EPSILON {
         return unsupported(format!(
-            "LayerNorm epsilon {layer_norm_eps} (only {})",
+            "`layer_norm_eps = {layer_norm_eps}` (only {})",
             layer_norm::EPSILON
         ));
     }

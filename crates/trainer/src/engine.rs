@@ -26,6 +26,8 @@ pub struct Engine {
     /// replaces it.
     model: Option<Gpt>,
     optim: ModuleOptimizer,
+    /// Threads of the fused engine, and of the autodiff engine's loss estimates.
+    threads: usize,
 }
 
 enum Kind {
@@ -74,6 +76,7 @@ impl Engine {
             kind: Kind::Autodiff(placement.device.clone()),
             model: Some(model),
             optim,
+            threads,
         };
         match (placement.engine, fused_support(&model.config)) {
             (EngineChoice::Autodiff, _) => return Ok((autodiff(model, optim), None)),
@@ -97,15 +100,16 @@ impl Engine {
             kind,
             model: Some(model),
             optim,
+            threads,
         };
         Ok((engine, None))
     }
 
     /// A short description for the log line.
-    pub fn describe(&self, threads: usize) -> String {
+    pub fn describe(&self) -> String {
         match &self.kind {
             Kind::Autodiff(_) => "Burn autodiff".into(),
-            Kind::Fused { .. } => format!("fused CPU engine on {threads} threads"),
+            Kind::Fused { .. } => format!("fused CPU engine on {} threads", self.threads),
         }
     }
 
@@ -172,9 +176,10 @@ impl Engine {
         }
     }
 
-    /// Mean loss of each batch under the current weights (no gradients, no dropout).
-    /// `workers`: threads for the autodiff engine (the fused one splits every batch itself).
-    pub fn losses(&mut self, batches: &[Batch], workers: usize) -> Result<Vec<f64>> {
+    /// Mean loss of each batch under the current weights (no gradients, no dropout). The
+    /// autodiff engine shares the batches among its threads; the fused one splits each batch.
+    pub fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
+        let workers = self.threads;
         match &mut self.kind {
             Kind::Autodiff(device) => {
                 let model = self.model.as_ref().context("the engine lost its model")?;

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
-use tinygpt_model::{Gpt, fused_support};
+use tinygpt_model::Gpt;
 
-use crate::backend::{Backend, EngineChoice, Placement, describe};
+use crate::backend::{Backend, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
@@ -90,25 +90,41 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Set-up: config, corpus, tokenizer, run directory, model, optimizer, engine. Everything
-    /// that can fail on the input fails before a new run directory is created.
+    /// Set-up: config, corpus, tokenizer, model, optimizer, engine, and last the run directory:
+    /// everything that can fail fails before a new run directory is created.
     pub fn open(options: &TrainOptions) -> Result<Self> {
         let placement = options.backend.placement()?;
-        let (run, data) = if options.resume {
-            resume_run(options)?
+        let (dir, data) = if options.resume {
+            let (run, data) = resume_run(options)?;
+            (RunDir::Existing(run), data)
         } else {
-            new_run(options, &placement)?
+            new_run(options)?
         };
-        let config = run.config.clone();
         let train_device = placement.device.clone().autodiff();
-        let (model, optim, state) = if options.resume {
-            saved_model(&run, &config, &train_device)?
-        } else {
-            let (model, optim) = initial_model(&run, &config, &train_device)?;
-            (model, optim, TrainState::default())
+        let (model, optim, state) = match &dir {
+            RunDir::Existing(run) => saved_model(run, &train_device)?,
+            RunDir::New {
+                config, tokenizer, ..
+            } => {
+                let vocab_size = tokenizer.vocab_size();
+                let (model, optim) = initial_model(config, vocab_size, &train_device)?;
+                (model, optim, TrainState::default())
+            }
+        };
+        let config = match &dir {
+            RunDir::Existing(run) => run.config.clone(),
+            RunDir::New { config, .. } => config.clone(),
         };
         let adamw = adamw_settings(&config, &model);
         let (engine, note) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let run = match dir {
+            RunDir::Existing(run) => run,
+            RunDir::New {
+                out,
+                config,
+                tokenizer,
+            } => Run::create(&out, config, tokenizer)?,
+        };
         let metrics = Metrics::open(&run.dir)?;
         Ok(Self {
             run,
@@ -139,7 +155,7 @@ impl Trainer {
             m.block_size,
             non_embedding as f64 / 1e6,
             describe(&self.device),
-            self.engine.describe(config.workers()),
+            self.engine.describe(),
             config.data.path.display(),
             data.train.len(),
             data.val.len(),
@@ -188,7 +204,7 @@ impl Trainer {
             let batches: Vec<Batch> = (0..t.eval_iters)
                 .map(|_| self.data.sample(split, t.batch_size, &mut rng))
                 .collect();
-            let losses = self.engine.losses(&batches, self.config.workers())?;
+            let losses = self.engine.losses(&batches)?;
             means[k] = losses.iter().sum::<f64>() / t.eval_iters as f64;
         }
         let [train_loss, val_loss] = means;
@@ -404,18 +420,25 @@ impl Clock {
     }
 }
 
-/// A new run directory for `options`, with its tokenizer trained and its corpus split. A model
-/// the chosen engine refuses is refused before the directory exists.
-fn new_run(options: &TrainOptions, placement: &Placement) -> Result<(Run, Dataset)> {
+/// The run directory a session trains: one being continued, or one to create once set-up has
+/// succeeded.
+enum RunDir {
+    Existing(Run),
+    New {
+        out: PathBuf,
+        config: RunConfig,
+        tokenizer: Tokenizer,
+    },
+}
+
+/// A new run for `options`, with its tokenizer trained and its corpus split (its directory is
+/// not created yet).
+fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
     let source = options
         .config
         .clone()
         .unwrap_or(ConfigSource::Preset("default"));
     let config = source.load(&options.overrides)?;
-    if placement.engine == EngineChoice::Fused {
-        // The vocabulary is not known yet; the allow-list does not look at sizes.
-        fused_support(&config.gpt(1))?;
-    }
     let out = options
         .out
         .clone()
@@ -424,7 +447,12 @@ fn new_run(options: &TrainOptions, placement: &Placement) -> Result<(Run, Datase
     let tokenizer = Tokenizer::train(config.data.tokenizer, &text, config.data.bpe_vocab_size)?;
     let data = Dataset::new(&text, &tokenizer, &config.data, config.model.block_size)
         .with_context(|| format!("corpus {}", config.data.path.display()))?;
-    Ok((Run::create(&out, config, tokenizer)?, data))
+    let dir = RunDir::New {
+        out,
+        config,
+        tokenizer,
+    };
+    Ok((dir, data))
 }
 
 /// The run in `options.out`, with the allowed overrides applied, and its corpus split.
@@ -458,10 +486,14 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
 
 /// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
 /// same starting weights on every backend. And a fresh AdamW for it.
-fn initial_model(run: &Run, config: &RunConfig, device: &Device) -> Result<(Gpt, ModuleOptimizer)> {
+fn initial_model(
+    config: &RunConfig,
+    vocab_size: usize,
+    device: &Device,
+) -> Result<(Gpt, ModuleOptimizer)> {
     let cpu = Device::flex();
     cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
-    let gpt = config.gpt(run.tokenizer.vocab_size());
+    let gpt = config.gpt(vocab_size);
     let init = gpt.init(&cpu)?;
     let mut model = gpt.init(device)?;
     checkpoint::copy_weights(&init, &mut model)?;
@@ -471,14 +503,10 @@ fn initial_model(run: &Run, config: &RunConfig, device: &Device) -> Result<(Gpt,
 
 /// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
 /// AdamW and the training state.
-fn saved_model(
-    run: &Run,
-    config: &RunConfig,
-    device: &Device,
-) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
+fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
     let (model, state) = run.load_model(Which::Last, device)?;
     let model = checkpoint::restore_param_ids(model, &state.param_ids)?;
-    let optim = load_optimizer(config, &model, run.optimizer_bytes()?)
+    let optim = load_optimizer(&run.config, &model, run.optimizer_bytes()?)
         .map_err(|e| anyhow::anyhow!("optimizer state in {} is corrupt: {e}", run.dir.display()))?;
     Ok((model, optim, state))
 }

@@ -36,7 +36,7 @@ use thiserror::Error;
 use crate::config::{Activation, GptConfig};
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
-use crate::loss::IGNORE_INDEX;
+use crate::loss::{IGNORE_INDEX, kept_targets};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
 pub use decode::FusedDecoder;
@@ -309,13 +309,7 @@ impl FusedCpu {
         dropout_seed: Option<u64>,
     ) -> Result<f64, FusedError> {
         self.check(&batch)?;
-        let kept = batch.targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
-        if kept == 0 {
-            return Err(LossError::AllTargetsIgnored {
-                ignore_index: IGNORE_INDEX,
-            }
-            .into());
-        }
+        let kept = kept_targets(batch.targets)?;
         let grad_scale = scale.map(|s| s / kept as f32);
         let dropout = dropout_seed.filter(|_| self.dims.dropout > 0.0 && scale.is_some());
         let groups = self.work.len().min(batch.batch);

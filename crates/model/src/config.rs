@@ -119,9 +119,58 @@ impl GptConfig {
         Ok(())
     }
 
+    /// How many parameters a model of this config has, computed without building it (what
+    /// [`Gpt::num_params`](crate::Gpt::num_params) counts once built); saturates instead of overflowing.
+    pub fn num_params(&self) -> u64 {
+        // f64 counts exactly up to 2^53 parameters; `as u64` saturates beyond u64.
+        let n = |x: usize| x as f64;
+        let (v, t, c) = (n(self.vocab_size), n(self.block_size), n(self.n_embd));
+        let b = f64::from(u8::from(self.bias));
+        let linear = |d_in: f64, d_out: f64| d_in * d_out + b * d_out;
+        let ln = if self.layer_norm { c + b * c } else { 0.0 };
+        let mlp = if self.mlp {
+            linear(c, 4.0 * c) + linear(4.0 * c, c)
+        } else {
+            0.0
+        };
+        let block = 2.0 * ln + linear(c, 3.0 * c) + linear(c, c) + mlp;
+        let head = if self.tie_embeddings { 0.0 } else { c * v };
+        (v * c + t * c + n(self.n_layer) * block + ln + head) as u64
+    }
+
     /// Validates the config and creates the model on `device` with GPT-2's initialisation.
     pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
         self.validate()?;
         Gpt::init(self, device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counted_parameters_equal_the_built_model_s() {
+        let configs = [
+            GptConfig::baby(65),
+            GptConfig::baby(50)
+                .with_bias(false)
+                .with_tie_embeddings(false),
+            GptConfig::new(11)
+                .with_n_layer(3)
+                .with_n_embd(24)
+                .with_n_head(3),
+            GptConfig::minimal(65),
+        ];
+        for config in configs {
+            let model = config.init(&Device::flex()).unwrap();
+            assert_eq!(config.num_params(), model.num_params() as u64, "{config:?}");
+        }
+    }
+
+    #[test]
+    fn counting_an_absurd_config_does_not_overflow() {
+        let config = GptConfig::new(usize::MAX).with_n_embd(usize::MAX);
+        assert_eq!(config.num_params(), u64::MAX);
     }
 }

@@ -51,6 +51,11 @@ pub enum GenerateError {
     RepetitionPenalty(f32),
     #[error("a stop sequence is empty")]
     EmptyStop,
+    #[error(
+        "the model's logits are not finite (NaN or infinite) at position {position}: its weights \
+         are damaged or training diverged"
+    )]
+    NonFiniteLogits { position: usize },
     #[error(transparent)]
     Model(#[from] ModelError),
 }

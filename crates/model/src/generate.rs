@@ -129,6 +129,11 @@ pub fn generate(
         }
         let fed = start + decoder.cached();
         let logits = decoder.feed(&tokens[fed..])?;
+        if !logits.iter().all(|l| l.is_finite()) {
+            return Err(GenerateError::NonFiniteLogits {
+                position: tokens.len() - 1,
+            });
+        }
         let next = sample(logits, &tokens[start..], options, &mut rng);
         tokens.push(next);
         generated.push(next);
@@ -365,6 +370,57 @@ mod tests {
         assert_eq!(sample(vec![2.0, 1.5, 0.0], &[0], &o, &mut rng), 1);
         // negative logits are multiplied: -0.1 * 2 = -0.2 < -0.15
         assert_eq!(sample(vec![-0.1, -0.15, -3.0], &[0], &o, &mut rng), 1);
+    }
+
+    /// A decoder whose logits turn NaN once the context reaches `bad_from` tokens.
+    struct Diverged {
+        cached: usize,
+        bad_from: usize,
+    }
+
+    impl Decoder for Diverged {
+        fn block_size(&self) -> usize {
+            16
+        }
+        fn vocab_size(&self) -> usize {
+            3
+        }
+        fn cached(&self) -> usize {
+            self.cached
+        }
+        fn clear(&mut self) {
+            self.cached = 0;
+        }
+        fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+            self.cached += tokens.len();
+            let value = if self.cached >= self.bad_from {
+                f32::NAN
+            } else {
+                0.0
+            };
+            Ok(vec![1.0, value, 0.5])
+        }
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error_not_text() {
+        let mut decoder = Diverged {
+            cached: 0,
+            bad_from: 4,
+        };
+        let mut streamed = Vec::new();
+        let o = GenerateOptions {
+            temperature: 0.0,
+            max_new_tokens: 10,
+            ..opts()
+        };
+        let err = generate(&mut decoder, &[0, 0], &o, |t| streamed.push(t)).unwrap_err();
+        assert_eq!(err, GenerateError::NonFiniteLogits { position: 3 });
+        assert_eq!(
+            streamed,
+            vec![0, 0],
+            "tokens before the damage were streamed"
+        );
     }
 
     #[test]

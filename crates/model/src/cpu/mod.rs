@@ -293,6 +293,11 @@ impl FusedCpu {
         self.grads.scale_to_norm(max_norm)
     }
 
+    /// Drops the gradients accumulated so far (a step whose update is skipped).
+    pub fn discard_gradients(&mut self) {
+        self.grads.zero_like(&self.weights);
+    }
+
     /// The gradients accumulated since the last call, as Burn gradients of `gpt`'s parameters;
     /// the held gradients are reset to zero.
     pub fn take_gradients(&mut self, gpt: &Gpt) -> GradientsParams {

@@ -41,29 +41,46 @@ pub enum EngineChoice {
 pub struct Placement {
     pub device: Device,
     pub engine: EngineChoice,
+    /// Whether the device is the CPU (its memory is the host's).
+    pub cpu: bool,
+}
+
+impl Placement {
+    /// Whether a model of `config` trains on the fused engine here.
+    pub fn trains_fused(&self, config: &tinygpt_model::GptConfig) -> bool {
+        match self.engine {
+            EngineChoice::Autodiff => false,
+            EngineChoice::Fused => true,
+            EngineChoice::FusedIfSupported => tinygpt_model::fused_support(config).is_ok(),
+        }
+    }
 }
 
 impl Backend {
     /// The device and engine this backend means on this machine; wgpu without an adapter is
     /// an error.
     pub fn placement(self) -> Result<Placement> {
-        let (device, engine) = match self {
-            Self::Fused => (Device::flex(), EngineChoice::Fused),
-            Self::Flex => (Device::flex(), EngineChoice::Autodiff),
-            Self::Ndarray => (ndarray(), EngineChoice::Autodiff),
+        let (device, engine, cpu) = match self {
+            Self::Fused => (Device::flex(), EngineChoice::Fused, true),
+            Self::Flex => (Device::flex(), EngineChoice::Autodiff, true),
+            Self::Ndarray => (ndarray(), EngineChoice::Autodiff, true),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
-                Some(device) => (device, EngineChoice::Autodiff),
+                Some(device) => (device, EngineChoice::Autodiff, false),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
             Self::Auto => match physical_gpu() {
-                Some(gpu) => (gpu, EngineChoice::Autodiff),
-                None => (Device::flex(), EngineChoice::FusedIfSupported),
+                Some(gpu) => (gpu, EngineChoice::Autodiff, false),
+                None => (Device::flex(), EngineChoice::FusedIfSupported, true),
             },
         };
-        Ok(Placement { device, engine })
+        Ok(Placement {
+            device,
+            engine,
+            cpu,
+        })
     }
 
     /// The name as typed on the command line.

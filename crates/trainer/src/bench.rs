@@ -125,7 +125,7 @@ fn median_step(
     let mut times = Vec::with_capacity(args.iters);
     for step in 0..args.warmup + args.iters {
         let start = Instant::now();
-        let loss = train_step(engine, data, config, step)?.read();
+        let loss = train_step(engine, data, config, step)?.loss;
         if !loss.is_finite() {
             anyhow::bail!("the loss became {loss} at step {step}");
         }

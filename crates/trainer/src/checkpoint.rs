@@ -4,17 +4,23 @@
 //! RUN/
 //!   config.toml      the resolved run configuration
 //!   tokenizer.json   the tokenizer
-//!   metrics.csv      step, train/val loss, lr, tokens, elapsed (one row per eval)
+//!   lock             held by the one process writing the run (holds its id)
+//!   metrics.csv      step, train/val loss, lr, tokens, elapsed, skipped steps (one row per eval)
 //!   loss.svg         train and val loss against step
 //!   best/            weights (model.safetensors) and state.json at the best val loss
 //!   last/            the same at the latest save, plus optimizer.bpk (AdamW moments)
+//!   prev/            the `last` before it, the fallback when `last` is damaged
 //! ```
 //!
 //! A file is written to a temporary name and renamed over the old one; a checkpoint directory
-//! is written as `.last.tmp`, and swapped in with two renames (the old one is kept as
-//! `.last.old` until the new one is in place). Killing the process at any instant leaves either
-//! the old or the new checkpoint readable, never a mix.
+//! is written as `.last.tmp` (each file flushed to disk, `state.json` last, with the SHA-256 of
+//! every file), and swapped in with two renames. Killing the process at any instant leaves
+//! either the old or the new checkpoint readable, never a mix; a damaged file is noticed and
+//! named when the checkpoint is read.
 
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -25,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use tinygpt_model::Gpt;
 
 use crate::config::RunConfig;
+use crate::integrity::{self, sha256_hex};
+use crate::lock::RunLock;
 use crate::tokenizer::Tokenizer;
 
 pub const CONFIG: &str = "config.toml";
@@ -53,9 +61,15 @@ impl Which {
     }
 }
 
-/// `state.json`: where training stands.
+/// `state.json`: where training stands, and the checksums of its checkpoint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrainState {
+    /// The seal of this file (see [`integrity`]); set by [`Run::save`]. Absent in runs written
+    /// before checkpoints had checksums: those load unverified. Serialised first, as the seal
+    /// requires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
     /// Optimizer steps done.
     pub step: usize,
     /// Tokens consumed by training so far.
@@ -67,9 +81,27 @@ pub struct TrainState {
     /// The latest estimates.
     pub train_loss: Option<f64>,
     pub val_loss: Option<f64>,
+    /// Steps whose update was skipped because the loss or gradient norm was not finite.
+    #[serde(default)]
+    pub skipped_steps: u64,
     /// Parameter ids in module order: safetensors has no place for them, and the optimizer's
     /// state is keyed by them.
     pub param_ids: Vec<u64>,
+    /// SHA-256 of each other file of the checkpoint, by file name; set by [`Run::save`].
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+}
+
+/// A checkpoint read and verified against its checksums.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub state: TrainState,
+    /// `model.safetensors`.
+    pub weights: Vec<u8>,
+    /// `optimizer.bpk`, when asked for and present.
+    pub optimizer: Option<Vec<u8>>,
+    /// Why an older checkpoint was taken instead of the one asked for.
+    pub warning: Option<String>,
 }
 
 /// A loaded run: config, tokenizer and the metadata of the chosen weights.
@@ -77,11 +109,13 @@ pub struct Run {
     pub dir: PathBuf,
     pub config: RunConfig,
     pub tokenizer: Tokenizer,
+    /// Held while this process writes the run.
+    lock: Option<RunLock>,
 }
 
 impl Run {
-    /// Opens an existing run directory (config and tokenizer; weights are read by
-    /// [`load_model`](Self::load_model)).
+    /// Opens an existing run directory to read it (config and tokenizer; weights are read by
+    /// [`load_model`](Self::load_model)). Readers take no lock.
     pub fn open(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             bail!(
@@ -100,41 +134,90 @@ impl Run {
         let config = RunConfig::from_toml(&read(CONFIG)?)
             .with_context(|| format!("checkpoint {}: {CONFIG} is invalid", dir.display()))?;
         let tokenizer = Tokenizer::from_json(&read(TOKENIZER)?)
-            .with_context(|| format!("checkpoint {}", dir.display()))?;
+            .with_context(|| format!("checkpoint {}: {TOKENIZER} is invalid", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
             tokenizer,
+            lock: None,
         })
     }
 
-    /// Creates a new run directory, refusing one that already holds a run.
-    pub fn create(dir: &Path, config: RunConfig, tokenizer: Tokenizer) -> Result<Self> {
-        if dir.join(CONFIG).exists() {
-            bail!(
-                "{} already holds a run: pass --resume to continue it, or choose another --out",
-                dir.display()
-            );
+    /// Opens an existing run to write it: takes its lock first, so a second writer fails before
+    /// reading anything.
+    pub fn open_to_write(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("run {} does not exist", dir.display());
         }
-        if dir
-            .read_dir()
-            .is_ok_and(|mut entries| entries.next().is_some())
-        {
-            bail!(
-                "{} exists and is not empty: choose another --out (nothing was written)",
-                dir.display()
-            );
+        let lock = RunLock::acquire(dir)?;
+        let mut run = Self::open(dir)?;
+        run.lock = Some(lock);
+        Ok(run)
+    }
+
+    /// Creates a new run directory, refusing one that already holds a run. It is built under a
+    /// temporary name (config, tokenizer, then whatever `fill` writes) and renamed into place
+    /// only when all of it succeeded: a failed start leaves nothing behind. The run is returned
+    /// locked.
+    pub fn create(
+        dir: &Path,
+        config: RunConfig,
+        tokenizer: Tokenizer,
+        fill: impl FnOnce(&Run) -> Result<()>,
+    ) -> Result<Self> {
+        refuse_existing(dir)?;
+        let name = dir
+            .file_name()
+            .with_context(|| format!("--out {} must name a directory", dir.display()))?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        let parent = parent.unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let staging = parent.join(format!(
+            ".{}.new-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)?;
         }
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create run directory {}", dir.display()))?;
-        write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
-        // Written last: its presence marks a complete run directory.
-        write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            config,
-            tokenizer,
-        })
+        std::fs::create_dir(&staging)
+            .with_context(|| format!("cannot create run directory {}", staging.display()))?;
+        let built = (|| {
+            let run = Self {
+                lock: Some(RunLock::acquire(&staging)?),
+                dir: staging.clone(),
+                config,
+                tokenizer,
+            };
+            write_atomic(
+                &staging.join(TOKENIZER),
+                run.tokenizer.to_json()?.as_bytes(),
+            )?;
+            write_atomic(&staging.join(CONFIG), run.config.to_toml().as_bytes())?;
+            fill(&run)?;
+            Ok(run)
+        })();
+        let placed = built.and_then(|run| {
+            std::fs::rename(&staging, dir).map_err(|e| {
+                if dir.join(CONFIG).exists() {
+                    anyhow::anyhow!("{} already holds a run (created meanwhile)", dir.display())
+                } else {
+                    anyhow::anyhow!("cannot create run directory {}: {e}", dir.display())
+                }
+            })?;
+            Ok(run)
+        });
+        match placed {
+            Ok(mut run) => {
+                run.dir = dir.to_path_buf();
+                Ok(run)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Err(e)
+            }
+        }
     }
 
     /// Rewrites `config.toml` (after `--resume` changed `max_iters`, say).
@@ -142,47 +225,95 @@ impl Run {
         write_atomic(&self.dir.join(CONFIG), self.config.to_toml().as_bytes())
     }
 
-    /// The directory of the `which` checkpoint, falling back to the copy kept during a swap.
-    pub fn checkpoint_dir(&self, which: Which) -> Result<PathBuf> {
+    /// The `which` checkpoint, verified. A damaged or missing `last` falls back to the previous
+    /// one (kept as `prev/`), saying why in [`Checkpoint::warning`]; a damaged `best` is an
+    /// error naming the damaged file. `with_optimizer` reads and verifies `optimizer.bpk` too.
+    pub fn checkpoint(&self, which: Which, with_optimizer: bool) -> Result<Checkpoint> {
         let name = which.dir_name();
-        let dir = self.dir.join(name);
-        if dir.join(STATE).exists() {
-            return Ok(dir);
+        let candidates = match which {
+            Which::Best => vec![self.dir.join(name), self.dir.join(".best.old")],
+            Which::Last => vec![self.dir.join(name), self.dir.join(PREVIOUS)],
+        };
+        let mut damage: Option<anyhow::Error> = None;
+        for dir in candidates.iter().filter(|d| d.join(STATE).exists()) {
+            match read_checkpoint(dir, with_optimizer) {
+                Ok(mut checkpoint) => {
+                    checkpoint.warning = damage.map(|e| {
+                        format!(
+                            "{e:#}; using the previous checkpoint {} (step {}) instead",
+                            dir.display(),
+                            checkpoint.state.step
+                        )
+                    });
+                    return Ok(checkpoint);
+                }
+                Err(e) if which == Which::Last && damage.is_none() => damage = Some(e),
+                Err(e) => return Err(damage.unwrap_or(e)),
+            }
         }
-        let old = self.dir.join(format!(".{name}.old"));
-        if old.join(STATE).exists() {
-            return Ok(old);
-        }
-        bail!(
-            "checkpoint {} has no `{name}` weights yet (training saves them at the first eval)",
-            self.dir.display()
-        )
+        Err(damage.unwrap_or_else(|| {
+            anyhow::anyhow!(
+                "checkpoint {} has no `{name}` weights yet (training saves them at the first eval)",
+                self.dir.display()
+            )
+        }))
     }
 
-    pub fn state(&self, which: Which) -> Result<TrainState> {
-        let path = self.checkpoint_dir(which)?.join(STATE);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{} is corrupt", path.display()))
+    /// Whether any `last` checkpoint was saved (damaged or not): a run stopped before its first
+    /// save has none.
+    pub fn has_checkpoint(&self) -> bool {
+        [Which::Last.dir_name(), PREVIOUS]
+            .iter()
+            .any(|name| self.dir.join(name).join(STATE).exists())
     }
 
-    /// The model with the `which` weights, on `device`.
+    /// Moves a damaged `last` aside (to `last.damaged-<unix seconds>`), so that the next save
+    /// does not rotate it over the good `prev`; it stays for inspection. Writers only.
+    pub fn set_aside_damaged_last(&self) -> Result<()> {
+        if self.lock.is_none() {
+            bail!("internal: only the run's writer may move its checkpoints");
+        }
+        let last = self.dir.join(Which::Last.dir_name());
+        if !last.exists() {
+            return Ok(());
+        }
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let aside = self
+            .dir
+            .join(format!("last.damaged-{}", since_epoch.as_secs()));
+        std::fs::rename(&last, &aside)
+            .with_context(|| format!("cannot move {} aside", last.display()))?;
+        eprintln!("note: moved the damaged checkpoint to {}", aside.display());
+        Ok(())
+    }
+
+    /// The model with the `which` weights, on `device`, and its training state.
     pub fn load_model(&self, which: Which, device: &Device) -> Result<(Gpt, TrainState)> {
-        let dir = self.checkpoint_dir(which)?;
-        let state = self.state(which)?;
+        let checkpoint = self.checkpoint(which, false)?;
+        let model = self.model_from(&checkpoint, device)?;
+        Ok((model, checkpoint.state))
+    }
+
+    /// The model of `checkpoint` (one of this run's), on `device`. Prints the checkpoint's
+    /// warning, if any.
+    pub fn model_from(&self, checkpoint: &Checkpoint, device: &Device) -> Result<Gpt> {
+        if let Some(warning) = &checkpoint.warning {
+            eprintln!("warning: {warning}");
+        }
         let config = self.config.gpt(self.tokenizer.vocab_size());
         let mut model = config
             .init(device)
             .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))?;
-        let path = dir.join(WEIGHTS);
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        load_weights(&mut model, bytes)
+        let path = checkpoint.dir.join(WEIGHTS);
+        load_weights(&mut model, checkpoint.weights.clone())
             .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
-        Ok((model, state))
+        Ok(model)
     }
 
-    /// Saves `model` (and, for `last`, the optimizer state) as the `which` checkpoint.
+    /// Saves `model` (and, for `last`, the optimizer state) as the `which` checkpoint, with the
+    /// checksums of its files. A `last` being replaced is kept as `prev/`.
     pub fn save(
         &self,
         which: Which,
@@ -192,19 +323,20 @@ impl Run {
     ) -> Result<()> {
         let name = which.dir_name();
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        let old = self.dir.join(format!(".{name}.old"));
-        let dst = self.dir.join(name);
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
         }
-        std::fs::create_dir_all(&tmp)?;
-        std::fs::write(tmp.join(WEIGHTS), weights_bytes(model)?)?;
-        if let Some(optimizer) = optimizer {
-            std::fs::write(tmp.join(OPTIMIZER), optimizer)?;
+        let written = write_checkpoint(&tmp, model, optimizer, state);
+        if let Err(e) = written {
+            // Frees the space a full disk needs back; the old checkpoint is untouched.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
         }
-        let mut state = state.clone();
-        state.param_ids = param_ids(model);
-        std::fs::write(tmp.join(STATE), serde_json::to_string_pretty(&state)?)?;
+        let dst = self.dir.join(name);
+        let old = match which {
+            Which::Best => self.dir.join(".best.old"),
+            Which::Last => self.dir.join(PREVIOUS),
+        };
         if dst.exists() {
             if old.exists() {
                 std::fs::remove_dir_all(&old)?;
@@ -212,17 +344,119 @@ impl Run {
             std::fs::rename(&dst, &old)?;
         }
         std::fs::rename(&tmp, &dst)?;
-        if old.exists() {
+        if which == Which::Best && old.exists() {
             std::fs::remove_dir_all(&old)?;
         }
         Ok(())
     }
+}
 
-    /// The saved optimizer state of `last`.
-    pub fn optimizer_bytes(&self) -> Result<Vec<u8>> {
-        let path = self.checkpoint_dir(Which::Last)?.join(OPTIMIZER);
-        std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+/// The previous `last` checkpoint's directory name.
+pub const PREVIOUS: &str = "prev";
+
+/// Refuses `dir` if it holds a run or anything else.
+fn refuse_existing(dir: &Path) -> Result<()> {
+    if dir.join(CONFIG).exists() {
+        bail!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            dir.display()
+        );
     }
+    if dir
+        .read_dir()
+        .is_ok_and(|mut entries| entries.next().is_some())
+    {
+        bail!(
+            "{} exists and is not empty: choose another --out (nothing was written)",
+            dir.display()
+        );
+    }
+    if dir.exists() && !dir.is_dir() {
+        bail!("{} exists and is not a directory", dir.display());
+    }
+    Ok(())
+}
+
+/// Writes a checkpoint into the new directory `dir`: weights, optimizer state, and last the
+/// sealed `state.json` with their checksums; each file flushed to disk.
+fn write_checkpoint(
+    dir: &Path,
+    model: &Gpt,
+    optimizer: Option<&[u8]>,
+    state: &TrainState,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut state = state.clone();
+    state.files.clear();
+    let weights = weights_bytes(model)?;
+    for (name, bytes) in [(WEIGHTS, Some(&weights[..])), (OPTIMIZER, optimizer)] {
+        let Some(bytes) = bytes else { continue };
+        write_synced(&dir.join(name), bytes)?;
+        state.files.insert(name.to_string(), sha256_hex(bytes));
+    }
+    state.param_ids = param_ids(model);
+    state.checksum = Some(integrity::placeholder());
+    let text = integrity::seal(&serde_json::to_string_pretty(&state)?);
+    write_synced(&dir.join(STATE), text.as_bytes())
+}
+
+/// Reads the checkpoint in `dir` and checks every file against `state.json`.
+fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
+    let path = dir.join(STATE);
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let damaged = |why: String| anyhow::anyhow!("{} is damaged: {why}", path.display());
+    let text = String::from_utf8(bytes).map_err(|_| damaged("it is not text".into()))?;
+    let state: TrainState =
+        serde_json::from_str(&text).map_err(|e| damaged(format!("not valid ({e})")))?;
+    if let Some(seal) = &state.checksum
+        && !integrity::seal_holds(&text, seal)
+    {
+        return Err(damaged("its checksum does not match".into()));
+    }
+    let read = |name: &str| -> Result<Option<Vec<u8>>> {
+        let path = dir.join(name);
+        let expected = state.files.get(name);
+        if !path.exists() {
+            if expected.is_some() {
+                bail!("{} is missing (state.json lists it)", path.display());
+            }
+            return Ok(None);
+        }
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        if let Some(expected) = expected
+            && sha256_hex(&bytes) != *expected
+        {
+            bail!(
+                "{} is damaged: its checksum does not match the one in state.json",
+                path.display()
+            );
+        }
+        Ok(Some(bytes))
+    };
+    let weights =
+        read(WEIGHTS)?.with_context(|| format!("{} is missing", dir.join(WEIGHTS).display()))?;
+    let optimizer = if with_optimizer {
+        read(OPTIMIZER)?
+    } else {
+        None
+    };
+    Ok(Checkpoint {
+        dir: dir.to_path_buf(),
+        state,
+        weights,
+        optimizer,
+        warning: None,
+    })
+}
+
+/// Writes `bytes` to the new file `path` and flushes it to disk.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut file =
+        File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// `model` as safetensors bytes (Burn's store; parameter paths as tensor names).

@@ -168,6 +168,9 @@ pub struct TrainSection {
     pub weight_decay: f64,
     /// Clip the global gradient norm (all parameters together) to this; 0 = off.
     pub grad_clip: f64,
+    /// A step whose loss or gradient norm is NaN or infinite skips its update; after this many
+    /// such steps in a row, training stops with an error (the last checkpoint stays as it was).
+    pub nonfinite_limit: usize,
     /// Evaluate train and val loss every this many steps (and at the end).
     pub eval_interval: usize,
     /// Batches per loss estimate.
@@ -196,6 +199,7 @@ impl Default for TrainSection {
             beta2: 0.99,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            nonfinite_limit: 5,
             eval_interval: 250,
             eval_iters: 20,
             log_interval: 10,
@@ -276,6 +280,7 @@ impl RunConfig {
             ("train.eval_interval", t.eval_interval),
             ("train.eval_iters", t.eval_iters),
             ("train.log_interval", t.log_interval),
+            ("train.nonfinite_limit", t.nonfinite_limit),
         ] {
             if value == 0 {
                 bail!("`{key}` must be at least 1, got 0");

@@ -43,22 +43,16 @@ enum Kind {
     },
 }
 
-/// A step's mean loss, on the device until read: reading it waits for the step to finish, so
-/// the trainer reads it only when it reports.
-pub struct StepLoss(LossValue);
-
-enum LossValue {
-    Host(f64),
-    Device(Box<Tensor<1>>),
-}
-
-impl StepLoss {
-    pub fn read(self) -> f64 {
-        match self.0 {
-            LossValue::Host(loss) => loss,
-            LossValue::Device(loss) => loss.into_scalar::<f32>() as f64,
-        }
-    }
+/// What one optimizer step saw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// The mean loss over the step's batches.
+    pub loss: f64,
+    /// The global gradient norm, before clipping.
+    pub grad_norm: f64,
+    /// Whether the update was applied: it is skipped when the loss or the norm is NaN or
+    /// infinite, so one bad batch cannot poison the weights or AdamW's moments.
+    pub applied: bool,
 }
 
 impl Engine {
@@ -131,14 +125,16 @@ impl Engine {
 
     /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
     /// gradient accumulation does), clipped to the global norm `grad_clip` (0 = no clipping),
-    /// then AdamW at learning rate `lr`. Dropout masks derive from `dropout_seed`.
+    /// then AdamW at learning rate `lr`, unless the loss or the norm is not finite (see
+    /// [`Step::applied`]). Dropout masks derive from `dropout_seed`. The loss and the norm are
+    /// read back every step (two floats) to decide.
     pub fn step(
         &mut self,
         batches: &[Batch],
         dropout_seed: u64,
         grad_clip: f64,
         lr: f64,
-    ) -> Result<StepLoss> {
+    ) -> Result<Step> {
         let n = batches.len() as f64;
         match &mut self.kind {
             Kind::Autodiff(device) => {
@@ -146,15 +142,18 @@ impl Engine {
                 device.seed(dropout_seed);
                 let model = self.model.take().context("the engine lost its model")?;
                 let result = gradients(&model, batches, &device, grad_clip);
-                let (grads, loss) = match result {
+                let (grads, step) = match result {
                     Ok(done) => done,
                     Err(e) => {
                         self.model = Some(model);
                         return Err(e);
                     }
                 };
-                self.model = Some(self.optim.step(lr, model, grads));
-                Ok(StepLoss(LossValue::Device(Box::new(loss))))
+                self.model = Some(match step.applied {
+                    true => self.optim.step(lr, model, grads),
+                    false => model,
+                });
+                Ok(step)
             }
             Kind::Fused {
                 fused,
@@ -166,12 +165,25 @@ impl Engine {
                     let seed = mix(dropout_seed, k, 0);
                     loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
                 }
-                if grad_clip > 0.0 {
-                    fused.clip_grad_norm(grad_clip);
+                // An infinite bound measures the norm without scaling anything.
+                let bound = if grad_clip > 0.0 {
+                    grad_clip
+                } else {
+                    f64::INFINITY
+                };
+                let grad_norm = fused.clip_grad_norm(bound);
+                let applied = loss.is_finite() && grad_norm.is_finite();
+                if applied {
+                    fused.adamw_step(lr, adamw);
+                    *stale = true;
+                } else {
+                    fused.discard_gradients();
                 }
-                fused.adamw_step(lr, adamw);
-                *stale = true;
-                Ok(StepLoss(LossValue::Host(loss)))
+                Ok(Step {
+                    loss,
+                    grad_norm,
+                    applied,
+                })
             }
         }
     }
@@ -224,13 +236,13 @@ impl Engine {
 }
 
 /// Gradients of the mean loss over `batches` through Burn's autodiff on `device`, clipped on
-/// the device, and that mean loss (still on the device).
+/// the device; the mean loss and the norm, read back together.
 fn gradients(
     model: &Gpt,
     batches: &[Batch],
     device: &Device,
     grad_clip: f64,
-) -> Result<(GradientsParams, Tensor<1>)> {
+) -> Result<(GradientsParams, Step)> {
     let n = batches.len() as f64;
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], device);
@@ -243,10 +255,16 @@ fn gradients(
         accumulator.accumulate(model, grads);
     }
     let mut grads = accumulator.grads();
-    if grad_clip > 0.0 {
-        clip_global_norm(model, &mut grads, grad_clip);
-    }
-    Ok((grads, loss_sum))
+    let norm = clip_global_norm(model, &mut grads, grad_clip);
+    // The second read finds its value computed already: one wait per step.
+    let loss = f64::from(loss_sum.into_scalar::<f32>());
+    let grad_norm = norm.map_or(0.0, |n| f64::from(n.into_scalar::<f32>()));
+    let step = Step {
+        loss,
+        grad_norm,
+        applied: loss.is_finite() && grad_norm.is_finite(),
+    };
+    Ok((grads, step))
 }
 
 /// The decoder that samples from `model`: the fused CPU decoder when `engine` asks for the fused
@@ -309,10 +327,10 @@ fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R +
     })
 }
 
-/// Scales every gradient by `min(1, max_norm / (‖g‖ + 1e-6))`, where ‖g‖ is the norm of all
-/// gradients together (PyTorch's `clip_grad_norm_`). Burn's own clipping works per tensor. The
-/// norm and the scale stay on the device: no read back per step.
-fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
+/// The norm ‖g‖ of all gradients together, `[1]` on the device (`None` without gradients); with `max_norm > 0`, every
+/// gradient is scaled by `min(1, max_norm / (‖g‖ + 1e-6))` (PyTorch's `clip_grad_norm_`; Burn's
+/// own clipping works per tensor), the scale computed on the device.
+fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) -> Option<Tensor<1>> {
     struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
     impl ModuleVisitor for SquaredNorms<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -333,9 +351,15 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) {
     let mut norms = SquaredNorms(grads, Vec::new());
     model.visit(&mut norms);
     if norms.1.is_empty() {
-        return;
+        return None;
     }
     let norm = Tensor::cat(norms.1, 0).sum().sqrt();
-    let scale = (norm + 1e-6).recip().mul_scalar(max_norm).clamp_max(1.0);
-    model.visit(&mut Scale(grads, scale));
+    if max_norm > 0.0 {
+        let scale = (norm.clone() + 1e-6)
+            .recip()
+            .mul_scalar(max_norm)
+            .clamp_max(1.0);
+        model.visit(&mut Scale(grads, scale));
+    }
+    Some(norm)
 }

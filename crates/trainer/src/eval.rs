@@ -1,6 +1,6 @@
 //! `tinygpt eval`: loss, bits per character (or byte) and perplexity over a whole text.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use burn::tensor::Device;
 use tinygpt_model::{Gpt, IGNORE_INDEX, cross_entropy};
 
@@ -45,6 +45,12 @@ pub fn evaluate(
         let logits = model.forward(inputs)?;
         let [b, s, v] = logits.dims();
         let loss = cross_entropy(logits.reshape([b * s, v]), targets)?.into_scalar::<f32>() as f64;
+        if !loss.is_finite() {
+            bail!(
+                "the loss is {loss} after {tokens} tokens: the model's outputs are not finite \
+                 (its weights are damaged or training diverged)"
+            );
+        }
         nats += loss * counted as f64;
         tokens += counted;
     }

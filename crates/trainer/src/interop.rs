@@ -112,10 +112,12 @@ pub fn import(from: &Path, out: &Path) -> Result<()> {
     let config = imported_config(&sidecar.config, &tokenizer, tie_embeddings)?;
     let model = imported_model(&file, &config, sidecar.config.vocab_size)
         .map_err(|e| anyhow!("{}: {e:#}", from.display()))?;
-    let run = Run::create(out, config, tokenizer)?;
     let state = TrainState::default();
-    run.save(Which::Best, &model, None, &state)?;
-    run.save(Which::Last, &model, None, &state)
+    Run::create(out, config, tokenizer, |run| {
+        run.save(Which::Best, &model, None, &state)?;
+        run.save(Which::Last, &model, None, &state)
+    })?;
+    Ok(())
 }
 
 /// The sidecar beside `weights` and the tokenizer it holds.

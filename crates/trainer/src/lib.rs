@@ -14,7 +14,8 @@
 //!   report) over an [`engine::Engine`], which owns the weights and optimizer state;
 //! - [`backend::Backend`]: the `--backend` names, each a device and an engine
 //!   ([`backend::Placement`]);
-//! - [`checkpoint::Run`]: a run directory, written atomically.
+//! - [`checkpoint::Run`]: a run directory, written atomically, checksummed ([`integrity`]) and
+//!   locked by its one writer ([`lock`]).
 
 pub mod backend;
 pub mod bench;
@@ -24,7 +25,10 @@ pub mod data;
 pub mod engine;
 pub mod eval;
 pub mod inspect;
+pub mod integrity;
 pub mod interop;
+pub mod lock;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod presets;

@@ -17,6 +17,12 @@ fn main() -> ExitCode {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("unknown panic");
+        // `println!` panics when stdout is a pipe closed by its reader (`tinygpt info | head`).
+        // End quietly, as Unix tools do; files are only ever replaced by renames, so none is
+        // left half-written.
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
         eprintln!(
             "tinygpt: internal error: {} (this is a bug in tinygpt: please report it with the \
              command you ran, at https://github.com/tinygpt/tinygpt/issues)",
@@ -26,12 +32,22 @@ fn main() -> ExitCode {
     let cli = commands::Cli::parse();
     match std::panic::catch_unwind(|| commands::run(cli)) {
         Ok(Ok(code)) => code,
+        Ok(Err(err)) if broken_pipe(&err) => ExitCode::SUCCESS,
         Ok(Err(err)) => {
             eprintln!("tinygpt: error: {}", format!("{err:#}").replace('\n', " "));
             ExitCode::FAILURE
         }
         Err(_) => ExitCode::from(101),
     }
+}
+
+/// Whether `err` comes from writing to a pipe its reader closed.
+fn broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Environment defaults, set before any thread starts.

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 use crate::checkpoint::{METRICS, PLOT, write_atomic};
 
-const HEADER: &str = "step,train_loss,val_loss,lr,tokens,elapsed_s";
+const HEADER: &str = "step,train_loss,val_loss,lr,tokens,elapsed_s,skipped_steps";
 
 /// One eval.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +18,8 @@ pub struct Row {
     pub lr: f64,
     pub tokens: u64,
     pub elapsed_s: f64,
+    /// Steps so far whose update was skipped (non-finite loss or gradient norm).
+    pub skipped: u64,
 }
 
 /// The rows so far.
@@ -51,8 +53,8 @@ impl Metrics {
         csv.push('\n');
         for r in &self.rows {
             csv.push_str(&format!(
-                "{},{:.6},{:.6},{:.6e},{},{:.3}\n",
-                r.step, r.train_loss, r.val_loss, r.lr, r.tokens, r.elapsed_s
+                "{},{:.6},{:.6},{:.6e},{},{:.3},{}\n",
+                r.step, r.train_loss, r.val_loss, r.lr, r.tokens, r.elapsed_s, r.skipped
             ));
         }
         write_atomic(&dir.join(METRICS), csv.as_bytes())?;
@@ -60,9 +62,10 @@ impl Metrics {
     }
 }
 
+/// A row; runs written before `skipped_steps` existed have six columns.
 fn parse_row(line: &str) -> Option<Row> {
     let f: Vec<&str> = line.split(',').collect();
-    if f.len() != 6 {
+    if f.len() != 6 && f.len() != 7 {
         return None;
     }
     Some(Row {
@@ -72,6 +75,7 @@ fn parse_row(line: &str) -> Option<Row> {
         lr: f[3].parse().ok()?,
         tokens: f[4].parse().ok()?,
         elapsed_s: f[5].parse().ok()?,
+        skipped: f.get(6).map_or(Some(0), |s| s.parse().ok())?,
     })
 }
 
@@ -142,6 +146,7 @@ mod tests {
             lr: 1e-3,
             tokens: step as u64 * 768,
             elapsed_s: step as f64,
+            skipped: step as u64 / 10,
         };
         let mut m = Metrics::open(dir.path()).unwrap();
         for (step, loss) in [(0, 4.2), (10, 3.0), (20, 2.5)] {
@@ -158,5 +163,14 @@ mod tests {
             "{}",
             &svg[..100]
         );
+    }
+
+    #[test]
+    fn six_column_rows_of_older_runs_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = "step,train_loss,val_loss,lr,tokens,elapsed_s\n10,3.0,3.1,1e-3,7680,1.5\n";
+        std::fs::write(dir.path().join(METRICS), csv).unwrap();
+        let m = Metrics::open(dir.path()).unwrap();
+        assert_eq!((m.rows[0].step, m.rows[0].skipped), (10, 0));
     }
 }

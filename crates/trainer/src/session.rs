@@ -16,11 +16,12 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use tinygpt_model::Gpt;
 
-use crate::backend::{Backend, describe};
+use crate::backend::{Backend, Placement, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
-use crate::engine::{Engine, StepLoss};
+use crate::engine::{Engine, Step};
+use crate::memory::{self, human};
 use crate::metrics::{Metrics, Row};
 use crate::optim::{adamw_settings, learning_rate, load_optimizer, optimizer};
 use crate::presets::ConfigSource;
@@ -33,11 +34,12 @@ const DROPOUT_STREAM: u64 = 1 << 21;
 const INIT_STREAM: u64 = 1 << 22;
 
 /// Only these may change when resuming; anything else would make it another run.
-const CHANGEABLE_ON_RESUME: [&str; 4] = [
+const CHANGEABLE_ON_RESUME: [&str; 5] = [
     "train.max_iters",
     "data.path",
     "train.eval_interval",
     "train.log_interval",
+    "train.nonfinite_limit",
 ];
 
 /// What to train: a new run from a config, or the run in `out` continued.
@@ -86,6 +88,10 @@ pub struct Trainer {
     device: Device,
     /// Why the fused engine was not taken, when `auto` fell back.
     note: Option<String>,
+    /// What the run was estimated to need.
+    memory: memory::Estimate,
+    /// Steps skipped in a row, up to the latest.
+    skipped_in_a_row: usize,
     resumed: bool,
 }
 
@@ -100,10 +106,15 @@ impl Trainer {
         } else {
             new_run(options)?
         };
+        let memory = memory_check(&dir, &placement)?;
         let train_device = placement.device.clone().autodiff();
         let (model, optim, state) = match &dir {
-            RunDir::Existing(run) => saved_model(run, &train_device)?,
-            RunDir::New {
+            RunDir::Existing(run) if run.has_checkpoint() => saved_model(run, &train_device)?,
+            // Stopped before its first checkpoint: its start is the seeded initialisation.
+            RunDir::Existing(Run {
+                config, tokenizer, ..
+            })
+            | RunDir::New {
                 config, tokenizer, ..
             } => {
                 let vocab_size = tokenizer.vocab_size();
@@ -123,7 +134,7 @@ impl Trainer {
                 out,
                 config,
                 tokenizer,
-            } => Run::create(&out, config, tokenizer)?,
+            } => Run::create(&out, config, tokenizer, |_| Ok(()))?,
         };
         let metrics = Metrics::open(&run.dir)?;
         Ok(Self {
@@ -135,6 +146,8 @@ impl Trainer {
             metrics,
             device: placement.device,
             note,
+            memory,
+            skipped_in_a_row: 0,
             resumed: options.resume,
         })
     }
@@ -147,8 +160,8 @@ impl Trainer {
         let (params, non_embedding) = (model.num_params(), model.num_params_non_embedding());
         Ok(format!(
             "training {} layers x {} heads, n_embd {}, block {} ({params} parameters, {:.2}M \
-             without wpe) on {}, {} | corpus {} ({} train / {} val tokens, {} tokenizer, vocab {}) \
-             | run {}{}",
+             without wpe) on {}, {} | memory ~{} | corpus {} ({} train / {} val tokens, {} \
+             tokenizer, vocab {}) | run {}{}",
             m.n_layer,
             m.n_head,
             m.n_embd,
@@ -156,6 +169,7 @@ impl Trainer {
             non_embedding as f64 / 1e6,
             describe(&self.device),
             self.engine.describe(),
+            human(self.memory.total()),
             config.data.path.display(),
             data.train.len(),
             data.val.len(),
@@ -185,12 +199,40 @@ impl Trainer {
     }
 
     /// One optimizer step at the current step's learning rate: `grad_accum` micro-batches,
-    /// global-norm clipping, AdamW. The loss stays on the device until read.
-    pub fn step(&mut self) -> Result<StepLoss> {
-        let loss = train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
+    /// global-norm clipping, AdamW; a step with a non-finite loss or norm skips its update and
+    /// is counted. After `train.nonfinite_limit` of those in a row it is an error.
+    pub fn step(&mut self) -> Result<Step> {
+        let step = train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
         self.state.step += 1;
         self.state.tokens += self.tokens_per_step();
-        Ok(loss)
+        if step.applied {
+            self.skipped_in_a_row = 0;
+            return Ok(step);
+        }
+        self.state.skipped_steps += 1;
+        self.skipped_in_a_row += 1;
+        let limit = self.config.train.nonfinite_limit;
+        if self.skipped_in_a_row >= limit {
+            let kept = self.run.checkpoint(Which::Last, false).map_or_else(
+                |_| "no checkpoint was saved yet".to_string(),
+                |c| {
+                    format!(
+                        "the last checkpoint ({}, step {}) is kept",
+                        c.dir.display(),
+                        c.state.step
+                    )
+                },
+            );
+            bail!(
+                "training stopped at step {}: {limit} steps in a row had a non-finite loss or \
+                 gradient norm (loss {}, norm {}); {kept}. Lower train.learning_rate or set \
+                 train.grad_clip",
+                self.state.step,
+                step.loss,
+                step.grad_norm
+            );
+        }
+        Ok(step)
     }
 
     /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their
@@ -208,6 +250,13 @@ impl Trainer {
             means[k] = losses.iter().sum::<f64>() / t.eval_iters as f64;
         }
         let [train_loss, val_loss] = means;
+        if !(train_loss.is_finite() && val_loss.is_finite()) {
+            bail!(
+                "the loss estimate at step {step} is not finite (train {train_loss}, val \
+                 {val_loss}): training diverged and this state is not saved. Lower \
+                 train.learning_rate or set train.grad_clip"
+            );
+        }
         let state = &mut self.state;
         state.train_loss = Some(train_loss);
         state.val_loss = Some(val_loss);
@@ -224,6 +273,7 @@ impl Trainer {
             lr: learning_rate(&self.config, step),
             tokens: state.tokens,
             elapsed_s,
+            skipped: state.skipped_steps,
         };
         self.metrics.record(&self.run.dir, row)?;
         Ok(Estimate {
@@ -272,10 +322,17 @@ impl Trainer {
                 self.stop_and_save(&clock, &progress, over_time)?;
                 break;
             }
-            let loss = self.step()?;
+            let step = self.step()?;
             progress.at(self.state.step);
-            if self.state.step.is_multiple_of(t.log_interval) || self.state.step == t.max_iters {
-                self.log(loss.read(), &mut clock, &progress)?;
+            if !step.applied {
+                progress.say(format!(
+                    "step {}: loss {}, gradient norm {}: not finite, update skipped ({} in a row)",
+                    self.state.step, step.loss, step.grad_norm, self.skipped_in_a_row
+                ));
+            } else if self.state.step.is_multiple_of(t.log_interval)
+                || self.state.step == t.max_iters
+            {
+                self.log(step.loss, &mut clock, &progress);
             }
         }
         progress.finish();
@@ -343,14 +400,8 @@ impl Trainer {
     }
 
     /// Reports a step's loss: the progress bar on a terminal, a log line otherwise.
-    fn log(&mut self, loss: f64, clock: &mut Clock, progress: &Progress) -> Result<()> {
+    fn log(&mut self, loss: f64, clock: &mut Clock, progress: &Progress) {
         let step = self.state.step;
-        if !loss.is_finite() {
-            bail!(
-                "the loss became {loss} at step {step}: lower train.learning_rate or set \
-                 train.grad_clip"
-            );
-        }
         clock.last_loss = Some(loss);
         let lr = learning_rate(&self.config, step - 1);
         let since = clock.window.0.elapsed().as_secs_f64();
@@ -368,7 +419,6 @@ impl Trainer {
         if since > 5.0 {
             clock.window = (Instant::now(), step);
         }
-        Ok(())
     }
 }
 
@@ -379,7 +429,7 @@ pub fn train_step(
     data: &Dataset,
     config: &RunConfig,
     step: usize,
-) -> Result<StepLoss> {
+) -> Result<Step> {
     let t = &config.train;
     let batches: Vec<Batch> = (0..t.grad_accum)
         .map(|micro| {
@@ -472,7 +522,7 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
             );
         }
     }
-    let mut run = Run::open(out)?;
+    let mut run = Run::open_to_write(out)?;
     if !options.overrides.is_empty() {
         run.config = RunConfig::load_str(&run.config.to_toml(), &options.overrides)?;
         run.write_config()?;
@@ -482,6 +532,24 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
     let data = Dataset::new(&text, &run.tokenizer, &config.data, config.model.block_size)
         .with_context(|| format!("corpus {}", config.data.path.display()))?;
     Ok((run, data))
+}
+
+/// The memory the run in `dir` needs where `placement` trains it; on the CPU, a run that cannot
+/// fit is refused before anything is allocated or written.
+fn memory_check(dir: &RunDir, placement: &Placement) -> Result<memory::Estimate> {
+    let (config, tokenizer) = match dir {
+        RunDir::Existing(run) => (&run.config, &run.tokenizer),
+        RunDir::New {
+            config, tokenizer, ..
+        } => (config, tokenizer),
+    };
+    let vocab_size = tokenizer.vocab_size();
+    let fused = placement.trains_fused(&config.gpt(vocab_size));
+    let estimate = memory::Estimate::training(config, vocab_size, fused);
+    if placement.cpu {
+        estimate.check_fits()?;
+    }
+    Ok(estimate)
 }
 
 /// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
@@ -504,9 +572,17 @@ fn initial_model(
 /// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
 /// AdamW and the training state.
 fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
-    let (model, state) = run.load_model(Which::Last, device)?;
-    let model = checkpoint::restore_param_ids(model, &state.param_ids)?;
-    let optim = load_optimizer(&run.config, &model, run.optimizer_bytes()?)
-        .map_err(|e| anyhow::anyhow!("optimizer state in {} is corrupt: {e}", run.dir.display()))?;
-    Ok((model, optim, state))
+    let checkpoint = run.checkpoint(Which::Last, true)?;
+    if checkpoint.warning.is_some() {
+        run.set_aside_damaged_last()?;
+    }
+    let model = run.model_from(&checkpoint, device)?;
+    let model = checkpoint::restore_param_ids(model, &checkpoint.state.param_ids)?;
+    let path = checkpoint.dir.join(checkpoint::OPTIMIZER);
+    let bytes = checkpoint
+        .optimizer
+        .with_context(|| format!("{} is missing", path.display()))?;
+    let optim = load_optimizer(&run.config, &model, bytes)
+        .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
+    Ok((model, optim, checkpoint.state))
 }

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::checkpoint::{self, Run, Which};
+use tinygpt::checkpoint::{self, Checkpoint, Run, Which};
+use tinygpt::memory;
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
@@ -34,25 +35,69 @@ pub fn run(args: Args) -> Result<ExitCode> {
         run.tokenizer.kind(),
         run.tokenizer.vocab_size()
     );
-    match run.state(Which::Last) {
-        Ok(state) => println!(
-            "trained: {} of {} steps, {} tokens, {:.1}s | last train loss {} val loss {} | best val loss {}",
-            state.step,
-            run.config.train.max_iters,
-            state.tokens,
-            state.elapsed_s,
-            fmt_loss(state.train_loss),
-            fmt_loss(state.val_loss),
-            match (state.best_val_loss, state.best_step) {
-                (Some(v), Some(s)) => format!("{v:.4} at step {s}"),
-                _ => "-".into(),
-            }
-        ),
-        Err(_) => println!("trained: no checkpoint saved yet"),
+    let last = run.checkpoint(Which::Last, true);
+    match &last {
+        Ok(last) => {
+            let state = &last.state;
+            println!(
+                "trained: {} of {} steps, {} tokens, {:.1}s{} | last train loss {} val loss {} \
+                 | best val loss {}",
+                state.step,
+                run.config.train.max_iters,
+                state.tokens,
+                state.elapsed_s,
+                match state.skipped_steps {
+                    0 => String::new(),
+                    n => format!(", {n} skipped (not finite)"),
+                },
+                fmt_loss(state.train_loss),
+                fmt_loss(state.val_loss),
+                match (state.best_val_loss, state.best_step) {
+                    (Some(v), Some(s)) => format!("{v:.4} at step {s}"),
+                    _ => "-".into(),
+                }
+            )
+        }
+        Err(_) => println!("trained: no readable checkpoint"),
     }
+    let best = run.checkpoint(Which::Best, false);
+    println!(
+        "checkpoints: best {} | last {}",
+        integrity(&best),
+        integrity(&last)
+    );
+    // Where `auto` trains it on a machine without a GPU.
+    let fused = tinygpt_model::fused_support(&gpt).is_ok();
+    let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
+    println!(
+        "memory to train on the CPU ({}): ~{}{}",
+        if fused { "fused engine" } else { "flex" },
+        estimate.describe(),
+        memory::available_bytes().map_or(String::new(), |a| format!(
+            " ({} available now)",
+            memory::human(a)
+        ))
+    );
     println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
     print!("{}", run.config.to_toml());
     Ok(ExitCode::SUCCESS)
+}
+
+/// A checkpoint's state in a few words: verified, unverifiable (older runs), or what is wrong.
+fn integrity(checkpoint: &Result<Checkpoint>) -> String {
+    match checkpoint {
+        Ok(Checkpoint {
+            warning: Some(w), ..
+        }) => format!("DAMAGED: {w}"),
+        Ok(c) if c.state.checksum.is_none() => {
+            format!(
+                "step {} (no checksums: written by an older tinygpt)",
+                c.state.step
+            )
+        }
+        Ok(c) => format!("step {}, checksums verified", c.state.step),
+        Err(e) => format!("{e:#}"),
+    }
 }
 
 fn fmt_loss(loss: Option<f64>) -> String {

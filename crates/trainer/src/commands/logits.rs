@@ -46,6 +46,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .into_data()
         .try_to_vec_as::<f32>()
         .map_err(|e| anyhow::anyhow!("logits: {e:?}"))?;
+    if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+        anyhow::bail!(
+            "the logits are not finite at position {} (its weights are damaged or training \
+             diverged)",
+            at / vocab
+        );
+    }
     let rows: Vec<&[f32]> = values.chunks(vocab).collect();
     println!(
         "{}",

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
+use tinygpt::memory;
 use tinygpt_model::GptConfig;
 
 /// Print a preset's architecture and parameter count.
@@ -17,6 +18,9 @@ pub struct Args {
     /// Vocabulary size (65 for tiny-shakespeare's characters).
     #[arg(long, default_value_t = 65)]
     vocab_size: usize,
+    /// Sequences per micro-batch, for the memory estimate.
+    #[arg(long, default_value_t = 12)]
+    batch_size: usize,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -50,6 +54,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         "{} parameters ({:.2}M without the position embedding, as nanoGPT counts)",
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
+    );
+    let fused = tinygpt_model::fused_support(&config).is_ok();
+    println!(
+        "memory to train with batch {} on the CPU ({}): ~{}",
+        args.batch_size,
+        if fused { "fused engine" } else { "flex" },
+        memory::Estimate::for_model(&config, args.batch_size, fused).describe()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,67 @@
+//! Checksums of checkpoints. A checkpoint's `state.json` lists the SHA-256 of every other file
+//! of the checkpoint, and is sealed with the SHA-256 of its own text: flipping, truncating or
+//! zeroing any byte of any of its files is noticed, and the damaged file is named.
+//!
+//! The seal is the hash of the text with the seal itself replaced by [`UNSEALED`]; the field is
+//! serialised first, so the seal is the first 64-hex-digit string of the text.
+
+use sha2::{Digest, Sha256};
+
+/// The seal's placeholder while hashing: 64 zeros.
+const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The placeholder to serialise as the seal before [`seal`] replaces it.
+pub fn placeholder() -> String {
+    UNSEALED.to_string()
+}
+
+/// `text` (serialised with [`placeholder`] as its seal) with the placeholder replaced by the
+/// text's own hash.
+pub fn seal(text: &str) -> String {
+    text.replacen(UNSEALED, &sha256_hex(text.as_bytes()), 1)
+}
+
+/// Whether `text` carries `seal` as its seal and hashes to it.
+pub fn seal_holds(text: &str, seal: &str) -> bool {
+    seal.len() == UNSEALED.len()
+        && text.contains(seal)
+        && sha256_hex(text.replacen(seal, UNSEALED, 1).as_bytes()) == seal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_known_input() {
+        // FIPS 180-2, appendix B.1.
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn a_sealed_text_holds_and_any_changed_byte_breaks_it() {
+        let text = format!("{{\"checksum\": \"{}\", \"step\": 12}}", placeholder());
+        let sealed = seal(&text);
+        let seal = sealed[14..78].to_string();
+        assert!(seal_holds(&sealed, &seal));
+        for i in 0..sealed.len() {
+            let mut bytes = sealed.clone().into_bytes();
+            bytes[i] ^= 0x01;
+            let Ok(changed) = String::from_utf8(bytes) else {
+                continue;
+            };
+            let changed_seal = &changed[14..78];
+            assert!(!seal_holds(&changed, changed_seal), "byte {i}");
+            assert!(!seal_holds(&changed, &seal), "byte {i}");
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Memory a run needs, estimated from its config before anything is allocated, and memory the
+//! machine has available: a run that cannot fit is refused up front instead of dying in the
+//! allocator half-way through its set-up.
+
+use anyhow::{Result, bail};
+use tinygpt_model::GptConfig;
+
+use crate::config::RunConfig;
+
+/// Bytes of one f32.
+const F32: u64 = 4;
+
+/// Estimated bytes a training run holds at its peak, by kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// The weights, every copy the engine keeps (the fused engine: its buffers and Burn's
+    /// model; both engines: the copy serialised at a checkpoint).
+    pub weights: u64,
+    /// AdamW's two moments (the fused engine: its own and Burn's, synced at checkpoints).
+    pub optimizer: u64,
+    /// Gradients (Burn's autodiff: the micro-batch's and the accumulated ones).
+    pub gradients: u64,
+    /// Activations saved for the backward pass, for `batch_size × block_size` tokens.
+    pub activations: u64,
+}
+
+impl Estimate {
+    /// For training `config` with a vocabulary of `vocab_size` on the fused CPU engine
+    /// (`fused`) or Burn's autodiff.
+    pub fn training(config: &RunConfig, vocab_size: usize, fused: bool) -> Self {
+        Self::for_model(&config.gpt(vocab_size), config.train.batch_size, fused)
+    }
+
+    /// For training a model of `gpt`'s shape on micro-batches of `batch_size` sequences.
+    pub fn for_model(gpt: &GptConfig, batch_size: usize, fused: bool) -> Self {
+        let params = gpt.num_params();
+        let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
+        let per_token = activation_floats_per_token(gpt);
+        // Burn's graph keeps more intermediates than the fused engine's hand-picked set (scores
+        // before and after masking and softmax, GELU's inputs): about twice as many.
+        let activations = if fused { per_token } else { 2 * per_token };
+        let copies = |n: u64| params.saturating_mul(n * F32);
+        Self {
+            weights: copies(if fused { 3 } else { 2 }),
+            optimizer: copies(if fused { 4 } else { 2 }),
+            gradients: copies(if fused { 1 } else { 2 }),
+            activations: tokens.saturating_mul(activations).saturating_mul(F32),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        [
+            self.weights,
+            self.optimizer,
+            self.gradients,
+            self.activations,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+
+    /// One line: the total and its parts.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (weights {}, AdamW {}, gradients {}, activations {})",
+            human(self.total()),
+            human(self.weights),
+            human(self.optimizer),
+            human(self.gradients),
+            human(self.activations)
+        )
+    }
+
+    /// Refuses the run when it cannot fit in the memory available now (where the operating
+    /// system says; elsewhere nothing is checked).
+    pub fn check_fits(&self) -> Result<()> {
+        let Some(available) = available_bytes() else {
+            return Ok(());
+        };
+        if self.total() > available {
+            bail!(
+                "this run needs about {} of memory but {} is available: make the model \
+                 (model.n_embd, model.n_layer, model.block_size) or train.batch_size smaller \
+                 (nothing was written)",
+                self.describe(),
+                human(available)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Floats per token the backward pass needs: per block, the LayerNorm outputs, q/k/v, the
+/// attention weights of its row, the heads' output, the residual and the MLP's two `4·n_embd`
+/// activations (with dropout, its masks too); then the logits and their gradient.
+fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
+    let (c, heads, t) = (gpt.n_embd as u64, gpt.n_head as u64, gpt.block_size as u64);
+    let dropout = u64::from(gpt.dropout > 0.0);
+    let mlp = if gpt.mlp { 8 * c } else { 0 };
+    let block = (7 * c + mlp).saturating_add(heads.saturating_mul(t) * (1 + dropout));
+    let block = block.saturating_add(dropout * (c + mlp / 2));
+    (gpt.n_layer as u64)
+        .saturating_mul(block)
+        .saturating_add(2 * c + 2 * gpt.vocab_size as u64)
+}
+
+/// Memory available to this process: what the kernel could hand out now, within the cgroup's
+/// limit when there is one. `None` where neither can be read (not Linux).
+pub fn available_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let system = meminfo
+        .as_deref()
+        .and_then(|m| meminfo_kib(m, "MemAvailable:"));
+    let read = |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok();
+    let cgroup = match (read("memory.max"), read("memory.current")) {
+        (Some(max), Some(current)) => max
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .zip(current.trim().parse::<u64>().ok())
+            .map(|(max, current)| max.saturating_sub(current)),
+        _ => None,
+    };
+    match (system.map(|kib| kib * 1024), cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `bytes` as KiB, MiB, GiB or TiB with three significant digits.
+pub fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ if value >= 100.0 => format!("{value:.0} {}", units[unit]),
+        _ if value >= 10.0 => format!("{value:.1} {}", units[unit]),
+        _ => format!("{value:.2} {}", units[unit]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presets::ConfigSource;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(1536), "1.50 KiB");
+        assert_eq!(human(48 * 1024 * 1024 * 1024), "48.0 GiB");
+        assert_eq!(human(u64::MAX), "16384 PiB");
+    }
+
+    #[test]
+    fn meminfo_is_read_in_kib() {
+        let meminfo = "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo_kib(meminfo, "MemAvailable:"), Some(20_000_000));
+        assert_eq!(meminfo_kib(meminfo, "SwapFree:"), None);
+    }
+
+    #[test]
+    fn the_estimate_grows_with_the_model_and_the_batch() {
+        let config = ConfigSource::Preset("baby").load(&[]).unwrap();
+        let small = Estimate::training(&config, 65, true);
+        let params = config.gpt(65).num_params();
+        assert_eq!(small.weights, 3 * 4 * params);
+        let bigger_batch = ConfigSource::Preset("baby")
+            .load(&["train.batch_size=24".into()])
+            .unwrap();
+        let big = Estimate::training(&bigger_batch, 65, true);
+        assert_eq!(big.activations, 2 * small.activations);
+        assert_eq!(big.weights, small.weights);
+        assert!(Estimate::training(&config, 65, false).total() > small.total());
+    }
+
+    #[test]
+    fn a_model_beyond_any_machine_is_refused_with_its_size() {
+        let config = ConfigSource::Preset("baby")
+            .load(&["model.n_embd=65536".into(), "model.n_head=1".into()])
+            .unwrap();
+        let estimate = Estimate::training(&config, 65, true);
+        assert!(estimate.total() > 500 << 30, "{}", estimate.describe());
+        if available_bytes().is_some() {
+            let err = estimate.check_fits().unwrap_err().to_string();
+            assert!(err.contains("this run needs about"), "{err}");
+            assert!(err.contains("is available"), "{err}");
+        }
+    }
+}

@@ -1,139 +1,13 @@
 //! The real `tinygpt` binary on small data: train → info → generate → eval → resume, the same
 //! start on every backend, and every kind of bad input ending in one clear line.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-/// A model small enough that a few steps take well under a second.
-const TINY: [&str; 14] = [
-    "--set",
-    "model.n_layer=1",
-    "--set",
-    "model.n_head=2",
-    "--set",
-    "model.n_embd=32",
-    "--set",
-    "model.block_size=16",
-    "--set",
-    "train.batch_size=4",
-    "--set",
-    "train.eval_iters=2",
-    "--set",
-    "train.eval_interval=5",
-];
-
-/// This crate's directory, read when the test runs: a binary built in another checkout that
-/// shares the target directory would carry that checkout's path in `env!`.
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo test sets CARGO_MANIFEST_DIR"),
-    )
-}
-
-fn corpus() -> PathBuf {
-    manifest_dir().join("../../data/paradise-lost.txt")
-}
-
-/// Runs `tinygpt args` in `dir`.
-fn tinygpt(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-        .args(args)
-        .current_dir(dir)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .expect("the binary runs")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        stdout(&out),
-        stderr(&out)
-    );
-    stdout(&out)
-}
-
-/// A failed run: non-zero exit, one line on stderr containing `expected`, no panic.
-fn fails(out: Output, expected: &str) {
-    let err = stderr(&out);
-    assert!(!out.status.success(), "should fail: {}", stdout(&out));
-    assert_ne!(out.status.code(), Some(101), "panicked: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected:\n{err}"
-    );
-    assert!(err.starts_with("tinygpt: error: "), "{err}");
-    assert!(err.contains(expected), "expected {expected:?} in: {err}");
-}
-
-fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {
-    train_on(dir, out, "flex", extra)
-}
-
-fn train_on(dir: &Path, out: &str, backend: &str, extra: &[&str]) -> Output {
-    let corpus = corpus();
-    let mut args = vec![
-        "train",
-        "--data",
-        corpus.to_str().unwrap(),
-        "--out",
-        out,
-        "--backend",
-        backend,
-    ];
-    args.extend(TINY);
-    args.extend(extra);
-    tinygpt(dir, &args)
-}
-
-/// A run's `last` weights: (name, values) in name order.
-fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(run.join("last/model.safetensors")).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<f32>)> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            let values = view
-                .data()
-                .chunks(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            (name, values)
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
-}
-
-/// `metrics.csv` rows as (step, train loss, val loss).
-fn metrics(run: &Path) -> Vec<(usize, f64, f64)> {
-    std::fs::read_to_string(run.join("metrics.csv"))
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|line| {
-            let f: Vec<&str> = line.split(',').collect();
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
+use common::*;
 
 #[test]
 fn train_info_generate_eval() {
@@ -641,7 +515,10 @@ fn bad_checkpoints_and_prompts_are_errors_and_nothing_is_overwritten() {
     let weights = corrupt.join("best/model.safetensors");
     let bytes = std::fs::read(&weights).unwrap();
     std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
-    fails(sample("corrupt", "Of"), "is not valid safetensors");
+    fails(
+        sample("corrupt", "Of"),
+        "best/model.safetensors is damaged: its checksum does not match",
+    );
 
     // Weights of another architecture: the config says 64 wide, the weights are 32.
     let other = copy("other");

@@ -1,0 +1,135 @@
+//! Helpers shared by the integration tests: the real binary, a tiny model, run files.
+#![allow(dead_code)] // Each test file uses its own share of them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A model small enough that a few steps take well under a second.
+pub const TINY: [&str; 14] = [
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.block_size=16",
+    "--set",
+    "train.batch_size=4",
+    "--set",
+    "train.eval_iters=2",
+    "--set",
+    "train.eval_interval=5",
+];
+
+/// This crate's directory, read when the test runs: a binary built in another checkout that
+/// shares the target directory would carry that checkout's path in `env!`.
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo test sets CARGO_MANIFEST_DIR"),
+    )
+}
+
+pub fn corpus() -> PathBuf {
+    manifest_dir().join("../../data/paradise-lost.txt")
+}
+
+/// Runs `tinygpt args` in `dir`.
+pub fn tinygpt(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .expect("the binary runs")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// A failed run: non-zero exit, one line on stderr containing `expected`, no panic.
+pub fn fails(out: Output, expected: &str) {
+    let err = stderr(&out);
+    assert!(!out.status.success(), "should fail: {}", stdout(&out));
+    assert_ne!(out.status.code(), Some(101), "panicked: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected:\n{err}"
+    );
+    assert!(err.starts_with("tinygpt: error: "), "{err}");
+    assert!(err.contains(expected), "expected {expected:?} in: {err}");
+}
+
+pub fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {
+    train_on(dir, out, "flex", extra)
+}
+
+pub fn train_on(dir: &Path, out: &str, backend: &str, extra: &[&str]) -> Output {
+    let corpus = corpus();
+    let mut args = vec![
+        "train",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--out",
+        out,
+        "--backend",
+        backend,
+    ];
+    args.extend(TINY);
+    args.extend(extra);
+    tinygpt(dir, &args)
+}
+
+/// A run's `last` weights: (name, values) in name order.
+pub fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(run.join("last/model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<f32>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = view
+                .data()
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+/// `metrics.csv` rows as (step, train loss, val loss).
+pub fn metrics(run: &Path) -> Vec<(usize, f64, f64)> {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}

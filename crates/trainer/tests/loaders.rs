@@ -1,0 +1,225 @@
+//! Every loader against random bytes and random mutations of valid files: config TOML,
+//! `--set` values, tokenizer.json, state.json, safetensors weights, the nanoGPT sidecar and
+//! optimizer.bpk. The property: never a panic, always a value or an error; and a checkpoint
+//! file changed in any way is refused by its checksum.
+//!
+//! `TINYGPT_FUZZ_CASES=N` sets the cases per loader (default 2000; the import, which writes a
+//! run per accepted case, runs a quarter of them).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use burn::tensor::Device;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use tinygpt::checkpoint::{self, Run, TrainState, Which};
+use tinygpt::config::{RunConfig, TokenizerKind};
+use tinygpt::interop;
+use tinygpt::optim::{load_optimizer, optimizer};
+use tinygpt::presets::ConfigSource;
+use tinygpt::tokenizer::Tokenizer;
+use tinygpt_model::Gpt;
+
+const TEXT: &str = "Of Man's first disobedience, and the fruit\nOf that forbidden tree";
+
+fn cases() -> u32 {
+    std::env::var("TINYGPT_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2000)
+}
+
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+/// Random bytes, or `original` with 1 to 8 edits: a byte set, a bit flipped, a cut, an insert.
+fn mutations(original: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let edits = prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 1..8);
+    let edited = edits.prop_map(move |edits| {
+        let mut bytes = original.clone();
+        for (at, byte, kind) in edits {
+            if bytes.is_empty() {
+                bytes.push(byte);
+                continue;
+            }
+            let at = at % bytes.len();
+            match kind {
+                0 => bytes[at] = byte,
+                1 => bytes[at] ^= 1 << (byte % 8),
+                2 => bytes.truncate(at),
+                _ => bytes.insert(at, byte),
+            }
+        }
+        bytes
+    });
+    prop_oneof![
+        4 => edited,
+        1 => prop::collection::vec(any::<u8>(), 0..512),
+    ]
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A small valid run config and a model of it.
+fn fixture() -> &'static (RunConfig, Tokenizer) {
+    static FIXTURE: OnceLock<(RunConfig, Tokenizer)> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let overrides = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2"];
+        let overrides: Vec<String> = overrides.map(String::from).to_vec();
+        let config = ConfigSource::Preset("baby").load(&overrides).unwrap();
+        let tokenizer = Tokenizer::train(TokenizerKind::Char, TEXT, 0).unwrap();
+        (config, tokenizer)
+    })
+}
+
+fn model() -> Gpt {
+    let (config, tokenizer) = fixture();
+    config
+        .gpt(tokenizer.vocab_size())
+        .init(&Device::flex())
+        .unwrap()
+}
+
+#[test]
+fn config_toml_and_set_values() {
+    let valid = fixture().0.to_toml().into_bytes();
+    runner(cases())
+        .run(&mutations(valid), |bytes| {
+            let _ = RunConfig::load_str(&text(&bytes), &[]);
+            Ok(())
+        })
+        .unwrap();
+    let assignments = (
+        prop::sample::select(vec![
+            "model.n_embd",
+            "train.learning_rate",
+            "data.path",
+            "x.y",
+        ]),
+        mutations(b"=64".to_vec()),
+    );
+    runner(cases())
+        .run(&assignments, |(key, value)| {
+            let _ = RunConfig::load_str("", &[format!("{key}{}", text(&value))]);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn tokenizer_json() {
+    for kind in [TokenizerKind::Char, TokenizerKind::Bpe] {
+        let tokenizer = Tokenizer::train(kind, TEXT, 260).unwrap();
+        let valid = tokenizer.to_json().unwrap().into_bytes();
+        runner(cases())
+            .run(&mutations(valid), |bytes| {
+                if let Ok(tokenizer) = Tokenizer::from_json(&text(&bytes)) {
+                    // A tokenizer that loads must also work, or fail cleanly.
+                    if let Ok(ids) = tokenizer.encode("Of Man") {
+                        let _ = tokenizer.decode(&ids);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// A saved run with `best` and `last` checkpoints.
+fn saved_run(dir: &Path) -> Run {
+    let (config, tokenizer) = fixture();
+    let tokenizer = Tokenizer::from_json(&tokenizer.to_json().unwrap()).unwrap();
+    let config = config.clone();
+    let model = model();
+    let optim = optimizer(&config, &model).into_bytes().unwrap().to_vec();
+    Run::create(dir, config, tokenizer, |run| {
+        run.save(Which::Best, &model, None, &TrainState::default())?;
+        run.save(Which::Last, &model, Some(&optim), &TrainState::default())
+    })
+    .unwrap()
+}
+
+#[test]
+fn checkpoint_files_changed_in_any_way_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = saved_run(&tmp.path().join("run"));
+    for file in ["best/state.json", "best/model.safetensors"] {
+        let path = run.dir.join(file);
+        let valid = std::fs::read(&path).unwrap();
+        runner(cases())
+            .run(&mutations(valid.clone()), |bytes| {
+                std::fs::write(&path, &bytes).unwrap();
+                let result = run.checkpoint(Which::Best, false);
+                prop_assert!(result.is_err() || bytes == valid, "{file}: accepted");
+                if let Err(e) = result {
+                    prop_assert!(e.to_string().contains(file), "{file}: {e}");
+                }
+                Ok(())
+            })
+            .unwrap();
+        std::fs::write(&path, &valid).unwrap();
+    }
+}
+
+#[test]
+fn safetensors_weights_without_checksums() {
+    let valid = checkpoint::weights_bytes(&model()).unwrap();
+    let model = model();
+    runner(cases())
+        .run(&mutations(valid), |bytes| {
+            let _ = checkpoint::load_weights(&mut model.clone(), bytes);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn optimizer_state() {
+    let (config, _) = fixture();
+    let model = model();
+    let valid = optimizer(config, &model).into_bytes().unwrap().to_vec();
+    runner(cases())
+        .run(&mutations(valid), |bytes| {
+            let _ = load_optimizer(config, &model, bytes);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn nanogpt_sidecar_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = saved_run(&tmp.path().join("run"));
+    let exported = tmp.path().join("model.safetensors");
+    interop::export(&run, Which::Best, &exported).unwrap();
+    let sidecar = interop::sidecar_path(&exported);
+    let valid = std::fs::read(&sidecar).unwrap();
+    let n = std::cell::Cell::new(0);
+    let out = || {
+        n.set(n.get() + 1);
+        tmp.path().join(format!("imported-{}", n.get()))
+    };
+    runner(cases() / 4)
+        .run(&mutations(valid.clone()), |bytes| {
+            std::fs::write(&sidecar, &bytes).unwrap();
+            let _ = interop::import(&exported, &out());
+            Ok(())
+        })
+        .unwrap();
+    std::fs::write(&sidecar, &valid).unwrap();
+    let weights = std::fs::read(&exported).unwrap();
+    runner(cases() / 4)
+        .run(&mutations(weights), |bytes| {
+            std::fs::write(&exported, &bytes).unwrap();
+            let _ = interop::import(&exported, &out());
+            Ok(())
+        })
+        .unwrap();
+}

@@ -21,6 +21,7 @@ use crate::engine::{Engine, decoder};
 use crate::optim::{adamw_settings, optimizer};
 use crate::presets::ConfigSource;
 use crate::session::train_step;
+use crate::tokens::Tokens;
 
 /// One line of results.
 #[derive(Debug, Serialize)]
@@ -108,8 +109,8 @@ fn random_tokens(config: &RunConfig) -> Dataset {
         .map(|_| rng.random_range(0..VOCAB as u32))
         .collect();
     Dataset {
-        train: Split::Packed(stream.clone()),
-        val: Split::Packed(stream),
+        train: Split::Packed(Tokens::from_vec(stream.clone())),
+        val: Split::Packed(Tokens::from_vec(stream)),
         block_size: config.model.block_size,
     }
 }

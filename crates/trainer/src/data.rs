@@ -11,6 +11,7 @@ use tinygpt_model::IGNORE_INDEX;
 use crate::config::{Batching, DataSection};
 use crate::presets;
 use crate::tokenizer::Tokenizer;
+use crate::tokens::Tokens;
 
 /// Reads a text corpus; a missing, unreadable, non-UTF-8 or empty file is an error. The name
 /// of a corpus built into the binary ([`presets::BUILTIN_CORPUS`]) reads that copy.
@@ -36,7 +37,7 @@ pub fn read_corpus(path: &Path) -> Result<String> {
 /// One split of the corpus.
 pub enum Split {
     /// The token stream; samples are random windows of `block_size + 1` tokens.
-    Packed(Vec<u32>),
+    Packed(Tokens),
     /// Documents of 2..=`block_size + 1` tokens; samples are whole documents.
     Documents(Vec<Vec<u32>>),
 }
@@ -108,19 +109,11 @@ impl Dataset {
         let (train, val) = match data.batching {
             Batching::Packed => {
                 let ids = tokenizer.encode(text)?;
-                let n = ((1.0 - data.val_fraction) * ids.len() as f64) as usize;
+                let n = train_tokens(ids.len(), data.val_fraction);
                 let (train, val) = (ids[..n].to_vec(), ids[n..].to_vec());
-                for (name, split) in [("train", &train), ("val", &val)] {
-                    if split.len() <= block_size {
-                        bail!(
-                            "corpus too short: the {name} split has {} tokens but block_size {block_size} \
-                             needs at least {} (use a longer text or a smaller model.block_size)",
-                            split.len(),
-                            block_size + 1
-                        );
-                    }
-                }
-                (Split::Packed(train), Split::Packed(val))
+                let packed =
+                    Self::packed(Tokens::from_vec(train), Tokens::from_vec(val), block_size)?;
+                return Ok(packed);
             }
             Batching::Documents => {
                 let mut docs = documents(text, tokenizer, &data.separator, block_size)?;
@@ -145,6 +138,26 @@ impl Dataset {
         })
     }
 
+    /// Packed splits of token streams (in memory or mapped token files); each must be longer
+    /// than a block.
+    pub fn packed(train: Tokens, val: Tokens, block_size: usize) -> Result<Self> {
+        for (name, split) in [("train", &train), ("val", &val)] {
+            if split.len() <= block_size {
+                bail!(
+                    "corpus too short: the {name} split has {} tokens but block_size {block_size} \
+                     needs at least {} (use a longer text or a smaller model.block_size)",
+                    split.len(),
+                    block_size + 1
+                );
+            }
+        }
+        Ok(Self {
+            train: Split::Packed(train),
+            val: Split::Packed(val),
+            block_size,
+        })
+    }
+
     /// A random batch of `batch` samples from `split`, drawn with `rng` (nanoGPT's `get_batch`).
     pub fn sample(&self, split: &Split, batch: usize, rng: &mut StdRng) -> Batch {
         match split {
@@ -154,8 +167,8 @@ impl Dataset {
                 let mut targets = Vec::with_capacity(batch * seq);
                 for _ in 0..batch {
                     let i = rng.random_range(0..ids.len() - seq);
-                    inputs.extend(ids[i..i + seq].iter().map(|&t| t as i64));
-                    targets.extend(ids[i + 1..i + seq + 1].iter().map(|&t| t as i64));
+                    ids.extend_i64(i, seq, &mut inputs);
+                    ids.extend_i64(i + 1, seq, &mut targets);
                 }
                 Batch {
                     inputs,
@@ -182,7 +195,7 @@ pub fn whole_split(
     block_size: usize,
 ) -> Result<Split> {
     let split = match data.batching {
-        Batching::Packed => Split::Packed(tokenizer.encode(text)?),
+        Batching::Packed => Split::Packed(Tokens::from_vec(tokenizer.encode(text)?)),
         Batching::Documents => {
             Split::Documents(documents(text, tokenizer, &data.separator, block_size)?)
         }
@@ -194,16 +207,30 @@ pub fn whole_split(
 }
 
 /// The whole `split` as deterministic batches: consecutive windows of `block_size` targets
-/// (packed) or every document, so each token is predicted exactly once.
-pub fn sweep(split: &Split, block_size: usize, batch: usize) -> Vec<Batch> {
-    let pieces = match split {
-        Split::Packed(ids) => windows(ids, block_size),
-        Split::Documents(docs) => docs.clone(),
-    };
-    pieces
-        .chunks(batch)
-        .map(|chunk| pad(&chunk.iter().collect::<Vec<_>>()))
-        .collect()
+/// (packed) or every document, so each token is predicted exactly once. Batches are cut as they
+/// are taken: a mapped split of any size is never copied whole.
+pub fn sweep(
+    split: &Split,
+    block_size: usize,
+    batch: usize,
+) -> Box<dyn Iterator<Item = Batch> + '_> {
+    match split {
+        Split::Packed(ids) => {
+            let spans = window_spans(ids.len(), block_size);
+            Box::new((0..spans.len()).step_by(batch.max(1)).map(move |first| {
+                let last = (first + batch).min(spans.len());
+                let pieces: Vec<Vec<u32>> = spans[first..last]
+                    .iter()
+                    .map(|&(start, end)| ids.slice(start, end - start))
+                    .collect();
+                pad(&pieces.iter().collect::<Vec<_>>())
+            }))
+        }
+        Split::Documents(docs) => Box::new(
+            docs.chunks(batch.max(1))
+                .map(|chunk| pad(&chunk.iter().collect::<Vec<_>>())),
+        ),
+    }
 }
 
 /// The documents of `text` (split on `separator`) as pieces of 2..=`block_size + 1` tokens:
@@ -227,14 +254,22 @@ fn documents(
 
 /// `ids` as consecutive windows of up to `block_size + 1` tokens sharing their end tokens.
 fn windows(ids: &[u32], block_size: usize) -> Vec<Vec<u32>> {
-    let mut pieces = Vec::new();
+    window_spans(ids.len(), block_size)
+        .into_iter()
+        .map(|(start, end)| ids[start..end].to_vec())
+        .collect()
+}
+
+/// The `(start, end)` of each window of [`windows`] over `len` tokens.
+fn window_spans(len: usize, block_size: usize) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
     let mut start = 0;
-    while start + 1 < ids.len() {
-        let end = (start + block_size + 1).min(ids.len());
-        pieces.push(ids[start..end].to_vec());
+    while start + 1 < len {
+        let end = (start + block_size + 1).min(len);
+        spans.push((start, end));
         start = end - 1;
     }
-    pieces
+    spans
 }
 
 /// Samples of `len + 1` tokens as inputs and shifted targets, right-padded to the longest:
@@ -257,6 +292,11 @@ fn pad(samples: &[&Vec<u32>]) -> Batch {
         batch: samples.len(),
         seq,
     }
+}
+
+/// How many of `total` tokens are training tokens: all but the last `val_fraction`.
+pub fn train_tokens(total: usize, val_fraction: f64) -> usize {
+    ((1.0 - val_fraction) * total as f64) as usize
 }
 
 /// The RNG for one purpose at one step: a run is reproducible, and a resumed run draws exactly
@@ -305,14 +345,14 @@ mod tests {
         }
         // The sweep predicts every val token after the first exactly once.
         let sweep = sweep(&ds.val, 8, 3);
-        assert_eq!(sweep.iter().map(Batch::counted_targets).sum::<usize>(), 9);
+        assert_eq!(sweep.map(|b| b.counted_targets()).sum::<usize>(), 9);
     }
 
     #[test]
     fn documents_are_padded_with_ignored_targets() {
         let text = "ab\n\nabcde\n\nabc\n\nabcd";
         let ds = dataset(text, Batching::Documents, 8).unwrap();
-        let sweep = sweep(&ds.train, 8, 8);
+        let sweep: Vec<Batch> = sweep(&ds.train, 8, 8).collect();
         let b = &sweep[0];
         assert_eq!((b.batch, b.seq), (3, 4));
         // "ab" predicts one target, b (id 2 after \n and a); the other three are ignore_index.

@@ -1,0 +1,160 @@
+//! A stream of token ids: in memory, or a token file (`train.bin`, `val.bin`) mapped from disk
+//! so that a corpus of any size costs no memory beyond the pages a batch touches.
+//!
+//! Token files are little-endian `u16` (nanoGPT's layout, for vocabularies up to 65,536) or
+//! `u32`, with no header.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
+
+/// The width of the ids in a token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Width {
+    U16,
+    U32,
+}
+
+impl Width {
+    /// The narrowest width that holds every id of a vocabulary of `vocab_size`.
+    pub fn for_vocab(vocab_size: usize) -> Self {
+        if vocab_size <= 1 << 16 {
+            Self::U16
+        } else {
+            Self::U32
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::U16 => 2,
+            Self::U32 => 4,
+        }
+    }
+
+    /// `ids` as file bytes, appended to `out`.
+    pub fn encode_into(self, ids: &[u32], out: &mut Vec<u8>) {
+        match self {
+            Self::U16 => ids
+                .iter()
+                .for_each(|&id| out.extend_from_slice(&(id as u16).to_le_bytes())),
+            Self::U32 => ids
+                .iter()
+                .for_each(|&id| out.extend_from_slice(&id.to_le_bytes())),
+        }
+    }
+}
+
+/// Token ids `[len]`.
+#[derive(Clone)]
+pub enum Tokens {
+    Memory(Arc<Vec<u32>>),
+    Mapped { map: Arc<Mmap>, width: Width },
+}
+
+impl Tokens {
+    pub fn from_vec(ids: Vec<u32>) -> Self {
+        Self::Memory(Arc::new(ids))
+    }
+
+    /// Maps the token file `path` of `width`; its size must be a whole number of ids.
+    pub fn map(path: &Path, width: Width) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        if file.metadata()?.len() == 0 {
+            return Ok(Self::from_vec(Vec::new()));
+        }
+        // SAFETY: token files are written once under a temporary name and renamed into place;
+        // nothing writes them afterwards, so the mapped bytes do not change under us.
+        let map = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("cannot map {}", path.display()))?;
+        if map.len() % width.bytes() != 0 {
+            bail!(
+                "{} is truncated: {} bytes is not a whole number of {}-byte ids",
+                path.display(),
+                map.len(),
+                width.bytes()
+            );
+        }
+        Ok(Self::Mapped {
+            map: Arc::new(map),
+            width,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Memory(ids) => ids.len(),
+            Self::Mapped { map, width } => map.len() / width.bytes(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ids `start..start + len` as i64 appended to `out` (how batches hold them).
+    pub fn extend_i64(&self, start: usize, len: usize, out: &mut Vec<i64>) {
+        match self {
+            Self::Memory(ids) => out.extend(ids[start..start + len].iter().map(|&t| t as i64)),
+            Self::Mapped { map, width } => {
+                let w = width.bytes();
+                let bytes = &map[start * w..(start + len) * w];
+                match width {
+                    Width::U16 => out.extend(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| u16::from_le_bytes([b[0], b[1]]) as i64),
+                    ),
+                    Width::U32 => out.extend(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// The ids `start..start + len`.
+    pub fn slice(&self, start: usize, len: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(len);
+        self.extend_i64(start, len, &mut out);
+        out.into_iter().map(|t| t as u32).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_files_read_back_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<u32> = vec![0, 1, 65535, 7, 300];
+        for (width, big) in [(Width::U16, 0), (Width::U32, 70_000)] {
+            let ids: Vec<u32> = ids.iter().map(|&i| i + big).collect();
+            let mut bytes = Vec::new();
+            width.encode_into(&ids, &mut bytes);
+            let path = dir.path().join("t.bin");
+            std::fs::write(&path, &bytes).unwrap();
+            let mapped = Tokens::map(&path, width).unwrap();
+            assert_eq!(mapped.len(), 5);
+            assert_eq!(mapped.slice(1, 3), ids[1..4].to_vec());
+            assert_eq!(Tokens::from_vec(ids.clone()).slice(0, 5), ids);
+            std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+            let err = Tokens::map(&path, width).err().unwrap().to_string();
+            assert!(err.contains("is truncated"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_width_fits_the_vocabulary() {
+        assert_eq!(Width::for_vocab(65), Width::U16);
+        assert_eq!(Width::for_vocab(65536), Width::U16);
+        assert_eq!(Width::for_vocab(65537), Width::U32);
+    }
+}

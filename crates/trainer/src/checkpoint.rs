@@ -355,7 +355,7 @@ impl Run {
 pub const PREVIOUS: &str = "prev";
 
 /// Refuses `dir` if it holds a run or anything else.
-fn refuse_existing(dir: &Path) -> Result<()> {
+pub fn refuse_existing(dir: &Path) -> Result<()> {
     if dir.join(CONFIG).exists() {
         bail!(
             "{} already holds a run: pass --resume to continue it, or choose another --out",

@@ -19,7 +19,8 @@ use tinygpt_model::Gpt;
 use crate::backend::{Backend, Placement, describe};
 use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
-use crate::data::{Batch, Dataset, mix, read_corpus, step_rng};
+use crate::corpus;
+use crate::data::{Batch, Dataset, mix, step_rng};
 use crate::engine::{Engine, Step};
 use crate::memory::{self, human};
 use crate::metrics::{Metrics, Row};
@@ -134,7 +135,11 @@ impl Trainer {
                 out,
                 config,
                 tokenizer,
-            } => Run::create(&out, config, tokenizer, |_| Ok(()))?,
+                prepared,
+            } => Run::create(&out, config, tokenizer, |run| match prepared {
+                Some(prepared) => corpus::replace_dir(prepared, &run.dir.join(corpus::RUN_DATA)),
+                None => Ok(()),
+            })?,
         };
         let metrics = Metrics::open(&run.dir)?;
         Ok(Self {
@@ -478,6 +483,8 @@ enum RunDir {
         out: PathBuf,
         config: RunConfig,
         tokenizer: Tokenizer,
+        /// The corpus's token files, to move into the run directory.
+        prepared: Option<tempfile::TempDir>,
     },
 }
 
@@ -488,21 +495,21 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
         .config
         .clone()
         .unwrap_or(ConfigSource::Preset("default"));
-    let config = source.load(&options.overrides)?;
+    let mut config = source.load(&options.overrides)?;
     let out = options
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs").join(source.name()));
-    let text = read_corpus(&config.data.path)?;
-    let tokenizer = Tokenizer::train(config.data.tokenizer, &text, config.data.bpe_vocab_size)?;
-    let data = Dataset::new(&text, &tokenizer, &config.data, config.model.block_size)
-        .with_context(|| format!("corpus {}", config.data.path.display()))?;
+    // Before the corpus is prepared: that can take a while.
+    checkpoint::refuse_existing(&out)?;
+    let corpus = corpus::for_new_run(&mut config, &out)?;
     let dir = RunDir::New {
         out,
         config,
-        tokenizer,
+        tokenizer: corpus.tokenizer,
+        prepared: corpus.prepared,
     };
-    Ok((dir, data))
+    Ok((dir, corpus.data))
 }
 
 /// The run in `options.out`, with the allowed overrides applied, and its corpus split.
@@ -527,10 +534,7 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
         run.config = RunConfig::load_str(&run.config.to_toml(), &options.overrides)?;
         run.write_config()?;
     }
-    let config = &run.config;
-    let text = read_corpus(&config.data.path)?;
-    let data = Dataset::new(&text, &run.tokenizer, &config.data, config.model.block_size)
-        .with_context(|| format!("corpus {}", config.data.path.display()))?;
+    let data = corpus::for_run(&run.dir, &run.config, &run.tokenizer, true)?;
     Ok((run, data))
 }
 

@@ -18,6 +18,8 @@ pub enum Tokenizer {
     Char {
         itos: Vec<char>,
         stoi: HashMap<char, u32>,
+        /// `stoi` for ASCII, a table (`u32::MAX` = absent): most text is ASCII.
+        ascii: Box<[u32; 128]>,
     },
     /// Byte-level BPE: any text encodes (unseen characters fall back to their bytes).
     Bpe(Box<tokenizers::Tokenizer>),
@@ -35,39 +37,62 @@ impl Tokenizer {
     /// Learns a tokenizer of `kind` from `text`.
     pub fn train(kind: TokenizerKind, text: &str, bpe_vocab_size: usize) -> Result<Self> {
         match kind {
-            TokenizerKind::Char => {
-                let chars: BTreeSet<char> = text.chars().collect();
-                Ok(Self::from_chars(chars.into_iter().collect()))
-            }
-            TokenizerKind::Bpe => {
-                let byte_level = ByteLevel::new(false, true, true);
-                let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
-                    .vocab_size(bpe_vocab_size)
-                    .min_frequency(2)
-                    .show_progress(false)
-                    .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-                    .build()
-                    .into();
-                let mut tokenizer = tokenizers::Tokenizer::new(BPE::default());
-                tokenizer
-                    .with_pre_tokenizer(Some(byte_level))
-                    .with_decoder(Some(byte_level));
-                // Lines keep the pre-tokenizer's work parallel and memory small.
-                tokenizer
-                    .train(&mut trainer, text.split_inclusive('\n'))
-                    .map_err(|e| anyhow!("training the BPE tokenizer failed: {e}"))?;
-                Ok(Self::Bpe(Box::new(tokenizer)))
-            }
+            TokenizerKind::Char => Ok(Self::from_char_set(text.chars().collect())),
+            TokenizerKind::Bpe => Self::train_bpe(text.split_inclusive('\n'), bpe_vocab_size),
         }
     }
 
+    /// A char tokenizer of these characters (ids in sorted order).
+    pub fn from_char_set(chars: BTreeSet<char>) -> Self {
+        Self::from_chars(chars.into_iter().collect())
+    }
+
+    /// Learns byte-level BPE with `vocab_size` tokens from `lines` (pieces of text cut where
+    /// its pre-tokenizer cuts, e.g. lines).
+    pub fn train_bpe<'a>(
+        lines: impl Iterator<Item = &'a str> + Send,
+        vocab_size: usize,
+    ) -> Result<Self> {
+        let byte_level = ByteLevel::new(false, true, true);
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build()
+            .into();
+        let mut tokenizer = tokenizers::Tokenizer::new(BPE::default());
+        tokenizer
+            .with_pre_tokenizer(Some(byte_level))
+            .with_decoder(Some(byte_level));
+        // Lines keep the pre-tokenizer's work parallel and memory small.
+        tokenizer
+            .train(&mut trainer, lines)
+            .map_err(|e| anyhow!("training the BPE tokenizer failed: {e}"))?;
+        Ok(Self::Bpe(Box::new(tokenizer)))
+    }
+
     fn from_chars(itos: Vec<char>) -> Self {
-        let stoi = itos
+        let stoi: HashMap<char, u32> = itos
             .iter()
             .enumerate()
             .map(|(i, &c)| (c, i as u32))
             .collect();
-        Self::Char { itos, stoi }
+        let mut ascii = Box::new([u32::MAX; 128]);
+        for (&c, &id) in &stoi {
+            if c.is_ascii() {
+                ascii[c as usize] = id;
+            }
+        }
+        Self::Char { itos, stoi, ascii }
+    }
+
+    /// The `data.tokenizer` setting that makes this kind of tokenizer.
+    pub fn kind_setting(&self) -> TokenizerKind {
+        match self {
+            Self::Char { .. } => TokenizerKind::Char,
+            Self::Bpe(_) => TokenizerKind::Bpe,
+        }
     }
 
     pub fn kind(&self) -> &'static str {
@@ -88,11 +113,15 @@ impl Tokenizer {
     /// it and its position.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
-            Self::Char { stoi, .. } => text
+            Self::Char { stoi, ascii, .. } => text
                 .chars()
                 .enumerate()
                 .map(|(i, c)| {
-                    stoi.get(&c).copied().ok_or_else(|| {
+                    let id = match c.is_ascii() {
+                        true => Some(ascii[c as usize]).filter(|&id| id != u32::MAX),
+                        false => stoi.get(&c).copied(),
+                    };
+                    id.ok_or_else(|| {
                         anyhow!(
                             "character {c:?} (position {i}) never occurs in the training corpus, \
                              so the char tokenizer has no id for it"

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use tinygpt::backend::{Backend, describe};
 use tinygpt::checkpoint::{Run, Which};
-use tinygpt::data::{self, Dataset, Split, read_corpus};
+use tinygpt::corpus;
+use tinygpt::data::{self, Split, read_corpus};
 use tinygpt::eval::evaluate;
 
 /// Loss, bits per character (bits per byte for BPE) and perplexity.
@@ -58,9 +59,8 @@ fn split(run: &Run, data: Option<&PathBuf>) -> Result<(Split, String)> {
             .with_context(|| format!("--data {}", path.display()))?;
         return Ok((split, path.display().to_string()));
     }
-    let text = read_corpus(&config.data.path)
+    let dataset = corpus::for_run(&run.dir, config, &run.tokenizer, false)
         .context("the run's corpus is needed for its validation split (or pass --data)")?;
-    let dataset = Dataset::new(&text, &run.tokenizer, &config.data, block_size)?;
     let source = format!("validation split of {}", config.data.path.display());
     Ok((dataset.val, source))
 }

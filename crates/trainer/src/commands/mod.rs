@@ -9,6 +9,7 @@ mod import;
 mod info;
 mod logits;
 mod params;
+mod prepare;
 mod train;
 
 use std::path::Path;
@@ -34,6 +35,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Prepare(prepare::Args),
     Train(train::Args),
     Generate(generate::Args),
     Eval(eval::Args),
@@ -59,6 +61,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Bench(args) => bench::run(args),
         Command::Logits(args) => logits::run(args),
         Command::Params(args) => params::run(args),
+        Command::Prepare(args) => prepare::run(args),
     }
 }
 

@@ -1,0 +1,153 @@
+//! `tinygpt prepare`: a corpus tokenized once into token files that `train --data DIR` maps.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use tinygpt::config::TokenizerKind;
+use tinygpt::corpus::BPE_SAMPLE_BYTES;
+use tinygpt::prepare::{
+    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit,
+};
+use tinygpt::tokenizer::Tokenizer;
+use tinygpt::tokens::Width;
+
+/// Tokenize a corpus once into train.bin / val.bin (nanoGPT's layout), for corpora of any size.
+///
+/// Inputs are files, folders (recursive; files matching --include) or - for standard input. The
+/// text is streamed: memory stays flat whatever the corpus size. `tinygpt train --data DIR`
+/// then maps the token files instead of reading the text.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  tinygpt prepare --data input.txt --out data/shakespeare\n  \
+    tinygpt prepare --data books/ --tokenizer bpe --bpe-vocab-size 8192 --out data/books\n  \
+    tinygpt train --config baby --data data/shakespeare"
+)]
+pub struct Args {
+    /// Text files, folders, or - (standard input).
+    #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// The directory to write (must not exist, or be empty).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// char: one token per distinct character; bpe: byte-level BPE learned from the corpus.
+    #[arg(long, value_enum, default_value_t = Kind::Char)]
+    tokenizer: Kind,
+    /// Vocabulary size for --tokenizer bpe.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    bpe_vocab_size: usize,
+    /// BPE learns from evenly spaced chunks of the corpus adding up to this many megabytes.
+    #[arg(long, default_value_t = BPE_SAMPLE_BYTES >> 20, value_name = "MB")]
+    bpe_sample_mb: u64,
+    /// Use the tokenizer of a run (or a prepared directory) instead of learning one, e.g. to
+    /// fine-tune that run on this corpus.
+    #[arg(long, value_name = "DIR", conflicts_with = "tokenizer")]
+    tokenizer_from: Option<PathBuf>,
+    /// The last fraction of the token stream held out for validation.
+    #[arg(long, default_value_t = 0.1, value_name = "F")]
+    val_fraction: f64,
+    /// Files or folders held out whole for validation (instead of --val-fraction).
+    #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with = "val_fraction")]
+    val_files: Vec<PathBuf>,
+    /// File name patterns taken from folders, comma-separated (`*` = anything).
+    #[arg(long, default_value = DEFAULT_INCLUDE, value_name = "PATTERNS")]
+    include: String,
+    /// Leave out (and list) files that are not UTF-8 text (or hold NUL bytes) instead of
+    /// stopping at the first.
+    #[arg(long)]
+    skip_invalid: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Kind {
+    Char,
+    Bpe,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    if !(args.val_fraction > 0.0 && args.val_fraction < 1.0) {
+        bail!(
+            "--val-fraction must be in (0, 1), got {}",
+            args.val_fraction
+        );
+    }
+    if !(257..=65536).contains(&args.bpe_vocab_size) {
+        bail!(
+            "--bpe-vocab-size must be in 257..=65536 (256 byte tokens + merges), got {}",
+            args.bpe_vocab_size
+        );
+    }
+    let tokenizer = match &args.tokenizer_from {
+        Some(dir) => TokenizerSource::Given(tokenizer_of(dir)?),
+        None => TokenizerSource::Learn {
+            kind: match args.tokenizer {
+                Kind::Char => TokenizerKind::Char,
+                Kind::Bpe => TokenizerKind::Bpe,
+            },
+            bpe_vocab_size: args.bpe_vocab_size,
+            bpe_sample_bytes: args.bpe_sample_mb.max(1) << 20,
+        },
+    };
+    let options = PrepareOptions {
+        inputs: args.data,
+        include: args
+            .include
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .collect(),
+        tokenizer,
+        val: match args.val_files.is_empty() {
+            true => ValSplit::Fraction(args.val_fraction),
+            false => ValSplit::Files(args.val_files),
+        },
+        skip_invalid: args.skip_invalid,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let start = Instant::now();
+    let prepared = prepare::prepare(options, &args.out)?;
+    report(&prepared, start.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tokenizer of a run directory or a prepared directory.
+fn tokenizer_of(dir: &std::path::Path) -> Result<Tokenizer> {
+    if Prepared::is_prepared(dir) {
+        return Ok(Prepared::open(dir)?.tokenizer);
+    }
+    Ok(tinygpt::checkpoint::Run::open(dir)?.tokenizer)
+}
+
+fn report(prepared: &Prepared, seconds: f64) {
+    let meta = &prepared.meta;
+    let bytes: u64 = meta.inputs.iter().map(|i| i.bytes).sum();
+    let mb = bytes as f64 / 1e6;
+    let width = match meta.width {
+        Width::U16 => "u16",
+        Width::U32 => "u32",
+    };
+    let kind = match meta.tokenizer {
+        TokenizerKind::Char => "char",
+        TokenizerKind::Bpe => "bpe",
+    };
+    println!(
+        "prepared {}: {} train + {} val tokens ({width}), {kind} tokenizer with {} tokens | {} \
+         input file(s), {mb:.1} MB in {seconds:.1}s ({:.1} MB/s)",
+        prepared.dir.display(),
+        meta.train_tokens,
+        meta.val_tokens,
+        meta.vocab_size,
+        meta.inputs.len(),
+        mb / seconds.max(1e-9),
+    );
+    if let Some(sample) = meta.bpe_sample_bytes {
+        println!(
+            "BPE learned from {:.1} MB of the corpus (evenly spaced chunks; --bpe-sample-mb sets it)",
+            sample as f64 / 1e6
+        );
+    }
+    for (path, why) in &meta.skipped {
+        println!("skipped {path}: {why}");
+    }
+}

@@ -1,0 +1,864 @@
+//! A corpus of any size, tokenized once into token files (nanoGPT's `prepare.py`):
+//!
+//! ```text
+//! DIR/
+//!   train.bin       the training tokens, little-endian u16 (u32 for vocabularies over 65,536)
+//!   val.bin         the validation tokens
+//!   tokenizer.json  the tokenizer that made them
+//!   meta.json       token counts, width, the inputs with their sizes and SHA-256, the settings
+//! ```
+//!
+//! Inputs are files, folders (recursive, files matching the include patterns, in path order) or
+//! standard input. The text is streamed in chunks of about a megabyte, cut only where the
+//! tokenizer would cut too (at a character for `char`; for BPE before a whitespace that follows
+//! a non-whitespace character, where its pre-tokenizer always splits), so the token stream is
+//! exactly what encoding the whole text at once gives. Two passes: a scan (UTF-8, checksums,
+//! the character set or the BPE training sample) and the encoding, on every core. Everything is
+//! written under a temporary name and renamed at the end.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::TokenizerKind;
+use crate::data::train_tokens;
+use crate::presets;
+use crate::tokenizer::Tokenizer;
+use crate::tokens::{Tokens, Width};
+
+pub const TRAIN: &str = "train.bin";
+pub const VAL: &str = "val.bin";
+pub const META: &str = "meta.json";
+pub const TOKENIZER: &str = "tokenizer.json";
+
+/// Bytes per chunk read (a chunk grows past it only to reach a place it may be cut).
+const CHUNK: usize = 1 << 20;
+
+/// File name patterns a folder's files must match by default: text files.
+pub const DEFAULT_INCLUDE: &str = "*.txt,*.text,*.md,*.rst";
+
+/// Where the validation split comes from.
+#[derive(Debug, Clone)]
+pub enum ValSplit {
+    /// The last fraction of the token stream (as `train` always did).
+    Fraction(f64),
+    /// Whole inputs (files or folders) held out.
+    Files(Vec<PathBuf>),
+}
+
+/// The tokenizer: one to learn from the corpus, or one given (a run's, when it is resumed).
+pub enum TokenizerSource {
+    Learn {
+        kind: TokenizerKind,
+        bpe_vocab_size: usize,
+        /// BPE learns from evenly spaced chunks of the corpus adding up to about this much.
+        bpe_sample_bytes: u64,
+    },
+    Given(Tokenizer),
+}
+
+/// What to prepare.
+pub struct PrepareOptions {
+    /// Files, folders, `-` (standard input) or a built-in corpus name.
+    pub inputs: Vec<PathBuf>,
+    /// Patterns (`*` = any characters) a file inside a folder must match; files named directly
+    /// are always taken.
+    pub include: Vec<String>,
+    pub tokenizer: TokenizerSource,
+    pub val: ValSplit,
+    /// Skip (and list) files that are not UTF-8 text instead of stopping.
+    pub skip_invalid: bool,
+    /// Show progress bars (on a terminal).
+    pub progress: bool,
+}
+
+/// One input as recorded in `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputMeta {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+    /// `train` or `val`.
+    pub split: String,
+}
+
+/// `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    /// The layout's version.
+    pub format: u32,
+    /// `char` or `bpe`.
+    pub tokenizer: TokenizerKind,
+    pub vocab_size: usize,
+    pub width: Width,
+    pub train_tokens: u64,
+    pub val_tokens: u64,
+    /// The validation split: the last `val_fraction` of the stream, or `val_files`.
+    pub val_fraction: Option<f64>,
+    pub val_files: Vec<String>,
+    /// What BPE was learned from, when it was learned here: bytes sampled of the corpus.
+    pub bpe_sample_bytes: Option<u64>,
+    pub inputs: Vec<InputMeta>,
+    /// Inputs skipped with `--skip-invalid`, and why.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// A prepared directory.
+pub struct Prepared {
+    pub dir: PathBuf,
+    pub meta: Meta,
+    pub tokenizer: Tokenizer,
+}
+
+impl Prepared {
+    /// Whether `dir` looks like a prepared directory (it has a `meta.json`).
+    pub fn is_prepared(dir: &Path) -> bool {
+        dir.is_dir() && dir.join(META).is_file()
+    }
+
+    /// Opens a prepared directory, checking that its files agree with `meta.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .with_context(|| format!("cannot read {}", dir.join(name).display()))
+        };
+        let meta: Meta = serde_json::from_str(&read(META)?)
+            .with_context(|| format!("{} is invalid", dir.join(META).display()))?;
+        let tokenizer = Tokenizer::from_json(&read(TOKENIZER)?)
+            .with_context(|| format!("{}", dir.join(TOKENIZER).display()))?;
+        if tokenizer.vocab_size() != meta.vocab_size
+            || Width::for_vocab(meta.vocab_size) != meta.width
+        {
+            bail!(
+                "{}: the token files are for a vocabulary of {} ({:?}) but tokenizer.json has {} \
+                 tokens (prepare it again)",
+                dir.display(),
+                meta.vocab_size,
+                meta.width,
+                tokenizer.vocab_size()
+            );
+        }
+        for (name, tokens) in [(TRAIN, meta.train_tokens), (VAL, meta.val_tokens)] {
+            let path = dir.join(name);
+            let bytes = std::fs::metadata(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?
+                .len();
+            let expected = tokens * meta.width.bytes() as u64;
+            if bytes != expected {
+                bail!(
+                    "{} is truncated or damaged: {bytes} bytes, meta.json says {tokens} tokens \
+                     ({expected} bytes)",
+                    path.display()
+                );
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            meta,
+            tokenizer,
+        })
+    }
+
+    /// The train and val token streams, mapped from disk.
+    pub fn splits(&self) -> Result<(Tokens, Tokens)> {
+        let width = self.meta.width;
+        Ok((
+            Tokens::map(&self.dir.join(TRAIN), width)?,
+            Tokens::map(&self.dir.join(VAL), width)?,
+        ))
+    }
+}
+
+/// Prepares `options` into the new directory `out` (built under a temporary name beside it and
+/// renamed when complete; an existing non-empty `out` is refused).
+pub fn prepare(options: PrepareOptions, out: &Path) -> Result<Prepared> {
+    if out
+        .read_dir()
+        .is_ok_and(|mut entries| entries.next().is_some())
+    {
+        bail!(
+            "{} exists and is not empty: choose another --out (nothing was written)",
+            out.display()
+        );
+    }
+    let name = out
+        .file_name()
+        .with_context(|| format!("--out {} must name a directory", out.display()))?;
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = parent.unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{}.prepare-", name.to_string_lossy()))
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
+    prepare_into(options, staging.path())?;
+    let staging = staging.keep();
+    std::fs::rename(&staging, out).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&staging);
+        anyhow::anyhow!("cannot create {}: {e}", out.display())
+    })?;
+    Prepared::open(out)
+}
+
+/// Prepares `options` into `dir`, an existing empty directory.
+pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
+    let sources = sources(&options, dir)?;
+    let scan = scan(&sources, &options)?;
+    if scan.blank {
+        match &sources[..] {
+            [one] => bail!("corpus {} is empty", one.name),
+            _ => bail!("the corpus is empty (no input has any text)"),
+        }
+    }
+    if let TokenizerSource::Given(tokenizer) = &options.tokenizer {
+        check_covered(tokenizer, &scan.chars)?;
+    }
+    let tokenizer = match options.tokenizer {
+        TokenizerSource::Given(tokenizer) => tokenizer,
+        TokenizerSource::Learn {
+            kind: TokenizerKind::Char,
+            ..
+        } => Tokenizer::from_char_set(scan.chars),
+        TokenizerSource::Learn {
+            kind: TokenizerKind::Bpe,
+            bpe_vocab_size,
+            ..
+        } => Tokenizer::train_bpe(
+            scan.sample
+                .iter()
+                .flat_map(|chunk| chunk.split_inclusive('\n')),
+            bpe_vocab_size,
+        )?,
+    };
+    let width = Width::for_vocab(tokenizer.vocab_size());
+    let kept: Vec<&Source> = sources
+        .iter()
+        .filter(|s| !scan.skipped.iter().any(|(p, _)| *p == s.name))
+        .collect();
+    let counts = encode_all(&kept, &tokenizer, width, dir, options.progress)?;
+    let _ = std::fs::remove_file(dir.join(".stdin.txt"));
+    let (train_tokens, val_tokens) = split_val(dir, width, &options.val, counts)?;
+    crate::checkpoint::write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
+    let meta = Meta {
+        format: 1,
+        tokenizer: tokenizer.kind_setting(),
+        vocab_size: tokenizer.vocab_size(),
+        width,
+        train_tokens,
+        val_tokens,
+        val_fraction: match options.val {
+            ValSplit::Fraction(f) => Some(f),
+            ValSplit::Files(_) => None,
+        },
+        val_files: match &options.val {
+            ValSplit::Fraction(_) => Vec::new(),
+            ValSplit::Files(files) => files.iter().map(|f| f.display().to_string()).collect(),
+        },
+        bpe_sample_bytes: scan.sample_bytes,
+        inputs: kept
+            .iter()
+            .zip(&scan.sha256)
+            .map(|(s, sha256)| InputMeta {
+                path: s.name.clone(),
+                bytes: s.bytes,
+                sha256: sha256.clone(),
+                split: if s.val { "val" } else { "train" }.into(),
+            })
+            .collect(),
+        skipped: scan.skipped,
+    };
+    let text = serde_json::to_string_pretty(&meta)?;
+    crate::checkpoint::write_atomic(&dir.join(META), text.as_bytes())?;
+    Ok(meta)
+}
+
+/// One input file (or the text of a built-in corpus).
+struct Source {
+    /// As the user named it (a file inside a folder: the folder's path joined with its own).
+    name: String,
+    origin: Origin,
+    bytes: u64,
+    /// Held out for validation (`--val-files`).
+    val: bool,
+}
+
+enum Origin {
+    File(PathBuf),
+    Builtin(&'static str),
+}
+
+impl Source {
+    fn open(&self) -> Result<Box<dyn Read + '_>> {
+        Ok(match &self.origin {
+            Origin::File(path) => {
+                Box::new(File::open(path).with_context(|| format!("cannot read {}", self.name))?)
+            }
+            Origin::Builtin(text) => Box::new(text.as_bytes()),
+        })
+    }
+}
+
+/// Whether `path` (a file, folder or built-in corpus) still holds exactly the text `meta` was
+/// prepared from: the same files, sizes and SHA-256.
+pub fn unchanged(meta: &Meta, path: &Path) -> Result<bool> {
+    if path.as_os_str() == "-" || !meta.val_files.is_empty() || !meta.skipped.is_empty() {
+        return Ok(false);
+    }
+    let options = PrepareOptions {
+        inputs: vec![path.to_path_buf()],
+        include: DEFAULT_INCLUDE.split(',').map(String::from).collect(),
+        tokenizer: TokenizerSource::Learn {
+            kind: TokenizerKind::Char,
+            bpe_vocab_size: 0,
+            bpe_sample_bytes: 0,
+        },
+        val: ValSplit::Fraction(0.5),
+        skip_invalid: false,
+        progress: false,
+    };
+    let sources = sources(&options, Path::new("."))?;
+    if sources.len() != meta.inputs.len() {
+        return Ok(false);
+    }
+    for (source, recorded) in sources.iter().zip(&meta.inputs) {
+        if source.name != recorded.path || source.bytes != recorded.bytes {
+            return Ok(false);
+        }
+        let mut hasher = Sha256::new();
+        let mut reader = source.open()?;
+        let mut buf = vec![0; CHUNK];
+        loop {
+            let n = read_full(&mut reader, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        if hex(&hasher.finalize()) != recorded.sha256 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Every input file, folders walked in path order. Standard input is copied into `dir` first.
+fn sources(options: &PrepareOptions, dir: &Path) -> Result<Vec<Source>> {
+    let val_inputs: &[PathBuf] = match &options.val {
+        ValSplit::Files(files) => files,
+        ValSplit::Fraction(_) => &[],
+    };
+    let mut sources = Vec::new();
+    for (input, val) in options
+        .inputs
+        .iter()
+        .map(|p| (p, false))
+        .chain(val_inputs.iter().map(|p| (p, true)))
+    {
+        if let Some(text) = presets::builtin_corpus(input) {
+            sources.push(Source {
+                name: input.display().to_string(),
+                origin: Origin::Builtin(text),
+                bytes: text.len() as u64,
+                val,
+            });
+        } else if input.as_os_str() == "-" {
+            let path = dir.join(".stdin.txt");
+            let mut file = File::create(&path)?;
+            let bytes = std::io::copy(&mut std::io::stdin().lock(), &mut file)
+                .context("cannot read standard input")?;
+            sources.push(Source {
+                name: "-".into(),
+                origin: Origin::File(path),
+                bytes,
+                val,
+            });
+        } else if input.is_dir() {
+            let mut files = Vec::new();
+            walk(input, &options.include, &mut files)?;
+            if files.is_empty() {
+                bail!(
+                    "folder {} has no files matching {}",
+                    input.display(),
+                    options.include.join(",")
+                );
+            }
+            for path in files {
+                let bytes = std::fs::metadata(&path)?.len();
+                sources.push(Source {
+                    name: path.display().to_string(),
+                    origin: Origin::File(path),
+                    bytes,
+                    val,
+                });
+            }
+        } else {
+            let bytes = std::fs::metadata(input)
+                .with_context(|| format!("cannot read corpus {}", input.display()))?
+                .len();
+            sources.push(Source {
+                name: input.display().to_string(),
+                origin: Origin::File(input.clone()),
+                bytes,
+                val,
+            });
+        }
+    }
+    if sources.iter().all(|s| s.val) {
+        bail!("no input to train on: give --data FILE, FOLDER or - (standard input)");
+    }
+    Ok(sources)
+}
+
+/// The files under `dir` whose names match `include`, in path order; hidden entries skipped.
+fn walk(dir: &Path, include: &[String], out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read folder {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    entries.sort();
+    for path in entries {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.is_dir() {
+            walk(&path, include, out)?;
+        } else if include.iter().any(|p| matches(p, &name)) && path.is_file() {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any characters.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    if !name.ends_with(last) {
+        return false;
+    }
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// A given char tokenizer must have every character of the corpus: the error lists those it
+/// lacks.
+fn check_covered(tokenizer: &Tokenizer, chars: &BTreeSet<char>) -> Result<()> {
+    let Some(known) = tokenizer.chars() else {
+        return Ok(());
+    };
+    let missing: Vec<String> = chars
+        .iter()
+        .filter(|c| !known.contains(c))
+        .map(|c| format!("{c:?}"))
+        .collect();
+    if !missing.is_empty() {
+        let shown = missing
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let more = missing.len().saturating_sub(20);
+        bail!(
+            "the corpus has {} character(s) the run's char tokenizer cannot encode: {shown}{}",
+            missing.len(),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+/// What the scan learned.
+struct Scan {
+    /// Per kept source, in order.
+    sha256: Vec<String>,
+    chars: BTreeSet<char>,
+    sample: Vec<String>,
+    sample_bytes: Option<u64>,
+    skipped: Vec<(String, String)>,
+    /// Whether every kept source is empty or whitespace.
+    blank: bool,
+}
+
+/// The first pass: every source is checked to be UTF-8 text and hashed; the characters are
+/// collected (char) or a sample is taken (BPE).
+fn scan(sources: &[Source], options: &PrepareOptions) -> Result<Scan> {
+    let total: u64 = sources.iter().map(|s| s.bytes).sum();
+    let (learn_bpe, sample_target) = match options.tokenizer {
+        TokenizerSource::Learn {
+            kind: TokenizerKind::Bpe,
+            bpe_sample_bytes,
+            ..
+        } => (true, bpe_sample_bytes.max(1)),
+        _ => (false, u64::MAX),
+    };
+    // The characters: to learn a char vocabulary, or to check a given one covers the corpus.
+    let learn_chars = match &options.tokenizer {
+        TokenizerSource::Learn { kind, .. } => *kind == TokenizerKind::Char,
+        TokenizerSource::Given(tokenizer) => tokenizer.chars().is_some(),
+    };
+    // Every `stride`-th chunk goes into the sample.
+    let stride = total
+        .div_ceil(CHUNK as u64)
+        .div_ceil(sample_target.div_ceil(CHUNK as u64));
+    let stride = stride.max(1);
+    let bar = bar(options.progress, total, "scanning");
+    let mut scan = Scan {
+        sha256: Vec::new(),
+        chars: BTreeSet::new(),
+        sample: Vec::new(),
+        sample_bytes: learn_bpe.then_some(0),
+        skipped: Vec::new(),
+        blank: true,
+    };
+    let mut chunk_index = 0u64;
+    for source in sources {
+        let mut hasher = Sha256::new();
+        let mut chars = BTreeSet::new();
+        let mut sample = Vec::new();
+        let mut chunks = Chunks::new(source.open()?, learn_bpe);
+        let result = (|| -> Result<()> {
+            while let Some(chunk) = chunks.next_chunk()? {
+                hasher.update(chunk.as_bytes());
+                bar.inc(chunk.len() as u64);
+                if learn_chars {
+                    add_chars(&chunk, &mut chars);
+                }
+                scan.blank &= chunk.trim().is_empty();
+                if learn_bpe && chunk_index.is_multiple_of(stride) {
+                    sample.push(chunk);
+                }
+                chunk_index += 1;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                scan.sha256.push(hex(&hasher.finalize()));
+                scan.chars.extend(chars);
+                if let Some(bytes) = &mut scan.sample_bytes {
+                    *bytes += sample.iter().map(|s| s.len() as u64).sum::<u64>();
+                }
+                scan.sample.extend(sample);
+            }
+            Err(e) if options.skip_invalid => {
+                scan.skipped.push((source.name.clone(), format!("{e:#}")));
+            }
+            Err(e) => {
+                return Err(e.context(format!("corpus {} is not UTF-8 text", source.name)));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(scan)
+}
+
+/// The second pass: every kept source encoded, in order, into `train.bin` (or `val.bin` for
+/// held-out files), chunks on every core. Returns the (train, val) token counts.
+fn encode_all(
+    sources: &[&Source],
+    tokenizer: &Tokenizer,
+    width: Width,
+    dir: &Path,
+    progress: bool,
+) -> Result<(u64, u64)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total: u64 = sources.iter().map(|s| s.bytes).sum();
+    let bar = bar(progress, total, "encoding");
+    let create = |name: &str| -> Result<BufWriter<File>> {
+        let path = dir.join(name);
+        let file =
+            File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(BufWriter::new(file))
+    };
+    let (mut train, mut val) = (create(TRAIN)?, create(VAL)?);
+    let mut counts = (0u64, 0u64);
+    let bpe = matches!(tokenizer, Tokenizer::Bpe(_));
+    for source in sources {
+        let (out, count) = if source.val {
+            (&mut val, &mut counts.1)
+        } else {
+            (&mut train, &mut counts.0)
+        };
+        let mut chunks = Chunks::new(source.open()?, bpe);
+        loop {
+            let mut batch = Vec::with_capacity(threads);
+            while batch.len() < threads
+                && let Some(chunk) = chunks.next_chunk()?
+            {
+                batch.push(chunk);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let encoded: Vec<Result<Vec<u32>>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|chunk| scope.spawn(move || tokenizer.encode(chunk)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+            let mut bytes = Vec::new();
+            for (chunk, ids) in batch.iter().zip(encoded) {
+                let ids = ids.with_context(|| format!("corpus {}", source.name))?;
+                width.encode_into(&ids, &mut bytes);
+                *count += ids.len() as u64;
+                bar.inc(chunk.len() as u64);
+            }
+            out.write_all(&bytes)
+                .with_context(|| format!("cannot write the token files in {}", dir.display()))?;
+        }
+    }
+    for (name, file) in [(TRAIN, &mut train), (VAL, &mut val)] {
+        file.flush()
+            .and_then(|()| file.get_ref().sync_all())
+            .with_context(|| format!("cannot write {}", dir.join(name).display()))?;
+    }
+    bar.finish_and_clear();
+    Ok(counts)
+}
+
+/// With a fraction, moves the last `fraction` of `train.bin` into `val.bin`; returns the final
+/// (train, val) token counts.
+fn split_val(dir: &Path, width: Width, val: &ValSplit, counts: (u64, u64)) -> Result<(u64, u64)> {
+    let ValSplit::Fraction(fraction) = val else {
+        return Ok(counts);
+    };
+    let total = counts.0 as usize;
+    let n = train_tokens(total, *fraction) as u64;
+    let w = width.bytes() as u64;
+    let train_path = dir.join(TRAIN);
+    let mut train = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&train_path)?;
+    {
+        use std::io::{Seek, SeekFrom};
+        train.seek(SeekFrom::Start(n * w))?;
+        let mut val = File::create(dir.join(VAL))?;
+        std::io::copy(&mut train, &mut val)?;
+        val.sync_all()?;
+    }
+    train.set_len(n * w)?;
+    train.sync_all()?;
+    Ok((n, total as u64 - n))
+}
+
+/// Text from a reader in chunks of about [`CHUNK`] bytes, each cut where the tokenizer would
+/// cut too; invalid UTF-8 is an error naming the byte offset.
+struct Chunks<R: Read> {
+    reader: R,
+    buf: Vec<u8>,
+    /// Cut only before a whitespace that follows a non-whitespace character (BPE).
+    at_words: bool,
+    done: bool,
+    /// Bytes handed out so far.
+    offset: u64,
+}
+
+impl<R: Read> Chunks<R> {
+    fn new(reader: R, at_words: bool) -> Self {
+        Self {
+            reader,
+            buf: Vec::with_capacity(2 * CHUNK),
+            at_words,
+            done: false,
+            offset: 0,
+        }
+    }
+
+    fn next_chunk(&mut self) -> Result<Option<String>> {
+        loop {
+            if !self.done && self.buf.len() < CHUNK {
+                let start = self.buf.len();
+                self.buf.resize(start + CHUNK, 0);
+                let read = read_full(&mut self.reader, &mut self.buf[start..])?;
+                self.buf.truncate(start + read);
+                self.done = read == 0;
+            }
+            let valid = match std::str::from_utf8(&self.buf) {
+                Ok(text) => text.len(),
+                Err(e) if e.error_len().is_some() || self.done => bail!(
+                    "invalid UTF-8 at byte {}",
+                    self.offset + e.valid_up_to() as u64
+                ),
+                Err(e) => e.valid_up_to(),
+            };
+            if let Some(at) = self.buf[..valid].iter().position(|&b| b == 0) {
+                bail!(
+                    "a NUL byte at byte {} (a binary file?)",
+                    self.offset + at as u64
+                );
+            }
+            let text = std::str::from_utf8(&self.buf[..valid]).expect("checked above");
+            let cut = if self.done {
+                Some(valid)
+            } else if self.buf.len() < CHUNK {
+                None
+            } else if self.at_words {
+                word_cut(text)
+            } else {
+                Some(valid)
+            };
+            match cut {
+                Some(0) if self.done => return Ok(None),
+                Some(cut) if cut > 0 => {
+                    let rest = self.buf.split_off(cut);
+                    let chunk = std::mem::replace(&mut self.buf, rest);
+                    self.offset += cut as u64;
+                    return Ok(Some(String::from_utf8(chunk).expect("checked above")));
+                }
+                // No place to cut yet: read on (a chunk grows until it has one).
+                _ => {
+                    let start = self.buf.len();
+                    self.buf.resize(start + CHUNK, 0);
+                    let read = read_full(&mut self.reader, &mut self.buf[start..])?;
+                    self.buf.truncate(start + read);
+                    self.done = read == 0;
+                }
+            }
+        }
+    }
+}
+
+/// The last byte offset in `text` where a whitespace character follows a non-whitespace one.
+fn word_cut(text: &str) -> Option<usize> {
+    let mut chars = text.char_indices().rev().peekable();
+    while let Some((at, c)) = chars.next() {
+        if c.is_whitespace()
+            && chars
+                .peek()
+                .is_some_and(|&(_, before)| !before.is_whitespace())
+        {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// Adds the characters of `text` to `chars`; ASCII through a table (a set insert per byte
+/// would make the scan many times slower).
+fn add_chars(text: &str, chars: &mut BTreeSet<char>) {
+    let mut seen = [false; 128];
+    for &b in text.as_bytes() {
+        if b < 128 {
+            seen[b as usize] = true;
+        }
+    }
+    chars.extend((0..128u8).filter(|&b| seen[b as usize]).map(char::from));
+    if !text.is_ascii() {
+        chars.extend(text.chars().filter(|c| !c.is_ascii()));
+    }
+}
+
+/// Reads until `buf` is full or the reader ends; returns the bytes read.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(filled)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A bytes progress bar with MB/s and ETA, shown on a terminal only.
+fn bar(show: bool, total: u64, what: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} {bar:30} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(text: &str, at_words: bool) -> Vec<String> {
+        let mut chunks = Chunks::new(text.as_bytes(), at_words);
+        std::iter::from_fn(|| chunks.next_chunk().unwrap()).collect()
+    }
+
+    #[test]
+    fn chunks_cover_the_text_and_cut_only_before_words() {
+        let text = "Of Man's first disobedience, and the fruit\n\n\nOf that forbidden tree "
+            .repeat(40_000);
+        for at_words in [false, true] {
+            let pieces = chunks(&text, at_words);
+            assert!(pieces.len() > 2, "{}", pieces.len());
+            assert_eq!(pieces.concat(), text);
+            if at_words {
+                for piece in &pieces[1..] {
+                    assert!(piece.starts_with(char::is_whitespace), "{:?}", &piece[..10]);
+                }
+            }
+        }
+        assert_eq!(word_cut("ab  cd"), Some(2));
+        assert_eq!(word_cut("   "), None);
+    }
+
+    #[test]
+    fn invalid_text_is_an_error_with_its_offset() {
+        let mut bytes = "abc".repeat(10).into_bytes();
+        bytes[7] = 0xff;
+        let err = Chunks::new(&bytes[..], false).next_chunk().unwrap_err();
+        assert_eq!(err.to_string(), "invalid UTF-8 at byte 7");
+        bytes[7] = 0;
+        let err = Chunks::new(&bytes[..], false).next_chunk().unwrap_err();
+        assert!(err.to_string().contains("NUL byte at byte 7"), "{err}");
+    }
+
+    #[test]
+    fn patterns() {
+        assert!(matches("*.txt", "a.txt"));
+        assert!(!matches("*.txt", "a.txt.gz"));
+        assert!(matches("*", "anything"));
+        assert!(matches("data-*-*.md", "data-1-2.md"));
+        assert!(!matches("data-*.md", "other-1.md"));
+        assert!(matches("README", "README"));
+    }
+}

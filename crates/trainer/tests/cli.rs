@@ -401,7 +401,7 @@ fn bad_corpus_is_one_clear_line() {
     std::fs::write(dir.join("latin1.txt"), b"caf\xe9 au lait").unwrap();
     fails(
         run("latin1.txt"),
-        "is not UTF-8 text (invalid byte at offset 3)",
+        "corpus latin1.txt is not UTF-8 text: invalid UTF-8 at byte 3",
     );
     std::fs::write(dir.join("short.txt"), "to be or not").unwrap();
     fails(run("short.txt"), "corpus too short");

@@ -1,0 +1,293 @@
+//! `tinygpt prepare` and training on prepared directories, through the real binary.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn prepare(dir: &Path, args: &[&str]) -> std::process::Output {
+    tinygpt(dir, &[&["prepare"][..], args].concat())
+}
+
+fn meta(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap()
+}
+
+/// `prepare` then `train --data DIR` gives the losses of `train --data FILE`, for both
+/// tokenizers (the file is prepared into the run directory by the same code).
+#[test]
+fn training_on_a_prepared_directory_equals_training_on_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let corpus = corpus();
+    let corpus = corpus.to_str().unwrap();
+    for tokenizer in ["char", "bpe"] {
+        let prepared = format!("prepared-{tokenizer}");
+        let log = ok(prepare(
+            dir,
+            &[
+                "--data",
+                corpus,
+                "--out",
+                &prepared,
+                "--tokenizer",
+                tokenizer,
+                "--bpe-vocab-size",
+                "300",
+            ],
+        ));
+        assert!(log.starts_with(&format!("prepared {prepared}: ")), "{log}");
+        let settings = [
+            "--max-iters",
+            "10",
+            "--set",
+            &format!("data.tokenizer={tokenizer}"),
+            "--set",
+            "data.bpe_vocab_size=300",
+        ];
+        let from_dir = tinygpt(
+            dir,
+            &[
+                &[
+                    "train",
+                    "--data",
+                    &prepared,
+                    "--out",
+                    "a",
+                    "--backend",
+                    "flex",
+                ][..],
+                &TINY[..],
+                &settings[..],
+            ]
+            .concat(),
+        );
+        ok(from_dir);
+        ok(train(dir, "b", &settings));
+        let losses = |run: &str| metrics(&dir.join(run));
+        assert_eq!(losses("a"), losses("b"), "{tokenizer}");
+        assert_eq!(
+            std::fs::read(dir.join("a/tokenizer.json")).unwrap(),
+            std::fs::read(dir.join("b/tokenizer.json")).unwrap()
+        );
+        // The file was prepared into the run; the same tokens as `prepare` wrote.
+        for file in ["train.bin", "val.bin"] {
+            assert!(
+                std::fs::read(dir.join(&prepared).join(file)).unwrap()
+                    == std::fs::read(dir.join("b/data").join(file)).unwrap(),
+                "{tokenizer} {file}"
+            );
+        }
+        // Resuming maps those tokens again, and eval reads the run's validation split.
+        ok(tinygpt(
+            dir,
+            &["train", "--resume", "--out", "b", "--max-iters", "12"],
+        ));
+        let eval = ok(tinygpt(
+            dir,
+            &["eval", "--checkpoint", "b", "--which", "last"],
+        ));
+        assert!(eval.contains("validation split"), "{eval}");
+        std::fs::remove_dir_all(dir.join("a")).unwrap();
+        std::fs::remove_dir_all(dir.join("b")).unwrap();
+    }
+}
+
+#[test]
+fn folders_stdin_held_out_files_and_wide_vocabularies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let books = dir.join("books");
+    std::fs::create_dir_all(books.join("volume-2")).unwrap();
+    std::fs::write(books.join("a.txt"), "first book\n".repeat(200)).unwrap();
+    std::fs::write(books.join("volume-2/b.md"), "second book\n".repeat(200)).unwrap();
+    std::fs::write(books.join("notes.pdf"), [0u8, 1, 2, 3]).unwrap();
+    std::fs::write(books.join(".hidden.txt"), "not read").unwrap();
+    let held_out = dir.join("held-out.txt");
+    std::fs::write(&held_out, "third book\n".repeat(50)).unwrap();
+    ok(prepare(
+        dir,
+        &[
+            "--data",
+            "books",
+            "--val-files",
+            "held-out.txt",
+            "--out",
+            "p",
+        ],
+    ));
+    let m = meta(&dir.join("p"));
+    let inputs: Vec<&str> = m["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        inputs,
+        ["books/a.txt", "books/volume-2/b.md", "held-out.txt"]
+    );
+    assert_eq!(m["train_tokens"], 11 * 200 + 12 * 200);
+    assert_eq!(m["val_tokens"], 11 * 50);
+    assert_eq!(m["width"], "u16");
+    assert_eq!(
+        std::fs::metadata(dir.join("p/train.bin")).unwrap().len(),
+        2 * (11 * 200 + 12 * 200)
+    );
+
+    // Standard input, as a pipe.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(["prepare", "--data", "-", "--out", "from-stdin"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("piped text\n".repeat(100).as_bytes())
+        .unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let m = meta(&dir.join("from-stdin"));
+    assert_eq!(m["inputs"][0]["path"], "-");
+    assert_eq!(
+        m["train_tokens"].as_u64().unwrap() + m["val_tokens"].as_u64().unwrap(),
+        1100
+    );
+    assert!(!dir.join("from-stdin/.stdin.txt").exists());
+
+    // More than 65,536 distinct characters: u32 ids.
+    let wide: String = (0x4E00u32..0x4E00 + 70_000)
+        .filter_map(char::from_u32)
+        .collect();
+    std::fs::write(dir.join("wide.txt"), wide.repeat(2)).unwrap();
+    ok(prepare(dir, &["--data", "wide.txt", "--out", "wide"]));
+    let m = meta(&dir.join("wide"));
+    assert_eq!(m["width"], "u32");
+    assert!(m["vocab_size"].as_u64().unwrap() > 65_536);
+    let tokens = m["train_tokens"].as_u64().unwrap() + m["val_tokens"].as_u64().unwrap();
+    let bytes = std::fs::metadata(dir.join("wide/train.bin")).unwrap().len()
+        + std::fs::metadata(dir.join("wide/val.bin")).unwrap().len();
+    assert_eq!(bytes, 4 * tokens);
+}
+
+#[test]
+fn bad_inputs_are_one_line_and_write_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("mixed")).unwrap();
+    std::fs::write(dir.join("mixed/good.txt"), "good text\n".repeat(100)).unwrap();
+    std::fs::write(dir.join("mixed/latin1.txt"), b"caf\xe9 au lait\n").unwrap();
+    std::fs::write(dir.join("mixed/zeros.txt"), [b'a', 0, 0, 0]).unwrap();
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    let before: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+
+    fails(
+        prepare(dir, &["--data", "mixed", "--out", "p"]),
+        "corpus mixed/latin1.txt is not UTF-8 text: invalid UTF-8 at byte 3",
+    );
+    fails(
+        prepare(dir, &["--data", "empty", "--out", "p"]),
+        "folder empty has no files matching *.txt,*.text,*.md,*.rst",
+    );
+    fails(
+        prepare(dir, &["--data", "nowhere.txt", "--out", "p"]),
+        "cannot read corpus nowhere.txt",
+    );
+    let after: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(before, after, "a failed prepare left something behind");
+
+    let log = ok(prepare(
+        dir,
+        &["--data", "mixed", "--out", "p", "--skip-invalid"],
+    ));
+    assert!(
+        log.contains("skipped mixed/latin1.txt: invalid UTF-8 at byte 3"),
+        "{log}"
+    );
+    assert!(
+        log.contains("skipped mixed/zeros.txt: a NUL byte at byte 1"),
+        "{log}"
+    );
+    assert_eq!(meta(&dir.join("p"))["inputs"].as_array().unwrap().len(), 1);
+
+    // A damaged prepared directory is refused by name.
+    let train = |data: &str| {
+        tinygpt(
+            dir,
+            &[
+                &["train", "--data", data, "--out", "run", "--backend", "flex"][..],
+                &TINY[..],
+            ]
+            .concat(),
+        )
+    };
+    std::fs::create_dir_all(dir.join("cut")).unwrap();
+    for f in ["meta.json", "tokenizer.json", "train.bin", "val.bin"] {
+        std::fs::copy(dir.join("p").join(f), dir.join("cut").join(f)).unwrap();
+    }
+    let bin = dir.join("cut/train.bin");
+    let len = std::fs::metadata(&bin).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&bin)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    fails(train("cut"), "cut/train.bin is truncated or damaged");
+    std::fs::write(
+        dir.join("cut/tokenizer.json"),
+        r#"{"kind": "char", "itos": ["a", "b"]}"#,
+    )
+    .unwrap();
+    fails(train("cut"), "the token files are for a vocabulary of");
+    assert!(!dir.join("run").exists());
+}
+
+#[test]
+fn an_interrupted_prepare_leaves_no_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let text = std::fs::read_to_string(corpus()).unwrap();
+    let mut big = std::fs::File::create(dir.join("big.txt")).unwrap();
+    for _ in 0..60 {
+        big.write_all(text.as_bytes()).unwrap();
+    }
+    drop(big);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args([
+            "prepare",
+            "--data",
+            "big.txt",
+            "--out",
+            "p",
+            "--tokenizer",
+            "bpe",
+        ])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "prepare ended before it was killed"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!dir.join("p").exists(), "a killed prepare left its output");
+    ok(prepare(dir, &["--data", "big.txt", "--out", "p"]));
+    assert!(dir.join("p/meta.json").is_file());
+}

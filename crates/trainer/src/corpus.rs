@@ -11,7 +11,9 @@ use tempfile::TempDir;
 
 use crate::config::{Batching, RunConfig};
 use crate::data::{Dataset, read_corpus};
-use crate::prepare::{self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit};
+use crate::prepare::{
+    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, temp_beside,
+};
 use crate::tokenizer::Tokenizer;
 
 /// The prepared tokens inside a run directory.
@@ -170,19 +172,6 @@ fn same_tokenizer(prepared: &Prepared, tokenizer: &Tokenizer) -> Result<()> {
 
 fn clone(tokenizer: &Tokenizer) -> Result<Tokenizer> {
     Tokenizer::from_json(&tokenizer.to_json()?)
-}
-
-/// A temporary directory beside `path` (same filesystem, so it can be renamed to it).
-fn temp_beside(path: &Path) -> Result<TempDir> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let parent = parent.unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
-    tempfile::Builder::new()
-        .prefix(&format!(".{name}.prepare-"))
-        .tempdir_in(parent)
-        .with_context(|| format!("cannot create a directory in {}", parent.display()))
 }
 
 /// Puts `temp` in place of `dst` (which may exist): two renames, the old copy removed last.

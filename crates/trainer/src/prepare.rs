@@ -188,17 +188,10 @@ pub fn prepare(options: PrepareOptions, out: &Path) -> Result<Prepared> {
             out.display()
         );
     }
-    let name = out
-        .file_name()
-        .with_context(|| format!("--out {} must name a directory", out.display()))?;
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
-    let parent = parent.unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{}.prepare-", name.to_string_lossy()))
-        .tempdir_in(parent)
-        .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
+    if out.file_name().is_none() {
+        bail!("--out {} must name a directory", out.display());
+    }
+    let staging = temp_beside(out)?;
     prepare_into(options, staging.path())?;
     let staging = staging.keep();
     std::fs::rename(&staging, out).map_err(|e| {
@@ -206,6 +199,20 @@ pub fn prepare(options: PrepareOptions, out: &Path) -> Result<Prepared> {
         anyhow::anyhow!("cannot create {}: {e}", out.display())
     })?;
     Prepared::open(out)
+}
+
+/// A temporary directory beside `path` (same filesystem, so it can be renamed to it), removed
+/// when dropped.
+pub fn temp_beside(path: &Path) -> Result<tempfile::TempDir> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = parent.unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.prepare-"))
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot create a directory in {}", parent.display()))
 }
 
 /// Prepares `options` into `dir`, an existing empty directory.

@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::TokenizerKind;
 use crate::data::train_tokens;
+use crate::integrity::hex;
 use crate::presets;
 use crate::tokenizer::Tokenizer;
 use crate::tokens::{Tokens, Width};
@@ -799,10 +800,6 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize> {
         }
     }
     Ok(filled)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A bytes progress bar with MB/s and ETA, shown on a terminal only.

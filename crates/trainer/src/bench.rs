@@ -147,7 +147,7 @@ fn sampling(engine: &mut Engine, placement: &Placement, tokens: usize) -> Result
         top_k: None,
         ..GenerateOptions::default()
     };
-    let mut decoder = decoder(placement.engine, &inference)?;
+    let mut decoder = decoder(placement.engine, &inference, inference.vocab_size())?;
     // One untimed call warms kernels and allocations up.
     let warm_up = GenerateOptions {
         max_new_tokens: 4,

@@ -135,6 +135,9 @@ impl Run {
             .with_context(|| format!("checkpoint {}: {CONFIG} is invalid", dir.display()))?;
         let tokenizer = Tokenizer::from_json(&read(TOKENIZER)?)
             .with_context(|| format!("checkpoint {}: {TOKENIZER} is invalid", dir.display()))?;
+        config
+            .check_vocab(tokenizer.vocab_size())
+            .with_context(|| format!("checkpoint {}: {CONFIG}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
@@ -166,6 +169,7 @@ impl Run {
         fill: impl FnOnce(&Run) -> Result<()>,
     ) -> Result<Self> {
         refuse_existing(dir)?;
+        config.check_vocab(tokenizer.vocab_size())?;
         let name = dir
             .file_name()
             .with_context(|| format!("--out {} must name a directory", dir.display()))?;

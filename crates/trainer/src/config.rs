@@ -38,6 +38,11 @@ pub struct ModelSection {
     pub activation: ActivationKind,
     /// LayerNorm's epsilon.
     pub layer_norm_eps: f64,
+    /// Rows of the token embedding and LM head, when more than the tokenizer's vocabulary
+    /// (nanoGPT pads GPT-2's 50257 to 50304); unset = the tokenizer's. Padding ids are never
+    /// sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
     /// How Burn computes attention: "auto", "explicit" (the ops written out) or "sdpa" (Burn's
     /// scaled dot-product attention op). The same numbers either way.
     pub kernel: Kernel,
@@ -55,6 +60,7 @@ impl Default for ModelSection {
             tie_embeddings: true,
             activation: ActivationKind::Gelu,
             layer_norm_eps: 1e-5,
+            vocab_size: None,
             kernel: Kernel::Auto,
         }
     }
@@ -136,6 +142,16 @@ impl Default for DataSection {
 pub enum TokenizerKind {
     Char,
     Bpe,
+}
+
+impl TokenizerKind {
+    /// The name as TOML spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Char => "char",
+            Self::Bpe => "bpe",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,9 +268,10 @@ impl RunConfig {
     }
 
     /// The model architecture for a vocabulary of `vocab_size` tokens.
+    /// The model for a tokenizer of `vocab_size` tokens (or `model.vocab_size`, when set).
     pub fn gpt(&self, vocab_size: usize) -> GptConfig {
         let m = &self.model;
-        GptConfig::new(vocab_size)
+        GptConfig::new(m.vocab_size.unwrap_or(vocab_size))
             .with_block_size(m.block_size)
             .with_n_layer(m.n_layer)
             .with_n_head(m.n_head)
@@ -328,6 +345,16 @@ impl RunConfig {
             bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
         }
         Ok(())
+    }
+
+    /// Checks that the model's vocabulary holds a tokenizer of `tokens` ids.
+    pub fn check_vocab(&self, tokens: usize) -> Result<()> {
+        match self.model.vocab_size {
+            Some(rows) if rows < tokens => bail!(
+                "`model.vocab_size` = {rows} is smaller than the tokenizer's vocabulary ({tokens})"
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Threads for the loss estimates: `train.threads`, or one per core.

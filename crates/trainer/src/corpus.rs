@@ -32,15 +32,23 @@ pub struct Corpus {
 }
 
 /// The corpus of a new run of `config`, preparing its text beside `out` (the run directory to
-/// be). A prepared directory sets the run's tokenizer settings to its own.
-pub fn for_new_run(config: &mut RunConfig, out: &Path) -> Result<Corpus> {
+/// be) with the `given` tokenizer, or one learnt from it. A prepared directory sets the run's
+/// tokenizer settings to its own.
+pub fn for_new_run(
+    config: &mut RunConfig,
+    out: &Path,
+    given: Option<&Tokenizer>,
+) -> Result<Corpus> {
     let block_size = config.model.block_size;
     let path = config.data.path.clone();
     if config.data.batching == Batching::Documents {
         refuse_prepared_documents(&path)?;
         let text = read_corpus(&path)?;
         let data = &config.data;
-        let tokenizer = Tokenizer::train(data.tokenizer, &text, data.bpe_vocab_size)?;
+        let tokenizer = match given {
+            Some(given) => clone(given)?,
+            None => Tokenizer::train(data.tokenizer, &text, data.bpe_vocab_size)?,
+        };
         let data = Dataset::new(&text, &tokenizer, data, block_size)
             .with_context(|| format!("corpus {}", path.display()))?;
         return Ok(Corpus {
@@ -50,12 +58,19 @@ pub fn for_new_run(config: &mut RunConfig, out: &Path) -> Result<Corpus> {
         });
     }
     let (prepared, temp) = if Prepared::is_prepared(&path) {
-        (Prepared::open(&path)?, None)
+        let prepared = Prepared::open(&path)?;
+        if let Some(given) = given {
+            same_tokenizer(&prepared, given)?;
+        }
+        (prepared, None)
     } else {
-        let source = TokenizerSource::Learn {
-            kind: config.data.tokenizer,
-            bpe_vocab_size: config.data.bpe_vocab_size,
-            bpe_sample_bytes: BPE_SAMPLE_BYTES,
+        let source = match given {
+            Some(given) => TokenizerSource::Given(clone(given)?),
+            None => TokenizerSource::Learn {
+                kind: config.data.tokenizer,
+                bpe_vocab_size: config.data.bpe_vocab_size,
+                bpe_sample_bytes: BPE_SAMPLE_BYTES,
+            },
         };
         let temp = temp_beside(out)?;
         let prepared = prepare_text(&path, source, config.data.val_fraction, temp.path())?;

@@ -11,8 +11,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor};
 use tinygpt_model::{
-    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, TokenBatch, cross_entropy_counted,
-    fused_support,
+    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, ModelError, TokenBatch,
+    cross_entropy_counted, fused_support,
 };
 
 use crate::backend::{EngineChoice, Placement};
@@ -269,16 +269,52 @@ fn gradients(
 
 /// The decoder that samples from `model`: the fused CPU decoder when `engine` asks for the fused
 /// engine and it implements the model (an explicit [`EngineChoice::Fused`] on one it does not is
-/// an error), Burn on the model's device otherwise.
-pub fn decoder<'a>(engine: EngineChoice, model: &'a Gpt) -> Result<Box<dyn Decoder + 'a>> {
+/// an error), Burn on the model's device otherwise. A model whose vocabulary is padded past the
+/// tokenizer's `tokens` ids only ever gives logits (and so samples) of real tokens.
+pub fn decoder<'a>(
+    engine: EngineChoice,
+    model: &'a Gpt,
+    tokens: usize,
+) -> Result<Box<dyn Decoder + 'a>> {
     let supported = fused_support(&model.config);
-    Ok(match (engine, supported) {
+    let inner: Box<dyn Decoder + 'a> = match (engine, supported) {
         (EngineChoice::Fused, Err(e)) => return Err(e.into()),
         (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
             Box::new(FusedDecoder::new(model)?)
         }
         _ => Box::new(model.decoder()),
+    };
+    Ok(match tokens < inner.vocab_size() {
+        true => Box::new(Unpadded { inner, tokens }),
+        false => inner,
     })
+}
+
+/// A decoder whose logits stop at the tokenizer's last id: a padded vocabulary's extra rows
+/// are no tokens.
+struct Unpadded<'a> {
+    inner: Box<dyn Decoder + 'a>,
+    tokens: usize,
+}
+
+impl Decoder for Unpadded<'_> {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn vocab_size(&self) -> usize {
+        self.tokens
+    }
+    fn cached(&self) -> usize {
+        self.inner.cached()
+    }
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut logits = self.inner.feed(tokens)?;
+        logits.truncate(self.tokens);
+        Ok(logits)
+    }
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {

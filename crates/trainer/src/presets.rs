@@ -8,13 +8,14 @@ use anyhow::{Context, Result, bail};
 use crate::config::RunConfig;
 
 /// The presets, by name: the files of `configs/`, built in.
-pub const PRESETS: [(&str, &str); 3] = [
+pub const PRESETS: [(&str, &str); 4] = [
     ("default", include_str!("../../../configs/default.toml")),
     ("baby", include_str!("../../../configs/baby.toml")),
     (
         "shakespeare-char",
         include_str!("../../../configs/shakespeare-char.toml"),
     ),
+    ("finetune", include_str!("../../../configs/finetune.toml")),
 ];
 
 /// The name by which configs refer to the corpus built into the binary.

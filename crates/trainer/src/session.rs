@@ -55,6 +55,9 @@ pub struct TrainOptions {
     pub backend: Backend,
     /// Continue the run in `out` from its last checkpoint.
     pub resume: bool,
+    /// Fine-tune: start from this run's best weights, with its tokenizer and architecture
+    /// (`model.dropout` stays this config's) and a fresh optimizer.
+    pub init_from: Option<PathBuf>,
 }
 
 /// When [`Trainer::run`] stops early: Ctrl-C, or a time limit.
@@ -112,6 +115,18 @@ impl Trainer {
         let (model, optim, state) = match &dir {
             RunDir::Existing(run) if run.has_checkpoint() => saved_model(run, &train_device)?,
             // Stopped before its first checkpoint: its start is the seeded initialisation.
+            RunDir::New {
+                config,
+                tokenizer,
+                init: Some(source),
+                ..
+            } => {
+                let vocab_size = tokenizer.vocab_size();
+                let (mut model, optim) = initial_model(config, vocab_size, &train_device)?;
+                let (weights, _) = source.load_model(Which::Best, &Device::flex())?;
+                checkpoint::copy_weights(&weights, &mut model)?;
+                (model, optim, TrainState::default())
+            }
             RunDir::Existing(Run {
                 config, tokenizer, ..
             })
@@ -136,6 +151,7 @@ impl Trainer {
                 config,
                 tokenizer,
                 prepared,
+                ..
             } => Run::create(&out, config, tokenizer, |run| match prepared {
                 Some(prepared) => corpus::replace_dir(prepared, &run.dir.join(corpus::RUN_DATA)),
                 None => Ok(()),
@@ -485,6 +501,8 @@ enum RunDir {
         tokenizer: Tokenizer,
         /// The corpus's token files, to move into the run directory.
         prepared: Option<tempfile::TempDir>,
+        /// The run whose weights it starts from (`--init-from`).
+        init: Option<Run>,
     },
 }
 
@@ -502,14 +520,38 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
         .unwrap_or_else(|| PathBuf::from("runs").join(source.name()));
     // Before the corpus is prepared: that can take a while.
     checkpoint::refuse_existing(&out)?;
-    let corpus = corpus::for_new_run(&mut config, &out)?;
+    let init = match &options.init_from {
+        Some(dir) => Some(init_source(dir, &mut config)?),
+        None => None,
+    };
+    let given = init.as_ref().map(|run| &run.tokenizer);
+    let corpus = corpus::for_new_run(&mut config, &out, given)?;
     let dir = RunDir::New {
         out,
         config,
         tokenizer: corpus.tokenizer,
         prepared: corpus.prepared,
+        init,
     };
     Ok((dir, corpus.data))
+}
+
+/// The run `dir` that a fine-tuning run starts from; `config` takes its architecture (all but
+/// `model.dropout`) and tokenizer kind.
+fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
+    let source = Run::open(dir).context("--init-from")?;
+    if !source.has_checkpoint() {
+        bail!(
+            "--init-from {}: the run has no checkpoint yet",
+            dir.display()
+        );
+    }
+    let dropout = config.model.dropout;
+    config.model = source.config.model.clone();
+    config.model.dropout = dropout;
+    config.data.tokenizer = source.tokenizer.kind_setting();
+    config.validate()?;
+    Ok(source)
 }
 
 /// The run in `options.out`, with the allowed overrides applied, and its corpus split.
@@ -519,6 +561,9 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
     };
     if options.config.is_some() {
         bail!("--resume continues with the run's own config.toml; drop --config");
+    }
+    if options.init_from.is_some() {
+        bail!("--resume continues the run's own weights; drop --init-from");
     }
     for o in &options.overrides {
         let key = o.split('=').next().unwrap_or_default().trim();

@@ -179,6 +179,67 @@ impl Tokenizer {
         }
     }
 
+    /// A Hugging Face `tokenizer.json` file. One that spells a char vocabulary (as
+    /// [`to_hf_json`](Self::to_hf_json) writes it) becomes a char tokenizer again, so unknown
+    /// characters stay errors.
+    pub fn from_hf_file(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        // JSON first: `tokenizers` panics on a syntax error inside `decoder` when it parses
+        // the text itself.
+        let tokenizer = serde_json::from_str(&text)
+            .and_then(serde_json::from_value::<tokenizers::Tokenizer>)
+            .map_err(|e| {
+                anyhow!(
+                    "{} is not a Hugging Face tokenizer.json ({e})",
+                    path.display()
+                )
+            })?;
+        Ok(match char_vocabulary(&tokenizer) {
+            Some(itos) => Self::from_chars(itos),
+            None => Self::Bpe(Box::new(tokenizer)),
+        })
+    }
+
+    /// This tokenizer as a Hugging Face `tokenizer.json`. A char vocabulary is written as a
+    /// BPE model without merges or pre-tokenizer (each character is one token, its id
+    /// tinygpt's) and a `Fuse` decoder (ids back to text with nothing between).
+    pub fn to_hf_json(&self) -> Result<String> {
+        let value = match self {
+            Self::Bpe(t) => serde_json::to_value(t.as_ref())?,
+            Self::Char { itos, .. } => {
+                let vocab: serde_json::Map<String, serde_json::Value> = itos
+                    .iter()
+                    .enumerate()
+                    .map(|(id, c)| (c.to_string(), id.into()))
+                    .collect();
+                serde_json::json!({
+                    "version": "1.0",
+                    "truncation": null,
+                    "padding": null,
+                    "added_tokens": [],
+                    "normalizer": null,
+                    "pre_tokenizer": null,
+                    "post_processor": null,
+                    "decoder": {"type": "Fuse"},
+                    "model": {
+                        "type": "BPE",
+                        "dropout": null,
+                        "unk_token": null,
+                        "continuing_subword_prefix": null,
+                        "end_of_word_suffix": null,
+                        "fuse_unk": false,
+                        "byte_fallback": false,
+                        "ignore_merges": false,
+                        "vocab": vocab,
+                        "merges": [],
+                    },
+                })
+            }
+        };
+        Ok(serde_json::to_string_pretty(&value)?)
+    }
+
     pub fn to_json(&self) -> Result<String> {
         let file = match self {
             Self::Char { itos, .. } => TokenizerFile::Char { itos: itos.clone() },
@@ -207,9 +268,62 @@ impl Tokenizer {
     }
 }
 
+/// The characters, by id, of a tokenizer that is a char vocabulary: BPE without merges,
+/// normalizer or pre-tokenizer, a `Fuse` decoder, and one character per token.
+fn char_vocabulary(tokenizer: &tokenizers::Tokenizer) -> Option<Vec<char>> {
+    let value = serde_json::to_value(tokenizer).ok()?;
+    let model = value.get("model")?;
+    let plain = model.get("type")? == "BPE"
+        && model.get("merges")?.as_array()?.is_empty()
+        && value.get("normalizer")?.is_null()
+        && value.get("pre_tokenizer")?.is_null()
+        && value.get("decoder")?.get("type")? == "Fuse"
+        && value.get("added_tokens")?.as_array()?.is_empty();
+    if !plain {
+        return None;
+    }
+    let vocab = model.get("vocab")?.as_object()?;
+    let mut itos = vec![None; vocab.len()];
+    for (token, id) in vocab {
+        let mut chars = token.chars();
+        let (Some(c), None) = (chars.next(), chars.next()) else {
+            return None;
+        };
+        *itos.get_mut(usize::try_from(id.as_u64()?).ok()?)? = Some(c);
+    }
+    itos.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn char_vocabularies_round_trip_through_hugging_face_json() {
+        let t = Tokenizer::train(TokenizerKind::Char, "Hello,\n wörld!", 0).unwrap();
+        let json = t.to_hf_json().unwrap();
+        // The tokenizers crate reads it and gives tinygpt's ids and text.
+        let hf: tokenizers::Tokenizer = serde_json::from_str(&json).unwrap();
+        let text = "wörld,\nHello !";
+        let ids = hf.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids, t.encode(text).unwrap());
+        assert_eq!(hf.decode(&ids, false).unwrap(), text);
+        // And it is read back as a char tokenizer.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, &json).unwrap();
+        let back = Tokenizer::from_hf_file(&path).unwrap();
+        assert_eq!(back.chars(), t.chars());
+        // A BPE tokenizer stays BPE.
+        let bpe = Tokenizer::train(TokenizerKind::Bpe, &"the cat sat. ".repeat(40), 270).unwrap();
+        std::fs::write(&path, bpe.to_hf_json().unwrap()).unwrap();
+        let back = Tokenizer::from_hf_file(&path).unwrap();
+        assert!(back.chars().is_none());
+        assert_eq!(
+            back.encode("the cat").unwrap(),
+            bpe.encode("the cat").unwrap()
+        );
+    }
 
     #[test]
     fn char_ids_are_nanogpts_sorted_set() {

@@ -1,4 +1,4 @@
-//! `tinygpt export`: a run's weights for PyTorch.
+//! `tinygpt export`: a run's weights for PyTorch or Hugging Face.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,19 +7,23 @@ use anyhow::Result;
 use tinygpt::checkpoint::{Run, Which};
 use tinygpt::interop;
 
-/// Write a run's weights for PyTorch: nanoGPT's parameter names and [out, in] layout.
+/// Write a run's weights for other tools.
 ///
-/// Writes FILE.safetensors and FILE.json (nanoGPT's config and tokenizer maps).
+/// --format nanogpt writes FILE.safetensors (nanoGPT's parameter names, PyTorch's [out, in]
+/// layout) and FILE.json (nanoGPT's config and tokenizer maps). --format hf writes a directory
+/// that transformers loads with GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained
+/// (char vocabularies included).
 #[derive(clap::Args)]
-#[command(
-    after_help = "Example:\n  tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors"
-)]
+#[command(after_help = "Examples:\n  \
+    tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors\n  \
+    tinygpt export --checkpoint runs/default --format hf --out hf-model")]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Nanogpt)]
     format: Format,
-    #[arg(long, value_name = "FILE")]
+    /// The file (nanogpt) or directory (hf) to write.
+    #[arg(long, value_name = "PATH")]
     out: PathBuf,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
@@ -27,18 +31,30 @@ pub struct Args {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Format {
-    /// nanoGPT / Hugging Face GPT-2 parameter names, PyTorch layouts.
+    /// nanoGPT's parameter names in safetensors, with a JSON sidecar.
     Nanogpt,
+    /// A Hugging Face GPT-2 directory.
+    Hf,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let Format::Nanogpt = args.format;
     let run = Run::open(&args.checkpoint)?;
-    interop::export(&run, args.which, &args.out)?;
-    println!(
-        "wrote {} and {} (nanoGPT names, PyTorch [out, in] layout)",
-        args.out.display(),
-        interop::sidecar_path(&args.out).display()
-    );
+    match args.format {
+        Format::Nanogpt => {
+            interop::export(&run, args.which, &args.out)?;
+            println!(
+                "wrote {} and {} (nanoGPT names, PyTorch [out, in] layout)",
+                args.out.display(),
+                interop::sidecar_path(&args.out).display()
+            );
+        }
+        Format::Hf => {
+            interop::hf::export(&run, args.which, &args.out)?;
+            println!(
+                "wrote {} (Hugging Face GPT-2: config.json, model.safetensors, tokenizer.json)",
+                args.out.display()
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -79,7 +79,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let options = args.options(tokenizer)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(tokenizer);
-    let mut decoder = decoder(placement.engine, &model)?;
+    let mut decoder = decoder(placement.engine, &model, tokenizer.vocab_size())?;
     let written = write!(out, "{}", args.prompt);
     let mut write_error = written.err();
     generate(&mut *decoder, &prompt_ids, &options, |id| {

@@ -1,28 +1,60 @@
-//! `tinygpt import`: a run directory from exported weights.
+//! `tinygpt import`: a run directory from a nanoGPT checkpoint, a Hugging Face GPT-2
+//! directory, or tinygpt's own export.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use tinygpt::interop;
+use tinygpt::interop::{self, ImportOptions};
 
-/// Build a run directory from nanoGPT-named weights (and their .json sidecar).
+/// Build a run directory from a model trained elsewhere.
+///
+/// FROM is nanoGPT's ckpt.pt (with --meta for char vocabularies, or --tokenizer for GPT-2's
+/// BPE), a Hugging Face GPT-2 directory (config.json, model.safetensors or pytorch_model.bin,
+/// tokenizer.json), or a .safetensors file written by `tinygpt export --format nanogpt`. The run
+/// can then be sampled, evaluated, exported, or fine-tuned with `train --init-from`.
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  tinygpt import --from model.safetensors --out runs/imported")]
+#[command(after_help = "Examples:\n  \
+    tinygpt import --from out-shakespeare-char/ckpt.pt --meta data/shakespeare_char/meta.pkl --out runs/nanogpt\n  \
+    tinygpt import --from ./gpt2 --out runs/gpt2\n  \
+    tinygpt import --from model.safetensors --out runs/imported")]
 pub struct Args {
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE|DIR")]
     from: PathBuf,
+    /// nanoGPT's meta.pkl (its char vocabulary), for a ckpt.pt.
+    #[arg(long, value_name = "FILE")]
+    meta: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json: for a ckpt.pt trained on GPT-2's BPE, or to replace a
+    /// directory's own.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// The run directory to create.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    interop::import(&args.from, &args.out)?;
+    let options = ImportOptions {
+        from: args.from.clone(),
+        meta: args.meta,
+        tokenizer: args.tokenizer,
+    };
+    let imported = interop::import(&options, &args.out)?;
+    let m = &imported.config.model;
     println!(
-        "wrote run {} from {}",
+        "wrote run {} from {} ({}): {} layers x {} heads, n_embd {}, block {}, vocab {}, {} tokenizer",
         args.out.display(),
-        args.from.display()
+        args.from.display(),
+        imported.format,
+        m.n_layer,
+        m.n_head,
+        m.n_embd,
+        m.block_size,
+        imported.vocab_size,
+        imported.config.data.tokenizer.name(),
     );
+    for note in imported.notes {
+        println!("note: {note}");
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -127,10 +127,7 @@ fn report(prepared: &Prepared, seconds: f64) {
         Width::U16 => "u16",
         Width::U32 => "u32",
     };
-    let kind = match meta.tokenizer {
-        TokenizerKind::Char => "char",
-        TokenizerKind::Bpe => "bpe",
-    };
+    let kind = meta.tokenizer.name();
     println!(
         "prepared {}: {} train + {} val tokens ({width}), {kind} tokenizer with {} tokens | {} \
          input file(s), {mb:.1} MB in {seconds:.1}s ({:.1} MB/s)",

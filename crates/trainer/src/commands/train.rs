@@ -17,7 +17,7 @@ use tinygpt::session::{Limits, TrainOptions, Trainer};
 /// Ctrl-C (or --max-time) saves the run; --resume continues it exactly.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000"
+    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton"
 )]
 pub struct Args {
     /// Run configuration: a built-in preset (default, baby, shakespeare-char) or a TOML file
@@ -47,6 +47,11 @@ pub struct Args {
     /// Seed of the initial weights, batches and dropout (overrides train.seed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Fine-tune: start from this run's best weights (a run trained or imported by tinygpt),
+    /// keeping its tokenizer and architecture; model.dropout and every [train] setting come
+    /// from the config. The optimizer starts fresh.
+    #[arg(long, value_name = "RUN")]
+    init_from: Option<PathBuf>,
 }
 
 impl Args {
@@ -69,6 +74,7 @@ impl Args {
             out: self.out.clone(),
             backend: self.backend,
             resume: self.resume,
+            init_from: self.init_from.clone(),
         }
     }
 }

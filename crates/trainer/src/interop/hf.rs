@@ -1,0 +1,266 @@
+//! Hugging Face GPT-2 directories, in and out: `config.json` (`GPT2Config`),
+//! `model.safetensors` (or `pytorch_model.bin` on import), `tokenizer.json`, and on export
+//! `tokenizer_config.json`, so that `GPT2LMHeadModel.from_pretrained(DIR)` and
+//! `AutoTokenizer.from_pretrained(DIR)` load it as it is.
+//!
+//! GPT-2's blocks use `Conv1D`, whose weights are `[in, out]` (Burn's layout); its LM head is
+//! tied unless `tie_word_embeddings` is false, and `save_pretrained` leaves a tied head out. Its
+//! `gelu_new` is the tanh approximation (`model.activation = "gelu_tanh"`). GPT-2 always has
+//! biases, so a model without them is exported with zero biases, which computes the same.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use tinygpt_model::parameter_table;
+
+use super::weights::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
+use super::{Imported, create_run};
+use crate::checkpoint::{Run, Which, refuse_existing};
+use crate::config::{ActivationKind, ModelSection, RunConfig};
+use crate::prepare::temp_beside;
+use crate::tokenizer::Tokenizer;
+
+/// The `GPT2Config` fields that shape the computation. Anything that would change it in a way
+/// tinygpt does not compute is refused rather than ignored.
+#[derive(Deserialize)]
+struct Gpt2Config {
+    model_type: Option<String>,
+    vocab_size: usize,
+    n_positions: usize,
+    n_embd: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_inner: Option<usize>,
+    #[serde(default = "gelu_new")]
+    activation_function: String,
+    #[serde(default)]
+    resid_pdrop: f64,
+    #[serde(default = "layer_norm_epsilon")]
+    layer_norm_epsilon: f64,
+    #[serde(default = "yes")]
+    tie_word_embeddings: bool,
+    #[serde(default = "yes")]
+    scale_attn_weights: bool,
+    #[serde(default)]
+    scale_attn_by_inverse_layer_idx: bool,
+    #[serde(default)]
+    reorder_and_upcast_attn: bool,
+}
+
+fn gelu_new() -> String {
+    "gelu_new".into()
+}
+fn layer_norm_epsilon() -> f64 {
+    1e-5
+}
+fn yes() -> bool {
+    true
+}
+
+/// Imports the Hugging Face GPT-2 directory `dir` into the run directory `out`; `tokenizer`
+/// replaces the directory's own `tokenizer.json`.
+pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Imported> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).with_context(|| {
+        format!(
+            "{} is not a Hugging Face model directory: cannot read config.json",
+            dir.display()
+        )
+    })?;
+    let hf: Gpt2Config = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{}: not a GPT-2 config ({e})", config_path.display()))?;
+    let mut config = run_config(&hf).with_context(|| config_path.display().to_string())?;
+    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
+    if !tokenizer_path.exists() {
+        bail!(
+            "{} has no tokenizer.json (save it with tokenizer.save_pretrained, or pass --tokenizer)",
+            dir.display()
+        );
+    }
+    let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
+    config.data.tokenizer = tokenizer.kind_setting();
+    let mut notes = Vec::new();
+    if tokenizer.vocab_size() > hf.vocab_size {
+        bail!(
+            "{} has {} tokens but config.json's vocab_size is {}: they do not belong together",
+            tokenizer_path.display(),
+            tokenizer.vocab_size(),
+            hf.vocab_size
+        );
+    }
+    if hf.vocab_size > tokenizer.vocab_size() {
+        config.model.vocab_size = Some(hf.vocab_size);
+        notes.push(format!(
+            "the model's vocabulary is padded to {} rows; the tokenizer has {} tokens",
+            hf.vocab_size,
+            tokenizer.vocab_size()
+        ));
+    }
+    let tensors = weights_in(dir)?;
+    if !hf.tie_word_embeddings && !tensors.tensors.contains_key(LM_HEAD) {
+        bail!(
+            "{}: tensor `{LM_HEAD}` is missing (config.json unties it)",
+            tensors.file.display()
+        );
+    }
+    let model = tensors.model(&config, hf.vocab_size, Layout::Conv1D)?;
+    create_run(out, config.clone(), tokenizer, &model)?;
+    Ok(Imported {
+        format: "Hugging Face GPT-2 directory",
+        config,
+        vocab_size: hf.vocab_size,
+        notes,
+    })
+}
+
+/// tinygpt's config for a GPT-2 config, or why it cannot compute that model.
+fn run_config(hf: &Gpt2Config) -> Result<RunConfig> {
+    if let Some(kind) = hf.model_type.as_deref().filter(|k| *k != "gpt2") {
+        bail!("model_type \"{kind}\" is not GPT-2; tinygpt imports GPT-2's architecture only");
+    }
+    if hf.n_inner.is_some_and(|n| n != 4 * hf.n_embd) {
+        bail!(
+            "n_inner = {:?}: tinygpt's MLP is 4 x n_embd = {}",
+            hf.n_inner,
+            4 * hf.n_embd
+        );
+    }
+    let activation = match hf.activation_function.as_str() {
+        "gelu_new" | "gelu_pytorch_tanh" => ActivationKind::GeluTanh,
+        "gelu" => ActivationKind::Gelu,
+        other => bail!("activation_function \"{other}\" is not one of gelu, gelu_new"),
+    };
+    if !hf.scale_attn_weights || hf.scale_attn_by_inverse_layer_idx || hf.reorder_and_upcast_attn {
+        bail!(
+            "scale_attn_weights must be true and scale_attn_by_inverse_layer_idx and \
+             reorder_and_upcast_attn false: tinygpt scales attention by 1/sqrt(head size) only"
+        );
+    }
+    let config = RunConfig {
+        model: ModelSection {
+            block_size: hf.n_positions,
+            n_layer: hf.n_layer,
+            n_head: hf.n_head,
+            n_embd: hf.n_embd,
+            dropout: hf.resid_pdrop,
+            bias: true,
+            tie_embeddings: hf.tie_word_embeddings,
+            activation,
+            layer_norm_eps: hf.layer_norm_epsilon,
+            ..ModelSection::default()
+        },
+        ..RunConfig::default()
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// The weights of `dir`: `model.safetensors`, else `pytorch_model.bin`.
+fn weights_in(dir: &Path) -> Result<ForeignTensors> {
+    let safetensors = dir.join("model.safetensors");
+    let bin = dir.join("pytorch_model.bin");
+    if safetensors.exists() {
+        ForeignTensors::from_safetensors(&safetensors)
+    } else if bin.exists() {
+        ForeignTensors::from_pytorch(&bin, None)
+    } else if dir.join("model.safetensors.index.json").exists() {
+        bail!(
+            "{} holds a sharded checkpoint, which tinygpt does not read; save it unsharded",
+            dir.display()
+        )
+    } else {
+        bail!(
+            "{} has neither model.safetensors nor pytorch_model.bin",
+            dir.display()
+        )
+    }
+}
+
+/// Writes the run's `which` weights as a Hugging Face GPT-2 directory `out` (which must not
+/// exist, or be empty). It appears complete or not at all.
+pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
+    refuse_existing(out)?;
+    let temp = temp_beside(out)?;
+    let (model, _) = run.load_model(which, &burn::tensor::Device::flex())?;
+    let config = &run.config;
+    let tokens = run.tokenizer.vocab_size();
+    let tensors = burn_tensors(&model)?;
+    let mut exported = Vec::new();
+    // The bias slots follow their weight's: an absent bias is zeros of the weight's output size.
+    let mut outputs = 0;
+    for name in parameter_table(&config.gpt(tokens)) {
+        if !name.present {
+            if name.nanogpt != LM_HEAD {
+                exported.push((name.nanogpt, vec![outputs], vec![0u8; outputs * 4]));
+            }
+            continue;
+        }
+        let (shape, bytes) = &tensors[&name.burn];
+        outputs = *shape.last().unwrap_or(&0);
+        let (shape, bytes) = match Layout::Conv1D.transposed(&name) {
+            true => transpose(shape, bytes),
+            false => (shape.clone(), bytes.clone()),
+        };
+        exported.push((name.nanogpt, shape, bytes));
+    }
+    let dir = temp.path();
+    let write = |name: &str, bytes: &[u8]| {
+        std::fs::write(dir.join(name), bytes)
+            .with_context(|| format!("cannot write {}", dir.join(name).display()))
+    };
+    write("model.safetensors", &write_safetensors(&exported)?)?;
+    let vocab_size = config.gpt(tokens).vocab_size;
+    write(
+        "config.json",
+        config_json(&config.model, vocab_size, &run.tokenizer)?.as_bytes(),
+    )?;
+    write("tokenizer.json", run.tokenizer.to_hf_json()?.as_bytes())?;
+    let tokenizer_config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config.model.block_size,
+        "clean_up_tokenization_spaces": false,
+    });
+    write(
+        "tokenizer_config.json",
+        serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
+    )?;
+    std::fs::rename(temp.keep(), out).with_context(|| format!("cannot create {}", out.display()))
+}
+
+/// `config.json` for `GPT2LMHeadModel`.
+fn config_json(m: &ModelSection, vocab_size: usize, tokenizer: &Tokenizer) -> Result<String> {
+    let activation = match m.activation {
+        ActivationKind::Gelu => "gelu",
+        ActivationKind::GeluTanh => "gelu_new",
+    };
+    // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
+    let eos = match tokenizer {
+        Tokenizer::Bpe(t) => t.token_to_id("<|endoftext|>"),
+        Tokenizer::Char { .. } => None,
+    };
+    let config = serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": m.block_size,
+        "n_ctx": m.block_size,
+        "n_embd": m.n_embd,
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_inner": null,
+        "activation_function": activation,
+        "resid_pdrop": m.dropout,
+        "embd_pdrop": m.dropout,
+        "attn_pdrop": m.dropout,
+        "layer_norm_epsilon": m.layer_norm_eps,
+        "initializer_range": 0.02,
+        "scale_attn_weights": true,
+        "tie_word_embeddings": m.tie_embeddings,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "use_cache": true,
+        "torch_dtype": "float32",
+    });
+    Ok(serde_json::to_string_pretty(&config)?)
+}

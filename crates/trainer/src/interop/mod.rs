@@ -1,0 +1,90 @@
+//! `tinygpt import` / `tinygpt export`: models in and out of the formats other GPT code uses.
+//!
+//! - [`nanogpt`]: nanoGPT's `ckpt.pt` (a PyTorch zip-pickle: `model`, `model_args`, …) and its
+//!   `meta.pkl` char maps, read without Python.
+//! - [`hf`]: Hugging Face GPT-2 directories (`config.json`, `model.safetensors` or
+//!   `pytorch_model.bin`, `tokenizer.json`), read and written.
+//! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
+//!
+//! All three name tensors as nanoGPT does; [`weights`] maps those names onto the model crate's
+//! parameter table and checks every shape against the model the imported config describes.
+//! An import builds a complete run directory or nothing.
+
+pub mod hf;
+pub mod nanogpt;
+pub mod sidecar;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use tinygpt_model::Gpt;
+
+pub use sidecar::{export, sidecar_path};
+
+use crate::checkpoint::{self, Run, TrainState, Which};
+use crate::config::RunConfig;
+use crate::tokenizer::Tokenizer;
+
+/// What `tinygpt import` reads.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// A nanoGPT `ckpt.pt`, a Hugging Face directory, or an exported `.safetensors` file.
+    pub from: PathBuf,
+    /// nanoGPT's `meta.pkl` (char vocabularies).
+    pub meta: Option<PathBuf>,
+    /// A Hugging Face `tokenizer.json` (GPT-2's BPE for nanoGPT checkpoints trained on it).
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// What was imported, for the command's report.
+pub struct Imported {
+    pub format: &'static str,
+    pub config: RunConfig,
+    pub vocab_size: usize,
+    /// Anything the user should know (padding, training progress in the source).
+    pub notes: Vec<String>,
+}
+
+/// Imports `options.from` into a new run directory `out`: `best` and `last` both hold the
+/// imported weights, with no optimizer state.
+pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
+    checkpoint::refuse_existing(out)?;
+    let from = &options.from;
+    if !from.exists() {
+        bail!("{} does not exist", from.display());
+    }
+    if from.is_dir() {
+        if options.meta.is_some() {
+            bail!("--meta goes with a nanoGPT ckpt.pt, not a Hugging Face directory");
+        }
+        return hf::import(from, options.tokenizer.as_deref(), out);
+    }
+    if from.extension().is_some_and(|e| e == "safetensors") {
+        if !sidecar_path(from).exists() {
+            bail!(
+                "{} has no sidecar {} (written by `tinygpt export`); for a Hugging Face model, \
+                 pass its directory",
+                from.display(),
+                sidecar_path(from).display()
+            );
+        }
+        if options.meta.is_some() || options.tokenizer.is_some() {
+            bail!(
+                "--meta and --tokenizer go with a nanoGPT ckpt.pt; the sidecar holds the tokenizer"
+            );
+        }
+        return sidecar::import(from, out);
+    }
+    nanogpt::import(from, options, out)
+}
+
+/// Creates the run directory `out` holding `model` as both checkpoints.
+fn create_run(out: &Path, config: RunConfig, tokenizer: Tokenizer, model: &Gpt) -> Result<()> {
+    let state = TrainState::default();
+    Run::create(out, config, tokenizer, |run| {
+        run.save(Which::Best, model, None, &state)?;
+        run.save(Which::Last, model, None, &state)
+    })?;
+    Ok(())
+}

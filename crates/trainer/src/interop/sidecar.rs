@@ -1,0 +1,193 @@
+//! tinygpt's exchange file (`export --format nanogpt`): weights under nanoGPT's names and
+//! PyTorch's layout in `FILE.safetensors`, nanoGPT's config and tokenizer maps in `FILE.json`.
+//!
+//! nanoGPT's `state_dict` names every tensor `transformer.…` (or `lm_head.weight`) and stores a
+//! `Linear` weight as `[out, in]`; Burn's `Linear` keeps `[in, out]` and its LayerNorm calls the
+//! scale and shift `gamma` and `beta`. The model crate's [`parameter_table`] pairs the two namings; export walks
+//! it one way, import the other, and both check every shape and dtype against the model that the
+//! config describes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use burn::tensor::Device;
+use serde::{Deserialize, Serialize};
+
+use super::Imported;
+use super::weights::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
+use crate::checkpoint::{self, Run, Which};
+use crate::config::{ModelSection, RunConfig, TokenizerKind};
+use crate::tokenizer::Tokenizer;
+
+/// The sidecar JSON: nanoGPT's `GPTConfig` fields and its `meta.pkl` maps.
+#[derive(Serialize, Deserialize)]
+struct Sidecar {
+    config: NanoGptConfig,
+    /// `char`: nanoGPT's `stoi` / `itos`; `bpe`: Hugging Face tokenizer JSON.
+    tokenizer: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct NanoGptConfig {
+    block_size: usize,
+    vocab_size: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_embd: usize,
+    dropout: f64,
+    bias: bool,
+}
+
+/// `FILE.safetensors` → `FILE.json`.
+pub fn sidecar_path(weights: &Path) -> PathBuf {
+    weights.with_extension("json")
+}
+
+/// Writes the run's `which` weights to `out` (nanoGPT names, `[out, in]` linears, `lm_head.weight`
+/// included even when tied, as nanoGPT's `state_dict` has it) and the sidecar beside it.
+pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
+    let config = &run.config.model;
+    let (model, _) = run.load_model(which, &Device::flex())?;
+    let tensors = burn_tensors(&model)?;
+    let mut exported: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for name in present(&run.config, run.tokenizer.vocab_size()) {
+        let (shape, bytes) = tensors
+            .get(&name.burn)
+            .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;
+        let (shape, bytes) = if name.transposed {
+            transpose(shape, bytes)
+        } else {
+            (shape.clone(), bytes.clone())
+        };
+        exported.push((name.nanogpt, shape, bytes));
+    }
+    if config.tie_embeddings {
+        let (_, shape, bytes) = exported[0].clone();
+        exported.push(("lm_head.weight".into(), shape, bytes));
+    }
+    let bytes = write_safetensors(&exported)?;
+    checkpoint::write_atomic(out, &bytes)?;
+    let sidecar = Sidecar {
+        config: NanoGptConfig {
+            block_size: config.block_size,
+            vocab_size: run.tokenizer.vocab_size(),
+            n_layer: config.n_layer,
+            n_head: config.n_head,
+            n_embd: config.n_embd,
+            dropout: config.dropout,
+            bias: config.bias,
+        },
+        tokenizer: tokenizer_json(&run.tokenizer)?,
+    };
+    checkpoint::write_atomic(
+        &sidecar_path(out),
+        serde_json::to_string_pretty(&sidecar)?.as_bytes(),
+    )
+}
+
+/// Builds a run directory in `out` from a nanoGPT-named safetensors file and its sidecar.
+pub fn import(from: &Path, out: &Path) -> Result<Imported> {
+    let (sidecar, tokenizer) = read_sidecar(from)?;
+    let file = ForeignTensors::from_safetensors(from)?;
+    let config = imported_config(&sidecar.config, &tokenizer, file.tied())?;
+    let vocab_size = sidecar.config.vocab_size;
+    let model = file.model(&config, vocab_size, Layout::Linear)?;
+    super::create_run(out, config.clone(), tokenizer, &model)?;
+    Ok(Imported {
+        format: "tinygpt export (safetensors + sidecar)",
+        config,
+        vocab_size,
+        notes: Vec::new(),
+    })
+}
+
+/// The sidecar beside `weights` and the tokenizer it holds.
+fn read_sidecar(weights: &Path) -> Result<(Sidecar, Tokenizer)> {
+    let path = sidecar_path(weights);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the sidecar {}", path.display()))?;
+    let sidecar: Sidecar = serde_json::from_str(&text)
+        .with_context(|| format!("sidecar {} is invalid", path.display()))?;
+    let tokenizer = tokenizer_from_json(sidecar.tokenizer.clone())
+        .with_context(|| format!("sidecar {}", path.display()))?;
+    if tokenizer.vocab_size() != sidecar.config.vocab_size {
+        bail!(
+            "sidecar {}: vocab_size {} but the tokenizer has {} tokens",
+            path.display(),
+            sidecar.config.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    Ok((sidecar, tokenizer))
+}
+
+/// The run config of an imported model: nanoGPT's architecture, tinygpt's other defaults.
+fn imported_config(
+    c: &NanoGptConfig,
+    tokenizer: &Tokenizer,
+    tie_embeddings: bool,
+) -> Result<RunConfig> {
+    let mut config = RunConfig {
+        model: ModelSection {
+            block_size: c.block_size,
+            n_layer: c.n_layer,
+            n_head: c.n_head,
+            n_embd: c.n_embd,
+            dropout: c.dropout,
+            bias: c.bias,
+            tie_embeddings,
+            ..ModelSection::default()
+        },
+        ..RunConfig::default()
+    };
+    config.data.tokenizer = match tokenizer {
+        Tokenizer::Char { .. } => TokenizerKind::Char,
+        Tokenizer::Bpe(_) => TokenizerKind::Bpe,
+    };
+    config.validate().context("the sidecar's config")?;
+    Ok(config)
+}
+
+/// nanoGPT's `meta.pkl` maps for a char tokenizer; Hugging Face JSON for BPE.
+fn tokenizer_json(tokenizer: &Tokenizer) -> Result<serde_json::Value> {
+    Ok(match tokenizer.chars() {
+        Some(chars) => serde_json::json!({
+            "kind": "char",
+            "vocab_size": chars.len(),
+            "stoi": chars.iter().enumerate().map(|(i, c)| (c.to_string(), i)).collect::<BTreeMap<_, _>>(),
+            "itos": chars.iter().enumerate().map(|(i, c)| (i.to_string(), c.to_string())).collect::<BTreeMap<_, _>>(),
+        }),
+        None => serde_json::from_str(&tokenizer.to_json()?)?,
+    })
+}
+
+fn tokenizer_from_json(value: serde_json::Value) -> Result<Tokenizer> {
+    if value.get("kind").and_then(|k| k.as_str()) == Some("char") {
+        let itos: BTreeMap<String, String> = serde_json::from_value(
+            value
+                .get("itos")
+                .cloned()
+                .ok_or_else(|| anyhow!("the char tokenizer has no `itos`"))?,
+        )
+        .context("tokenizer `itos` must map ids to characters")?;
+        return char_tokenizer(&itos);
+    }
+    Tokenizer::from_json(&value.to_string())
+}
+
+/// A char tokenizer from nanoGPT's `itos` map (id, as text, to a one-character string).
+pub(super) fn char_tokenizer(itos: &BTreeMap<String, String>) -> Result<Tokenizer> {
+    let mut chars = Vec::with_capacity(itos.len());
+    for i in 0..itos.len() {
+        let s = itos
+            .get(&i.to_string())
+            .ok_or_else(|| anyhow!("tokenizer `itos` has no id {i}"))?;
+        let mut it = s.chars();
+        match (it.next(), it.next()) {
+            (Some(c), None) => chars.push(c),
+            _ => bail!("tokenizer `itos[{i}]` = {s:?} is not one character"),
+        }
+    }
+    Tokenizer::from_json(&serde_json::json!({"kind": "char", "itos": chars}).to_string())
+}

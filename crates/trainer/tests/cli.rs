@@ -875,13 +875,11 @@ fn export_import_round_trip() {
             .unwrap();
         e.2.truncate(e.2.len() / 2);
     });
-    fails(
-        tinygpt(
-            dir,
-            &["import", "--from", "dtype.safetensors", "--out", "x"],
-        ),
-        "tensor `transformer.ln_f.weight` is F16",
-    );
+    // Half-precision weights are widened to f32.
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "dtype.safetensors", "--out", "f16"],
+    ));
     std::fs::write(dir.join("cut.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
     std::fs::write(dir.join("cut.json"), &sidecar).unwrap();
     fails(
@@ -893,7 +891,7 @@ fn export_import_round_trip() {
             dir,
             &["import", "--from", "nothing.safetensors", "--out", "x"],
         ),
-        "cannot read the sidecar nothing.json",
+        "nothing.safetensors does not exist",
     );
     assert!(
         !dir.join("x").exists(),

@@ -1,6 +1,6 @@
 //! Every loader against random bytes and random mutations of valid files: config TOML,
-//! `--set` values, tokenizer.json, state.json, safetensors weights, the nanoGPT sidecar and
-//! optimizer.bpk. The property: never a panic, always a value or an error; and a checkpoint
+//! `--set` values, tokenizer.json, state.json, safetensors weights, the nanoGPT sidecar,
+//! optimizer.bpk, and the imports of nanoGPT's ckpt.pt / meta.pkl and a Hugging Face directory. The property: never a panic, always a value or an error; and a checkpoint
 //! file changed in any way is refused by its checksum.
 //!
 //! `TINYGPT_FUZZ_CASES=N` sets the cases per loader (default 2000; the import, which writes a
@@ -209,7 +209,7 @@ fn nanogpt_sidecar_import() {
     runner(cases() / 4)
         .run(&mutations(valid.clone()), |bytes| {
             std::fs::write(&sidecar, &bytes).unwrap();
-            let _ = interop::import(&exported, &out());
+            let _ = interop::import(&from_file(&exported), &out());
             Ok(())
         })
         .unwrap();
@@ -218,8 +218,66 @@ fn nanogpt_sidecar_import() {
     runner(cases() / 4)
         .run(&mutations(weights), |bytes| {
             std::fs::write(&exported, &bytes).unwrap();
-            let _ = interop::import(&exported, &out());
+            let _ = interop::import(&from_file(&exported), &out());
             Ok(())
         })
         .unwrap();
+}
+
+fn from_file(path: &Path) -> interop::ImportOptions {
+    interop::ImportOptions {
+        from: path.to_path_buf(),
+        ..Default::default()
+    }
+}
+
+/// nanoGPT's `ckpt.pt` and `meta.pkl`, and a Hugging Face directory's `config.json`,
+/// `model.safetensors` and `tokenizer.json`, each mutated (the fixtures of tests/interop.rs).
+#[test]
+fn nanogpt_and_hugging_face_imports() {
+    let fixtures =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/interop");
+    let tmp = tempfile::tempdir().unwrap();
+    let n = std::cell::Cell::new(0);
+    let out = || {
+        n.set(n.get() + 1);
+        tmp.path().join(format!("imported-{}", n.get()))
+    };
+    let (ckpt, meta) = (tmp.path().join("ckpt.pt"), tmp.path().join("meta.pkl"));
+    let nanogpt = interop::ImportOptions {
+        from: ckpt.clone(),
+        meta: Some(meta.clone()),
+        tokenizer: None,
+    };
+    for (file, original) in [(&ckpt, "nanogpt/ckpt.pt"), (&meta, "nanogpt/meta.pkl")] {
+        std::fs::copy(fixtures.join("nanogpt/ckpt.pt"), &ckpt).unwrap();
+        std::fs::copy(fixtures.join("nanogpt/meta.pkl"), &meta).unwrap();
+        runner(cases() / 10)
+            .run(
+                &mutations(std::fs::read(fixtures.join(original)).unwrap()),
+                |bytes| {
+                    std::fs::write(file, &bytes).unwrap();
+                    let _ = interop::import(&nanogpt, &out());
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
+    let hf = tmp.path().join("gpt2");
+    std::fs::create_dir(&hf).unwrap();
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        for other in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(fixtures.join("gpt2").join(other), hf.join(other)).unwrap();
+        }
+        runner(cases() / 10)
+            .run(
+                &mutations(std::fs::read(fixtures.join("gpt2").join(name)).unwrap()),
+                |bytes| {
+                    std::fs::write(hf.join(name), &bytes).unwrap();
+                    let _ = interop::import(&from_file(&hf), &out());
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
 }

@@ -502,7 +502,7 @@ enum RunDir {
         /// The corpus's token files, to move into the run directory.
         prepared: Option<tempfile::TempDir>,
         /// The run whose weights it starts from (`--init-from`).
-        init: Option<Run>,
+        init: Option<Box<Run>>,
     },
 }
 
@@ -521,7 +521,7 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
     // Before the corpus is prepared: that can take a while.
     checkpoint::refuse_existing(&out)?;
     let init = match &options.init_from {
-        Some(dir) => Some(init_source(dir, &mut config)?),
+        Some(dir) => Some(Box::new(init_source(dir, &mut config)?)),
         None => None,
     };
     let given = init.as_ref().map(|run| &run.tokenizer);

@@ -388,6 +388,17 @@ fn bad_imports_are_one_line_and_write_nothing() {
         import(&["--from", ckpt]),
         "--meta data/paradise_lost_char/meta.pkl",
     );
+    // A tokenizer that does not belong to the checkpoint (300 tokens for 64 rows).
+    let gpt2_tokenizer = fixture("gpt2/tokenizer.json");
+    fails(
+        import(&[
+            "--from",
+            ckpt,
+            "--tokenizer",
+            gpt2_tokenizer.to_str().unwrap(),
+        ]),
+        "do not belong together",
+    );
     // Not a checkpoint at all.
     std::fs::write(dir.join("junk.pt"), b"hello").unwrap();
     fails(import(&["--from", "junk.pt", "--meta", meta]), "junk.pt");

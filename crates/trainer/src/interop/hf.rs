@@ -15,7 +15,7 @@ use serde::Deserialize;
 use tinygpt_model::parameter_table;
 
 use super::weights::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
-use super::{Imported, create_run};
+use super::{Imported, create_run, fit_vocabulary};
 use crate::checkpoint::{Run, Which, refuse_existing};
 use crate::config::{ActivationKind, ModelSection, RunConfig};
 use crate::prepare::temp_beside;
@@ -79,32 +79,17 @@ pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Import
         );
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
-    config.data.tokenizer = tokenizer.kind_setting();
-    let mut notes = Vec::new();
-    if tokenizer.vocab_size() > hf.vocab_size {
-        bail!(
-            "{} has {} tokens but config.json's vocab_size is {}: they do not belong together",
-            tokenizer_path.display(),
-            tokenizer.vocab_size(),
-            hf.vocab_size
-        );
-    }
-    if hf.vocab_size > tokenizer.vocab_size() {
-        config.model.vocab_size = Some(hf.vocab_size);
-        notes.push(format!(
-            "the model's vocabulary is padded to {} rows; the tokenizer has {} tokens",
-            hf.vocab_size,
-            tokenizer.vocab_size()
-        ));
-    }
-    let tensors = weights_in(dir)?;
-    if !hf.tie_word_embeddings && !tensors.tensors.contains_key(LM_HEAD) {
+    let weights = weights_in(dir)?;
+    let notes = fit_vocabulary(&mut config, &tokenizer, hf.vocab_size, &config_path)?
+        .into_iter()
+        .collect();
+    if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(
             "{}: tensor `{LM_HEAD}` is missing (config.json unties it)",
-            tensors.file.display()
+            weights.file.display()
         );
     }
-    let model = tensors.model(&config, hf.vocab_size, Layout::Conv1D)?;
+    let model = weights.model(&config, hf.vocab_size, Layout::Conv1D)?;
     create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
         format: "Hugging Face GPT-2 directory",

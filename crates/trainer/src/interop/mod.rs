@@ -79,6 +79,32 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
     nanogpt::import(from, options, out)
 }
 
+/// Sets `config` up for a model of `rows` embedding rows and `tokenizer`: fewer tokens than rows
+/// is a padded vocabulary (`model.vocab_size`, and a note saying so), more is an error naming
+/// `source`, the file the rows come from.
+fn fit_vocabulary(
+    config: &mut RunConfig,
+    tokenizer: &Tokenizer,
+    rows: usize,
+    source: &Path,
+) -> Result<Option<String>> {
+    let tokens = tokenizer.vocab_size();
+    config.data.tokenizer = tokenizer.kind_setting();
+    if tokens > rows {
+        bail!(
+            "the tokenizer has {tokens} tokens but {} has only {rows} embedding rows: they do \
+             not belong together",
+            source.display()
+        );
+    }
+    Ok((rows > tokens).then(|| {
+        config.model.vocab_size = Some(rows);
+        format!(
+            "the model's vocabulary is padded to {rows} rows; the tokenizer has {tokens} tokens"
+        )
+    }))
+}
+
 /// Creates the run directory `out` holding `model` as both checkpoints.
 fn create_run(out: &Path, config: RunConfig, tokenizer: Tokenizer, model: &Gpt) -> Result<()> {
     let state = TrainState::default();

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use pytorch_reader::{PickleValue, PytorchReader};
 
 use super::weights::{ForeignTensors, Layout};
-use super::{ImportOptions, Imported, create_run, sidecar::char_tokenizer};
+use super::{ImportOptions, Imported, create_run, fit_vocabulary, sidecar::char_tokenizer};
 use crate::config::{ModelSection, RunConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -53,16 +53,9 @@ pub fn import(from: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         },
         ..RunConfig::default()
     };
-    config.data.tokenizer = tokenizer.kind_setting();
-    let mut notes = Vec::new();
-    if args.vocab_size > tokenizer.vocab_size() {
-        config.model.vocab_size = Some(args.vocab_size);
-        notes.push(format!(
-            "the model's vocabulary is padded to {} rows; the tokenizer has {} tokens",
-            args.vocab_size,
-            tokenizer.vocab_size()
-        ));
-    }
+    let mut notes: Vec<String> = fit_vocabulary(&mut config, &tokenizer, args.vocab_size, from)?
+        .into_iter()
+        .collect();
     config
         .validate()
         .with_context(|| format!("{}: model_args", from.display()))?;
@@ -149,14 +142,6 @@ fn tokenizer(
             )
         }
     };
-    if tokenizer.vocab_size() > args.vocab_size {
-        bail!(
-            "the tokenizer has {} tokens but {} has only {} embedding rows: they do not belong together",
-            tokenizer.vocab_size(),
-            from.display(),
-            args.vocab_size
-        );
-    }
     Ok(tokenizer)
 }
 

@@ -19,6 +19,7 @@ use tinygpt::interop::{self, ImportOptions};
     tinygpt import --from ./gpt2 --out runs/gpt2\n  \
     tinygpt import --from model.safetensors --out runs/imported")]
 pub struct Args {
+    /// nanoGPT's ckpt.pt, a Hugging Face GPT-2 directory, or an exported .safetensors file.
     #[arg(long, value_name = "FILE|DIR")]
     from: PathBuf,
     /// nanoGPT's meta.pkl (its char vocabulary), for a ckpt.pt.

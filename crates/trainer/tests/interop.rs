@@ -171,18 +171,16 @@ fn hf_export_reads_back_to_the_same_model() {
             "model.tie_embeddings=false",
         ],
     ));
-    ok(tinygpt(
-        dir,
-        &[
-            "export",
-            "--checkpoint",
-            "char",
-            "--format",
-            "hf",
-            "--out",
-            "hf-char",
-        ],
-    ));
+    let export = [
+        "export",
+        "--checkpoint",
+        "char",
+        "--format",
+        "hf",
+        "--out",
+        "hf-char",
+    ];
+    ok(tinygpt(dir, &export));
     for file in [
         "config.json",
         "model.safetensors",
@@ -209,21 +207,7 @@ fn hf_export_reads_back_to_the_same_model() {
     );
     assert!(err <= 1e-6, "{err}");
     // The exported directory is refused as a destination now that it exists.
-    fails(
-        tinygpt(
-            dir,
-            &[
-                "export",
-                "--checkpoint",
-                "char",
-                "--format",
-                "hf",
-                "--out",
-                "hf-char",
-            ],
-        ),
-        "not empty",
-    );
+    fails(tinygpt(dir, &export), "not empty");
 }
 
 #[test]

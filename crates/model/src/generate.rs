@@ -1,5 +1,7 @@
 //! Sampling text from a [`Gpt`]: temperature, top-k, top-p, repetition penalty, stop sequences.
 
+use std::ops::ControlFlow;
+
 use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -30,6 +32,11 @@ pub struct GenerateOptions {
     /// Reuse keys/values across steps (a [`KvCache`] per layer). Off recomputes the whole
     /// context at every step, as nanoGPT's `generate` does; both give the same tokens.
     pub use_cache: bool,
+    /// Once the context fills `block_size`, keep only its last half and feed on through the
+    /// cache, instead of sliding the window by one token and rebuilding the cache at every
+    /// step. Much faster past `block_size`, but no longer nanoGPT's exact rule (the model sees
+    /// between half a block and a whole block of context), so it is off by default.
+    pub context_shift: bool,
 }
 
 impl Default for GenerateOptions {
@@ -43,6 +50,7 @@ impl Default for GenerateOptions {
             seed: 1337,
             stop: Vec::new(),
             use_cache: true,
+            context_shift: false,
         }
     }
 }
@@ -95,12 +103,27 @@ pub trait Decoder {
 /// The context is the last `block_size` tokens. While it fits, each step feeds one token
 /// through the KV cache; once the window slides, every position embedding shifts, so the cache
 /// is rebuilt from the window (the same computation as without a cache). Without
-/// `options.use_cache`, every step rebuilds it, as nanoGPT's `generate` does.
+/// `options.use_cache`, every step rebuilds it, as nanoGPT's `generate` does; with
+/// `options.context_shift`, the cache is rebuilt only once per half window.
 pub fn generate(
     decoder: &mut (impl Decoder + ?Sized),
     prompt: &[u32],
     options: &GenerateOptions,
     mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>, GenerateError> {
+    generate_cancellable(decoder, prompt, options, |id| {
+        on_token(id);
+        ControlFlow::Continue(())
+    })
+}
+
+/// [`generate`], which `on_token` can stop early by returning [`ControlFlow::Break`] (a
+/// client that went away): the tokens generated so far are returned.
+pub fn generate_cancellable(
+    decoder: &mut (impl Decoder + ?Sized),
+    prompt: &[u32],
+    options: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Vec<u32>, GenerateError> {
     options.validate()?;
     if prompt.is_empty() {
@@ -122,7 +145,7 @@ pub fn generate(
     let mut generated: Vec<u32> = Vec::new();
     let mut streamed = 0;
     for _ in 0..options.max_new_tokens {
-        let start = tokens.len().saturating_sub(decoder.block_size());
+        let start = window(tokens.len(), window_start, decoder.block_size(), options);
         if start != window_start || !options.use_cache {
             decoder.clear();
             window_start = start;
@@ -142,15 +165,33 @@ pub fn generate(
             break;
         }
         let hold = held_back(&generated[streamed..], &options.stop);
-        for &t in &generated[streamed..generated.len() - hold] {
-            on_token(t);
+        let ready = generated.len() - hold;
+        let flow = generated[streamed..ready]
+            .iter()
+            .try_for_each(|&t| on_token(t));
+        streamed = ready;
+        if flow.is_break() {
+            generated.truncate(streamed);
+            return Ok(generated);
         }
-        streamed = generated.len() - hold;
     }
-    for &t in &generated[streamed..] {
-        on_token(t);
-    }
+    let _ = generated[streamed..].iter().try_for_each(|&t| on_token(t));
     Ok(generated)
+}
+
+/// Where the context of the next step starts in a sequence of `len` tokens whose cached window
+/// starts at `current`: the last `block_size` tokens (sliding by one, nanoGPT's rule), or with
+/// [`GenerateOptions::context_shift`] the same start until the window is full, then the last
+/// half block.
+fn window(len: usize, current: usize, block_size: usize, options: &GenerateOptions) -> usize {
+    let sliding = len.saturating_sub(block_size);
+    if !options.context_shift || !options.use_cache {
+        return sliding;
+    }
+    match len - current > block_size {
+        true => len - (block_size / 2).max(1),
+        false => current.max(sliding),
+    }
 }
 
 impl Gpt {

@@ -32,7 +32,7 @@ pub use cpu::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use generate::{Decoder, GenerateOptions, generate};
+pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable};
 pub use gpt::Gpt;
 pub use loss::{IGNORE_INDEX, cross_entropy, cross_entropy_counted, kept_targets};
 pub use parameters::{ParamName, parameter_table};

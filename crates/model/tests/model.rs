@@ -7,9 +7,11 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use common::seeded;
+use std::ops::ControlFlow;
+
 use tinygpt_model::{
-    GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX, LossError,
-    ModelError, cross_entropy,
+    Decoder, GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX,
+    LossError, ModelError, cross_entropy, generate, generate_cancellable,
 };
 
 /// burn-ndarray is deprecated upstream in favour of flex; tinygpt still supports and tests it.
@@ -498,6 +500,130 @@ fn streams_and_stops() {
         .unwrap();
     assert_eq!(out, [2, 7]);
     assert_eq!(streamed, out);
+}
+
+/// A decoder that counts the tokens it runs and the times its cache is emptied.
+struct Counting<D> {
+    inner: D,
+    fed: usize,
+    clears: usize,
+}
+
+impl<D: Decoder> Decoder for Counting<D> {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn cached(&self) -> usize {
+        self.inner.cached()
+    }
+    fn clear(&mut self) {
+        self.clears += 1;
+        self.inner.clear()
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.fed += tokens.len();
+        self.inner.feed(tokens)
+    }
+}
+
+/// With `context_shift`, each token is the greedy choice of a plain forward pass over the
+/// window the rule names (the last half block once the block overflows), and the cache is
+/// rebuilt once per half block instead of at every step past the block.
+#[test]
+fn context_shift_rebuilds_once_per_half_block() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let model = GptConfig::new(20)
+        .with_block_size(16)
+        .with_n_layer(2)
+        .with_n_embd(32)
+        .init(&device)
+        .unwrap();
+    let greedy = GenerateOptions {
+        temperature: 0.0,
+        max_new_tokens: 62,
+        ..Default::default()
+    };
+    let shift = GenerateOptions {
+        context_shift: true,
+        ..greedy.clone()
+    };
+    let mut counting = Counting {
+        inner: model.decoder(),
+        fed: 0,
+        clears: 0,
+    };
+    let got = generate(&mut counting, &[1, 2], &shift, |_| {}).unwrap();
+
+    // The reference: the whole window through `forward`, no cache.
+    let mut tokens = vec![1u32, 2];
+    let mut start = 0;
+    for _ in 0..62 {
+        if tokens.len() - start > 16 {
+            start = tokens.len() - 8;
+        }
+        let window: Vec<i64> = tokens[start..].iter().map(|&t| t.into()).collect();
+        let logits = model
+            .forward(ints(&window, [1, window.len()], &device))
+            .unwrap();
+        let last = values(logits.slice([0..1, window.len() - 1..window.len(), 0..20]));
+        let best = (0..20)
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+            .unwrap();
+        tokens.push(best as u32);
+    }
+    assert_eq!(got, tokens[2..]);
+    // 64 tokens: 16 in the first window, then a rebuild of 8 every 8 tokens (6 of them).
+    assert_eq!(counting.clears, 1 + 6);
+    assert_eq!(counting.fed, 63 + 6 * 7);
+
+    // The exact rule rebuilds the whole window at every step past the block.
+    let mut exact = Counting {
+        inner: model.decoder(),
+        fed: 0,
+        clears: 0,
+    };
+    generate(&mut exact, &[1, 2], &greedy, |_| {}).unwrap();
+    assert_eq!(exact.clears, 1 + (63 - 16));
+    assert!(
+        exact.fed > 5 * counting.fed,
+        "{} vs {}",
+        exact.fed,
+        counting.fed
+    );
+}
+
+/// `on_token` returning `Break` ends generation there: the tokens so far are returned and the
+/// model runs no further.
+#[test]
+fn generation_can_be_cancelled() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let model = patterned_model(&device);
+    let options = GenerateOptions {
+        temperature: 0.0,
+        max_new_tokens: 40,
+        ..Default::default()
+    };
+    let mut counting = Counting {
+        inner: model.decoder(),
+        fed: 0,
+        clears: 0,
+    };
+    let mut seen = 0;
+    let out = generate_cancellable(&mut counting, &[1, 5], &options, |_| {
+        seen += 1;
+        match seen {
+            5 => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        }
+    })
+    .unwrap();
+    assert_eq!(out, [2, 7, 3, 5, 9]);
+    assert_eq!(counting.fed, 2 + 4, "the model ran past the cancellation");
 }
 
 #[test]

@@ -37,6 +37,8 @@ pub struct BenchResult {
     pub train_tokens_per_s: f64,
     pub sample_tokens: usize,
     pub sample_tokens_per_s: f64,
+    /// Whether sampling used [`GenerateOptions::context_shift`].
+    pub context_shift: bool,
     pub peak_rss_mib: Option<f64>,
 }
 
@@ -48,6 +50,8 @@ pub struct BenchArgs {
     pub iters: usize,
     pub warmup: usize,
     pub sample_tokens: usize,
+    /// Sample with the context shift instead of nanoGPT's exact sliding window.
+    pub context_shift: bool,
 }
 
 /// Every config on every backend, each result reported as soon as it is measured.
@@ -85,7 +89,7 @@ fn bench_one(
     let seconds = median_step(&mut engine, &data, config, args)?;
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
-    let (sampled, sample_seconds) = sampling(&mut engine, &placement, args.sample_tokens)?;
+    let (sampled, sample_seconds) = sampling(&mut engine, &placement, args)?;
     Ok(BenchResult {
         config: name.to_string(),
         backend: backend.name().to_string(),
@@ -98,6 +102,7 @@ fn bench_one(
         train_tokens_per_s: tokens / seconds,
         sample_tokens: sampled,
         sample_tokens_per_s: sampled as f64 / sample_seconds,
+        context_shift: args.context_shift,
         peak_rss_mib: peak_rss_mib(),
     })
 }
@@ -139,12 +144,13 @@ fn median_step(
 }
 
 /// Tokens sampled with the KV cache from a one-token prompt, and the seconds it took.
-fn sampling(engine: &mut Engine, placement: &Placement, tokens: usize) -> Result<(usize, f64)> {
+fn sampling(engine: &mut Engine, placement: &Placement, args: &BenchArgs) -> Result<(usize, f64)> {
     let inference = engine.model()?.valid();
     let options = GenerateOptions {
-        max_new_tokens: tokens,
+        max_new_tokens: args.sample_tokens,
         temperature: 0.8,
         top_k: None,
+        context_shift: args.context_shift,
         ..GenerateOptions::default()
     };
     let mut decoder = decoder(placement.engine, &inference, inference.vocab_size())?;

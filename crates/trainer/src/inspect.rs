@@ -20,19 +20,29 @@ pub struct AttentionMaps {
 }
 
 impl AttentionMaps {
+    /// The attention weights of `prompt`, which must fit in the model's block.
     pub fn compute(
         model: &Gpt,
         tokenizer: &Tokenizer,
         prompt: &str,
         device: &Device,
     ) -> Result<Self> {
-        let ids = tokenizer.encode(prompt)?;
+        Self::of_tokens(model, tokenizer, &tokenizer.encode(prompt)?, device)
+    }
+
+    /// [`compute`](Self::compute) for token ids.
+    pub fn of_tokens(
+        model: &Gpt,
+        tokenizer: &Tokenizer,
+        ids: &[u32],
+        device: &Device,
+    ) -> Result<Self> {
         if ids.is_empty() {
-            bail!("--prompt is empty");
+            bail!("the prompt is empty");
         }
         if ids.len() > model.block_size() {
             bail!(
-                "--prompt is {} tokens but the model's block_size is {}",
+                "the prompt is {} tokens but the model's block_size is {}",
                 ids.len(),
                 model.block_size()
             );

@@ -15,7 +15,8 @@
 //! - [`backend::Backend`]: the `--backend` names, each a device and an engine
 //!   ([`backend::Placement`]);
 //! - [`checkpoint::Run`]: a run directory, written atomically, checksummed ([`integrity`]) and
-//!   locked by its one writer ([`lock`]).
+//!   locked by its one writer ([`lock`]);
+//! - [`serve`]: the HTTP API and playground over a trained run.
 
 pub mod backend;
 pub mod bench;
@@ -35,6 +36,7 @@ pub mod optim;
 pub mod prepare;
 pub mod presets;
 pub mod progress;
+pub mod serve;
 pub mod session;
 pub mod tokenizer;
 pub mod tokens;

@@ -294,6 +294,33 @@ fn char_vocabulary(tokenizer: &tokenizers::Tokenizer) -> Option<Vec<char>> {
     itos.into_iter().collect()
 }
 
+/// Tokens to text as they come. Byte-level BPE tokens can end inside a character: tokens are
+/// held back until they decode cleanly, and only the held-back tail is decoded per token.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u32>,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The text that `id` completes, if any.
+    pub fn push(&mut self, id: u32) -> Option<String> {
+        self.pending.push(id);
+        let text = self.tokenizer.decode(&self.pending).ok()?;
+        if text.ends_with('\u{FFFD}') {
+            return None;
+        }
+        self.pending.clear();
+        Some(text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

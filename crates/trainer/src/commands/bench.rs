@@ -10,7 +10,7 @@ use tinygpt::bench::{self, BenchArgs};
 ///
 /// Training: the median of --iters real training steps (forward, backward, clipping, AdamW)
 /// after --warmup, on random tokens. Sampling: --sample-tokens from a one-token prompt with
-/// the KV cache. Run nothing else meanwhile: on a small machine contention distorts timings.
+/// the KV cache (past block_size, nanoGPT's sliding window unless --context-shift). Run nothing else meanwhile: on a small machine contention distorts timings.
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu"
@@ -28,6 +28,9 @@ pub struct Args {
     warmup: usize,
     #[arg(long, default_value_t = 500)]
     sample_tokens: usize,
+    /// Sample with the context shift (see `generate --context-shift`).
+    #[arg(long)]
+    context_shift: bool,
     /// JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -44,6 +47,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         iters: args.iters,
         warmup: args.warmup,
         sample_tokens: args.sample_tokens,
+        context_shift: args.context_shift,
     };
     bench::bench(&args, |result| {
         if json {

@@ -10,6 +10,7 @@ mod info;
 mod logits;
 mod params;
 mod prepare;
+mod serve;
 mod train;
 
 use std::path::Path;
@@ -41,6 +42,7 @@ enum Command {
     Eval(eval::Args),
     Info(info::Args),
     Attention(attention::Args),
+    Serve(serve::Args),
     Export(export::Args),
     Import(import::Args),
     Bench(bench::Args),
@@ -62,6 +64,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Logits(args) => logits::run(args),
         Command::Params(args) => params::run(args),
         Command::Prepare(args) => prepare::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

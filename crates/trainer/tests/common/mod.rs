@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: the real binary, a tiny model, run files.
 #![allow(dead_code)] // Each test file uses its own share of them.
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,106 @@
+//! `tinygpt serve`: the OpenAI-compatible HTTP API and the browser playground.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use tinygpt::backend::Backend;
+use tinygpt::checkpoint::Which;
+use tinygpt::serve::{Model, ServeOptions, serve};
+
+/// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
+///
+/// Routes: POST /v1/completions (OpenAI's request and response, `stream: true` for
+/// server-sent events; `top_k`, `repetition_penalty` and `context_shift` as extensions),
+/// GET /v1/models, POST /v1/attention (the attention weights of a prompt), GET /health, and
+/// the playground at /. Ctrl-C finishes the requests in flight, then stops.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  tinygpt serve --checkpoint runs/default\n  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"prompt\": \"Of Man'\\''s first\", \"max_tokens\": 100, \"temperature\": 0.8}'"
+)]
+pub struct Args {
+    /// Run directory written by `tinygpt train`.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+    /// Address to listen on. Anything but loopback needs --api-key.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port (0 = any free port; the one chosen is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every /v1 route (default: the environment
+    /// variable TINYGPT_API_KEY, which other users of the machine cannot read from `ps`).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Generations at once, each on its own thread with its own KV cache (default: one per
+    /// core).
+    #[arg(long, value_name = "N")]
+    max_concurrent: Option<usize>,
+    /// Requests that may wait for a free generation slot; beyond them, 429.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    queue: usize,
+    /// The largest `max_tokens` a request may ask for.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    max_tokens: usize,
+    /// The longest prompt in tokens (default: the model's block_size).
+    #[arg(long, value_name = "N")]
+    max_prompt_tokens: Option<usize>,
+    /// The largest request body in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// Default for requests that do not say: past block_size, refill the KV cache from the last
+    /// half block instead of nanoGPT's exact sliding window (see `generate --context-shift`).
+    #[arg(long)]
+    context_shift: bool,
+    #[arg(long, value_enum, default_value_t = Which::Best)]
+    which: Which,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let options = ServeOptions {
+        addr: SocketAddr::new(args.host, args.port),
+        api_key: args.api_key.or_else(|| {
+            std::env::var("TINYGPT_API_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+        }),
+        max_concurrent: args
+            .max_concurrent
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        queue: args.queue,
+        max_tokens: args.max_tokens,
+        max_prompt_tokens: 0,
+        max_body_bytes: args.max_body_bytes,
+        context_shift: args.context_shift,
+    };
+    // Flag mistakes first: loading a large model takes a while.
+    ServeOptions {
+        max_prompt_tokens: 1,
+        ..options.clone()
+    }
+    .validate()?;
+    let (run, placement, gpt, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let options = ServeOptions {
+        max_prompt_tokens: args.max_prompt_tokens.unwrap_or(gpt.block_size()),
+        ..options
+    };
+    let name = run
+        .dir
+        .file_name()
+        .map_or_else(|| "tinygpt".into(), |n| n.to_string_lossy().into_owned());
+    let model = Model {
+        gpt,
+        placement,
+        tokenizer: run.tokenizer,
+    };
+    let workers = options.max_concurrent;
+    serve(name.clone(), model, options, |addr| {
+        println!(
+            "tinygpt: serving {name} on http://{addr} ({workers} at once); playground at http://{addr}/"
+        );
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,119 @@
+//! `tinygpt serve`: an OpenAI-compatible completions API and a browser playground over one
+//! trained run.
+//!
+//! Requests arrive on tokio's threads (axum, [`routes`]); the model runs only on a fixed pool
+//! of worker threads ([`pool`]), each with its own KV cache, fed from a bounded queue: when the
+//! queue is full a request gets 429 at once instead of waiting without bound. A client that
+//! disconnects drops its event channel, and its generation stops at the next token.
+
+mod api;
+mod playground;
+mod pool;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+
+pub use pool::{Model, Stats};
+
+/// How the server listens and what it allows.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Where to listen; port 0 picks a free one (printed at start).
+    pub addr: SocketAddr,
+    /// Required as `Authorization: Bearer KEY` on every `/v1` route when set. A server that
+    /// listens beyond the loopback interface must have one.
+    pub api_key: Option<String>,
+    /// Generations at once (worker threads, each with its own KV cache).
+    pub max_concurrent: usize,
+    /// Requests that may wait for a worker; beyond that, 429.
+    pub queue: usize,
+    /// The largest `max_tokens` a request may ask for.
+    pub max_tokens: usize,
+    /// The longest prompt, in tokens.
+    pub max_prompt_tokens: usize,
+    /// The largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// The context shift for requests that do not say (see [`tinygpt_model::GenerateOptions`]).
+    pub context_shift: bool,
+}
+
+impl ServeOptions {
+    /// Refuses settings that cannot work, naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if !self.addr.ip().is_loopback() && self.api_key.is_none() {
+            bail!(
+                "--host {} makes the model reachable from the network: pass --api-key KEY too \
+                 (clients then send `Authorization: Bearer KEY`)",
+                self.addr.ip()
+            );
+        }
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            bail!("--api-key is empty");
+        }
+        for (flag, value) in [
+            ("--max-concurrent", self.max_concurrent),
+            ("--max-tokens", self.max_tokens),
+            ("--max-prompt-tokens", self.max_prompt_tokens),
+            ("--max-body-bytes", self.max_body_bytes),
+        ] {
+            if value == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves `model` (named `name` in the API) until Ctrl-C or SIGTERM, then lets in-flight
+/// requests finish. `on_listening` is told the bound address once requests can arrive.
+pub fn serve(
+    name: String,
+    model: Model,
+    options: ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    options.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_io()
+        .build()
+        .context("cannot start the server's runtime")?;
+    let model = Arc::new(model);
+    let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
+    let state = Arc::new(routes::State::new(name, &model, pool, options.clone()));
+    let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(options.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", options.addr))?;
+        on_listening(listener.local_addr()?);
+        axum::serve(listener, routes::router(state.clone()))
+            .with_graceful_shutdown(stop_signal())
+            .await
+            .context("the server stopped")
+    });
+    state.pool.shut_down();
+    result
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    futures_util::future::select(Box::pin(ctrl_c), Box::pin(term)).await;
+    eprintln!("serve: stopping: finishing the requests in flight");
+}

@@ -1,0 +1,280 @@
+//! The playground in a real browser: headless Chromium driven through the DevTools protocol.
+//! It loads the page, generates, sees the text stream in (equal to the API's for the same
+//! seed), clicks a token, sees the heatmaps drawn, checks a phone-sized screen, and saves a
+//! screenshot whose path it prints.
+//!
+//! Chromium: `TINYGPT_CHROMIUM`, else `chromium` or `chromium-browser` on the PATH. Without
+//! one the test is skipped with a message, except under CI (`CI` set), where it fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::server::Server;
+use common::*;
+use serde_json::{Value, json};
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("TINYGPT_CHROMIUM") {
+        return Some(path.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Headless Chromium and a DevTools session on its first page.
+struct Browser {
+    child: Child,
+    page: WebSocket<MaybeTlsStream<TcpStream>>,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn launch(binary: &Path) -> Self {
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = Command::new(binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--remote-debugging-port=0",
+                "--window-size=1200,900",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("chromium starts");
+        // "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/ID"
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let port = loop {
+            line.clear();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "chromium exited");
+            if let Some(rest) = line.trim().strip_prefix("DevTools listening on ws://") {
+                let host = rest.split('/').next().unwrap();
+                break host.rsplit(':').next().unwrap().to_string();
+            }
+        };
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        let mut list = ureq::get(format!("http://127.0.0.1:{port}/json/list"))
+            .call()
+            .unwrap();
+        let targets: Value =
+            serde_json::from_str(&list.body_mut().read_to_string().unwrap()).unwrap();
+        let page = targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page")
+            .expect("a page target");
+        let (page, _) =
+            tungstenite::connect(page["webSocketDebuggerUrl"].as_str().unwrap()).unwrap();
+        Self {
+            child,
+            page,
+            next_id: 0,
+            _profile: profile,
+        }
+    }
+
+    /// Sends a DevTools command and waits for its result (events in between are skipped).
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let message = json!({"id": id, "method": method, "params": params}).to_string();
+        self.page.send(Message::text(message)).unwrap();
+        loop {
+            let reply = self.page.read().unwrap();
+            let Ok(text) = reply.to_text() else { continue };
+            let reply: Value = serde_json::from_str(text).unwrap();
+            if reply["id"] == id {
+                assert!(reply["error"].is_null(), "{method}: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression (promises awaited).
+    fn eval(&mut self, expression: &str) -> Value {
+        let result = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+        );
+        assert!(
+            result["exceptionDetails"].is_null(),
+            "{expression}: {result}"
+        );
+        result["result"]["value"].clone()
+    }
+
+    /// Waits (up to 60 s) until `expression` is true.
+    fn wait_until(&mut self, what: &str, expression: &str) {
+        let start = Instant::now();
+        while self.eval(expression) != json!(true) {
+            let error = self.eval("document.getElementById('error').textContent");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what} (page error: {error})"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn screenshot(&mut self, path: &Path) {
+        let shot = self.call("Page.captureScreenshot", json!({"format": "png"}));
+        let png = data_encoding::BASE64
+            .decode(shot["data"].as_str().unwrap().as_bytes())
+            .unwrap();
+        assert!(png.starts_with(b"\x89PNG"));
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn playground_generates_and_draws_attention_in_a_browser() {
+    let Some(binary) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the browser test: install Debian's chromium package"
+        );
+        eprintln!("skipped: no chromium on the PATH (set TINYGPT_CHROMIUM to run this test)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A run of your own for a nicer screenshot: TINYGPT_PLAYGROUND_RUN=DIR.
+    let run = match std::env::var("TINYGPT_PLAYGROUND_RUN") {
+        Ok(run) => run,
+        Err(_) => {
+            ok(train(
+                dir,
+                "run",
+                &["--max-iters", "20", "--set", "train.learning_rate=1e-2"],
+            ));
+            "run".into()
+        }
+    };
+    let server = Server::start(dir, &run, &[]);
+    let mut browser = Browser::launch(&binary);
+    browser.call("Page.enable", json!({}));
+    browser.call("Page.navigate", json!({"url": format!("{}/", server.url)}));
+    browser.wait_until(
+        "the model info",
+        "document.getElementById('layer').options.length > 0",
+    );
+    let info = browser.eval("document.getElementById('model-info').textContent");
+    assert!(info.as_str().unwrap().contains("block_size"), "{info}");
+    let key_field = browser.eval("getComputedStyle(document.getElementById('key-label')).display");
+    assert_eq!(
+        key_field, "none",
+        "no API key field when the server needs none"
+    );
+
+    // Generate: the text streams into the page, equal to the API's for the same settings.
+    browser.eval(
+        "document.getElementById('prompt').value = 'Of Man';
+         document.getElementById('seed').value = '7';
+         document.getElementById('max_tokens').value = '12';
+         document.getElementById('generate').click(); true",
+    );
+    browser.wait_until(
+        "the generated text and the heatmaps",
+        "document.getElementById('status').textContent.includes('tokens in') &&
+         document.getElementById('heatmaps').dataset.drawn !== undefined",
+    );
+    let shown = browser.eval("document.getElementById('out-text').textContent");
+    let (_, api) = server.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Of Man", "seed": 7, "max_tokens": 12, "temperature": 0.8,
+                "top_k": 200, "top_p": 1, "repetition_penalty": 1}),
+    );
+    assert_eq!(shown, api["choices"][0]["text"]);
+    assert!(!shown.as_str().unwrap().is_empty());
+
+    // Click a token: it is focused, the earlier tokens are shaded by its weights, the later
+    // ones are marked as masked.
+    browser.eval("document.querySelector('#tokens span[data-i=\"3\"]').click(); true");
+    let focus = browser.eval("document.getElementById('focus').textContent");
+    assert!(focus.as_str().unwrap().starts_with("token 3 "), "{focus}");
+    let shading = browser.eval(
+        "[...document.querySelectorAll('#tokens span')].map(s =>
+           s.classList.contains('future') ? 'future' : (s.style.background ? 'shaded' : 'plain'))",
+    );
+    let shading: Vec<&str> = shading
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert_eq!(&shading[..4], ["shaded"; 4], "{shading:?}");
+    assert!(shading[4..].iter().all(|s| *s == "future"), "{shading:?}");
+
+    // One head: one heatmap with coloured cells below the diagonal and none above it.
+    browser.eval(
+        "const h = document.getElementById('head'); h.value = '1';
+         h.dispatchEvent(new Event('change')); true",
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('heatmaps').dataset.drawn"),
+        "1"
+    );
+    let pixels = browser.eval(
+        "(() => { const c = document.querySelector('#heatmaps canvas');
+           const n = document.querySelectorAll('#tokens span').length;
+           const cell = c.width / n, d = c.getContext('2d');
+           const at = (q, k) => Array.from(d.getImageData(k * cell + cell / 2, q * cell + cell / 2, 1, 1).data);
+           return { below: at(n - 1, 0), diagonal: at(0, 0), above: at(0, n - 1) }; })()",
+    );
+    assert_eq!(
+        pixels["above"],
+        json!([255, 255, 255, 255]),
+        "masked cells stay white"
+    );
+    assert_eq!(
+        pixels["diagonal"],
+        json!([0, 0, 255, 255]),
+        "token 0 attends only to itself"
+    );
+    assert_ne!(pixels["below"], json!([255, 255, 255, 255]));
+
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("playground.png");
+    browser.screenshot(&path);
+    println!("screenshot: {}", path.display());
+
+    // A phone-sized screen: nothing wider than the screen.
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": true}),
+    );
+    let width = browser.eval("document.documentElement.scrollWidth");
+    assert!(
+        width.as_u64().unwrap() <= 390,
+        "the page is {width} px wide on a 390 px screen"
+    );
+    let phone = path.with_file_name("playground-phone.png");
+    browser.screenshot(&phone);
+    println!("screenshot: {}", phone.display());
+}

@@ -1,0 +1,478 @@
+//! `tinygpt serve` through a real HTTP client on an ephemeral loopback port: OpenAI's
+//! completions (whole and streamed) equal to `tinygpt generate`, every 4xx, 429 under a burst,
+//! cancellation when a client disconnects, 50 concurrent streams, and the attention route.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+
+use common::server::Server;
+use common::*;
+use serde_json::{Value, json};
+
+/// A tiny trained run in `dir/run`.
+fn trained(dir: &Path) {
+    ok(train(
+        dir,
+        "run",
+        &["--max-iters", "20", "--set", "train.learning_rate=1e-2"],
+    ));
+}
+
+fn text(completion: &Value) -> &str {
+    completion["choices"][0]["text"].as_str().unwrap()
+}
+
+#[test]
+fn completions_equal_generate_whole_and_streamed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(dir, "run", &["--backend", "fused"]);
+    let request = json!({
+        "model": "anything", "prompt": "Of Man", "max_tokens": 60, "temperature": 0.8,
+        "top_k": 20, "seed": 7,
+    });
+    let (status, completion) = server.post_json("/v1/completions", &request);
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(completion["object"], "text_completion");
+    assert_eq!(completion["model"], "run");
+    assert_eq!(completion["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        completion["usage"],
+        json!({"prompt_tokens": 6, "completion_tokens": 60, "total_tokens": 66})
+    );
+    let generated = text(&completion);
+    assert_eq!(
+        generated.chars().count(),
+        60,
+        "char tokenizer: a token is a character"
+    );
+
+    // The same seed and settings as `tinygpt generate`.
+    let cli = ok(tinygpt(
+        dir,
+        &[
+            "generate",
+            "--checkpoint",
+            "run",
+            "--prompt",
+            "Of Man",
+            "--max-new-tokens",
+            "60",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "20",
+            "--seed",
+            "7",
+            "--backend",
+            "fused",
+        ],
+    ));
+    assert_eq!(cli, format!("Of Man{generated}\n"));
+
+    // Streamed: the same text in pieces, a finish chunk, the usage chunk, then [DONE].
+    let mut streaming = request.clone();
+    streaming["stream"] = json!(true);
+    streaming["stream_options"] = json!({"include_usage": true});
+    let (streamed, events) = server.stream(&streaming);
+    assert_eq!(streamed, generated);
+    assert!(events.len() >= 60, "{} chunks", events.len());
+    let finish = &events[events.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = events.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 60);
+    assert!(events.iter().all(|e| e["id"] == events[0]["id"]));
+
+    // A stop sequence ends the text before it, with finish_reason "stop".
+    let cut = generated.char_indices().nth(30).unwrap().0;
+    let stop: String = generated[cut..].chars().take(3).collect();
+    let mut stopping = request.clone();
+    stopping["stop"] = json!([stop]);
+    let (_, stopped) = server.post_json("/v1/completions", &stopping);
+    let stopped_text = text(&stopped);
+    assert!(generated.starts_with(stopped_text) && stopped_text.len() <= cut);
+    assert!(!stopped_text.contains(&stop));
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    // Prompts as token ids, and the context shift past block_size.
+    let ids: Vec<u32> = vec![0, 1, 2];
+    let (status, by_ids) = server.post_json(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 40, "seed": 1, "context_shift": true}),
+    );
+    assert_eq!(status, 200, "{by_ids}");
+    assert_eq!(by_ids["usage"]["completion_tokens"], 40);
+
+    let (status, models) = server.post_json("/v1/models", &json!({}));
+    assert_eq!(status, 405, "{models}");
+    let (status, kind, models) = server.get("/v1/models", None);
+    assert_eq!((status, kind.as_str()), (200, "application/json"));
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "run");
+    let health = server.health();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["block_size"], 16);
+    assert_eq!(health["stats"]["completed"], 4);
+    let (status, kind, page) = server.get("/", None);
+    assert_eq!((status, kind.as_str()), (200, "text/html; charset=utf-8"));
+    assert!(page.contains("tinygpt playground"));
+    assert!(
+        server
+            .get("/playground.js", None)
+            .1
+            .starts_with("text/javascript")
+    );
+}
+
+/// Every bad request is a 4xx with OpenAI's error shape and a message naming the problem.
+#[test]
+fn bad_requests_get_openai_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(
+        dir,
+        "run",
+        &["--max-tokens", "100", "--max-body-bytes", "2000"],
+    );
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (
+            "/v1/completions",
+            "{\"prompt\": \"Of".into(),
+            400,
+            "not valid",
+        ),
+        ("/v1/completions", String::new(), 400, "no body"),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "logit_bias": {}}).to_string(),
+            400,
+            "unknown field `logit_bias`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "temperature": "hot"}).to_string(),
+            400,
+            "invalid type: string \"hot\"",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": 7}).to_string(),
+            400,
+            "`prompt` must be a string",
+        ),
+        (
+            "/v1/completions",
+            json!({"max_tokens": 5}).to_string(),
+            400,
+            "missing field `prompt`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "max_tokens": 101}).to_string(),
+            400,
+            "between 1 and 100",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "max_tokens": 0}).to_string(),
+            400,
+            "between 1 and 100",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of Man's first disobedience"}).to_string(),
+            400,
+            "the prompt is 27 tokens; this server takes at most 16",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of \u{1F600}"}).to_string(),
+            400,
+            "never occurs in the training corpus",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ""}).to_string(),
+            400,
+            "the prompt is empty",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 99999]}).to_string(),
+            400,
+            "token id 99999 is outside",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ["a", "b"]}).to_string(),
+            400,
+            "only one prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "n": 2}).to_string(),
+            400,
+            "only `n: 1`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "top_p": 0}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "stop": ""}).to_string(),
+            400,
+            "stop sequence is empty",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Of", "stream_options": {"include_usage": true}}).to_string(),
+            400,
+            "only allowed with `stream: true`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(3000)}).to_string(),
+            413,
+            "larger than the server's limit of 2000 bytes",
+        ),
+        (
+            "/v1/attention",
+            json!({"prompt": "Of", "layer": 1}).to_string(),
+            400,
+            "layer 1 does not exist",
+        ),
+        (
+            "/v1/attention",
+            json!({"prompt": "Of Man's first disobedience"}).to_string(),
+            400,
+            "send `truncate: true`",
+        ),
+        ("/v1/nothing", "{}".into(), 404, "no such route"),
+    ];
+    for (path, body, status, message) in cases {
+        let (got, text) = server.post(path, &body, None);
+        let error: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{path} {body}: not JSON ({e}): {text}"));
+        assert_eq!(got, status, "{path} {body}: {text}");
+        let error = &error["error"];
+        let message_got = error["message"].as_str().unwrap();
+        assert!(
+            message_got.contains(message),
+            "{path} {body}: {message_got}"
+        );
+        assert_eq!(error["type"], "invalid_request_error", "{text}");
+        assert!(!message_got.contains('\n'), "{message_got}");
+    }
+    // The server is still fine afterwards.
+    let (status, _) = server.post_json("/v1/completions", &json!({"prompt": "Of"}));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn api_key_is_checked_and_required_off_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    fails(
+        tinygpt(dir, &["serve", "--checkpoint", "run", "--host", "0.0.0.0"]),
+        "--host 0.0.0.0 makes the model reachable from the network: pass --api-key KEY",
+    );
+    fails(
+        tinygpt(dir, &["serve", "--checkpoint", "missing"]),
+        "checkpoint missing does not exist",
+    );
+    let server = Server::start(dir, "run", &["--api-key", "sesame"]);
+    let body = json!({"prompt": "Of", "max_tokens": 3}).to_string();
+    for key in [None, Some("wrong")] {
+        let (status, text) = server.post("/v1/completions", &body, key);
+        assert_eq!(status, 401, "{text}");
+        assert!(text.contains("\"authentication_error\""), "{text}");
+        assert_eq!(server.get("/v1/models", key).0, 401);
+        assert_eq!(server.post("/v1/attention", &body, key).0, 401);
+    }
+    assert_eq!(server.post("/v1/completions", &body, Some("sesame")).0, 200);
+    assert_eq!(server.get("/v1/models", Some("sesame")).0, 200);
+    // The playground and the health check need no key.
+    assert_eq!(server.get("/", None).0, 200);
+    assert_eq!(server.health()["api_key_required"], true);
+}
+
+/// A streaming request written by hand on a socket, read until its first token arrives.
+fn open_stream(server: &Server, max_tokens: usize) -> TcpStream {
+    let body = json!({"prompt": "Of", "max_tokens": max_tokens, "stream": true}).to_string();
+    let mut socket = TcpStream::connect(server.host()).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        server.host(),
+        body.len()
+    )
+    .unwrap();
+    socket
+}
+
+fn read_until(socket: &mut TcpStream, needle: &str) {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = socket.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed before {needle:?}: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// One worker and a queue of one: a third request gets 429 at once. A client that disconnects
+/// stops its generation (the counter and the log say so), and the queued one then runs.
+#[test]
+fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(
+        dir,
+        "run",
+        &[
+            "--max-concurrent",
+            "1",
+            "--queue",
+            "1",
+            "--max-tokens",
+            "10000000",
+        ],
+    );
+    let mut running = open_stream(&server, 10_000_000);
+    read_until(&mut running, "data: {");
+    let mut queued = open_stream(&server, 10_000_000);
+    server.wait_for("one queued", |h| h["stats"]["queued"] == 1);
+
+    let (status, text) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Of", "max_tokens": 5}).to_string(),
+        None,
+    );
+    assert_eq!(status, 429, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["type"], "rate_limit_error");
+    assert_eq!(error["error"]["code"], "queue_full");
+    assert_eq!(server.health()["stats"]["rejected"], 1);
+
+    drop(running);
+    let health = server.wait_for("the first cancelled", |h| h["stats"]["cancelled"] == 1);
+    assert_eq!(health["stats"]["completed"], 0);
+    read_until(&mut queued, "data: {");
+    drop(queued);
+    let health = server.wait_for("both cancelled, nothing running", |h| {
+        h["stats"]["cancelled"] == 2 && h["stats"]["active"] == 0
+    });
+    // Far fewer tokens than asked for were generated.
+    assert!(
+        health["stats"]["tokens"].as_u64().unwrap() < 2_000_000,
+        "{health}"
+    );
+    assert!(server.log.lock().unwrap().contains("cancelled after"));
+    // The worker is free again.
+    let (status, _) =
+        server.post_json("/v1/completions", &json!({"prompt": "Of", "max_tokens": 5}));
+    assert_eq!(status, 200);
+}
+
+/// 50 clients stream at once; each gets the text its seed gives when asked alone.
+#[test]
+fn fifty_concurrent_streaming_clients_get_their_own_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(dir, "run", &["--max-concurrent", "4", "--queue", "64"]);
+    let request =
+        |seed: usize| json!({"prompt": "Of", "max_tokens": 40, "seed": seed, "stream": true});
+    let streamed: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..50)
+            .map(|seed| {
+                let server = &server;
+                scope.spawn(move || server.stream(&request(seed)).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (seed, text) in streamed.iter().enumerate() {
+        let mut alone = request(seed);
+        alone["stream"] = json!(false);
+        let (_, completion) = server.post_json("/v1/completions", &alone);
+        assert_eq!(
+            text,
+            completion["choices"][0]["text"].as_str().unwrap(),
+            "seed {seed}"
+        );
+    }
+    let distinct: std::collections::HashSet<_> = streamed.iter().collect();
+    assert!(distinct.len() > 40, "seeds should give different texts");
+    assert_eq!(server.health()["stats"]["completed"], 100);
+}
+
+/// The attention route: the causal rows of every layer and head, each summing to 1; one layer
+/// and head is the same slice; a long prompt is truncated to its last block_size tokens.
+#[test]
+fn attention_route_gives_causal_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(dir, "run", &[]);
+    let (status, all) = server.post_json("/v1/attention", &json!({"prompt": "Of Man"}));
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all["tokens"], json!(["O", "f", " ", "M", "a", "n"]));
+    assert_eq!(all["layers"], json!([0]));
+    assert_eq!(all["heads"], json!([0, 1]));
+    for head in all["attention"][0].as_array().unwrap() {
+        let rows = head.as_array().unwrap();
+        assert_eq!(rows.len(), 6);
+        for (q, row) in rows.iter().enumerate() {
+            let row: Vec<f64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_f64().unwrap())
+                .collect();
+            assert_eq!(row.len(), q + 1, "row {q} holds keys 0..={q} only");
+            assert!(
+                (row.iter().sum::<f64>() - 1.0).abs() < 1e-3,
+                "row {q}: {row:?}"
+            );
+        }
+        assert_eq!(
+            rows[0],
+            json!([1.0]),
+            "the first token can only attend to itself"
+        );
+    }
+    let (_, one) = server.post_json(
+        "/v1/attention",
+        &json!({"prompt": "Of Man", "layer": 0, "head": 1}),
+    );
+    assert_eq!(one["attention"][0][0], all["attention"][0][1]);
+    let long = "Of Man's first disobedience";
+    let (status, cut) =
+        server.post_json("/v1/attention", &json!({"prompt": long, "truncate": true}));
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(cut["truncated"], 27 - 16);
+    let tokens: String = cut["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, &long[11..]);
+}

@@ -110,27 +110,32 @@ impl Browser {
         }
     }
 
-    /// The value of a JavaScript expression (promises awaited).
-    fn eval(&mut self, expression: &str) -> Value {
+    /// The value of a JavaScript expression (promises awaited), or the exception it threw.
+    fn try_eval(&mut self, expression: &str) -> Result<Value, Value> {
         let result = self.call(
             "Runtime.evaluate",
             json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
         );
-        assert!(
-            result["exceptionDetails"].is_null(),
-            "{expression}: {result}"
-        );
-        result["result"]["value"].clone()
+        match result["exceptionDetails"].is_null() {
+            true => Ok(result["result"]["value"].clone()),
+            false => Err(result),
+        }
     }
 
-    /// Waits (up to 60 s) until `expression` is true.
+    fn eval(&mut self, expression: &str) -> Value {
+        self.try_eval(expression)
+            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+    }
+
+    /// Waits (up to 60 s) until `expression` is true; until then it may throw (the page may
+    /// still be loading).
     fn wait_until(&mut self, what: &str, expression: &str) {
         let start = Instant::now();
-        while self.eval(expression) != json!(true) {
-            let error = self.eval("document.getElementById('error').textContent");
+        while self.try_eval(expression) != Ok(json!(true)) {
+            let error = self.try_eval("document.getElementById('error').textContent");
             assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "timed out waiting for {what} (page error: {error})"
+                "timed out waiting for {what} (page error: {error:?})"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -166,15 +171,12 @@ fn playground_generates_and_draws_attention_in_a_browser() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     // A run of your own for a nicer screenshot: TINYGPT_PLAYGROUND_RUN=DIR.
-    let run = match std::env::var("TINYGPT_PLAYGROUND_RUN") {
-        Ok(run) => run,
+    let (run, prompt, max_tokens) = match std::env::var("TINYGPT_PLAYGROUND_RUN") {
+        Ok(run) => (run, "Of Man's first disobedience", 160),
         Err(_) => {
-            ok(train(
-                dir,
-                "run",
-                &["--max-iters", "20", "--set", "train.learning_rate=1e-2"],
-            ));
-            "run".into()
+            let args = ["--max-iters", "20", "--set", "train.learning_rate=1e-2"];
+            ok(train(dir, "run", &args));
+            ("run".to_string(), "Of Man", 12)
         }
     };
     let server = Server::start(dir, &run, &[]);
@@ -194,12 +196,12 @@ fn playground_generates_and_draws_attention_in_a_browser() {
     );
 
     // Generate: the text streams into the page, equal to the API's for the same settings.
-    browser.eval(
-        "document.getElementById('prompt').value = 'Of Man';
+    browser.eval(&format!(
+        "document.getElementById('prompt').value = {prompt:?};
          document.getElementById('seed').value = '7';
-         document.getElementById('max_tokens').value = '12';
-         document.getElementById('generate').click(); true",
-    );
+         document.getElementById('max_tokens').value = '{max_tokens}';
+         document.getElementById('generate').click(); true"
+    ));
     browser.wait_until(
         "the generated text and the heatmaps",
         "document.getElementById('status').textContent.includes('tokens in') &&
@@ -208,7 +210,7 @@ fn playground_generates_and_draws_attention_in_a_browser() {
     let shown = browser.eval("document.getElementById('out-text').textContent");
     let (_, api) = server.post_json(
         "/v1/completions",
-        &json!({"prompt": "Of Man", "seed": 7, "max_tokens": 12, "temperature": 0.8,
+        &json!({"prompt": prompt, "seed": 7, "max_tokens": max_tokens, "temperature": 0.8,
                 "top_k": 200, "top_p": 1, "repetition_penalty": 1}),
     );
     assert_eq!(shown, api["choices"][0]["text"]);
@@ -246,19 +248,24 @@ fn playground_generates_and_draws_attention_in_a_browser() {
            const n = document.querySelectorAll('#tokens span').length;
            const cell = c.width / n, d = c.getContext('2d');
            const at = (q, k) => Array.from(d.getImageData(k * cell + cell / 2, q * cell + cell / 2, 1, 1).data);
-           return { below: at(n - 1, 0), diagonal: at(0, 0), above: at(0, n - 1) }; })()",
+           const white = (p) => p[0] === 255 && p[1] === 255 && p[2] === 255;
+           let coloured = [0, 0];
+           for (let q = 0; q < n; q++)
+             for (let k = 0; k < n; k++) if (!white(at(q, k))) coloured[k > q ? 1 : 0]++;
+           let rows = 0;
+           for (let q = 0; q < n; q++) if ([...Array(q + 1).keys()].some((k) => !white(at(q, k)))) rows++;
+           return { n, rows, below: coloured[0], above: coloured[1], diagonal: at(0, 0) }; })()",
     );
+    assert_eq!(pixels["above"], 0, "masked cells stay white: {pixels}");
     assert_eq!(
-        pixels["above"],
-        json!([255, 255, 255, 255]),
-        "masked cells stay white"
+        pixels["rows"], pixels["n"],
+        "every row has weight somewhere: {pixels}"
     );
     assert_eq!(
         pixels["diagonal"],
         json!([0, 0, 255, 255]),
         "token 0 attends only to itself"
     );
-    assert_ne!(pixels["below"], json!([255, 255, 255, 255]));
 
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("playground.png");
     browser.screenshot(&path);

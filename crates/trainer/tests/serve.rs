@@ -390,6 +390,39 @@ fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
     assert_eq!(status, 200);
 }
 
+/// Ctrl-C lets a streaming request finish, then the server exits cleanly and takes no more.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_finishes_the_requests_in_flight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let mut server = Server::start(dir, "run", &["--max-tokens", "100000"]);
+    let host = server.host().to_string();
+    let mut socket = open_stream(&server, 20_000);
+    read_until(&mut socket, "data: {");
+    server.interrupt();
+    // Read the rest while the server drains: it waits for a slow reader.
+    let mut rest = String::new();
+    socket.read_to_string(&mut rest).unwrap();
+    let status = server.wait();
+    let log = server.log.lock().unwrap().clone();
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(
+        rest.contains("\"finish_reason\":\"length\""),
+        "the stream was cut: {rest:.200}"
+    );
+    assert!(rest.contains("data: [DONE]"));
+    // The signal came while the generation ran, and the generation still finished.
+    let stopping = log.find("stopping").expect("a stopping line");
+    let finished = log.find("+ 20000 tokens").expect("the generation finished");
+    assert!(stopping < finished, "{log}");
+    assert!(
+        TcpStream::connect(host).is_err(),
+        "still listening after Ctrl-C"
+    );
+}
+
 /// 50 clients stream at once; each gets the text its seed gives when asked alone.
 #[test]
 fn fifty_concurrent_streaming_clients_get_their_own_text() {

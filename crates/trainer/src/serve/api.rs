@@ -78,10 +78,10 @@ pub enum Stop {
 }
 
 impl Stop {
-    pub fn into_vec(self) -> Vec<String> {
+    pub fn to_vec(&self) -> Vec<String> {
         match self {
-            Self::One(s) => vec![s],
-            Self::Many(v) => v,
+            Self::One(s) => vec![s.clone()],
+            Self::Many(v) => v.clone(),
         }
     }
 }

@@ -1,12 +1,14 @@
 //! `tinygpt serve`: an OpenAI-compatible completions API and a browser playground over one
 //! trained run.
 //!
-//! Requests arrive on tokio's threads (axum, [`routes`]); the model runs only on a fixed pool
+//! Requests arrive on tokio's threads (axum: [`routes`], [`completions`], [`attention`]); the model runs only on a fixed pool
 //! of worker threads ([`pool`]), each with its own KV cache, fed from a bounded queue: when the
 //! queue is full a request gets 429 at once instead of waiting without bound. A client that
 //! disconnects drops its event channel, and its generation stops at the next token.
 
 mod api;
+mod attention;
+mod completions;
 mod playground;
 mod pool;
 mod routes;

@@ -61,6 +61,18 @@ impl Server {
         }
     }
 
+    /// Sends SIGINT, as Ctrl-C does.
+    pub fn interrupt(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits for the process to end: its exit status.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
     /// `host:port`.
     pub fn host(&self) -> &str {
         self.url.trim_start_matches("http://")

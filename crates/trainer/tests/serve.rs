@@ -384,6 +384,23 @@ fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
         "{health}"
     );
     assert!(server.log.lock().unwrap().contains("cancelled after"));
+    // A whole (not streamed) completion is cancelled the same way.
+    let body = json!({"prompt": "Of", "max_tokens": 10_000_000}).to_string();
+    let mut whole = TcpStream::connect(server.host()).unwrap();
+    write!(
+        whole,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    server.wait_for("the whole completion running", |h| {
+        h["stats"]["active"] == 1
+    });
+    drop(whole);
+    server.wait_for("the whole completion cancelled", |h| {
+        h["stats"]["cancelled"] == 3 && h["stats"]["active"] == 0
+    });
     // The worker is free again.
     let (status, _) =
         server.post_json("/v1/completions", &json!({"prompt": "Of", "max_tokens": 5}));

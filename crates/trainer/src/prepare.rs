@@ -625,25 +625,32 @@ fn encode_all(
             if batch.is_empty() {
                 break;
             }
-            let encoded: Vec<Result<Vec<u32>>> = std::thread::scope(|scope| {
+            // Each thread encodes its chunk into the file's bytes: (token count, bytes).
+            let encoded: Vec<Result<(usize, Vec<u8>)>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = batch
                     .iter()
-                    .map(|chunk| scope.spawn(move || tokenizer.encode(chunk)))
+                    .map(|chunk| {
+                        scope.spawn(move || {
+                            let ids = tokenizer.encode(chunk)?;
+                            let mut bytes = Vec::new();
+                            width.encode_into(&ids, &mut bytes);
+                            Ok((ids.len(), bytes))
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()
                     .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                     .collect()
             });
-            let mut bytes = Vec::new();
-            for (chunk, ids) in batch.iter().zip(encoded) {
-                let ids = ids.with_context(|| format!("corpus {}", source.name))?;
-                width.encode_into(&ids, &mut bytes);
-                *count += ids.len() as u64;
+            for (chunk, result) in batch.iter().zip(encoded) {
+                let (tokens, bytes) = result.with_context(|| format!("corpus {}", source.name))?;
+                out.write_all(&bytes).with_context(|| {
+                    format!("cannot write the token files in {}", dir.display())
+                })?;
+                *count += tokens as u64;
                 bar.inc(chunk.len() as u64);
             }
-            out.write_all(&bytes)
-                .with_context(|| format!("cannot write the token files in {}", dir.display()))?;
         }
     }
     for (name, file) in [(TRAIN, &mut train), (VAL, &mut val)] {
@@ -721,7 +728,7 @@ impl<R: Read> Chunks<R> {
                 ),
                 Err(e) => e.valid_up_to(),
             };
-            if let Some(at) = self.buf[..valid].iter().position(|&b| b == 0) {
+            if let Some(at) = memchr::memchr(0, &self.buf[..valid]) {
                 bail!(
                     "a NUL byte at byte {} (a binary file?)",
                     self.offset + at as u64
@@ -776,11 +783,10 @@ fn word_cut(text: &str) -> Option<usize> {
 /// Adds the characters of `text` to `chars`; ASCII through a table (a set insert per byte
 /// would make the scan many times slower).
 fn add_chars(text: &str, chars: &mut BTreeSet<char>) {
-    let mut seen = [false; 128];
+    // Every byte marks its slot, with no branch: non-ASCII bytes land in the upper half.
+    let mut seen = [false; 256];
     for &b in text.as_bytes() {
-        if b < 128 {
-            seen[b as usize] = true;
-        }
+        seen[b as usize] = true;
     }
     chars.extend((0..128u8).filter(|&b| seen[b as usize]).map(char::from));
     if !text.is_ascii() {

@@ -113,22 +113,16 @@ impl Tokenizer {
     /// it and its position.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
-            Self::Char { stoi, ascii, .. } => text
-                .chars()
-                .enumerate()
-                .map(|(i, c)| {
-                    let id = match c.is_ascii() {
-                        true => Some(ascii[c as usize]).filter(|&id| id != u32::MAX),
-                        false => stoi.get(&c).copied(),
-                    };
-                    id.ok_or_else(|| {
-                        anyhow!(
-                            "character {c:?} (position {i}) never occurs in the training corpus, \
-                             so the char tokenizer has no id for it"
-                        )
-                    })
-                })
-                .collect(),
+            // ASCII text (most of it) through the table alone; an unknown byte falls through to
+            // the general path, which names it.
+            Self::Char { stoi, ascii, .. } if text.is_ascii() => {
+                let ids: Vec<u32> = text.bytes().map(|b| ascii[b as usize]).collect();
+                match ids.contains(&u32::MAX) {
+                    false => Ok(ids),
+                    true => encode_chars(stoi, ascii, text),
+                }
+            }
+            Self::Char { stoi, ascii, .. } => encode_chars(stoi, ascii, text),
             Self::Bpe(t) => Ok(t
                 .encode(text, false)
                 .map_err(|e| anyhow!("BPE encoding failed: {e}"))?
@@ -294,6 +288,26 @@ fn char_vocabulary(tokenizer: &tokenizers::Tokenizer) -> Option<Vec<char>> {
     itos.into_iter().collect()
 }
 
+/// [`Tokenizer::encode`] for `char`, a character at a time; the error names the first
+/// character without an id and its position.
+fn encode_chars(stoi: &HashMap<char, u32>, ascii: &[u32; 128], text: &str) -> Result<Vec<u32>> {
+    text.chars()
+        .enumerate()
+        .map(|(i, c)| {
+            let id = match c.is_ascii() {
+                true => Some(ascii[c as usize]).filter(|&id| id != u32::MAX),
+                false => stoi.get(&c).copied(),
+            };
+            id.ok_or_else(|| {
+                anyhow!(
+                    "character {c:?} (position {i}) never occurs in the training corpus, so the \
+                     char tokenizer has no id for it"
+                )
+            })
+        })
+        .collect()
+}
+
 /// Tokens to text as they come. Byte-level BPE tokens can end inside a character: tokens are
 /// held back until they decode cleanly, and only the held-back tail is decoded per token.
 pub struct TextStream<'a> {
@@ -365,6 +379,11 @@ mod tests {
         assert!(err.contains("'p'") && err.contains("position 3"), "{err}");
         let back = Tokenizer::from_json(&t.to_json().unwrap()).unwrap();
         assert_eq!(back.chars(), t.chars());
+        // Text that is not all ASCII takes the character-by-character path: same ids.
+        let accented = Tokenizer::train(TokenizerKind::Char, "héllo world", 0).unwrap();
+        assert_eq!(accented.encode("hé").unwrap(), vec![2, 7]);
+        let err = accented.encode("he").unwrap_err().to_string();
+        assert!(err.contains("'e' (position 1)"), "{err}");
     }
 
     #[test]

@@ -135,12 +135,56 @@ fn bad_requests_get_openai_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     trained(dir);
-    let server = Server::start(
-        dir,
-        "run",
-        &["--max-tokens", "100", "--max-body-bytes", "2000"],
-    );
-    let cases: Vec<(&str, String, u16, &str)> = vec![
+    let args = ["--max-tokens", "100", "--max-body-bytes", "2000"];
+    let server = Server::start(dir, "run", &args);
+    // Bodies of /v1/completions that are valid JSON, each with one mistake: 400.
+    let long = "Of Man's first disobedience";
+    let invalid = [
+        (
+            json!({"prompt": "Of", "logit_bias": {}}),
+            "unknown field `logit_bias`",
+        ),
+        (
+            json!({"prompt": "Of", "temperature": "hot"}),
+            "invalid type: string \"hot\"",
+        ),
+        (json!({"prompt": 7}), "`prompt` must be a string"),
+        (json!({"max_tokens": 5}), "missing field `prompt`"),
+        (
+            json!({"prompt": "Of", "max_tokens": 101}),
+            "between 1 and 100",
+        ),
+        (
+            json!({"prompt": "Of", "max_tokens": 0}),
+            "between 1 and 100",
+        ),
+        (
+            json!({"prompt": long}),
+            "the prompt is 27 tokens; this server takes at most 16",
+        ),
+        (
+            json!({"prompt": "Of \u{1F600}"}),
+            "never occurs in the training corpus",
+        ),
+        (json!({"prompt": ""}), "the prompt is empty"),
+        (json!({"prompt": [1, 99999]}), "token id 99999 is outside"),
+        (json!({"prompt": ["a", "b"]}), "only one prompt"),
+        (json!({"prompt": "Of", "n": 2}), "only `n: 1`"),
+        (json!({"prompt": "Of", "top_p": 0}), "top_p"),
+        (
+            json!({"prompt": "Of", "stop": ""}),
+            "stop sequence is empty",
+        ),
+        (
+            json!({"prompt": "Of", "stream_options": {}}),
+            "only allowed with `stream: true`",
+        ),
+    ];
+    let mut cases: Vec<(&str, String, u16, &str)> = invalid
+        .iter()
+        .map(|(body, message)| ("/v1/completions", body.to_string(), 400, *message))
+        .collect();
+    cases.extend([
         (
             "/v1/completions",
             "{\"prompt\": \"Of".into(),
@@ -150,97 +194,7 @@ fn bad_requests_get_openai_errors() {
         ("/v1/completions", String::new(), 400, "no body"),
         (
             "/v1/completions",
-            json!({"prompt": "Of", "logit_bias": {}}).to_string(),
-            400,
-            "unknown field `logit_bias`",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "temperature": "hot"}).to_string(),
-            400,
-            "invalid type: string \"hot\"",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": 7}).to_string(),
-            400,
-            "`prompt` must be a string",
-        ),
-        (
-            "/v1/completions",
-            json!({"max_tokens": 5}).to_string(),
-            400,
-            "missing field `prompt`",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "max_tokens": 101}).to_string(),
-            400,
-            "between 1 and 100",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "max_tokens": 0}).to_string(),
-            400,
-            "between 1 and 100",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of Man's first disobedience"}).to_string(),
-            400,
-            "the prompt is 27 tokens; this server takes at most 16",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of \u{1F600}"}).to_string(),
-            400,
-            "never occurs in the training corpus",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": ""}).to_string(),
-            400,
-            "the prompt is empty",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": [1, 99999]}).to_string(),
-            400,
-            "token id 99999 is outside",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": ["a", "b"]}).to_string(),
-            400,
-            "only one prompt",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "n": 2}).to_string(),
-            400,
-            "only `n: 1`",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "top_p": 0}).to_string(),
-            400,
-            "top_p",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "stop": ""}).to_string(),
-            400,
-            "stop sequence is empty",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "Of", "stream_options": {"include_usage": true}}).to_string(),
-            400,
-            "only allowed with `stream: true`",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "x".repeat(3000)}).to_string(),
+            "x".repeat(3000),
             413,
             "larger than the server's limit of 2000 bytes",
         ),
@@ -252,25 +206,25 @@ fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/attention",
-            json!({"prompt": "Of Man's first disobedience"}).to_string(),
+            json!({"prompt": long}).to_string(),
             400,
             "send `truncate: true`",
         ),
         ("/v1/nothing", "{}".into(), 404, "no such route"),
-    ];
+    ]);
     for (path, body, status, message) in cases {
         let (got, text) = server.post(path, &body, None);
         let error: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{path} {body}: not JSON ({e}): {text}"));
-        assert_eq!(got, status, "{path} {body}: {text}");
+            .unwrap_or_else(|e| panic!("{path} {body:.80}: not JSON ({e}): {text}"));
+        assert_eq!(got, status, "{path} {body:.80}: {text}");
         let error = &error["error"];
-        let message_got = error["message"].as_str().unwrap();
+        let got_message = error["message"].as_str().unwrap();
         assert!(
-            message_got.contains(message),
-            "{path} {body}: {message_got}"
+            got_message.contains(message),
+            "{path} {body:.80}: {got_message}"
         );
         assert_eq!(error["type"], "invalid_request_error", "{text}");
-        assert!(!message_got.contains('\n'), "{message_got}");
+        assert!(!got_message.contains('\n'), "{got_message}");
     }
     // The server is still fine afterwards.
     let (status, _) = server.post_json("/v1/completions", &json!({"prompt": "Of"}));

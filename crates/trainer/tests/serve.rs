@@ -241,6 +241,13 @@ fn api_key_is_checked_and_required_off_loopback() {
         "--host 0.0.0.0 makes the model reachable from the network: pass --api-key KEY",
     );
     fails(
+        tinygpt(
+            dir,
+            &["serve", "--checkpoint", "run", "--max-prompt-tokens", "0"],
+        ),
+        "--max-prompt-tokens must be at least 1",
+    );
+    fails(
         tinygpt(dir, &["serve", "--checkpoint", "missing"]),
         "checkpoint missing does not exist",
     );

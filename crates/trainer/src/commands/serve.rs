@@ -72,21 +72,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         queue: args.queue,
         max_tokens: args.max_tokens,
-        max_prompt_tokens: 0,
+        max_prompt_tokens: args.max_prompt_tokens,
         max_body_bytes: args.max_body_bytes,
         context_shift: args.context_shift,
     };
     // Flag mistakes first: loading a large model takes a while.
-    ServeOptions {
-        max_prompt_tokens: 1,
-        ..options.clone()
-    }
-    .validate()?;
+    options.validate()?;
     let (run, placement, gpt, _) = super::load(&args.checkpoint, args.which, args.backend)?;
-    let options = ServeOptions {
-        max_prompt_tokens: args.max_prompt_tokens.unwrap_or(gpt.block_size()),
-        ..options
-    };
     let name = run
         .dir
         .file_name()

@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use tinygpt_model::{GenerateError, GenerateOptions};
 use tokio::sync::mpsc;
 
-use super::ServeOptions;
 use super::api::{
     ApiError, Choice, Completion, CompletionRequest, Prompt, Stop, Usage, json, parse,
 };
@@ -41,7 +40,7 @@ pub(super) async fn completions(
         ));
     }
     let options = sampler(&state, &request)?;
-    let prompt = prompt_ids(state.tokenizer(), request.prompt, &state.options)?;
+    let prompt = prompt_ids(state.tokenizer(), request.prompt, state.max_prompt_tokens())?;
     let (sender, events) = mpsc::channel(EVENTS_IN_FLIGHT);
     let prompt_tokens = prompt.len();
     submit(
@@ -64,12 +63,8 @@ pub(super) async fn completions(
     })
 }
 
-/// The prompt's token ids, checked against the vocabulary and the server's limit.
-fn prompt_ids(
-    tokenizer: &Tokenizer,
-    prompt: Prompt,
-    limits: &ServeOptions,
-) -> Result<Vec<u32>, ApiError> {
+/// The prompt's token ids, checked against the vocabulary and the server's `limit`.
+fn prompt_ids(tokenizer: &Tokenizer, prompt: Prompt, limit: usize) -> Result<Vec<u32>, ApiError> {
     let ids = match prompt {
         Prompt::Text(text) => encode(tokenizer, &text, "prompt")?,
         Prompt::Texts(texts) => match texts.as_slice() {
@@ -90,13 +85,13 @@ fn prompt_ids(
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
-    if ids.len() > limits.max_prompt_tokens {
+    if ids.len() > limit {
         return Err(ApiError::invalid(
             "prompt",
             format!(
                 "the prompt is {} tokens; this server takes at most {}",
                 ids.len(),
-                limits.max_prompt_tokens
+                limit
             ),
         ));
     }

@@ -34,8 +34,8 @@ pub struct ServeOptions {
     pub queue: usize,
     /// The largest `max_tokens` a request may ask for.
     pub max_tokens: usize,
-    /// The longest prompt, in tokens.
-    pub max_prompt_tokens: usize,
+    /// The longest prompt, in tokens (`None`: the model's block_size).
+    pub max_prompt_tokens: Option<usize>,
     /// The largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// The context shift for requests that do not say (see [`tinygpt_model::GenerateOptions`]).
@@ -58,7 +58,7 @@ impl ServeOptions {
         for (flag, value) in [
             ("--max-concurrent", self.max_concurrent),
             ("--max-tokens", self.max_tokens),
-            ("--max-prompt-tokens", self.max_prompt_tokens),
+            ("--max-prompt-tokens", self.max_prompt_tokens.unwrap_or(1)),
             ("--max-body-bytes", self.max_body_bytes),
         ] {
             if value == 0 {

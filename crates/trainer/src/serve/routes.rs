@@ -49,6 +49,13 @@ impl State {
         self.model.gpt.block_size()
     }
 
+    /// `--max-prompt-tokens`, by default the model's block_size.
+    pub(super) fn max_prompt_tokens(&self) -> usize {
+        self.options
+            .max_prompt_tokens
+            .unwrap_or_else(|| self.block_size())
+    }
+
     pub(super) fn completion_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("cmpl-{:x}-{n}", self.created)

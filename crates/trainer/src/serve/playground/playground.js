@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { info: null, controller: null, attention: null, focus: null };
+const state = { info: null, controller: null, attention: null, focus: null, painted: new Map() };
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -137,6 +137,7 @@ async function showAttention() {
     return;
   }
   state.attention = await response.json();
+  state.painted = new Map();
   const n = state.attention.tokens.length;
   state.focus = state.focus !== null && state.focus < n ? state.focus : n - 1;
   drawTokens();
@@ -199,6 +200,28 @@ function shadeTokens() {
     `token ${q} ${JSON.stringify(a.tokens[q])}, layer ${a.layers[0]}, ${label}: most attention to ${top.join(", ")}`;
 }
 
+// Head `h`'s whole matrix at `cell` pixels a weight, painted once per attention result:
+// hovering only moves the outline, so it must not repaint n² cells of every head.
+function matrix(h, cell) {
+  const key = `${h}/${cell}`;
+  if (state.painted.has(key)) return state.painted.get(key);
+  const n = state.attention.tokens.length;
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = cell * n;
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "white";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  for (let q = 0; q < n; q++) {
+    row(h, q).forEach((w, k) => {
+      const shade = Math.round(255 * (1 - Math.sqrt(w)));
+      ctx.fillStyle = `rgb(${shade}, ${shade}, 255)`;
+      ctx.fillRect(k * cell, q * cell, cell, cell);
+    });
+  }
+  state.painted.set(key, canvas);
+  return canvas;
+}
+
 // One heatmap per head shown: rows are queries, columns keys; white above the diagonal.
 function drawHeatmaps() {
   const box = $("heatmaps");
@@ -213,15 +236,7 @@ function drawHeatmaps() {
     canvas.width = canvas.height = cell * n;
     canvas.dataset.head = String(h);
     const ctx = canvas.getContext("2d");
-    ctx.fillStyle = "white";
-    ctx.fillRect(0, 0, canvas.width, canvas.height);
-    for (let q = 0; q < n; q++) {
-      row(h, q).forEach((w, k) => {
-        const shade = Math.round(255 * (1 - Math.sqrt(w)));
-        ctx.fillStyle = `rgb(${shade}, ${shade}, 255)`;
-        ctx.fillRect(k * cell, q * cell, cell, cell);
-      });
-    }
+    ctx.drawImage(matrix(h, cell), 0, 0);
     ctx.strokeStyle = "#d92d20";
     ctx.lineWidth = Math.max(1, cell / 4);
     ctx.strokeRect(0, state.focus * cell, canvas.width, cell);

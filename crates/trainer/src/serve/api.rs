@@ -131,11 +131,11 @@ pub struct AttentionResponse {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Completion {
-    pub id: String,
+pub struct Completion<'a> {
+    pub id: &'a str,
     pub object: &'static str,
     pub created: u64,
-    pub model: String,
+    pub model: &'a str,
     pub choices: Vec<Choice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,

@@ -158,12 +158,13 @@ struct Head {
 }
 
 impl Head {
-    fn completion(&self, choices: Vec<Choice>, usage: Option<Usage>) -> Completion {
+    /// Borrows the id and model name: a stream builds one per token.
+    fn completion(&self, choices: Vec<Choice>, usage: Option<Usage>) -> Completion<'_> {
         Completion {
-            id: self.id.clone(),
+            id: &self.id,
             object: "text_completion",
             created: self.created,
-            model: self.model.clone(),
+            model: &self.model,
             choices,
             usage,
         }

@@ -120,6 +120,7 @@ impl Tokens {
                             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
                     ),
                 }
+                release(map);
             }
         }
     }
@@ -131,6 +132,24 @@ impl Tokens {
         out.into_iter().map(|t| t as u32).collect()
     }
 }
+
+/// Unmaps the file's pages from this process once a window is read, so that resident memory
+/// stays one window's worth whatever the corpus size. The kernel maps a file's page cache in
+/// folios of up to megabytes around each fault (`MADV_RANDOM` does not stop that for pages
+/// already cached), so without this every random window would add megabytes to the resident
+/// set. The whole map is released, not only the window, because a fault maps pages beyond it;
+/// unpopulated ranges cost nothing. The pages stay in the page cache: a later read maps them
+/// again without touching the disk.
+#[cfg(unix)]
+fn release(map: &Mmap) {
+    // SAFETY: the map is a read-only shared mapping of a file nothing writes, so MADV_DONTNEED
+    // only drops page-table entries: any later read (in this thread or another) faults the same
+    // bytes back in. The caller has copied what it read.
+    let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+}
+
+#[cfg(not(unix))]
+fn release(_map: &Mmap) {}
 
 #[cfg(test)]
 mod tests {
@@ -154,6 +173,46 @@ mod tests {
             let err = Tokens::map(&path, width).err().unwrap().to_string();
             assert!(err.contains("is truncated"), "{err}");
         }
+    }
+
+    /// This process's resident kB of the mapping of `path` (`/proc/self/smaps`).
+    #[cfg(target_os = "linux")]
+    fn resident_kb(path: &Path) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        let mut kb = 0;
+        for line in smaps.lines() {
+            if line.contains(" /") || line.ends_with(']') || line.split_whitespace().count() == 5 {
+                inside = line.ends_with(&*path.to_string_lossy());
+            } else if inside && let Some(rss) = line.strip_prefix("Rss:") {
+                kb += rss.trim().trim_end_matches(" kB").parse::<u64>().unwrap();
+            }
+        }
+        kb
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reading_windows_keeps_no_pages_resident() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.bin");
+        let ids: Vec<u32> = (0..32u32 << 20).map(|i| i % 65).collect();
+        let mut bytes = Vec::new();
+        Width::U16.encode_into(&ids, &mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        let tokens = Tokens::map(&path, Width::U16).unwrap();
+        let mut out = Vec::new();
+        // 200 windows spread over the 64 MiB file: without releasing them, each maps a folio
+        // (up to megabytes) of the page cache into this process.
+        for k in 0..200usize {
+            let start = k * 160_001 % (ids.len() - 65);
+            out.clear();
+            tokens.extend_i64(start, 65, &mut out);
+            let expected: Vec<i64> = ids[start..start + 65].iter().map(|&t| t as i64).collect();
+            assert_eq!(out, expected);
+        }
+        let kb = resident_kb(&path);
+        assert!(kb <= 256, "{kb} kB of the token file stay resident");
     }
 
     #[test]

@@ -218,7 +218,11 @@ pub fn temp_beside(path: &Path) -> Result<tempfile::TempDir> {
 
 /// Prepares `options` into `dir`, an existing empty directory.
 pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
-    let sources = sources(&options, dir)?;
+    let held_out: &[PathBuf] = match &options.val {
+        ValSplit::Files(files) => files,
+        ValSplit::Fraction(_) => &[],
+    };
+    let sources = sources(&options.inputs, held_out, &options.include, dir)?;
     let scan = scan(&sources, &options)?;
     if scan.blank {
         match &sources[..] {
@@ -252,7 +256,13 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
         .filter(|s| !scan.skipped.iter().any(|(p, _)| *p == s.name))
         .collect();
     let counts = encode_all(&kept, &tokenizer, width, dir, options.progress)?;
-    let _ = std::fs::remove_file(dir.join(".stdin.txt"));
+    for source in &sources {
+        if let Origin::File(path) = &source.origin
+            && path.starts_with(dir)
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     let (train_tokens, val_tokens) = split_val(dir, width, &options.val, counts)?;
     crate::checkpoint::write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
     let meta = Meta {
@@ -320,19 +330,13 @@ pub fn unchanged(meta: &Meta, path: &Path) -> Result<bool> {
     if path.as_os_str() == "-" || !meta.val_files.is_empty() || !meta.skipped.is_empty() {
         return Ok(false);
     }
-    let options = PrepareOptions {
-        inputs: vec![path.to_path_buf()],
-        include: DEFAULT_INCLUDE.split(',').map(String::from).collect(),
-        tokenizer: TokenizerSource::Learn {
-            kind: TokenizerKind::Char,
-            bpe_vocab_size: 0,
-            bpe_sample_bytes: 0,
-        },
-        val: ValSplit::Fraction(0.5),
-        skip_invalid: false,
-        progress: false,
-    };
-    let sources = sources(&options, Path::new("."))?;
+    // A pipe would be consumed by looking.
+    let regular = path.is_dir() || path.is_file() || presets::builtin_corpus(path).is_some();
+    if !regular {
+        return Ok(false);
+    }
+    let include: Vec<String> = DEFAULT_INCLUDE.split(',').map(String::from).collect();
+    let sources = sources(&[path.to_path_buf()], &[], &include, Path::new("."))?;
     if sources.len() != meta.inputs.len() {
         return Ok(false);
     }
@@ -357,15 +361,16 @@ pub fn unchanged(meta: &Meta, path: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Every input file, folders walked in path order. Standard input is copied into `dir` first.
-fn sources(options: &PrepareOptions, dir: &Path) -> Result<Vec<Source>> {
-    let val_inputs: &[PathBuf] = match &options.val {
-        ValSplit::Files(files) => files,
-        ValSplit::Fraction(_) => &[],
-    };
+/// Every input file of `inputs` and the held-out `val_inputs`, folders walked in path order
+/// (files matching `include`). Standard input and pipes are copied into `dir` first.
+fn sources(
+    inputs: &[PathBuf],
+    val_inputs: &[PathBuf],
+    include: &[String],
+    dir: &Path,
+) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
-    for (input, val) in options
-        .inputs
+    for (input, val) in inputs
         .iter()
         .map(|p| (p, false))
         .chain(val_inputs.iter().map(|p| (p, true)))
@@ -378,24 +383,22 @@ fn sources(options: &PrepareOptions, dir: &Path) -> Result<Vec<Source>> {
                 val,
             });
         } else if input.as_os_str() == "-" {
-            let path = dir.join(".stdin.txt");
-            let mut file = File::create(&path)?;
-            let bytes = std::io::copy(&mut std::io::stdin().lock(), &mut file)
+            let copy = copy_in(&mut std::io::stdin().lock(), dir, sources.len())
                 .context("cannot read standard input")?;
             sources.push(Source {
                 name: "-".into(),
-                origin: Origin::File(path),
-                bytes,
+                origin: Origin::File(copy.0),
+                bytes: copy.1,
                 val,
             });
         } else if input.is_dir() {
             let mut files = Vec::new();
-            walk(input, &options.include, &mut files)?;
+            walk(input, include, &mut files)?;
             if files.is_empty() {
                 bail!(
                     "folder {} has no files matching {}",
                     input.display(),
-                    options.include.join(",")
+                    include.join(",")
                 );
             }
             for path in files {
@@ -408,12 +411,21 @@ fn sources(options: &PrepareOptions, dir: &Path) -> Result<Vec<Source>> {
                 });
             }
         } else {
-            let bytes = std::fs::metadata(input)
-                .with_context(|| format!("cannot read corpus {}", input.display()))?
-                .len();
+            let cannot = || format!("cannot read corpus {}", input.display());
+            let metadata = std::fs::metadata(input).with_context(cannot)?;
+            // A pipe (`<(command)`, a FIFO) can be read only once: copied in, as stdin is.
+            let (path, bytes) = match metadata.is_file() {
+                true => (input.clone(), metadata.len()),
+                false => copy_in(
+                    &mut File::open(input).with_context(cannot)?,
+                    dir,
+                    sources.len(),
+                )
+                .with_context(cannot)?,
+            };
             sources.push(Source {
                 name: input.display().to_string(),
-                origin: Origin::File(input.clone()),
+                origin: Origin::File(path),
                 bytes,
                 val,
             });
@@ -423,6 +435,15 @@ fn sources(options: &PrepareOptions, dir: &Path) -> Result<Vec<Source>> {
         bail!("no input to train on: give --data FILE, FOLDER or - (standard input)");
     }
     Ok(sources)
+}
+
+/// Copies a stream that can be read only once (standard input, a pipe) into `dir` as the
+/// hidden file `.input-N.txt`, so both passes can read it; returns its path and size.
+fn copy_in(reader: &mut impl Read, dir: &Path, n: usize) -> Result<(PathBuf, u64)> {
+    let path = dir.join(format!(".input-{n}.txt"));
+    let mut file = File::create(&path)?;
+    let bytes = std::io::copy(reader, &mut file)?;
+    Ok((path, bytes))
 }
 
 /// The files under `dir` whose names match `include`, in path order; hidden entries skipped.

@@ -160,7 +160,38 @@ fn folders_stdin_held_out_files_and_wide_vocabularies() {
         m["train_tokens"].as_u64().unwrap() + m["val_tokens"].as_u64().unwrap(),
         1100
     );
-    assert!(!dir.join("from-stdin/.stdin.txt").exists());
+    assert!(!dir.join("from-stdin/.input-0.txt").exists());
+
+    // A named pipe (as `--data <(command)` gives): read once, copied in like standard input.
+    #[cfg(unix)]
+    {
+        let fifo = dir.join("fifo");
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let writer = std::thread::spawn(move || {
+            std::fs::write(&fifo, "through a pipe\n".repeat(100)).unwrap();
+        });
+        ok(prepare(dir, &["--data", "fifo", "--out", "from-fifo"]));
+        writer.join().unwrap();
+        let m = meta(&dir.join("from-fifo"));
+        assert_eq!(m["inputs"][0]["path"], "fifo");
+        assert_eq!(m["inputs"][0]["bytes"], 1500);
+        assert_eq!(
+            m["train_tokens"].as_u64().unwrap() + m["val_tokens"].as_u64().unwrap(),
+            1500
+        );
+        let hidden: Vec<_> = std::fs::read_dir(dir.join("from-fifo"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with('.')
+            })
+            .collect();
+        assert!(hidden.is_empty(), "{hidden:?}");
+    }
 
     // More than 65,536 distinct characters: u32 ids.
     let wide: String = (0x4E00u32..0x4E00 + 70_000)

@@ -366,6 +366,11 @@ pub fn refuse_existing(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
+    refuse_non_empty(dir)
+}
+
+/// `dir` must not exist, or be an empty directory: whatever else is there is never overwritten.
+pub fn refuse_non_empty(dir: &Path) -> Result<()> {
     if dir
         .read_dir()
         .is_ok_and(|mut entries| entries.next().is_some())

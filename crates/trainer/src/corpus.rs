@@ -1,16 +1,16 @@
 //! Where a run's tokens come from. `data.path` is a prepared directory (its token files mapped
 //! as they are), or text (a file, a folder, the built-in corpus) that is prepared first, into
 //! the run directory (`RUN/data/`, the same layout): one way data flows, and a resumed run maps
-//! the tokens it prepared instead of encoding the text again. `documents` batching still reads
-//! the text into memory, as it needs the documents' boundaries.
+//! the tokens it prepared instead of encoding the text again. `documents` batching prepares
+//! with `data.separator`, which writes where each document starts.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
-use crate::config::{Batching, RunConfig};
-use crate::data::{Dataset, read_corpus};
+use crate::config::{Batching, DataSection, RunConfig};
+use crate::data::Dataset;
 use crate::prepare::{
     self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, temp_beside,
 };
@@ -39,24 +39,7 @@ pub fn for_new_run(
     out: &Path,
     given: Option<&Tokenizer>,
 ) -> Result<Corpus> {
-    let block_size = config.model.block_size;
     let path = config.data.path.clone();
-    if config.data.batching == Batching::Documents {
-        refuse_prepared_documents(&path)?;
-        let text = read_corpus(&path)?;
-        let data = &config.data;
-        let tokenizer = match given {
-            Some(given) => clone(given)?,
-            None => Tokenizer::train(data.tokenizer, &text, data.bpe_vocab_size)?,
-        };
-        let data = Dataset::new(&text, &tokenizer, data, block_size)
-            .with_context(|| format!("corpus {}", path.display()))?;
-        return Ok(Corpus {
-            tokenizer,
-            data,
-            prepared: None,
-        });
-    }
     let (prepared, temp) = if Prepared::is_prepared(&path) {
         let prepared = Prepared::open(&path)?;
         if let Some(given) = given {
@@ -73,7 +56,7 @@ pub fn for_new_run(
             },
         };
         let temp = temp_beside(out)?;
-        let prepared = prepare_text(&path, source, config.data.val_fraction, temp.path())?;
+        let prepared = prepare_text(&path, source, &config.data, temp.path())?;
         (prepared, Some(temp))
     };
     let d = &mut config.data;
@@ -84,7 +67,7 @@ pub fn for_new_run(
     if d.tokenizer == crate::config::TokenizerKind::Bpe {
         d.bpe_vocab_size = prepared.meta.vocab_size;
     }
-    let data = mapped(&prepared, block_size)?;
+    let data = mapped(&prepared, config)?;
     Ok(Corpus {
         tokenizer: clone(&prepared.tokenizer)?,
         data,
@@ -101,77 +84,83 @@ pub fn for_run(
     tokenizer: &Tokenizer,
     write: bool,
 ) -> Result<Dataset> {
-    let block_size = config.model.block_size;
     let path = &config.data.path;
-    if config.data.batching == Batching::Documents {
-        refuse_prepared_documents(path)?;
-        let text = read_corpus(path)?;
-        return Dataset::new(&text, tokenizer, &config.data, block_size)
-            .with_context(|| format!("corpus {}", path.display()));
-    }
     if Prepared::is_prepared(path) {
         let prepared = Prepared::open(path)?;
         same_tokenizer(&prepared, tokenizer)?;
-        return mapped(&prepared, block_size);
+        return mapped(&prepared, config);
     }
     let inside = run_dir.join(RUN_DATA);
     if Prepared::is_prepared(&inside) {
         let prepared = Prepared::open(&inside)?;
         if prepared.meta.val_fraction == Some(config.data.val_fraction)
+            && prepared.meta.separator.as_deref() == separator(config)
             && prepare::unchanged(&prepared.meta, path)?
         {
             same_tokenizer(&prepared, tokenizer)?;
-            return mapped(&prepared, block_size);
+            return mapped(&prepared, config);
         }
     }
     let source = TokenizerSource::Given(clone(tokenizer)?);
-    let fraction = config.data.val_fraction;
     if !write {
         let temp = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let prepared = prepare_text(path, source, fraction, temp.path())?;
+        let prepared = prepare_text(path, source, &config.data, temp.path())?;
         // The mapping keeps the files alive after the directory's name is gone.
-        return mapped(&prepared, block_size);
+        return mapped(&prepared, config);
     }
     let temp = temp_beside(&inside)?;
-    prepare_text(path, source, fraction, temp.path())?;
+    prepare_text(path, source, &config.data, temp.path())?;
     replace_dir(temp, &inside)?;
-    mapped(&Prepared::open(&inside)?, block_size)
+    mapped(&Prepared::open(&inside)?, config)
 }
 
-/// Prepares the text at `path` into `dir`.
+/// The separator of documents when `config` batches documents.
+fn separator(config: &RunConfig) -> Option<&str> {
+    (config.data.batching == Batching::Documents).then_some(config.data.separator.as_str())
+}
+
+/// Prepares the text at `path` into `dir`, as `data` says (validation fraction, documents).
 fn prepare_text(
     path: &Path,
     tokenizer: TokenizerSource,
-    fraction: f64,
+    data: &DataSection,
     dir: &Path,
 ) -> Result<Prepared> {
     let options = PrepareOptions {
         inputs: vec![path.to_path_buf()],
         include: DEFAULT_INCLUDE.split(',').map(String::from).collect(),
         tokenizer,
-        val: ValSplit::Fraction(fraction),
+        val: ValSplit::Fraction(data.val_fraction),
         skip_invalid: false,
         progress: true,
+        separator: (data.batching == Batching::Documents).then(|| data.separator.clone()),
     };
     prepare::prepare_into(options, dir)?;
     Prepared::open(dir)
 }
 
-fn mapped(prepared: &Prepared, block_size: usize) -> Result<Dataset> {
-    let (train, val) = prepared.splits()?;
-    Dataset::packed(train, val, block_size)
-        .with_context(|| format!("corpus {}", prepared.dir.display()))
-}
-
-fn refuse_prepared_documents(path: &Path) -> Result<()> {
-    if Prepared::is_prepared(path) {
-        bail!(
-            "{} is a prepared directory, which holds one token stream: `data.batching = \
-             \"documents\"` needs the text (give the text file instead)",
-            path.display()
-        );
-    }
-    Ok(())
+/// The splits of `prepared`, mapped, batched as `config` says.
+fn mapped(prepared: &Prepared, config: &RunConfig) -> Result<Dataset> {
+    let block_size = config.model.block_size;
+    let dataset = match separator(config) {
+        None => {
+            let (train, val) = prepared.splits()?;
+            Dataset::packed(train, val, block_size)
+        }
+        Some(wanted) => {
+            let recorded = prepared.meta.separator.as_deref();
+            let documents = prepared.documents(block_size)?;
+            let Some((train, val)) = documents.filter(|_| recorded == Some(wanted)) else {
+                bail!(
+                    "{} was not prepared with the documents separator {wanted:?} that \
+                     `data.batching = \"documents\"` uses (prepare it again with --separator)",
+                    prepared.dir.display()
+                );
+            };
+            Dataset::documents(train, val)
+        }
+    };
+    dataset.with_context(|| format!("corpus {}", prepared.dir.display()))
 }
 
 fn same_tokenizer(prepared: &Prepared, tokenizer: &Tokenizer) -> Result<()> {

@@ -9,6 +9,7 @@ use rand::{RngExt, SeedableRng};
 use tinygpt_model::IGNORE_INDEX;
 
 use crate::config::{Batching, DataSection};
+use crate::documents::{Documents, val_start};
 use crate::presets;
 use crate::tokenizer::Tokenizer;
 use crate::tokens::Tokens;
@@ -38,8 +39,8 @@ pub fn read_corpus(path: &Path) -> Result<String> {
 pub enum Split {
     /// The token stream; samples are random windows of `block_size + 1` tokens.
     Packed(Tokens),
-    /// Documents of 2..=`block_size + 1` tokens; samples are whole documents.
-    Documents(Vec<Vec<u32>>),
+    /// Documents; samples are windows of one document, padded to the longest in the batch.
+    Documents(Documents),
 }
 
 impl Split {
@@ -52,7 +53,7 @@ impl Split {
     pub fn len(&self) -> usize {
         match self {
             Self::Packed(ids) => ids.len(),
-            Self::Documents(docs) => docs.iter().map(Vec::len).sum(),
+            Self::Documents(docs) => docs.tokens(),
         }
     }
 }
@@ -106,36 +107,20 @@ impl Dataset {
         data: &DataSection,
         block_size: usize,
     ) -> Result<Self> {
-        let (train, val) = match data.batching {
+        match data.batching {
             Batching::Packed => {
-                let ids = tokenizer.encode(text)?;
+                let ids = tokenizer.encoder().encode(text)?;
                 let n = train_tokens(ids.len(), data.val_fraction);
                 let (train, val) = (ids[..n].to_vec(), ids[n..].to_vec());
-                let packed =
-                    Self::packed(Tokens::from_vec(train), Tokens::from_vec(val), block_size)?;
-                return Ok(packed);
+                Self::packed(Tokens::from_vec(train), Tokens::from_vec(val), block_size)
             }
             Batching::Documents => {
-                let mut docs = documents(text, tokenizer, &data.separator, block_size)?;
-                if docs.len() < 2 {
-                    bail!(
-                        "corpus too short: `documents` batching found {} document(s) of 2 or more tokens \
-                         separated by {:?}; it needs at least 2 (one for val)",
-                        docs.len(),
-                        data.separator
-                    );
-                }
-                let n_val = ((data.val_fraction * docs.len() as f64).round() as usize)
-                    .clamp(1, docs.len() - 1);
-                let val = docs.split_off(docs.len() - n_val);
-                (Split::Documents(docs), Split::Documents(val))
+                let docs = Documents::of_text(text, tokenizer, &data.separator, block_size)?;
+                let val = val_start(docs.offsets(), data.val_fraction)
+                    .with_context(|| format!("documents separated by {:?}", data.separator))?;
+                Self::documents(docs.part(0..val)?, docs.part(val..docs.len())?)
             }
-        };
-        Ok(Self {
-            train,
-            val,
-            block_size,
-        })
+        }
     }
 
     /// Packed splits of token streams (in memory or mapped token files); each must be longer
@@ -154,6 +139,24 @@ impl Dataset {
         Ok(Self {
             train: Split::Packed(train),
             val: Split::Packed(val),
+            block_size,
+        })
+    }
+
+    /// Documents splits; each must have a window.
+    pub fn documents(train: Documents, val: Documents) -> Result<Self> {
+        for (name, split) in [("train", &train), ("val", &val)] {
+            if split.windows() == 0 {
+                bail!(
+                    "corpus too short: the {name} split has no document of 2 or more tokens \
+                     (`documents` batching)"
+                );
+            }
+        }
+        let block_size = train.block_size();
+        Ok(Self {
+            train: Split::Documents(train),
+            val: Split::Documents(val),
             block_size,
         })
     }
@@ -178,10 +181,10 @@ impl Dataset {
                 }
             }
             Split::Documents(docs) => {
-                let picked: Vec<&Vec<u32>> = (0..batch)
-                    .map(|_| &docs[rng.random_range(0..docs.len())])
+                let picked: Vec<Vec<u32>> = (0..batch)
+                    .map(|_| docs.window(rng.random_range(0..docs.windows())))
                     .collect();
-                pad(&picked)
+                pad(&picked.iter().collect::<Vec<_>>())
             }
         }
     }
@@ -195,10 +198,13 @@ pub fn whole_split(
     block_size: usize,
 ) -> Result<Split> {
     let split = match data.batching {
-        Batching::Packed => Split::Packed(Tokens::from_vec(tokenizer.encode(text)?)),
-        Batching::Documents => {
-            Split::Documents(documents(text, tokenizer, &data.separator, block_size)?)
-        }
+        Batching::Packed => Split::Packed(Tokens::from_vec(tokenizer.encoder().encode(text)?)),
+        Batching::Documents => Split::Documents(Documents::of_text(
+            text,
+            tokenizer,
+            &data.separator,
+            block_size,
+        )?),
     };
     if split.len() < 2 {
         bail!("the text has fewer than 2 tokens: nothing to predict");
@@ -226,41 +232,18 @@ pub fn sweep(
                 pad(&pieces.iter().collect::<Vec<_>>())
             }))
         }
-        Split::Documents(docs) => Box::new(
-            docs.chunks(batch.max(1))
-                .map(|chunk| pad(&chunk.iter().collect::<Vec<_>>())),
-        ),
+        Split::Documents(docs) => {
+            Box::new((0..docs.windows()).step_by(batch.max(1)).map(move |first| {
+                let last = (first + batch).min(docs.windows());
+                let pieces: Vec<Vec<u32>> = (first..last).map(|k| docs.window(k)).collect();
+                pad(&pieces.iter().collect::<Vec<_>>())
+            }))
+        }
     }
 }
 
-/// The documents of `text` (split on `separator`) as pieces of 2..=`block_size + 1` tokens:
-/// long documents become consecutive pieces overlapping by one token, so every token is a
-/// target exactly once.
-fn documents(
-    text: &str,
-    tokenizer: &Tokenizer,
-    separator: &str,
-    block_size: usize,
-) -> Result<Vec<Vec<u32>>> {
-    let mut docs = Vec::new();
-    for doc in text.split(separator) {
-        docs.extend(windows(
-            &tokenizer.encode(doc.trim_matches('\n'))?,
-            block_size,
-        ));
-    }
-    Ok(docs)
-}
-
-/// `ids` as consecutive windows of up to `block_size + 1` tokens sharing their end tokens.
-fn windows(ids: &[u32], block_size: usize) -> Vec<Vec<u32>> {
-    window_spans(ids.len(), block_size)
-        .into_iter()
-        .map(|(start, end)| ids[start..end].to_vec())
-        .collect()
-}
-
-/// The `(start, end)` of each window of [`windows`] over `len` tokens.
+/// The `(start, end)` of each window over `len` tokens: consecutive windows of up to
+/// `block_size + 1` tokens sharing their end tokens.
 fn window_spans(len: usize, block_size: usize) -> Vec<(usize, usize)> {
     let mut spans = Vec::new();
     let mut start = 0;
@@ -368,6 +351,6 @@ mod tests {
         let err = dataset("abcdefghij", Batching::Packed, 8).err().unwrap();
         assert!(err.to_string().contains("corpus too short"), "{err}");
         let err = dataset("abc", Batching::Documents, 8).err().unwrap();
-        assert!(err.to_string().contains("corpus too short"), "{err}");
+        assert!(format!("{err:#}").contains("corpus too short"), "{err:#}");
     }
 }

@@ -20,10 +20,12 @@
 
 pub mod backend;
 pub mod bench;
+pub mod byte_level_bpe;
 pub mod checkpoint;
 pub mod config;
 pub mod corpus;
 pub mod data;
+pub mod documents;
 pub mod engine;
 pub mod eval;
 pub mod inspect;

@@ -6,6 +6,8 @@
 //!   val.bin         the validation tokens
 //!   tokenizer.json  the tokenizer that made them
 //!   meta.json       token counts, width, the inputs with their sizes and SHA-256, the settings
+//!   train.docs.bin  with --separator: where each document starts in train.bin (u64 token
+//!   val.docs.bin    offsets, little-endian), then the end
 //! ```
 //!
 //! Inputs are files, folders (recursive, files matching the include patterns, in path order) or
@@ -20,6 +22,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,15 +31,18 @@ use sha2::{Digest, Sha256};
 
 use crate::config::TokenizerKind;
 use crate::data::train_tokens;
+use crate::documents::{Documents, val_start};
 use crate::integrity::hex;
 use crate::presets;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Encoder, Tokenizer};
 use crate::tokens::{Tokens, Width};
 
 pub const TRAIN: &str = "train.bin";
 pub const VAL: &str = "val.bin";
 pub const META: &str = "meta.json";
 pub const TOKENIZER: &str = "tokenizer.json";
+pub const TRAIN_DOCS: &str = "train.docs.bin";
+pub const VAL_DOCS: &str = "val.docs.bin";
 
 /// Bytes per chunk read (a chunk grows past it only to reach a place it may be cut).
 const CHUNK: usize = 1 << 20;
@@ -75,6 +81,10 @@ pub struct PrepareOptions {
     pub val: ValSplit,
     /// Skip (and list) files that are not UTF-8 text instead of stopping.
     pub skip_invalid: bool,
+    /// Documents are separated by this: each is encoded on its own (the separator and the
+    /// newlines around a document dropped) and where each starts is written, for `documents`
+    /// batching.
+    pub separator: Option<String>,
     /// Show progress bars (on a terminal).
     pub progress: bool,
 }
@@ -109,6 +119,25 @@ pub struct Meta {
     pub inputs: Vec<InputMeta>,
     /// Inputs skipped with `--skip-invalid`, and why.
     pub skipped: Vec<(String, String)>,
+    /// With `--separator`: the separator and the documents in each split (their offsets are
+    /// in `train.docs.bin` and `val.docs.bin`).
+    #[serde(default)]
+    pub separator: Option<String>,
+    #[serde(default)]
+    pub train_documents: Option<u64>,
+    #[serde(default)]
+    pub val_documents: Option<u64>,
+}
+
+/// Wall time of each pass of a prepare.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// Reading, checking and hashing the inputs (and sampling them for BPE).
+    pub scan: Duration,
+    /// Learning the tokenizer (BPE's merges; the char table is free).
+    pub learn: Duration,
+    /// Encoding the inputs and writing the token files.
+    pub encode: Duration,
 }
 
 /// A prepared directory.
@@ -160,11 +189,43 @@ impl Prepared {
                 );
             }
         }
+        let docs = [
+            (TRAIN_DOCS, meta.train_documents, meta.train_tokens),
+            (VAL_DOCS, meta.val_documents, meta.val_tokens),
+        ];
+        for (name, documents, tokens) in docs {
+            let (Some(_), Some(documents)) = (&meta.separator, documents) else {
+                continue;
+            };
+            let offsets = read_offsets(&dir.join(name))?;
+            if offsets.len() as u64 != documents + 1 || offsets.last() != Some(&tokens) {
+                bail!(
+                    "{} is truncated or damaged: meta.json says {documents} documents of \
+                     {tokens} tokens",
+                    dir.join(name).display()
+                );
+            }
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             meta,
             tokenizer,
         })
+    }
+
+    /// The train and val documents (for `documents` batching), or `None` when the directory
+    /// was prepared without `--separator`.
+    pub fn documents(&self, block_size: usize) -> Result<Option<(Documents, Documents)>> {
+        if self.meta.separator.is_none() {
+            return Ok(None);
+        }
+        let (train, val) = self.splits()?;
+        let split = |tokens, name| {
+            let path = self.dir.join(name);
+            Documents::new(tokens, read_offsets(&path)?, block_size)
+                .with_context(|| format!("{}", path.display()))
+        };
+        Ok(Some((split(train, TRAIN_DOCS)?, split(val, VAL_DOCS)?)))
     }
 
     /// The train and val token streams, mapped from disk.
@@ -179,27 +240,19 @@ impl Prepared {
 
 /// Prepares `options` into the new directory `out` (built under a temporary name beside it and
 /// renamed when complete; an existing non-empty `out` is refused).
-pub fn prepare(options: PrepareOptions, out: &Path) -> Result<Prepared> {
-    if out
-        .read_dir()
-        .is_ok_and(|mut entries| entries.next().is_some())
-    {
-        bail!(
-            "{} exists and is not empty: choose another --out (nothing was written)",
-            out.display()
-        );
-    }
+pub fn prepare(options: PrepareOptions, out: &Path) -> Result<(Prepared, Phases)> {
+    crate::checkpoint::refuse_non_empty(out)?;
     if out.file_name().is_none() {
         bail!("--out {} must name a directory", out.display());
     }
     let staging = temp_beside(out)?;
-    prepare_into(options, staging.path())?;
+    let (_, phases) = prepare_into(options, staging.path())?;
     let staging = staging.keep();
     std::fs::rename(&staging, out).map_err(|e| {
         let _ = std::fs::remove_dir_all(&staging);
         anyhow::anyhow!("cannot create {}: {e}", out.display())
     })?;
-    Prepared::open(out)
+    Ok((Prepared::open(out)?, phases))
 }
 
 /// A temporary directory beside `path` (same filesystem, so it can be renamed to it), removed
@@ -217,7 +270,8 @@ pub fn temp_beside(path: &Path) -> Result<tempfile::TempDir> {
 }
 
 /// Prepares `options` into `dir`, an existing empty directory.
-pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
+pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases)> {
+    let started = Instant::now();
     let held_out: &[PathBuf] = match &options.val {
         ValSplit::Files(files) => files,
         ValSplit::Fraction(_) => &[],
@@ -233,6 +287,7 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
     if let TokenizerSource::Given(tokenizer) = &options.tokenizer {
         check_covered(tokenizer, &scan.chars)?;
     }
+    let scanned = Instant::now();
     let tokenizer = match options.tokenizer {
         TokenizerSource::Given(tokenizer) => tokenizer,
         TokenizerSource::Learn {
@@ -243,19 +298,16 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
             kind: TokenizerKind::Bpe,
             bpe_vocab_size,
             ..
-        } => Tokenizer::train_bpe(
-            scan.sample
-                .iter()
-                .flat_map(|chunk| chunk.split_inclusive('\n')),
-            bpe_vocab_size,
-        )?,
+        } => Tokenizer::train_bpe(&scan.sample, bpe_vocab_size)?,
     };
+    let learned = Instant::now();
     let width = Width::for_vocab(tokenizer.vocab_size());
     let kept: Vec<&Source> = sources
         .iter()
         .filter(|s| !scan.skipped.iter().any(|(p, _)| *p == s.name))
         .collect();
-    let counts = encode_all(&kept, &tokenizer, width, dir, options.progress)?;
+    let cut = Cut::new(&tokenizer, options.separator.as_deref());
+    let encoded = encode_all(&kept, &tokenizer, width, &cut, dir, options.progress)?;
     for source in &sources {
         if let Origin::File(path) = &source.origin
             && path.starts_with(dir)
@@ -263,7 +315,13 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
             let _ = std::fs::remove_file(path);
         }
     }
-    let (train_tokens, val_tokens) = split_val(dir, width, &options.val, counts)?;
+    let train_offsets = encoded.offsets.as_ref().map(|o| o.0.as_slice());
+    let (train_tokens, val_tokens) =
+        split_val(dir, width, &options.val, encoded.counts, train_offsets)?;
+    let documents = match encoded.offsets {
+        Some(offsets) => Some(write_documents(dir, offsets, train_tokens)?),
+        None => None,
+    };
     crate::checkpoint::write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
     let meta = Meta {
         format: 1,
@@ -292,10 +350,18 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<Meta> {
             })
             .collect(),
         skipped: scan.skipped,
+        separator: options.separator.clone(),
+        train_documents: documents.map(|d| d.0),
+        val_documents: documents.map(|d| d.1),
     };
     let text = serde_json::to_string_pretty(&meta)?;
     crate::checkpoint::write_atomic(&dir.join(META), text.as_bytes())?;
-    Ok(meta)
+    let phases = Phases {
+        scan: scanned - started,
+        learn: learned - scanned,
+        encode: learned.elapsed(),
+    };
+    Ok((meta, phases))
 }
 
 /// One input file (or the text of a built-in corpus).
@@ -571,7 +637,7 @@ fn scan(sources: &[Source], options: &PrepareOptions) -> Result<Scan> {
         let mut hasher = Sha256::new();
         let mut chars = BTreeSet::new();
         let mut sample = Vec::new();
-        let mut chunks = Chunks::new(source.open()?, learn_bpe);
+        let mut chunks = Chunks::new(source.open()?, Cut::new_scan(learn_bpe));
         let result = (|| -> Result<()> {
             while let Some(chunk) = chunks.next_chunk()? {
                 hasher.update(chunk.as_bytes());
@@ -614,9 +680,10 @@ fn encode_all(
     sources: &[&Source],
     tokenizer: &Tokenizer,
     width: Width,
+    cut: &Cut,
     dir: &Path,
     progress: bool,
-) -> Result<(u64, u64)> {
+) -> Result<Encoded> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let total: u64 = sources.iter().map(|s| s.bytes).sum();
     let bar = bar(progress, total, "encoding");
@@ -628,14 +695,17 @@ fn encode_all(
     };
     let (mut train, mut val) = (create(TRAIN)?, create(VAL)?);
     let mut counts = (0u64, 0u64);
-    let bpe = matches!(tokenizer, Tokenizer::Bpe(_));
+    // Document offsets (train, val), each starting at 0.
+    let mut offsets = (vec![0u64], vec![0u64]);
+    // One encoder per thread, kept across batches (BPE's word cache fills once).
+    let mut encoders: Vec<_> = (0..threads).map(|_| tokenizer.encoder()).collect();
     for source in sources {
-        let (out, count) = if source.val {
-            (&mut val, &mut counts.1)
+        let (out, count, starts) = if source.val {
+            (&mut val, &mut counts.1, &mut offsets.1)
         } else {
-            (&mut train, &mut counts.0)
+            (&mut train, &mut counts.0, &mut offsets.0)
         };
-        let mut chunks = Chunks::new(source.open()?, bpe);
+        let mut chunks = Chunks::new(source.open()?, cut.clone());
         loop {
             let mut batch = Vec::with_capacity(threads);
             while batch.len() < threads
@@ -646,17 +716,13 @@ fn encode_all(
             if batch.is_empty() {
                 break;
             }
-            // Each thread encodes its chunk into the file's bytes: (token count, bytes).
-            let encoded: Vec<Result<(usize, Vec<u8>)>> = std::thread::scope(|scope| {
+            // Each thread encodes its chunk into the file's bytes.
+            let encoded: Vec<Result<EncodedChunk>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = batch
                     .iter()
-                    .map(|chunk| {
-                        scope.spawn(move || {
-                            let ids = tokenizer.encode(chunk)?;
-                            let mut bytes = Vec::new();
-                            width.encode_into(&ids, &mut bytes);
-                            Ok((ids.len(), bytes))
-                        })
+                    .zip(&mut encoders)
+                    .map(|(chunk, encoder)| {
+                        scope.spawn(move || encode_chunk(chunk, encoder, width, cut))
                     })
                     .collect();
                 handles
@@ -665,11 +731,16 @@ fn encode_all(
                     .collect()
             });
             for (chunk, result) in batch.iter().zip(encoded) {
-                let (tokens, bytes) = result.with_context(|| format!("corpus {}", source.name))?;
-                out.write_all(&bytes).with_context(|| {
+                let encoded = result.with_context(|| format!("corpus {}", source.name))?;
+                out.write_all(&encoded.bytes).with_context(|| {
                     format!("cannot write the token files in {}", dir.display())
                 })?;
-                *count += tokens as u64;
+                let mut end = *count;
+                for len in encoded.documents {
+                    end += len;
+                    starts.push(end);
+                }
+                *count += encoded.tokens;
                 bar.inc(chunk.len() as u64);
             }
         }
@@ -680,17 +751,111 @@ fn encode_all(
             .with_context(|| format!("cannot write {}", dir.join(name).display()))?;
     }
     bar.finish_and_clear();
-    Ok(counts)
+    Ok(Encoded {
+        counts,
+        offsets: cut.separator().is_some().then_some(offsets),
+    })
 }
 
-/// With a fraction, moves the last `fraction` of `train.bin` into `val.bin`; returns the final
-/// (train, val) token counts.
-fn split_val(dir: &Path, width: Width, val: &ValSplit, counts: (u64, u64)) -> Result<(u64, u64)> {
+/// What [`encode_all`] wrote.
+struct Encoded {
+    /// Tokens in (train.bin, val.bin).
+    counts: (u64, u64),
+    /// With a separator: where each document starts in each file, then the end.
+    offsets: Option<(Vec<u64>, Vec<u64>)>,
+}
+
+/// One chunk encoded.
+struct EncodedChunk {
+    tokens: u64,
+    bytes: Vec<u8>,
+    /// With a separator: the length of each document (of at least one token), in order.
+    documents: Vec<u64>,
+}
+
+/// Encodes `chunk` into token file bytes: whole, or document by document when `cut` has a
+/// separator (the chunk then holds whole documents).
+fn encode_chunk(
+    chunk: &str,
+    encoder: &mut Encoder,
+    width: Width,
+    cut: &Cut,
+) -> Result<EncodedChunk> {
+    let mut encoded = EncodedChunk {
+        tokens: 0,
+        bytes: Vec::new(),
+        documents: Vec::new(),
+    };
+    let mut add = |ids: &[u32]| {
+        width.encode_into(ids, &mut encoded.bytes);
+        encoded.tokens += ids.len() as u64;
+    };
+    match cut.separator() {
+        None => add(&encoder.encode(chunk)?),
+        Some(separator) => {
+            for doc in chunk.split(separator) {
+                let ids = encoder.encode(doc.trim_matches('\n'))?;
+                if !ids.is_empty() {
+                    add(&ids);
+                    encoded.documents.push(ids.len() as u64);
+                }
+            }
+        }
+    }
+    Ok(encoded)
+}
+
+/// Writes the document offsets of both splits, the train ones cut at `train_tokens` (where
+/// the validation split starts when it is a fraction of the stream); returns the number of
+/// documents in each.
+fn write_documents(
+    dir: &Path,
+    (mut train, mut val): (Vec<u64>, Vec<u64>),
+    train_tokens: u64,
+) -> Result<(u64, u64)> {
+    if let Some(at) = train.iter().position(|&o| o == train_tokens)
+        && at + 1 < train.len()
+    {
+        // The fraction's documents moved into val.bin: rebase their offsets.
+        val = train[at..].iter().map(|o| o - train_tokens).collect();
+        train.truncate(at + 1);
+    }
+    for (name, offsets) in [(TRAIN_DOCS, &train), (VAL_DOCS, &val)] {
+        let bytes: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        crate::checkpoint::write_atomic(&dir.join(name), &bytes)?;
+    }
+    Ok((train.len() as u64 - 1, val.len() as u64 - 1))
+}
+
+/// The document offsets in `path` (little-endian u64).
+fn read_offsets(path: &Path) -> Result<Vec<u64>> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.len() % 8 != 0 {
+        bail!("{} is truncated", path.display());
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// With a fraction, moves the last `fraction` of `train.bin` into `val.bin` (from the document
+/// boundary nearest it, with documents); returns the final (train, val) token counts.
+fn split_val(
+    dir: &Path,
+    width: Width,
+    val: &ValSplit,
+    counts: (u64, u64),
+    documents: Option<&[u64]>,
+) -> Result<(u64, u64)> {
     let ValSplit::Fraction(fraction) = val else {
         return Ok(counts);
     };
     let total = counts.0 as usize;
-    let n = train_tokens(total, *fraction) as u64;
+    let n = match documents {
+        Some(offsets) => offsets[val_start(offsets, *fraction)?],
+        None => train_tokens(total, *fraction) as u64,
+    };
     let w = width.bytes() as u64;
     let train_path = dir.join(TRAIN);
     let mut train = std::fs::OpenOptions::new()
@@ -709,24 +874,78 @@ fn split_val(dir: &Path, width: Width, val: &ValSplit, counts: (u64, u64)) -> Re
     Ok((n, total as u64 - n))
 }
 
-/// Text from a reader in chunks of about [`CHUNK`] bytes, each cut where the tokenizer would
-/// cut too; invalid UTF-8 is an error naming the byte offset.
+/// Where a chunk of text may end, so that encoding chunk by chunk gives what encoding the
+/// whole text would.
+#[derive(Clone)]
+enum Cut {
+    /// Anywhere (at a character): char tokenizers.
+    Anywhere,
+    /// Before a whitespace that follows a non-whitespace character: byte-level BPE's
+    /// pre-tokenizer always splits there.
+    BeforeWord,
+    /// Right after a separator: documents are encoded one by one.
+    AfterSeparator(String),
+}
+
+impl Cut {
+    /// The cut for encoding with `tokenizer`, documents separated by `separator` if given.
+    fn new(tokenizer: &Tokenizer, separator: Option<&str>) -> Self {
+        match (separator, tokenizer) {
+            (Some(separator), _) => Self::AfterSeparator(separator.to_string()),
+            (None, Tokenizer::Bpe(_)) => Self::BeforeWord,
+            (None, Tokenizer::Char { .. }) => Self::Anywhere,
+        }
+    }
+
+    /// The cut of the scan: between words when BPE learns from the chunks.
+    fn new_scan(learn_bpe: bool) -> Self {
+        if learn_bpe {
+            Self::BeforeWord
+        } else {
+            Self::Anywhere
+        }
+    }
+
+    fn separator(&self) -> Option<&str> {
+        match self {
+            Self::AfterSeparator(separator) => Some(separator),
+            _ => None,
+        }
+    }
+
+    /// The last place in `text` this cut allows (not 0), if any.
+    fn last_in(&self, text: &str) -> Option<usize> {
+        match self {
+            Self::Anywhere => Some(text.len()),
+            Self::BeforeWord => word_cut(text),
+            // Matches found left to right from the chunk's start (itself right after a match),
+            // as `str::split` over the whole text finds them.
+            Self::AfterSeparator(separator) => text
+                .match_indices(separator.as_str())
+                .last()
+                .map(|(at, _)| at + separator.len()),
+        }
+        .filter(|&at| at > 0)
+    }
+}
+
+/// Text from a reader in chunks of about [`CHUNK`] bytes, each cut where [`Cut`] allows;
+/// invalid UTF-8 is an error naming the byte offset.
 struct Chunks<R: Read> {
     reader: R,
     buf: Vec<u8>,
-    /// Cut only before a whitespace that follows a non-whitespace character (BPE).
-    at_words: bool,
+    cut: Cut,
     done: bool,
     /// Bytes handed out so far.
     offset: u64,
 }
 
 impl<R: Read> Chunks<R> {
-    fn new(reader: R, at_words: bool) -> Self {
+    fn new(reader: R, cut: Cut) -> Self {
         Self {
             reader,
             buf: Vec::with_capacity(2 * CHUNK),
-            at_words,
+            cut,
             done: false,
             offset: 0,
         }
@@ -760,10 +979,8 @@ impl<R: Read> Chunks<R> {
                 Some(valid)
             } else if self.buf.len() < CHUNK {
                 None
-            } else if self.at_words {
-                word_cut(text)
             } else {
-                Some(valid)
+                self.cut.last_in(text)
             };
             match cut {
                 Some(0) if self.done => return Ok(None),
@@ -849,8 +1066,8 @@ fn bar(show: bool, total: u64, what: &str) -> ProgressBar {
 mod tests {
     use super::*;
 
-    fn chunks(text: &str, at_words: bool) -> Vec<String> {
-        let mut chunks = Chunks::new(text.as_bytes(), at_words);
+    fn chunks(text: &str, cut: Cut) -> Vec<String> {
+        let mut chunks = Chunks::new(text.as_bytes(), cut);
         std::iter::from_fn(|| chunks.next_chunk().unwrap()).collect()
     }
 
@@ -858,13 +1075,21 @@ mod tests {
     fn chunks_cover_the_text_and_cut_only_before_words() {
         let text = "Of Man's first disobedience, and the fruit\n\n\nOf that forbidden tree "
             .repeat(40_000);
-        for at_words in [false, true] {
-            let pieces = chunks(&text, at_words);
+        let separator = Cut::AfterSeparator("\n\n".into());
+        for cut in [Cut::Anywhere, Cut::BeforeWord, separator] {
+            let pieces = chunks(&text, cut.clone());
             assert!(pieces.len() > 2, "{}", pieces.len());
             assert_eq!(pieces.concat(), text);
-            if at_words {
-                for piece in &pieces[1..] {
-                    assert!(piece.starts_with(char::is_whitespace), "{:?}", &piece[..10]);
+            for piece in &pieces[1..] {
+                match &cut {
+                    Cut::Anywhere => {}
+                    Cut::BeforeWord => {
+                        assert!(piece.starts_with(char::is_whitespace), "{:?}", &piece[..10])
+                    }
+                    // "\n\n\n" is cut after its first two newlines, as `split` cuts it.
+                    Cut::AfterSeparator(_) => {
+                        assert!(piece.starts_with("\nOf that"), "{:?}", &piece[..10])
+                    }
                 }
             }
         }
@@ -876,10 +1101,14 @@ mod tests {
     fn invalid_text_is_an_error_with_its_offset() {
         let mut bytes = "abc".repeat(10).into_bytes();
         bytes[7] = 0xff;
-        let err = Chunks::new(&bytes[..], false).next_chunk().unwrap_err();
+        let err = Chunks::new(&bytes[..], Cut::Anywhere)
+            .next_chunk()
+            .unwrap_err();
         assert_eq!(err.to_string(), "invalid UTF-8 at byte 7");
         bytes[7] = 0;
-        let err = Chunks::new(&bytes[..], false).next_chunk().unwrap_err();
+        let err = Chunks::new(&bytes[..], Cut::Anywhere)
+            .next_chunk()
+            .unwrap_err();
         assert!(err.to_string().contains("NUL byte at byte 7"), "{err}");
     }
 

@@ -97,6 +97,136 @@ fn training_on_a_prepared_directory_equals_training_on_the_file() {
     }
 }
 
+/// The token file `path` as ids (u16) or offsets (u64).
+fn read_le<const N: usize>(path: &Path) -> Vec<u64> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(N)
+        .map(|b| b.iter().rev().fold(0u64, |n, &byte| n << 8 | byte as u64))
+        .collect()
+}
+
+/// `prepare --separator` encodes each document on its own, chunk by chunk, exactly as the text
+/// split in memory; `documents` batching then trains on the prepared directory as on the file.
+#[test]
+fn documents_prepared_with_a_separator_train_as_from_the_text() {
+    use tinygpt::documents::Documents;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Stanzas of 1 to 6 lines, some separated by more than one blank line; over 2 MB, so
+    // prepare reads it in several chunks.
+    let text = std::fs::read_to_string(corpus()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut stanzas = String::new();
+    let mut at = 0;
+    while stanzas.len() < 2_500_000 {
+        let n = 1 + at % 6;
+        let stanza: Vec<&str> = (at..at + n).map(|i| lines[i % lines.len()]).collect();
+        stanzas.push_str(&stanza.join("\n"));
+        stanzas.push_str(if at % 7 == 0 { "\n\n\n\n" } else { "\n\n" });
+        at += n;
+    }
+    std::fs::write(dir.join("stanzas.txt"), &stanzas).unwrap();
+    let log = ok(prepare(
+        dir,
+        &[
+            "--data",
+            "stanzas.txt",
+            "--out",
+            "docs",
+            "--separator",
+            "\\n\\n",
+        ],
+    ));
+    let m = meta(&dir.join("docs"));
+    assert_eq!(m["separator"], "\n\n");
+
+    // The same documents and tokens as splitting the whole text in memory.
+    let tokenizer = tinygpt::tokenizer::Tokenizer::from_json(
+        &std::fs::read_to_string(dir.join("docs/tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let whole = Documents::of_text(&stanzas, &tokenizer, "\n\n", 16).unwrap();
+    let train = read_le::<8>(&dir.join("docs/train.docs.bin"));
+    let val = read_le::<8>(&dir.join("docs/val.docs.bin"));
+    let split = *train.last().unwrap();
+    let rejoined: Vec<u64> = train
+        .iter()
+        .copied()
+        .chain(val[1..].iter().map(|o| o + split))
+        .collect();
+    assert_eq!(rejoined, whole.offsets());
+    let tokens: Vec<u64> = [
+        read_le::<2>(&dir.join("docs/train.bin")),
+        read_le::<2>(&dir.join("docs/val.bin")),
+    ]
+    .concat();
+    assert_eq!(tokens.len(), whole.tokens());
+    assert_eq!(m["train_documents"], train.len() as u64 - 1);
+    assert_eq!(m["val_documents"], val.len() as u64 - 1);
+    assert!(
+        log.contains(&format!(
+            "{} train + {} val documents",
+            train.len() - 1,
+            val.len() - 1
+        )),
+        "{log}"
+    );
+    // Validation starts at the document boundary nearest 90% of the tokens.
+    let ninety = whole.tokens() as f64 * 0.9;
+    assert!((split as f64 - ninety).abs() < 200.0, "{split} vs {ninety}");
+
+    // Training with `documents` batching: the prepared directory, then the text itself.
+    let settings = ["--max-iters", "10", "--set", "data.batching=documents"];
+    let from_dir = [
+        &["train", "--data", "docs", "--out", "a", "--backend", "flex"][..],
+        &TINY[..],
+        &settings[..],
+    ]
+    .concat();
+    ok(tinygpt(dir, &from_dir));
+    let from_text = [
+        &[
+            "train",
+            "--data",
+            "stanzas.txt",
+            "--out",
+            "b",
+            "--backend",
+            "flex",
+        ][..],
+        &TINY[..],
+        &settings[..],
+    ]
+    .concat();
+    ok(tinygpt(dir, &from_text));
+    assert_eq!(metrics(&dir.join("a")), metrics(&dir.join("b")));
+    assert_eq!(
+        std::fs::read(dir.join("b/data/val.docs.bin")).unwrap(),
+        std::fs::read(dir.join("docs/val.docs.bin")).unwrap()
+    );
+
+    // A directory prepared without the separator cannot batch documents; a damaged offsets
+    // file is named.
+    ok(prepare(dir, &["--data", "stanzas.txt", "--out", "plain"]));
+    let mut plain = from_dir.clone();
+    plain[2] = "plain";
+    plain[4] = "c";
+    fails(tinygpt(dir, &plain), "prepare it again with --separator");
+    let docs = dir.join("docs/val.docs.bin");
+    let bytes = std::fs::read(&docs).unwrap();
+    std::fs::write(&docs, &bytes[..bytes.len() - 8]).unwrap();
+    plain[2] = "docs";
+    fails(tinygpt(dir, &plain), "val.docs.bin is truncated or damaged");
+    // A usage error, as clap reports them (exit 2).
+    let empty = prepare(
+        dir,
+        &["--data", "stanzas.txt", "--out", "e", "--separator", ""],
+    );
+    assert_eq!(empty.status.code(), Some(2));
+    assert!(stderr(&empty).contains("the separator must not be empty"));
+}
+
 #[test]
 fn folders_stdin_held_out_files_and_wide_vocabularies() {
     let tmp = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use tinygpt::config::TokenizerKind;
 use tinygpt::corpus::BPE_SAMPLE_BYTES;
 use tinygpt::prepare::{
-    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit,
+    self, DEFAULT_INCLUDE, Phases, PrepareOptions, Prepared, TokenizerSource, ValSplit,
 };
 use tinygpt::tokenizer::Tokenizer;
 use tinygpt::tokens::Width;
@@ -58,6 +58,34 @@ pub struct Args {
     /// stopping at the first.
     #[arg(long)]
     skip_invalid: bool,
+    /// Documents are separated by SEP (`\n` and `\t` stand for a newline and a tab, so
+    /// '\n\n' is a blank line). Each document is encoded on its own, without the separator,
+    /// and where each starts is written, for `data.batching = "documents"` (the same setting
+    /// as `data.separator`). With --val-fraction, validation starts at a document.
+    #[arg(long, value_name = "SEP", value_parser = unescape)]
+    separator: Option<String>,
+}
+
+/// `\n`, `\t`, `\r` and `\\` as the characters they stand for; a separator cannot be empty.
+fn unescape(text: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        out.push(match (c, c == '\\') {
+            (_, false) => c,
+            (_, true) => match chars.next() {
+                Some('n') => '\n',
+                Some('t') => '\t',
+                Some('r') => '\r',
+                Some('\\') => '\\',
+                other => return Err(format!("unknown escape \\{}", other.unwrap_or(' '))),
+            },
+        });
+    }
+    if out.is_empty() {
+        return Err("the separator must not be empty".into());
+    }
+    Ok(out)
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -103,11 +131,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             false => ValSplit::Files(args.val_files),
         },
         skip_invalid: args.skip_invalid,
+        separator: args.separator,
         progress: std::io::stderr().is_terminal(),
     };
     let start = Instant::now();
-    let prepared = prepare::prepare(options, &args.out)?;
-    report(&prepared, start.elapsed().as_secs_f64());
+    let (prepared, phases) = prepare::prepare(options, &args.out)?;
+    report(&prepared, start.elapsed().as_secs_f64(), &phases);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -119,7 +148,7 @@ fn tokenizer_of(dir: &std::path::Path) -> Result<Tokenizer> {
     Ok(tinygpt::checkpoint::Run::open(dir)?.tokenizer)
 }
 
-fn report(prepared: &Prepared, seconds: f64) {
+fn report(prepared: &Prepared, seconds: f64, phases: &Phases) {
     let meta = &prepared.meta;
     let bytes: u64 = meta.inputs.iter().map(|i| i.bytes).sum();
     let mb = bytes as f64 / 1e6;
@@ -138,11 +167,23 @@ fn report(prepared: &Prepared, seconds: f64) {
         meta.inputs.len(),
         mb / seconds.max(1e-9),
     );
+    let encode = phases.encode.as_secs_f64();
+    println!(
+        "scan {:.1}s, {kind} learning {:.1}s, encoding {encode:.1}s ({:.1} MB/s)",
+        phases.scan.as_secs_f64(),
+        phases.learn.as_secs_f64(),
+        mb / encode.max(1e-9),
+    );
     if let Some(sample) = meta.bpe_sample_bytes {
         println!(
             "BPE learned from {:.1} MB of the corpus (evenly spaced chunks; --bpe-sample-mb sets it)",
             sample as f64 / 1e6
         );
+    }
+    if let (Some(separator), Some(train), Some(val)) =
+        (&meta.separator, meta.train_documents, meta.val_documents)
+    {
+        println!("{train} train + {val} val documents separated by {separator:?}");
     }
     for (path, why) in &meta.skipped {
         println!("skipped {path}: {why}");

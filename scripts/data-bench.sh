@@ -14,7 +14,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rss() { awk '/Maximum resident/ {printf "%.0f", $6/1024}' "$1"; }
 wall() { awk '/Elapsed/ {print $8}' "$1"; }
-printf "%-8s %-5s %12s %10s %14s %16s %14s\n" corpus tok "prepare MB/s" "peak MiB" "train start s" "train peak MiB" "prepare wall"
+printf "%-8s %-5s %12s %13s %10s %14s %16s %14s\n" corpus tok "prepare MB/s" "encoding MB/s" "peak MiB" \
+  "train start s" "train peak MiB" "prepare wall"
 for mb in ${sizes[@]}; do
   corpus="$work/corpus-$mb.txt"
   : > "$corpus"
@@ -24,13 +25,14 @@ for mb in ${sizes[@]}; do
     out="$work/p-$mb-$tok"
     /usr/bin/time -v "$bin" prepare --data "$corpus" --out "$out" --tokenizer "$tok" \
       --bpe-vocab-size 2048 > "$work/log" 2> "$work/time"
-    speed=$(grep -o '([0-9.]* MB/s)' "$work/log" | tr -d '()MB/s ')
+    speed=$(grep -o '([0-9.]* MB/s)' "$work/log" | head -1 | tr -d '()MB/s ')
+    encoding=$(grep -o '([0-9.]* MB/s)' "$work/log" | sed -n 2p | tr -d '()MB/s ')
     prep_rss=$(rss "$work/time"); prep_wall=$(wall "$work/time")
     start=$(date +%s.%N)
     /usr/bin/time -v "$bin" train --config baby --data "$out" --out "$work/run-$mb-$tok" \
       --max-iters 1 --set train.eval_iters=1 > /dev/null 2> "$work/time"
     end=$(date +%s.%N)
-    printf "%-8s %-5s %12s %10s %14.2f %16s %14s\n" "${mb}MB" "$tok" "$speed" "$prep_rss" \
+    printf "%-8s %-5s %12s %13s %10s %14.2f %16s %14s\n" "${mb}MB" "$tok" "$speed" "$encoding" "$prep_rss" \
       "$(echo "$end - $start" | bc)" "$(rss "$work/time")" "$prep_wall"
     rm -rf "$out" "$work/run-$mb-$tok"
   done

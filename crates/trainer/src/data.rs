@@ -225,6 +225,8 @@ pub fn sweep(
             let spans = window_spans(ids.len(), block_size);
             Box::new((0..spans.len()).step_by(batch.max(1)).map(move |first| {
                 let last = (first + batch).min(spans.len());
+                let (from, to) = (spans[first].0, spans[last - 1].1);
+                ids.prefetch(from, to - from);
                 let pieces: Vec<Vec<u32>> = spans[first..last]
                     .iter()
                     .map(|&(start, end)| ids.slice(start, end - start))

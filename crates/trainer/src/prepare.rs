@@ -59,6 +59,24 @@ pub enum ValSplit {
     Files(Vec<PathBuf>),
 }
 
+impl ValSplit {
+    /// The fraction, if the split is one.
+    pub fn fraction(&self) -> Option<f64> {
+        match self {
+            Self::Fraction(f) => Some(*f),
+            Self::Files(_) => None,
+        }
+    }
+
+    /// The held-out inputs (none for a fraction).
+    pub fn files(&self) -> &[PathBuf] {
+        match self {
+            Self::Fraction(_) => &[],
+            Self::Files(files) => files,
+        }
+    }
+}
+
 /// The tokenizer: one to learn from the corpus, or one given (a run's, when it is resumed).
 pub enum TokenizerSource {
     Learn {
@@ -272,12 +290,8 @@ pub fn temp_beside(path: &Path) -> Result<tempfile::TempDir> {
 /// Prepares `options` into `dir`, an existing empty directory.
 pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases)> {
     let started = Instant::now();
-    let held_out: &[PathBuf] = match &options.val {
-        ValSplit::Files(files) => files,
-        ValSplit::Fraction(_) => &[],
-    };
-    let sources = sources(&options.inputs, held_out, &options.include, dir)?;
-    let scan = scan(&sources, &options)?;
+    let sources = sources(&options.inputs, options.val.files(), &options.include, dir)?;
+    let mut scan = scan(&sources, &options)?;
     if scan.blank {
         match &sources[..] {
             [one] => bail!("corpus {} is empty", one.name),
@@ -288,18 +302,9 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         check_covered(tokenizer, &scan.chars)?;
     }
     let scanned = Instant::now();
-    let tokenizer = match options.tokenizer {
-        TokenizerSource::Given(tokenizer) => tokenizer,
-        TokenizerSource::Learn {
-            kind: TokenizerKind::Char,
-            ..
-        } => Tokenizer::from_char_set(scan.chars),
-        TokenizerSource::Learn {
-            kind: TokenizerKind::Bpe,
-            bpe_vocab_size,
-            ..
-        } => Tokenizer::train_bpe(&scan.sample, bpe_vocab_size)?,
-    };
+    let tokenizer = learn(options.tokenizer, &scan)?;
+    // The BPE sample (up to --bpe-sample-mb) is not needed while encoding.
+    scan.sample = Vec::new();
     let learned = Instant::now();
     let width = Width::for_vocab(tokenizer.vocab_size());
     let kept: Vec<&Source> = sources
@@ -308,13 +313,7 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         .collect();
     let cut = Cut::new(&tokenizer, options.separator.as_deref());
     let encoded = encode_all(&kept, &tokenizer, width, &cut, dir, options.progress)?;
-    for source in &sources {
-        if let Origin::File(path) = &source.origin
-            && path.starts_with(dir)
-        {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    remove_copies(&sources, dir);
     let train_offsets = encoded.offsets.as_ref().map(|o| o.0.as_slice());
     let (train_tokens, val_tokens) =
         split_val(dir, width, &options.val, encoded.counts, train_offsets)?;
@@ -330,14 +329,13 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         width,
         train_tokens,
         val_tokens,
-        val_fraction: match options.val {
-            ValSplit::Fraction(f) => Some(f),
-            ValSplit::Files(_) => None,
-        },
-        val_files: match &options.val {
-            ValSplit::Fraction(_) => Vec::new(),
-            ValSplit::Files(files) => files.iter().map(|f| f.display().to_string()).collect(),
-        },
+        val_fraction: options.val.fraction(),
+        val_files: options
+            .val
+            .files()
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect(),
         bpe_sample_bytes: scan.sample_bytes,
         inputs: kept
             .iter()
@@ -362,6 +360,33 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         encode: learned.elapsed(),
     };
     Ok((meta, phases))
+}
+
+/// The tokenizer given, or learned from what the scan found.
+fn learn(source: TokenizerSource, scan: &Scan) -> Result<Tokenizer> {
+    Ok(match source {
+        TokenizerSource::Given(tokenizer) => tokenizer,
+        TokenizerSource::Learn {
+            kind: TokenizerKind::Char,
+            ..
+        } => Tokenizer::from_char_set(scan.chars.clone()),
+        TokenizerSource::Learn {
+            kind: TokenizerKind::Bpe,
+            bpe_vocab_size,
+            ..
+        } => Tokenizer::train_bpe(&scan.sample, bpe_vocab_size)?,
+    })
+}
+
+/// Removes the copies of standard input and pipes made in `dir`.
+fn remove_copies(sources: &[Source], dir: &Path) {
+    for source in sources {
+        if let Origin::File(path) = &source.origin
+            && path.starts_with(dir)
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// One input file (or the text of a built-in corpus).

@@ -312,11 +312,29 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         .filter(|s| !scan.skipped.iter().any(|(p, _)| *p == s.name))
         .collect();
     let cut = Cut::new(&tokenizer, options.separator.as_deref());
-    let encoded = encode_all(&kept, &tokenizer, width, &cut, dir, options.progress)?;
+    // A char tokenizer's token count is known from the scan: the validation tokens can go
+    // straight to val.bin instead of being moved there afterwards.
+    let split_at = match (&tokenizer, &cut, &options.val) {
+        (Tokenizer::Char { .. }, Cut::Anywhere, ValSplit::Fraction(f)) => {
+            Some(crate::data::train_tokens(scan.characters as usize, *f) as u64)
+        }
+        _ => None,
+    };
+    let encoded = encode_all(
+        &kept,
+        &tokenizer,
+        width,
+        &cut,
+        split_at,
+        dir,
+        options.progress,
+    )?;
     remove_copies(&sources, dir);
     let train_offsets = encoded.offsets.as_ref().map(|o| o.0.as_slice());
-    let (train_tokens, val_tokens) =
-        split_val(dir, width, &options.val, encoded.counts, train_offsets)?;
+    let (train_tokens, val_tokens) = match split_at {
+        Some(_) => encoded.counts,
+        None => split_val(dir, width, &options.val, encoded.counts, train_offsets)?,
+    };
     let documents = match encoded.offsets {
         Some(offsets) => Some(write_documents(dir, offsets, train_tokens)?),
         None => None,
@@ -624,6 +642,8 @@ struct Scan {
     skipped: Vec<(String, String)>,
     /// Whether every kept source is empty or whitespace.
     blank: bool,
+    /// Characters in the kept sources, when they were collected (a char tokenizer's tokens).
+    characters: u64,
 }
 
 /// The first pass: every source is checked to be UTF-8 text and hashed; the characters are
@@ -656,21 +676,27 @@ fn scan(sources: &[Source], options: &PrepareOptions) -> Result<Scan> {
         sample_bytes: learn_bpe.then_some(0),
         skipped: Vec::new(),
         blank: true,
+        characters: 0,
     };
     let mut chunk_index = 0u64;
     for source in sources {
         let mut hasher = Sha256::new();
         let mut chars = BTreeSet::new();
         let mut sample = Vec::new();
+        let mut characters = 0u64;
         let mut chunks = Chunks::new(source.open()?, Cut::new_scan(learn_bpe));
         let result = (|| -> Result<()> {
             while let Some(chunk) = chunks.next_chunk()? {
-                hasher.update(chunk.as_bytes());
                 bar.inc(chunk.len() as u64);
-                if learn_chars {
-                    add_chars(&chunk, &mut chars);
-                }
-                scan.blank &= chunk.trim().is_empty();
+                // SHA-256 on a second core while this one looks at the characters.
+                std::thread::scope(|scope| {
+                    scope.spawn(|| hasher.update(chunk.as_bytes()));
+                    if learn_chars {
+                        add_chars(&chunk, &mut chars);
+                        characters += chunk.chars().count() as u64;
+                    }
+                    scan.blank &= chunk.trim().is_empty();
+                });
                 if learn_bpe && chunk_index.is_multiple_of(stride) {
                     sample.push(chunk);
                 }
@@ -682,6 +708,7 @@ fn scan(sources: &[Source], options: &PrepareOptions) -> Result<Scan> {
             Ok(()) => {
                 scan.sha256.push(hex(&hasher.finalize()));
                 scan.chars.extend(chars);
+                scan.characters += characters;
                 if let Some(bytes) = &mut scan.sample_bytes {
                     *bytes += sample.iter().map(|s| s.len() as u64).sum::<u64>();
                 }
@@ -706,6 +733,7 @@ fn encode_all(
     tokenizer: &Tokenizer,
     width: Width,
     cut: &Cut,
+    split_at: Option<u64>,
     dir: &Path,
     progress: bool,
 ) -> Result<Encoded> {
@@ -725,11 +753,6 @@ fn encode_all(
     // One encoder per thread, kept across batches (BPE's word cache fills once).
     let mut encoders: Vec<_> = (0..threads).map(|_| tokenizer.encoder()).collect();
     for source in sources {
-        let (out, count, starts) = if source.val {
-            (&mut val, &mut counts.1, &mut offsets.1)
-        } else {
-            (&mut train, &mut counts.0, &mut offsets.0)
-        };
         let mut chunks = Chunks::new(source.open()?, cut.clone());
         loop {
             let mut batch = Vec::with_capacity(threads);
@@ -757,9 +780,31 @@ fn encode_all(
             });
             for (chunk, result) in batch.iter().zip(encoded) {
                 let encoded = result.with_context(|| format!("corpus {}", source.name))?;
-                out.write_all(&encoded.bytes).with_context(|| {
-                    format!("cannot write the token files in {}", dir.display())
-                })?;
+                let cannot = || format!("cannot write the token files in {}", dir.display());
+                match split_at {
+                    // Past `split_at` train tokens, the stream goes on in val.bin.
+                    Some(limit) if !source.val => {
+                        let w = width.bytes();
+                        let keep =
+                            (limit.saturating_sub(counts.0) as usize * w).min(encoded.bytes.len());
+                        let (to_train, to_val) = encoded.bytes.split_at(keep);
+                        train.write_all(to_train).with_context(cannot)?;
+                        val.write_all(to_val).with_context(cannot)?;
+                        counts.0 += (keep / w) as u64;
+                        counts.1 += (to_val.len() / w) as u64;
+                        train.write_back();
+                        val.write_back();
+                        bar.inc(chunk.len() as u64);
+                        continue;
+                    }
+                    _ => {}
+                }
+                let (out, count, starts) = if source.val {
+                    (&mut val, &mut counts.1, &mut offsets.1)
+                } else {
+                    (&mut train, &mut counts.0, &mut offsets.0)
+                };
+                out.write_all(&encoded.bytes).with_context(cannot)?;
                 out.write_back();
                 let mut end = *count;
                 for len in encoded.documents {

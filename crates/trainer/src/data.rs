@@ -9,7 +9,7 @@ use rand::{RngExt, SeedableRng};
 use tinygpt_model::IGNORE_INDEX;
 
 use crate::config::{Batching, DataSection};
-use crate::documents::{Documents, val_start};
+use crate::documents::{Documents, val_start, window_count, window_span};
 use crate::presets;
 use crate::tokenizer::Tokenizer;
 use crate::tokens::Tokens;
@@ -247,14 +247,11 @@ pub fn sweep(
 /// The `(start, end)` of each window over `len` tokens: consecutive windows of up to
 /// `block_size + 1` tokens sharing their end tokens.
 fn window_spans(len: usize, block_size: usize) -> Vec<(usize, usize)> {
-    let mut spans = Vec::new();
-    let mut start = 0;
-    while start + 1 < len {
-        let end = (start + block_size + 1).min(len);
-        spans.push((start, end));
-        start = end - 1;
-    }
-    spans
+    let len = len as u64;
+    (0..window_count(len, block_size))
+        .map(|k| window_span(k, len, block_size))
+        .map(|(start, end)| (start as usize, end as usize))
+        .collect()
 }
 
 /// Samples of `len + 1` tokens as inputs and shifted targets, right-padded to the longest:

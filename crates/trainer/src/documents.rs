@@ -34,7 +34,7 @@ impl Documents {
         let mut total = 0;
         windows_before.push(0);
         for pair in offsets.windows(2) {
-            total += windows(pair[1] - pair[0], block_size);
+            total += window_count(pair[1] - pair[0], block_size);
             windows_before.push(total);
         }
         Ok(Self {
@@ -111,15 +111,23 @@ impl Documents {
         let k = k as u64;
         // The document whose windows include k: the last one with fewer windows before it.
         let doc = self.windows_before.partition_point(|&before| before <= k) - 1;
-        let start = self.offsets[doc] + (k - self.windows_before[doc]) * self.block_size as u64;
-        let end = (start + self.block_size as u64 + 1).min(self.offsets[doc + 1]);
-        self.tokens.slice(start as usize, (end - start) as usize)
+        let len = self.offsets[doc + 1] - self.offsets[doc];
+        let (start, end) = window_span(k - self.windows_before[doc], len, self.block_size);
+        let first = self.offsets[doc] + start;
+        self.tokens.slice(first as usize, (end - start) as usize)
     }
 }
 
-/// The windows over a document of `len` tokens: each predicts up to `block_size` targets.
-fn windows(len: u64, block_size: usize) -> u64 {
+/// The windows over a stream of `len` tokens: each predicts up to `block_size` targets.
+pub fn window_count(len: u64, block_size: usize) -> u64 {
     len.saturating_sub(1).div_ceil(block_size as u64)
+}
+
+/// Window `k` of a stream of `len` tokens, as `(start, end)`: `block_size + 1` tokens (fewer
+/// for the last), sharing its first token with the previous window's last.
+pub fn window_span(k: u64, len: u64, block_size: usize) -> (u64, u64) {
+    let start = k * block_size as u64;
+    (start, (start + block_size as u64 + 1).min(len))
 }
 
 /// The document at which validation starts: the boundary nearest the last `val_fraction` of

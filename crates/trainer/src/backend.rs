@@ -6,11 +6,13 @@
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceType};
 
+use crate::cuda;
+
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// A GPU through wgpu when one is present; else `fused` (or flex for a model the fused
-    /// engine does not implement).
+    /// A CUDA GPU when tinygpt is built with CUDA and one answers; else a GPU through wgpu;
+    /// else `fused` (or flex for a model the fused engine does not implement).
     Auto,
     /// tinygpt's fused CPU engine for training steps, loss estimates and sampling (hand-written
     /// forward and backward, AVX-512 matmuls when the CPU has them, every core); the other
@@ -23,6 +25,9 @@ pub enum Backend {
     /// wgpu: Vulkan, Metal or DX12 (a software Vulkan such as lavapipe counts), with kernel
     /// fusion and autotuned kernels.
     Wgpu,
+    /// Burn's CUDA backend on an NVIDIA GPU (the first that `CUDA_VISIBLE_DEVICES` shows), with
+    /// kernel fusion and autotuned kernels; needs a build with `--features cuda`.
+    Cuda,
 }
 
 /// Which engine computes losses, gradients and updates.
@@ -36,16 +41,42 @@ pub enum EngineChoice {
     FusedIfSupported,
 }
 
+/// Whose memory a device uses, and who can say how much of it is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// The host's: the CPU backends.
+    Host,
+    /// A CUDA GPU's: the driver reports what is free.
+    Cuda,
+    /// A wgpu device's: wgpu cannot report it.
+    Unreported,
+}
+
 /// Where a model runs and what trains it.
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub device: Device,
     pub engine: EngineChoice,
-    /// Whether the device is the CPU (its memory is the host's).
-    pub cpu: bool,
+    pub memory: Memory,
+    /// Why `auto` passed over a GPU that is present, when it did.
+    pub note: Option<String>,
 }
 
 impl Placement {
+    /// Whether the device is the CPU: a read back from it costs no wait for another processor.
+    pub fn on_host(&self) -> bool {
+        self.memory == Memory::Host
+    }
+
+    /// Bytes the device can still allocate, where that can be known.
+    pub fn available_memory(&self) -> Option<u64> {
+        match self.memory {
+            Memory::Host => crate::memory::available_bytes(),
+            Memory::Cuda => crate::cuda::free_memory(),
+            Memory::Unreported => None,
+        }
+    }
+
     /// Whether a model of `config` trains on the fused engine here.
     pub fn trains_fused(&self, config: &tinygpt_model::GptConfig) -> bool {
         match self.engine {
@@ -57,29 +88,42 @@ impl Placement {
 }
 
 impl Backend {
-    /// The device and engine this backend means on this machine; wgpu without an adapter is
-    /// an error.
+    /// The device and engine this backend means on this machine; a GPU backend without its
+    /// device is an error.
     pub fn placement(self) -> Result<Placement> {
-        let (device, engine, cpu) = match self {
-            Self::Fused => (Device::flex(), EngineChoice::Fused, true),
-            Self::Flex => (Device::flex(), EngineChoice::Autodiff, true),
-            Self::Ndarray => (ndarray(), EngineChoice::Autodiff, true),
+        let cpu = |engine| (Device::flex(), engine, Memory::Host);
+        let mut note = None;
+        let (device, engine, memory) = match self {
+            Self::Fused => cpu(EngineChoice::Fused),
+            Self::Flex => cpu(EngineChoice::Autodiff),
+            Self::Ndarray => (ndarray(), EngineChoice::Autodiff, Memory::Host),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
-                Some(device) => (device, EngineChoice::Autodiff, false),
+                Some(device) => (device, EngineChoice::Autodiff, Memory::Unreported),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Auto => match physical_gpu() {
-                Some(gpu) => (gpu, EngineChoice::Autodiff, false),
-                None => (Device::flex(), EngineChoice::FusedIfSupported, true),
+            Self::Cuda => (cuda::device()?, EngineChoice::Autodiff, Memory::Cuda),
+            Self::Auto => match cuda::device() {
+                Ok(device) => (device, EngineChoice::Autodiff, Memory::Cuda),
+                Err(why) => {
+                    // A GPU that is there but cannot run is worth a word; no driver is not.
+                    if why == cuda::Unavailable::NoLibdevice {
+                        note = Some(format!("{why}; auto takes the next backend"));
+                    }
+                    match physical_gpu() {
+                        Some(gpu) => (gpu, EngineChoice::Autodiff, Memory::Unreported),
+                        None => cpu(EngineChoice::FusedIfSupported),
+                    }
+                }
             },
         };
         Ok(Placement {
             device,
             engine,
-            cpu,
+            memory,
+            note,
         })
     }
 
@@ -91,6 +135,7 @@ impl Backend {
             Self::Flex => "flex",
             Self::Ndarray => "ndarray",
             Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The training engine: it owns the model's weights and the optimizer's state, computes losses,
 //! gradients and updates, and hands out an up-to-date [`Gpt`] (or checkpoint bytes) on request.
 //!
-//! Two engines sit behind one type: Burn's autodiff with Burn's AdamW on any device, and the
-//! model crate's fused CPU engine ([`FusedCpu`]), which keeps the weights and AdamW's moments in
-//! its own buffers and writes them into the [`Gpt`] and a Burn optimizer state only when they
-//! are asked for. Either way the rest of the program cannot see stale weights.
+//! Three engines sit behind one type: Burn's autodiff with Burn's AdamW on the CPU; Burn's
+//! autodiff with [`DeviceAdamW`] on a GPU, where the non-finite guard decides on the device and
+//! a step's loss is read back only when asked for ([`Engine::outcomes`]); and the model crate's
+//! fused CPU engine ([`FusedCpu`]), which keeps the weights and AdamW's moments in its own
+//! buffers and writes them into the [`Gpt`] and a Burn optimizer state only when they are asked
+//! for. Either way the rest of the program cannot see stale weights.
 
 use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -17,6 +19,7 @@ use tinygpt_model::{
 
 use crate::backend::{EngineChoice, Placement};
 use crate::data::{Batch, mix};
+use crate::device_adamw::DeviceAdamW;
 use crate::optim::{burn_from_moments, moments_from_burn};
 
 /// Owns a model and its optimizer; see the module docs.
@@ -28,12 +31,26 @@ pub struct Engine {
     optim: ModuleOptimizer,
     /// Threads of the fused engine, and of the autodiff engine's loss estimates.
     threads: usize,
+    /// Outcomes of steps taken, not yet handed out by [`Engine::outcomes`].
+    known: Vec<Step>,
 }
+
+/// Steps whose outcome a GPU engine keeps on the device before it reads them anyway: a bound
+/// on what a caller that never asks can pile up.
+const MAX_PENDING: usize = 1024;
 
 enum Kind {
     /// `Gpt::forward`, the loss and `backward()` on this device (the inner one; gradients are
     /// taken on its autodiff form), then Burn's AdamW.
     Autodiff(Device),
+    /// The same gradients on a GPU, then [`DeviceAdamW`], which applies the update only where
+    /// the loss and the norm are finite, deciding on the device.
+    Device {
+        device: Device,
+        adamw: DeviceAdamW,
+        /// Each step's `[loss, gradient norm]`, still on the device.
+        pending: Vec<Tensor<1>>,
+    },
     /// Hand-written forward, backward and AdamW on the CPU, the batch split over threads.
     Fused {
         fused: Box<FusedCpu>,
@@ -66,13 +83,27 @@ impl Engine {
         adamw: AdamWSettings,
         threads: usize,
     ) -> Result<(Self, Option<String>)> {
-        let autodiff = |model, optim| Self {
-            kind: Kind::Autodiff(placement.device.clone()),
+        let engine = |kind, model, optim| Self {
+            kind,
             model: Some(model),
             optim,
             threads,
+            known: Vec::new(),
         };
+        let autodiff =
+            |model, optim| engine(Kind::Autodiff(placement.device.clone()), model, optim);
         match (placement.engine, fused_support(&model.config)) {
+            (EngineChoice::Autodiff, _) if !placement.on_host() => {
+                let device = placement.device.clone();
+                let states = moments_from_burn(&optim).context("optimizer state")?;
+                let adamw = DeviceAdamW::new(adamw, states, &device);
+                let kind = Kind::Device {
+                    device,
+                    adamw,
+                    pending: Vec::new(),
+                };
+                return Ok((engine(kind, model, optim), None));
+            }
             (EngineChoice::Autodiff, _) => return Ok((autodiff(model, optim), None)),
             (EngineChoice::Fused, Err(e)) => return Err(e.into()),
             (EngineChoice::FusedIfSupported, Err(e)) => {
@@ -90,19 +121,14 @@ impl Engine {
             adamw,
             stale: false,
         };
-        let engine = Self {
-            kind,
-            model: Some(model),
-            optim,
-            threads,
-        };
-        Ok((engine, None))
+        Ok((engine(kind, model, optim), None))
     }
 
     /// A short description for the log line.
     pub fn describe(&self) -> String {
         match &self.kind {
             Kind::Autodiff(_) => "Burn autodiff".into(),
+            Kind::Device { .. } => "Burn autodiff, AdamW on the device".into(),
             Kind::Fused { .. } => format!("fused CPU engine on {} threads", self.threads),
         }
     }
@@ -116,8 +142,11 @@ impl Engine {
     /// The optimizer's state as Burn serialises it (`optimizer.bpk`), up to date.
     pub fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
         self.sync()?;
-        let bytes = self
-            .optim
+        let optim = match &self.kind {
+            Kind::Device { adamw, .. } => burn_from_moments(&self.optim, adamw.moment_states()?)?,
+            _ => self.optim.clone(),
+        };
+        let bytes = optim
             .into_bytes()
             .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
         Ok(bytes.to_vec())
@@ -126,34 +155,59 @@ impl Engine {
     /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
     /// gradient accumulation does), clipped to the global norm `grad_clip` (0 = no clipping),
     /// then AdamW at learning rate `lr`, unless the loss or the norm is not finite (see
-    /// [`Step::applied`]). Dropout masks derive from `dropout_seed`. The loss and the norm are
-    /// read back every step (two floats) to decide.
+    /// [`Step::applied`]). Dropout masks derive from `dropout_seed`. What the step saw comes
+    /// from [`Engine::outcomes`]: on the CPU the loss and the norm are read back at once (two
+    /// floats) to decide; on a GPU the decision is made on the device and nothing is read.
     pub fn step(
         &mut self,
         batches: &[Batch],
         dropout_seed: u64,
         grad_clip: f64,
         lr: f64,
-    ) -> Result<Step> {
+    ) -> Result<()> {
         let n = batches.len() as f64;
         match &mut self.kind {
             Kind::Autodiff(device) => {
                 let device = device.clone().autodiff();
-                device.seed(dropout_seed);
                 let model = self.model.take().context("the engine lost its model")?;
-                let result = gradients(&model, batches, &device, grad_clip);
-                let (grads, step) = match result {
-                    Ok(done) => done,
-                    Err(e) => {
-                        self.model = Some(model);
-                        return Err(e);
-                    }
-                };
+                let (grads, stats) =
+                    match gradients(&model, batches, &device, dropout_seed, grad_clip) {
+                        Ok(done) => done,
+                        Err(e) => {
+                            self.model = Some(model);
+                            return Err(e);
+                        }
+                    };
+                let step = read_steps(stats)?[0];
                 self.model = Some(match step.applied {
                     true => self.optim.step(lr, model, grads),
                     false => model,
                 });
-                Ok(step)
+                self.known.push(step);
+                Ok(())
+            }
+            Kind::Device {
+                device,
+                adamw,
+                pending,
+            } => {
+                let device = device.clone().autodiff();
+                let model = self.model.take().context("the engine lost its model")?;
+                let (grads, stats) =
+                    match gradients(&model, batches, &device, dropout_seed, grad_clip) {
+                        Ok(done) => done,
+                        Err(e) => {
+                            self.model = Some(model);
+                            return Err(e);
+                        }
+                    };
+                let finite = stats.clone().inner().is_finite().all();
+                self.model = Some(adamw.step(model, grads, lr, finite));
+                pending.push(stats);
+                if pending.len() >= MAX_PENDING {
+                    self.read_pending()?;
+                }
+                Ok(())
             }
             Kind::Fused {
                 fused,
@@ -172,20 +226,38 @@ impl Engine {
                     f64::INFINITY
                 };
                 let grad_norm = fused.clip_grad_norm(bound);
-                let applied = loss.is_finite() && grad_norm.is_finite();
-                if applied {
+                let step = Step::new(loss, grad_norm);
+                if step.applied {
                     fused.adamw_step(lr, adamw);
                     *stale = true;
                 } else {
                     fused.discard_gradients();
                 }
-                Ok(Step {
-                    loss,
-                    grad_norm,
-                    applied,
-                })
+                self.known.push(step);
+                Ok(())
             }
         }
+    }
+
+    /// What the steps taken since the last call saw, in order. On a GPU their outcomes stay on
+    /// the device until `wait` is set: then they are read in one transfer (which waits for the
+    /// device to finish them); without it only outcomes already known come back (on the CPU,
+    /// all of them).
+    pub fn outcomes(&mut self, wait: bool) -> Result<Vec<Step>> {
+        if wait {
+            self.read_pending()?;
+        }
+        Ok(std::mem::take(&mut self.known))
+    }
+
+    fn read_pending(&mut self) -> Result<()> {
+        if let Kind::Device { pending, .. } = &mut self.kind
+            && !pending.is_empty()
+        {
+            let steps = read_steps(Tensor::cat(std::mem::take(pending), 0))?;
+            self.known.extend(steps);
+        }
+        Ok(())
     }
 
     /// Mean loss of each batch under the current weights (no gradients, no dropout). The
@@ -193,7 +265,7 @@ impl Engine {
     pub fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
         let workers = self.threads;
         match &mut self.kind {
-            Kind::Autodiff(device) => {
+            Kind::Autodiff(device) | Kind::Device { device, .. } => {
                 let model = self.model.as_ref().context("the engine lost its model")?;
                 let model = model.valid();
                 let device = device.clone();
@@ -235,14 +307,37 @@ impl Engine {
     }
 }
 
-/// Gradients of the mean loss over `batches` through Burn's autodiff on `device`, clipped on
-/// the device; the mean loss and the norm, read back together.
+impl Step {
+    /// A step that saw `loss` and `grad_norm`; applied when both are finite.
+    fn new(loss: f64, grad_norm: f64) -> Self {
+        Self {
+            loss,
+            grad_norm,
+            applied: loss.is_finite() && grad_norm.is_finite(),
+        }
+    }
+}
+
+/// Steps from their `[loss, norm]` pairs, concatenated in `stats`, in one read back.
+fn read_steps(stats: Tensor<1>) -> Result<Vec<Step>> {
+    let values = stats.into_data().try_to_vec::<f32>();
+    let values = values.map_err(|e| anyhow::anyhow!("step outcomes: {e:?}"))?;
+    Ok(values
+        .chunks_exact(2)
+        .map(|pair| Step::new(f64::from(pair[0]), f64::from(pair[1])))
+        .collect())
+}
+
+/// Gradients of the mean loss over `batches` through Burn's autodiff on `device` (dropout
+/// masks from `dropout_seed`), clipped on the device; and `[mean loss, norm]`, on the device.
 fn gradients(
     model: &Gpt,
     batches: &[Batch],
     device: &Device,
+    dropout_seed: u64,
     grad_clip: f64,
-) -> Result<(GradientsParams, Step)> {
+) -> Result<(GradientsParams, Tensor<1>)> {
+    device.seed(dropout_seed);
     let n = batches.len() as f64;
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], device);
@@ -255,16 +350,9 @@ fn gradients(
         accumulator.accumulate(model, grads);
     }
     let mut grads = accumulator.grads();
-    let norm = clip_global_norm(model, &mut grads, grad_clip);
-    // The second read finds its value computed already: one wait per step.
-    let loss = f64::from(loss_sum.into_scalar::<f32>());
-    let grad_norm = norm.map_or(0.0, |n| f64::from(n.into_scalar::<f32>()));
-    let step = Step {
-        loss,
-        grad_norm,
-        applied: loss.is_finite() && grad_norm.is_finite(),
-    };
-    Ok((grads, step))
+    let norm = clip_global_norm(model, &mut grads, grad_clip)
+        .unwrap_or_else(|| Tensor::zeros([1], device));
+    Ok((grads, Tensor::cat(vec![loss_sum.inner(), norm.inner()], 0)))
 }
 
 /// The decoder that samples from `model`: the fused CPU decoder when `engine` asks for the fused
@@ -398,4 +486,210 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) -> 
         model.visit(&mut Scale(grads, scale));
     }
     Some(norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::Module;
+    use burn::tensor::Device;
+    use rand::RngExt;
+    use tinygpt_model::MomentState;
+
+    use super::*;
+    use crate::backend::Memory;
+    use crate::config::RunConfig;
+    use crate::data::{Dataset, Split, step_rng};
+    use crate::optim::{adamw_settings, optimizer};
+    use crate::presets::ConfigSource;
+    use crate::session::train_step;
+    use crate::tokens::Tokens;
+
+    const VOCAB: usize = 17;
+
+    fn config() -> RunConfig {
+        let overrides = [
+            "model.n_layer=2",
+            "model.n_head=2",
+            "model.n_embd=16",
+            "model.block_size=8",
+            "train.batch_size=3",
+            "train.grad_accum=2",
+            "train.warmup_iters=2",
+        ];
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        ConfigSource::Preset("baby").load(&overrides).unwrap()
+    }
+
+    fn data(config: &RunConfig) -> Dataset {
+        let mut rng = step_rng(7, 0, 0);
+        let ids: Vec<u32> = (0..500)
+            .map(|_| rng.random_range(0..VOCAB as u32))
+            .collect();
+        Dataset {
+            train: Split::Packed(Tokens::from_vec(ids.clone())),
+            val: Split::Packed(Tokens::from_vec(ids)),
+            block_size: config.model.block_size,
+        }
+    }
+
+    /// A model of `config`'s shape on flex, under autodiff.
+    fn model(config: &RunConfig) -> Gpt {
+        config.gpt(VOCAB).init(&Device::flex().autodiff()).unwrap()
+    }
+
+    /// An engine on flex for `model` as the CPU trains (Burn's AdamW, outcomes read at once),
+    /// or as a GPU does (`device_like`: [`DeviceAdamW`], outcomes left on the device).
+    fn engine(config: &RunConfig, model: Gpt, device_like: bool) -> Engine {
+        let placement = Placement {
+            device: Device::flex(),
+            engine: EngineChoice::Autodiff,
+            memory: if device_like {
+                Memory::Unreported
+            } else {
+                Memory::Host
+            },
+            note: None,
+        };
+        let (optim, adamw) = (optimizer(config, &model), adamw_settings(config, &model));
+        Engine::new(&placement, model, optim, adamw, 1).unwrap().0
+    }
+
+    fn weights(engine: &mut Engine) -> Vec<Vec<f32>> {
+        let model = engine.model().unwrap().valid();
+        let mut all = Vec::new();
+        struct Collect<'a>(&'a mut Vec<Vec<f32>>);
+        impl ModuleVisitor for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                self.0
+                    .push(param.val().into_data().try_to_vec::<f32>().unwrap());
+            }
+        }
+        model.visit(&mut Collect(&mut all));
+        all
+    }
+
+    /// AdamW's state as the engine checkpoints it, read back.
+    fn saved_moments(config: &RunConfig, engine: &mut Engine) -> Vec<MomentState> {
+        let bytes = engine.optimizer_bytes().unwrap();
+        let template = optimizer(config, engine.model().unwrap());
+        let loaded = template
+            .from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+            .unwrap();
+        moments_from_burn(&loaded).unwrap()
+    }
+
+    fn max_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn the_device_engine_trains_as_burns_adamw_and_reads_outcomes_only_when_asked() {
+        let config = config();
+        let data = data(&config);
+        let model = model(&config);
+        let (mut cpu, mut gpu) = (
+            engine(&config, model.clone(), false),
+            engine(&config, model, true),
+        );
+        assert!(
+            gpu.describe().contains("AdamW on the device"),
+            "{}",
+            gpu.describe()
+        );
+        let mut cpu_steps = Vec::new();
+        for step in 0..6 {
+            train_step(&mut cpu, &data, &config, step).unwrap();
+            train_step(&mut gpu, &data, &config, step).unwrap();
+            cpu_steps.extend(cpu.outcomes(false).unwrap());
+            assert_eq!(
+                cpu_steps.len(),
+                step + 1,
+                "the CPU's outcome is known at once"
+            );
+            assert!(
+                gpu.outcomes(false).unwrap().is_empty(),
+                "read before it was asked for"
+            );
+        }
+        let gpu_steps = gpu.outcomes(true).unwrap();
+        assert_eq!(gpu_steps.len(), 6);
+        assert!(
+            gpu.outcomes(true).unwrap().is_empty(),
+            "each outcome is handed out once"
+        );
+        for (c, g) in cpu_steps.iter().zip(&gpu_steps) {
+            assert!(c.applied && g.applied);
+            assert!((c.loss - g.loss).abs() < 1e-5, "{c:?} vs {g:?}");
+            assert!((c.grad_norm - g.grad_norm).abs() < 1e-4, "{c:?} vs {g:?}");
+        }
+        let difference = max_difference(&weights(&mut cpu), &weights(&mut gpu));
+        assert!(difference < 2e-6, "weights differ by {difference}");
+        // Both checkpoint Burn's optimizer record, with the same step counts and moments.
+        let (want, got) = (
+            saved_moments(&config, &mut cpu),
+            saved_moments(&config, &mut gpu),
+        );
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!((w.id, w.time, &w.shape), (g.id, g.time, &g.shape));
+            assert_eq!(w.time, 6);
+            let difference = max_difference(
+                &[w.moment_1.clone(), w.moment_2.clone()],
+                &[g.moment_1.clone(), g.moment_2.clone()],
+            );
+            assert!(
+                difference < 1e-6,
+                "moments of {:?} differ by {difference}",
+                w.id
+            );
+        }
+    }
+
+    #[test]
+    fn a_non_finite_step_on_the_device_changes_no_weight_and_no_moment() {
+        let mut config = config();
+        let data = data(&config);
+        let mut gpu = engine(&config, model(&config), true);
+        train_step(&mut gpu, &data, &config, 0).unwrap();
+        // An absurd learning rate: the update is finite and applied, and blows the weights up
+        // so that every later step's loss is not finite.
+        config.train.learning_rate = 1e30;
+        config.train.warmup_iters = 0;
+        train_step(&mut gpu, &data, &config, 1).unwrap();
+        let blown = gpu.outcomes(true).unwrap();
+        assert!(blown.iter().all(|s| s.applied), "{blown:?}");
+        let weights_before = weights(&mut gpu);
+        let moments_before = saved_moments(&config, &mut gpu);
+        for step in 2..5 {
+            train_step(&mut gpu, &data, &config, step).unwrap();
+        }
+        let skipped = gpu.outcomes(true).unwrap();
+        assert_eq!(skipped.len(), 3);
+        assert!(skipped.iter().all(|s| !s.applied), "{skipped:?}");
+        let bits =
+            |w: Vec<Vec<f32>>| -> Vec<u32> { w.iter().flatten().map(|x| x.to_bits()).collect() };
+        assert!(
+            bits(weights(&mut gpu)) == bits(weights_before),
+            "a skipped step changed a weight"
+        );
+        let moments_after = saved_moments(&config, &mut gpu);
+        assert_eq!(moments_after.len(), moments_before.len());
+        for (after, before) in moments_after.iter().zip(&moments_before) {
+            assert_eq!((after.id, after.time), (before.id, before.time));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&after.moment_1) == bits(&before.moment_1),
+                "moment 1 changed"
+            );
+            assert!(
+                bits(&after.moment_2) == bits(&before.moment_2),
+                "moment 2 changed"
+            );
+        }
+    }
 }

@@ -71,15 +71,15 @@ impl Estimate {
         )
     }
 
-    /// Refuses the run when it cannot fit in the memory available now (where the operating
-    /// system says; elsewhere nothing is checked).
-    pub fn check_fits(&self) -> Result<()> {
-        let Some(available) = available_bytes() else {
+    /// Refuses the run when it cannot fit in the `available` bytes of `memory` ("memory", "GPU
+    /// memory"); `None` (the amount cannot be known) checks nothing.
+    pub fn check_fits(&self, available: Option<u64>, memory: &str) -> Result<()> {
+        let Some(available) = available else {
             return Ok(());
         };
         if self.total() > available {
             bail!(
-                "this run needs about {} of memory but {} is available: make the model \
+                "this run needs about {} of {memory} but {} is available: make the model \
                  (model.n_embd, model.n_layer, model.block_size) or train.batch_size smaller \
                  (nothing was written)",
                 self.describe(),
@@ -197,8 +197,12 @@ mod tests {
         let estimate = Estimate::training(&config, 65, true);
         assert!(estimate.total() > 500 << 30, "{}", estimate.describe());
         if available_bytes().is_some() {
-            let err = estimate.check_fits().unwrap_err().to_string();
+            let err = estimate
+                .check_fits(available_bytes(), "memory")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("this run needs about"), "{err}");
+            assert!(err.contains(" of memory but "), "{err}");
             assert!(err.contains("is available"), "{err}");
         }
     }

@@ -90,12 +90,14 @@ pub struct Trainer {
     state: TrainState,
     metrics: Metrics,
     device: Device,
-    /// Why the fused engine was not taken, when `auto` fell back.
-    note: Option<String>,
+    /// Why `auto` passed over a GPU or the fused engine, when it did.
+    notes: Vec<String>,
     /// What the run was estimated to need.
     memory: memory::Estimate,
-    /// Steps skipped in a row, up to the latest.
+    /// Steps skipped in a row, up to the latest settled.
     skipped_in_a_row: usize,
+    /// Steps whose outcome [`Trainer::settle`] has accounted.
+    settled: usize,
     resumed: bool,
 }
 
@@ -143,7 +145,13 @@ impl Trainer {
             RunDir::New { config, .. } => config.clone(),
         };
         let adamw = adamw_settings(&config, &model);
-        let (engine, note) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let (engine, engine_note) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let notes = placement
+            .note
+            .clone()
+            .into_iter()
+            .chain(engine_note)
+            .collect();
         let run = match dir {
             RunDir::Existing(run) => run,
             RunDir::New {
@@ -158,6 +166,7 @@ impl Trainer {
             })?,
         };
         let metrics = Metrics::open(&run.dir)?;
+        let settled = state.step;
         Ok(Self {
             run,
             config,
@@ -166,9 +175,10 @@ impl Trainer {
             state,
             metrics,
             device: placement.device,
-            note,
+            notes,
             memory,
             skipped_in_a_row: 0,
+            settled,
             resumed: options.resume,
         })
     }
@@ -197,9 +207,10 @@ impl Trainer {
             self.run.tokenizer.kind(),
             self.run.tokenizer.vocab_size(),
             self.run.dir.display(),
-            self.note
-                .as_ref()
-                .map_or(String::new(), |n| format!("\nnote: {n}")),
+            self.notes
+                .iter()
+                .map(|n| format!("\nnote: {n}"))
+                .collect::<String>(),
         ))
     }
 
@@ -220,40 +231,62 @@ impl Trainer {
     }
 
     /// One optimizer step at the current step's learning rate: `grad_accum` micro-batches,
-    /// global-norm clipping, AdamW; a step with a non-finite loss or norm skips its update and
-    /// is counted. After `train.nonfinite_limit` of those in a row it is an error.
-    pub fn step(&mut self) -> Result<Step> {
-        let step = train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
+    /// global-norm clipping, AdamW; a step with a non-finite loss or norm skips its update.
+    /// What it saw is accounted by [`Trainer::settle`].
+    pub fn step(&mut self) -> Result<()> {
+        train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
         self.state.step += 1;
         self.state.tokens += self.tokens_per_step();
-        if step.applied {
-            self.skipped_in_a_row = 0;
-            return Ok(step);
+        Ok(())
+    }
+
+    /// Accounts what the steps taken so far saw, in order, and returns the latest: skipped
+    /// steps are counted and said on `progress`, and after `train.nonfinite_limit` of them in a
+    /// row it is an error naming the step that reached it. On the CPU every outcome is known at
+    /// once; on a GPU only `wait` reads them (one transfer, which waits for the device).
+    pub fn settle(&mut self, wait: bool, progress: &Progress) -> Result<Option<Step>> {
+        let outcomes = self.engine.outcomes(wait)?;
+        let latest = outcomes.last().copied();
+        for step in outcomes {
+            self.settled += 1;
+            if step.applied {
+                self.skipped_in_a_row = 0;
+                continue;
+            }
+            self.state.skipped_steps += 1;
+            self.skipped_in_a_row += 1;
+            if self.skipped_in_a_row >= self.config.train.nonfinite_limit {
+                return Err(self.diverged(step));
+            }
+            progress.say(format!(
+                "step {}: loss {}, gradient norm {}: not finite, update skipped ({} in a row)",
+                self.settled, step.loss, step.grad_norm, self.skipped_in_a_row
+            ));
         }
-        self.state.skipped_steps += 1;
-        self.skipped_in_a_row += 1;
-        let limit = self.config.train.nonfinite_limit;
-        if self.skipped_in_a_row >= limit {
-            let kept = self.run.checkpoint(Which::Last, false).map_or_else(
-                |_| "no checkpoint was saved yet".to_string(),
-                |c| {
-                    format!(
-                        "the last checkpoint ({}, step {}) is kept",
-                        c.dir.display(),
-                        c.state.step
-                    )
-                },
-            );
-            bail!(
-                "training stopped at step {}: {limit} steps in a row had a non-finite loss or \
-                 gradient norm (loss {}, norm {}); {kept}. Lower train.learning_rate or set \
-                 train.grad_clip",
-                self.state.step,
-                step.loss,
-                step.grad_norm
-            );
-        }
-        Ok(step)
+        Ok(latest)
+    }
+
+    /// The error that stops a run whose steps were skipped `nonfinite_limit` times in a row,
+    /// the latest being `step`.
+    fn diverged(&self, step: Step) -> anyhow::Error {
+        let kept = self.run.checkpoint(Which::Last, false).map_or_else(
+            |_| "no checkpoint was saved yet".to_string(),
+            |c| {
+                format!(
+                    "the last checkpoint ({}, step {}) is kept",
+                    c.dir.display(),
+                    c.state.step
+                )
+            },
+        );
+        anyhow::anyhow!(
+            "training stopped at step {}: {} steps in a row had a non-finite loss or gradient \
+             norm (loss {}, norm {}); {kept}. Lower train.learning_rate or set train.grad_clip",
+            self.settled,
+            self.config.train.nonfinite_limit,
+            step.loss,
+            step.grad_norm
+        )
     }
 
     /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their
@@ -343,15 +376,14 @@ impl Trainer {
                 self.stop_and_save(&clock, &progress, over_time)?;
                 break;
             }
-            let step = self.step()?;
+            self.step()?;
             progress.at(self.state.step);
-            if !step.applied {
-                progress.say(format!(
-                    "step {}: loss {}, gradient norm {}: not finite, update skipped ({} in a row)",
-                    self.state.step, step.loss, step.grad_norm, self.skipped_in_a_row
-                ));
-            } else if self.state.step.is_multiple_of(t.log_interval)
-                || self.state.step == t.max_iters
+            // The loss is read at log intervals: on a GPU, only there does the host wait.
+            let log =
+                self.state.step.is_multiple_of(t.log_interval) || self.state.step == t.max_iters;
+            if let Some(step) = self.settle(log, &progress)?
+                && log
+                && step.applied
             {
                 self.log(step.loss, &mut clock, &progress);
             }
@@ -385,6 +417,7 @@ impl Trainer {
     }
 
     fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<()> {
+        self.settle(true, progress)?;
         let eval_start = Instant::now();
         let estimate = self.evaluate(clock.elapsed_s())?;
         progress.say(format!(
@@ -404,6 +437,7 @@ impl Trainer {
     }
 
     fn stop_and_save(&mut self, clock: &Clock, progress: &Progress, over_time: bool) -> Result<()> {
+        self.settle(true, progress)?;
         self.state.elapsed_s = clock.elapsed_s();
         self.checkpoint(false)?;
         let why = if over_time {
@@ -450,7 +484,7 @@ pub fn train_step(
     data: &Dataset,
     config: &RunConfig,
     step: usize,
-) -> Result<Step> {
+) -> Result<()> {
     let t = &config.train;
     let batches: Vec<Batch> = (0..t.grad_accum)
         .map(|micro| {
@@ -583,8 +617,9 @@ fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
     Ok((run, data))
 }
 
-/// The memory the run in `dir` needs where `placement` trains it; on the CPU, a run that cannot
-/// fit is refused before anything is allocated or written.
+/// The memory the run in `dir` needs where `placement` trains it; where the device can say what
+/// is free (the CPU, CUDA), a run that cannot fit is refused before anything is allocated or
+/// written.
 fn memory_check(dir: &RunDir, placement: &Placement) -> Result<memory::Estimate> {
     let (config, tokenizer) = match dir {
         RunDir::Existing(run) => (&run.config, &run.tokenizer),
@@ -595,9 +630,11 @@ fn memory_check(dir: &RunDir, placement: &Placement) -> Result<memory::Estimate>
     let vocab_size = tokenizer.vocab_size();
     let fused = placement.trains_fused(&config.gpt(vocab_size));
     let estimate = memory::Estimate::training(config, vocab_size, fused);
-    if placement.cpu {
-        estimate.check_fits()?;
-    }
+    let memory = match placement.on_host() {
+        true => "memory",
+        false => "GPU memory",
+    };
+    estimate.check_fits(placement.available_memory(), memory)?;
     Ok(estimate)
 }
 

@@ -299,19 +299,29 @@ fn every_damaged_checkpoint_file_is_named_and_last_falls_back_to_prev() {
 
 #[test]
 fn a_diverging_run_skips_non_finite_steps_then_stops_keeping_its_checkpoint() {
+    diverge("fused", 1);
+}
+
+/// On a GPU the guard decides on the device, and the flags are read with the loss, every
+/// `log_interval` steps (3 here): the same lines, the same stop at the same step, nothing saved.
+#[test]
+fn on_wgpu_the_guard_reads_its_flags_at_log_intervals_with_the_same_result() {
+    diverge("wgpu", 3);
+}
+
+/// A run on `backend` saved at step 4, then resumed with an absurd learning rate: every step
+/// after the first has a non-finite loss, is skipped, and the fifth in a row stops the run.
+fn diverge(backend: &str, log_interval: usize) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(tinygpt(
-        dir,
-        &as_strs(&fused(&[
-            "--out",
-            "run",
-            "--max-iters",
-            "4",
-            "--set",
-            "train.log_interval=1",
-        ])),
-    ));
+    let mut args = fused(&["--out", "run", "--max-iters", "4"]);
+    let at = args.iter().position(|a| a == "fused").unwrap();
+    args[at] = backend.to_string();
+    let out = tinygpt(dir, &as_strs(&args));
+    if skip_without_wgpu(backend, &out) {
+        return;
+    }
+    ok(out);
     let before = weights(&dir.join("run"));
     // An absurd learning rate, as if the config had been edited: the first update blows the
     // weights up, every step after it has a non-finite loss.
@@ -327,6 +337,7 @@ fn a_diverging_run_skips_non_finite_steps_then_stops_keeping_its_checkpoint() {
         .join("\n");
     std::fs::write(&config, edited).unwrap();
     // No loss estimate before the guard stops it: those refuse a non-finite estimate at once.
+    let log_interval = format!("train.log_interval={log_interval}");
     let out = tinygpt(
         dir,
         &[
@@ -334,19 +345,28 @@ fn a_diverging_run_skips_non_finite_steps_then_stops_keeping_its_checkpoint() {
             "--resume",
             "--out",
             "run",
+            "--backend",
+            backend,
             "--max-iters",
             "40",
             "--set",
             "train.eval_interval=100",
+            "--set",
+            &log_interval,
         ],
     );
     let log = stdout(&out);
+    // Step 5 blew the weights up; steps 6 to 9 are skipped and said, each under its number.
     for k in 1..=4 {
+        let said = format!("not finite, update skipped ({k} in a row)");
+        let line = log.lines().find(|l| l.ends_with(&said));
+        let line = line.unwrap_or_else(|| panic!("no {said:?} in:\n{log}"));
         assert!(
-            log.contains(&format!("not finite, update skipped ({k} in a row)")),
-            "{log}"
+            line.starts_with(&format!("step {}: loss ", 5 + k)),
+            "{line}"
         );
     }
+    assert!(!log.contains("(5 in a row)"), "{log}");
     fails(
         out,
         "training stopped at step 10: 5 steps in a row had a non-finite loss or gradient norm",

@@ -77,6 +77,9 @@ fn load(
 ) -> Result<(Run, Placement, Gpt, TrainState)> {
     let run = Run::open(checkpoint)?;
     let placement = backend.placement()?;
+    if let Some(note) = &placement.note {
+        eprintln!("note: {note}");
+    }
     let (model, state) = run.load_model(which, &placement.device)?;
     Ok((run, placement, model, state))
 }

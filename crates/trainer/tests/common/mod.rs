@@ -79,6 +79,21 @@ pub fn fails(out: Output, expected: &str) {
     assert!(err.contains(expected), "expected {expected:?} in: {err}");
 }
 
+/// Whether a run on `backend` failed only for want of a wgpu adapter: then the test is skipped
+/// loudly, except under CI, where every wgpu test must run (on lavapipe).
+pub fn skip_without_wgpu(backend: &str, out: &Output) -> bool {
+    if backend != "wgpu" || out.status.success() || !stderr(out).contains("no wgpu adapter") {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run wgpu: {}",
+        stderr(out)
+    );
+    eprintln!("\n!!! NO WGPU ADAPTER FOUND: the wgpu run was skipped !!!\n");
+    true
+}
+
 pub fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {
     train_on(dir, out, "flex", extra)
 }

@@ -3,12 +3,15 @@
 use burn::config::Config;
 use burn::nn::{DropoutConfig, Initializer, Linear};
 use burn::tensor::Device;
+use serde::{Deserialize, Serialize};
 
 use crate::attention::CausalSelfAttention;
 use crate::error::AttentionConfigError;
 
-/// Which implementation computes `softmax(QKᵀ/√d + mask) · V`.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
+/// Which implementation computes `softmax(QKᵀ/√d + mask) · V`. In TOML: `"auto"`, `"explicit"`,
+/// `"sdpa"` (`"fused"`, its earlier name, is read as `"sdpa"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AttentionKernel {
     /// Per call: [`Sdpa`](AttentionKernel::Sdpa) when it gives the same result and is faster
     /// (inference without padding, weights or dropout), otherwise
@@ -21,6 +24,7 @@ pub enum AttentionKernel {
     /// Burn's `burn::tensor::module::attention` with `is_causal: true`; backends may run a
     /// flash-attention kernel. No dropout and no weights; an active dropout falls back to
     /// [`Explicit`](AttentionKernel::Explicit).
+    #[serde(alias = "fused")]
     Sdpa,
 }
 

@@ -4,12 +4,12 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Bool, Device, Tensor};
-use tinygpt_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
+use tinygpt_attention::{CausalSelfAttention, KvCache};
 
 use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
 
-/// GPT-2's MLP: `d -> 4d`, GELU, `4d -> d`, dropout.
+/// GPT-2's MLP: `n_embd -> mlp_width` (`4·n_embd`), GELU, `mlp_width -> n_embd`, dropout.
 #[derive(Module, Debug)]
 pub struct Mlp {
     pub c_fc: Linear,
@@ -60,20 +60,11 @@ pub(crate) fn layer_norm(config: &GptConfig, device: &Device) -> Option<LayerNor
 
 impl Block {
     pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
-        let d = config.n_embd;
-        // Each block adds to the residual stream twice; GPT-2 shrinks those projections' init by
-        // 1/√(2·n_layer) so the stream's variance does not grow with depth.
-        let proj_std = 0.02 / (2.0 * config.n_layer as f64).sqrt();
-        let attn = CausalSelfAttentionConfig::new(d, config.n_head, config.block_size)
-            .with_dropout(config.dropout)
-            .with_bias(config.bias)
-            .with_init_std(0.02)
-            .with_proj_init_std(Some(proj_std))
-            .with_kernel(config.kernel)
-            .init(device)?;
+        let (d, hidden) = (config.n_embd, config.mlp_width());
+        let attn = config.attention().init(device)?;
         let mlp = config.mlp.then(|| Mlp {
-            c_fc: linear(d, 4 * d, 0.02, config.bias, device),
-            c_proj: linear(4 * d, d, proj_std, config.bias, device),
+            c_fc: linear(d, hidden, 0.02, config.bias, device),
+            c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
             dropout: DropoutConfig::new(config.dropout).init(),
             activation: config.activation,
         });

@@ -1,65 +1,136 @@
-//! [`GptConfig`]: the architecture, its presets and its validation.
+//! [`GptConfig`]: the architecture, written once. It is the `[model]` section of a run's
+//! config, what imports build from nanoGPT's `model_args` and GPT-2's `config.json`, what the
+//! parameter count and memory estimates read, and what the attention layer's config is derived
+//! from. Sizes derived from it ([`GptConfig::head_size`], [`GptConfig::mlp_width`]) are methods
+//! here and nowhere else.
 
-use burn::config::Config;
 use burn::tensor::Device;
-use tinygpt_attention::AttentionKernel;
+use serde::{Deserialize, Serialize};
+use tinygpt_attention::{AttentionConfigError, AttentionKernel, CausalSelfAttentionConfig};
 
 use crate::error::GptConfigError;
 use crate::gpt::Gpt;
 
-/// The architecture of a [`Gpt`]. Field names follow nanoGPT's `GPTConfig`.
-#[derive(Config, Debug, PartialEq)]
+/// The architecture of a [`Gpt`]. Field names follow nanoGPT's `GPTConfig`; the defaults are
+/// nanoGPT's CPU "baby" model. Unknown keys are errors when read from TOML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct GptConfig {
-    /// Number of distinct tokens (the tokenizer's vocabulary).
-    pub vocab_size: usize,
-    /// Context length: the most tokens the model sees at once.
-    #[config(default = 64)]
+    /// Context length: the most tokens the model sees at once. Default 64.
     pub block_size: usize,
-    /// Number of transformer blocks.
-    #[config(default = 4)]
+    /// Number of transformer blocks. Default 4.
     pub n_layer: usize,
-    /// Attention heads per block; must divide `n_embd`.
-    #[config(default = 4)]
+    /// Attention heads per block; must divide `n_embd`. Default 4.
     pub n_head: usize,
-    /// Width of the residual stream.
-    #[config(default = 128)]
+    /// Width of the residual stream. Default 128.
     pub n_embd: usize,
     /// Dropout after the embeddings, on attention weights and on each residual branch.
-    #[config(default = 0.0)]
+    /// Default 0.
     pub dropout: f64,
     /// Biases in the linear layers and LayerNorms (GPT-2: yes; nanoGPT's 10.65M config: no).
-    #[config(default = true)]
+    /// Default true.
     pub bias: bool,
-    /// Share the token embedding matrix with the LM head (GPT-2 and nanoGPT do).
-    #[config(default = true)]
+    /// Share the token embedding matrix with the LM head (GPT-2 and nanoGPT do). Default true.
     pub tie_embeddings: bool,
-    /// Each block has a GELU MLP after attention. Off in [`GptConfig::minimal`].
-    #[config(default = true)]
-    pub mlp: bool,
-    /// Pre-LayerNorm in each block and before the head. Off in [`GptConfig::minimal`].
-    #[config(default = true)]
-    pub layer_norm: bool,
-    /// The MLP's nonlinearity: exact GELU (nanoGPT) or GPT-2's tanh approximation.
-    #[config(default = "Activation::Gelu")]
+    /// The MLP's nonlinearity. Default exact GELU.
     pub activation: Activation,
     /// LayerNorm's ε (PyTorch's default, which nanoGPT uses; GPT-2's `layer_norm_epsilon`).
-    #[config(default = 1e-5)]
+    /// Default 1e-5.
     pub layer_norm_eps: f64,
-    /// Attention implementation (see [`AttentionKernel`]).
-    #[config(default = "AttentionKernel::Auto")]
+    /// Rows of the token embedding and the LM head. 0 (the default, left out of TOML) = the
+    /// tokenizer's vocabulary, filled in by [`GptConfig::for_vocabulary`]; larger pads it, as
+    /// nanoGPT pads GPT-2's 50257 to 50304 (padding ids are never sampled).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub vocab_size: usize,
+    /// How Burn computes attention (see [`AttentionKernel`]): the same numbers either way.
+    /// Default auto.
     pub kernel: AttentionKernel,
+    /// Each block has a GELU MLP after attention. Default true; off in [`GptConfig::minimal`].
+    #[serde(skip_serializing_if = "is_true")]
+    pub mlp: bool,
+    /// Pre-LayerNorm in each block and before the head. Default true; off in
+    /// [`GptConfig::minimal`].
+    #[serde(skip_serializing_if = "is_true")]
+    pub layer_norm: bool,
 }
 
-/// The nonlinearity between the MLP's two linear layers.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
+/// The nonlinearity between the MLP's two linear layers, as TOML spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Activation {
-    /// `x·Φ(x)`, Φ the normal CDF through `erf` (PyTorch's `F.gelu`, nanoGPT).
+    /// `gelu`: `x·Φ(x)`, Φ the normal CDF through `erf` (PyTorch's `F.gelu`, nanoGPT).
     Gelu,
-    /// `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`: GPT-2's `gelu_new`, Hugging Face checkpoints.
+    /// `gelu_tanh`: `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`, GPT-2's `gelu_new` (Hugging Face
+    /// checkpoints).
     GeluTanh,
 }
 
+impl Default for GptConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 64,
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            dropout: 0.0,
+            bias: true,
+            tie_embeddings: true,
+            activation: Activation::Gelu,
+            layer_norm_eps: 1e-5,
+            vocab_size: 0,
+            kernel: AttentionKernel::Auto,
+            mlp: true,
+            layer_norm: true,
+        }
+    }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// `with_<field>(value)` builders, Burn's `Config` style.
+macro_rules! builders {
+    ($($with:ident => $field:ident: $ty:ty),* $(,)?) => {
+        $(
+            #[doc = concat!("This config with `", stringify!($field), "` set.")]
+            pub fn $with(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl GptConfig {
+    /// The defaults, with a vocabulary of `vocab_size` tokens.
+    pub fn new(vocab_size: usize) -> Self {
+        Self {
+            vocab_size,
+            ..Self::default()
+        }
+    }
+
+    builders! {
+        with_block_size => block_size: usize,
+        with_n_layer => n_layer: usize,
+        with_n_head => n_head: usize,
+        with_n_embd => n_embd: usize,
+        with_dropout => dropout: f64,
+        with_bias => bias: bool,
+        with_tie_embeddings => tie_embeddings: bool,
+        with_activation => activation: Activation,
+        with_layer_norm_eps => layer_norm_eps: f64,
+        with_vocab_size => vocab_size: usize,
+        with_kernel => kernel: AttentionKernel,
+        with_mlp => mlp: bool,
+        with_layer_norm => layer_norm: bool,
+    }
+
     /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
     /// (0.80M parameters for a 65-character vocabulary).
     pub fn baby(vocab_size: usize) -> Self {
@@ -78,8 +149,9 @@ impl GptConfig {
             .with_bias(false)
     }
 
-    /// The bare model of the attention lessons: token + position embedding, one single-head causal attention
-    /// (with its residual connection), a linear head; no MLP, no LayerNorm, untied head.
+    /// The bare model of the attention lessons: token + position embedding, one single-head
+    /// causal attention (with its residual connection), a linear head; no MLP, no LayerNorm,
+    /// untied head.
     pub fn minimal(vocab_size: usize) -> Self {
         Self::new(vocab_size)
             .with_n_layer(1)
@@ -91,28 +163,80 @@ impl GptConfig {
             .with_tie_embeddings(false)
     }
 
-    /// Checks every value; the error names the offending key.
-    pub fn validate(&self) -> Result<(), GptConfigError> {
-        for (name, value) in [
-            ("vocab_size", self.vocab_size),
-            ("block_size", self.block_size),
-            ("n_layer", self.n_layer),
-            ("n_head", self.n_head),
-            ("n_embd", self.n_embd),
-        ] {
-            if value == 0 {
-                return Err(GptConfigError::Zero { name });
+    /// This architecture for a tokenizer of `tokens` ids: `vocab_size` 0 becomes `tokens`; a
+    /// set `vocab_size` (a padded vocabulary) stays. See
+    /// [`check_vocabulary`](Self::check_vocabulary).
+    pub fn for_vocabulary(&self, tokens: usize) -> Self {
+        match self.vocab_size {
+            0 => self.clone().with_vocab_size(tokens),
+            _ => self.clone(),
+        }
+    }
+
+    /// Whether a tokenizer of `tokens` ids fits: a set `vocab_size` must hold them all.
+    pub fn check_vocabulary(&self, tokens: usize) -> Result<(), GptConfigError> {
+        match self.vocab_size {
+            rows if rows != 0 && rows < tokens => {
+                Err(GptConfigError::VocabularyTooSmall { rows, tokens })
             }
+            _ => Ok(()),
         }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(GptConfigError::HeadsDoNotDivide {
-                n_embd: self.n_embd,
-                n_head: self.n_head,
-            });
+    }
+
+    /// Channels per attention head: `n_embd / n_head`.
+    pub fn head_size(&self) -> usize {
+        self.n_embd / self.n_head.max(1)
+    }
+
+    /// Width of the MLP's hidden layer: `4·n_embd` (GPT-2's `n_inner`).
+    pub fn mlp_width(&self) -> usize {
+        self.n_embd.saturating_mul(4)
+    }
+
+    /// The attention layer of every block: `n_embd` wide, `n_head` heads, `block_size` long,
+    /// GPT-2's init (the output projection scaled by `1/√(2·n_layer)`, since each block adds to
+    /// the residual stream twice and its variance must not grow with depth).
+    pub fn attention(&self) -> CausalSelfAttentionConfig {
+        CausalSelfAttentionConfig::new(self.n_embd, self.n_head, self.block_size)
+            .with_dropout(self.dropout)
+            .with_bias(self.bias)
+            .with_init_std(0.02)
+            .with_proj_init_std(Some(self.residual_init_std()))
+            .with_kernel(self.kernel)
+    }
+
+    /// The init standard deviation of the projections onto the residual stream (attention's
+    /// and the MLP's `c_proj`): GPT-2's `0.02/√(2·n_layer)`.
+    pub fn residual_init_std(&self) -> f64 {
+        0.02 / (2.0 * self.n_layer as f64).sqrt()
+    }
+
+    /// Checks every value; the error names the offending key. The attention layer's rules
+    /// (sizes, heads dividing the width, dropout) are its own config's, checked once there and
+    /// named here by this config's keys. `vocab_size` may be 0 (the tokenizer's, not known yet);
+    /// [`GptConfig::init`] needs it set.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        if self.n_layer == 0 {
+            return Err(GptConfigError::Zero { name: "n_layer" });
         }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(GptConfigError::Dropout(self.dropout));
-        }
+        self.attention().validate().map_err(|e| match e {
+            AttentionConfigError::Zero { name } => GptConfigError::Zero {
+                name: match name {
+                    "d_model" => "n_embd",
+                    "n_heads" => "n_head",
+                    "max_seq_len" => "block_size",
+                    other => other,
+                },
+            },
+            AttentionConfigError::HeadsDoNotDivide { d_model, n_heads } => {
+                GptConfigError::HeadsDoNotDivide {
+                    n_embd: d_model,
+                    n_head: n_heads,
+                }
+            }
+            AttentionConfigError::Dropout(p) => GptConfigError::Dropout(p),
+            other => GptConfigError::Attention(other),
+        })?;
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
             return Err(GptConfigError::LayerNormEps(self.layer_norm_eps));
         }
@@ -120,7 +244,7 @@ impl GptConfig {
     }
 
     /// How many parameters a model of this config has, computed without building it (what
-    /// [`Gpt::num_params`](crate::Gpt::num_params) counts once built); saturates instead of overflowing.
+    /// [`Gpt::num_params`] counts once built); saturates instead of overflowing.
     pub fn num_params(&self) -> u64 {
         // f64 counts exactly up to 2^53 parameters; `as u64` saturates beyond u64.
         let n = |x: usize| x as f64;
@@ -129,7 +253,8 @@ impl GptConfig {
         let linear = |d_in: f64, d_out: f64| d_in * d_out + b * d_out;
         let ln = if self.layer_norm { c + b * c } else { 0.0 };
         let mlp = if self.mlp {
-            linear(c, 4.0 * c) + linear(4.0 * c, c)
+            let hidden = n(self.mlp_width());
+            linear(c, hidden) + linear(hidden, c)
         } else {
             0.0
         };
@@ -141,6 +266,9 @@ impl GptConfig {
     /// Validates the config and creates the model on `device` with GPT-2's initialisation.
     pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
         self.validate()?;
+        if self.vocab_size == 0 {
+            return Err(GptConfigError::Zero { name: "vocab_size" });
+        }
         Gpt::init(self, device)
     }
 }
@@ -172,5 +300,41 @@ mod tests {
     fn counting_an_absurd_config_does_not_overflow() {
         let config = GptConfig::new(usize::MAX).with_n_embd(usize::MAX);
         assert_eq!(config.num_params(), u64::MAX);
+    }
+
+    #[test]
+    fn the_vocabulary_is_the_tokenizer_s_unless_padded() {
+        let config = GptConfig::default();
+        assert_eq!(config.for_vocabulary(65).vocab_size, 65);
+        assert_eq!(config.check_vocabulary(65), Ok(()));
+        let padded = config.with_vocab_size(128);
+        assert_eq!(padded.for_vocabulary(65).vocab_size, 128);
+        assert_eq!(
+            padded.check_vocabulary(200).unwrap_err(),
+            GptConfigError::VocabularyTooSmall {
+                rows: 128,
+                tokens: 200
+            }
+        );
+        let err = GptConfig::default().init(&Device::flex()).unwrap_err();
+        assert_eq!(err, GptConfigError::Zero { name: "vocab_size" });
+    }
+
+    #[test]
+    fn toml_leaves_out_what_is_at_its_default_and_reads_old_spellings() {
+        let text = toml::to_string(&GptConfig::default()).unwrap();
+        let keys: Vec<&str> = text.lines().filter_map(|l| l.split(" = ").next()).collect();
+        for absent in ["vocab_size", "mlp", "layer_norm"] {
+            assert!(!keys.contains(&absent), "{text}");
+        }
+        assert!(keys.contains(&"layer_norm_eps"), "{text}");
+        let old: GptConfig =
+            toml::from_str("kernel = \"fused\"\nactivation = \"gelu_tanh\"").unwrap();
+        assert_eq!(old.kernel, AttentionKernel::Sdpa);
+        assert_eq!(old.activation, Activation::GeluTanh);
+        let err = toml::from_str::<GptConfig>("n_layers = 3")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("n_layers"), "{err}");
     }
 }

@@ -35,4 +35,4 @@ pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable};
 pub use gpt::Gpt;
 pub use loss::{IGNORE_INDEX, cross_entropy, cross_entropy_counted, kept_targets};
-pub use parameters::{ParamName, parameter_table};
+pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};

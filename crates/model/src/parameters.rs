@@ -14,6 +14,8 @@ use crate::gpt::Gpt;
 /// One parameter slot of a GPT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamName {
+    /// Which parameter it is, whatever its name.
+    pub slot: Slot,
     /// Burn's module path, e.g. `h.0.attn.c_attn.weight`.
     pub burn: String,
     /// nanoGPT's `state_dict` name, e.g. `transformer.h.0.attn.c_attn.weight`.
@@ -24,6 +26,46 @@ pub struct ParamName {
     pub present: bool,
 }
 
+/// Which parameter of the architecture a slot holds: what code that stores parameters by kind
+/// (the fused CPU engine's buffers) matches on, exhaustively.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// `wte`, `[vocab_size, n_embd]`; also the LM head when tied.
+    TokenEmbedding,
+    /// `wpe`, `[block_size, n_embd]`.
+    PositionEmbedding,
+    /// A parameter of block `l`.
+    Block(usize, BlockSlot),
+    /// `ln_f`'s gain and bias, `[n_embd]`.
+    FinalNormGain,
+    FinalNormBias,
+    /// The untied head, `[n_embd, vocab_size]`.
+    LmHead,
+}
+
+/// A parameter of one block, in the table's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockSlot {
+    /// `ln_1`, `[n_embd]` each.
+    Ln1Gain,
+    Ln1Bias,
+    /// `attn.c_attn`: `[n_embd, 3·n_embd]` and `[3·n_embd]`.
+    AttnWeight,
+    AttnBias,
+    /// `attn.c_proj`: `[n_embd, n_embd]` and `[n_embd]`.
+    AttnProjWeight,
+    AttnProjBias,
+    /// `ln_2`, `[n_embd]` each.
+    Ln2Gain,
+    Ln2Bias,
+    /// `mlp.c_fc`: `[n_embd, mlp_width]` and `[mlp_width]`.
+    FcWeight,
+    FcBias,
+    /// `mlp.c_proj`: `[mlp_width, n_embd]` and `[n_embd]`.
+    MlpProjWeight,
+    MlpProjBias,
+}
+
 /// Every slot of a model of `config`'s shape, in nanoGPT's order: `wte`, `wpe`, per block
 /// `ln_1`, `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj` (weight, then bias),
 /// `ln_f`, `lm_head`. Slots the model lacks are kept with `present: false`, so the positions
@@ -31,41 +73,41 @@ pub struct ParamName {
 /// [`GptConfig::minimal`].)
 pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
     let mut table = Vec::new();
-    let mut slot = |burn: String, nanogpt: String, transposed: bool, present: bool| {
+    let mut slot = |slot, burn: String, nanogpt: String, transposed: bool, present: bool| {
         table.push(ParamName {
+            slot,
             burn,
             nanogpt,
             transposed,
             present,
         })
     };
-    slot(
-        "wte.weight".into(),
-        "transformer.wte.weight".into(),
-        false,
-        true,
-    );
-    slot(
-        "wpe.weight".into(),
-        "transformer.wpe.weight".into(),
-        false,
-        true,
-    );
-    let bias = config.bias;
-    // (Burn's path, nanoGPT's name, whether it is a linear layer).
-    let layers = |i: usize| {
-        let (b, t) = (format!("h.{i}"), format!("transformer.h.{i}"));
-        [
-            (format!("{b}.ln_1"), format!("{t}.ln_1"), false),
-            (format!("{b}.attn.c_attn"), format!("{t}.attn.c_attn"), true),
-            (format!("{b}.attn.c_proj"), format!("{t}.attn.c_proj"), true),
-            (format!("{b}.ln_2"), format!("{t}.ln_2"), false),
-            (format!("{b}.mlp.c_fc"), format!("{t}.mlp.c_fc"), true),
-            (format!("{b}.mlp.c_proj"), format!("{t}.mlp.c_proj"), true),
-        ]
+    for (kind, name) in [
+        (Slot::TokenEmbedding, "wte"),
+        (Slot::PositionEmbedding, "wpe"),
+    ] {
+        let (burn, torch) = (
+            format!("{name}.weight"),
+            format!("transformer.{name}.weight"),
+        );
+        slot(kind, burn, torch, false, true);
+    }
+    // Each layer's path under a block (Burn's and nanoGPT's alike), whether it is linear, and
+    // the slots of its weight and bias.
+    let layers = |l: usize| {
+        BLOCK_LAYERS.map(move |(path, linear, (w, b))| {
+            let (burn, torch) = (format!("h.{l}.{path}"), format!("transformer.h.{l}.{path}"));
+            (burn, torch, linear, (Slot::Block(l, w), Slot::Block(l, b)))
+        })
     };
-    let ln_f = ("ln_f".to_string(), "transformer.ln_f".to_string(), false);
-    for (burn, torch, linear) in (0..config.n_layer).flat_map(layers).chain([ln_f]) {
+    let ln_f = (
+        "ln_f".to_string(),
+        "transformer.ln_f".to_string(),
+        false,
+        (Slot::FinalNormGain, Slot::FinalNormBias),
+    );
+    for (burn, torch, linear, (weight, bias)) in (0..config.n_layer).flat_map(layers).chain([ln_f])
+    {
         // Burn's LayerNorm calls its scale and shift `gamma` and `beta`.
         let (w, b) = if linear {
             ("weight", "bias")
@@ -73,22 +115,47 @@ pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
             ("gamma", "beta")
         };
         slot(
+            weight,
             format!("{burn}.{w}"),
             format!("{torch}.weight"),
             linear,
             true,
         );
-        slot(format!("{burn}.{b}"), format!("{torch}.bias"), false, bias);
+        let (b_burn, b_torch) = (format!("{burn}.{b}"), format!("{torch}.bias"));
+        slot(bias, b_burn, b_torch, false, config.bias);
     }
-    let untied = !config.tie_embeddings;
+    let head = "lm_head.weight".to_string();
     slot(
-        "lm_head.weight".into(),
-        "lm_head.weight".into(),
+        Slot::LmHead,
+        head.clone(),
+        head,
         true,
-        untied,
+        !config.tie_embeddings,
     );
     table
 }
+
+/// A block's layers in nanoGPT's order: path, whether linear, the slots of weight and bias.
+const BLOCK_LAYERS: [(&str, bool, (BlockSlot, BlockSlot)); 6] = [
+    ("ln_1", false, (BlockSlot::Ln1Gain, BlockSlot::Ln1Bias)),
+    (
+        "attn.c_attn",
+        true,
+        (BlockSlot::AttnWeight, BlockSlot::AttnBias),
+    ),
+    (
+        "attn.c_proj",
+        true,
+        (BlockSlot::AttnProjWeight, BlockSlot::AttnProjBias),
+    ),
+    ("ln_2", false, (BlockSlot::Ln2Gain, BlockSlot::Ln2Bias)),
+    ("mlp.c_fc", true, (BlockSlot::FcWeight, BlockSlot::FcBias)),
+    (
+        "mlp.c_proj",
+        true,
+        (BlockSlot::MlpProjWeight, BlockSlot::MlpProjBias),
+    ),
+];
 
 /// A parameter of a model: its id, its values flattened, and its shape.
 pub(crate) struct Entry {

@@ -43,12 +43,12 @@ impl Moments {
         let mut moments = Self::default();
         moments.m.zero_like(weights);
         moments.v.zero_like(weights);
-        moments.time = vec![0; weights.slots().len()];
+        moments.time = vec![0; weights.order().len()];
         moments
     }
 
     /// One AdamW step of `weights` along `grads` at learning rate `lr`. `layout` names each
-    /// slot (`None` = absent parameter).
+    /// slot, in [`Params::order`] (`None` = absent parameter).
     pub(crate) fn step(
         &mut self,
         weights: &mut Params,
@@ -57,14 +57,8 @@ impl Moments {
         settings: &AdamWSettings,
         lr: f64,
     ) {
-        let slots = weights
-            .slots_mut()
-            .into_iter()
-            .zip(grads.slots())
-            .zip(self.m.slots_mut())
-            .zip(self.v.slots_mut())
-            .zip(self.time.iter_mut().zip(layout));
-        for ((((w, g), m), v), (time, entry)) in slots {
+        let order = weights.order().to_vec();
+        for ((slot, time), entry) in order.into_iter().zip(&mut self.time).zip(layout) {
             let Some((id, _)) = entry else { continue };
             *time += 1;
             let t = *time as i32;
@@ -86,7 +80,15 @@ impl Moments {
                 (1.0 - decay) as f32,
                 lr as f32,
             ];
-            update(w, g, m, v, &scalars, decay != 0.0);
+            let (m, v) = (self.m.slot_mut(slot), self.v.slot_mut(slot));
+            update(
+                weights.slot_mut(slot),
+                grads.slot(slot),
+                m,
+                v,
+                &scalars,
+                decay != 0.0,
+            );
         }
     }
 }

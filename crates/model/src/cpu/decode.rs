@@ -7,10 +7,11 @@
 //! weights with no allocation.
 
 use super::attention::{self, Shape};
+use super::block::{self, BlockActs, Heads};
 use super::fast_math::{self, vectorized};
 use super::matmul::{dot, dot_lanes, linear};
 use super::params::Params;
-use super::{Dims, FusedError, gelu, layer_norm};
+use super::{Dims, FusedError, layer_norm};
 use crate::error::ModelError;
 use crate::generate::Decoder;
 use crate::gpt::Gpt;
@@ -32,21 +33,17 @@ pub struct FusedDecoder {
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
-    /// Scratch for the rows being fed: the residual stream `[rows, width]`, a LayerNorm's output
-    /// and statistics, `qkv [rows, 3·width]`, the heads' outputs, a branch's output, the MLP's
-    /// hidden layer before and after GELU `[rows, 4·width]`, attention weights `[heads, rows,
-    /// rows]` of a whole window, one row of attention scores, logits.
+    /// The residual stream of the rows being fed `[rows, width]`, into and out of a block.
     x: Vec<f32>,
-    ln: Vec<f32>,
+    next: Vec<f32>,
+    /// A block's activations for those rows (the training step's, without dropout).
+    acts: BlockActs,
+    /// One row of attention scores; the final LayerNorm of the last row and its statistics;
+    /// logits.
+    scores: Vec<f32>,
+    ln_f: Vec<f32>,
     mean: Vec<f32>,
     rstd: Vec<f32>,
-    qkv: Vec<f32>,
-    y: Vec<f32>,
-    branch: Vec<f32>,
-    fc: Vec<f32>,
-    act: Vec<f32>,
-    att: Vec<f32>,
-    scores: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -62,16 +59,12 @@ impl FusedDecoder {
             values: vec![cache; gpt.h.len()],
             len: 0,
             x: Vec::new(),
-            ln: Vec::new(),
-            mean: Vec::new(),
-            rstd: Vec::new(),
-            qkv: Vec::new(),
-            y: Vec::new(),
-            branch: Vec::new(),
-            fc: Vec::new(),
-            act: Vec::new(),
-            att: Vec::new(),
+            next: Vec::new(),
+            acts: BlockActs::default(),
             scores: vec![0.0; dims.block_size],
+            ln_f: vec![0.0; dims.width],
+            mean: vec![0.0],
+            rstd: vec![0.0],
             logits: vec![0.0; dims.vocab],
         })
     }
@@ -97,76 +90,38 @@ impl FusedDecoder {
     /// The forward pass of `tokens` at positions `len..len + rows`, appending their keys and
     /// values to the cache; leaves the last row's logits in `self.logits`.
     fn forward(&mut self, tokens: &[u32]) {
-        let (c, rows, past) = (self.dims.width, tokens.len(), self.len);
-        for buf in [&mut self.x, &mut self.ln, &mut self.y, &mut self.branch] {
-            buf.resize(rows * c, 0.0);
-        }
-        self.mean.resize(rows, 0.0);
-        self.rstd.resize(rows, 0.0);
-        self.qkv.resize(rows * 3 * c, 0.0);
-        self.fc.resize(rows * 4 * c, 0.0);
-        self.act.resize(rows * 4 * c, 0.0);
+        let d = self.dims;
+        let (c, rows, past) = (d.width, tokens.len(), self.len);
+        self.x.resize(rows * c, 0.0);
+        self.next.resize(rows * c, 0.0);
+        // A whole window (a prompt, or the rebuild after the window slid) goes through the
+        // training kernel's blocked products, which keep its weights.
+        let window = past == 0 && rows > 1;
+        let att = if window { d.heads * rows * rows } else { 0 };
+        self.acts.resize(rows, c, d.hidden, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             self.weights.embed(x, tok as usize, past + r);
         }
         for l in 0..self.weights.blocks.len() {
-            self.attention_branch(l, rows, past);
-            self.mlp_branch(l, rows);
+            let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
+            let scores = &mut self.scores;
+            let p = &self.weights.blocks[l];
+            block::forward(p, &mut self.acts, &self.x, &mut self.next, d.hidden, |h| {
+                let cache = Cache {
+                    keys,
+                    values,
+                    past,
+                    width: c,
+                };
+                match window {
+                    true => attend_window(h, cache, d.heads),
+                    false => attend_cached(h, cache, scores, d.heads),
+                }
+            });
+            std::mem::swap(&mut self.x, &mut self.next);
         }
         self.last_row_logits(rows);
         self.len += rows;
-    }
-
-    /// `x += c_proj(attention(ln_1(x)))` for block `l`, the rows' keys and values cached.
-    fn attention_branch(&mut self, l: usize, rows: usize, past: usize) {
-        let c = self.dims.width;
-        let p = &self.weights.blocks[l];
-        let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);
-        layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_1_gamma, &p.ln_1_beta);
-        linear(&mut self.qkv, ln, &p.c_attn_w, &p.c_attn_b, rows, c, 3 * c);
-        let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
-        for (r, qkv) in self.qkv.chunks_exact(3 * c).enumerate() {
-            let at = (past + r) * c..(past + r + 1) * c;
-            keys[at.clone()].copy_from_slice(&qkv[c..2 * c]);
-            values[at].copy_from_slice(&qkv[2 * c..]);
-        }
-        if past == 0 && rows > 1 {
-            // A whole window (a prompt, or the rebuild after the window slid): the training
-            // kernel's blocked products.
-            let heads = self.dims.heads;
-            let shape = Shape {
-                seqs: 1,
-                seq: rows,
-                width: c,
-                heads,
-            };
-            self.att.resize(heads * rows * rows, 0.0);
-            attention::forward(&mut self.y, &mut self.att, &self.qkv, &[], &mut [], shape);
-        } else {
-            let rows = self.y.chunks_exact_mut(c).zip(self.qkv.chunks_exact(3 * c));
-            for (r, (y, qkv)) in rows.enumerate() {
-                let visible = (past + r + 1) * c;
-                let scores = &mut self.scores[..past + r + 1];
-                let (k, v) = (&keys[..visible], &values[..visible]);
-                attend(y, &qkv[..c], k, v, scores, self.dims.heads);
-            }
-        }
-        let (w, b) = (&p.attn_proj_w, &p.attn_proj_b);
-        linear(&mut self.branch, &self.y, w, b, rows, c, c);
-        add_into(&mut self.x, &self.branch);
-    }
-
-    /// `x += mlp(ln_2(x))` for block `l`.
-    fn mlp_branch(&mut self, l: usize, rows: usize) {
-        let c = self.dims.width;
-        let p = &self.weights.blocks[l];
-        let (ln, mean, rstd) = (&mut self.ln, &mut self.mean, &mut self.rstd);
-        layer_norm::forward(ln, mean, rstd, &self.x, &p.ln_2_gamma, &p.ln_2_beta);
-        linear(&mut self.fc, ln, &p.c_fc_w, &p.c_fc_b, rows, c, 4 * c);
-        gelu::forward(&mut self.act, &self.fc);
-        let (w, b) = (&p.mlp_proj_w, &p.mlp_proj_b);
-        linear(&mut self.branch, &self.act, w, b, rows, 4 * c, c);
-        add_into(&mut self.x, &self.branch);
     }
 
     /// The final LayerNorm and the LM head, for the last row only: only its next token is
@@ -174,9 +129,15 @@ impl FusedDecoder {
     fn last_row_logits(&mut self, rows: usize) {
         let (c, w) = (self.dims.width, &self.weights);
         let last = &self.x[(rows - 1) * c..];
-        let h = &mut self.ln[..c];
-        let (mean, rstd) = (&mut self.mean[..1], &mut self.rstd[..1]);
-        layer_norm::forward(h, mean, rstd, last, &w.ln_f_gamma, &w.ln_f_beta);
+        let h = &mut self.ln_f;
+        layer_norm::forward(
+            h,
+            &mut self.mean,
+            &mut self.rstd,
+            last,
+            &w.ln_f_gamma,
+            &w.ln_f_beta,
+        );
         if w.lm_head.is_empty() {
             for (logit, row) in self.logits.iter_mut().zip(w.wte.chunks_exact(c)) {
                 *logit = dot(h, row);
@@ -187,9 +148,51 @@ impl FusedDecoder {
     }
 }
 
-/// `x += branch`: a residual connection.
-fn add_into(x: &mut [f32], branch: &[f32]) {
-    x.iter_mut().zip(branch).for_each(|(x, b)| *x += b);
+/// One block's KV cache (`[block_size, width]` keys and values), and how many of its rows
+/// were filled before the rows being fed.
+struct Cache<'a> {
+    keys: &'a mut [f32],
+    values: &'a mut [f32],
+    past: usize,
+    width: usize,
+}
+
+impl Cache<'_> {
+    /// Appends the keys and values of `qkv`'s rows (`[rows, 3·width]`) after the cached ones.
+    fn append(&mut self, qkv: &[f32]) {
+        let c = self.width;
+        for (r, qkv) in qkv.chunks_exact(3 * c).enumerate() {
+            let at = (self.past + r) * c..(self.past + r + 1) * c;
+            self.keys[at.clone()].copy_from_slice(&qkv[c..2 * c]);
+            self.values[at].copy_from_slice(&qkv[2 * c..]);
+        }
+    }
+}
+
+/// A whole window from position 0: the training step's blocked causal attention; its keys and
+/// values are cached.
+fn attend_window(h: Heads<'_>, mut cache: Cache<'_>, heads: usize) {
+    cache.append(h.qkv);
+    let shape = Shape {
+        seqs: 1,
+        seq: h.qkv.len() / (3 * cache.width),
+        width: cache.width,
+        heads,
+    };
+    attention::forward(h.y, h.att, h.qkv, &[], &mut [], shape);
+}
+
+/// Rows after the cached ones: each query row attends to the cached keys and values up to and
+/// including its own.
+fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32], heads: usize) {
+    cache.append(h.qkv);
+    let c = cache.width;
+    let rows = h.y.chunks_exact_mut(c).zip(h.qkv.chunks_exact(3 * c));
+    for (r, (y, qkv)) in rows.enumerate() {
+        let visible = cache.past + r + 1;
+        let (keys, values) = (&cache.keys[..visible * c], &cache.values[..visible * c]);
+        attend(y, &qkv[..c], keys, values, &mut scores[..visible], heads);
+    }
 }
 
 impl Decoder for FusedDecoder {

@@ -19,6 +19,7 @@
 
 mod adamw;
 mod attention;
+mod block;
 mod cross_entropy;
 mod decode;
 mod dropout;
@@ -32,6 +33,8 @@ mod workspace;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use thiserror::Error;
+
+use tinygpt_attention::AttentionKernel;
 
 use crate::config::{Activation, GptConfig};
 use crate::error::{LossError, ModelError};
@@ -80,6 +83,8 @@ struct Dims {
     block_size: usize,
     width: usize,
     heads: usize,
+    /// The MLP's hidden width.
+    hidden: usize,
     dropout: f32,
 }
 
@@ -92,15 +97,17 @@ impl Dims {
             block_size: config.block_size,
             width: config.n_embd,
             heads: config.n_head,
+            hidden: config.mlp_width(),
             dropout: config.dropout as f32,
         })
     }
 }
 
 /// Whether the fused engine computes exactly what [`Gpt`] computes for `config`: an allow-list
-/// over every field. The sizes, dropout, biases, tying and the attention op (which only changes
-/// how Burn computes the same attention) may take any value; every other field must have the one
-/// value the kernels implement. A field added to [`GptConfig`] does not compile here until it is
+/// over every field and every variant. The sizes, dropout, biases, tying and the attention op
+/// (which only changes how Burn computes the same attention) may take any value; every other
+/// field must have the one value the kernels implement. A field added to [`GptConfig`], or a
+/// variant added to [`Activation`] or [`AttentionKernel`], does not compile here until it is
 /// placed on one side or the other.
 pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     let GptConfig {
@@ -112,21 +119,27 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         dropout: _,
         bias: _,
         tie_embeddings: _,
-        kernel: _,
+        kernel,
         mlp,
         layer_norm,
         activation,
         layer_norm_eps,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
+    match kernel {
+        AttentionKernel::Auto | AttentionKernel::Explicit | AttentionKernel::Sdpa => {}
+    }
+    match activation {
+        Activation::Gelu => {}
+        Activation::GeluTanh => {
+            return unsupported("`activation = \"gelu_tanh\"` (only the exact GELU)".into());
+        }
+    }
     if !mlp {
         return unsupported("models without the MLP (`mlp = false`)".into());
     }
     if !layer_norm {
         return unsupported("models without LayerNorms (`layer_norm = false`)".into());
-    }
-    if let Activation::GeluTanh = activation {
-        return unsupported("`activation = \"gelu_tanh\"` (only the exact GELU)".into());
     }
     // The kernels compute in f32: an ε that rounds to theirs is theirs.
     if *layer_norm_eps as f32 != layer_norm::EPSILON {
@@ -212,20 +225,21 @@ impl FusedCpu {
         let Some(moments) = &self.moments else {
             return Vec::new();
         };
-        let slots = self
-            .layout
+        let slots = moments
+            .m
+            .order()
             .iter()
-            .zip(moments.m.slots().into_iter().zip(moments.v.slots()))
+            .zip(&self.layout)
             .zip(&moments.time);
         slots
-            .filter_map(|((entry, (m, v)), &time)| {
+            .filter_map(|((&slot, entry), &time)| {
                 let (id, shape) = entry.clone()?;
                 Some(MomentState {
                     id,
                     shape,
                     time,
-                    moment_1: m.clone(),
-                    moment_2: v.clone(),
+                    moment_1: moments.m.slot(slot).to_vec(),
+                    moment_2: moments.v.slot(slot).to_vec(),
                 })
             })
             .collect()
@@ -240,13 +254,10 @@ impl FusedCpu {
         let mut by_id: std::collections::HashMap<ParamId, MomentState> =
             states.into_iter().map(|s| (s.id, s)).collect();
         let mut moments = Moments::zeros(&self.weights);
-        let slots = self
-            .layout
-            .iter()
-            .zip(moments.m.slots_mut().into_iter().zip(moments.v.slots_mut()))
-            .zip(&mut moments.time);
-        for ((entry, (m, v)), time) in slots {
+        let order = self.weights.order().to_vec();
+        for ((slot, entry), time) in order.into_iter().zip(&self.layout).zip(&mut moments.time) {
             let Some((id, _)) = entry else { continue };
+            let (m, v) = (moments.m.slot_mut(slot), moments.v.slot_mut(slot));
             let state = by_id.remove(id).ok_or_else(|| {
                 FusedError::OptimizerState(format!("no state for parameter {id}"))
             })?;

@@ -1,5 +1,6 @@
 //! The model's parameters as flat `f32` buffers, read from a [`Gpt`] and written back as
-//! gradients keyed by the same [`ParamId`]s.
+//! gradients keyed by the same [`ParamId`]s. Which buffers there are, in which order and of which
+//! shapes comes from [`parameter_table`]: each table [`Slot`] names the field it is kept in.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::gpt::Gpt;
-use crate::parameters::{Entry, parameter_table, parameters_by_path};
+use crate::parameters::{BlockSlot, Entry, Slot, parameter_table, parameters_by_path};
 
 /// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
 #[derive(Debug, Clone, Default)]
@@ -23,17 +24,55 @@ pub(crate) struct BlockParams {
     pub attn_proj_b: Vec<f32>,
     pub ln_2_gamma: Vec<f32>,
     pub ln_2_beta: Vec<f32>,
-    /// `[width, 4·width]`.
+    /// `[width, hidden]`.
     pub c_fc_w: Vec<f32>,
     pub c_fc_b: Vec<f32>,
-    /// `[4·width, width]`.
+    /// `[hidden, width]`.
     pub mlp_proj_w: Vec<f32>,
     pub mlp_proj_b: Vec<f32>,
 }
 
-/// Every parameter of a [`Gpt`] (or a gradient of the same shape).
+/// The field each of a block's slots is kept in: one exhaustive match each way (shared and
+/// mutable), so a slot added to the table does not compile until it has a field.
+macro_rules! block_fields {
+    ($($slot:ident => $field:ident),* $(,)?) => {
+        impl BlockParams {
+            fn buffer(&self, slot: BlockSlot) -> &Vec<f32> {
+                match slot {
+                    $(BlockSlot::$slot => &self.$field,)*
+                }
+            }
+
+            fn buffer_mut(&mut self, slot: BlockSlot) -> &mut Vec<f32> {
+                match slot {
+                    $(BlockSlot::$slot => &mut self.$field,)*
+                }
+            }
+        }
+    };
+}
+
+block_fields! {
+    Ln1Gain => ln_1_gamma,
+    Ln1Bias => ln_1_beta,
+    AttnWeight => c_attn_w,
+    AttnBias => c_attn_b,
+    AttnProjWeight => attn_proj_w,
+    AttnProjBias => attn_proj_b,
+    Ln2Gain => ln_2_gamma,
+    Ln2Bias => ln_2_beta,
+    FcWeight => c_fc_w,
+    FcBias => c_fc_b,
+    MlpProjWeight => mlp_proj_w,
+    MlpProjBias => mlp_proj_b,
+}
+
+/// Every parameter of a [`Gpt`] (or a gradient of the same shape): a buffer per
+/// [`parameter_table`] slot, kept in fields by kind for the kernels.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Params {
+    /// The table's slots, in its order: the order every loop over all parameters takes.
+    order: Vec<Slot>,
     /// `[vocab, width]`; also the LM head when tied.
     pub wte: Vec<f32>,
     /// `[block_size, width]`.
@@ -45,58 +84,61 @@ pub(crate) struct Params {
     pub lm_head: Vec<f32>,
 }
 
-/// The model's parameters in [`parameter_table`]'s order; `None` where a slot is absent.
-fn entries(gpt: &Gpt) -> Vec<Option<Entry>> {
+impl Params {
+    fn buffer(&self, slot: Slot) -> &Vec<f32> {
+        match slot {
+            Slot::TokenEmbedding => &self.wte,
+            Slot::PositionEmbedding => &self.wpe,
+            Slot::Block(l, s) => self.blocks[l].buffer(s),
+            Slot::FinalNormGain => &self.ln_f_gamma,
+            Slot::FinalNormBias => &self.ln_f_beta,
+            Slot::LmHead => &self.lm_head,
+        }
+    }
+
+    fn buffer_mut(&mut self, slot: Slot) -> &mut Vec<f32> {
+        match slot {
+            Slot::TokenEmbedding => &mut self.wte,
+            Slot::PositionEmbedding => &mut self.wpe,
+            Slot::Block(l, s) => self.blocks[l].buffer_mut(s),
+            Slot::FinalNormGain => &mut self.ln_f_gamma,
+            Slot::FinalNormBias => &mut self.ln_f_beta,
+            Slot::LmHead => &mut self.lm_head,
+        }
+    }
+}
+
+/// The model's parameters in [`parameter_table`]'s order, with their slots; `None` where a slot
+/// is absent.
+fn entries(gpt: &Gpt) -> Vec<(Slot, Option<Entry>)> {
     let mut by_path = parameters_by_path(gpt);
     parameter_table(&gpt.config)
         .into_iter()
-        .map(|slot| by_path.remove(&slot.burn))
+        .map(|name| (name.slot, by_path.remove(&name.burn)))
         .collect()
 }
 
-/// The buffers of a [`Params`] in [`parameter_table`]'s order, as shared (`slots!(p,)`) or
-/// mutable (`slots!(p, mut)`) references: where each slot of the table is stored.
-macro_rules! slots {
-    ($params:expr, $($mut:tt)?) => {{
-        let p = $params;
-        let mut out = vec![&$($mut)? p.wte, &$($mut)? p.wpe];
-        for b in &$($mut)? p.blocks {
-            out.extend([
-                &$($mut)? b.ln_1_gamma,
-                &$($mut)? b.ln_1_beta,
-                &$($mut)? b.c_attn_w,
-                &$($mut)? b.c_attn_b,
-                &$($mut)? b.attn_proj_w,
-                &$($mut)? b.attn_proj_b,
-                &$($mut)? b.ln_2_gamma,
-                &$($mut)? b.ln_2_beta,
-                &$($mut)? b.c_fc_w,
-                &$($mut)? b.c_fc_b,
-                &$($mut)? b.mlp_proj_w,
-                &$($mut)? b.mlp_proj_b,
-            ]);
-        }
-        out.extend([&$($mut)? p.ln_f_gamma, &$($mut)? p.ln_f_beta, &$($mut)? p.lm_head]);
-        out
-    }};
-}
-
-/// Each slot's parameter id and shape (`None` where absent), in [`Params::slots`] order.
+/// Each slot's parameter id and shape (`None` where absent), in [`Params::order`].
 pub(crate) fn layout(gpt: &Gpt) -> Vec<Option<(ParamId, Vec<usize>)>> {
     entries(gpt)
         .into_iter()
-        .map(|e| e.map(|e| (e.id, e.shape)))
+        .map(|(_, e)| e.map(|e| (e.id, e.shape)))
         .collect()
 }
 
 impl Params {
-    /// The buffers in the order [`entries`] lists the model's parameters.
-    pub(crate) fn slots(&self) -> Vec<&Vec<f32>> {
-        slots!(self,)
+    /// The table's slots, in its order.
+    pub(crate) fn order(&self) -> &[Slot] {
+        &self.order
     }
 
-    pub(crate) fn slots_mut(&mut self) -> Vec<&mut Vec<f32>> {
-        slots!(self, mut)
+    /// The buffer of `slot` (empty where the model lacks it).
+    pub(crate) fn slot(&self, slot: Slot) -> &[f32] {
+        self.buffer(slot)
+    }
+
+    pub(crate) fn slot_mut(&mut self, slot: Slot) -> &mut Vec<f32> {
+        self.buffer_mut(slot)
     }
 
     /// `out [width] = wte[token] + wpe[position]`: one token's input to the first block.
@@ -132,10 +174,10 @@ impl Params {
             }
         }
         let values = self
-            .slots()
-            .into_iter()
+            .order
+            .iter()
             .zip(layout(&gpt))
-            .filter_map(|(slot, entry)| entry.map(|(id, _)| (id, slot.clone())))
+            .filter_map(|(&slot, entry)| entry.map(|(id, _)| (id, self.slot(slot).to_vec())))
             .collect();
         gpt.map(&mut Write(values))
     }
@@ -146,8 +188,9 @@ impl Params {
             blocks: vec![BlockParams::default(); gpt.h.len()],
             ..Self::default()
         };
-        for (slot, entry) in params.slots_mut().into_iter().zip(entries(gpt)) {
-            *slot = entry.map_or_else(Vec::new, |e| {
+        for (slot, entry) in entries(gpt) {
+            params.order.push(slot);
+            *params.slot_mut(slot) = entry.map_or_else(Vec::new, |e| {
                 e.values
                     .into_data()
                     .try_into_vec::<f32>()
@@ -160,16 +203,21 @@ impl Params {
     /// Zeros shaped like `like`, kept allocations reused.
     pub(crate) fn zero_like(&mut self, like: &Self) {
         self.blocks.resize_with(like.blocks.len(), Default::default);
-        for (slot, like) in self.slots_mut().into_iter().zip(like.slots()) {
-            slot.clear();
-            slot.resize(like.len(), 0.0);
+        self.order.clone_from(&like.order);
+        for &slot in &like.order {
+            let buffer = self.slot_mut(slot);
+            buffer.clear();
+            buffer.resize(like.slot(slot).len(), 0.0);
         }
     }
 
     /// `self += other`, slot by slot.
     pub(crate) fn add(&mut self, other: &Self) {
-        for (slot, other) in self.slots_mut().into_iter().zip(other.slots()) {
-            slot.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+        for &slot in &other.order {
+            let sum = self.slot_mut(slot);
+            sum.iter_mut()
+                .zip(other.slot(slot))
+                .for_each(|(a, b)| *a += b);
         }
     }
 
@@ -177,15 +225,19 @@ impl Params {
     /// Euclidean norm of all values together.
     pub(crate) fn scale_to_norm(&mut self, max_norm: f64) -> f64 {
         let squares: f64 = self
-            .slots()
+            .order
             .iter()
-            .map(|slot| slot.iter().map(|&g| f64::from(g * g)).sum::<f64>())
+            .map(|&slot| {
+                let values = self.slot(slot);
+                values.iter().map(|&g| f64::from(g * g)).sum::<f64>()
+            })
             .sum();
         let norm = squares.sqrt();
         let scale = max_norm / (norm + 1e-6);
         if scale < 1.0 {
-            for slot in self.slots_mut() {
-                slot.iter_mut().for_each(|g| *g *= scale as f32);
+            for slot in self.order.clone() {
+                let values = self.slot_mut(slot);
+                values.iter_mut().for_each(|g| *g *= scale as f32);
             }
         }
         norm
@@ -195,10 +247,12 @@ impl Params {
     /// gradients from (the backend under autodiff).
     pub(crate) fn to_gradients(&self, gpt: &Gpt) -> GradientsParams {
         let mut grads = GradientsParams::new();
-        for (slot, entry) in self.slots().into_iter().zip(entries(gpt)) {
+        for (slot, entry) in entries(gpt) {
             let Some(entry) = entry else { continue };
+            let values = self.slot(slot);
             let device: Device = entry.values.device().inner();
-            let flat = Tensor::<1>::from_data(TensorData::new(slot.clone(), [slot.len()]), &device);
+            let flat =
+                Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
             match entry.shape[..] {
                 [n] => grads.register(entry.id, flat.reshape([n])),
                 [a, b] => grads.register(entry.id, flat.reshape([a, b])),

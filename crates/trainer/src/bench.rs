@@ -16,12 +16,13 @@ use tinygpt_model::{GenerateOptions, generate};
 
 use crate::backend::{Backend, Placement, describe};
 use crate::config::RunConfig;
+use crate::config::presets::ConfigSource;
+use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
-use crate::engine::{Engine, decoder};
-use crate::optim::{adamw_settings, optimizer};
-use crate::presets::ConfigSource;
-use crate::session::train_step;
-use crate::tokens::Tokens;
+use crate::sample::decoder;
+use crate::train::engine::Engine;
+use crate::train::optim::{adamw_settings, optimizer};
+use crate::train::session::train_step;
 
 /// One line of results.
 #[derive(Debug, Serialize)]
@@ -154,7 +155,7 @@ fn sampling(engine: &mut Engine, placement: &Placement, args: &BenchArgs) -> Res
         context_shift: args.context_shift,
         ..GenerateOptions::default()
     };
-    let mut decoder = decoder(placement.engine, &inference, inference.vocab_size())?;
+    let mut decoder = decoder(placement, &inference, inference.vocab_size())?;
     // One untimed call warms kernels and allocations up.
     let warm_up = GenerateOptions {
         max_new_tokens: 4,

@@ -4,8 +4,8 @@ use anyhow::{Result, bail};
 use burn::tensor::Device;
 use tinygpt_model::{Gpt, IGNORE_INDEX, cross_entropy};
 
+use crate::data::tokenizer::Tokenizer;
 use crate::data::{Split, sweep};
-use crate::tokenizer::Tokenizer;
 
 /// What [`evaluate`] measured.
 #[derive(Debug, Clone, Copy)]

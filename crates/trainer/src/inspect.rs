@@ -9,8 +9,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use plotters::prelude::*;
 use tinygpt_model::Gpt;
 
-use crate::checkpoint::write_atomic;
-use crate::tokenizer::Tokenizer;
+use crate::data::tokenizer::Tokenizer;
+use crate::fs::write_atomic;
 
 /// Attention weights of one prompt: `maps[layer][head]` is a `[seq, seq]` row-major matrix
 /// (rows = queries, columns = keys).

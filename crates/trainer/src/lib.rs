@@ -1,46 +1,38 @@
 //! # tinygpt: train and sample a tiny GPT on any text file
 //!
 //! The library behind the `tinygpt` binary, for programs that open runs or train without the
-//! command line (a server, integration tests). Data flows through it as:
+//! command line (a server, integration tests). Its rooms, in the order data flows:
 //!
 //! ```text
-//! corpus (data) -> tokenizer -> batches (data) -> engine: loss, gradients, AdamW (engine, optim)
-//!   -> checkpoints (checkpoint) -> generate / eval / attention / export (eval, inspect, interop)
+//! config/    the run's TOML config (RunConfig, the model's own GptConfig as [model]) and the
+//!            presets and corpus built into the binary
+//! data/      text -> token files (prepare/) -> tokenizer -> mapped tokens -> batches
+//! backend/   --backend: a device and the engine that trains on it (Placement::engine_for)
+//! train/     set-up, the loop, reporting; the engine (Burn autodiff or the fused CPU engine),
+//!            AdamW, the memory check
+//! run/       the run directory: checkpoints, checksums, the writer's lock, metrics
+//! sample/    the decoder that generate, serve and bench sample with
+//! eval.rs, inspect.rs   losses over whole splits; attention maps
+//! interop/   nanoGPT and Hugging Face models in and out
+//! serve/     the HTTP API and playground over a trained run
+//! fs.rs      atomic files and directories, which everything above writes with; checksum.rs
+//!            SHA-256 in hex
 //! ```
 //!
-//! - [`config::RunConfig`]: the run's TOML configuration; [`presets`]: the built-in configs and
-//!   corpus;
-//! - [`session::Trainer`]: a training run as named steps (open, step, evaluate, checkpoint,
-//!   report) over an [`engine::Engine`], which owns the weights and optimizer state;
-//! - [`backend::Backend`]: the `--backend` names, each a device and an engine
-//!   ([`backend::Placement`]);
-//! - [`checkpoint::Run`]: a run directory, written atomically, checksummed ([`integrity`]) and
-//!   locked by its one writer ([`lock`]);
-//! - [`serve`]: the HTTP API and playground over a trained run.
+//! Dependencies point one way: `data` and `run` never reach into `train`, `train` never into
+//! the commands.
 
 pub mod backend;
 pub mod bench;
-pub mod byte_level_bpe;
-pub mod checkpoint;
+pub mod checksum;
 pub mod config;
-pub mod corpus;
-pub mod cuda;
 pub mod data;
-pub mod device_adamw;
-pub mod documents;
-pub mod engine;
 pub mod eval;
+pub mod fs;
 pub mod inspect;
-pub mod integrity;
 pub mod interop;
-pub mod lock;
-pub mod memory;
-pub mod metrics;
-pub mod optim;
-pub mod prepare;
-pub mod presets;
 pub mod progress;
+pub mod run;
+pub mod sample;
 pub mod serve;
-pub mod session;
-pub mod tokenizer;
-pub mod tokens;
+pub mod train;

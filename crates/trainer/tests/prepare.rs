@@ -110,7 +110,7 @@ fn read_le<const N: usize>(path: &Path) -> Vec<u64> {
 /// split in memory; `documents` batching then trains on the prepared directory as on the file.
 #[test]
 fn documents_prepared_with_a_separator_train_as_from_the_text() {
-    use tinygpt::documents::Documents;
+    use tinygpt::data::documents::Documents;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     // Stanzas of 1 to 6 lines, some separated by more than one blank line; over 2 MB, so
@@ -142,7 +142,7 @@ fn documents_prepared_with_a_separator_train_as_from_the_text() {
     assert_eq!(m["separator"], "\n\n");
 
     // The same documents and tokens as splitting the whole text in memory.
-    let tokenizer = tinygpt::tokenizer::Tokenizer::from_json(
+    let tokenizer = tinygpt::data::tokenizer::Tokenizer::from_json(
         &std::fs::read_to_string(dir.join("docs/tokenizer.json")).unwrap(),
     )
     .unwrap();

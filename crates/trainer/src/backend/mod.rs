@@ -3,10 +3,12 @@
 //! A backend name is a shorthand for two settings, a [`Placement`]: the Burn device (Burn 0.22's
 //! run-time `Device`) and the [`EngineChoice`] (Burn's autodiff, or tinygpt's fused CPU engine).
 
+pub mod cuda;
+pub mod host;
+
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceType};
-
-use crate::cuda;
+use tinygpt_model::{GptConfig, fused_support};
 
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -63,6 +65,17 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// Where `auto` runs on a machine without a GPU: the fused CPU engine for a model it
+    /// implements, flex for any other.
+    pub fn cpu() -> Self {
+        Self {
+            device: Device::flex(),
+            engine: EngineChoice::FusedIfSupported,
+            memory: Memory::Host,
+            note: None,
+        }
+    }
+
     /// Whether the device is the CPU: a read back from it costs no wait for another processor.
     pub fn on_host(&self) -> bool {
         self.memory == Memory::Host
@@ -71,20 +84,42 @@ impl Placement {
     /// Bytes the device can still allocate, where that can be known.
     pub fn available_memory(&self) -> Option<u64> {
         match self.memory {
-            Memory::Host => crate::memory::available_bytes(),
-            Memory::Cuda => crate::cuda::free_memory(),
+            Memory::Host => host::available_bytes(),
+            Memory::Cuda => cuda::free_memory(),
             Memory::Unreported => None,
         }
     }
 
-    /// Whether a model of `config` trains on the fused engine here.
-    pub fn trains_fused(&self, config: &tinygpt_model::GptConfig) -> bool {
-        match self.engine {
-            EngineChoice::Autodiff => false,
-            EngineChoice::Fused => true,
-            EngineChoice::FusedIfSupported => tinygpt_model::fused_support(config).is_ok(),
-        }
+    /// The engine for a model of `config` here: the one place that decides it (the memory
+    /// estimate, training and sampling all ask). With `auto`, a model the fused engine does not
+    /// implement trains on Burn's autodiff and the note says why; an explicit `fused` refuses
+    /// it.
+    pub fn engine_for(&self, config: &GptConfig) -> Result<(EngineKind, Option<String>)> {
+        Ok(match (self.engine, fused_support(config)) {
+            (EngineChoice::Fused, Err(e)) => return Err(e.into()),
+            (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
+                (EngineKind::Fused, None)
+            }
+            (EngineChoice::FusedIfSupported, Err(e)) => {
+                (EngineKind::Autodiff, Some(format!("{e}; training on flex")))
+            }
+            (EngineChoice::Autodiff, _) if self.on_host() => (EngineKind::Autodiff, None),
+            (EngineChoice::Autodiff, _) => (EngineKind::Device, None),
+        })
     }
+}
+
+/// What computes a model's losses, gradients, updates and samples: what
+/// [`Placement::engine_for`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// tinygpt's fused CPU engine, and its decoder.
+    Fused,
+    /// Burn's autodiff and AdamW on the CPU; Burn's decoder.
+    Autodiff,
+    /// Burn's autodiff on a GPU, AdamW on the device where the non-finite guard decides too;
+    /// Burn's decoder.
+    Device,
 }
 
 impl Backend {

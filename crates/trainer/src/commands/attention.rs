@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use tinygpt::backend::Backend;
-use tinygpt::checkpoint::Which;
 use tinygpt::inspect::AttentionMaps;
+use tinygpt::run::checkpoint::Which;
 
 /// Print and draw a trained model's attention weights for a prompt.
 ///

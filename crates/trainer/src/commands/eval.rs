@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::{Backend, describe};
-use tinygpt::checkpoint::{Run, Which};
-use tinygpt::corpus;
+use tinygpt::data::corpus;
 use tinygpt::data::{self, Split, read_corpus};
 use tinygpt::eval::evaluate;
+use tinygpt::run::checkpoint::{Run, Which};
 
 /// Loss, bits per character (bits per byte for BPE) and perplexity.
 ///

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use tinygpt::checkpoint::{Run, Which};
 use tinygpt::interop;
+use tinygpt::run::checkpoint::{Run, Which};
 
 /// Write a run's weights for other tools.
 ///

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
-use tinygpt::checkpoint::Which;
-use tinygpt::engine::decoder;
-use tinygpt::tokenizer::{TextStream, Tokenizer};
+use tinygpt::data::tokenizer::{TextStream, Tokenizer};
+use tinygpt::run::checkpoint::Which;
+use tinygpt::sample::decoder;
 use tinygpt_model::{GenerateOptions, generate};
 
 /// Sample text from a trained run, streamed to stdout.
@@ -85,7 +85,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let options = args.options(tokenizer)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(tokenizer);
-    let mut decoder = decoder(placement.engine, &model, tokenizer.vocab_size())?;
+    let mut decoder = decoder(&placement, &model, tokenizer.vocab_size())?;
     let written = write!(out, "{}", args.prompt);
     let mut write_error = written.err();
     generate(&mut *decoder, &prompt_ids, &options, |id| {

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::checkpoint::{self, Checkpoint, Run, Which};
-use tinygpt::memory;
+use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
+use tinygpt::train::memory;
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
@@ -67,13 +67,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         integrity(&last)
     );
     // Where `auto` trains it on a machine without a GPU.
-    let fused = tinygpt_model::fused_support(&gpt).is_ok();
+    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&gpt)?;
+    let fused = engine == tinygpt::backend::EngineKind::Fused;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
     println!(
         "memory to train on the CPU ({}): ~{}{}",
         if fused { "fused engine" } else { "flex" },
         estimate.describe(),
-        memory::available_bytes().map_or(String::new(), |a| format!(
+        tinygpt::backend::host::available_bytes().map_or(String::new(), |a| format!(
             " ({} available now)",
             memory::human(a)
         ))

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt::backend::Backend;
-use tinygpt::checkpoint::Which;
+use tinygpt::run::checkpoint::Which;
 
 /// Print the logits for given tokens as JSON: {"phase": "logits", "shape", "logits", "loss"}.
 #[derive(clap::Args)]

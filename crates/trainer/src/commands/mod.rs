@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use tinygpt::backend::{Backend, Placement};
-use tinygpt::checkpoint::{Run, TrainState, Which};
+use tinygpt::run::checkpoint::{Run, TrainState, Which};
 use tinygpt_model::Gpt;
 
 #[derive(Parser)]

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::memory;
+use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
 
 /// Print a preset's architecture and parameter count.
@@ -55,7 +55,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
-    let fused = tinygpt_model::fused_support(&config).is_ok();
+    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&config)?;
+    let fused = engine == tinygpt::backend::EngineKind::Fused;
     println!(
         "memory to train with batch {} on the CPU ({}): ~{}",
         args.batch_size,

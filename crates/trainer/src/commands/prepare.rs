@@ -7,12 +7,12 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use tinygpt::config::TokenizerKind;
-use tinygpt::corpus::BPE_SAMPLE_BYTES;
-use tinygpt::prepare::{
+use tinygpt::data::corpus::BPE_SAMPLE_BYTES;
+use tinygpt::data::prepare::{
     self, DEFAULT_INCLUDE, Phases, PrepareOptions, Prepared, TokenizerSource, ValSplit,
 };
-use tinygpt::tokenizer::Tokenizer;
-use tinygpt::tokens::Width;
+use tinygpt::data::tokenizer::Tokenizer;
+use tinygpt::data::tokens::Width;
 
 /// Tokenize a corpus once into train.bin / val.bin (nanoGPT's layout), for corpora of any size.
 ///
@@ -145,7 +145,7 @@ fn tokenizer_of(dir: &std::path::Path) -> Result<Tokenizer> {
     if Prepared::is_prepared(dir) {
         return Ok(Prepared::open(dir)?.tokenizer);
     }
-    Ok(tinygpt::checkpoint::Run::open(dir)?.tokenizer)
+    Ok(tinygpt::run::checkpoint::Run::open(dir)?.tokenizer)
 }
 
 fn report(prepared: &Prepared, seconds: f64, phases: &Phases) {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use tinygpt::backend::Backend;
-use tinygpt::checkpoint::Which;
+use tinygpt::run::checkpoint::Which;
 use tinygpt::serve::{Model, ServeOptions, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
-use tinygpt::presets::ConfigSource;
-use tinygpt::session::{Limits, TrainOptions, Trainer};
+use tinygpt::config::presets::ConfigSource;
+use tinygpt::train::{Limits, TrainOptions, Trainer};
 
 /// Train a GPT on a text file; writes a run directory (weights, tokenizer, metrics, plot).
 ///

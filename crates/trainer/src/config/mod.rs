@@ -3,105 +3,26 @@
 //! Every key has a documented default, unknown keys are errors, and `--set section.key=value`
 //! overrides a key before validation, so every error names the key at fault.
 
+pub mod presets;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use tinygpt_attention::AttentionKernel;
-use tinygpt_model::{Activation, GptConfig};
+use tinygpt_model::GptConfig;
+
+/// The name by which configs refer to the corpus built into the binary ([`presets`] holds it).
+pub const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
 
 /// A whole run: architecture, data and optimisation.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunConfig {
-    pub model: ModelSection,
+    /// `[model]`: the architecture, the model crate's own type (defaults: nanoGPT's CPU "baby"
+    /// model; `vocab_size` left out = the tokenizer's).
+    pub model: GptConfig,
     pub data: DataSection,
     pub train: TrainSection,
-}
-
-/// `[model]`: the GPT's shape. Defaults are nanoGPT's CPU "baby" model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelSection {
-    /// Context length in tokens.
-    pub block_size: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    /// Dropout on embeddings, attention weights and residual branches.
-    pub dropout: f64,
-    /// Biases in linear layers and LayerNorms.
-    pub bias: bool,
-    /// LM head shares the token embedding matrix.
-    pub tie_embeddings: bool,
-    /// The MLP's nonlinearity: "gelu" (exact, nanoGPT) or "gelu_tanh" (GPT-2's approximation).
-    pub activation: ActivationKind,
-    /// LayerNorm's epsilon.
-    pub layer_norm_eps: f64,
-    /// Rows of the token embedding and LM head, when more than the tokenizer's vocabulary
-    /// (nanoGPT pads GPT-2's 50257 to 50304); unset = the tokenizer's. Padding ids are never
-    /// sampled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vocab_size: Option<usize>,
-    /// How Burn computes attention: "auto", "explicit" (the ops written out) or "sdpa" (Burn's
-    /// scaled dot-product attention op). The same numbers either way.
-    pub kernel: Kernel,
-}
-
-impl Default for ModelSection {
-    fn default() -> Self {
-        Self {
-            block_size: 64,
-            n_layer: 4,
-            n_head: 4,
-            n_embd: 128,
-            dropout: 0.0,
-            bias: true,
-            tie_embeddings: true,
-            activation: ActivationKind::Gelu,
-            layer_norm_eps: 1e-5,
-            vocab_size: None,
-            kernel: Kernel::Auto,
-        }
-    }
-}
-
-/// The attention kernel as it is spelled in TOML.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kernel {
-    Auto,
-    Explicit,
-    /// Run directories written before the op was renamed say "fused".
-    #[serde(alias = "fused")]
-    Sdpa,
-}
-
-impl From<Kernel> for AttentionKernel {
-    fn from(kernel: Kernel) -> Self {
-        match kernel {
-            Kernel::Auto => AttentionKernel::Auto,
-            Kernel::Explicit => AttentionKernel::Explicit,
-            Kernel::Sdpa => AttentionKernel::Sdpa,
-        }
-    }
-}
-
-/// The MLP's activation as it is spelled in TOML.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActivationKind {
-    Gelu,
-    GeluTanh,
-}
-
-impl From<ActivationKind> for Activation {
-    fn from(kind: ActivationKind) -> Self {
-        match kind {
-            ActivationKind::Gelu => Activation::Gelu,
-            ActivationKind::GeluTanh => Activation::GeluTanh,
-        }
-    }
 }
 
 /// `[data]`: how text becomes training samples.
@@ -127,7 +48,7 @@ pub struct DataSection {
 impl Default for DataSection {
     fn default() -> Self {
         Self {
-            path: PathBuf::from(crate::presets::BUILTIN_CORPUS),
+            path: PathBuf::from(BUILTIN_CORPUS),
             tokenizer: TokenizerKind::Char,
             bpe_vocab_size: 512,
             batching: Batching::Packed,
@@ -267,27 +188,15 @@ impl RunConfig {
         toml::to_string(self).expect("a RunConfig always serialises")
     }
 
-    /// The model architecture for a vocabulary of `vocab_size` tokens.
-    /// The model for a tokenizer of `vocab_size` tokens (or `model.vocab_size`, when set).
-    pub fn gpt(&self, vocab_size: usize) -> GptConfig {
-        let m = &self.model;
-        GptConfig::new(m.vocab_size.unwrap_or(vocab_size))
-            .with_block_size(m.block_size)
-            .with_n_layer(m.n_layer)
-            .with_n_head(m.n_head)
-            .with_n_embd(m.n_embd)
-            .with_dropout(m.dropout)
-            .with_bias(m.bias)
-            .with_tie_embeddings(m.tie_embeddings)
-            .with_activation(m.activation.into())
-            .with_layer_norm_eps(m.layer_norm_eps)
-            .with_kernel(m.kernel.into())
+    /// The model for a tokenizer of `tokens` ids: `model.vocab_size` rows when it pads the
+    /// vocabulary, else `tokens` ([`RunConfig::check_vocab`] refuses a padding too small).
+    pub fn gpt(&self, tokens: usize) -> GptConfig {
+        self.model.for_vocabulary(tokens)
     }
 
     /// Checks every value that serde cannot; the error names the key.
     pub fn validate(&self) -> Result<()> {
-        // The model crate checks the architecture; the vocabulary is not known yet, so use 1.
-        self.gpt(1)
+        self.model
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid [model]: {e}"))?;
         let t = &self.train;
@@ -349,12 +258,9 @@ impl RunConfig {
 
     /// Checks that the model's vocabulary holds a tokenizer of `tokens` ids.
     pub fn check_vocab(&self, tokens: usize) -> Result<()> {
-        match self.model.vocab_size {
-            Some(rows) if rows < tokens => bail!(
-                "`model.vocab_size` = {rows} is smaller than the tokenizer's vocabulary ({tokens})"
-            ),
-            _ => Ok(()),
-        }
+        self.model
+            .check_vocabulary(tokens)
+            .map_err(|e| anyhow::anyhow!("invalid [model]: {e}"))
     }
 
     /// Threads for the loss estimates: `train.threads`, or one per core.

@@ -5,24 +5,24 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use crate::config::RunConfig;
+use super::{BUILTIN_CORPUS, RunConfig};
 
 /// The presets, by name: the files of `configs/`, built in.
 pub const PRESETS: [(&str, &str); 4] = [
-    ("default", include_str!("../../../configs/default.toml")),
-    ("baby", include_str!("../../../configs/baby.toml")),
+    ("default", include_str!("../../../../configs/default.toml")),
+    ("baby", include_str!("../../../../configs/baby.toml")),
     (
         "shakespeare-char",
-        include_str!("../../../configs/shakespeare-char.toml"),
+        include_str!("../../../../configs/shakespeare-char.toml"),
     ),
-    ("finetune", include_str!("../../../configs/finetune.toml")),
+    (
+        "finetune",
+        include_str!("../../../../configs/finetune.toml"),
+    ),
 ];
 
-/// The name by which configs refer to the corpus built into the binary.
-pub const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
-
 /// Milton's *Paradise Lost*, `data/paradise-lost.txt` (see data/README.md for its source).
-const PARADISE_LOST: &str = include_str!("../../../data/paradise-lost.txt");
+const PARADISE_LOST: &str = include_str!("../../../../data/paradise-lost.txt");
 
 /// The built-in corpus when `path` names it.
 pub fn builtin_corpus(path: &Path) -> Option<&'static str> {

@@ -245,7 +245,7 @@ mod tests {
     }
 
     fn corpus() -> String {
-        let poem = include_str!("../../../data/paradise-lost.txt");
+        let poem = include_str!("../../../../data/paradise-lost.txt");
         format!("{HARD}\n{}", &poem[..poem.floor_char_boundary(200_000)])
     }
 

@@ -11,10 +11,11 @@ use tempfile::TempDir;
 
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
-use crate::prepare::{
-    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, temp_beside,
+use crate::data::prepare::{
+    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit,
 };
-use crate::tokenizer::Tokenizer;
+use crate::data::tokenizer::Tokenizer;
+use crate::fs::temp_beside;
 
 /// The prepared tokens inside a run directory.
 pub const RUN_DATA: &str = "data";
@@ -55,7 +56,7 @@ pub fn for_new_run(
                 bpe_sample_bytes: BPE_SAMPLE_BYTES,
             },
         };
-        let temp = temp_beside(out)?;
+        let temp = temp_beside(out, "prepare")?;
         let prepared = prepare_text(&path, source, &config.data, temp.path())?;
         (prepared, Some(temp))
     };
@@ -108,7 +109,7 @@ pub fn for_run(
         // The mapping keeps the files alive after the directory's name is gone.
         return mapped(&prepared, config);
     }
-    let temp = temp_beside(&inside)?;
+    let temp = temp_beside(&inside, "prepare")?;
     prepare_text(path, source, &config.data, temp.path())?;
     replace_dir(temp, &inside)?;
     mapped(&Prepared::open(&inside)?, config)
@@ -178,20 +179,14 @@ fn clone(tokenizer: &Tokenizer) -> Result<Tokenizer> {
     Tokenizer::from_json(&tokenizer.to_json()?)
 }
 
-/// Puts `temp` in place of `dst` (which may exist): two renames, the old copy removed last.
+/// Puts `temp` in place of `dst` (which may exist), the old copy removed last.
 pub fn replace_dir(temp: TempDir, dst: &Path) -> Result<()> {
     let temp: PathBuf = temp.keep();
     let old = dst.with_file_name(format!(
         ".{}.old",
         dst.file_name().unwrap_or_default().to_string_lossy()
     ));
-    if dst.exists() {
-        if old.exists() {
-            std::fs::remove_dir_all(&old)?;
-        }
-        std::fs::rename(dst, &old)?;
-    }
-    std::fs::rename(&temp, dst).with_context(|| format!("cannot create {}", dst.display()))?;
+    crate::fs::swap_dir(&temp, dst, &old)?;
     if old.exists() {
         std::fs::remove_dir_all(&old)?;
     }

@@ -8,11 +8,12 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tinygpt_model::IGNORE_INDEX;
 
+use crate::config::presets;
 use crate::config::{Batching, DataSection};
-use crate::documents::{Documents, val_start, window_count, window_span};
-use crate::presets;
-use crate::tokenizer::Tokenizer;
-use crate::tokens::Tokens;
+use crate::data::documents::{Documents, val_start, window_count, window_span};
+use crate::data::split::train_tokens;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::tokens::Tokens;
 
 /// Reads a text corpus; a missing, unreadable, non-UTF-8 or empty file is an error. The name
 /// of a corpus built into the binary ([`presets::BUILTIN_CORPUS`]) reads that copy.
@@ -274,11 +275,6 @@ fn pad(samples: &[&Vec<u32>]) -> Batch {
         batch: samples.len(),
         seq,
     }
-}
-
-/// How many of `total` tokens are training tokens: all but the last `val_fraction`.
-pub fn train_tokens(total: usize, val_fraction: f64) -> usize {
-    ((1.0 - val_fraction) * total as f64) as usize
 }
 
 /// The RNG for one purpose at one step: a run is reproducible, and a resumed run draws exactly

@@ -6,8 +6,8 @@
 
 use anyhow::{Result, bail};
 
-use crate::tokenizer::Tokenizer;
-use crate::tokens::Tokens;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::tokens::Tokens;
 
 /// Documents `[docs]` over a token stream, and their windows for one block size.
 #[derive(Clone)]
@@ -141,7 +141,7 @@ pub fn val_start(offsets: &[u64], val_fraction: f64) -> Result<usize> {
         );
     }
     let total = offsets[docs];
-    let target = crate::data::train_tokens(total as usize, val_fraction) as u64;
+    let target = crate::data::split::train_tokens(total as usize, val_fraction) as u64;
     let nearest = (1..docs)
         .min_by_key(|&d| (offsets[d].abs_diff(target), std::cmp::Reverse(d)))
         .expect("at least two documents");

@@ -6,8 +6,8 @@ use std::collections::{BTreeSet, HashMap};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::byte_level_bpe::{self, BpeEncoder};
 use crate::config::TokenizerKind;
+use crate::data::byte_level_bpe::{self, BpeEncoder};
 
 /// A trained tokenizer.
 pub enum Tokenizer {

@@ -19,21 +19,20 @@
 //! named when the checkpoint is read.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::store::{ModuleSnapshot, SafetensorsStore};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use tinygpt_model::Gpt;
 
+use super::integrity;
+use super::lock::RunLock;
+use super::weights::{load_weights, param_ids, weights_bytes};
+use crate::checksum::sha256_hex;
 use crate::config::RunConfig;
-use crate::integrity::{self, sha256_hex};
-use crate::lock::RunLock;
-use crate::tokenizer::Tokenizer;
+use crate::data::tokenizer::Tokenizer;
+use crate::fs::{self, refuse_non_empty, write_atomic, write_synced};
 
 pub const CONFIG: &str = "config.toml";
 pub const TOKENIZER: &str = "tokenizer.json";
@@ -341,13 +340,7 @@ impl Run {
             Which::Best => self.dir.join(".best.old"),
             Which::Last => self.dir.join(PREVIOUS),
         };
-        if dst.exists() {
-            if old.exists() {
-                std::fs::remove_dir_all(&old)?;
-            }
-            std::fs::rename(&dst, &old)?;
-        }
-        std::fs::rename(&tmp, &dst)?;
+        fs::swap_dir(&tmp, &dst, &old)?;
         if which == Which::Best && old.exists() {
             std::fs::remove_dir_all(&old)?;
         }
@@ -367,23 +360,6 @@ pub fn refuse_existing(dir: &Path) -> Result<()> {
         );
     }
     refuse_non_empty(dir)
-}
-
-/// `dir` must not exist, or be an empty directory: whatever else is there is never overwritten.
-pub fn refuse_non_empty(dir: &Path) -> Result<()> {
-    if dir
-        .read_dir()
-        .is_ok_and(|mut entries| entries.next().is_some())
-    {
-        bail!(
-            "{} exists and is not empty: choose another --out (nothing was written)",
-            dir.display()
-        );
-    }
-    if dir.exists() && !dir.is_dir() {
-        bail!("{} exists and is not a directory", dir.display());
-    }
-    Ok(())
 }
 
 /// Writes a checkpoint into the new directory `dir`: weights, optimizer state, and last the
@@ -457,98 +433,4 @@ fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
         optimizer,
         warning: None,
     })
-}
-
-/// Writes `bytes` to the new file `path` and flushes it to disk.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file =
-        File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// `model` as safetensors bytes (Burn's store; parameter paths as tensor names).
-pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
-    let mut store = SafetensorsStore::from_bytes(None);
-    model
-        .save_into(&mut store)
-        .map_err(|e| anyhow::anyhow!("cannot serialise the weights: {e}"))?;
-    store
-        .get_bytes()
-        .map_err(|e| anyhow::anyhow!("cannot serialise the weights: {e}"))
-}
-
-/// Loads safetensors `bytes` into `model`; every tensor must be present with the right shape.
-pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
-    let mut store = SafetensorsStore::from_bytes(Some(bytes))
-        .allow_partial(true)
-        .validate(false);
-    let result = model
-        .load_from(&mut store)
-        .map_err(|e| anyhow::anyhow!("the file is not valid safetensors ({e})"))?;
-    check_applied(result)
-}
-
-/// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on
-/// `from`'s device (so a seeded CPU initialisation happens there) and created on `to`'s, with
-/// `to`'s parameter ids and gradient tracking.
-pub fn copy_weights(from: &Gpt, to: &mut Gpt) -> Result<()> {
-    check_applied(to.apply(from.collect(None, None, false), None, None, false))
-}
-
-/// Every tensor applied, none missing, none left over.
-fn check_applied(result: burn::store::ApplyResult) -> Result<()> {
-    if let Some(error) = result.errors.first() {
-        bail!("{error}");
-    }
-    if let Some((path, _)) = result.missing.first() {
-        bail!("tensor `{path}` is missing");
-    }
-    if let Some(path) = result.unused.first() {
-        bail!("unexpected tensor `{path}` (another architecture?)");
-    }
-    Ok(())
-}
-
-/// Parameter ids in module order.
-pub fn param_ids(model: &Gpt) -> Vec<u64> {
-    struct Ids(Vec<u64>);
-    impl ModuleVisitor for Ids {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.id.val());
-        }
-    }
-    let mut ids = Ids(Vec::new());
-    model.visit(&mut ids);
-    ids.0
-}
-
-/// Gives `model`'s parameters the ids they had when saved, so the optimizer state applies.
-pub fn restore_param_ids(model: Gpt, ids: &[u64]) -> Result<Gpt> {
-    struct Assign<'a>(std::slice::Iter<'a, u64>, bool);
-    impl ModuleMapper for Assign<'_> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let Some(&id) = self.0.next() else {
-                self.1 = false;
-                return param;
-            };
-            let (_, value, mapper) = param.consume();
-            Param::from_mapped_value(ParamId::from(id), value, mapper)
-        }
-    }
-    let mut assign = Assign(ids.iter(), true);
-    let model = model.map(&mut assign);
-    if !assign.1 || assign.0.next().is_some() {
-        bail!("the checkpoint's parameter list does not match the model");
-    }
-    Ok(model)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -5,7 +5,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
-use crate::checkpoint::{METRICS, PLOT, write_atomic};
+use crate::fs::write_atomic;
+use crate::run::checkpoint::{METRICS, PLOT};
 
 const HEADER: &str = "step,train_loss,val_loss,lr,tokens,elapsed_s,skipped_steps";
 

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::api::{ApiError, AttentionRequest, AttentionResponse, json, parse};
 use super::pool::Job;
-use super::routes::{Shared, State, body, encode, submit};
+use super::state::{Shared, State, body, encode, submit};
 use crate::inspect::AttentionMaps;
 
 pub(super) async fn attention(

@@ -16,8 +16,8 @@ use super::api::{
     ApiError, Choice, Completion, CompletionRequest, Prompt, Stop, Usage, json, parse,
 };
 use super::pool::{Event, Job};
-use super::routes::{Shared, State, body, encode, now, submit};
-use crate::tokenizer::Tokenizer;
+use super::state::{Shared, State, body, encode, now, submit};
+use crate::data::tokenizer::Tokenizer;
 
 /// Pieces of text a generation may run ahead of its client.
 const EVENTS_IN_FLIGHT: usize = 64;

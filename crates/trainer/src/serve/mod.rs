@@ -12,6 +12,7 @@ mod completions;
 mod playground;
 mod pool;
 mod routes;
+mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub fn serve(
         .context("cannot start the server's runtime")?;
     let model = Arc::new(model);
     let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
-    let state = Arc::new(routes::State::new(name, &model, pool, options.clone()));
+    let state = Arc::new(state::State::new(name, &model, pool, options.clone()));
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(options.addr)
             .await

@@ -16,9 +16,9 @@ use tinygpt_model::{Decoder, GenerateOptions, Gpt, generate_cancellable};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::Placement;
-use crate::engine::decoder;
+use crate::data::tokenizer::{TextStream, Tokenizer};
 use crate::inspect::AttentionMaps;
-use crate::tokenizer::{TextStream, Tokenizer};
+use crate::sample::decoder;
 
 /// What the workers need of the model: its weights, where they live, its tokenizer.
 pub struct Model {
@@ -93,7 +93,7 @@ impl Pool {
         // A decoder the engine cannot build (an explicit `--backend fused` on a model it does
         // not implement) is an error now, not in every worker.
         drop(decoder(
-            model.placement.engine,
+            &model.placement,
             &model.gpt,
             model.tokenizer.vocab_size(),
         )?);
@@ -152,7 +152,7 @@ impl Pool {
 /// One worker: a decoder of its own, reused for every job it takes.
 fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats) {
     let vocab = model.tokenizer.vocab_size();
-    let Ok(mut decoder) = decoder(model.placement.engine, &model.gpt, vocab) else {
+    let Ok(mut decoder) = decoder(&model.placement, &model.gpt, vocab) else {
         return; // `Pool::start` built one already: this does not happen.
     };
     loop {

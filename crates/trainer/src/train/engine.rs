@@ -12,15 +12,12 @@ use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::{
-    AdamWSettings, Decoder, FusedCpu, FusedDecoder, Gpt, ModelError, TokenBatch,
-    cross_entropy_counted, fused_support,
-};
+use tinygpt_model::{AdamWSettings, FusedCpu, Gpt, TokenBatch, cross_entropy_counted};
 
-use crate::backend::{EngineChoice, Placement};
+use crate::backend::{EngineKind, Placement};
 use crate::data::{Batch, mix};
-use crate::device_adamw::DeviceAdamW;
-use crate::optim::{burn_from_moments, moments_from_burn};
+use crate::train::device_adamw::DeviceAdamW;
+use crate::train::optim::{burn_from_moments, moments_from_burn};
 
 /// Owns a model and its optimizer; see the module docs.
 pub struct Engine {
@@ -74,8 +71,8 @@ pub struct Step {
 
 impl Engine {
     /// An engine for `model` (on the autodiff form of `placement`'s device) and `optim` (its
-    /// AdamW, with `adamw`'s settings). Under [`EngineChoice::FusedIfSupported`] a model the
-    /// fused engine does not implement trains on autodiff; the second value says why.
+    /// AdamW, with `adamw`'s settings), the one [`Placement::engine_for`] picks; the second
+    /// value says why `auto` did not take the fused engine, when it did not.
     pub fn new(
         placement: &Placement,
         model: Gpt,
@@ -83,45 +80,38 @@ impl Engine {
         adamw: AdamWSettings,
         threads: usize,
     ) -> Result<(Self, Option<String>)> {
-        let engine = |kind, model, optim| Self {
+        let (decided, note) = placement.engine_for(&model.config)?;
+        let device = placement.device.clone();
+        let kind = match decided {
+            EngineKind::Autodiff => Kind::Autodiff(device),
+            EngineKind::Device => {
+                let states = moments_from_burn(&optim).context("optimizer state")?;
+                Kind::Device {
+                    adamw: DeviceAdamW::new(adamw, states, &device),
+                    device,
+                    pending: Vec::new(),
+                }
+            }
+            EngineKind::Fused => {
+                let mut fused = FusedCpu::new(&model, threads)?;
+                fused
+                    .load_adamw_state(moments_from_burn(&optim)?)
+                    .context("optimizer state")?;
+                Kind::Fused {
+                    fused: Box::new(fused),
+                    adamw,
+                    stale: false,
+                }
+            }
+        };
+        let engine = Self {
             kind,
             model: Some(model),
             optim,
             threads,
             known: Vec::new(),
         };
-        let autodiff =
-            |model, optim| engine(Kind::Autodiff(placement.device.clone()), model, optim);
-        match (placement.engine, fused_support(&model.config)) {
-            (EngineChoice::Autodiff, _) if !placement.on_host() => {
-                let device = placement.device.clone();
-                let states = moments_from_burn(&optim).context("optimizer state")?;
-                let adamw = DeviceAdamW::new(adamw, states, &device);
-                let kind = Kind::Device {
-                    device,
-                    adamw,
-                    pending: Vec::new(),
-                };
-                return Ok((engine(kind, model, optim), None));
-            }
-            (EngineChoice::Autodiff, _) => return Ok((autodiff(model, optim), None)),
-            (EngineChoice::Fused, Err(e)) => return Err(e.into()),
-            (EngineChoice::FusedIfSupported, Err(e)) => {
-                let note = format!("{e}; training on flex");
-                return Ok((autodiff(model, optim), Some(note)));
-            }
-            (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {}
-        }
-        let mut fused = FusedCpu::new(&model, threads)?;
-        fused
-            .load_adamw_state(moments_from_burn(&optim)?)
-            .context("optimizer state")?;
-        let kind = Kind::Fused {
-            fused: Box::new(fused),
-            adamw,
-            stale: false,
-        };
-        Ok((engine(kind, model, optim), None))
+        Ok((engine, note))
     }
 
     /// A short description for the log line.
@@ -355,56 +345,6 @@ fn gradients(
     Ok((grads, Tensor::cat(vec![loss_sum.inner(), norm.inner()], 0)))
 }
 
-/// The decoder that samples from `model`: the fused CPU decoder when `engine` asks for the fused
-/// engine and it implements the model (an explicit [`EngineChoice::Fused`] on one it does not is
-/// an error), Burn on the model's device otherwise. A model whose vocabulary is padded past the
-/// tokenizer's `tokens` ids only ever gives logits (and so samples) of real tokens.
-pub fn decoder<'a>(
-    engine: EngineChoice,
-    model: &'a Gpt,
-    tokens: usize,
-) -> Result<Box<dyn Decoder + 'a>> {
-    let supported = fused_support(&model.config);
-    let inner: Box<dyn Decoder + 'a> = match (engine, supported) {
-        (EngineChoice::Fused, Err(e)) => return Err(e.into()),
-        (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
-            Box::new(FusedDecoder::new(model)?)
-        }
-        _ => Box::new(model.decoder()),
-    };
-    Ok(match tokens < inner.vocab_size() {
-        true => Box::new(Unpadded { inner, tokens }),
-        false => inner,
-    })
-}
-
-/// A decoder whose logits stop at the tokenizer's last id: a padded vocabulary's extra rows
-/// are no tokens.
-struct Unpadded<'a> {
-    inner: Box<dyn Decoder + 'a>,
-    tokens: usize,
-}
-
-impl Decoder for Unpadded<'_> {
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn vocab_size(&self) -> usize {
-        self.tokens
-    }
-    fn cached(&self) -> usize {
-        self.inner.cached()
-    }
-    fn clear(&mut self) {
-        self.inner.clear()
-    }
-    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let mut logits = self.inner.feed(tokens)?;
-        logits.truncate(self.tokens);
-        Ok(logits)
-    }
-}
-
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {
     TokenBatch {
         inputs: &batch.inputs,
@@ -498,11 +438,11 @@ mod tests {
     use super::*;
     use crate::backend::Memory;
     use crate::config::RunConfig;
+    use crate::config::presets::ConfigSource;
+    use crate::data::tokens::Tokens;
     use crate::data::{Dataset, Split, step_rng};
-    use crate::optim::{adamw_settings, optimizer};
-    use crate::presets::ConfigSource;
-    use crate::session::train_step;
-    use crate::tokens::Tokens;
+    use crate::train::optim::{adamw_settings, optimizer};
+    use crate::train::session::train_step;
 
     const VOCAB: usize = 17;
 
@@ -542,7 +482,7 @@ mod tests {
     fn engine(config: &RunConfig, model: Gpt, device_like: bool) -> Engine {
         let placement = Placement {
             device: Device::flex(),
-            engine: EngineChoice::Autodiff,
+            engine: crate::backend::EngineChoice::Autodiff,
             memory: if device_like {
                 Memory::Unreported
             } else {

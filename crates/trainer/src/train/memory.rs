@@ -91,50 +91,21 @@ impl Estimate {
 }
 
 /// Floats per token the backward pass needs: per block, the LayerNorm outputs, q/k/v, the
-/// attention weights of its row, the heads' output, the residual and the MLP's two `4·n_embd`
-/// activations (with dropout, its masks too); then the logits and their gradient.
+/// attention weights of its row, the heads' output, the residual and the MLP's two
+/// `mlp_width` activations (with dropout, its masks too); then the logits and their gradient.
 fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
     let (c, heads, t) = (gpt.n_embd as u64, gpt.n_head as u64, gpt.block_size as u64);
     let dropout = u64::from(gpt.dropout > 0.0);
-    let mlp = if gpt.mlp { 8 * c } else { 0 };
+    let mlp = if gpt.mlp {
+        2 * gpt.mlp_width() as u64
+    } else {
+        0
+    };
     let block = (7 * c + mlp).saturating_add(heads.saturating_mul(t) * (1 + dropout));
     let block = block.saturating_add(dropout * (c + mlp / 2));
     (gpt.n_layer as u64)
         .saturating_mul(block)
         .saturating_add(2 * c + 2 * gpt.vocab_size as u64)
-}
-
-/// Memory available to this process: what the kernel could hand out now, within the cgroup's
-/// limit when there is one. `None` where neither can be read (not Linux).
-pub fn available_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let system = meminfo
-        .as_deref()
-        .and_then(|m| meminfo_kib(m, "MemAvailable:"));
-    let read = |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok();
-    let cgroup = match (read("memory.max"), read("memory.current")) {
-        (Some(max), Some(current)) => max
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .zip(current.trim().parse::<u64>().ok())
-            .map(|(max, current)| max.saturating_sub(current)),
-        _ => None,
-    };
-    match (system.map(|kib| kib * 1024), cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with(key))?;
-    line[key.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// `bytes` as KiB, MiB, GiB or TiB with three significant digits.
@@ -157,7 +128,8 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::presets::ConfigSource;
+    use crate::backend::host::available_bytes;
+    use crate::config::presets::ConfigSource;
 
     #[test]
     fn human_sizes() {
@@ -165,13 +137,6 @@ mod tests {
         assert_eq!(human(1536), "1.50 KiB");
         assert_eq!(human(48 * 1024 * 1024 * 1024), "48.0 GiB");
         assert_eq!(human(u64::MAX), "16384 PiB");
-    }
-
-    #[test]
-    fn meminfo_is_read_in_kib() {
-        let meminfo = "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(meminfo_kib(meminfo, "MemAvailable:"), Some(20_000_000));
-        assert_eq!(meminfo_kib(meminfo, "SwapFree:"), None);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Bytes, TensorData};
 use tinygpt_model::{AdamWSettings, Gpt, MomentState};
 
-use crate::checkpoint;
 use crate::config::RunConfig;
 
 /// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
@@ -51,7 +50,7 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
             .with_epsilon(s.epsilon)
             .with_weight_decay(weight_decay)
     };
-    let undecayed: Vec<ParamId> = checkpoint::param_ids(model)
+    let undecayed: Vec<ParamId> = crate::run::weights::param_ids(model)
         .into_iter()
         .map(ParamId::from)
         .filter(|id| !s.decayed.contains(id))

@@ -1,6 +1,6 @@
-//! A training run as named steps: set-up ([`Trainer::open`]), [`Trainer::step`],
-//! [`Trainer::evaluate`], [`Trainer::checkpoint`] and [`Trainer::report`]; [`Trainer::run`] is
-//! nanoGPT's loop over them.
+//! A training run as named steps: [`Trainer::step`], [`Trainer::settle`],
+//! [`Trainer::evaluate`] and [`Trainer::checkpoint`] (set-up is [`Trainer::open`], in
+//! `setup.rs`; what it prints is in `report.rs`); [`Trainer::run`] is nanoGPT's loop over them.
 //!
 //! AdamW (decay on 2-D weights only), linear warmup then cosine decay to `min_lr`, gradient
 //! accumulation, clipping by the global gradient norm, periodic train/val loss estimates, best
@@ -11,54 +11,23 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use burn::optim::ModuleOptimizer;
+use anyhow::{Result, bail};
 use burn::tensor::Device;
-use tinygpt_model::Gpt;
 
-use crate::backend::{Backend, Placement, describe};
-use crate::checkpoint::{self, Run, TrainState, Which};
+use super::engine::{Engine, Step};
+use super::memory::{self, human};
+use super::optim::learning_rate;
+use super::report::Clock;
+use crate::backend::describe;
 use crate::config::RunConfig;
-use crate::corpus;
 use crate::data::{Batch, Dataset, mix, step_rng};
-use crate::engine::{Engine, Step};
-use crate::memory::{self, human};
-use crate::metrics::{Metrics, Row};
-use crate::optim::{adamw_settings, learning_rate, load_optimizer, optimizer};
-use crate::presets::ConfigSource;
 use crate::progress::Progress;
-use crate::tokenizer::Tokenizer;
+use crate::run::checkpoint::{Run, TrainState, Which};
+use crate::run::metrics::{Metrics, Row};
 
 /// RNG streams: batches of micro-step `k` use stream `k`; these are far above any `grad_accum`.
 const EVAL_STREAM: u64 = 1 << 20;
 const DROPOUT_STREAM: u64 = 1 << 21;
-const INIT_STREAM: u64 = 1 << 22;
-
-/// Only these may change when resuming; anything else would make it another run.
-const CHANGEABLE_ON_RESUME: [&str; 5] = [
-    "train.max_iters",
-    "data.path",
-    "train.eval_interval",
-    "train.log_interval",
-    "train.nonfinite_limit",
-];
-
-/// What to train: a new run from a config, or the run in `out` continued.
-#[derive(Debug, Clone)]
-pub struct TrainOptions {
-    /// The config (a new run); `None` = the `default` preset.
-    pub config: Option<ConfigSource>,
-    /// `section.key=value` overrides.
-    pub overrides: Vec<String>,
-    /// The run directory (default: `runs/<config name>`).
-    pub out: Option<PathBuf>,
-    pub backend: Backend,
-    /// Continue the run in `out` from its last checkpoint.
-    pub resume: bool,
-    /// Fine-tune: start from this run's best weights, with its tokenizer and architecture
-    /// (`model.dropout` stays this config's) and a fresh optimizer.
-    pub init_from: Option<PathBuf>,
-}
 
 /// When [`Trainer::run`] stops early: Ctrl-C, or a time limit.
 pub struct Limits<'a> {
@@ -83,106 +52,25 @@ pub struct Estimate {
 
 /// A run being trained: its directory, data, engine (weights and optimizer) and state.
 pub struct Trainer {
-    run: Run,
-    config: RunConfig,
-    data: Dataset,
-    engine: Engine,
-    state: TrainState,
-    metrics: Metrics,
-    device: Device,
+    pub(super) run: Run,
+    pub(super) config: RunConfig,
+    pub(super) data: Dataset,
+    pub(super) engine: Engine,
+    pub(super) state: TrainState,
+    pub(super) metrics: Metrics,
+    pub(super) device: Device,
     /// Why `auto` passed over a GPU or the fused engine, when it did.
-    notes: Vec<String>,
+    pub(super) notes: Vec<String>,
     /// What the run was estimated to need.
-    memory: memory::Estimate,
+    pub(super) memory: memory::Estimate,
     /// Steps skipped in a row, up to the latest settled.
-    skipped_in_a_row: usize,
+    pub(super) skipped_in_a_row: usize,
     /// Steps whose outcome [`Trainer::settle`] has accounted.
-    settled: usize,
-    resumed: bool,
+    pub(super) settled: usize,
+    pub(super) resumed: bool,
 }
 
 impl Trainer {
-    /// Set-up: config, corpus, tokenizer, model, optimizer, engine, and last the run directory:
-    /// everything that can fail fails before a new run directory is created.
-    pub fn open(options: &TrainOptions) -> Result<Self> {
-        let placement = options.backend.placement()?;
-        let (dir, data) = if options.resume {
-            let (run, data) = resume_run(options)?;
-            (RunDir::Existing(run), data)
-        } else {
-            new_run(options)?
-        };
-        let memory = memory_check(&dir, &placement)?;
-        let train_device = placement.device.clone().autodiff();
-        let (model, optim, state) = match &dir {
-            RunDir::Existing(run) if run.has_checkpoint() => saved_model(run, &train_device)?,
-            // Stopped before its first checkpoint: its start is the seeded initialisation.
-            RunDir::New {
-                config,
-                tokenizer,
-                init: Some(source),
-                ..
-            } => {
-                let vocab_size = tokenizer.vocab_size();
-                let (mut model, optim) = initial_model(config, vocab_size, &train_device)?;
-                let (weights, _) = source.load_model(Which::Best, &Device::flex())?;
-                checkpoint::copy_weights(&weights, &mut model)?;
-                (model, optim, TrainState::default())
-            }
-            RunDir::Existing(Run {
-                config, tokenizer, ..
-            })
-            | RunDir::New {
-                config, tokenizer, ..
-            } => {
-                let vocab_size = tokenizer.vocab_size();
-                let (model, optim) = initial_model(config, vocab_size, &train_device)?;
-                (model, optim, TrainState::default())
-            }
-        };
-        let config = match &dir {
-            RunDir::Existing(run) => run.config.clone(),
-            RunDir::New { config, .. } => config.clone(),
-        };
-        let adamw = adamw_settings(&config, &model);
-        let (engine, engine_note) = Engine::new(&placement, model, optim, adamw, config.workers())?;
-        let notes = placement
-            .note
-            .clone()
-            .into_iter()
-            .chain(engine_note)
-            .collect();
-        let run = match dir {
-            RunDir::Existing(run) => run,
-            RunDir::New {
-                out,
-                config,
-                tokenizer,
-                prepared,
-                ..
-            } => Run::create(&out, config, tokenizer, |run| match prepared {
-                Some(prepared) => corpus::replace_dir(prepared, &run.dir.join(corpus::RUN_DATA)),
-                None => Ok(()),
-            })?,
-        };
-        let metrics = Metrics::open(&run.dir)?;
-        let settled = state.step;
-        Ok(Self {
-            run,
-            config,
-            data,
-            engine,
-            state,
-            metrics,
-            device: placement.device,
-            notes,
-            memory,
-            skipped_in_a_row: 0,
-            settled,
-            resumed: options.resume,
-        })
-    }
-
     /// The start line: model, device, engine, corpus, run directory.
     pub fn describe(&mut self) -> Result<String> {
         let (config, data) = (&self.config, &self.data);
@@ -385,35 +273,18 @@ impl Trainer {
                 && log
                 && step.applied
             {
-                self.log(step.loss, &mut clock, &progress);
+                let lr = learning_rate(&self.config, self.state.step - 1);
+                let at = (self.state.step, t.max_iters);
+                clock.log(&progress, at, step.loss, lr, self.tokens_per_step());
             }
         }
         progress.finish();
-        println!("{}", self.report(&clock));
+        let summary = clock.summary(&self.state, self.tokens_per_step(), &self.run.dir);
+        println!("{summary}");
         Ok(Outcome {
             dir: self.run.dir.clone(),
             interrupted,
         })
-    }
-
-    /// The summary line at the end of a run.
-    pub fn report(&self, clock: &Clock) -> String {
-        let wall = clock.started.elapsed();
-        let train_time = (wall - clock.eval_time).as_secs_f64();
-        let steps = self.state.step - clock.first_step;
-        let tokens_per_s = steps as f64 * self.tokens_per_step() as f64 / train_time.max(1e-9);
-        let best = self.state.best_val_loss.map_or("-".into(), |v| {
-            format!("{v:.4} (step {})", self.state.best_step.unwrap_or(0))
-        });
-        format!(
-            "done: step {} | wall {:.1}s ({train_time:.1}s training, {:.1}s eval) | \
-             {tokens_per_s:.0} training tokens/s | last loss {} | best val {best} | {}",
-            self.state.step,
-            wall.as_secs_f64(),
-            clock.eval_time.as_secs_f64(),
-            clock.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
-            self.run.dir.display()
-        )
     }
 
     fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<()> {
@@ -453,28 +324,6 @@ impl Trainer {
         ));
         Ok(())
     }
-
-    /// Reports a step's loss: the progress bar on a terminal, a log line otherwise.
-    fn log(&mut self, loss: f64, clock: &mut Clock, progress: &Progress) {
-        let step = self.state.step;
-        clock.last_loss = Some(loss);
-        let lr = learning_rate(&self.config, step - 1);
-        let since = clock.window.0.elapsed().as_secs_f64();
-        let tok_s =
-            (step - clock.window.1) as f64 * self.tokens_per_step() as f64 / since.max(1e-9);
-        let max_iters = self.config.train.max_iters;
-        progress.update(
-            &format!("loss {loss:.4} | lr {lr:.2e} | {tok_s:.0} tok/s"),
-            || {
-                format!(
-                    "step {step}/{max_iters} | loss {loss:.4} | lr {lr:.2e} | {tok_s:.0} tokens/s"
-                )
-            },
-        );
-        if since > 5.0 {
-            clock.window = (Instant::now(), step);
-        }
-    }
 }
 
 /// Training step `step` of a run of `config` on `data`: its batches (drawn from the seed and
@@ -495,180 +344,4 @@ pub fn train_step(
     let dropout_seed = mix(t.seed, step, DROPOUT_STREAM);
     let lr = learning_rate(config, step);
     engine.step(&batches, dropout_seed, t.grad_clip, lr)
-}
-
-/// The run's clocks: wall time, time spent evaluating, and the window tokens/s is measured over.
-pub struct Clock {
-    started: Instant,
-    elapsed_before: f64,
-    eval_time: Duration,
-    window: (Instant, usize),
-    first_step: usize,
-    last_loss: Option<f64>,
-}
-
-impl Clock {
-    fn new(elapsed_before: f64, step: usize) -> Self {
-        Self {
-            started: Instant::now(),
-            elapsed_before,
-            eval_time: Duration::ZERO,
-            window: (Instant::now(), step),
-            first_step: step,
-            last_loss: None,
-        }
-    }
-
-    /// Training wall time so far, earlier sessions of a resumed run included.
-    fn elapsed_s(&self) -> f64 {
-        self.elapsed_before + self.started.elapsed().as_secs_f64()
-    }
-}
-
-/// The run directory a session trains: one being continued, or one to create once set-up has
-/// succeeded.
-enum RunDir {
-    Existing(Run),
-    New {
-        out: PathBuf,
-        config: RunConfig,
-        tokenizer: Tokenizer,
-        /// The corpus's token files, to move into the run directory.
-        prepared: Option<tempfile::TempDir>,
-        /// The run whose weights it starts from (`--init-from`).
-        init: Option<Box<Run>>,
-    },
-}
-
-/// A new run for `options`, with its tokenizer trained and its corpus split (its directory is
-/// not created yet).
-fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
-    let source = options
-        .config
-        .clone()
-        .unwrap_or(ConfigSource::Preset("default"));
-    let mut config = source.load(&options.overrides)?;
-    let out = options
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(source.name()));
-    // Before the corpus is prepared: that can take a while.
-    checkpoint::refuse_existing(&out)?;
-    let init = match &options.init_from {
-        Some(dir) => Some(Box::new(init_source(dir, &mut config)?)),
-        None => None,
-    };
-    let given = init.as_ref().map(|run| &run.tokenizer);
-    let corpus = corpus::for_new_run(&mut config, &out, given)?;
-    let dir = RunDir::New {
-        out,
-        config,
-        tokenizer: corpus.tokenizer,
-        prepared: corpus.prepared,
-        init,
-    };
-    Ok((dir, corpus.data))
-}
-
-/// The run `dir` that a fine-tuning run starts from; `config` takes its architecture (all but
-/// `model.dropout`) and tokenizer kind.
-fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
-    let source = Run::open(dir).context("--init-from")?;
-    if !source.has_checkpoint() {
-        bail!(
-            "--init-from {}: the run has no checkpoint yet",
-            dir.display()
-        );
-    }
-    let dropout = config.model.dropout;
-    config.model = source.config.model.clone();
-    config.model.dropout = dropout;
-    config.data.tokenizer = source.tokenizer.kind_setting();
-    config.validate()?;
-    Ok(source)
-}
-
-/// The run in `options.out`, with the allowed overrides applied, and its corpus split.
-fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
-    let Some(out) = &options.out else {
-        bail!("--resume needs --out DIR, the run directory to continue");
-    };
-    if options.config.is_some() {
-        bail!("--resume continues with the run's own config.toml; drop --config");
-    }
-    if options.init_from.is_some() {
-        bail!("--resume continues the run's own weights; drop --init-from");
-    }
-    for o in &options.overrides {
-        let key = o.split('=').next().unwrap_or_default().trim();
-        if !CHANGEABLE_ON_RESUME.contains(&key) {
-            bail!(
-                "--resume cannot change `{key}` (only {})",
-                CHANGEABLE_ON_RESUME.join(", ")
-            );
-        }
-    }
-    let mut run = Run::open_to_write(out)?;
-    if !options.overrides.is_empty() {
-        run.config = RunConfig::load_str(&run.config.to_toml(), &options.overrides)?;
-        run.write_config()?;
-    }
-    let data = corpus::for_run(&run.dir, &run.config, &run.tokenizer, true)?;
-    Ok((run, data))
-}
-
-/// The memory the run in `dir` needs where `placement` trains it; where the device can say what
-/// is free (the CPU, CUDA), a run that cannot fit is refused before anything is allocated or
-/// written.
-fn memory_check(dir: &RunDir, placement: &Placement) -> Result<memory::Estimate> {
-    let (config, tokenizer) = match dir {
-        RunDir::Existing(run) => (&run.config, &run.tokenizer),
-        RunDir::New {
-            config, tokenizer, ..
-        } => (config, tokenizer),
-    };
-    let vocab_size = tokenizer.vocab_size();
-    let fused = placement.trains_fused(&config.gpt(vocab_size));
-    let estimate = memory::Estimate::training(config, vocab_size, fused);
-    let memory = match placement.on_host() {
-        true => "memory",
-        false => "GPU memory",
-    };
-    estimate.check_fits(placement.available_memory(), memory)?;
-    Ok(estimate)
-}
-
-/// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
-/// same starting weights on every backend. And a fresh AdamW for it.
-fn initial_model(
-    config: &RunConfig,
-    vocab_size: usize,
-    device: &Device,
-) -> Result<(Gpt, ModuleOptimizer)> {
-    let cpu = Device::flex();
-    cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
-    let gpt = config.gpt(vocab_size);
-    let init = gpt.init(&cpu)?;
-    let mut model = gpt.init(device)?;
-    checkpoint::copy_weights(&init, &mut model)?;
-    let optim = optimizer(config, &model);
-    Ok((model, optim))
-}
-
-/// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
-/// AdamW and the training state.
-fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
-    let checkpoint = run.checkpoint(Which::Last, true)?;
-    if checkpoint.warning.is_some() {
-        run.set_aside_damaged_last()?;
-    }
-    let model = run.model_from(&checkpoint, device)?;
-    let model = checkpoint::restore_param_ids(model, &checkpoint.state.param_ids)?;
-    let path = checkpoint.dir.join(checkpoint::OPTIMIZER);
-    let bytes = checkpoint
-        .optimizer
-        .with_context(|| format!("{} is missing", path.display()))?;
-    let optim = load_optimizer(&run.config, &model, bytes)
-        .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
-    Ok((model, optim, checkpoint.state))
 }

@@ -1,0 +1,270 @@
+//! The second pass: every kept input encoded, in order, into `train.bin` (or `val.bin` for
+//! held-out files), chunks on every core, the token files written back to disk as they grow.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::bar;
+use super::chunks::{Chunks, Cut};
+use super::format::{TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
+use super::sources::Source;
+use crate::data::tokenizer::{Encoder, Tokenizer};
+use crate::data::tokens::Width;
+
+/// The second pass: every kept source encoded, in order, into `train.bin` (or `val.bin` for
+/// held-out files), chunks on every core. With `split_at`, the train tokens past it go on in
+/// `val.bin`.
+pub(super) fn encode_all(
+    sources: &[&Source],
+    tokenizer: &Tokenizer,
+    width: Width,
+    cut: &Cut,
+    split_at: Option<u64>,
+    dir: &Path,
+    progress: bool,
+) -> Result<Encoded> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total: u64 = sources.iter().map(|s| s.bytes).sum();
+    let bar = bar(progress, total, "encoding");
+    let create = |name: &str| -> Result<TokenWriter> {
+        let path = dir.join(name);
+        let file =
+            File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(TokenWriter::new(file))
+    };
+    let mut out = Outputs {
+        train: create(TRAIN)?,
+        val: create(VAL)?,
+        counts: (0, 0),
+        offsets: (vec![0], vec![0]),
+        split_at,
+        width,
+    };
+    // One encoder per thread, kept across batches (BPE's word cache fills once).
+    let mut encoders: Vec<_> = (0..threads).map(|_| tokenizer.encoder()).collect();
+    for source in sources {
+        let mut chunks = Chunks::new(source.open()?, cut.clone());
+        loop {
+            let mut batch = Vec::with_capacity(threads);
+            while batch.len() < threads
+                && let Some(chunk) = chunks.next_chunk()?
+            {
+                batch.push(chunk);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let encoded = encode_batch(&batch, &mut encoders, width, cut);
+            for (chunk, result) in batch.iter().zip(encoded) {
+                let encoded = result.with_context(|| format!("corpus {}", source.name))?;
+                out.write(source.val, encoded).with_context(|| {
+                    format!("cannot write the token files in {}", dir.display())
+                })?;
+                bar.inc(chunk.len() as u64);
+            }
+        }
+    }
+    for (name, file) in [(TRAIN, out.train), (VAL, out.val)] {
+        file.finish()
+            .with_context(|| format!("cannot write {}", dir.join(name).display()))?;
+    }
+    bar.finish_and_clear();
+    Ok(Encoded {
+        counts: out.counts,
+        offsets: cut.separator().is_some().then_some(out.offsets),
+    })
+}
+
+/// Each chunk of `batch` encoded on a thread of its own, with one of `encoders`.
+fn encode_batch(
+    batch: &[String],
+    encoders: &mut [Encoder<'_>],
+    width: Width,
+    cut: &Cut,
+) -> Vec<Result<EncodedChunk>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = batch
+            .iter()
+            .zip(encoders)
+            .map(|(chunk, encoder)| scope.spawn(move || encode_chunk(chunk, encoder, width, cut)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// The two token files being written, their token counts, and the document offsets in each
+/// (both starting at 0).
+struct Outputs {
+    train: TokenWriter,
+    val: TokenWriter,
+    counts: (u64, u64),
+    offsets: (Vec<u64>, Vec<u64>),
+    /// Train tokens past this go on in `val.bin`.
+    split_at: Option<u64>,
+    width: Width,
+}
+
+impl Outputs {
+    /// Appends one encoded chunk of a held-out (`val`) or training input.
+    fn write(&mut self, val: bool, encoded: EncodedChunk) -> std::io::Result<()> {
+        if let Some(limit) = self.split_at.filter(|_| !val) {
+            let w = self.width.bytes();
+            let keep = (limit.saturating_sub(self.counts.0) as usize * w).min(encoded.bytes.len());
+            let (to_train, to_val) = encoded.bytes.split_at(keep);
+            self.train.write_all(to_train)?;
+            self.val.write_all(to_val)?;
+            self.counts.0 += (keep / w) as u64;
+            self.counts.1 += (to_val.len() / w) as u64;
+            self.train.write_back();
+            self.val.write_back();
+            return Ok(());
+        }
+        let (out, count, starts) = match val {
+            true => (&mut self.val, &mut self.counts.1, &mut self.offsets.1),
+            false => (&mut self.train, &mut self.counts.0, &mut self.offsets.0),
+        };
+        out.write_all(&encoded.bytes)?;
+        out.write_back();
+        let mut end = *count;
+        for len in encoded.documents {
+            end += len;
+            starts.push(end);
+        }
+        *count += encoded.tokens;
+        Ok(())
+    }
+}
+
+/// A token file being written. The disk writes while encoding goes on: without that, a
+/// prepare of gigabytes left all of its output to the final `fsync` (the kernel starts writing
+/// back only past a share of RAM), which then took as long as the encoding itself.
+pub(super) struct TokenWriter {
+    pub(super) file: File,
+    pub(super) written: u64,
+    /// Bytes before this offset have been handed to the disk.
+    pub(super) handed: u64,
+}
+
+impl TokenWriter {
+    /// Bytes written between two write-backs.
+    const STRIDE: u64 = 8 << 20;
+
+    pub(super) fn new(file: File) -> Self {
+        Self {
+            file,
+            written: 0,
+            handed: 0,
+        }
+    }
+
+    pub(super) fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Starts writing back what was written since the last call, once it is a stride's worth;
+    /// returns at once.
+    pub(super) fn write_back(&mut self) {
+        if self.written - self.handed < Self::STRIDE {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let (from, len) = (self.handed as i64, (self.written - self.handed) as i64);
+            // SAFETY: a plain system call on an open descriptor; it only schedules I/O. A
+            // failure is harmless: `finish` syncs everything anyway.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    from,
+                    len,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+        }
+        self.handed = self.written;
+    }
+
+    /// Everything on disk.
+    pub(super) fn finish(self) -> std::io::Result<()> {
+        self.file.sync_all()
+    }
+}
+
+/// What [`encode_all`] wrote.
+pub(super) struct Encoded {
+    /// Tokens in (train.bin, val.bin).
+    pub(super) counts: (u64, u64),
+    /// With a separator: where each document starts in each file, then the end.
+    pub(super) offsets: Option<(Vec<u64>, Vec<u64>)>,
+}
+
+/// One chunk encoded.
+pub(super) struct EncodedChunk {
+    pub(super) tokens: u64,
+    pub(super) bytes: Vec<u8>,
+    /// With a separator: the length of each document (of at least one token), in order.
+    pub(super) documents: Vec<u64>,
+}
+
+/// Encodes `chunk` into token file bytes: whole, or document by document when `cut` has a
+/// separator (the chunk then holds whole documents).
+pub(super) fn encode_chunk(
+    chunk: &str,
+    encoder: &mut Encoder,
+    width: Width,
+    cut: &Cut,
+) -> Result<EncodedChunk> {
+    let mut encoded = EncodedChunk {
+        tokens: 0,
+        bytes: Vec::new(),
+        documents: Vec::new(),
+    };
+    let mut add = |ids: &[u32]| {
+        width.encode_into(ids, &mut encoded.bytes);
+        encoded.tokens += ids.len() as u64;
+    };
+    match cut.separator() {
+        None => add(&encoder.encode(chunk)?),
+        Some(separator) => {
+            for doc in chunk.split(separator) {
+                let ids = encoder.encode(doc.trim_matches('\n'))?;
+                if !ids.is_empty() {
+                    add(&ids);
+                    encoded.documents.push(ids.len() as u64);
+                }
+            }
+        }
+    }
+    Ok(encoded)
+}
+
+/// Writes the document offsets of both splits, the train ones cut at `train_tokens` (where
+/// the validation split starts when it is a fraction of the stream); returns the number of
+/// documents in each.
+pub(super) fn write_documents(
+    dir: &Path,
+    (mut train, mut val): (Vec<u64>, Vec<u64>),
+    train_tokens: u64,
+) -> Result<(u64, u64)> {
+    if let Some(at) = train.iter().position(|&o| o == train_tokens)
+        && at + 1 < train.len()
+    {
+        // The fraction's documents moved into val.bin: rebase their offsets.
+        val = train[at..].iter().map(|o| o - train_tokens).collect();
+        train.truncate(at + 1);
+    }
+    for (name, offsets) in [(TRAIN_DOCS, &train), (VAL_DOCS, &val)] {
+        let bytes: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        crate::fs::write_atomic(&dir.join(name), &bytes)?;
+    }
+    Ok((train.len() as u64 - 1, val.len() as u64 - 1))
+}

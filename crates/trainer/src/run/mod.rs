@@ -1,0 +1,21 @@
+//! The run directory, everything needed to sample, evaluate or resume a run:
+//!
+//! ```text
+//! checkpoint.rs  the layout (config.toml, tokenizer.json, best/, last/, prev/, data/) and its
+//!                atomic checkpoints
+//! integrity.rs   SHA-256 seals of every checkpoint file
+//! lock.rs        the one process that writes a run
+//! metrics.rs     metrics.csv and loss.svg
+//! weights.rs     weights as safetensors bytes, and the parameter ids AdamW's state is keyed by
+//! ```
+//!
+//! Files are written with [`crate::fs`]: a crash at any instant leaves a readable run.
+
+pub mod checkpoint;
+pub mod integrity;
+pub mod lock;
+pub mod metrics;
+pub mod weights;
+
+pub use checkpoint::{Run, TrainState, Which};
+pub use weights::{copy_weights, load_weights, param_ids, restore_param_ids, weights_bytes};

@@ -1,0 +1,54 @@
+//! The decoder a placement samples with, and the guard that keeps a padded vocabulary's extra
+//! rows from ever being sampled.
+
+use anyhow::Result;
+use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError};
+
+use crate::backend::{EngineKind, Placement};
+
+/// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
+/// [`Placement::engine_for`] picks the fused engine (an explicit `fused` on a model it does not
+/// implement is an error), Burn on the model's device otherwise. A model whose vocabulary is
+/// padded past the tokenizer's `tokens` ids only ever gives logits (and so samples) of real
+/// tokens.
+pub fn decoder<'a>(
+    placement: &Placement,
+    model: &'a Gpt,
+    tokens: usize,
+) -> Result<Box<dyn Decoder + 'a>> {
+    let inner: Box<dyn Decoder + 'a> = match placement.engine_for(&model.config)?.0 {
+        EngineKind::Fused => Box::new(FusedDecoder::new(model)?),
+        EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
+    };
+    Ok(match tokens < inner.vocab_size() {
+        true => Box::new(Unpadded { inner, tokens }),
+        false => inner,
+    })
+}
+
+/// A decoder whose logits stop at the tokenizer's last id: a padded vocabulary's extra rows
+/// are no tokens.
+struct Unpadded<'a> {
+    inner: Box<dyn Decoder + 'a>,
+    tokens: usize,
+}
+
+impl Decoder for Unpadded<'_> {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn vocab_size(&self) -> usize {
+        self.tokens
+    }
+    fn cached(&self) -> usize {
+        self.inner.cached()
+    }
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut logits = self.inner.feed(tokens)?;
+        logits.truncate(self.tokens);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,27 @@
+//! Training, from a config to checkpoints:
+//!
+//! ```text
+//! setup.rs         resolves once, in one direction: config (new, resumed or fine-tuned), then
+//!                  tokenizer and data, the memory check, weights and optimizer, the engine, and
+//!                  last the run directory
+//! session.rs       the run as named steps (step, settle, evaluate, checkpoint) and nanoGPT's
+//!                  loop over them
+//! report.rs        clocks, log lines and the summary
+//! engine.rs        owns the weights and AdamW state: Burn autodiff on any device, or the fused
+//!                  CPU engine
+//! device_adamw.rs  AdamW on a GPU, gated on the device by the non-finite guard
+//! optim.rs         AdamW groups, the learning-rate schedule, Burn's optimizer record
+//! memory.rs        the memory a run needs, checked before it allocates
+//! ```
+
+pub mod device_adamw;
+pub mod engine;
+pub mod memory;
+pub mod optim;
+mod report;
+pub mod session;
+mod setup;
+
+pub use engine::{Engine, Step};
+pub use session::{Limits, Outcome, Trainer, train_step};
+pub use setup::TrainOptions;

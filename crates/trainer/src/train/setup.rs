@@ -1,0 +1,289 @@
+//! Set-up of a training run, resolved once and in one direction: the config (a new run, a
+//! resumed one, or one fine-tuned from another run), then its tokenizer and data, the memory
+//! check, the weights and optimizer, the engine, and last the run directory. Everything that can
+//! fail fails before a new run directory is created.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Device;
+use tinygpt_model::Gpt;
+
+use super::engine::Engine;
+use super::memory;
+use super::optim::{adamw_settings, load_optimizer, optimizer};
+use super::session::Trainer;
+use crate::backend::{Backend, EngineKind, Placement};
+use crate::config::RunConfig;
+use crate::config::presets::ConfigSource;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::{Dataset, corpus, mix};
+use crate::run::checkpoint::{self, Run, TrainState, Which};
+use crate::run::metrics::Metrics;
+
+/// The RNG stream of the initial weights (far above any other stream).
+const INIT_STREAM: u64 = 1 << 22;
+
+/// Only these may change when resuming; anything else would make it another run.
+const CHANGEABLE_ON_RESUME: [&str; 5] = [
+    "train.max_iters",
+    "data.path",
+    "train.eval_interval",
+    "train.log_interval",
+    "train.nonfinite_limit",
+];
+
+/// What to train: a new run from a config, or the run in `out` continued.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The config (a new run); `None` = the `default` preset.
+    pub config: Option<ConfigSource>,
+    /// `section.key=value` overrides.
+    pub overrides: Vec<String>,
+    /// The run directory (default: `runs/<config name>`).
+    pub out: Option<PathBuf>,
+    pub backend: Backend,
+    /// Continue the run in `out` from its last checkpoint.
+    pub resume: bool,
+    /// Fine-tune: start from this run's best weights, with its tokenizer and architecture
+    /// (`model.dropout` stays this config's) and a fresh optimizer.
+    pub init_from: Option<PathBuf>,
+}
+
+impl Trainer {
+    /// Set-up, in this order: the config with its tokenizer and data, the memory check, the
+    /// weights and optimizer, the engine, and last the run directory.
+    pub fn open(options: &TrainOptions) -> Result<Self> {
+        let placement = options.backend.placement()?;
+        let (dir, data) = match options.resume {
+            true => resume_run(options).map(|(run, data)| (RunDir::Existing(run), data))?,
+            false => new_run(options)?,
+        };
+        let (config, tokenizer) = dir.config_and_tokenizer();
+        let gpt = config.gpt(tokenizer.vocab_size());
+        let (kind, engine_note) = placement.engine_for(&gpt)?;
+        let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
+        let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
+        let config = config.clone();
+        let adamw = adamw_settings(&config, &model);
+        let (engine, _) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let notes = placement
+            .note
+            .clone()
+            .into_iter()
+            .chain(engine_note)
+            .collect();
+        let run = dir.into_run()?;
+        let metrics = Metrics::open(&run.dir)?;
+        Ok(Self {
+            run,
+            config,
+            data,
+            engine,
+            settled: state.step,
+            state,
+            metrics,
+            device: placement.device,
+            notes,
+            memory,
+            skipped_in_a_row: 0,
+            resumed: options.resume,
+        })
+    }
+}
+
+/// The run directory a session trains: one being continued, or one to create once set-up has
+/// succeeded.
+enum RunDir {
+    Existing(Run),
+    New {
+        out: PathBuf,
+        config: RunConfig,
+        tokenizer: Tokenizer,
+        /// The corpus's token files, to move into the run directory.
+        prepared: Option<tempfile::TempDir>,
+        /// The run whose weights it starts from (`--init-from`).
+        init: Option<Box<Run>>,
+    },
+}
+
+impl RunDir {
+    fn config_and_tokenizer(&self) -> (&RunConfig, &Tokenizer) {
+        match self {
+            Self::Existing(run) => (&run.config, &run.tokenizer),
+            Self::New {
+                config, tokenizer, ..
+            } => (config, tokenizer),
+        }
+    }
+
+    /// The run: the one continued, or the new one created now, its prepared corpus moved in.
+    fn into_run(self) -> Result<Run> {
+        match self {
+            Self::Existing(run) => Ok(run),
+            Self::New {
+                out,
+                config,
+                tokenizer,
+                prepared,
+                ..
+            } => Run::create(&out, config, tokenizer, |run| match prepared {
+                Some(prepared) => corpus::replace_dir(prepared, &run.dir.join(corpus::RUN_DATA)),
+                None => Ok(()),
+            }),
+        }
+    }
+}
+
+/// The weights the run starts from on `device`, with their optimizer and training state: the
+/// `last` checkpoint of a run continued; for a new run (or one stopped before its first
+/// checkpoint) the seeded initialisation, with the source run's best weights copied in when
+/// fine-tuning.
+fn weights(dir: &RunDir, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
+    if let RunDir::Existing(run) = dir
+        && run.has_checkpoint()
+    {
+        return saved_model(run, device);
+    }
+    let (config, tokenizer) = dir.config_and_tokenizer();
+    let (mut model, optim) = initial_model(config, tokenizer.vocab_size(), device)?;
+    if let RunDir::New {
+        init: Some(source), ..
+    } = dir
+    {
+        let (weights, _) = source.load_model(Which::Best, &Device::flex())?;
+        crate::run::weights::copy_weights(&weights, &mut model)?;
+    }
+    Ok((model, optim, TrainState::default()))
+}
+
+/// A new run for `options`, with its tokenizer trained and its corpus split (its directory is
+/// not created yet).
+fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
+    let source = options
+        .config
+        .clone()
+        .unwrap_or(ConfigSource::Preset("default"));
+    let mut config = source.load(&options.overrides)?;
+    let out = options
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(source.name()));
+    // Before the corpus is prepared: that can take a while.
+    checkpoint::refuse_existing(&out)?;
+    let init = match &options.init_from {
+        Some(dir) => Some(Box::new(init_source(dir, &mut config)?)),
+        None => None,
+    };
+    let given = init.as_ref().map(|run| &run.tokenizer);
+    let corpus = corpus::for_new_run(&mut config, &out, given)?;
+    let dir = RunDir::New {
+        out,
+        config,
+        tokenizer: corpus.tokenizer,
+        prepared: corpus.prepared,
+        init,
+    };
+    Ok((dir, corpus.data))
+}
+
+/// The run `dir` that a fine-tuning run starts from; `config` takes its architecture (all but
+/// `model.dropout`) and tokenizer kind.
+fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
+    let source = Run::open(dir).context("--init-from")?;
+    if !source.has_checkpoint() {
+        bail!(
+            "--init-from {}: the run has no checkpoint yet",
+            dir.display()
+        );
+    }
+    let dropout = config.model.dropout;
+    config.model = source.config.model.clone();
+    config.model.dropout = dropout;
+    config.data.tokenizer = source.tokenizer.kind_setting();
+    config.validate()?;
+    Ok(source)
+}
+
+/// The run in `options.out`, with the allowed overrides applied, and its corpus split.
+fn resume_run(options: &TrainOptions) -> Result<(Run, Dataset)> {
+    let Some(out) = &options.out else {
+        bail!("--resume needs --out DIR, the run directory to continue");
+    };
+    if options.config.is_some() {
+        bail!("--resume continues with the run's own config.toml; drop --config");
+    }
+    if options.init_from.is_some() {
+        bail!("--resume continues the run's own weights; drop --init-from");
+    }
+    for o in &options.overrides {
+        let key = o.split('=').next().unwrap_or_default().trim();
+        if !CHANGEABLE_ON_RESUME.contains(&key) {
+            bail!(
+                "--resume cannot change `{key}` (only {})",
+                CHANGEABLE_ON_RESUME.join(", ")
+            );
+        }
+    }
+    let mut run = Run::open_to_write(out)?;
+    if !options.overrides.is_empty() {
+        run.config = RunConfig::load_str(&run.config.to_toml(), &options.overrides)?;
+        run.write_config()?;
+    }
+    let data = corpus::for_run(&run.dir, &run.config, &run.tokenizer, true)?;
+    Ok((run, data))
+}
+
+/// The memory a run of `config` with a vocabulary of `vocab_size` needs on the `kind` of
+/// engine where `placement` trains it; where the device can say what is free (the CPU, CUDA),
+/// a run that cannot fit is refused before anything is allocated or written.
+fn memory_check(
+    config: &RunConfig,
+    vocab_size: usize,
+    kind: EngineKind,
+    placement: &Placement,
+) -> Result<memory::Estimate> {
+    let estimate = memory::Estimate::training(config, vocab_size, kind == EngineKind::Fused);
+    let memory = match placement.on_host() {
+        true => "memory",
+        false => "GPU memory",
+    };
+    estimate.check_fits(placement.available_memory(), memory)?;
+    Ok(estimate)
+}
+
+/// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
+/// same starting weights on every backend. And a fresh AdamW for it.
+fn initial_model(
+    config: &RunConfig,
+    vocab_size: usize,
+    device: &Device,
+) -> Result<(Gpt, ModuleOptimizer)> {
+    let cpu = Device::flex();
+    cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
+    let gpt = config.gpt(vocab_size);
+    let init = gpt.init(&cpu)?;
+    let mut model = gpt.init(device)?;
+    crate::run::weights::copy_weights(&init, &mut model)?;
+    let optim = optimizer(config, &model);
+    Ok((model, optim))
+}
+
+/// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
+/// AdamW and the training state.
+fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
+    let checkpoint = run.checkpoint(Which::Last, true)?;
+    if checkpoint.warning.is_some() {
+        run.set_aside_damaged_last()?;
+    }
+    let model = run.model_from(&checkpoint, device)?;
+    let model = crate::run::weights::restore_param_ids(model, &checkpoint.state.param_ids)?;
+    let path = checkpoint.dir.join(checkpoint::OPTIMIZER);
+    let bytes = checkpoint
+        .optimizer
+        .with_context(|| format!("{} is missing", path.display()))?;
+    let optim = load_optimizer(&run.config, &model, bytes)
+        .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
+    Ok((model, optim, checkpoint.state))
+}

@@ -12,14 +12,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use tinygpt_model::parameter_table;
+use tinygpt_model::{Activation, GptConfig, parameter_table};
 
 use super::weights::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
-use super::{Imported, create_run, fit_vocabulary};
-use crate::checkpoint::{Run, Which, refuse_existing};
-use crate::config::{ActivationKind, ModelSection, RunConfig};
-use crate::prepare::temp_beside;
-use crate::tokenizer::Tokenizer;
+use super::{Imported, create_run, imported_config};
+use crate::data::tokenizer::Tokenizer;
+use crate::fs::temp_beside;
+use crate::run::checkpoint::{Run, Which, refuse_existing};
 
 /// The `GPT2Config` fields that shape the computation. Anything that would change it in a way
 /// tinygpt does not compute is refused rather than ignored.
@@ -70,7 +69,7 @@ pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Import
     })?;
     let hf: Gpt2Config = serde_json::from_str(&text)
         .map_err(|e| anyhow!("{}: not a GPT-2 config ({e})", config_path.display()))?;
-    let mut config = run_config(&hf).with_context(|| config_path.display().to_string())?;
+    let model = architecture(&hf).with_context(|| config_path.display().to_string())?;
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.exists() {
         bail!(
@@ -80,9 +79,8 @@ pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Import
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
     let weights = weights_in(dir)?;
-    let notes = fit_vocabulary(&mut config, &tokenizer, hf.vocab_size, &config_path)?
-        .into_iter()
-        .collect();
+    let (config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
+    let notes = note.into_iter().collect();
     if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(
             "{}: tensor `{LM_HEAD}` is missing (config.json unties it)",
@@ -99,21 +97,14 @@ pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Import
     })
 }
 
-/// tinygpt's config for a GPT-2 config, or why it cannot compute that model.
-fn run_config(hf: &Gpt2Config) -> Result<RunConfig> {
+/// tinygpt's architecture for a GPT-2 config, or why it cannot compute that model.
+fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
     if let Some(kind) = hf.model_type.as_deref().filter(|k| *k != "gpt2") {
         bail!("model_type \"{kind}\" is not GPT-2; tinygpt imports GPT-2's architecture only");
     }
-    if hf.n_inner.is_some_and(|n| n != 4 * hf.n_embd) {
-        bail!(
-            "n_inner = {:?}: tinygpt's MLP is 4 x n_embd = {}",
-            hf.n_inner,
-            4 * hf.n_embd
-        );
-    }
     let activation = match hf.activation_function.as_str() {
-        "gelu_new" | "gelu_pytorch_tanh" => ActivationKind::GeluTanh,
-        "gelu" => ActivationKind::Gelu,
+        "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
+        "gelu" => Activation::Gelu,
         other => bail!("activation_function \"{other}\" is not one of gelu, gelu_new"),
     };
     if !hf.scale_attn_weights || hf.scale_attn_by_inverse_layer_idx || hf.reorder_and_upcast_attn {
@@ -122,23 +113,25 @@ fn run_config(hf: &Gpt2Config) -> Result<RunConfig> {
              reorder_and_upcast_attn false: tinygpt scales attention by 1/sqrt(head size) only"
         );
     }
-    let config = RunConfig {
-        model: ModelSection {
-            block_size: hf.n_positions,
-            n_layer: hf.n_layer,
-            n_head: hf.n_head,
-            n_embd: hf.n_embd,
-            dropout: hf.resid_pdrop,
-            bias: true,
-            tie_embeddings: hf.tie_word_embeddings,
-            activation,
-            layer_norm_eps: hf.layer_norm_epsilon,
-            ..ModelSection::default()
-        },
-        ..RunConfig::default()
+    let model = GptConfig {
+        block_size: hf.n_positions,
+        n_layer: hf.n_layer,
+        n_head: hf.n_head,
+        n_embd: hf.n_embd,
+        dropout: hf.resid_pdrop,
+        bias: true,
+        tie_embeddings: hf.tie_word_embeddings,
+        activation,
+        layer_norm_eps: hf.layer_norm_epsilon,
+        ..GptConfig::default()
     };
-    config.validate()?;
-    Ok(config)
+    if let Some(n_inner) = hf.n_inner.filter(|&n| n != model.mlp_width()) {
+        bail!(
+            "n_inner = {n_inner}: tinygpt's MLP is 4 x n_embd = {}",
+            model.mlp_width()
+        );
+    }
+    Ok(model)
 }
 
 /// The weights of `dir`: `model.safetensors`, else `pytorch_model.bin`.
@@ -166,7 +159,7 @@ fn weights_in(dir: &Path) -> Result<ForeignTensors> {
 /// exist, or be empty). It appears complete or not at all.
 pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
     refuse_existing(out)?;
-    let temp = temp_beside(out)?;
+    let temp = temp_beside(out, "export")?;
     let (model, _) = run.load_model(which, &burn::tensor::Device::flex())?;
     let config = &run.config;
     let tokens = run.tokenizer.vocab_size();
@@ -195,10 +188,9 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             .with_context(|| format!("cannot write {}", dir.join(name).display()))
     };
     write("model.safetensors", &write_safetensors(&exported)?)?;
-    let vocab_size = config.gpt(tokens).vocab_size;
     write(
         "config.json",
-        config_json(&config.model, vocab_size, &run.tokenizer)?.as_bytes(),
+        config_json(&config.gpt(tokens), &run.tokenizer)?.as_bytes(),
     )?;
     write("tokenizer.json", run.tokenizer.to_hf_json()?.as_bytes())?;
     let tokenizer_config = serde_json::json!({
@@ -213,11 +205,11 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
     std::fs::rename(temp.keep(), out).with_context(|| format!("cannot create {}", out.display()))
 }
 
-/// `config.json` for `GPT2LMHeadModel`.
-fn config_json(m: &ModelSection, vocab_size: usize, tokenizer: &Tokenizer) -> Result<String> {
+/// `config.json` for `GPT2LMHeadModel`, of the model `m` (its `vocab_size` resolved).
+fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
     let activation = match m.activation {
-        ActivationKind::Gelu => "gelu",
-        ActivationKind::GeluTanh => "gelu_new",
+        Activation::Gelu => "gelu",
+        Activation::GeluTanh => "gelu_new",
     };
     // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
     let eos = match tokenizer {
@@ -227,7 +219,7 @@ fn config_json(m: &ModelSection, vocab_size: usize, tokenizer: &Tokenizer) -> Re
     let config = serde_json::json!({
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": vocab_size,
+        "vocab_size": m.vocab_size,
         "n_positions": m.block_size,
         "n_ctx": m.block_size,
         "n_embd": m.n_embd,

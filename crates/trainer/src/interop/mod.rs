@@ -17,14 +17,14 @@ pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
-use tinygpt_model::Gpt;
+use anyhow::{Context, Result, bail};
+use tinygpt_model::{Gpt, GptConfig};
 
 pub use sidecar::{export, sidecar_path};
 
-use crate::checkpoint::{self, Run, TrainState, Which};
 use crate::config::RunConfig;
-use crate::tokenizer::Tokenizer;
+use crate::data::tokenizer::Tokenizer;
+use crate::run::checkpoint::{self, Run, TrainState, Which};
 
 /// What `tinygpt import` reads.
 #[derive(Debug, Clone, Default)]
@@ -79,17 +79,17 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
     nanogpt::import(from, options, out)
 }
 
-/// Sets `config` up for a model of `rows` embedding rows and `tokenizer`: fewer tokens than rows
-/// is a padded vocabulary (`model.vocab_size`, and a note saying so), more is an error naming
-/// `source`, the file the rows come from.
-fn fit_vocabulary(
-    config: &mut RunConfig,
+/// The run config of an imported model: its architecture `model` (from the source's own
+/// config), `rows` embedding rows, `tokenizer`, and tinygpt's defaults for the rest. Fewer tokens
+/// than rows is a padded vocabulary (`model.vocab_size`, and a note saying so), more is an error;
+/// both name `source`, the file the architecture comes from.
+fn imported_config(
+    model: GptConfig,
     tokenizer: &Tokenizer,
     rows: usize,
     source: &Path,
-) -> Result<Option<String>> {
+) -> Result<(RunConfig, Option<String>)> {
     let tokens = tokenizer.vocab_size();
-    config.data.tokenizer = tokenizer.kind_setting();
     if tokens > rows {
         bail!(
             "the tokenizer has {tokens} tokens but {} has only {rows} embedding rows: they do \
@@ -97,12 +97,21 @@ fn fit_vocabulary(
             source.display()
         );
     }
-    Ok((rows > tokens).then(|| {
-        config.model.vocab_size = Some(rows);
+    let padded = rows > tokens;
+    let mut config = RunConfig {
+        model: model.with_vocab_size(if padded { rows } else { 0 }),
+        ..RunConfig::default()
+    };
+    config.data.tokenizer = tokenizer.kind_setting();
+    config
+        .validate()
+        .with_context(|| format!("{}", source.display()))?;
+    let note = padded.then(|| {
         format!(
             "the model's vocabulary is padded to {rows} rows; the tokenizer has {tokens} tokens"
         )
-    }))
+    });
+    Ok((config, note))
 }
 
 /// Creates the run directory `out` holding `model` as both checkpoints.

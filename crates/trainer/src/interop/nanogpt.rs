@@ -13,9 +13,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use pytorch_reader::{PickleValue, PytorchReader};
 
 use super::weights::{ForeignTensors, Layout};
-use super::{ImportOptions, Imported, create_run, fit_vocabulary, sidecar::char_tokenizer};
-use crate::config::{ModelSection, RunConfig};
-use crate::tokenizer::Tokenizer;
+use super::{ImportOptions, Imported, create_run, imported_config, sidecar::char_tokenizer};
+use crate::data::tokenizer::Tokenizer;
+use tinygpt_model::GptConfig;
 
 /// GPT-2's BPE vocabulary, and nanoGPT's padding of it to a multiple of 64.
 const GPT2_VOCABS: [usize; 2] = [50257, 50304];
@@ -40,25 +40,18 @@ pub fn import(from: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     let args = ModelArgs::read(args).with_context(|| format!("{}: model_args", from.display()))?;
     let tokenizer = tokenizer(from, &root, &args, options)?;
     let tensors = ForeignTensors::from_pytorch(from, Some("model"))?;
-    let mut config = RunConfig {
-        model: ModelSection {
-            block_size: args.block_size,
-            n_layer: args.n_layer,
-            n_head: args.n_head,
-            n_embd: args.n_embd,
-            dropout: args.dropout,
-            bias: args.bias,
-            tie_embeddings: tensors.tied(),
-            ..ModelSection::default()
-        },
-        ..RunConfig::default()
+    let model = GptConfig {
+        block_size: args.block_size,
+        n_layer: args.n_layer,
+        n_head: args.n_head,
+        n_embd: args.n_embd,
+        dropout: args.dropout,
+        bias: args.bias,
+        tie_embeddings: tensors.tied(),
+        ..GptConfig::default()
     };
-    let mut notes: Vec<String> = fit_vocabulary(&mut config, &tokenizer, args.vocab_size, from)?
-        .into_iter()
-        .collect();
-    config
-        .validate()
-        .with_context(|| format!("{}: model_args", from.display()))?;
+    let (config, note) = imported_config(model, &tokenizer, args.vocab_size, from)?;
+    let mut notes: Vec<String> = note.into_iter().collect();
     if let Some(PickleValue::Int(iter)) = root.get("iter_num") {
         notes.push(format!("nanoGPT had trained it for {iter} iterations"));
     }

@@ -1,5 +1,6 @@
 //! tinygpt's exchange file (`export --format nanogpt`): weights under nanoGPT's names and
-//! PyTorch's layout in `FILE.safetensors`, nanoGPT's config and tokenizer maps in `FILE.json`.
+//! PyTorch's layout in `FILE.safetensors`, nanoGPT's config (with tinygpt's activation and
+//! LayerNorm ε beside it) and tokenizer maps in `FILE.json`.
 //!
 //! nanoGPT's `state_dict` names every tensor `transformer.…` (or `lm_head.weight`) and stores a
 //! `Linear` weight as `[out, in]`; Burn's `Linear` keeps `[in, out]` and its LayerNorm calls the
@@ -14,11 +15,12 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
-use super::Imported;
+use tinygpt_model::{Activation, GptConfig};
+
 use super::weights::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
-use crate::checkpoint::{self, Run, Which};
-use crate::config::{ModelSection, RunConfig, TokenizerKind};
-use crate::tokenizer::Tokenizer;
+use super::{Imported, imported_config};
+use crate::data::tokenizer::Tokenizer;
+use crate::run::checkpoint::{Run, Which};
 
 /// The sidecar JSON: nanoGPT's `GPTConfig` fields and its `meta.pkl` maps.
 #[derive(Serialize, Deserialize)]
@@ -28,6 +30,9 @@ struct Sidecar {
     tokenizer: serde_json::Value,
 }
 
+/// nanoGPT's `GPTConfig`: `vocab_size` is the model's embedding rows (nanoGPT pads GPT-2's
+/// 50257 tokens to 50304), which may exceed the tokenizer's. Then what nanoGPT's model fixes and
+/// tinygpt's may change (absent in older sidecars: nanoGPT's values).
 #[derive(Serialize, Deserialize)]
 struct NanoGptConfig {
     block_size: usize,
@@ -37,6 +42,18 @@ struct NanoGptConfig {
     n_embd: usize,
     dropout: f64,
     bias: bool,
+    #[serde(default = "exact_gelu")]
+    activation: Activation,
+    #[serde(default = "nanogpt_eps")]
+    layer_norm_eps: f64,
+}
+
+fn exact_gelu() -> Activation {
+    Activation::Gelu
+}
+
+fn nanogpt_eps() -> f64 {
+    GptConfig::default().layer_norm_eps
 }
 
 /// `FILE.safetensors` → `FILE.json`.
@@ -47,7 +64,7 @@ pub fn sidecar_path(weights: &Path) -> PathBuf {
 /// Writes the run's `which` weights to `out` (nanoGPT names, `[out, in]` linears, `lm_head.weight`
 /// included even when tied, as nanoGPT's `state_dict` has it) and the sidecar beside it.
 pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
-    let config = &run.config.model;
+    let config = run.config.gpt(run.tokenizer.vocab_size());
     let (model, _) = run.load_model(which, &Device::flex())?;
     let tensors = burn_tensors(&model)?;
     let mut exported: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -67,20 +84,22 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
         exported.push(("lm_head.weight".into(), shape, bytes));
     }
     let bytes = write_safetensors(&exported)?;
-    checkpoint::write_atomic(out, &bytes)?;
+    crate::fs::write_atomic(out, &bytes)?;
     let sidecar = Sidecar {
         config: NanoGptConfig {
             block_size: config.block_size,
-            vocab_size: run.tokenizer.vocab_size(),
+            vocab_size: config.vocab_size,
             n_layer: config.n_layer,
             n_head: config.n_head,
             n_embd: config.n_embd,
             dropout: config.dropout,
             bias: config.bias,
+            activation: config.activation,
+            layer_norm_eps: config.layer_norm_eps,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
     };
-    checkpoint::write_atomic(
+    crate::fs::write_atomic(
         &sidecar_path(out),
         serde_json::to_string_pretty(&sidecar)?.as_bytes(),
     )
@@ -90,15 +109,28 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
 pub fn import(from: &Path, out: &Path) -> Result<Imported> {
     let (sidecar, tokenizer) = read_sidecar(from)?;
     let file = ForeignTensors::from_safetensors(from)?;
-    let config = imported_config(&sidecar.config, &tokenizer, file.tied())?;
-    let vocab_size = sidecar.config.vocab_size;
+    let c = &sidecar.config;
+    let model = GptConfig {
+        block_size: c.block_size,
+        n_layer: c.n_layer,
+        n_head: c.n_head,
+        n_embd: c.n_embd,
+        dropout: c.dropout,
+        bias: c.bias,
+        tie_embeddings: file.tied(),
+        activation: c.activation,
+        layer_norm_eps: c.layer_norm_eps,
+        ..GptConfig::default()
+    };
+    let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;
+    let vocab_size = c.vocab_size;
     let model = file.model(&config, vocab_size, Layout::Linear)?;
     super::create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
         format: "tinygpt export (safetensors + sidecar)",
         config,
         vocab_size,
-        notes: Vec::new(),
+        notes: note.into_iter().collect(),
     })
 }
 
@@ -111,42 +143,7 @@ fn read_sidecar(weights: &Path) -> Result<(Sidecar, Tokenizer)> {
         .with_context(|| format!("sidecar {} is invalid", path.display()))?;
     let tokenizer = tokenizer_from_json(sidecar.tokenizer.clone())
         .with_context(|| format!("sidecar {}", path.display()))?;
-    if tokenizer.vocab_size() != sidecar.config.vocab_size {
-        bail!(
-            "sidecar {}: vocab_size {} but the tokenizer has {} tokens",
-            path.display(),
-            sidecar.config.vocab_size,
-            tokenizer.vocab_size()
-        );
-    }
     Ok((sidecar, tokenizer))
-}
-
-/// The run config of an imported model: nanoGPT's architecture, tinygpt's other defaults.
-fn imported_config(
-    c: &NanoGptConfig,
-    tokenizer: &Tokenizer,
-    tie_embeddings: bool,
-) -> Result<RunConfig> {
-    let mut config = RunConfig {
-        model: ModelSection {
-            block_size: c.block_size,
-            n_layer: c.n_layer,
-            n_head: c.n_head,
-            n_embd: c.n_embd,
-            dropout: c.dropout,
-            bias: c.bias,
-            tie_embeddings,
-            ..ModelSection::default()
-        },
-        ..RunConfig::default()
-    };
-    config.data.tokenizer = match tokenizer {
-        Tokenizer::Char { .. } => TokenizerKind::Char,
-        Tokenizer::Bpe(_) => TokenizerKind::Bpe,
-    };
-    config.validate().context("the sidecar's config")?;
-    Ok(config)
 }
 
 /// nanoGPT's `meta.pkl` maps for a char tokenizer; Hugging Face JSON for BPE.

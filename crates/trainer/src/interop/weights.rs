@@ -15,7 +15,6 @@ use burn::tensor::{DType, Device};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use tinygpt_model::{Gpt, ParamName, parameter_table};
 
-use crate::checkpoint;
 use crate::config::RunConfig;
 
 /// How a file stores the model's matrices.
@@ -203,7 +202,7 @@ impl ForeignTensors {
         if let Some(extra) = self.tensors.keys().find(|n| !used.contains(n)) {
             bail!("unexpected tensor `{extra}` (another architecture?)");
         }
-        checkpoint::load_weights(&mut model, write_safetensors(&tensors)?)?;
+        crate::run::weights::load_weights(&mut model, write_safetensors(&tensors)?)?;
         Ok(model)
     }
 }

@@ -11,13 +11,13 @@ use std::sync::OnceLock;
 
 use burn::tensor::Device;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
-use tinygpt::checkpoint::{self, Run, TrainState, Which};
+use proptest::test_runner::{Config, FileFailurePersistence, RngAlgorithm, TestRng, TestRunner};
+use tinygpt::config::presets::ConfigSource;
 use tinygpt::config::{RunConfig, TokenizerKind};
+use tinygpt::data::tokenizer::Tokenizer;
 use tinygpt::interop;
-use tinygpt::optim::{load_optimizer, optimizer};
-use tinygpt::presets::ConfigSource;
-use tinygpt::tokenizer::Tokenizer;
+use tinygpt::run::checkpoint::{Run, TrainState, Which};
+use tinygpt::train::optim::{load_optimizer, optimizer};
 use tinygpt_model::Gpt;
 
 const TEXT: &str = "Of Man's first disobedience, and the fruit\nOf that forbidden tree";
@@ -29,12 +29,26 @@ fn cases() -> u32 {
         .unwrap_or(2000)
 }
 
+/// A runner of `cases` cases drawn from a fixed seed (`TINYGPT_FUZZ_SEED` picks another), so a
+/// failure happens again on the next run; a failing case is also saved under
+/// `tests/proptest-regressions/` and replayed first from then on.
 fn runner(cases: u32) -> TestRunner {
-    TestRunner::new(Config {
+    let seed = std::env::var("TINYGPT_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(1337);
+    eprintln!("fuzzing {cases} cases from seed {seed} (TINYGPT_FUZZ_SEED replays another)");
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config {
         cases,
-        failure_persistence: None,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        source_file: Some(file!()),
         ..Config::default()
-    })
+    };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
 }
 
 /// Random bytes, or `original` with 1 to 8 edits: a byte set, a bit flipped, a cut, an insert.
@@ -170,11 +184,11 @@ fn checkpoint_files_changed_in_any_way_are_refused() {
 
 #[test]
 fn safetensors_weights_without_checksums() {
-    let valid = checkpoint::weights_bytes(&model()).unwrap();
+    let valid = tinygpt::run::weights::weights_bytes(&model()).unwrap();
     let model = model();
     runner(cases())
         .run(&mutations(valid), |bytes| {
-            let _ = checkpoint::load_weights(&mut model.clone(), bytes);
+            let _ = tinygpt::run::weights::load_weights(&mut model.clone(), bytes);
             Ok(())
         })
         .unwrap();

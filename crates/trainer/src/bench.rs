@@ -70,7 +70,7 @@ pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<(
 }
 
 /// The vocabulary of the random tokens: tiny shakespeare's.
-const VOCAB: usize = 65;
+pub(crate) const VOCAB: usize = 65;
 
 fn bench_one(
     name: &str,
@@ -109,7 +109,7 @@ fn bench_one(
 }
 
 /// Random tokens: the speed of a step does not depend on the text.
-fn random_tokens(config: &RunConfig) -> Dataset {
+pub(crate) fn random_tokens(config: &RunConfig) -> Dataset {
     let mut rng = step_rng(config.train.seed, 0, 0);
     let stream: Vec<u32> = (0..100_000)
         .map(|_| rng.random_range(0..VOCAB as u32))

@@ -8,7 +8,7 @@
 //! buffers and writes them into the [`Gpt`] and a Burn optimizer state only when they are asked
 //! for. Either way the rest of the program cannot see stale weights.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor};
@@ -155,78 +155,80 @@ impl Engine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let n = batches.len() as f64;
-        match &mut self.kind {
-            Kind::Autodiff(device) => {
-                let device = device.clone().autodiff();
-                let model = self.model.take().context("the engine lost its model")?;
-                let (grads, stats) =
-                    match gradients(&model, batches, &device, dropout_seed, grad_clip) {
-                        Ok(done) => done,
-                        Err(e) => {
-                            self.model = Some(model);
-                            return Err(e);
-                        }
-                    };
-                let step = read_steps(stats)?[0];
-                self.model = Some(match step.applied {
-                    true => self.optim.step(lr, model, grads),
-                    false => model,
-                });
-                self.known.push(step);
-                Ok(())
+        let device = match &self.kind {
+            Kind::Fused { .. } => return self.fused_step(batches, dropout_seed, grad_clip, lr),
+            Kind::Autodiff(device) | Kind::Device { device, .. } => device.clone().autodiff(),
+        };
+        let model = self.model.take().context("the engine lost its model")?;
+        let (grads, stats) = match gradients(&model, batches, &device, dropout_seed, grad_clip) {
+            Ok(done) => done,
+            Err(e) => {
+                self.model = Some(model);
+                return Err(e);
             }
-            Kind::Device {
-                device,
-                adamw,
-                pending,
-            } => {
-                let device = device.clone().autodiff();
-                let model = self.model.take().context("the engine lost its model")?;
-                let (grads, stats) =
-                    match gradients(&model, batches, &device, dropout_seed, grad_clip) {
-                        Ok(done) => done,
-                        Err(e) => {
-                            self.model = Some(model);
-                            return Err(e);
-                        }
-                    };
-                let finite = stats.clone().inner().is_finite().all();
-                self.model = Some(adamw.step(model, grads, lr, finite));
-                pending.push(stats);
-                if pending.len() >= MAX_PENDING {
-                    self.read_pending()?;
-                }
-                Ok(())
+        };
+        if let Kind::Device { adamw, pending, .. } = &mut self.kind {
+            let finite = stats.clone().inner().is_finite().all();
+            pending.push(stats);
+            self.model = Some(adamw.step(model, grads, lr, finite));
+            if pending.len() >= MAX_PENDING {
+                self.read_pending()?;
             }
-            Kind::Fused {
-                fused,
-                adamw,
-                stale,
-            } => {
-                let mut loss = 0.0;
-                for (k, batch) in batches.iter().enumerate() {
-                    let seed = mix(dropout_seed, k, 0);
-                    loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
-                }
-                // An infinite bound measures the norm without scaling anything.
-                let bound = if grad_clip > 0.0 {
-                    grad_clip
-                } else {
-                    f64::INFINITY
-                };
-                let grad_norm = fused.clip_grad_norm(bound);
-                let step = Step::new(loss, grad_norm);
-                if step.applied {
-                    fused.adamw_step(lr, adamw);
-                    *stale = true;
-                } else {
-                    fused.discard_gradients();
-                }
-                self.known.push(step);
-                Ok(())
-            }
+            return Ok(());
         }
+        let step = match read_steps(stats) {
+            Ok(steps) => steps[0],
+            Err(e) => {
+                self.model = Some(model);
+                return Err(e);
+            }
+        };
+        self.known.push(step);
+        self.model = Some(match step.applied {
+            true => self.optim.step(lr, model, grads),
+            false => model,
+        });
+        Ok(())
+    }
+
+    /// [`Engine::step`] on the fused CPU engine's own buffers.
+    fn fused_step(
+        &mut self,
+        batches: &[Batch],
+        dropout_seed: u64,
+        grad_clip: f64,
+        lr: f64,
+    ) -> Result<()> {
+        let Kind::Fused {
+            fused,
+            adamw,
+            stale,
+        } = &mut self.kind
+        else {
+            bail!("the fused step on an autodiff engine");
+        };
+        let n = batches.len() as f64;
+        let mut loss = 0.0;
+        for (k, batch) in batches.iter().enumerate() {
+            let seed = mix(dropout_seed, k, 0);
+            loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
+        }
+        // An infinite bound measures the norm without scaling anything.
+        let bound = if grad_clip > 0.0 {
+            grad_clip
+        } else {
+            f64::INFINITY
+        };
+        let grad_norm = fused.clip_grad_norm(bound);
+        let step = Step::new(loss, grad_norm);
+        if step.applied {
+            fused.adamw_step(lr, adamw);
+            *stale = true;
+        } else {
+            fused.discard_gradients();
+        }
+        self.known.push(step);
+        Ok(())
     }
 
     /// What the steps taken since the last call saw, in order. On a GPU their outcomes stay on
@@ -432,19 +434,15 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) -> 
 mod tests {
     use burn::module::Module;
     use burn::tensor::Device;
-    use rand::RngExt;
     use tinygpt_model::MomentState;
 
     use super::*;
     use crate::backend::Memory;
+    use crate::bench::{VOCAB, random_tokens};
     use crate::config::RunConfig;
     use crate::config::presets::ConfigSource;
-    use crate::data::tokens::Tokens;
-    use crate::data::{Dataset, Split, step_rng};
     use crate::train::optim::{adamw_settings, optimizer};
     use crate::train::session::train_step;
-
-    const VOCAB: usize = 17;
 
     fn config() -> RunConfig {
         let overrides = [
@@ -458,18 +456,6 @@ mod tests {
         ];
         let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         ConfigSource::Preset("baby").load(&overrides).unwrap()
-    }
-
-    fn data(config: &RunConfig) -> Dataset {
-        let mut rng = step_rng(7, 0, 0);
-        let ids: Vec<u32> = (0..500)
-            .map(|_| rng.random_range(0..VOCAB as u32))
-            .collect();
-        Dataset {
-            train: Split::Packed(Tokens::from_vec(ids.clone())),
-            val: Split::Packed(Tokens::from_vec(ids)),
-            block_size: config.model.block_size,
-        }
     }
 
     /// A model of `config`'s shape on flex, under autodiff.
@@ -530,7 +516,7 @@ mod tests {
     #[test]
     fn the_device_engine_trains_as_burns_adamw_and_reads_outcomes_only_when_asked() {
         let config = config();
-        let data = data(&config);
+        let data = random_tokens(&config);
         let model = model(&config);
         let (mut cpu, mut gpu) = (
             engine(&config, model.clone(), false),
@@ -593,7 +579,7 @@ mod tests {
     #[test]
     fn a_non_finite_step_on_the_device_changes_no_weight_and_no_moment() {
         let mut config = config();
-        let data = data(&config);
+        let data = random_tokens(&config);
         let mut gpu = engine(&config, model(&config), true);
         train_step(&mut gpu, &data, &config, 0).unwrap();
         // An absurd learning rate: the update is finite and applied, and blows the weights up

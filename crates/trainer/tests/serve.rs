@@ -344,7 +344,7 @@ fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
         health["stats"]["tokens"].as_u64().unwrap() < 2_000_000,
         "{health}"
     );
-    assert!(server.log.lock().unwrap().contains("cancelled after"));
+    server.wait_for_log("cancelled after");
     // A whole (not streamed) completion is cancelled the same way.
     let body = json!({"prompt": "Of", "max_tokens": 10_000_000}).to_string();
     let mut whole = TcpStream::connect(server.host()).unwrap();

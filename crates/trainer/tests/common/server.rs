@@ -15,6 +15,8 @@ pub struct Server {
     pub url: String,
     /// What it logged to stderr so far.
     pub log: Arc<Mutex<String>>,
+    /// The thread copying stderr into `log`; it ends when the process does.
+    logger: Option<std::thread::JoinHandle<()>>,
     agent: ureq::Agent,
 }
 
@@ -33,7 +35,7 @@ impl Server {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let logger = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut log = sink.lock().unwrap();
                 log.push_str(&line);
@@ -57,6 +59,7 @@ impl Server {
             child,
             url,
             log,
+            logger: Some(logger),
             agent,
         }
     }
@@ -69,8 +72,14 @@ impl Server {
     }
 
     /// Waits for the process to end: its exit status.
+    /// Waits for the process to end, and for its last log lines to reach `log`: its exit
+    /// status.
     pub fn wait(&mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
+        let status = self.child.wait().unwrap();
+        if let Some(logger) = self.logger.take() {
+            logger.join().unwrap();
+        }
+        status
     }
 
     /// `host:port`.
@@ -133,6 +142,20 @@ impl Server {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "timed out waiting for {what}: {health}\nlog:\n{}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (up to 30 s) until the server has logged a line containing `needle`: the counters
+    /// of `/health` move before the line that reports the same event reaches the log.
+    pub fn wait_for_log(&self, needle: &str) {
+        let start = Instant::now();
+        while !self.log.lock().unwrap().contains(needle) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {needle:?} in the log:\n{}",
                 self.log.lock().unwrap()
             );
             std::thread::sleep(Duration::from_millis(20));

@@ -51,6 +51,12 @@ pub enum GenerateError {
     TopK,
     #[error("`repetition_penalty` must be > 0 (1 = off), got {0}")]
     RepetitionPenalty(f32),
+    #[error("`frequency_penalty` must be between -2 and 2, got {0}")]
+    FrequencyPenalty(f32),
+    #[error("`presence_penalty` must be between -2 and 2, got {0}")]
+    PresencePenalty(f32),
+    #[error("`logit_bias` of token {id} must be between -100 and 100, got {bias}")]
+    LogitBias { id: u32, bias: f32 },
     #[error("a stop sequence is empty")]
     EmptyStop,
     #[error(

@@ -1,14 +1,14 @@
-//! Sampling text from a [`Gpt`]: temperature, top-k, top-p, repetition penalty, stop sequences.
+//! Sampling text from a [`Gpt`] (the sampler's settings, stop sequences, the sliding window),
+//! and scoring a text with it (each token's log-probability, OpenAI's `echo`).
 
 use std::ops::ControlFlow;
 
 use burn::tensor::{Tensor, TensorData};
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 use tinygpt_attention::KvCache;
 
 use crate::error::{GenerateError, ModelError};
 use crate::gpt::Gpt;
+use crate::sampler::{Sampled, Sampler};
 
 /// How [`Gpt::generate`] picks each next token.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +25,17 @@ pub struct GenerateOptions {
     /// Divides positive (multiplies negative) logits of tokens already in the context, as in
     /// CTRL and Hugging Face; 1 = off.
     pub repetition_penalty: f32,
+    /// OpenAI's: subtracted from a token's logit once per time it was generated so far
+    /// (-2..=2; 0 = off; the prompt does not count).
+    pub frequency_penalty: f32,
+    /// OpenAI's: subtracted once from the logit of every token generated so far (-2..=2).
+    pub presence_penalty: f32,
+    /// Added to the logits of these tokens before sampling (-100..=100; -100 bans a token in
+    /// practice, 100 forces it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// With each token, report the log-probabilities of this many most likely tokens
+    /// ([`Sampled::top`]; 0 = only the token's own).
+    pub top_logprobs: usize,
     /// Seed of the sampler: same seed, same model, same backend → same text.
     pub seed: u64,
     /// Token sequences that end generation; they are not returned or streamed.
@@ -47,6 +58,10 @@ impl Default for GenerateOptions {
             top_k: Some(200),
             top_p: 1.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            top_logprobs: 0,
             seed: 1337,
             stop: Vec::new(),
             use_cache: true,
@@ -70,8 +85,40 @@ impl GenerateOptions {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(GenerateError::RepetitionPenalty(self.repetition_penalty));
         }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(GenerateError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(GenerateError::PresencePenalty(self.presence_penalty));
+        }
+        if let Some(&(id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(GenerateError::LogitBias { id, bias });
+        }
         if self.stop.iter().any(Vec::is_empty) {
             return Err(GenerateError::EmptyStop);
+        }
+        Ok(())
+    }
+
+    /// [`Self::validate`], and every token id named (prompt, logit bias) inside `vocab_size`.
+    fn check(&self, prompt: &[u32], vocab_size: usize) -> Result<(), GenerateError> {
+        self.validate()?;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        let ids = prompt
+            .iter()
+            .chain(self.logit_bias.iter().map(|(id, _)| id));
+        if let Some(&id) = ids.into_iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id: id.into(),
+                vocab_size,
+            }
+            .into());
         }
         Ok(())
     }
@@ -111,38 +158,29 @@ pub fn generate(
     options: &GenerateOptions,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>, GenerateError> {
-    generate_cancellable(decoder, prompt, options, |id| {
-        on_token(id);
+    generate_cancellable(decoder, prompt, options, |token| {
+        on_token(token.id);
         ControlFlow::Continue(())
     })
 }
 
-/// [`generate`], which `on_token` can stop early by returning [`ControlFlow::Break`] (a
-/// client that went away): the tokens generated so far are returned.
+/// [`generate`], with each token's [`Sampled`] log-probabilities, which `on_token` can stop
+/// early by returning [`ControlFlow::Break`] (a client that went away): the tokens generated
+/// so far are returned.
 pub fn generate_cancellable(
     decoder: &mut (impl Decoder + ?Sized),
     prompt: &[u32],
     options: &GenerateOptions,
-    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    mut on_token: impl FnMut(&Sampled) -> ControlFlow<()>,
 ) -> Result<Vec<u32>, GenerateError> {
-    options.validate()?;
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    let vocab_size = decoder.vocab_size();
-    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab_size) {
-        return Err(ModelError::TokenOutOfRange {
-            id: id.into(),
-            vocab_size,
-        }
-        .into());
-    }
-    let mut rng = StdRng::seed_from_u64(options.seed);
+    options.check(prompt, decoder.vocab_size())?;
+    let mut sampler = Sampler::new(options, decoder.vocab_size());
     let mut tokens = prompt.to_vec();
     // Where the window the cache holds starts in `tokens`.
     let mut window_start = 0;
     decoder.clear();
-    let mut generated: Vec<u32> = Vec::new();
+    let mut generated: Vec<Sampled> = Vec::new();
+    let mut ids: Vec<u32> = Vec::new();
     let mut streamed = 0;
     for _ in 0..options.max_new_tokens {
         let start = window(tokens.len(), window_start, decoder.block_size(), options);
@@ -151,32 +189,64 @@ pub fn generate_cancellable(
             window_start = start;
         }
         let fed = start + decoder.cached();
-        let logits = decoder.feed(&tokens[fed..])?;
-        if !logits.iter().all(|l| l.is_finite()) {
-            return Err(GenerateError::NonFiniteLogits {
-                position: tokens.len() - 1,
-            });
-        }
-        let next = sample(logits, &tokens[start..], options, &mut rng);
-        tokens.push(next);
+        let logits = finite(decoder.feed(&tokens[fed..])?, tokens.len() - 1)?;
+        let next = sampler.next(&logits, &tokens[start..]);
+        tokens.push(next.id);
+        ids.push(next.id);
         generated.push(next);
-        if let Some(stop) = options.stop.iter().find(|s| generated.ends_with(s)) {
-            generated.truncate(generated.len() - stop.len());
+        if let Some(stop) = options.stop.iter().find(|s| ids.ends_with(s)) {
+            ids.truncate(ids.len() - stop.len());
             break;
         }
-        let hold = held_back(&generated[streamed..], &options.stop);
-        let ready = generated.len() - hold;
+        let hold = held_back(&ids[streamed..], &options.stop);
+        let ready = ids.len() - hold;
         let flow = generated[streamed..ready]
             .iter()
-            .try_for_each(|&t| on_token(t));
+            .try_for_each(&mut on_token);
         streamed = ready;
         if flow.is_break() {
-            generated.truncate(streamed);
-            return Ok(generated);
+            ids.truncate(streamed);
+            return Ok(ids);
         }
     }
-    let _ = generated[streamed..].iter().try_for_each(|&t| on_token(t));
-    Ok(generated)
+    let _ = generated[streamed..ids.len()]
+        .iter()
+        .try_for_each(&mut on_token);
+    Ok(ids)
+}
+
+/// What the model thinks of `tokens`: for each token after the first, its log-probability given
+/// the tokens before it (at most `block_size` of them: past that the window slides by one, as
+/// in [`generate`]), with the `top` most likely tokens at that place. `[i]` is about
+/// `tokens[i + 1]`; the sum of the log-probabilities is minus the text's total cross-entropy.
+pub fn score(
+    decoder: &mut (impl Decoder + ?Sized),
+    tokens: &[u32],
+    top: usize,
+) -> Result<Vec<Sampled>, GenerateError> {
+    GenerateOptions::default().check(tokens, decoder.vocab_size())?;
+    decoder.clear();
+    let mut window_start = 0;
+    let mut scored = Vec::with_capacity(tokens.len().saturating_sub(1));
+    for next in 1..tokens.len() {
+        let start = next.saturating_sub(decoder.block_size());
+        if start != window_start {
+            decoder.clear();
+            window_start = start;
+        }
+        let fed = start + decoder.cached();
+        let logits = finite(decoder.feed(&tokens[fed..next])?, next - 1)?;
+        scored.push(Sampled::observe(&logits, tokens[next], top));
+    }
+    Ok(scored)
+}
+
+/// `logits` of the token after `position`, or the error that says the model is damaged.
+fn finite(logits: Vec<f32>, position: usize) -> Result<Vec<f32>, GenerateError> {
+    match logits.iter().all(|l| l.is_finite()) {
+        true => Ok(logits),
+        false => Err(GenerateError::NonFiniteLogits { position }),
+    }
 }
 
 /// Where the context of the next step starts in a sequence of `len` tokens whose cached window
@@ -272,145 +342,12 @@ fn held_back(pending: &[u32], stops: &[Vec<u32>]) -> usize {
         .unwrap_or(0)
 }
 
-/// Picks the next token from `logits` (one per vocabulary entry).
-fn sample(mut logits: Vec<f32>, context: &[u32], o: &GenerateOptions, rng: &mut StdRng) -> u32 {
-    if o.repetition_penalty != 1.0 {
-        let mut seen = vec![false; logits.len()];
-        for &t in context {
-            seen[t as usize] = true;
-        }
-        for (l, _) in logits.iter_mut().zip(seen).filter(|(_, s)| *s) {
-            *l = if *l > 0.0 {
-                *l / o.repetition_penalty
-            } else {
-                *l * o.repetition_penalty
-            };
-        }
-    }
-    if o.temperature == 0.0 {
-        return argmax(&logits);
-    }
-    if let Some(k) = o.top_k.filter(|&k| k < logits.len()) {
-        let mut sorted = logits.clone();
-        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
-        let kth = sorted[k - 1];
-        logits
-            .iter_mut()
-            .filter(|l| **l < kth)
-            .for_each(|l| *l = f32::NEG_INFINITY);
-    }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f64> = logits
-        .iter()
-        .map(|&l| (((l - max) / o.temperature) as f64).exp())
-        .collect();
-    if o.top_p < 1.0 {
-        let total: f64 = probs.iter().sum();
-        let mut order: Vec<usize> = (0..probs.len()).collect();
-        order.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-        let mut cumulative = 0.0;
-        let mut keep = order.len();
-        for (rank, &i) in order.iter().enumerate() {
-            cumulative += probs[i] / total;
-            if cumulative >= o.top_p as f64 {
-                keep = rank + 1;
-                break;
-            }
-        }
-        for &i in &order[keep..] {
-            probs[i] = 0.0;
-        }
-    }
-    let total: f64 = probs.iter().sum();
-    let mut r = rng.random::<f64>() * total;
-    for (i, p) in probs.iter().enumerate() {
-        if r < *p {
-            return i as u32;
-        }
-        r -= p;
-    }
-    argmax(&logits)
-}
-
-fn argmax(values: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in values.iter().enumerate() {
-        if *v > values[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn opts() -> GenerateOptions {
         GenerateOptions::default()
-    }
-
-    #[test]
-    fn greedy_takes_the_first_maximum() {
-        let mut rng = StdRng::seed_from_u64(0);
-        let o = GenerateOptions {
-            temperature: 0.0,
-            ..opts()
-        };
-        assert_eq!(sample(vec![0.1, 3.0, -1.0, 3.0], &[], &o, &mut rng), 1);
-    }
-
-    #[test]
-    fn top_k_one_and_tiny_top_p_are_greedy() {
-        let mut rng = StdRng::seed_from_u64(7);
-        let logits = vec![0.5, 0.2, 0.9, 0.1];
-        for o in [
-            GenerateOptions {
-                top_k: Some(1),
-                temperature: 5.0,
-                ..opts()
-            },
-            GenerateOptions {
-                top_k: None,
-                top_p: 1e-6,
-                temperature: 5.0,
-                ..opts()
-            },
-        ] {
-            for _ in 0..50 {
-                assert_eq!(sample(logits.clone(), &[], &o, &mut rng), 2);
-            }
-        }
-    }
-
-    #[test]
-    fn top_k_never_samples_outside_the_k_best() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let o = GenerateOptions {
-            top_k: Some(2),
-            temperature: 10.0,
-            ..opts()
-        };
-        let mut seen = [0usize; 4];
-        for _ in 0..400 {
-            seen[sample(vec![1.0, 0.0, 1.1, 0.9], &[], &o, &mut rng) as usize] += 1;
-        }
-        assert_eq!((seen[1], seen[3]), (0, 0), "{seen:?}");
-        assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
-    }
-
-    #[test]
-    fn repetition_penalty_steers_away_from_seen_tokens() {
-        let mut rng = StdRng::seed_from_u64(0);
-        let o = GenerateOptions {
-            temperature: 0.0,
-            repetition_penalty: 2.0,
-            ..opts()
-        };
-        // token 0 leads (2.0 vs 1.5) but was already used: 2.0 / 2 = 1.0 < 1.5
-        assert_eq!(sample(vec![2.0, 1.5, 0.0], &[0], &o, &mut rng), 1);
-        // negative logits are multiplied: -0.1 * 2 = -0.2 < -0.15
-        assert_eq!(sample(vec![-0.1, -0.15, -3.0], &[0], &o, &mut rng), 1);
     }
 
     /// A decoder whose logits turn NaN once the context reaches `bad_from` tokens.

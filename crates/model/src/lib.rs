@@ -25,6 +25,7 @@ mod generate;
 mod gpt;
 mod loss;
 mod parameters;
+mod sampler;
 
 pub use block::{Block, Mlp};
 pub use config::{Activation, GptConfig};
@@ -32,7 +33,8 @@ pub use cpu::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable};
+pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable, score};
 pub use gpt::Gpt;
 pub use loss::{IGNORE_INDEX, cross_entropy, cross_entropy_counted, kept_targets};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
+pub use sampler::Sampled;

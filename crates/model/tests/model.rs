@@ -11,7 +11,7 @@ use std::ops::ControlFlow;
 
 use tinygpt_model::{
     Decoder, GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX,
-    LossError, ModelError, cross_entropy, generate, generate_cancellable,
+    LossError, ModelError, cross_entropy, generate, generate_cancellable, score,
 };
 
 /// burn-ndarray is deprecated upstream in favour of flex; tinygpt still supports and tests it.
@@ -624,6 +624,49 @@ fn generation_can_be_cancelled() {
     .unwrap();
     assert_eq!(out, [2, 7, 3, 5, 9]);
     assert_eq!(counting.fed, 2 + 4, "the model ran past the cancellation");
+}
+
+/// `score` gives each token's log-probability given the tokens before it: the log-softmax of a
+/// plain forward over the window that ends before it, also once the window slides past
+/// block_size; inside one window the sum is minus the total cross-entropy.
+#[test]
+fn scoring_equals_the_forward_pass_window_by_window() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let model = patterned_model(&device);
+    let tokens: Vec<u32> = (0..19).map(|i| (i * 7 % 10) as u32).collect();
+    let scored = score(&mut model.decoder(), &tokens, 3).unwrap();
+    assert_eq!(scored.len(), tokens.len() - 1);
+    for next in 1..tokens.len() {
+        let start = next.saturating_sub(16);
+        let window: Vec<i64> = tokens[start..next].iter().map(|&t| t.into()).collect();
+        let logits = model
+            .forward(ints(&window, [1, window.len()], &device))
+            .unwrap();
+        let row = values(log_softmax(logits, 2).slice([0..1, next - start - 1..next - start]));
+        let got = &scored[next - 1];
+        assert_eq!(got.id, tokens[next]);
+        assert!(
+            (got.logprob - row[tokens[next] as usize]).abs() < 1e-4,
+            "token {next}: {} vs {}",
+            got.logprob,
+            row[tokens[next] as usize]
+        );
+        let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert!((got.top[0].1 - best).abs() < 1e-4 && got.top.len() == 3);
+    }
+    let first: Vec<i64> = tokens[..16].iter().map(|&t| t.into()).collect();
+    let logits = model.forward(ints(&first[..15], [1, 15], &device)).unwrap();
+    let targets = Tensor::<1, Int>::from_data(TensorData::new(first[1..].to_vec(), [15]), &device);
+    let loss = cross_entropy(logits.reshape([15, 12]), targets)
+        .unwrap()
+        .into_scalar::<f32>();
+    let total: f32 = scored[..15].iter().map(|s| s.logprob).sum();
+    assert!(
+        (total + 15.0 * loss).abs() < 1e-3,
+        "{total} vs {}",
+        -15.0 * loss
+    );
 }
 
 #[test]

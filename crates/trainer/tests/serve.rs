@@ -141,8 +141,33 @@ fn bad_requests_get_openai_errors() {
     let long = "Of Man's first disobedience";
     let invalid = [
         (
-            json!({"prompt": "Of", "logit_bias": {}}),
-            "unknown field `logit_bias`",
+            json!({"prompt": "Of", "frobnicate": 1}),
+            "unknown field `frobnicate`",
+        ),
+        (
+            json!({"prompt": "Of", "suffix": "end"}),
+            "`suffix` is not supported",
+        ),
+        (
+            json!({"prompt": "Of", "n": 2, "best_of": 3}),
+            "`best_of` must equal `n`",
+        ),
+        (json!({"prompt": "Of", "logprobs": 6}), "between 0 and 5"),
+        (
+            json!({"prompt": "Of", "frequency_penalty": 2.5}),
+            "`frequency_penalty` must be between -2 and 2",
+        ),
+        (
+            json!({"prompt": "Of", "presence_penalty": -3}),
+            "`presence_penalty` must be between -2 and 2",
+        ),
+        (
+            json!({"prompt": "Of", "logit_bias": {"99999": 5}}),
+            "`logit_bias` keys are token ids",
+        ),
+        (
+            json!({"prompt": "Of", "logit_bias": {"1": 101}}),
+            "between -100 and 100",
         ),
         (
             json!({"prompt": "Of", "temperature": "hot"}),
@@ -168,8 +193,12 @@ fn bad_requests_get_openai_errors() {
         ),
         (json!({"prompt": ""}), "the prompt is empty"),
         (json!({"prompt": [1, 99999]}), "token id 99999 is outside"),
-        (json!({"prompt": ["a", "b"]}), "only one prompt"),
-        (json!({"prompt": "Of", "n": 2}), "only `n: 1`"),
+        (json!({"prompt": [[1], []]}), "the prompt is empty"),
+        (json!({"prompt": "Of", "n": 17}), "between 1 and 16"),
+        (
+            json!({"prompt": ["a", "b", "c", "d", "e"], "n": 4}),
+            "at most 16 choices",
+        ),
         (json!({"prompt": "Of", "top_p": 0}), "top_p"),
         (
             json!({"prompt": "Of", "stop": ""}),
@@ -180,9 +209,49 @@ fn bad_requests_get_openai_errors() {
             "only allowed with `stream: true`",
         ),
     ];
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Of"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let invalid_chat = [
+        (
+            chat(json!({"tools": [{"type": "function"}]})),
+            "`tools` is not supported",
+        ),
+        (
+            chat(json!({"response_format": {"type": "json_object"}})),
+            "`response_format`",
+        ),
+        (chat(json!({"messages": []})), "`messages` is empty"),
+        (
+            chat(json!({"messages": [{"role": "wizard", "content": "Of"}]})),
+            "unknown role \"wizard\"",
+        ),
+        (
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            "only text",
+        ),
+        (chat(json!({"top_logprobs": 2})), "needs `logprobs: true`"),
+        (
+            chat(json!({"max_completion_tokens": 0})),
+            "`max_completion_tokens` must be",
+        ),
+        (
+            chat(json!({"frobnicate": true})),
+            "unknown field `frobnicate`",
+        ),
+    ];
     let mut cases: Vec<(&str, String, u16, &str)> = invalid
         .iter()
         .map(|(body, message)| ("/v1/completions", body.to_string(), 400, *message))
+        .chain(
+            invalid_chat
+                .iter()
+                .map(|(body, message)| ("/v1/chat/completions", body.to_string(), 400, *message)),
+        )
         .collect();
     cases.extend([
         (
@@ -209,6 +278,18 @@ fn bad_requests_get_openai_errors() {
             json!({"prompt": long}).to_string(),
             400,
             "send `truncate: true`",
+        ),
+        (
+            "/v1/detokenize",
+            json!({"tokens": [1, 99999]}).to_string(),
+            400,
+            "token id 99999 is outside",
+        ),
+        (
+            "/v1/tokenize",
+            json!({"content": "\u{1F600}"}).to_string(),
+            400,
+            "never occurs in the training corpus",
         ),
         ("/v1/nothing", "{}".into(), 404, "no such route"),
     ]);

@@ -40,6 +40,15 @@ pub struct Args {
     /// Penalise tokens already in the context (1 = off).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// Lower a token's logit by this much per time it was generated so far (-2..2; OpenAI's).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Lower the logit of every token generated so far by this much (-2..2; OpenAI's).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Add BIAS (-100..100) to token ID's logit: -100 bans it, 100 forces it (repeatable).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Stop when this text is generated (repeatable; not printed).
     #[arg(long, value_name = "STR")]
     stop: Vec<String>,
@@ -70,12 +79,26 @@ impl Args {
             top_k: (self.top_k > 0).then_some(self.top_k),
             top_p: self.top_p,
             repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone(),
+            top_logprobs: 0,
             seed: self.seed,
             stop,
             use_cache: !self.no_cache,
             context_shift: self.context_shift,
         })
     }
+}
+
+/// `ID=BIAS`, e.g. `10=-100`.
+fn parse_bias(text: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("{text:?} is not ID=BIAS (a token id and a number, e.g. 10=-100)");
+    let (id, bias) = text.split_once('=').ok_or_else(bad)?;
+    Ok((
+        id.trim().parse().map_err(|_| bad())?,
+        bias.trim().parse().map_err(|_| bad())?,
+    ))
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {

@@ -7,14 +7,15 @@ use std::process::ExitCode;
 use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::run::checkpoint::Which;
-use tinygpt::serve::{Model, ServeOptions, serve};
+use tinygpt::serve::{ChatTemplate, Model, ServeOptions, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
 ///
-/// Routes: POST /v1/completions (OpenAI's request and response, `stream: true` for
-/// server-sent events; `top_k`, `repetition_penalty` and `context_shift` as extensions),
-/// GET /v1/models, POST /v1/attention (the attention weights of a prompt), GET /health, and
-/// the playground at /. Ctrl-C finishes the requests in flight, then stops.
+/// Routes: POST /v1/completions and /v1/chat/completions (OpenAI's requests and responses,
+/// `stream: true` for server-sent events, `logprobs`, `echo`, penalties, `logit_bias`, `n`;
+/// `top_k`, `repetition_penalty` and `context_shift` as extensions), POST /v1/tokenize and
+/// /v1/detokenize, GET /v1/models, POST /v1/attention (the attention weights of a prompt), GET
+/// /health, and the playground at /. Ctrl-C finishes the requests in flight, then stops.
 #[derive(clap::Args)]
 #[command(
     after_help = "Example:\n  tinygpt serve --checkpoint runs/default\n  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"prompt\": \"Of Man'\\''s first\", \"max_tokens\": 100, \"temperature\": 0.8}'"
@@ -53,6 +54,11 @@ pub struct Args {
     /// half block instead of nanoGPT's exact sliding window (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
+    /// How /v1/chat/completions writes a conversation for the model: a TOML file with
+    /// `message` ("{role}: {content}\n"), `assistant` ("assistant: ") and `stop`
+    /// (["\nuser:"]); absent keys keep these defaults.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
@@ -75,6 +81,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_prompt_tokens: args.max_prompt_tokens,
         max_body_bytes: args.max_body_bytes,
         context_shift: args.context_shift,
+        chat_template: match &args.chat_template {
+            Some(path) => ChatTemplate::load(path)?,
+            None => ChatTemplate::default(),
+        },
     };
     // Flag mistakes first: loading a large model takes a while.
     options.validate()?;

@@ -346,6 +346,13 @@ impl<'a> TextStream<'a> {
         self.pending.clear();
         Some(text)
     }
+
+    /// What is left at the end: the text of tokens that never completed a character (with
+    /// U+FFFD for the missing bytes), if any.
+    pub fn finish(&mut self) -> Option<String> {
+        let pending = std::mem::take(&mut self.pending);
+        (!pending.is_empty()).then(|| self.tokenizer.decode(&pending).unwrap_or_default())
+    }
 }
 
 #[cfg(test)]

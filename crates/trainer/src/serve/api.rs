@@ -1,73 +1,9 @@
-//! The wire format: OpenAI's completions request and response shapes (plus tinygpt's
-//! extensions), the attention request, and errors in OpenAI's JSON error shape.
+//! The wire format's shared pieces: stop sequences, stream options, usage, the attention
+//! request, and errors in OpenAI's JSON error shape.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-
-/// `POST /v1/completions`. Unknown fields are rejected (400) rather than ignored, so a client
-/// never believes a setting took effect when tinygpt does not have it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    /// Accepted and ignored: the server serves one model (llama.cpp's convention).
-    #[serde(default, rename = "model")]
-    pub _model: Option<String>,
-    pub prompt: Prompt,
-    /// Tokens to generate at most (OpenAI's default: 16).
-    #[serde(default = "default_max_tokens")]
-    pub max_tokens: usize,
-    /// OpenAI's default: 1.
-    #[serde(default = "one")]
-    pub temperature: f32,
-    #[serde(default = "one")]
-    pub top_p: f32,
-    #[serde(default)]
-    pub stop: Option<Stop>,
-    /// Absent: a random seed, as OpenAI does.
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Only 1 is supported.
-    #[serde(default)]
-    pub n: Option<usize>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    /// Accepted and ignored.
-    #[serde(default, rename = "user")]
-    pub _user: Option<String>,
-    /// tinygpt: sample among the k most likely tokens only.
-    #[serde(default)]
-    pub top_k: Option<usize>,
-    /// tinygpt: penalise tokens already in the context (1 = off).
-    #[serde(default = "one")]
-    pub repetition_penalty: f32,
-    /// tinygpt: past block_size, refill the cache from the last half block (faster, not
-    /// nanoGPT's exact rule). Absent: the server's `--context-shift` setting.
-    #[serde(default)]
-    pub context_shift: Option<bool>,
-}
-
-fn default_max_tokens() -> usize {
-    16
-}
-
-fn one() -> f32 {
-    1.0
-}
-
-/// A prompt: text, a list holding one text, or token ids.
-#[derive(Debug, Deserialize)]
-#[serde(
-    untagged,
-    expecting = "`prompt` must be a string, an array of one string, or an array of token ids"
-)]
-pub enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-}
 
 /// One stop sequence or several.
 #[derive(Debug, Deserialize)]
@@ -128,25 +64,6 @@ pub struct AttentionResponse {
     pub layers: Vec<usize>,
     pub heads: Vec<usize>,
     pub attention: Vec<Vec<Vec<Vec<f32>>>>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Completion<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: Vec<Choice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Choice {
-    pub text: String,
-    pub index: usize,
-    pub logprobs: Option<()>,
-    pub finish_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]

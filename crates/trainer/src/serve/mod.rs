@@ -1,18 +1,27 @@
-//! `tinygpt serve`: an OpenAI-compatible completions API and a browser playground over one
-//! trained run.
+//! `tinygpt serve`: an OpenAI-compatible API (completions, chat, tokenize) and a browser
+//! playground over one trained run.
 //!
-//! Requests arrive on tokio's threads (axum: [`routes`], [`completions`], [`attention`]); the model runs only on a fixed pool
-//! of worker threads ([`pool`]), each with its own KV cache, fed from a bounded queue: when the
-//! queue is full a request gets 429 at once instead of waiting without bound. A client that
+//! Requests arrive on tokio's threads (axum: [`routes`], [`completions`], [`chat`],
+//! [`tokenize`], [`attention`]); requests are checked field by field ([`fields`]). The model
+//! runs only on a fixed pool of worker threads ([`pool`], [`generation`]), each with its own KV
+//! cache, fed from a bounded queue: when the queue is full a request gets 429 at once instead
+//! of waiting without bound. Answers go back whole or streamed ([`reply`]). A client that
 //! disconnects drops its event channel, and its generation stops at the next token.
 
 mod api;
 mod attention;
+mod chat;
 mod completions;
+mod fields;
+mod generation;
 mod playground;
 mod pool;
+mod reply;
 mod routes;
 mod state;
+mod stats;
+mod template;
+mod tokenize;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +29,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 
 pub use pool::{Model, Stats};
+pub use template::ChatTemplate;
 
 /// How the server listens and what it allows.
 #[derive(Debug, Clone)]
@@ -41,6 +51,8 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// The context shift for requests that do not say (see [`tinygpt_model::GenerateOptions`]).
     pub context_shift: bool,
+    /// How `/v1/chat/completions` writes a conversation as a prompt.
+    pub chat_template: ChatTemplate,
 }
 
 impl ServeOptions {
@@ -84,6 +96,12 @@ pub fn serve(
         .enable_io()
         .build()
         .context("cannot start the server's runtime")?;
+    if let Err(e) = model.tokenizer.encode(&options.chat_template.render(&[])) {
+        eprintln!(
+            "note: this model's tokenizer cannot write the chat template ({e:#}); \
+             /v1/chat/completions will refuse requests (see --chat-template)"
+        );
+    }
     let model = Arc::new(model);
     let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
     let state = Arc::new(state::State::new(name, &model, pool, options.clone()));

@@ -2,21 +2,20 @@
 //! own KV cache), fed from a bounded queue. The async request handlers never run the model:
 //! they hand a [`Job`] over and await its events.
 
-use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use anyhow::Result;
-use serde::Serialize;
-use tinygpt_model::{Decoder, GenerateOptions, Gpt, generate_cancellable};
+use tinygpt_model::Gpt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::generation::{self, Event, Generation};
+pub use super::stats::Stats;
 use crate::backend::Placement;
-use crate::data::tokenizer::{TextStream, Tokenizer};
+use crate::data::tokenizer::Tokenizer;
 use crate::inspect::AttentionMaps;
 use crate::sample::decoder;
 
@@ -30,46 +29,17 @@ pub struct Model {
 /// Work for a generation thread.
 pub enum Job {
     Complete {
-        prompt: Vec<u32>,
-        options: GenerateOptions,
-        /// Text as it is generated, then [`Event::Finished`]. Bounded: a client that reads
-        /// slowly holds its generation back instead of piling text up in memory. Dropping the
-        /// receiver (a client that went away) cancels the generation at its next token.
+        generation: Generation,
+        /// Text as it is generated, then [`Event::Finished`] per choice; closed when the job
+        /// ends. Bounded: a client that reads slowly holds its generation back instead of
+        /// piling text up in memory. Dropping the receiver (a client that went away) cancels
+        /// the generation at its next token.
         events: mpsc::Sender<Event>,
     },
     Attention {
         ids: Vec<u32>,
         reply: oneshot::Sender<Result<AttentionMaps>>,
     },
-}
-
-/// What a completion job reports.
-#[derive(Debug)]
-pub enum Event {
-    Text(String),
-    Finished {
-        completion_tokens: usize,
-        /// OpenAI's `finish_reason`: "stop" (a stop sequence) or "length" (`max_tokens`).
-        reason: &'static str,
-    },
-    Failed(String),
-}
-
-/// Counters, read by `/health` (and by the tests: a cancelled generation shows here).
-#[derive(Debug, Default, Serialize)]
-pub struct Stats {
-    /// Generations running now.
-    pub active: AtomicU64,
-    /// Jobs waiting for a worker.
-    pub queued: AtomicU64,
-    pub completed: AtomicU64,
-    /// Generations stopped because their client went away.
-    pub cancelled: AtomicU64,
-    /// Requests refused with 429 because the queue was full.
-    pub rejected: AtomicU64,
-    pub failed: AtomicU64,
-    /// Tokens generated, all requests together.
-    pub tokens: AtomicU64,
 }
 
 /// Why a job was not taken.
@@ -163,18 +133,9 @@ fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats) {
         stats.queued.fetch_sub(1, Ordering::SeqCst);
         stats.active.fetch_add(1, Ordering::SeqCst);
         match job {
-            Job::Complete {
-                prompt,
-                options,
-                events,
-            } => complete(
-                &mut *decoder,
-                &model.tokenizer,
-                &prompt,
-                &options,
-                &events,
-                stats,
-            ),
+            Job::Complete { generation, events } => {
+                generation::run(&mut *decoder, &model.tokenizer, &generation, &events, stats)
+            }
             Job::Attention { ids, reply } => {
                 let maps = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     AttentionMaps::of_tokens(
@@ -189,73 +150,5 @@ fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats) {
             }
         }
         stats.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Generates for one request, sending text as it comes; stops early when the client is gone.
-fn complete(
-    decoder: &mut dyn Decoder,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
-    options: &GenerateOptions,
-    events: &mpsc::Sender<Event>,
-    stats: &Stats,
-) {
-    let started = Instant::now();
-    if events.is_closed() {
-        stats.cancelled.fetch_add(1, Ordering::SeqCst);
-        eprintln!("serve: cancelled before it started (the client went away while queued)");
-        return;
-    }
-    let mut text = TextStream::new(tokenizer);
-    let mut gone = false;
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        generate_cancellable(decoder, prompt, options, |id| {
-            stats.tokens.fetch_add(1, Ordering::Relaxed);
-            let sent = match text.push(id) {
-                Some(piece) => events.blocking_send(Event::Text(piece)).is_ok(),
-                None => !events.is_closed(),
-            };
-            gone = !sent;
-            match sent {
-                true => ControlFlow::Continue(()),
-                false => ControlFlow::Break(()),
-            }
-        })
-    }));
-    let seconds = started.elapsed().as_secs_f64();
-    match result {
-        Ok(Ok(tokens)) if gone => {
-            stats.cancelled.fetch_add(1, Ordering::SeqCst);
-            eprintln!(
-                "serve: cancelled after {} tokens in {seconds:.2} s (the client went away)",
-                tokens.len()
-            );
-        }
-        Ok(Ok(tokens)) => {
-            let reason = match tokens.len() < options.max_new_tokens {
-                true => "stop",
-                false => "length",
-            };
-            stats.completed.fetch_add(1, Ordering::SeqCst);
-            eprintln!(
-                "serve: {} prompt + {} tokens in {seconds:.2} s ({reason})",
-                prompt.len(),
-                tokens.len()
-            );
-            let _ = events.blocking_send(Event::Finished {
-                completion_tokens: tokens.len(),
-                reason,
-            });
-        }
-        Ok(Err(e)) => {
-            stats.failed.fetch_add(1, Ordering::SeqCst);
-            let _ = events.blocking_send(Event::Failed(e.to_string()));
-        }
-        Err(_) => {
-            stats.failed.fetch_add(1, Ordering::SeqCst);
-            eprintln!("serve: internal error during generation (a bug in tinygpt)");
-            let _ = events.blocking_send(Event::Failed("internal error during generation".into()));
-        }
     }
 }

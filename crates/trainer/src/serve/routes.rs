@@ -10,11 +10,16 @@ use axum::routing::{get, post};
 
 use super::api::{ApiError, json};
 use super::state::Shared;
-use super::{attention, completions, playground};
+use super::{attention, chat, completions, playground, tokenize};
 
 pub fn router(state: Shared) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/tokenize", post(tokenize::tokenize))
+        .route("/v1/detokenize", post(tokenize::detokenize))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/models", get(models))
         .route("/v1/attention", post(attention::attention))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
@@ -35,7 +40,7 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// With `--api-key`, every `/v1` request must carry `Authorization: Bearer KEY`.
+/// With `--api-key`, every API request must carry `Authorization: Bearer KEY`.
 async fn authorize(
     Extract(state): Extract<Shared>,
     request: Request,
@@ -59,7 +64,10 @@ async fn authorize(
     Ok(next.run(request).await)
 }
 
+/// The one model, with what a client needs to count tokens and size prompts in `meta`
+/// (llama.cpp's place for it).
 async fn models(Extract(state): Extract<Shared>) -> Response {
+    let config = &state.model.gpt.config;
     json(
         StatusCode::OK,
         &serde_json::json!({
@@ -69,6 +77,15 @@ async fn models(Extract(state): Extract<Shared>) -> Response {
                 "object": "model",
                 "created": state.created,
                 "owned_by": "tinygpt",
+                "meta": {
+                    "tokenizer": state.tokenizer().kind(),
+                    "vocab_size": state.tokenizer().vocab_size(),
+                    "n_ctx_train": config.block_size,
+                    "block_size": config.block_size,
+                    "max_prompt_tokens": state.max_prompt_tokens(),
+                    "max_tokens": state.options.max_tokens,
+                    "n_params": config.num_params(),
+                },
             }],
         }),
     )

@@ -51,9 +51,36 @@ impl State {
             .unwrap_or_else(|| self.block_size())
     }
 
-    pub(super) fn completion_id(&self) -> String {
+    /// A response id, unique in this server's life: `prefix-STARTED-N`.
+    pub(super) fn completion_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        format!("cmpl-{:x}-{n}", self.created)
+        format!("{prefix}-{:x}-{n}", self.created)
+    }
+
+    /// A prompt's ids inside the vocabulary, not empty, and within `--max-prompt-tokens`; the
+    /// error names `param`.
+    pub(super) fn check_prompt(&self, ids: &[u32], param: &'static str) -> Result<(), ApiError> {
+        let vocab = self.tokenizer().vocab_size();
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ApiError::invalid(
+                param,
+                format!("token id {id} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        if ids.is_empty() {
+            return Err(ApiError::invalid(param, "the prompt is empty"));
+        }
+        let limit = self.max_prompt_tokens();
+        if ids.len() > limit {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "the prompt is {} tokens; this server takes at most {limit}",
+                    ids.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

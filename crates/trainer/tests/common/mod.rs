@@ -150,3 +150,38 @@ pub fn metrics(run: &Path) -> Vec<(usize, f64, f64)> {
         })
         .collect()
 }
+
+/// The log-softmax rows `tinygpt logits` prints for `ids`.
+pub fn log_softmax_rows(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let out = ok(tinygpt(
+        dir,
+        &[
+            "logits",
+            "--checkpoint",
+            "run",
+            "--tokens",
+            &list.join(","),
+            "--backend",
+            "fused",
+        ],
+    ));
+    let value: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows: Vec<Vec<f64>> = serde_json::from_value(value["logits"].clone()).unwrap();
+    rows.into_iter()
+        .map(|row| {
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let log_z = max + row.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+            row.iter().map(|l| l - log_z).collect()
+        })
+        .collect()
+}
+
+/// The mean loss `tinygpt eval` printed.
+pub fn eval_loss(eval: &str) -> f64 {
+    eval.split("| loss ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in {eval}"))
+}

@@ -164,9 +164,15 @@ impl Server {
 
     /// A streamed completion through the HTTP client: the text of its chunks, and its events.
     pub fn stream(&self, request: &Value) -> (String, Vec<Value>) {
+        self.stream_at("/v1/completions", request)
+    }
+
+    /// A streamed request to `path`: its text (completions' `text` or chat's `delta.content`)
+    /// and its chunks.
+    pub fn stream_at(&self, path: &str, request: &Value) -> (String, Vec<Value>) {
         let mut response = self
             .agent
-            .post(format!("{}/v1/completions", self.url))
+            .post(format!("{}{path}", self.url))
             .header("Content-Type", "application/json")
             .send(request.to_string())
             .expect("the server answers");
@@ -199,7 +205,12 @@ pub fn parse_events(body: &str) -> (String, Vec<Value>) {
     let text = events
         .iter()
         .flat_map(|e| e["choices"].as_array().unwrap())
-        .map(|c| c["text"].as_str().unwrap())
+        .map(|c| {
+            c["text"]
+                .as_str()
+                .or(c["delta"]["content"].as_str())
+                .unwrap_or("")
+        })
         .collect();
     (text, events)
 }

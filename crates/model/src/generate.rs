@@ -180,7 +180,6 @@ pub fn generate_cancellable(
     let mut window_start = 0;
     decoder.clear();
     let mut generated: Vec<Sampled> = Vec::new();
-    let mut ids: Vec<u32> = Vec::new();
     let mut streamed = 0;
     for _ in 0..options.max_new_tokens {
         let start = window(tokens.len(), window_start, decoder.block_size(), options);
@@ -192,27 +191,24 @@ pub fn generate_cancellable(
         let logits = finite(decoder.feed(&tokens[fed..])?, tokens.len() - 1)?;
         let next = sampler.next(&logits, &tokens[start..]);
         tokens.push(next.id);
-        ids.push(next.id);
         generated.push(next);
-        if let Some(stop) = options.stop.iter().find(|s| ids.ends_with(s)) {
-            ids.truncate(ids.len() - stop.len());
+        let new = &tokens[prompt.len()..];
+        if let Some(stop) = options.stop.iter().find(|s| new.ends_with(s)) {
+            generated.truncate(generated.len() - stop.len());
             break;
         }
-        let hold = held_back(&ids[streamed..], &options.stop);
-        let ready = ids.len() - hold;
+        let ready = new.len() - held_back(&new[streamed..], &options.stop);
         let flow = generated[streamed..ready]
             .iter()
             .try_for_each(&mut on_token);
         streamed = ready;
         if flow.is_break() {
-            ids.truncate(streamed);
-            return Ok(ids);
+            generated.truncate(streamed);
+            return Ok(generated.iter().map(|t| t.id).collect());
         }
     }
-    let _ = generated[streamed..ids.len()]
-        .iter()
-        .try_for_each(&mut on_token);
-    Ok(ids)
+    let _ = generated[streamed..].iter().try_for_each(&mut on_token);
+    Ok(generated.iter().map(|t| t.id).collect())
 }
 
 /// What the model thinks of `tokens`: for each token after the first, its log-probability given

@@ -295,6 +295,32 @@ fn cuda_where_it_cannot_run_is_one_line_for_every_command() {
     );
 }
 
+/// `--max-time` ends a run as asked: it saves, says so, and exits 0 (Ctrl-C exits 130).
+#[test]
+fn max_time_saves_and_exits_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let corpus = corpus();
+    let mut args = vec![
+        "train",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--out",
+        "run",
+        "--backend",
+        "flex",
+        "--max-time",
+        "2s",
+    ];
+    args.extend(TINY);
+    args.extend(["--max-iters", "100000000"]);
+    let out = tinygpt(dir, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(said.contains("time limit reached at step"), "{said}");
+    assert!(dir.join("run/last").is_dir());
+}
+
 #[test]
 fn ctrl_c_saves_and_resume_continues() {
     let tmp = tempfile::tempdir().unwrap();

@@ -342,6 +342,18 @@ fn api_key_is_checked_and_required_off_loopback() {
         assert_eq!(server.post("/v1/attention", &body, key).0, 401);
     }
     assert_eq!(server.post("/v1/completions", &body, Some("sesame")).0, 200);
+    // The scheme's case does not matter (RFC 9110); the key's does, and other schemes fail.
+    for (authorization, status) in [
+        ("bearer sesame", 200),
+        ("BEARER  sesame ", 200),
+        ("Bearer Sesame", 401),
+        ("Bearer sesam", 401),
+        ("Basic sesame", 401),
+        ("sesame", 401),
+    ] {
+        let got = server.post_authorized("/v1/completions", &body, Some(authorization));
+        assert_eq!(got.0, status, "{authorization:?}: {}", got.2);
+    }
     assert_eq!(server.get("/v1/models", Some("sesame")).0, 200);
     // The playground and the health check need no key.
     assert_eq!(server.get("/", None).0, 200);
@@ -401,12 +413,13 @@ fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
     let mut queued = open_stream(&server, 10_000_000);
     server.wait_for("one queued", |h| h["stats"]["queued"] == 1);
 
-    let (status, text) = server.post(
+    let (status, retry_after, text) = server.post_authorized(
         "/v1/completions",
         &json!({"prompt": "Of", "max_tokens": 5}).to_string(),
         None,
     );
     assert_eq!(status, 429, "{text}");
+    assert_eq!(retry_after.as_deref(), Some("1"), "429 says when to retry");
     let error: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(error["error"]["type"], "rate_limit_error");
     assert_eq!(error["error"]["code"], "queue_full");
@@ -567,4 +580,107 @@ fn attention_route_gives_causal_rows() {
         .map(|t| t.as_str().unwrap())
         .collect();
     assert_eq!(tokens, &long[11..]);
+}
+
+/// More connections than the server may open files: accepting fails for a while, and the
+/// server backs off and goes on (it used to panic: its runtime had no timers for the back-off).
+/// Once the clients let go, it serves again and stops cleanly.
+#[test]
+fn running_out_of_file_descriptors_does_not_stop_the_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let mut server = Server::start_limited(dir, "run", &["--backend", "fused"], Some(64));
+    let idle: Vec<TcpStream> = (0..100)
+        .filter_map(|_| TcpStream::connect(server.host()).ok())
+        .collect();
+    assert!(idle.len() > 64, "only {} connections", idle.len());
+    server.wait_for_log("serve: cannot accept a connection");
+    drop(idle);
+    server.wait_for("serving again", |h| h["status"] == "ok");
+    let (status, _) =
+        server.post_json("/v1/completions", &json!({"prompt": "Of", "max_tokens": 3}));
+    assert_eq!(status, 200);
+    server.interrupt();
+    assert!(server.wait().success(), "{}", server.log.lock().unwrap());
+}
+
+/// A `Content-Length` beyond `--max-body-bytes` is answered 413 at once, without waiting for a
+/// body that may never come.
+#[test]
+fn an_oversized_declared_body_is_refused_before_it_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(dir, "run", &["--backend", "fused"]);
+    let mut socket = TcpStream::connect(server.host()).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 10000000000\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = [0u8; 512];
+    let n = socket.read(&mut answer).expect("an answer before any body");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
+
+/// A client that never finishes its request cannot hold shutdown: at `--shutdown-timeout`,
+/// or at a second Ctrl-C, the server closes what is left and exits 0.
+#[test]
+fn a_stalled_client_cannot_hold_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let stall = |server: &Server| {
+        let mut socket = TcpStream::connect(server.host()).unwrap();
+        write!(
+            socket,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-"
+        )
+        .unwrap();
+        socket
+    };
+    let mut server = Server::start(
+        dir,
+        "run",
+        &["--backend", "fused", "--shutdown-timeout", "2s"],
+    );
+    let _held = stall(&server);
+    server.wait_for("the connection is open", |h| h["status"] == "ok");
+    server.interrupt();
+    let (status, took) = server
+        .wait_within(std::time::Duration::from_secs(20))
+        .expect("the server stopped at its --shutdown-timeout");
+    assert!(status.success(), "{}", server.log.lock().unwrap());
+    assert!(
+        took.as_secs_f64() >= 1.5,
+        "it waited {took:?}, not the 2 s it was given"
+    );
+    assert!(
+        server
+            .log
+            .lock()
+            .unwrap()
+            .contains("--shutdown-timeout reached")
+    );
+
+    let mut server = Server::start(
+        dir,
+        "run",
+        &["--backend", "fused", "--shutdown-timeout", "10m"],
+    );
+    let _held = stall(&server);
+    server.wait_for("the connection is open", |h| h["status"] == "ok");
+    server.interrupt();
+    server.wait_for_log("serve: stopping");
+    server.interrupt();
+    let (status, _) = server
+        .wait_within(std::time::Duration::from_secs(20))
+        .expect("a second Ctrl-C stops the server at once");
+    assert!(status.success(), "{}", server.log.lock().unwrap());
 }

@@ -3,6 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 use tinygpt::backend::Backend;
@@ -15,7 +16,8 @@ use tinygpt::serve::{ChatTemplate, Model, ServeOptions, serve};
 /// `stream: true` for server-sent events, `logprobs`, `echo`, penalties, `logit_bias`, `n`;
 /// `top_k`, `repetition_penalty` and `context_shift` as extensions), POST /v1/tokenize and
 /// /v1/detokenize, GET /v1/models, POST /v1/attention (the attention weights of a prompt), GET
-/// /health, and the playground at /. Ctrl-C finishes the requests in flight, then stops.
+/// /health, and the playground at /. Ctrl-C finishes the requests in flight (up to
+/// --shutdown-timeout), then stops.
 #[derive(clap::Args)]
 #[command(
     after_help = "Example:\n  tinygpt serve --checkpoint runs/default\n  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"prompt\": \"Of Man'\\''s first\", \"max_tokens\": 100, \"temperature\": 0.8}'"
@@ -59,6 +61,10 @@ pub struct Args {
     /// (["\nuser:"]); absent keys keep these defaults.
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// After Ctrl-C or SIGTERM, how long the requests in flight may take (e.g. 30s, 2m) before
+    /// their connections are closed; a second Ctrl-C closes them at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    shutdown_timeout: Duration,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
@@ -81,6 +87,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_prompt_tokens: args.max_prompt_tokens,
         max_body_bytes: args.max_body_bytes,
         context_shift: args.context_shift,
+        shutdown_timeout: args.shutdown_timeout,
         chat_template: match &args.chat_template {
             Some(path) => ChatTemplate::load(path)?,
             None => ChatTemplate::default(),

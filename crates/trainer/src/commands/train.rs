@@ -41,7 +41,8 @@ pub struct Args {
     /// Train to this many steps (overrides train.max_iters).
     #[arg(long, value_name = "N")]
     max_iters: Option<usize>,
-    /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h.
+    /// Stop (saving a checkpoint) after this long, e.g. 90s, 10m, 1h; the exit status is then
+    /// 0, as for a finished run (Ctrl-C exits 130).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     max_time: Option<Duration>,
     /// Seed of the initial weights, batches and dropout (overrides train.seed).

@@ -14,6 +14,7 @@ mod chat;
 mod completions;
 mod fields;
 mod generation;
+mod listener;
 mod playground;
 mod pool;
 mod reply;
@@ -23,8 +24,12 @@ mod stats;
 mod template;
 mod tokenize;
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::Either;
 
 use anyhow::{Context, Result, bail};
 
@@ -53,6 +58,9 @@ pub struct ServeOptions {
     pub context_shift: bool,
     /// How `/v1/chat/completions` writes a conversation as a prompt.
     pub chat_template: ChatTemplate,
+    /// After Ctrl-C or SIGTERM, how long requests in flight may take before their connections
+    /// are closed.
+    pub shutdown_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -93,7 +101,9 @@ pub fn serve(
     options.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .enable_io()
+        // Timers too: hyper's and axum's (the back-off after a failed accept, when descriptors
+        // run out) need them, and without them that back-off panics.
+        .enable_all()
         .build()
         .context("cannot start the server's runtime")?;
     if let Err(e) = model.tokenizer.encode(&options.chat_template.render(&[])) {
@@ -110,13 +120,50 @@ pub fn serve(
             .await
             .with_context(|| format!("cannot listen on {}", options.addr))?;
         on_listening(listener.local_addr()?);
-        axum::serve(listener, routes::router(state.clone()))
-            .with_graceful_shutdown(stop_signal())
-            .await
-            .context("the server stopped")
+        let router = routes::router(state.clone());
+        serve_until_stopped(
+            listener::Listener::new(listener),
+            router,
+            options.shutdown_timeout,
+        )
+        .await
     });
     state.pool.shut_down();
     result
+}
+
+/// Serves until the first Ctrl-C or SIGTERM, then lets the requests in flight finish; at
+/// `timeout`, or at a second signal, drops the connections still open (their generations stop
+/// at their next token).
+async fn serve_until_stopped(
+    listener: listener::Listener,
+    router: axum::Router,
+    timeout: Duration,
+) -> Result<()> {
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let mut graceful = stopped.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        let _ = graceful.wait_for(|&stop| stop).await;
+    });
+    let signals = async move {
+        stop_signal().await;
+        eprintln!(
+            "serve: stopping: finishing the requests in flight (for at most {}; Ctrl-C again to \
+             stop now)",
+            humantime::format_duration(timeout)
+        );
+        let _ = stopping.send(true);
+        let deadline = Box::pin(tokio::time::sleep(timeout));
+        match futures_util::future::select(deadline, Box::pin(stop_signal())).await {
+            Either::Left(_) => eprintln!("serve: --shutdown-timeout reached: closing the rest"),
+            Either::Right(_) => eprintln!("serve: a second signal: closing the rest"),
+        }
+        drop(stopped);
+    };
+    match futures_util::future::select(Box::pin(server.into_future()), Box::pin(signals)).await {
+        Either::Left((result, _)) => result.context("the server stopped"),
+        Either::Right(((), _)) => Ok(()),
+    }
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -136,5 +183,4 @@ async fn stop_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     futures_util::future::select(Box::pin(ctrl_c), Box::pin(term)).await;
-    eprintln!("serve: stopping: finishing the requests in flight");
 }

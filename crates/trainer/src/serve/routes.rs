@@ -7,6 +7,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use subtle::ConstantTimeEq;
 
 use super::api::{ApiError, json};
 use super::state::Shared;
@@ -37,7 +38,30 @@ pub fn router(state: Shared) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(state.options.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), declared_size))
         .with_state(state)
+}
+
+/// A body declared (`Content-Length`) over `--max-body-bytes` gets its 413 at once, before
+/// anything of it is read or waited for.
+async fn declared_size(
+    Extract(state): Extract<Shared>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let limit = state.options.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|bytes| bytes > limit as u64) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        ));
+    }
+    Ok(next.run(request).await)
 }
 
 /// With `--api-key`, every API request must carry `Authorization: Bearer KEY`.
@@ -51,8 +75,10 @@ async fn authorize(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.map(str::trim) != Some(key.as_str()) {
+            .and_then(bearer);
+        // In constant time: how much of a guess matches must not show in the answer's timing.
+        let right = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
+        if !right {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong API key: send `Authorization: Bearer KEY` with the server's \
@@ -66,6 +92,13 @@ async fn authorize(
 
 /// The one model, with what a client needs to count tokens and size prompts in `meta`
 /// (llama.cpp's place for it).
+/// The token of an `Authorization: Bearer TOKEN` header; the scheme's case does not matter
+/// (RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 async fn models(Extract(state): Extract<Shared>) -> Response {
     let config = &state.model.gpt.config;
     json(

@@ -259,9 +259,11 @@ impl Trainer {
             let over_time = limits
                 .max_time
                 .is_some_and(|m| clock.started.elapsed() >= m);
-            if limits.stop.load(Ordering::SeqCst) || over_time {
-                interrupted = true;
-                self.stop_and_save(&clock, &progress, over_time)?;
+            let stopped = limits.stop.load(Ordering::SeqCst);
+            if stopped || over_time {
+                // Ending on --max-time is ending as asked; only Ctrl-C is an interruption.
+                interrupted = stopped;
+                self.stop_and_save(&clock, &progress, !stopped)?;
                 break;
             }
             self.step()?;

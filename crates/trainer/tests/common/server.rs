@@ -23,15 +23,34 @@ pub struct Server {
 impl Server {
     /// `tinygpt serve --checkpoint RUN --port 0 EXTRA…` in `dir`, once it listens.
     pub fn start(dir: &Path, run: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        Self::start_limited(dir, run, extra, None)
+    }
+
+    /// [`Server::start`], with at most `files` open file descriptors (`RLIMIT_NOFILE`).
+    pub fn start_limited(dir: &Path, run: &str, extra: &[&str], files: Option<u64>) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tinygpt"));
+        command
             .args(["serve", "--checkpoint", run, "--port", "0"])
             .args(extra)
             .current_dir(dir)
             .env("XDG_RUNTIME_DIR", std::env::temp_dir())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary runs");
+            .stderr(Stdio::piped());
+        if let Some(files) = files {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: files,
+                rlim_max: files,
+            };
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
+        let mut child = command.spawn().expect("the binary runs");
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
@@ -82,6 +101,22 @@ impl Server {
         status
     }
 
+    /// Waits up to `limit` for the process to end: its exit status and how long it took, or
+    /// `None` if it is still running.
+    pub fn wait_within(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                if let Some(logger) = self.logger.take() {
+                    logger.join().unwrap();
+                }
+                return Some((status, start.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// `host:port`.
     pub fn host(&self) -> &str {
         self.url.trim_start_matches("http://")
@@ -89,17 +124,34 @@ impl Server {
 
     /// POST `body` to `path` (with `key` as a Bearer token): the status and the body.
     pub fn post(&self, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
+        let authorization = key.map(|key| format!("Bearer {key}"));
+        let (status, _, text) = self.post_authorized(path, body, authorization.as_deref());
+        (status, text)
+    }
+
+    /// POST `body` to `path` with this `Authorization` header: the status, the `Retry-After`
+    /// header and the body.
+    pub fn post_authorized(
+        &self,
+        path: &str,
+        body: &str,
+        authorization: Option<&str>,
+    ) -> (u16, Option<String>, String) {
         let mut request = self
             .agent
             .post(format!("{}{path}", self.url))
             .header("Content-Type", "application/json");
-        if let Some(key) = key {
-            request = request.header("Authorization", format!("Bearer {key}"));
+        if let Some(authorization) = authorization {
+            request = request.header("Authorization", authorization);
         }
         let mut response = request.send(body).expect("the server answers");
         let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
         let text = response.body_mut().read_to_string().unwrap();
-        (status, text)
+        (status, retry_after, text)
     }
 
     pub fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {

@@ -103,21 +103,8 @@ fn openai_sdk_and_langchain_work_unchanged() {
         let got = logprobs[i].unwrap();
         assert!((got - want).abs() < 1e-4, "token {i}: {got} vs {want}");
     }
-    std::fs::write(dir.join("scored.txt"), &text).unwrap();
-    let eval = ok(tinygpt(
-        dir,
-        &[
-            "eval",
-            "--checkpoint",
-            "run",
-            "--data",
-            "scored.txt",
-            "--backend",
-            "fused",
-        ],
-    ));
-    let mean = -logprobs.iter().flatten().sum::<f64>() / (ids.len() - 1) as f64;
-    assert!((mean - eval_loss(&eval)).abs() < 2e-4, "{mean} vs {eval}");
+    let logprobs: Vec<f64> = logprobs.into_iter().flatten().collect();
+    assert_scores_match_eval(dir, &text, &logprobs);
 
     // Chat, whole and streamed, equals a plain chat request.
     let chat = post(

@@ -137,26 +137,7 @@ fn logprobs_and_echo_equal_logits_and_eval() {
         .flatten()
         .collect();
     assert_eq!(logprobs.len(), scored_text.len() - 1);
-    std::fs::write(dir.join("scored.txt"), scored_text).unwrap();
-    let eval = ok(tinygpt(
-        dir,
-        &[
-            "eval",
-            "--checkpoint",
-            "run",
-            "--data",
-            "scored.txt",
-            "--backend",
-            "fused",
-        ],
-    ));
-    let loss = eval_loss(&eval);
-    assert!(
-        eval.contains(&format!("| {} tokens |", logprobs.len())),
-        "{eval}"
-    );
-    let mean = -logprobs.iter().sum::<f64>() / logprobs.len() as f64;
-    assert!((mean - loss).abs() < 2e-4, "echo {mean} vs eval {loss}");
+    assert_scores_match_eval(dir, scored_text, &logprobs);
 
     // What lm-evaluation-harness's `local-completions` sends: token lists, one new token.
     let scored_ids = token_ids(&server, scored_text);

@@ -177,11 +177,33 @@ pub fn log_softmax_rows(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// The mean loss `tinygpt eval` printed.
-pub fn eval_loss(eval: &str) -> f64 {
-    eval.split("| loss ")
+/// Checks that `logprobs` (one per token of `text` after the first) average to minus the loss
+/// `tinygpt eval --data` reports on `text` with the run `dir/run` (2e-4: eval prints four
+/// decimals), over as many tokens.
+pub fn assert_scores_match_eval(dir: &Path, text: &str, logprobs: &[f64]) {
+    std::fs::write(dir.join("scored.txt"), text).unwrap();
+    let eval = ok(tinygpt(
+        dir,
+        &[
+            "eval",
+            "--checkpoint",
+            "run",
+            "--data",
+            "scored.txt",
+            "--backend",
+            "fused",
+        ],
+    ));
+    let loss: f64 = eval
+        .split("| loss ")
         .nth(1)
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no loss in {eval}"))
+        .unwrap_or_else(|| panic!("no loss in {eval}"));
+    assert!(
+        eval.contains(&format!("| {} tokens |", logprobs.len())),
+        "{eval}"
+    );
+    let mean = -logprobs.iter().sum::<f64>() / logprobs.len() as f64;
+    assert!((mean - loss).abs() < 2e-4, "scores {mean} vs eval {loss}");
 }

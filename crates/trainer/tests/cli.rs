@@ -300,21 +300,11 @@ fn cuda_where_it_cannot_run_is_one_line_for_every_command() {
 fn max_time_saves_and_exits_zero() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let corpus = corpus();
-    let mut args = vec![
-        "train",
-        "--data",
-        corpus.to_str().unwrap(),
-        "--out",
+    let out = train(
+        dir,
         "run",
-        "--backend",
-        "flex",
-        "--max-time",
-        "2s",
-    ];
-    args.extend(TINY);
-    args.extend(["--max-iters", "100000000"]);
-    let out = tinygpt(dir, &args);
+        &["--max-time", "2s", "--max-iters", "100000000"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let said = format!("{}{}", stdout(&out), stderr(&out));
     assert!(said.contains("time limit reached at step"), "{said}");

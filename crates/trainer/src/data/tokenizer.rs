@@ -144,6 +144,12 @@ impl Tokenizer {
         }
     }
 
+    /// The text of one token, as an API shows it beside the token (empty for an id outside the
+    /// vocabulary; a byte-level token that ends inside a character shows U+FFFD).
+    pub fn piece(&self, id: u32) -> String {
+        self.decode(&[id]).unwrap_or_default()
+    }
+
     /// Text of `ids`.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {

@@ -40,10 +40,7 @@ pub(super) async fn attention(
         .filter(|h| request.head.is_none_or(|x| x == *h))
         .collect();
     let attention = causal_rows(&maps, &layers, &heads);
-    let tokens = ids
-        .iter()
-        .map(|&id| state.tokenizer().decode(&[id]).unwrap_or_default())
-        .collect();
+    let tokens = ids.iter().map(|&id| state.tokenizer().piece(id)).collect();
     let response = AttentionResponse {
         object: "attention",
         model: state.name.clone(),

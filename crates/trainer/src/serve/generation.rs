@@ -195,7 +195,7 @@ fn echo(
     if job.logprobs {
         let scored = score(decoder, prompt, job.options.top_logprobs).map_err(|e| e.to_string())?;
         tokens.push(TokenLogprob {
-            text: piece(tokenizer, prompt[0]),
+            text: tokenizer.piece(prompt[0]),
             logprob: None,
             top: Vec::new(),
         });
@@ -211,17 +211,12 @@ fn echo(
 /// `sampled` with its tokens as text.
 fn described(tokenizer: &Tokenizer, sampled: &Sampled) -> TokenLogprob {
     TokenLogprob {
-        text: piece(tokenizer, sampled.id),
+        text: tokenizer.piece(sampled.id),
         logprob: Some(sampled.logprob),
         top: sampled
             .top
             .iter()
-            .map(|&(id, lp)| (piece(tokenizer, id), lp))
+            .map(|&(id, lp)| (tokenizer.piece(id), lp))
             .collect(),
     }
-}
-
-/// One token's text (a byte-level token that ends inside a character shows U+FFFD).
-fn piece(tokenizer: &Tokenizer, id: u32) -> String {
-    tokenizer.decode(&[id]).unwrap_or_default()
 }

@@ -44,7 +44,7 @@ pub(super) async fn tokenize(
     }
     let pieces: Vec<_> = ids
         .iter()
-        .map(|&id| json!({"id": id, "piece": tokenizer.decode(&[id]).unwrap_or_default()}))
+        .map(|&id| json!({"id": id, "piece": tokenizer.piece(id)}))
         .collect();
     Ok(json(StatusCode::OK, &json!({"tokens": pieces})))
 }

@@ -7,7 +7,7 @@ pub mod cuda;
 pub mod host;
 
 use anyhow::{Result, bail};
-use burn::tensor::{Device, DeviceType};
+use burn::tensor::{Device, DeviceKind, DeviceType};
 use tinygpt_model::{GptConfig, fused_support};
 
 /// A backend as named on the command line.
@@ -184,11 +184,19 @@ pub fn describe(device: &Device) -> String {
 }
 
 /// The first wgpu adapter that is a card. A software rasterizer (lavapipe, llvmpipe) is not:
-/// on a CPU, the CPU backends are faster than wgpu over it.
+/// on a CPU, the CPU backends are faster than wgpu over it. Asked of the adapter list by kind,
+/// without opening a device: an opened one keeps its driver's threads for the life of the
+/// process (a software Vulkan's poll thread costs an idle `serve` a tenth of a core).
 fn physical_gpu() -> Option<Device> {
-    wgpu_devices()
-        .into_iter()
-        .find(|d| d.identity().is_some_and(|id| id.physical.is_some()))
+    let listed = wgpu_devices();
+    [
+        DeviceKind::DiscreteGpu(0),
+        DeviceKind::IntegratedGpu(0),
+        DeviceKind::VirtualGpu(0),
+    ]
+    .into_iter()
+    .map(Device::wgpu)
+    .find(|card| listed.contains(card))
 }
 
 fn wgpu_devices() -> Vec<Device> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::run::checkpoint::Which;
-use tinygpt::serve::{ChatTemplate, Model, ServeOptions, serve};
+use tinygpt::serve::{ChatTemplate, ConnectionLimits, Model, ServeOptions, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
 ///
@@ -65,6 +65,21 @@ pub struct Args {
     /// their connections are closed; a second Ctrl-C closes them at once.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     shutdown_timeout: Duration,
+    /// Connections open at once; one more is answered 503 and closed. Lowered, with a note,
+    /// to what the open-files limit (ulimit -n) allows.
+    #[arg(long, value_name = "N", default_value_t = ConnectionLimits::default().max_connections)]
+    max_connections: usize,
+    /// How long a client may take to send a request's head (request line and headers), from
+    /// connecting or from its last answer: idle keep-alive connections close after it too.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    header_timeout: Duration,
+    /// How long a client may take to send a request's body (408 beyond).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    body_timeout: Duration,
+    /// How long a client may go without reading any of its answer before it is cut off (and
+    /// the generation for it stopped, freeing its worker).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    write_timeout: Duration,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
@@ -88,6 +103,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_body_bytes: args.max_body_bytes,
         context_shift: args.context_shift,
         shutdown_timeout: args.shutdown_timeout,
+        connections: ConnectionLimits {
+            max_connections: args.max_connections,
+            header_timeout: args.header_timeout,
+            body_timeout: args.body_timeout,
+            write_timeout: args.write_timeout,
+        },
         chat_template: match &args.chat_template {
             Some(path) => ChatTemplate::load(path)?,
             None => ChatTemplate::default(),

@@ -96,7 +96,7 @@ pub fn run(
     if events.is_closed() {
         stats.cancelled.fetch_add(1, Ordering::SeqCst);
         eprintln!(
-            "serve: cancelled after {generated} tokens in {:.2} s (the client went away)",
+            "serve: cancelled after {generated} tokens in {:.2} s (the client went away or stopped reading)",
             started.elapsed().as_secs_f64()
         );
         return;

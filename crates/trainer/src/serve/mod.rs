@@ -12,9 +12,10 @@ mod api;
 mod attention;
 mod chat;
 mod completions;
+mod connections;
+mod descriptors;
 mod fields;
 mod generation;
-mod listener;
 mod playground;
 mod pool;
 mod reply;
@@ -24,7 +25,6 @@ mod stats;
 mod template;
 mod tokenize;
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,7 @@ use futures_util::future::Either;
 
 use anyhow::{Context, Result, bail};
 
+pub use connections::ConnectionLimits;
 pub use pool::{Model, Stats};
 pub use template::ChatTemplate;
 
@@ -61,6 +62,8 @@ pub struct ServeOptions {
     /// After Ctrl-C or SIGTERM, how long requests in flight may take before their connections
     /// are closed.
     pub shutdown_timeout: Duration,
+    /// What one client may hold, and for how long.
+    pub connections: ConnectionLimits,
 }
 
 impl ServeOptions {
@@ -81,10 +84,24 @@ impl ServeOptions {
             ("--max-tokens", self.max_tokens),
             ("--max-prompt-tokens", self.max_prompt_tokens.unwrap_or(1)),
             ("--max-body-bytes", self.max_body_bytes),
+            ("--max-connections", self.connections.max_connections),
         ] {
             if value == 0 {
                 bail!("{flag} must be at least 1");
             }
+        }
+        let limits = &self.connections;
+        for (flag, value) in [
+            ("--header-timeout", limits.header_timeout),
+            ("--body-timeout", limits.body_timeout),
+            ("--write-timeout", limits.write_timeout),
+        ] {
+            if value.is_zero() {
+                bail!("{flag} must be longer than 0s");
+            }
+        }
+        if u32::try_from(limits.max_connections).is_err() {
+            bail!("--max-connections must be at most {}", u32::MAX);
         }
         Ok(())
     }
@@ -99,10 +116,12 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     options.validate()?;
+    let mut options = options;
+    options.connections.max_connections =
+        descriptors::connection_budget(options.connections.max_connections);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        // Timers too: hyper's and axum's (the back-off after a failed accept, when descriptors
-        // run out) need them, and without them that back-off panics.
+        // Timers too: the connections' timeouts and the pause after a failed accept.
         .enable_all()
         .build()
         .context("cannot start the server's runtime")?;
@@ -116,37 +135,49 @@ pub fn serve(
     let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
     let state = Arc::new(state::State::new(name, &model, pool, options.clone()));
     let result = runtime.block_on(async {
+        let signals = StopSignals::listen()?;
         let listener = tokio::net::TcpListener::bind(options.addr)
             .await
             .with_context(|| format!("cannot listen on {}", options.addr))?;
         on_listening(listener.local_addr()?);
         let router = routes::router(state.clone());
         serve_until_stopped(
-            listener::Listener::new(listener),
+            signals,
+            listener,
             router,
-            options.shutdown_timeout,
+            &options,
+            state.pool.stats.clone(),
         )
         .await
     });
+    // Connections still open past the deadline go with their tasks: their event channels
+    // close, and the workers writing to them stop at their next token and can be joined.
+    runtime.shutdown_background();
     state.pool.shut_down();
     result
 }
 
 /// Serves until the first Ctrl-C or SIGTERM, then lets the requests in flight finish; at
-/// `timeout`, or at a second signal, drops the connections still open (their generations stop
-/// at their next token).
+/// `--shutdown-timeout`, or at a second signal, drops the connections still open (their
+/// generations stop at their next token).
 async fn serve_until_stopped(
-    listener: listener::Listener,
+    mut signals: StopSignals,
+    listener: tokio::net::TcpListener,
     router: axum::Router,
-    timeout: Duration,
+    options: &ServeOptions,
+    stats: Arc<Stats>,
 ) -> Result<()> {
+    let timeout = options.shutdown_timeout;
     let (stopping, stopped) = tokio::sync::watch::channel(false);
-    let mut graceful = stopped.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        let _ = graceful.wait_for(|&stop| stop).await;
-    });
-    let signals = async move {
-        stop_signal().await;
+    let server = connections::serve(
+        listener,
+        router,
+        options.connections.clone(),
+        stats,
+        stopped,
+    );
+    let stopper = async move {
+        signals.next().await;
         eprintln!(
             "serve: stopping: finishing the requests in flight (for at most {}; Ctrl-C again to \
              stop now)",
@@ -154,33 +185,51 @@ async fn serve_until_stopped(
         );
         let _ = stopping.send(true);
         let deadline = Box::pin(tokio::time::sleep(timeout));
-        match futures_util::future::select(deadline, Box::pin(stop_signal())).await {
+        match futures_util::future::select(deadline, Box::pin(signals.next())).await {
             Either::Left(_) => eprintln!("serve: --shutdown-timeout reached: closing the rest"),
             Either::Right(_) => eprintln!("serve: a second signal: closing the rest"),
         }
-        drop(stopped);
     };
-    match futures_util::future::select(Box::pin(server.into_future()), Box::pin(signals)).await {
-        Either::Left((result, _)) => result.context("the server stopped"),
-        Either::Right(((), _)) => Ok(()),
-    }
+    // The server ends by itself once stopping has let every connection finish; the signals'
+    // side ends first only at the deadline or a second signal, and dropping the server's
+    // future then drops the connections left.
+    futures_util::future::select(Box::pin(server), Box::pin(stopper)).await;
+    Ok(())
 }
 
-/// Ctrl-C, or SIGTERM where there is one.
-async fn stop_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Ctrl-C and SIGTERM, listened for from the moment this is made: before the server accepts
+/// anything (a signal that came before would end the process unasked, and without a word).
+struct StopSignals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let cannot = "cannot listen for Ctrl-C and SIGTERM";
+            Ok(Self {
+                interrupt: signal(SignalKind::interrupt()).context(cannot)?,
+                terminate: signal(SignalKind::terminate()).context(cannot)?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    futures_util::future::select(Box::pin(ctrl_c), Box::pin(term)).await;
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// The next Ctrl-C or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        futures_util::future::select(
+            Box::pin(self.interrupt.recv()),
+            Box::pin(self.terminate.recv()),
+        )
+        .await;
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -2,6 +2,9 @@
 //! Completions and attention have modules of their own; what they all share is in `state.rs`.
 
 use axum::Router;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State as Extract};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -38,30 +41,57 @@ pub fn router(state: Shared) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(state.options.max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), declared_size))
+        .layer(middleware::from_fn_with_state(state.clone(), bounded_body))
         .with_state(state)
 }
 
-/// A body declared (`Content-Length`) over `--max-body-bytes` gets its 413 at once, before
-/// anything of it is read or waited for.
-async fn declared_size(
+/// A request's body, read whole here before any route sees it: a `Content-Length` over
+/// `--max-body-bytes` gets its 413 at once, before anything of it is read or waited for; a
+/// body (chunked or not) that grows past it gets 413 when it does, and one that has not
+/// arrived within `--body-timeout` gets 408.
+async fn bounded_body(
     Extract(state): Extract<Shared>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let limit = state.options.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        )
+    };
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|bytes| bytes > limit as u64) {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than the server's limit of {limit} bytes"),
-        ));
+        return Err(too_large());
     }
-    Ok(next.run(request).await)
+    let (parts, body) = request.into_parts();
+    let timeout = state.options.connections.body_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(too_large()),
+        Err(_) => {
+            state
+                .pool
+                .stats
+                .body_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within the server's --body-timeout of {}",
+                    humantime::format_duration(timeout)
+                ),
+            ));
+        }
+    };
+    Ok(next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await)
 }
 
 /// With `--api-key`, every API request must carry `Authorization: Bearer KEY`.
@@ -90,8 +120,6 @@ async fn authorize(
     Ok(next.run(request).await)
 }
 
-/// The one model, with what a client needs to count tokens and size prompts in `meta`
-/// (llama.cpp's place for it).
 /// The token of an `Authorization: Bearer TOKEN` header; the scheme's case does not matter
 /// (RFC 9110).
 fn bearer(value: &str) -> Option<&str> {
@@ -99,6 +127,8 @@ fn bearer(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// The one model, with what a client needs to count tokens and size prompts in `meta`
+/// (llama.cpp's place for it).
 async fn models(Extract(state): Extract<Shared>) -> Response {
     let config = &state.model.gpt.config;
     json(

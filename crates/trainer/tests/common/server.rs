@@ -83,6 +83,11 @@ impl Server {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGINT, as Ctrl-C does.
     pub fn interrupt(&self) {
         let pid = self.child.id().to_string();

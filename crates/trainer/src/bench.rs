@@ -118,6 +118,7 @@ pub(crate) fn random_tokens(config: &RunConfig) -> Dataset {
         train: Split::Packed(Tokens::from_vec(stream.clone())),
         val: Split::Packed(Tokens::from_vec(stream)),
         block_size: config.model.block_size,
+        verification: crate::data::prepare::Verification::none(),
     }
 }
 

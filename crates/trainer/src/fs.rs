@@ -43,17 +43,92 @@ pub fn refuse_non_empty(dir: &Path) -> Result<()> {
 }
 
 /// A temporary directory beside `path` (same filesystem, so it can be renamed to it), named
-/// `.NAME.PURPOSE-XXXXXX` and removed when dropped.
+/// `.NAME.PURPOSE-PID-XXXXXX` and removed when dropped. Those of the same name and purpose
+/// that a process no longer running left (killed with -9, or a second Ctrl-C) are removed
+/// first.
 pub fn temp_beside(path: &Path, purpose: &str) -> Result<tempfile::TempDir> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let parent = parent.unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
+    let prefix = format!(".{name}.{purpose}-");
+    remove_stale(parent, &prefix);
     tempfile::Builder::new()
-        .prefix(&format!(".{name}.{purpose}-"))
+        .prefix(&format!("{prefix}{}-", std::process::id()))
         .tempdir_in(parent)
         .with_context(|| format!("cannot create a directory in {}", parent.display()))
+}
+
+/// Removes the directories in `parent` named `PREFIX``PID`-… whose process has ended.
+fn remove_stale(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !process_exists(pid) && entry.path().is_dir() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => eprintln!(
+                    "note: removed {}, left by an earlier tinygpt (process {pid}) that did not \
+                     finish",
+                    entry.path().display()
+                ),
+                Err(e) => eprintln!("note: cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
+}
+
+/// Whether a process `pid` runs (one that cannot be asked counts as running).
+#[cfg(unix)]
+fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+    let asked = unsafe { libc::kill(pid, 0) };
+    asked == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn process_exists(_: u32) -> bool {
+    true
+}
+
+/// Staging directories to remove if the process is stopped by a signal before it is done
+/// (see [`on_signal_remove`]).
+static STAGING: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// On Ctrl-C, SIGTERM or SIGHUP, removes `dir` and exits 130: for commands that only write a
+/// staging directory until their last rename. Call once per process.
+pub fn on_signal_remove(dir: &Path) -> Result<()> {
+    STAGING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+    ctrlc::set_handler(|| {
+        let staging = STAGING.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for dir in staging {
+            // The work goes on meanwhile and may add a file: try again.
+            for _ in 0..10 {
+                if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+                    break;
+                }
+            }
+        }
+        eprintln!("\ntinygpt: interrupted; nothing was written");
+        std::process::exit(130);
+    })
+    .context("cannot install the Ctrl-C handler")
 }
 
 /// Puts the directory `new` in place of `dst` with two renames: an existing `dst` first

@@ -23,15 +23,21 @@ use tinygpt::data::tokens::Width;
 #[command(
     after_help = "Examples:\n  tinygpt prepare --data input.txt --out data/shakespeare\n  \
     tinygpt prepare --data books/ --tokenizer bpe --bpe-vocab-size 8192 --out data/books\n  \
-    tinygpt train --config baby --data data/shakespeare"
+    tinygpt train --config baby --data data/shakespeare\n  \
+    tinygpt prepare --verify data/shakespeare"
 )]
 pub struct Args {
     /// Text files, folders, or - (standard input).
-    #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
+    #[arg(long, value_name = "PATH", required_unless_present = "verify", num_args = 1..)]
     data: Vec<PathBuf>,
     /// The directory to write (must not exist, or be empty).
-    #[arg(long, value_name = "DIR")]
-    out: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "verify")]
+    out: Option<PathBuf>,
+    /// Check a prepared directory instead: its token files against the SHA-256 and counts in
+    /// its meta.json, every token id inside the vocabulary, document offsets in order.
+    /// (`train` checks a prepared directory it is given the same way, while it starts.)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["data", "out"])]
+    verify: Option<PathBuf>,
     /// char: one token per distinct character; bpe: byte-level BPE learned from the corpus.
     #[arg(long, value_enum, default_value_t = Kind::Char)]
     tokenizer: Kind,
@@ -95,6 +101,9 @@ enum Kind {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(dir) = &args.verify {
+        return verify(dir);
+    }
     if !(args.val_fraction > 0.0 && args.val_fraction < 1.0) {
         bail!(
             "--val-fraction must be in (0, 1), got {}",
@@ -133,10 +142,39 @@ pub fn run(args: Args) -> Result<ExitCode> {
         skip_invalid: args.skip_invalid,
         separator: args.separator,
         progress: std::io::stderr().is_terminal(),
+        exit_on_signal: true,
     };
     let start = Instant::now();
-    let (prepared, phases) = prepare::prepare(options, &args.out)?;
+    let out = args.out.expect("clap requires --out without --verify");
+    let (prepared, phases) = prepare::prepare(options, &out)?;
     report(&prepared, start.elapsed().as_secs_f64(), &phases);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--verify DIR`: every file of a prepared directory read and checked.
+fn verify(dir: &std::path::Path) -> Result<ExitCode> {
+    if !Prepared::is_prepared(dir) {
+        bail!(
+            "{} is not a prepared directory (it has no meta.json)",
+            dir.display()
+        );
+    }
+    let prepared = Prepared::open(dir)?;
+    let meta = &prepared.meta;
+    let verified = prepare::verify(dir, meta)?;
+    let what = match verified.checksums {
+        true => "SHA-256, sizes and token ids match meta.json",
+        false => {
+            "sizes and token ids are right; no checksums to compare (an older tinygpt prepared \
+             it: prepare it again to have them)"
+        }
+    };
+    println!(
+        "{}: {} train + {} val tokens: {what}",
+        dir.display(),
+        meta.train_tokens,
+        meta.val_tokens
+    );
     Ok(ExitCode::SUCCESS)
 }
 

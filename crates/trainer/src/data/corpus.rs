@@ -12,7 +12,7 @@ use tempfile::TempDir;
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
 use crate::data::prepare::{
-    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit,
+    self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, Verification,
 };
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
@@ -68,7 +68,10 @@ pub fn for_new_run(
     if d.tokenizer == crate::config::TokenizerKind::Bpe {
         d.bpe_vocab_size = prepared.meta.vocab_size;
     }
-    let data = mapped(&prepared, config)?;
+    let data = match temp {
+        Some(_) => mapped(&prepared, config)?,
+        None => mapped_verified(&prepared, config)?,
+    };
     Ok(Corpus {
         tokenizer: clone(&prepared.tokenizer)?,
         data,
@@ -78,7 +81,8 @@ pub fn for_new_run(
 
 /// The splits of a run being resumed (or evaluated): its prepared tokens when they are of the
 /// corpus `config.data.path` names now, else that corpus encoded with the run's tokenizer
-/// (into `RUN/data/` when `write` is set: the caller holds the run's lock).
+/// (into `RUN/data/` when `write` is set: the caller holds the run's lock, and trains: token
+/// files prepared before are then checked, see [`mapped_verified`]).
 pub fn for_run(
     run_dir: &Path,
     config: &RunConfig,
@@ -86,10 +90,12 @@ pub fn for_run(
     write: bool,
 ) -> Result<Dataset> {
     let path = &config.data.path;
+    // Training checks the files it maps (evaluation reads what it needs of them).
+    let map = if write { mapped_verified } else { mapped };
     if Prepared::is_prepared(path) {
         let prepared = Prepared::open(path)?;
         same_tokenizer(&prepared, tokenizer)?;
-        return mapped(&prepared, config);
+        return map(&prepared, config);
     }
     let inside = run_dir.join(RUN_DATA);
     if Prepared::is_prepared(&inside) {
@@ -99,7 +105,7 @@ pub fn for_run(
             && prepare::unchanged(&prepared.meta, path)?
         {
             same_tokenizer(&prepared, tokenizer)?;
-            return mapped(&prepared, config);
+            return map(&prepared, config);
         }
     }
     let source = TokenizerSource::Given(clone(tokenizer)?);
@@ -134,6 +140,7 @@ fn prepare_text(
         val: ValSplit::Fraction(data.val_fraction),
         skip_invalid: false,
         progress: true,
+        exit_on_signal: false,
         separator: (data.batching == Batching::Documents).then(|| data.separator.clone()),
     };
     prepare::prepare_into(options, dir)?;
@@ -162,6 +169,15 @@ fn mapped(prepared: &Prepared, config: &RunConfig) -> Result<Dataset> {
         }
     };
     dataset.with_context(|| format!("corpus {}", prepared.dir.display()))
+}
+
+/// [`mapped`], for a directory prepared before this run: its files are checked against
+/// `meta.json` on a thread of their own while training starts (one just prepared was hashed as
+/// it was written).
+fn mapped_verified(prepared: &Prepared, config: &RunConfig) -> Result<Dataset> {
+    let mut dataset = mapped(prepared, config)?;
+    dataset.verification = Verification::start(&prepared.dir, &prepared.meta);
+    Ok(dataset)
 }
 
 fn same_tokenizer(prepared: &Prepared, tokenizer: &Tokenizer) -> Result<()> {

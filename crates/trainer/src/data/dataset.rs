@@ -11,6 +11,7 @@ use tinygpt_model::IGNORE_INDEX;
 use crate::config::presets;
 use crate::config::{Batching, DataSection};
 use crate::data::documents::{Documents, val_start, window_count, window_span};
+use crate::data::prepare::Verification;
 use crate::data::split::train_tokens;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::tokens::Tokens;
@@ -98,6 +99,8 @@ pub struct Dataset {
     pub train: Split,
     pub val: Split,
     pub block_size: usize,
+    /// The check of the token files behind the splits, running while training starts.
+    pub verification: Verification,
 }
 
 impl Dataset {
@@ -141,6 +144,7 @@ impl Dataset {
             train: Split::Packed(train),
             val: Split::Packed(val),
             block_size,
+            verification: Verification::none(),
         })
     }
 
@@ -159,6 +163,7 @@ impl Dataset {
             train: Split::Documents(train),
             val: Split::Documents(val),
             block_size,
+            verification: Verification::none(),
         })
     }
 

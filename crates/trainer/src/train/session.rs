@@ -228,6 +228,8 @@ impl Trainer {
     /// Saves the `last` checkpoint (weights, AdamW state, training state), and `best` too when
     /// `best` is set.
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
+        // Nothing learnt from damaged token files is kept.
+        self.data.verification.finished()?;
         let optimizer = self.engine.optimizer_bytes()?;
         let model = self.engine.model()?;
         if best {
@@ -267,6 +269,7 @@ impl Trainer {
                 break;
             }
             self.step()?;
+            self.data.verification.so_far()?;
             progress.at(self.state.step);
             // The loss is read at log intervals: on a GPU, only there does the host wait.
             let log =

@@ -5,20 +5,23 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
 
 use super::bar;
 use super::chunks::{Chunks, Cut};
 use super::format::{TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
 use super::sources::Source;
+use crate::checksum::hex;
 use crate::data::tokenizer::{Encoder, Tokenizer};
 use crate::data::tokens::Width;
 
 /// The second pass: every kept source encoded, in order, into `train.bin` (or `val.bin` for
 /// held-out files), chunks on every core. With `split_at`, the train tokens past it go on in
-/// `val.bin`.
+/// `val.bin`. Each source comes with the SHA-256 the scan read, and is hashed again as it is
+/// read here: text that differs was changed meanwhile, and is refused.
 pub(super) fn encode_all(
-    sources: &[&Source],
+    sources: &[(&Source, &String)],
     tokenizer: &Tokenizer,
     width: Width,
     cut: &Cut,
@@ -27,7 +30,7 @@ pub(super) fn encode_all(
     progress: bool,
 ) -> Result<Encoded> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let total: u64 = sources.iter().map(|s| s.bytes).sum();
+    let total: u64 = sources.iter().map(|(s, _)| s.bytes).sum();
     let bar = bar(progress, total, "encoding");
     let create = |name: &str| -> Result<TokenWriter> {
         let path = dir.join(name);
@@ -42,11 +45,14 @@ pub(super) fn encode_all(
         offsets: (vec![0], vec![0]),
         split_at,
         width,
+        sha256: (Sha256::new(), Sha256::new()),
+        unhashed: Vec::new(),
     };
     // One encoder per thread, kept across batches (BPE's word cache fills once).
     let mut encoders: Vec<_> = (0..threads).map(|_| tokenizer.encoder()).collect();
-    for source in sources {
+    for &(source, scanned) in sources {
         let mut chunks = Chunks::new(source.open()?, cut.clone());
+        let mut hasher = Sha256::new();
         loop {
             let mut batch = Vec::with_capacity(threads);
             while batch.len() < threads
@@ -57,7 +63,15 @@ pub(super) fn encode_all(
             if batch.is_empty() {
                 break;
             }
-            let encoded = encode_batch(&batch, &mut encoders, width, cut);
+            // SHA-256 of this text, and of the tokens last written, on a core of its own
+            // while the others encode.
+            let encoded = std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    batch.iter().for_each(|c| hasher.update(c.as_bytes()));
+                    out.hash_written();
+                });
+                encode_batch(&batch, &mut encoders, width, cut)
+            });
             for (chunk, result) in batch.iter().zip(encoded) {
                 let encoded = result.with_context(|| format!("corpus {}", source.name))?;
                 out.write(source.val, encoded).with_context(|| {
@@ -66,7 +80,15 @@ pub(super) fn encode_all(
                 bar.inc(chunk.len() as u64);
             }
         }
+        if hex(&hasher.finalize()) != *scanned {
+            bail!(
+                "corpus {} changed while it was being prepared (its text differs between the two \
+                 passes); prepare it again once nothing writes to it",
+                source.name
+            );
+        }
     }
+    out.hash_written();
     for (name, file) in [(TRAIN, out.train), (VAL, out.val)] {
         file.finish()
             .with_context(|| format!("cannot write {}", dir.join(name).display()))?;
@@ -75,6 +97,7 @@ pub(super) fn encode_all(
     Ok(Encoded {
         counts: out.counts,
         offsets: cut.separator().is_some().then_some(out.offsets),
+        sha256: (hex(&out.sha256.0.finalize()), hex(&out.sha256.1.finalize())),
     })
 }
 
@@ -108,6 +131,11 @@ struct Outputs {
     /// Train tokens past this go on in `val.bin`.
     split_at: Option<u64>,
     width: Width,
+    /// Of what was written to each file.
+    sha256: (Sha256, Sha256),
+    /// Chunks written but not hashed yet, each with how many of its first bytes went to
+    /// `train.bin` (the rest went to `val.bin`).
+    unhashed: Vec<(Vec<u8>, usize)>,
 }
 
 impl Outputs {
@@ -123,6 +151,7 @@ impl Outputs {
             self.counts.1 += (to_val.len() / w) as u64;
             self.train.write_back();
             self.val.write_back();
+            self.unhashed.push((encoded.bytes, keep));
             return Ok(());
         }
         let (out, count, starts) = match val {
@@ -137,7 +166,17 @@ impl Outputs {
             starts.push(end);
         }
         *count += encoded.tokens;
+        let to_train = if val { 0 } else { encoded.bytes.len() };
+        self.unhashed.push((encoded.bytes, to_train));
         Ok(())
+    }
+
+    /// Brings the checksums up to what was written.
+    fn hash_written(&mut self) {
+        for (bytes, to_train) in self.unhashed.drain(..) {
+            self.sha256.0.update(&bytes[..to_train]);
+            self.sha256.1.update(&bytes[to_train..]);
+        }
     }
 }
 
@@ -205,6 +244,8 @@ pub(super) struct Encoded {
     pub(super) counts: (u64, u64),
     /// With a separator: where each document starts in each file, then the end.
     pub(super) offsets: Option<(Vec<u64>, Vec<u64>)>,
+    /// The SHA-256 of (train.bin, val.bin) as written.
+    pub(super) sha256: (String, String),
 }
 
 /// One chunk encoded.
@@ -267,4 +308,49 @@ pub(super) fn write_documents(
         crate::fs::write_atomic(&dir.join(name), &bytes)?;
     }
     Ok((train.len() as u64 - 1, val.len() as u64 - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::sources::Origin;
+    use super::*;
+    use crate::checksum::sha256_hex;
+
+    /// The second pass refuses text that is not what the first pass hashed (a file written
+    /// to while it was prepared), and takes the text that is.
+    #[test]
+    fn text_that_changed_since_the_scan_is_refused() {
+        let text = "to be or not to be\n".repeat(100);
+        let source = Source {
+            name: "book.txt".into(),
+            origin: Origin::Builtin(Box::leak(text.clone().into_boxed_str())),
+            bytes: text.len() as u64,
+            val: false,
+        };
+        let tokenizer = Tokenizer::from_char_set(text.chars().collect());
+        let width = Width::for_vocab(tokenizer.vocab_size());
+        let encode = |scanned: &String| {
+            let dir = tempfile::tempdir().unwrap();
+            encode_all(
+                &[(&source, scanned)],
+                &tokenizer,
+                width,
+                &Cut::Anywhere,
+                None,
+                dir.path(),
+                false,
+            )
+            .map(|encoded| encoded.counts)
+        };
+        assert_eq!(
+            encode(&sha256_hex(text.as_bytes())).unwrap(),
+            (text.len() as u64, 0)
+        );
+        let other = sha256_hex(b"what the scan read before the file changed");
+        let error = format!("{:#}", encode(&other).unwrap_err());
+        assert!(
+            error.contains("corpus book.txt changed while it was being prepared"),
+            "{error}"
+        );
+    }
 }

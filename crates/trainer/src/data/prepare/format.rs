@@ -5,11 +5,13 @@
 //!   train.bin       the training tokens, little-endian u16 (u32 for vocabularies over 65,536)
 //!   val.bin         the validation tokens
 //!   tokenizer.json  the tokenizer that made them
-//!   meta.json       token counts, width, the inputs with their sizes and SHA-256, the settings
+//!   meta.json       token counts, width, the inputs with their sizes and SHA-256, the settings,
+//!                   the SHA-256 of the files here
 //!   train.docs.bin  with --separator: where each document starts in train.bin (u64 token
 //!   val.docs.bin    offsets, little-endian), then the end
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -70,6 +72,10 @@ pub struct Meta {
     pub train_documents: Option<u64>,
     #[serde(default)]
     pub val_documents: Option<u64>,
+    /// The SHA-256 of each token file (and offsets file) by name, checked by
+    /// [`super::verify()`]; empty in directories prepared before tinygpt recorded them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sha256: BTreeMap<String, String>,
 }
 
 /// A prepared directory.

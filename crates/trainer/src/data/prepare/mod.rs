@@ -21,7 +21,9 @@ mod format;
 mod scan;
 mod sources;
 mod split;
+mod verify;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,7 @@ use crate::data::tokens::Width;
 pub use format::{InputMeta, META, Meta, Prepared, TOKENIZER, TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
 pub use sources::{DEFAULT_INCLUDE, matches, unchanged};
 pub use split::ValSplit;
+pub use verify::{Verification, Verified, verify};
 
 /// The tokenizer: one to learn from the corpus, or one given (a run's, when it is resumed).
 pub enum TokenizerSource {
@@ -70,6 +73,9 @@ pub struct PrepareOptions {
     pub separator: Option<String>,
     /// Show progress bars (on a terminal).
     pub progress: bool,
+    /// [`prepare`] only: on Ctrl-C, SIGTERM or SIGHUP, remove what was written and exit 130
+    /// (installs the process's signal handler: for the `prepare` command).
+    pub exit_on_signal: bool,
 }
 
 /// Wall time of each pass of a prepare.
@@ -91,6 +97,9 @@ pub fn prepare(options: PrepareOptions, out: &Path) -> Result<(Prepared, Phases)
         bail!("--out {} must name a directory", out.display());
     }
     let staging = crate::fs::temp_beside(out, "prepare")?;
+    if options.exit_on_signal {
+        crate::fs::on_signal_remove(staging.path())?;
+    }
     let (_, phases) = prepare_into(options, staging.path())?;
     let staging = staging.keep();
     std::fs::rename(&staging, out).map_err(|e| {
@@ -133,8 +142,9 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         }
         _ => None,
     };
+    let with_sums: Vec<(&Source, &String)> = kept.iter().copied().zip(&scan.sha256).collect();
     let encoded = encode_all(
-        &kept,
+        &with_sums,
         &tokenizer,
         width,
         &cut,
@@ -144,9 +154,18 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
     )?;
     remove_copies(&sources, dir);
     let train_offsets = encoded.offsets.as_ref().map(|o| o.0.as_slice());
-    let (train_tokens, val_tokens) = match split_at {
-        Some(_) => encoded.counts,
-        None => split_val(dir, width, &options.val, encoded.counts, train_offsets)?,
+    let moved = split_at.is_none() && options.val.fraction().is_some();
+    let (train_tokens, val_tokens) = match moved {
+        false => encoded.counts,
+        true => split_val(dir, width, &options.val, encoded.counts, train_offsets)?,
+    };
+    // Tokens moved from train.bin to val.bin are hashed again where they now are.
+    let mut sha256 = match moved {
+        false => BTreeMap::from([
+            (TRAIN.to_string(), encoded.sha256.0),
+            (VAL.to_string(), encoded.sha256.1),
+        ]),
+        true => verify::checksums(dir, &[TRAIN, VAL])?,
     };
     let documents = match encoded.offsets {
         Some(offsets) => Some(write_documents(dir, offsets, train_tokens)?),
@@ -158,7 +177,7 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         val_tokens,
         documents,
     };
-    let meta = meta(
+    let mut meta = meta(
         &options.val,
         &options.separator,
         &tokenizer,
@@ -166,6 +185,8 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         scan,
         counts,
     );
+    sha256.append(&mut verify::checksums(dir, &[TRAIN_DOCS, VAL_DOCS])?);
+    meta.sha256 = sha256;
     let text = serde_json::to_string_pretty(&meta)?;
     crate::fs::write_atomic(&dir.join(META), text.as_bytes())?;
     let phases = Phases {
@@ -221,6 +242,7 @@ fn meta(
         separator: separator.clone(),
         train_documents: counts.documents.map(|d| d.0),
         val_documents: counts.documents.map(|d| d.1),
+        sha256: Default::default(),
     }
 }
 

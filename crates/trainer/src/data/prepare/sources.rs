@@ -163,7 +163,32 @@ pub(super) fn sources(
     if sources.iter().all(|s| s.val) {
         bail!("no input to train on: give --data FILE, FOLDER or - (standard input)");
     }
+    refuse_overlap(&sources)?;
     Ok(sources)
+}
+
+/// A held-out file that is also a training input would put the same text in both splits.
+fn refuse_overlap(sources: &[Source]) -> Result<()> {
+    let file = |s: &Source| match &s.origin {
+        Origin::File(path) => std::fs::canonicalize(path).ok(),
+        Origin::Builtin(_) => Some(PathBuf::from(&s.name)),
+    };
+    let train: Vec<(PathBuf, &str)> = sources
+        .iter()
+        .filter(|s| !s.val)
+        .filter_map(|s| Some((file(s)?, s.name.as_str())))
+        .collect();
+    for held_out in sources.iter().filter(|s| s.val) {
+        let Some(path) = file(held_out) else { continue };
+        if let Some((_, name)) = train.iter().find(|(p, _)| *p == path) {
+            bail!(
+                "--val-files {} is also in --data (as {name}): the same text would be in both \
+                 splits; leave it out of --data, or list the other files one by one",
+                held_out.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Copies a stream that can be read only once (standard input, a pipe) into `dir` as the

@@ -327,13 +327,18 @@ fn ctrl_c_saves_and_resume_continues() {
     ];
     args.extend(TINY);
     args.extend(["--max-iters", "1000000", "--set", "train.log_interval=1"]);
-    // Wait until it is training, then interrupt.
-    let (code, lines) = interrupt_when(dir, &args, |line| line.starts_with("step 3/"));
-    assert_eq!(code, Some(130), "{lines:?}");
-    assert!(
-        lines.iter().any(|l| l.starts_with("interrupted at step")),
-        "{lines:?}"
-    );
+    // Wait until it is training, then interrupt: SIGTERM (as `docker stop` or a scheduler
+    // sends) saves as Ctrl-C does.
+    let until = |line: &str| line.starts_with("step 3/");
+    for signal in ["TERM", "INT"] {
+        let _ = std::fs::remove_dir_all(dir.join("run"));
+        let (code, lines) = interrupt_when(dir, &args, signal, until);
+        assert_eq!(code, Some(130), "SIG{signal}: {lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("interrupted at step")),
+            "SIG{signal}: {lines:?}"
+        );
+    }
     let state = std::fs::read_to_string(dir.join("run/last/state.json")).unwrap();
     let step: usize = state
         .split("\"step\":")
@@ -359,11 +364,12 @@ fn ctrl_c_saves_and_resume_continues() {
     assert!(log.contains(&format!("done: step {}", step + 2)), "{log}");
 }
 
-/// `tinygpt args` started in `dir` and sent Ctrl-C (SIGINT) once it prints a line for which
-/// `until` holds: the exit code and every line printed.
+/// `tinygpt args` started in `dir` and sent `signal` (`INT`, as Ctrl-C does, or `TERM`) once
+/// it prints a line for which `until` holds: the exit code and every line printed.
 fn interrupt_when(
     dir: &Path,
     args: &[&str],
+    signal: &str,
     until: impl Fn(&str) -> bool,
 ) -> (Option<i32>, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
@@ -384,7 +390,7 @@ fn interrupt_when(
         }
     }
     let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
@@ -406,7 +412,7 @@ fn works_from_any_directory() {
         (&["train"][..], "runs/default"),
         (&["train", "--config", "baby"][..], "runs/baby"),
     ] {
-        let (code, lines) = interrupt_when(dir, args, |line| line.starts_with("step 0:"));
+        let (code, lines) = interrupt_when(dir, args, "INT", |line| line.starts_with("step 0:"));
         assert_eq!(code, Some(130), "{args:?}: {lines:?}");
         assert!(
             lines[0].contains("corpus builtin:paradise-lost.txt (")

@@ -1047,3 +1047,74 @@ fn pytorch_reads_exported_weights_needs_python() {
     eprintln!("max relative error of tinygpt vs PyTorch logits: {max_rel:.2e}");
     assert!(max_rel < 1e-4, "{max_rel}");
 }
+
+/// A run keeps a journal for watching it learn: a line per logged step in `steps.csv`, and per
+/// evaluation a sample and the attention of the fixed prompt in `evals.jsonl`; `loss.svg`
+/// draws both. A prompt the tokenizer cannot write is a one-line error.
+#[test]
+fn a_run_journals_its_steps_and_evaluations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = ["--max-iters", "20", "--set", "train.log_interval=5"];
+    ok(train(dir, "run", &args));
+    let steps = std::fs::read_to_string(dir.join("run/steps.csv")).unwrap();
+    let lines: Vec<&str> = steps.lines().collect();
+    assert_eq!(
+        lines[0],
+        "step,loss,lr,grad_norm,tokens_per_s,skipped_steps,elapsed_s"
+    );
+    let logged: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(logged, ["5", "10", "15", "20"], "{steps}");
+    let evals: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("run/evals.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let at: Vec<u64> = evals.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(at, [0, 5, 10, 15, 20]);
+    for eval in &evals {
+        // TINY: block_size 16 (the prompt), 1 layer of 2 heads, 8 sampled tokens.
+        assert_eq!(eval["prompt"].as_array().unwrap().len(), 16);
+        assert_eq!(
+            eval["sample"].as_str().unwrap().chars().count(),
+            8,
+            "{eval}"
+        );
+        let heads = eval["attention"][0].as_array().unwrap();
+        assert_eq!(
+            (eval["attention"].as_array().unwrap().len(), heads.len()),
+            (1, 2)
+        );
+        for head in heads {
+            let w: Vec<u64> = head
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert_eq!(w.len(), 16 * 16);
+            for q in 0..16 {
+                let row = &w[q * 16..(q + 1) * 16];
+                assert!(row[q + 1..].iter().all(|&v| v == 0), "the future is masked");
+                let sum: u64 = row[..=q].iter().sum();
+                assert!(
+                    sum.abs_diff(255) <= 1 + q as u64,
+                    "row {q} sums to {sum}/255"
+                );
+            }
+        }
+    }
+    let plot = std::fs::read_to_string(dir.join("run/loss.svg")).unwrap();
+    assert!(plot.contains("best val") && plot.contains("learning rate"));
+    fails(
+        train(dir, "other", &["--set", "train.sample_prompt=\"§\""]),
+        "`train.sample_prompt` cannot be written with this run's tokenizer",
+    );
+    assert!(
+        !dir.join("other").exists(),
+        "a refused run leaves no directory"
+    );
+}

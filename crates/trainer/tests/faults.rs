@@ -111,6 +111,24 @@ fn kill_9_at_random_moments_loses_nothing_and_resumes_bit_equal() {
         weights(&dir.join("whole")) == weights(&dir.join("killed")),
         "weights after {killed} kills differ from the uninterrupted run's"
     );
+    // The journal too: every logged step and evaluation once, as the uninterrupted run's.
+    let journal = |run: &str| {
+        let steps = std::fs::read_to_string(dir.join(run).join("steps.csv")).unwrap();
+        let steps: Vec<String> = steps
+            .lines()
+            .map(|l| l.split(',').take(2).collect::<Vec<_>>().join(","))
+            .collect();
+        let evals: Vec<serde_json::Value> =
+            std::fs::read_to_string(dir.join(run).join("evals.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        (steps, evals)
+    };
+    let (whole, resumed) = (journal("whole"), journal("killed"));
+    assert_eq!(whole.0, resumed.0, "steps.csv (step, loss)");
+    assert_eq!(whole.1, resumed.1, "evals.jsonl");
 }
 
 #[test]

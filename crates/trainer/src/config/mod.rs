@@ -120,6 +120,12 @@ pub struct TrainSection {
     /// estimates on Burn's CPU backends; 0 = one per core. The same seed and the same `threads`
     /// give the same numbers.
     pub threads: usize,
+    /// The prompt each evaluation samples from and records the attention of (in
+    /// `evals.jsonl`, for `tinygpt watch`): up to 32 tokens; empty = the start of the
+    /// validation split.
+    pub sample_prompt: String,
+    /// Tokens sampled at each evaluation (seeded by `seed`); 0 = none.
+    pub sample_tokens: usize,
 }
 
 impl Default for TrainSection {
@@ -142,6 +148,8 @@ impl Default for TrainSection {
             log_interval: 10,
             seed: 1337,
             threads: 0,
+            sample_prompt: String::new(),
+            sample_tokens: 100,
         }
     }
 }

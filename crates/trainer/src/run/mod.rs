@@ -13,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod integrity;
+pub mod journal;
 pub mod lock;
 pub mod metrics;
 pub mod weights;

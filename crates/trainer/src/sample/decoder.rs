@@ -16,7 +16,16 @@ pub fn decoder<'a>(
     model: &'a Gpt,
     tokens: usize,
 ) -> Result<Box<dyn Decoder + 'a>> {
-    let inner: Box<dyn Decoder + 'a> = match placement.engine_for(&model.config)?.0 {
+    decoder_for(placement.engine_for(&model.config)?.0, model, tokens)
+}
+
+/// [`decoder`], for the engine `kind` already decided.
+pub fn decoder_for<'a>(
+    kind: EngineKind,
+    model: &'a Gpt,
+    tokens: usize,
+) -> Result<Box<dyn Decoder + 'a>> {
+    let inner: Box<dyn Decoder + 'a> = match kind {
         EngineKind::Fused => Box::new(FusedDecoder::new(model)?),
         EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
     };

@@ -3,4 +3,4 @@
 
 pub mod decoder;
 
-pub use decoder::decoder;
+pub use decoder::{decoder, decoder_for};

@@ -7,6 +7,7 @@
 //! session.rs       the run as named steps (step, settle, evaluate, checkpoint) and nanoGPT's
 //!                  loop over them
 //! report.rs        clocks, log lines and the summary
+//! record.rs        what each evaluation records for watching: a sample, attention maps
 //! engine.rs        owns the weights and AdamW state: Burn autodiff on any device, or the fused
 //!                  CPU engine
 //! device_adamw.rs  AdamW on a GPU, gated on the device by the non-finite guard
@@ -18,6 +19,7 @@ pub mod device_adamw;
 pub mod engine;
 pub mod memory;
 pub mod optim;
+mod record;
 mod report;
 pub mod session;
 mod setup;

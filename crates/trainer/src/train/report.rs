@@ -35,7 +35,7 @@ impl Clock {
     }
 
     /// Reports the loss at `step` of `max_iters` (learning rate `lr`, `tokens_per_step`): the
-    /// progress bar on a terminal, a log line otherwise.
+    /// progress bar on a terminal, a log line otherwise. Returns the tokens/s it reported.
     pub(super) fn log(
         &mut self,
         progress: &Progress,
@@ -43,7 +43,7 @@ impl Clock {
         loss: f64,
         lr: f64,
         tokens_per_step: u64,
-    ) {
+    ) -> f64 {
         self.last_loss = Some(loss);
         let since = self.window.0.elapsed().as_secs_f64();
         let tok_s = (step - self.window.1) as f64 * tokens_per_step as f64 / since.max(1e-9);
@@ -58,6 +58,7 @@ impl Clock {
         if since > 5.0 {
             self.window = (Instant::now(), step);
         }
+        tok_s
     }
 
     /// The summary line at the end of a run in `dir` that reached `state`.

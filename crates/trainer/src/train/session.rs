@@ -17,12 +17,15 @@ use burn::tensor::Device;
 use super::engine::{Engine, Step};
 use super::memory::{self, human};
 use super::optim::learning_rate;
+use super::record::Recording;
 use super::report::Clock;
+use crate::backend::EngineKind;
 use crate::backend::describe;
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, step_rng};
 use crate::progress::Progress;
 use crate::run::checkpoint::{Run, TrainState, Which};
+use crate::run::journal::{Journal, StepLine};
 use crate::run::metrics::{Metrics, Row};
 
 /// RNG streams: batches of micro-step `k` use stream `k`; these are far above any `grad_accum`.
@@ -58,6 +61,11 @@ pub struct Trainer {
     pub(super) engine: Engine,
     pub(super) state: TrainState,
     pub(super) metrics: Metrics,
+    /// `steps.csv` and `evals.jsonl`.
+    pub(super) journal: Journal,
+    /// The prompt each evaluation samples from and maps the attention of.
+    pub(super) sample_prompt: Vec<u32>,
+    pub(super) engine_kind: EngineKind,
     pub(super) device: Device,
     /// Why `auto` passed over a GPU or the fused engine, when it did.
     pub(super) notes: Vec<String>,
@@ -218,6 +226,16 @@ impl Trainer {
             skipped: state.skipped_steps,
         };
         self.metrics.record(&self.run.dir, row)?;
+        let recording = Recording {
+            model: self.engine.model()?,
+            engine: self.engine_kind,
+            tokenizer: &self.run.tokenizer,
+            device: &self.device,
+            prompt: &self.sample_prompt,
+            config: &self.config,
+        };
+        let line = recording.line(step, (train_loss, val_loss))?;
+        self.journal.eval(&line)?;
         Ok(Estimate {
             train_loss,
             val_loss,
@@ -280,7 +298,16 @@ impl Trainer {
             {
                 let lr = learning_rate(&self.config, self.state.step - 1);
                 let at = (self.state.step, t.max_iters);
-                clock.log(&progress, at, step.loss, lr, self.tokens_per_step());
+                let tokens_per_s = clock.log(&progress, at, step.loss, lr, self.tokens_per_step());
+                self.journal.step(&StepLine {
+                    step: self.state.step,
+                    loss: step.loss,
+                    lr,
+                    grad_norm: step.grad_norm,
+                    tokens_per_s,
+                    skipped: self.state.skipped_steps,
+                    elapsed_s: clock.elapsed_s(),
+                })?;
             }
         }
         progress.finish();

@@ -13,6 +13,7 @@ use tinygpt_model::Gpt;
 use super::engine::Engine;
 use super::memory;
 use super::optim::{adamw_settings, load_optimizer, optimizer};
+use super::record;
 use super::session::Trainer;
 use crate::backend::{Backend, EngineKind, Placement};
 use crate::config::RunConfig;
@@ -20,6 +21,7 @@ use crate::config::presets::ConfigSource;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, corpus, mix};
 use crate::run::checkpoint::{self, Run, TrainState, Which};
+use crate::run::journal::Journal;
 use crate::run::metrics::Metrics;
 
 /// The RNG stream of the initial weights (far above any other stream).
@@ -61,6 +63,7 @@ impl Trainer {
             false => new_run(options)?,
         };
         let (config, tokenizer) = dir.config_and_tokenizer();
+        let sample_prompt = record::sample_prompt(config, tokenizer, &data)?;
         let gpt = config.gpt(tokenizer.vocab_size());
         let (kind, engine_note) = placement.engine_for(&gpt)?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
@@ -76,6 +79,9 @@ impl Trainer {
             .collect();
         let run = dir.into_run()?;
         let metrics = Metrics::open(&run.dir)?;
+        let evaluates_first = state.step.is_multiple_of(config.train.eval_interval)
+            || state.step == config.train.max_iters;
+        let journal = Journal::open(&run.dir, state.step, evaluates_first)?;
         Ok(Self {
             run,
             config,
@@ -84,6 +90,9 @@ impl Trainer {
             settled: state.step,
             state,
             metrics,
+            journal,
+            sample_prompt,
+            engine_kind: kind,
             device: placement.device,
             notes,
             memory,

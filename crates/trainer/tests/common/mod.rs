@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A model small enough that a few steps take well under a second.
-pub const TINY: [&str; 14] = [
+pub const TINY: [&str; 16] = [
     "--set",
     "model.n_layer=1",
     "--set",
@@ -22,6 +22,8 @@ pub const TINY: [&str; 14] = [
     "train.eval_iters=2",
     "--set",
     "train.eval_interval=5",
+    "--set",
+    "train.sample_tokens=8",
 ];
 
 /// This crate's directory, read when the test runs: a binary built in another checkout that

@@ -1,0 +1,110 @@
+//! What each evaluation records for watching a run learn (`evals.jsonl`, see
+//! [`crate::run::journal`]): a short sample from a fixed prompt and the attention of every
+//! layer and head on that prompt, so that a viewer can show them forming over training.
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
+use tinygpt_model::{GenerateOptions, Gpt, generate};
+
+use crate::backend::EngineKind;
+use crate::config::RunConfig;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::{Dataset, Split};
+use crate::inspect::AttentionMaps;
+use crate::run::journal::EvalLine;
+use crate::sample::decoder_for;
+
+/// The most tokens of the prompt whose attention is recorded: a heatmap a person can read, and
+/// a journal line of a few tens of kilobytes.
+pub const PROMPT_TOKENS: usize = 32;
+
+/// The prompt every evaluation of a run of `config` uses: `train.sample_prompt`, or the start
+/// of the validation split.
+pub fn sample_prompt(
+    config: &RunConfig,
+    tokenizer: &Tokenizer,
+    data: &Dataset,
+) -> Result<Vec<u32>> {
+    let most = PROMPT_TOKENS.min(config.model.block_size);
+    let text = &config.train.sample_prompt;
+    if text.is_empty() {
+        return Ok(head(&data.val, most));
+    }
+    let ids = tokenizer
+        .encode(text)
+        .context("`train.sample_prompt` cannot be written with this run's tokenizer")?;
+    if ids.is_empty() || ids.len() > most {
+        bail!(
+            "`train.sample_prompt` is {} tokens; it must be 1 to {most}",
+            ids.len()
+        );
+    }
+    Ok(ids)
+}
+
+/// The first `n` tokens of `split` (its first document's, with documents).
+fn head(split: &Split, n: usize) -> Vec<u32> {
+    let mut ids = match split {
+        Split::Packed(tokens) => tokens.slice(0, n.min(tokens.len())),
+        Split::Documents(documents) => documents.window(0),
+    };
+    ids.truncate(n);
+    ids
+}
+
+/// What to record at an evaluation.
+pub struct Recording<'a> {
+    pub model: &'a Gpt,
+    pub engine: EngineKind,
+    pub tokenizer: &'a Tokenizer,
+    pub device: &'a Device,
+    pub prompt: &'a [u32],
+    pub config: &'a RunConfig,
+}
+
+impl Recording<'_> {
+    /// The journal line of the evaluation at `step` with these losses.
+    pub fn line(&self, step: usize, (train_loss, val_loss): (f64, f64)) -> Result<EvalLine> {
+        let maps = AttentionMaps::of_tokens(self.model, self.tokenizer, self.prompt, self.device)?;
+        let attention = maps
+            .maps
+            .iter()
+            .map(|heads| {
+                heads
+                    .iter()
+                    .map(|w| {
+                        w.iter()
+                            .map(|&p| (p.clamp(0.0, 1.0) * 255.0).round() as u8)
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(EvalLine {
+            step,
+            train_loss,
+            val_loss,
+            prompt: maps.labels,
+            sample: self.sample()?,
+            attention,
+        })
+    }
+
+    /// `train.sample_tokens` sampled after the prompt, with the run's seed: the same at the same
+    /// step of a resumed run.
+    fn sample(&self) -> Result<String> {
+        let tokens = self.config.train.sample_tokens;
+        if tokens == 0 {
+            return Ok(String::new());
+        }
+        let vocab = self.tokenizer.vocab_size();
+        let mut decoder = decoder_for(self.engine, self.model, vocab)?;
+        let options = GenerateOptions {
+            max_new_tokens: tokens,
+            seed: self.config.train.seed,
+            ..GenerateOptions::default()
+        };
+        let ids = generate(&mut *decoder, self.prompt, &options, |_| {})?;
+        self.tokenizer.decode(&ids)
+    }
+}

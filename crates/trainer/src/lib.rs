@@ -10,11 +10,12 @@
 //! backend/   --backend: a device and the engine that trains on it (Placement::engine_for)
 //! train/     set-up, the loop, reporting; the engine (Burn autodiff or the fused CPU engine),
 //!            AdamW, the memory check
-//! run/       the run directory: checkpoints, checksums, the writer's lock, metrics
+//! run/       the run directory: checkpoints, checksums, the writer's lock, metrics, journal
 //! sample/    the decoder that generate, serve and bench sample with
 //! eval.rs, inspect.rs   losses over whole splits; attention maps
 //! interop/   nanoGPT and Hugging Face models in and out
 //! serve/     the HTTP API and playground over a trained run
+//! watch/     a live page of runs as they train (their journal: run/journal.rs)
 //! fs.rs      atomic files and directories, which everything above writes with; checksum.rs
 //!            SHA-256 in hex
 //! ```
@@ -36,3 +37,4 @@ pub mod run;
 pub mod sample;
 pub mod serve;
 pub mod train;
+pub mod watch;

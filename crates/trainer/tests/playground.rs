@@ -1,7 +1,7 @@
 //! The playground in a real browser: headless Chromium driven through the DevTools protocol.
 //! It loads the page, generates, sees the text stream in (equal to the API's for the same
 //! seed), clicks a token, sees the heatmaps drawn, checks a phone-sized screen, and saves a
-//! screenshot whose path it prints.
+//! screenshot whose path it prints; and `tinygpt watch` following a run as it trains.
 //!
 //! Chromium: `TINYGPT_CHROMIUM`, else `chromium` or `chromium-browser` on the PATH. Without
 //! one the test is skipped with a message, except under CI (`CI` set), where it fails.
@@ -28,6 +28,19 @@ fn chromium() -> Option<PathBuf> {
     std::env::split_paths(&path)
         .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
         .find(|p| p.is_file())
+}
+
+/// [`chromium`], or `None` with a message when there is none (a failure under CI).
+fn chromium_or_skip() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the browser test: install Debian's chromium package"
+        );
+        eprintln!("skipped: no chromium on the PATH (set TINYGPT_CHROMIUM to run this test)");
+    }
+    found
 }
 
 /// Headless Chromium and a DevTools session on its first page.
@@ -160,12 +173,7 @@ impl Drop for Browser {
 
 #[test]
 fn playground_generates_and_draws_attention_in_a_browser() {
-    let Some(binary) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run the browser test: install Debian's chromium package"
-        );
-        eprintln!("skipped: no chromium on the PATH (set TINYGPT_CHROMIUM to run this test)");
+    let Some(binary) = chromium_or_skip() else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -284,4 +292,163 @@ fn playground_generates_and_draws_attention_in_a_browser() {
     let phone = path.with_file_name("playground-phone.png");
     browser.screenshot(&phone);
     println!("screenshot: {}", phone.display());
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tinygpt watch` in a real browser: a run still training and a finished one plot together,
+/// a new point arrives while the page is open, and the slider across evaluations changes the
+/// attention heatmap's pixels.
+#[test]
+fn watch_follows_a_run_as_it_trains() {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let every = [
+        "--set",
+        "train.log_interval=2",
+        "--set",
+        "train.eval_interval=10",
+    ];
+    ok(train(
+        dir,
+        "done",
+        &[&["--max-iters", "40"][..], &every].concat(),
+    ));
+    let corpus = corpus();
+    let mut live = vec!["train", "--data", corpus.to_str().unwrap(), "--out", "live"];
+    live.extend(TINY);
+    live.extend(["--max-iters", "100000000", "--backend", "flex"]);
+    live.extend(every);
+    let _live = Killed(
+        Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+            .args(&live)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(["watch", "live", "done", "--port", "0"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(watch.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let _watch = Killed(watch);
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+
+    let mut browser = Browser::launch(&binary);
+    browser.call("Page.enable", json!({}));
+    browser.call("Page.navigate", json!({"url": url}));
+    browser.wait_until(
+        "both runs on the chart",
+        "document.getElementById('loss').dataset.runs === '2'",
+    );
+    let points = browser.eval("Number(document.getElementById('loss').dataset.points)");
+    browser.wait_until(
+        "a new point from the run still training",
+        &format!("Number(document.getElementById('loss').dataset.points) > {points}"),
+    );
+
+    // The finished run's attention: the first and the last evaluation differ in pixels.
+    let pixels = "(() => { const c = document.getElementById('heatmap');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let h = 0; for (let i = 0; i < d.length; i += 4) h = (h * 31 + d[i]) % 1000000007;
+        return c.dataset.drawn + ' ' + h; })()";
+    browser.eval(
+        "{ const r = document.getElementById('att-run'); r.value = '1';
+           r.dispatchEvent(new Event('change')); } true",
+    );
+    browser.wait_until(
+        "the finished run's heatmap",
+        "(document.getElementById('heatmap').dataset.drawn || '').startsWith('40/')",
+    );
+    let last = browser.eval(pixels);
+    browser.eval(
+        "{ const s = document.getElementById('eval'); s.value = '0';
+           s.dispatchEvent(new Event('input')); } true",
+    );
+    browser.wait_until(
+        "the heatmap at step 0",
+        "document.getElementById('heatmap').dataset.drawn.startsWith('0/')",
+    );
+    let first = browser.eval(pixels);
+    let hash = |v: &Value| v.as_str().unwrap().split(' ').nth(1).unwrap().to_string();
+    assert_ne!(hash(&first), hash(&last), "{first} vs {last}");
+    let samples = browser.eval("document.querySelectorAll('#samples .sample').length");
+    assert!(samples.as_u64().unwrap() >= 1, "{samples}");
+
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("watch.png");
+    browser.eval(
+        "{ const s = document.getElementById('eval'); s.value = s.max;
+           s.dispatchEvent(new Event('input')); } true",
+    );
+    browser.screenshot(&path);
+    println!("screenshot: {}", path.display());
+    // Runs of your own for a nicer screenshot: TINYGPT_WATCH_RUNS="runs/a runs/b".
+    if let Ok(runs) = std::env::var("TINYGPT_WATCH_RUNS") {
+        let mut args = vec!["watch", "--port", "0"];
+        args.extend(runs.split_whitespace());
+        let mut own = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(own.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let _own = Killed(own);
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap();
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": 1200, "height": 1180, "deviceScaleFactor": 1, "mobile": false}),
+        );
+        browser.call("Page.navigate", json!({"url": url}));
+        browser.wait_until(
+            "the runs' samples",
+            "document.querySelectorAll('#samples .sample').length > 0",
+        );
+        browser.eval(
+            "{ const h = document.getElementById('layer'); h.value = '1';
+               h.dispatchEvent(new Event('change')); } true",
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let own_path = path.with_file_name("watch-runs.png");
+        browser.screenshot(&own_path);
+        println!("screenshot: {}", own_path.display());
+        browser.call("Emulation.clearDeviceMetricsOverride", json!({}));
+    }
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": true}),
+    );
+    let width = browser.eval("document.documentElement.scrollWidth");
+    assert!(
+        width.as_u64().unwrap() <= 390,
+        "the page is {width} px wide on a 390 px screen"
+    );
 }

@@ -12,6 +12,7 @@ mod params;
 mod prepare;
 mod serve;
 mod train;
+mod watch;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -43,6 +44,7 @@ enum Command {
     Info(info::Args),
     Attention(attention::Args),
     Serve(serve::Args),
+    Watch(watch::Args),
     Export(export::Args),
     Import(import::Args),
     Bench(bench::Args),
@@ -65,6 +67,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Params(args) => params::run(args),
         Command::Prepare(args) => prepare::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Watch(args) => watch::run(args),
     }
 }
 

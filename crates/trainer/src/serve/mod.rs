@@ -34,7 +34,9 @@ use futures_util::future::Either;
 use anyhow::{Context, Result, bail};
 
 pub use connections::ConnectionLimits;
+pub(crate) use playground::file as compiled_file;
 pub use pool::{Model, Stats};
+
 pub use template::ChatTemplate;
 
 /// How the server listens and what it allows.
@@ -116,15 +118,6 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     options.validate()?;
-    let mut options = options;
-    options.connections.max_connections =
-        descriptors::connection_budget(options.connections.max_connections);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        // Timers too: the connections' timeouts and the pause after a failed accept.
-        .enable_all()
-        .build()
-        .context("cannot start the server's runtime")?;
     if let Err(e) = model.tokenizer.encode(&options.chat_template.render(&[])) {
         eprintln!(
             "note: this model's tokenizer cannot write the chat template ({e:#}); \
@@ -134,27 +127,52 @@ pub fn serve(
     let model = Arc::new(model);
     let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
     let state = Arc::new(state::State::new(name, &model, pool, options.clone()));
-    let result = runtime.block_on(async {
-        let signals = StopSignals::listen()?;
-        let listener = tokio::net::TcpListener::bind(options.addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", options.addr))?;
-        on_listening(listener.local_addr()?);
-        let router = routes::router(state.clone());
-        serve_until_stopped(
-            signals,
-            listener,
-            router,
-            &options,
-            state.pool.stats.clone(),
-        )
-        .await
-    });
-    // Connections still open past the deadline go with their tasks: their event channels
-    // close, and the workers writing to them stop at their next token and can be joined.
-    runtime.shutdown_background();
+    let http = Http {
+        command: "serve",
+        addr: options.addr,
+        limits: options.connections.clone(),
+        shutdown_timeout: options.shutdown_timeout,
+        stats: state.pool.stats.clone(),
+    };
+    let result = http.run(routes::router(state.clone()), on_listening);
     state.pool.shut_down();
     result
+}
+
+/// An HTTP server of tinygpt's (`serve`, `watch`): where it listens, its connection limits,
+/// its shutdown deadline and the counters its connections keep.
+pub(crate) struct Http {
+    /// The command, as its log lines begin.
+    pub command: &'static str,
+    pub addr: SocketAddr,
+    pub limits: ConnectionLimits,
+    pub shutdown_timeout: Duration,
+    pub stats: Arc<Stats>,
+}
+
+impl Http {
+    /// Serves `router` until Ctrl-C or SIGTERM (see [`serve_until_stopped`]); `on_listening`
+    /// is told the bound address once requests can arrive.
+    pub fn run(self, router: axum::Router, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            // Timers too: the connections' timeouts and the pause after a failed accept.
+            .enable_all()
+            .build()
+            .context("cannot start the server's runtime")?;
+        let result = runtime.block_on(async {
+            let signals = StopSignals::listen()?;
+            let listener = tokio::net::TcpListener::bind(self.addr)
+                .await
+                .with_context(|| format!("cannot listen on {}", self.addr))?;
+            on_listening(listener.local_addr()?);
+            serve_until_stopped(signals, listener, router, &self).await
+        });
+        // Connections still open past the deadline go with their tasks: their event channels
+        // close, and the workers writing to them stop at their next token and can be joined.
+        runtime.shutdown_background();
+        result
+    }
 }
 
 /// Serves until the first Ctrl-C or SIGTERM, then lets the requests in flight finish; at
@@ -164,30 +182,26 @@ async fn serve_until_stopped(
     mut signals: StopSignals,
     listener: tokio::net::TcpListener,
     router: axum::Router,
-    options: &ServeOptions,
-    stats: Arc<Stats>,
+    http: &Http,
 ) -> Result<()> {
-    let timeout = options.shutdown_timeout;
+    let timeout = http.shutdown_timeout;
     let (stopping, stopped) = tokio::sync::watch::channel(false);
-    let server = connections::serve(
-        listener,
-        router,
-        options.connections.clone(),
-        stats,
-        stopped,
-    );
+    let mut limits = http.limits.clone();
+    limits.max_connections = descriptors::connection_budget(limits.max_connections);
+    let server = connections::serve(listener, router, limits, http.stats.clone(), stopped);
+    let command = http.command;
     let stopper = async move {
         signals.next().await;
         eprintln!(
-            "serve: stopping: finishing the requests in flight (for at most {}; Ctrl-C again to \
-             stop now)",
+            "{command}: stopping: finishing the requests in flight (for at most {}; Ctrl-C \
+             again to stop now)",
             humantime::format_duration(timeout)
         );
         let _ = stopping.send(true);
         let deadline = Box::pin(tokio::time::sleep(timeout));
         match futures_util::future::select(deadline, Box::pin(signals.next())).await {
-            Either::Left(_) => eprintln!("serve: --shutdown-timeout reached: closing the rest"),
-            Either::Right(_) => eprintln!("serve: a second signal: closing the rest"),
+            Either::Left(_) => eprintln!("{command}: --shutdown-timeout reached: closing the rest"),
+            Either::Right(_) => eprintln!("{command}: a second signal: closing the rest"),
         }
     };
     // The server ends by itself once stopping has let every connection finish; the signals'

@@ -20,6 +20,7 @@ pub fn style() -> Response {
     file("text/css; charset=utf-8", STYLE)
 }
 
-fn file(content_type: &'static str, body: &'static str) -> Response {
+/// A file compiled into the binary, as a response (the `watch` page's too).
+pub(crate) fn file(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }

@@ -114,6 +114,15 @@ impl Engine {
         Ok((engine, note))
     }
 
+    /// Which engine this is.
+    pub fn kind(&self) -> EngineKind {
+        match self.kind {
+            Kind::Autodiff(_) => EngineKind::Autodiff,
+            Kind::Device { .. } => EngineKind::Device,
+            Kind::Fused { .. } => EngineKind::Fused,
+        }
+    }
+
     /// A short description for the log line.
     pub fn describe(&self) -> String {
         match &self.kind {

@@ -19,7 +19,6 @@ use super::memory::{self, human};
 use super::optim::learning_rate;
 use super::record::Recording;
 use super::report::Clock;
-use crate::backend::EngineKind;
 use crate::backend::describe;
 use crate::config::RunConfig;
 use crate::data::{Batch, Dataset, mix, step_rng};
@@ -65,7 +64,6 @@ pub struct Trainer {
     pub(super) journal: Journal,
     /// The prompt each evaluation samples from and maps the attention of.
     pub(super) sample_prompt: Vec<u32>,
-    pub(super) engine_kind: EngineKind,
     pub(super) device: Device,
     /// Why `auto` passed over a GPU or the fused engine, when it did.
     pub(super) notes: Vec<String>,
@@ -226,9 +224,10 @@ impl Trainer {
             skipped: state.skipped_steps,
         };
         self.metrics.record(&self.run.dir, row)?;
+        let engine = self.engine.kind();
         let recording = Recording {
             model: self.engine.model()?,
-            engine: self.engine_kind,
+            engine,
             tokenizer: &self.run.tokenizer,
             device: &self.device,
             prompt: &self.sample_prompt,
@@ -270,7 +269,7 @@ impl Trainer {
         let mut interrupted = false;
         loop {
             let step = self.state.step;
-            if step.is_multiple_of(t.eval_interval) || step == t.max_iters {
+            if evaluates_at(&self.config, step) {
                 self.evaluate_and_save(&mut clock, &progress)?;
             }
             if step >= t.max_iters {
@@ -356,6 +355,12 @@ impl Trainer {
         ));
         Ok(())
     }
+}
+
+/// Whether a run of `config` evaluates (and checkpoints) when it reaches `step`: every
+/// `eval_interval` steps and at the end.
+pub fn evaluates_at(config: &RunConfig, step: usize) -> bool {
+    step.is_multiple_of(config.train.eval_interval) || step == config.train.max_iters
 }
 
 /// Training step `step` of a run of `config` on `data`: its batches (drawn from the seed and

@@ -14,7 +14,7 @@ use super::engine::Engine;
 use super::memory;
 use super::optim::{adamw_settings, load_optimizer, optimizer};
 use super::record;
-use super::session::Trainer;
+use super::session::{Trainer, evaluates_at};
 use crate::backend::{Backend, EngineKind, Placement};
 use crate::config::RunConfig;
 use crate::config::presets::ConfigSource;
@@ -79,8 +79,7 @@ impl Trainer {
             .collect();
         let run = dir.into_run()?;
         let metrics = Metrics::open(&run.dir)?;
-        let evaluates_first = state.step.is_multiple_of(config.train.eval_interval)
-            || state.step == config.train.max_iters;
+        let evaluates_first = evaluates_at(&config, state.step);
         let journal = Journal::open(&run.dir, state.step, evaluates_first)?;
         Ok(Self {
             run,
@@ -92,7 +91,6 @@ impl Trainer {
             metrics,
             journal,
             sample_prompt,
-            engine_kind: kind,
             device: placement.device,
             notes,
             memory,

@@ -304,6 +304,28 @@ impl Drop for Killed {
     }
 }
 
+/// `tinygpt watch RUNS --port 0` in `dir`, once it listens, and its address.
+fn start_watch(dir: &Path, runs: &[&str]) -> (Killed, String) {
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(["watch", "--port", "0"])
+        .args(runs)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(watch.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    (Killed(watch), url)
+}
+
 /// `tinygpt watch` in a real browser: a run still training and a finished one plot together,
 /// a new point arrives while the page is open, and the slider across evaluations changes the
 /// attention heatmap's pixels.
@@ -339,23 +361,7 @@ fn watch_follows_a_run_as_it_trains() {
             .spawn()
             .unwrap(),
     );
-    let mut watch = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-        .args(["watch", "live", "done", "--port", "0"])
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(watch.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let _watch = Killed(watch);
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .to_string();
+    let (_watch, url) = start_watch(dir, &["live", "done"]);
 
     let mut browser = Browser::launch(&binary);
     browser.call("Page.enable", json!({}));
@@ -407,22 +413,8 @@ fn watch_follows_a_run_as_it_trains() {
     println!("screenshot: {}", path.display());
     // Runs of your own for a nicer screenshot: TINYGPT_WATCH_RUNS="runs/a runs/b".
     if let Ok(runs) = std::env::var("TINYGPT_WATCH_RUNS") {
-        let mut args = vec!["watch", "--port", "0"];
-        args.extend(runs.split_whitespace());
-        let mut own = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-            .args(&args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(own.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let _own = Killed(own);
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap();
+        let runs: Vec<&str> = runs.split_whitespace().collect();
+        let (_own, url) = start_watch(dir, &runs);
         browser.call(
             "Emulation.setDeviceMetricsOverride",
             json!({"width": 1200, "height": 1180, "deviceScaleFactor": 1, "mobile": false}),

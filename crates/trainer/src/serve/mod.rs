@@ -36,6 +36,7 @@ use anyhow::{Context, Result, bail};
 pub use connections::ConnectionLimits;
 pub(crate) use playground::file as compiled_file;
 pub use pool::{Model, Stats};
+pub(crate) use routes::{bearer_token, key_matches};
 
 pub use template::ChatTemplate;
 

@@ -100,31 +100,31 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(key) = &state.options.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer);
-        // In constant time: how much of a guess matches must not show in the answer's timing.
-        let right = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
-        if !right {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong API key: send `Authorization: Bearer KEY` with the server's \
-                 --api-key",
-            )
-            .with_code("invalid_api_key"));
-        }
+    if let Some(key) = &state.options.api_key
+        && !key_matches(bearer_token(request.headers()), key)
+    {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: send `Authorization: Bearer KEY` with the server's \
+             --api-key",
+        )
+        .with_code("invalid_api_key"));
     }
     Ok(next.run(request).await)
 }
 
 /// The token of an `Authorization: Bearer TOKEN` header; the scheme's case does not matter
 /// (RFC 9110).
-fn bearer(value: &str) -> Option<&str> {
+pub(crate) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether `given` is `key`, compared in constant time: how much of a guess matches must not
+/// show in the answer's timing.
+pub(crate) fn key_matches(given: Option<&str>, key: &str) -> bool {
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
 }
 
 /// The one model, with what a client needs to count tokens and size prompts in `meta`

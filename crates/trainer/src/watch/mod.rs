@@ -24,9 +24,8 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use subtle::ConstantTimeEq;
 
-use crate::serve::{ConnectionLimits, Http, Stats};
+use crate::serve::{ConnectionLimits, Http, Stats, bearer_token, key_matches};
 use follow::Run;
 
 /// How often the files are looked at for new lines.
@@ -85,21 +84,13 @@ pub fn watch(options: WatchOptions, on_listening: impl FnOnce(SocketAddr)) -> Re
 /// header) or `Authorization: Bearer`.
 async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     if let Some(key) = &shared.api_key {
-        let bearer = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim().to_string());
         let in_query = request.uri().query().and_then(|q| {
             q.split('&')
                 .find_map(|pair| pair.strip_prefix("key="))
                 .map(percent_decoded)
         });
-        let given = in_query.or(bearer);
-        let right = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
-        if !right {
+        let given = in_query.as_deref().or(bearer_token(request.headers()));
+        if !key_matches(given, key) {
             return (
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong key: open the page as /?key=KEY (the --api-key of tinygpt watch)",

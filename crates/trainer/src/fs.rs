@@ -108,6 +108,15 @@ fn process_exists(_: u32) -> bool {
 /// (see [`on_signal_remove`]).
 static STAGING: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
 
+/// Set once a signal has started removing the staging directories.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a signal is removing the staging directories (and will exit 130): the work that
+/// fails meanwhile, for want of its directory, is no error to report.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// On Ctrl-C, SIGTERM or SIGHUP, removes `dir` and exits 130: for commands that only write a
 /// staging directory until their last rename. Call once per process.
 pub fn on_signal_remove(dir: &Path) -> Result<()> {
@@ -116,6 +125,7 @@ pub fn on_signal_remove(dir: &Path) -> Result<()> {
         .unwrap_or_else(|e| e.into_inner())
         .push(dir.to_path_buf());
     ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let staging = STAGING.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for dir in staging {
             // The work goes on meanwhile and may add a file: try again.

@@ -33,6 +33,10 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| commands::run(cli)) {
         Ok(Ok(code)) => code,
         Ok(Err(err)) if broken_pipe(&err) => ExitCode::SUCCESS,
+        // Stopped by a signal while the staging directory went: the handler says so and exits.
+        Ok(Err(_)) if tinygpt::fs::interrupted() => loop {
+            std::thread::park();
+        },
         Ok(Err(err)) => {
             eprintln!("tinygpt: error: {}", format!("{err:#}").replace('\n', " "));
             ExitCode::FAILURE

@@ -8,6 +8,7 @@ use burn::tensor::{Bool, Device, Tensor};
 
 use crate::config::AttentionKernel;
 use crate::error::AttentionError;
+use crate::flash::{self, flash_attention};
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 
@@ -66,7 +67,15 @@ impl CausalSelfAttention {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
         let heads = self.heads(x);
-        let y = if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
+        let y = if self.use_flash(&heads, key_padding.is_some()) {
+            let device = heads.q.device();
+            let dropout = if self.dropout_active(&device) {
+                self.attn_dropout.prob
+            } else {
+                0.0
+            };
+            flash_attention(heads.q, heads.k, heads.v, dropout)
+        } else if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, Some(padding)));
             let is_causal = mask.is_none();
             sdpa(heads, mask, is_causal)
@@ -152,10 +161,21 @@ impl CausalSelfAttention {
             && device.is_autodiff()
     }
 
+    /// Whether this call takes the flash kernels (see [`AttentionKernel`]).
+    fn use_flash(&self, heads: &Heads, padded: bool) -> bool {
+        let device = heads.q.device();
+        let wanted = match self.kernel {
+            AttentionKernel::Flash => true,
+            AttentionKernel::Auto => device.is_autodiff(),
+            AttentionKernel::Explicit | AttentionKernel::Sdpa => false,
+        };
+        wanted && !padded && flash::supported(&device, heads.q.dtype(), heads.q.dims()[3])
+    }
+
     /// Whether this call may take Burn's SDPA op (see [`AttentionKernel`]).
     fn use_sdpa(&self, device: &Device, padded: bool) -> bool {
         match self.kernel {
-            AttentionKernel::Explicit => false,
+            AttentionKernel::Explicit | AttentionKernel::Flash => false,
             AttentionKernel::Sdpa => !self.dropout_active(device),
             // Under autodiff the SDPA op was slower than the explicit one on CPU, and padding
             // needs a materialised mask anyway.

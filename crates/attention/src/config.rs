@@ -9,12 +9,12 @@ use crate::attention::CausalSelfAttention;
 use crate::error::AttentionConfigError;
 
 /// Which implementation computes `softmax(QKᵀ/√d + mask) · V`. In TOML: `"auto"`, `"explicit"`,
-/// `"sdpa"` (`"fused"`, its earlier name, is read as `"sdpa"`).
+/// `"sdpa"`, `"flash"` (`"fused"`, an earlier name, is read as `"sdpa"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttentionKernel {
-    /// Per call: [`Sdpa`](AttentionKernel::Sdpa) when it gives the same result and is faster
-    /// (inference without padding, weights or dropout), otherwise
+    /// Per call: in training on a GPU, [`Flash`](AttentionKernel::Flash); in inference without
+    /// padding, [`Sdpa`](AttentionKernel::Sdpa); otherwise
     /// [`Explicit`](AttentionKernel::Explicit).
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops: the code that
@@ -26,6 +26,11 @@ pub enum AttentionKernel {
     /// [`Explicit`](AttentionKernel::Explicit).
     #[serde(alias = "fused")]
     Sdpa,
+    /// tinygpt's flash attention ([`crate::flash`]): one CubeCL kernel for the forward and one
+    /// hand-written backward, the `[seq, seq]` scores never in memory, dropout inside the kernel.
+    /// On GPU backends (wgpu, Vulkan, CUDA) in f32 with `d_head <= 256`; elsewhere, and with a
+    /// padding mask, the explicit path.
+    Flash,
 }
 
 /// Configuration to create a [`CausalSelfAttention`] layer with [`init`](Self::init).

@@ -23,8 +23,10 @@
 //!   [`CausalSelfAttentionConfig::init`]: multi-head, optional key-padding mask, dropout on the
 //!   attention weights during training, weights returned for inspection
 //!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`].
-//! - Two implementations of the core ([`AttentionKernel`]): the explicit one written out as
-//!   above, and Burn's scaled dot-product attention op (`sdpa`), chosen per call.
+//! - Three implementations of the core ([`AttentionKernel`]): the explicit one written out as
+//!   above, Burn's scaled dot-product attention op (`sdpa`), and on GPUs [`flash`]: the same
+//!   attention in one kernel that never writes the `[seq, seq]` weights to memory, with its own
+//!   backward; chosen per call.
 //! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
 //!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
 //!
@@ -34,6 +36,7 @@
 mod attention;
 mod config;
 mod error;
+pub mod flash;
 mod kv_cache;
 pub mod mask;
 

@@ -127,7 +127,11 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
     match kernel {
-        AttentionKernel::Auto | AttentionKernel::Explicit | AttentionKernel::Sdpa => {}
+        // All compute the same function; the fused engine has its own attention kernel.
+        AttentionKernel::Auto
+        | AttentionKernel::Explicit
+        | AttentionKernel::Sdpa
+        | AttentionKernel::Flash => {}
     }
     match activation {
         Activation::Gelu => {}

@@ -339,6 +339,9 @@ fn gradients(
     grad_clip: f64,
 ) -> Result<(GradientsParams, Tensor<1>)> {
     device.seed(dropout_seed);
+    // Flash attention's in-kernel dropout draws its masks from its own stream: seeded per step
+    // too, so a resumed run drops the same weights.
+    tinygpt_attention::flash::seed_dropout(dropout_seed);
     let n = batches.len() as f64;
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], device);

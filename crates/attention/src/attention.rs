@@ -76,12 +76,12 @@ impl CausalSelfAttention {
             };
             flash_attention(heads.q, heads.k, heads.v, dropout)
         } else if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
-            let mask = key_padding.map(|padding| self.mask(batch, seq, 0, Some(padding)));
+            let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
             let is_causal = mask.is_none();
             sdpa(heads, mask, is_causal)
         } else {
             let padded = key_padding.is_some();
-            let mask = self.mask(batch, seq, 0, key_padding);
+            let mask = self.mask(batch, seq, 0, seq, key_padding);
             self.explicit(heads, Some(mask), padded).0
         };
         Ok(self.merge_heads(y))
@@ -98,7 +98,7 @@ impl CausalSelfAttention {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
-        let mask = self.mask(batch, seq, 0, key_padding);
+        let mask = self.mask(batch, seq, 0, seq, key_padding);
         let (y, weights) = self.explicit(self.heads(x), Some(mask), padded);
         Ok((self.merge_heads(y), weights))
     }
@@ -121,10 +121,12 @@ impl CausalSelfAttention {
             return Err(AttentionError::CacheBatchMismatch { cached, got: batch });
         }
         let Heads { q, k, v } = self.heads(x);
-        let (k, v) = cache.append(k, v);
+        let (k, v) = cache.append(k, v)?;
+        let keys = k.dims()[2];
         let heads = Heads { q, k, v };
-        // One new token may see every cached key: no mask at all.
-        let mask = (new > 1).then(|| self.mask(batch, new, past, None));
+        // One new token may see every key a growing cache holds: no mask at all. A fixed cache
+        // hides its rows not written yet as if they were future tokens.
+        let mask = (new > 1 || keys > past + new).then(|| self.mask(batch, new, past, keys, None));
         let y = if self.use_sdpa(&heads.q.device(), false) && mask.is_none() {
             sdpa(heads, None, false)
         } else {
@@ -210,16 +212,17 @@ impl CausalSelfAttention {
         self.resid_dropout.forward(self.c_proj.forward(y))
     }
 
-    /// The hidden positions for `new` queries after `past` cached tokens, `true` = hidden:
-    /// the causal mask, or-ed with the key padding when given. `[batch, heads, new, past + new]`.
+    /// The hidden positions for `new` queries after `past` cached tokens among `keys` keys
+    /// (`past + new`, or more for a fixed cache whose rows past those are empty), `true` =
+    /// hidden: the causal mask, or-ed with the key padding when given. `[batch, heads, new, keys]`.
     fn mask(
         &self,
         batch: usize,
         new: usize,
         past: usize,
+        keys: usize,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Tensor<4, Bool> {
-        let keys = past + new;
         let shape = [batch, self.n_heads, new, keys];
         let device = self.c_proj.weight.device();
         let causal = causal_mask_with_offset(new, keys, past, &device)

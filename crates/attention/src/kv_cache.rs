@@ -2,6 +2,8 @@
 
 use burn::tensor::Tensor;
 
+use crate::error::AttentionError;
+
 /// The keys and values one attention layer has computed so far, each
 /// `[batch, heads, cached, d_head]`.
 ///
@@ -10,49 +12,127 @@ use burn::tensor::Tensor;
 /// token's attention from recomputing the whole prefix into one query against stored keys. Use
 /// one cache per layer and pass it to
 /// [`CausalSelfAttention::forward_cached`](crate::CausalSelfAttention::forward_cached).
+///
+/// Two layouts, the same numbers:
+/// - [`KvCache::new`] grows: each token's keys are concatenated to the others, and attention
+///   sees exactly the tokens cached. On a CPU that is the least work.
+/// - [`KvCache::with_capacity`] holds `[batch, heads, capacity, d_head]` from the start and
+///   writes each token's keys into its row; attention sees all `capacity` rows with the rows
+///   not written yet masked like future tokens. Every token then runs the same tensor shapes,
+///   which a GPU backend compiles and tunes its kernels for once, instead of once per length.
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     keys: Option<Tensor<4>>,
     values: Option<Tensor<4>>,
+    /// Tokens written (for the growing layout, the tensors' length).
+    len: usize,
+    /// `Some(rows)` for the fixed layout.
+    capacity: Option<usize>,
 }
 
 impl KvCache {
-    /// An empty cache.
+    /// An empty cache that grows with each token.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty cache of `capacity` rows (a model's `block_size`), allocated at the first
+    /// token and kept by [`clear`](Self::clear).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            capacity: Some(capacity),
+            ..Self::default()
+        }
+    }
+
     /// Number of tokens cached.
     pub fn len(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.dims()[2])
+        self.len
     }
 
     /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// Forgets every cached token (e.g. before re-filling a sliding window).
+    /// Forgets every cached token (e.g. before re-filling a sliding window). A fixed cache
+    /// keeps its memory: the rows are overwritten as tokens come.
     pub fn clear(&mut self) {
-        *self = Self::default();
+        self.len = 0;
+        if self.capacity.is_none() {
+            self.keys = None;
+            self.values = None;
+        }
     }
 
-    /// Batch size of the cached tensors, if any.
+    /// Batch size of the cached tokens, if any.
     pub(crate) fn batch(&self) -> Option<usize> {
-        self.keys.as_ref().map(|k| k.dims()[0])
+        match self.len {
+            0 => None,
+            _ => self.keys.as_ref().map(|k| k.dims()[0]),
+        }
     }
 
-    /// Appends new keys/values `[batch, heads, new, d_head]` and returns all of them
-    /// `[batch, heads, cached + new, d_head]`.
-    pub(crate) fn append(&mut self, keys: Tensor<4>, values: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let join = |old: Option<Tensor<4>>, new: Tensor<4>| match old {
-            Some(old) => Tensor::cat(vec![old, new], 2),
-            None => new,
+    /// Appends new keys/values `[batch, heads, new, d_head]` and returns all of them:
+    /// `[batch, heads, cached + new, d_head]`, or `[batch, heads, capacity, d_head]` for a fixed
+    /// cache (rows from `cached + new` on hold nothing and must be masked).
+    pub(crate) fn append(
+        &mut self,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+    ) -> Result<(Tensor<4>, Tensor<4>), AttentionError> {
+        let new = keys.dims()[2];
+        let (keys, values) = match self.capacity {
+            None => {
+                let join = |old: Option<Tensor<4>>, new: Tensor<4>| match old {
+                    Some(old) => Tensor::cat(vec![old, new], 2),
+                    None => new,
+                };
+                (
+                    join(self.keys.take(), keys),
+                    join(self.values.take(), values),
+                )
+            }
+            Some(capacity) => {
+                if self.len + new > capacity {
+                    return Err(AttentionError::SequenceTooLong {
+                        len: self.len + new,
+                        max: capacity,
+                    });
+                }
+                let keys = self.write(Rows::Keys, capacity, keys);
+                let values = self.write(Rows::Values, capacity, values);
+                (keys, values)
+            }
         };
-        let keys = join(self.keys.take(), keys);
-        let values = join(self.values.take(), values);
+        self.len += new;
         self.keys = Some(keys.clone());
         self.values = Some(values.clone());
-        (keys, values)
+        Ok((keys, values))
     }
+
+    /// `rows` `[batch, heads, new, d_head]` written at rows `len..len + new` of the fixed
+    /// buffer, which is made (zeros) when there is none of this shape yet.
+    fn write(&mut self, which: Rows, capacity: usize, rows: Tensor<4>) -> Tensor<4> {
+        let [batch, heads, new, d_head] = rows.dims();
+        let full = [batch, heads, capacity, d_head];
+        let slot = match which {
+            Rows::Keys => self.keys.take(),
+            Rows::Values => self.values.take(),
+        };
+        let buffer = match slot {
+            Some(buffer) if buffer.dims() == full => buffer,
+            _ => Tensor::zeros(full, &rows.device()),
+        };
+        buffer.slice_assign(
+            [0..batch, 0..heads, self.len..self.len + new, 0..d_head],
+            rows,
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Rows {
+    Keys,
+    Values,
 }

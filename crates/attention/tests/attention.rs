@@ -318,41 +318,58 @@ fn sdpa_explicit_reference_agree(device: &Device) {
     assert_close(&got, &expect, 1e-5, "autodiff vs f64 reference");
 }
 
-/// Feeding a sequence in pieces through the KV cache gives the full forward's outputs.
+/// `x` `[batch, seq, d]` fed through `cache` in `pieces`: the outputs, concatenated.
+fn feed_in_pieces(
+    layer: &CausalSelfAttention,
+    x: &Tensor<3>,
+    pieces: &[usize],
+    cache: &mut KvCache,
+) -> Vec<f32> {
+    let [batch, _, d] = x.dims();
+    let mut outs = Vec::new();
+    let mut start = 0;
+    for &n in pieces {
+        let piece = x.clone().slice([0..batch, start..start + n, 0..d]);
+        outs.push(layer.forward_cached(piece, cache).unwrap());
+        start += n;
+    }
+    values(Tensor::cat(outs, 1))
+}
+
+/// Feeding a sequence in pieces through the KV cache gives the full forward's outputs, with a
+/// growing cache and with one of fixed capacity (whose rows not written yet, and rows left from
+/// before a `clear`, must be invisible).
 fn kv_cache_matches_full_forward(device: &Device) {
     let layer = layer(32, 4, 12, device);
     let (batch, seq, d) = (2, 12, 32);
     let x = random([batch, seq, d], device);
     let full = layer.forward(x.clone(), None).unwrap();
-    for kernel in [
+    let short = random([batch, 5, d], device);
+    let short_full = values(layer.forward(short.clone(), None).unwrap());
+    for (kernel, fixed) in [
         AttentionKernel::Auto,
         AttentionKernel::Explicit,
         AttentionKernel::Sdpa,
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|kernel| [(kernel, false), (kernel, true)])
+    {
         let layer = with_kernel(&layer, kernel);
         for pieces in [&[1usize; 12][..], &[3, 1, 5, 1, 2][..]] {
-            let mut cache = KvCache::new();
-            let mut outs = Vec::new();
-            let mut start = 0;
-            for &n in pieces {
-                outs.push(
-                    layer
-                        .forward_cached(
-                            x.clone().slice([0..batch, start..start + n, 0..d]),
-                            &mut cache,
-                        )
-                        .unwrap(),
-                );
-                start += n;
-            }
+            let mut cache = match fixed {
+                true => KvCache::with_capacity(seq),
+                false => KvCache::new(),
+            };
+            let what = format!("{kernel:?} fixed {fixed} cache {pieces:?}");
+            let cached = feed_in_pieces(&layer, &x, pieces, &mut cache);
             assert_eq!(cache.len(), seq);
-            let cached = values(Tensor::cat(outs, 1));
-            assert_close(
-                &cached,
-                &values(full.clone()),
-                1e-5,
-                &format!("{kernel:?} cache {pieces:?}"),
-            );
+            assert_close(&cached, &values(full.clone()), 1e-5, &what);
+            // Refilled after a clear, a shorter sequence sees none of the old rows.
+            cache.clear();
+            let refilled = feed_in_pieces(&layer, &short, &[2, 1, 2], &mut cache);
+            assert_close(&refilled, &short_full, 1e-5, &format!("{what}, refilled"));
+            cache.clear();
+            feed_in_pieces(&layer, &x, pieces, &mut cache);
             // A full cache refuses one more token and stays as it was.
             let more = layer.forward_cached(random([batch, 1, d], device), &mut cache);
             assert_eq!(

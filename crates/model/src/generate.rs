@@ -3,9 +3,11 @@
 
 use std::ops::ControlFlow;
 
-use burn::tensor::{Tensor, TensorData};
+use burn::backend::DispatchDevice;
+use burn::tensor::{Device, Tensor, TensorData};
 use tinygpt_attention::KvCache;
 
+use crate::device_pick::{Pick, Picked};
 use crate::error::{GenerateError, ModelError};
 use crate::gpt::Gpt;
 use crate::sampler::{Sampled, Sampler};
@@ -141,6 +143,19 @@ pub trait Decoder {
     /// Runs `tokens` (at least one) at the positions after the cached ones, adds them to the
     /// cache, and returns the logits `[vocab_size]` of the token that follows the last.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError>;
+
+    /// Whether [`generate`] should hand this decoder the pick of each token
+    /// ([`Decoder::feed_and_pick`]) when the options allow it, instead of reading the logits:
+    /// true where the logits live on a GPU.
+    fn picks_on_device(&self) -> bool {
+        false
+    }
+
+    /// [`Decoder::feed`], then picks the next token by `pick` where the logits are. The
+    /// default reads the logits and picks on the host ([`Pick::on_host`]).
+    fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
+        Ok(pick.on_host(&self.feed(tokens)?))
+    }
 }
 
 /// Continues `prompt` by up to `options.max_new_tokens` tokens, calling `on_token` with each one
@@ -188,8 +203,25 @@ pub fn generate_cancellable(
             window_start = start;
         }
         let fed = start + decoder.cached();
-        let logits = finite(decoder.feed(&tokens[fed..])?, tokens.len() - 1)?;
-        let next = sampler.next(&logits, &tokens[start..]);
+        let device_pick = match decoder.picks_on_device() {
+            true => sampler.device_pick(decoder.vocab_size()),
+            false => None,
+        };
+        let next = match device_pick {
+            Some(pick) => {
+                let picked = decoder.feed_and_pick(&tokens[fed..], &pick)?;
+                if !picked.finite {
+                    let position = tokens.len() - 1;
+                    return Err(GenerateError::NonFiniteLogits { position });
+                }
+                sampler.record(picked.id);
+                picked.sampled()
+            }
+            None => {
+                let logits = finite(decoder.feed(&tokens[fed..])?, tokens.len() - 1)?;
+                sampler.next(&logits, &tokens[start..])
+            }
+        };
         tokens.push(next.id);
         generated.push(next);
         let new = &tokens[prompt.len()..];
@@ -272,19 +304,48 @@ impl Gpt {
     }
 
     /// A [`Decoder`] that runs this model with Burn's tensor ops on its device, a [`KvCache`] per
-    /// layer.
+    /// layer. On a GPU (wgpu, CUDA) the caches have a fixed capacity of `block_size`, so every
+    /// token runs the same kernels, and tokens are picked on the device
+    /// ([`Decoder::picks_on_device`]).
     pub fn decoder(&self) -> impl Decoder + '_ {
+        let on_gpu = is_gpu(&self.wte.weight.device());
         GptDecoder {
             gpt: self,
-            caches: self.new_caches(),
+            caches: match on_gpu {
+                true => self.new_fixed_caches(),
+                false => self.new_caches(),
+            },
+            on_gpu,
         }
     }
+}
+
+/// Whether `device` is one of Burn's CubeCL devices: a GPU through wgpu or CUDA (or a software
+/// Vulkan such as lavapipe).
+fn is_gpu(device: &Device) -> bool {
+    matches!(
+        device.clone().inner().as_dispatch(),
+        DispatchDevice::Cube(_)
+    )
 }
 
 /// A [`Gpt`] and its per-layer KV caches.
 struct GptDecoder<'a> {
     gpt: &'a Gpt,
     caches: Vec<KvCache>,
+    on_gpu: bool,
+}
+
+impl GptDecoder<'_> {
+    /// Runs `tokens` through the caches: the logits `[1, tokens, vocab_size]`.
+    fn logits(&mut self, tokens: &[u32]) -> Result<Tensor<3>, ModelError> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
+        let ids = Tensor::from_data(
+            TensorData::new(ids, [1, tokens.len()]),
+            &self.gpt.wte.weight.device(),
+        );
+        self.gpt.forward_cached(ids, &mut self.caches)
+    }
 }
 
 impl Decoder for GptDecoder<'_> {
@@ -307,24 +368,28 @@ impl Decoder for GptDecoder<'_> {
     /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
     /// are in range.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
-        let ids = Tensor::from_data(
-            TensorData::new(ids, [1, tokens.len()]),
-            &self.gpt.wte.weight.device(),
-        );
-        let logits = self.gpt.forward_cached(ids, &mut self.caches)?;
-        Ok(last_row(logits))
+        let logits = last_row(self.logits(tokens)?);
+        Ok(logits
+            .into_data()
+            .try_to_vec_as::<f32>()
+            .expect("logits convert to f32"))
+    }
+
+    fn picks_on_device(&self) -> bool {
+        self.on_gpu
+    }
+
+    fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
+        Ok(pick.on_device(last_row(self.logits(tokens)?)))
     }
 }
 
-/// The last position's logits of `[1, seq, vocab]`.
-fn last_row(logits: Tensor<3>) -> Vec<f32> {
+/// The last position's logits of `[1, seq, vocab]`: `[vocab]`.
+fn last_row(logits: Tensor<3>) -> Tensor<1> {
     let [_, seq, vocab] = logits.dims();
     logits
         .slice([0..1, seq - 1..seq, 0..vocab])
-        .into_data()
-        .try_to_vec_as::<f32>()
-        .expect("logits convert to f32")
+        .reshape([vocab])
 }
 
 /// How many trailing tokens of `pending` could still grow into a stop sequence.

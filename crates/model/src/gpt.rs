@@ -121,6 +121,12 @@ impl Gpt {
         vec![KvCache::new(); self.h.len()]
     }
 
+    /// Empty caches of `block_size` rows, one per layer: every token then runs the same tensor
+    /// shapes ([`KvCache::with_capacity`]), what a GPU wants.
+    pub fn new_fixed_caches(&self) -> Vec<KvCache> {
+        vec![KvCache::with_capacity(self.block_size()); self.h.len()]
+    }
+
     /// Token + position embeddings for tokens at positions `past..past + seq`.
     fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
         let [batch, seq] = tokens.dims();

@@ -20,6 +20,7 @@
 mod block;
 mod config;
 mod cpu;
+mod device_pick;
 mod error;
 mod generate;
 mod gpt;
@@ -32,6 +33,7 @@ pub use config::{Activation, GptConfig};
 pub use cpu::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
 };
+pub use device_pick::{Pick, Picked};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable, score};
 pub use gpt::Gpt;

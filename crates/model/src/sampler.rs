@@ -5,6 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::device_pick::Pick;
 use crate::generate::GenerateOptions;
 
 /// One token as the model saw it: the token, its log-probability under the model (the
@@ -59,14 +60,47 @@ impl<'a> Sampler<'a> {
         }
     }
 
+    /// This token's [`Pick`] for a decoder that picks on its device, drawing its random number:
+    /// `None` (and nothing drawn) where the options ask for what only the host sampler does
+    /// (penalties, biases, top-p, alternatives' log-probabilities). Then [`Self::record`] the
+    /// token.
+    pub fn device_pick(&mut self, vocab: usize) -> Option<Pick> {
+        let o = self.options;
+        let host_only = o.repetition_penalty != 1.0
+            || o.frequency_penalty != 0.0
+            || o.presence_penalty != 0.0
+            || !o.logit_bias.is_empty()
+            || o.top_p < 1.0
+            || o.top_logprobs > 0;
+        if host_only {
+            return None;
+        }
+        // The host sampler draws only above temperature 0; so does this, to stay in step.
+        let uniform = match o.temperature {
+            0.0 => 0.0,
+            _ => self.rng.random::<f64>(),
+        };
+        Some(Pick {
+            temperature: o.temperature,
+            top_k: o.top_k,
+            uniform,
+            vocab,
+        })
+    }
+
+    /// Counts a token picked elsewhere (by [`Self::device_pick`]) as generated.
+    pub fn record(&mut self, id: u32) {
+        if let Some(count) = self.counts.get_mut(id as usize) {
+            *count += 1;
+        }
+    }
+
     /// The token after `context` (the tokens the model saw), picked from `logits`.
     pub fn next(&mut self, logits: &[f32], context: &[u32]) -> Sampled {
         let mut adjusted = logits.to_vec();
         penalise(&mut adjusted, context, &self.counts, self.options);
         let id = pick(adjusted, self.options, &mut self.rng);
-        if let Some(count) = self.counts.get_mut(id as usize) {
-            *count += 1;
-        }
+        self.record(id);
         Sampled::observe(logits, id, self.options.top_logprobs)
     }
 }
@@ -105,11 +139,35 @@ fn penalise(logits: &mut [f32], context: &[u32], counts: &[u32], o: &GenerateOpt
 
 /// Temperature, top-k and top-p over `logits`, then one draw from `rng` (or the most likely
 /// token at temperature 0).
-fn pick(mut logits: Vec<f32>, o: &GenerateOptions, rng: &mut StdRng) -> u32 {
+fn pick(logits: Vec<f32>, o: &GenerateOptions, rng: &mut StdRng) -> u32 {
     if o.temperature == 0.0 {
         return argmax(&logits);
     }
-    if let Some(k) = o.top_k.filter(|&k| k < logits.len()) {
+    let mut weights = weights(&logits, o.temperature, o.top_k);
+    if o.top_p < 1.0 {
+        nucleus(&mut weights, o.top_p as f64);
+    }
+    draw(&weights, rng.random::<f64>())
+}
+
+/// [`pick`] without top-p or penalties, with the draw `uniform` given: the rule a decoder
+/// applies on its device ([`crate::device_pick::Pick`]).
+pub(crate) fn draw_from(
+    logits: &[f32],
+    temperature: f32,
+    top_k: Option<usize>,
+    uniform: f64,
+) -> u32 {
+    match temperature {
+        0.0 => argmax(logits),
+        _ => draw(&weights(logits, temperature, top_k), uniform),
+    }
+}
+
+/// Each token's weight `exp((l - max) / temperature)`, 0 outside the `top_k` largest logits.
+fn weights(logits: &[f32], temperature: f32, top_k: Option<usize>) -> Vec<f64> {
+    let mut logits = logits.to_vec();
+    if let Some(k) = top_k.filter(|&k| k < logits.len()) {
         let mut sorted = logits.clone();
         sorted.sort_unstable_by(|a, b| b.total_cmp(a));
         let kth = sorted[k - 1];
@@ -119,22 +177,24 @@ fn pick(mut logits: Vec<f32>, o: &GenerateOptions, rng: &mut StdRng) -> u32 {
             .for_each(|l| *l = f32::NEG_INFINITY);
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f64> = logits
+    logits
         .iter()
-        .map(|&l| (((l - max) / o.temperature) as f64).exp())
-        .collect();
-    if o.top_p < 1.0 {
-        nucleus(&mut probs, o.top_p as f64);
-    }
-    let total: f64 = probs.iter().sum();
-    let mut r = rng.random::<f64>() * total;
-    for (i, p) in probs.iter().enumerate() {
-        if r < *p {
+        .map(|&l| (((l - max) / temperature) as f64).exp())
+        .collect()
+}
+
+/// The first token whose running sum of `weights` passes `uniform` (in `[0, 1)`) times their
+/// total; the heaviest where rounding leaves the target past the end.
+fn draw(weights: &[f64], uniform: f64) -> u32 {
+    let total: f64 = weights.iter().sum();
+    let mut r = uniform * total;
+    for (i, w) in weights.iter().enumerate() {
+        if r < *w {
             return i as u32;
         }
-        r -= p;
+        r -= w;
     }
-    argmax(&logits)
+    argmax(weights)
 }
 
 /// Zeroes all but the most likely `probs` whose share of the total reaches `top_p`.
@@ -156,7 +216,7 @@ fn nucleus(probs: &mut [f64], top_p: f64) {
     }
 }
 
-fn argmax(values: &[f32]) -> u32 {
+fn argmax<T: PartialOrd>(values: &[T]) -> u32 {
     let mut best = 0;
     for (i, v) in values.iter().enumerate() {
         if *v > values[best] {

@@ -2,7 +2,7 @@
 //! rows from ever being sampled.
 
 use anyhow::Result;
-use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError};
+use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError, Pick, Picked};
 
 use crate::backend::{EngineKind, Placement};
 
@@ -59,5 +59,12 @@ impl Decoder for Unpadded<'_> {
         let mut logits = self.inner.feed(tokens)?;
         logits.truncate(self.tokens);
         Ok(logits)
+    }
+    fn picks_on_device(&self) -> bool {
+        self.inner.picks_on_device()
+    }
+    /// `pick.vocab` is this decoder's `vocab_size`: the padding rows are never candidates.
+    fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
+        self.inner.feed_and_pick(tokens, pick)
     }
 }

@@ -1,0 +1,145 @@
+//! Sampling on a GPU: the pick made with tensor ops where the logits are is the host sampler's
+//! rule, and `Gpt`'s decoder on wgpu (fixed-capacity KV caches, tokens picked on the device)
+//! gives the fused CPU decoder's tokens and log-probabilities. wgpu is lavapipe in CI.
+
+mod common;
+
+use std::ops::ControlFlow;
+
+use burn::module::Module;
+use burn::tensor::{Device, DeviceType, Tensor, TensorData};
+use common::seeded;
+use tinygpt_model::{
+    Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled, generate_cancellable,
+};
+
+fn wgpu_device() -> Option<Device> {
+    let device = Device::enumerate(DeviceType::Wgpu)
+        .into_vec()
+        .into_iter()
+        .next();
+    if device.is_none() {
+        let msg = "NO WGPU ADAPTER FOUND: GPU sampling tests did not run \
+                   (install mesa-vulkan-drivers for lavapipe)";
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("\n!!! {msg} !!!\n");
+    }
+    device
+}
+
+/// Uniform numbers in [0, 1) from a fixed-seed xorshift: the same on every run.
+fn uniforms(seed: u64) -> impl FnMut() -> f64 {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Over random logits (a padded width of 40, 37 real ids), every temperature and top-k the
+/// device takes: the device's pick is the host's, and so is its log-probability.
+#[test]
+fn the_device_pick_is_the_host_samplers_rule() {
+    let devices = [Some(Device::flex()), wgpu_device()];
+    let mut uniform = uniforms(7);
+    for device in devices.into_iter().flatten() {
+        for case in 0..120 {
+            let logits: Vec<f32> = (0..40).map(|_| (uniform() * 8.0 - 4.0) as f32).collect();
+            let pick = Pick {
+                temperature: [0.0, 0.5, 1.0, 2.0][case % 4],
+                top_k: [None, Some(1), Some(5), Some(37), Some(100)][case % 5],
+                uniform: if case % 7 == 0 { 0.0 } else { uniform() },
+                vocab: 37,
+            };
+            let on_device = Tensor::<1>::from_data(TensorData::new(logits.clone(), [40]), &device);
+            let got = pick.on_device(on_device);
+            let want = pick.on_host(&logits);
+            assert_eq!(got.id, want.id, "{device:?} {pick:?}");
+            assert!(got.id < 37, "a padding id was picked: {pick:?}");
+            assert!(
+                (got.logprob - want.logprob).abs() < 1e-4,
+                "{got:?} vs {want:?}"
+            );
+            assert!(got.finite && want.finite);
+        }
+        let mut damaged = vec![0.5f32; 40];
+        damaged[3] = f32::NAN;
+        let pick = Pick {
+            temperature: 1.0,
+            top_k: None,
+            uniform: 0.5,
+            vocab: 37,
+        };
+        let on_device = Tensor::<1>::from_data(TensorData::new(damaged.clone(), [40]), &device);
+        assert!(!pick.on_device(on_device).finite, "{device:?}");
+        assert!(!pick.on_host(&damaged).finite);
+    }
+}
+
+/// Generation through `decoder`: every token with its log-probability.
+fn sample(decoder: &mut dyn Decoder, options: &GenerateOptions) -> Vec<Sampled> {
+    let mut seen = Vec::new();
+    generate_cancellable(decoder, &[1, 2, 3], options, |token| {
+        seen.push(token.clone());
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    seen
+}
+
+/// Greedy, sampled, top-k and with alternatives' log-probabilities (the host path, same fixed
+/// cache) over 3 × block_size tokens, so the window slides and the caches are refilled from a
+/// whole window at every step: the tokens of the fused CPU decoder, log-probabilities to 1e-4.
+#[test]
+fn gpu_sampling_gives_the_fused_decoders_tokens() {
+    let Some(wgpu) = wgpu_device() else {
+        return;
+    };
+    let _seeded = seeded();
+    let config = GptConfig::new(13)
+        .with_block_size(24)
+        .with_n_layer(2)
+        .with_n_head(3)
+        .with_n_embd(30);
+    let gpt = config.init(&Device::flex()).unwrap();
+    let on_gpu = gpt.clone().to_device(&wgpu);
+    let long = 3 * config.block_size;
+    let options = |temperature: f32, top_k: Option<usize>, top_logprobs: usize| GenerateOptions {
+        temperature,
+        top_k,
+        top_logprobs,
+        max_new_tokens: long,
+        ..Default::default()
+    };
+    for (options, on_device) in [
+        (options(0.0, None, 0), true),
+        (options(1.0, None, 0), true),
+        (options(0.8, Some(4), 0), true),
+        (options(1.0, None, 2), false),
+    ] {
+        let mut gpu = on_gpu.decoder();
+        assert!(gpu.picks_on_device());
+        let got = sample(&mut gpu, &options);
+        let want = sample(&mut FusedDecoder::new(&gpt).unwrap(), &options);
+        let ids = |s: &[Sampled]| s.iter().map(|t| t.id).collect::<Vec<_>>();
+        let what = format!(
+            "temperature {}, top_k {:?}",
+            options.temperature, options.top_k
+        );
+        assert_eq!(got.len(), long, "{what}");
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "{what}, picked on the device: {on_device}"
+        );
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-4,
+                "{what}: {g:?} vs {w:?}"
+            );
+            assert_eq!(g.top.len(), options.top_logprobs);
+        }
+    }
+}

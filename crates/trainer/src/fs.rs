@@ -111,10 +111,38 @@ static STAGING: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::ne
 /// Set once a signal has started removing the staging directories.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether a signal is removing the staging directories (and will exit 130): the work that
-/// fails meanwhile, for want of its directory, is no error to report.
+/// Set inside the signal handler itself, before the Ctrl-C handler's thread gets to run.
+static SIGNALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a signal has come and the handler will remove the staging directories and exit 130:
+/// the work that fails meanwhile (its directory gone, or its input closed by whoever sent the
+/// signal) is no error to report.
 pub fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+    SIGNALLED.load(std::sync::atomic::Ordering::SeqCst)
+        || INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Sets [`SIGNALLED`] in the signal handler proper. The Ctrl-C handler runs later on a thread
+/// of its own; meanwhile the main thread may already see the failure the signal's sender
+/// caused (a closed input) and must know not to report it.
+#[cfg(unix)]
+fn flag_signals() -> Result<()> {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the action only stores to an atomic, which is async-signal-safe; the handler
+        // installed before (ctrlc's) is chained and still runs.
+        unsafe {
+            signal_hook_registry::register(signal, || {
+                SIGNALLED.store(true, std::sync::atomic::Ordering::SeqCst)
+            })
+        }
+        .context("cannot install the signal handler")?;
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn flag_signals() -> Result<()> {
+    Ok(())
 }
 
 /// On Ctrl-C, SIGTERM or SIGHUP, removes `dir` and exits 130: for commands that only write a
@@ -138,7 +166,8 @@ pub fn on_signal_remove(dir: &Path) -> Result<()> {
         eprintln!("\ntinygpt: interrupted; nothing was written");
         std::process::exit(130);
     })
-    .context("cannot install the Ctrl-C handler")
+    .context("cannot install the Ctrl-C handler")?;
+    flag_signals()
 }
 
 /// Puts the directory `new` in place of `dst` with two renames: an existing `dst` first

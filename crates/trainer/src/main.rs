@@ -33,7 +33,8 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| commands::run(cli)) {
         Ok(Ok(code)) => code,
         Ok(Err(err)) if broken_pipe(&err) => ExitCode::SUCCESS,
-        // Stopped by a signal while the staging directory went: the handler says so and exits.
+        // Stopped by a signal (its sender may have closed our input, or the handler removed
+        // the staging directory): the handler says so and exits 130.
         Ok(Err(_)) if tinygpt::fs::interrupted() => loop {
             std::thread::park();
         },

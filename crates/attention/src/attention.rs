@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, Linear};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 
 use crate::config::AttentionKernel;
 use crate::error::AttentionError;
@@ -53,6 +53,12 @@ impl CausalSelfAttention {
     /// Width of the residual stream.
     pub fn d_model(&self) -> usize {
         self.c_proj.weight.dims()[1]
+    }
+
+    /// The dtype the layer computes in: its projections' (f32, or bf16/f16 for a
+    /// mixed-precision step). Its input must come in this dtype; the softmax is f32 regardless.
+    pub fn dtype(&self) -> DType {
+        self.c_attn.weight.dtype()
     }
 
     /// Attends over `x`: `[batch, seq, d_model] -> [batch, seq, d_model]`.
@@ -246,8 +252,14 @@ impl CausalSelfAttention {
         zero_hidden: bool,
     ) -> (Tensor<4>, Tensor<4>) {
         let d_head = q.dims()[3];
+        let dtype = v.dtype();
         // Scaling q (seq·d_head values) is cheaper than scaling the scores (seq·seq values).
-        let scores = (q * (1.0 / (d_head as f64).sqrt())).matmul(k.swap_dims(2, 3));
+        // The matmuls run in the projections' dtype (bf16 or f16 in mixed precision); the
+        // mask and the softmax always in f32, where exp cannot overflow and small weights keep
+        // their digits (a no-op cast in f32).
+        let scores = (q * (1.0 / (d_head as f64).sqrt()))
+            .matmul(k.swap_dims(2, 3))
+            .cast(FloatDType::F32);
         let weights = match mask {
             Some(mask) if zero_hidden => {
                 mask_then_softmax(scores, mask.clone()).mask_fill(mask, 0.0)
@@ -255,7 +267,10 @@ impl CausalSelfAttention {
             Some(mask) => mask_then_softmax(scores, mask),
             None => burn::tensor::activation::softmax(scores, 3),
         };
-        let y = self.attn_dropout.forward(weights.clone()).matmul(v);
+        let y = self
+            .attn_dropout
+            .forward(weights.clone().cast(dtype))
+            .matmul(v);
         (y, weights)
     }
 }

@@ -8,6 +8,7 @@ use tinygpt_attention::{CausalSelfAttention, KvCache};
 
 use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
+use crate::gpu;
 
 /// GPT-2's MLP: `n_embd -> mlp_width` (`4·n_embd`), GELU, `mlp_width -> n_embd`, dropout.
 #[derive(Module, Debug)]
@@ -39,6 +40,10 @@ pub struct Block {
     pub attn: CausalSelfAttention,
     pub ln_2: Option<LayerNorm>,
     pub mlp: Option<Mlp>,
+    /// The LayerNorms' ε (Burn's `LayerNorm` keeps its own private): what the fused GPU
+    /// LayerNorm is given.
+    #[module(skip)]
+    pub layer_norm_eps: f64,
 }
 
 /// A linear layer with GPT-2's init: weight ~ N(0, std), bias 0.
@@ -73,6 +78,7 @@ impl Block {
             attn,
             ln_2: layer_norm(config, device),
             mlp,
+            layer_norm_eps: config.layer_norm_eps,
         })
     }
 
@@ -83,10 +89,8 @@ impl Block {
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self
-            .attn
-            .forward(norm(&self.ln_1, x.clone()), key_padding)?;
-        Ok(self.feed_forward(x + a))
+        let a = self.attn.forward(self.attn_input(x.clone()), key_padding)?;
+        Ok(self.feed_forward(residual(x, a)))
     }
 
     /// Incremental form of [`forward`](Self::forward) (see [`CausalSelfAttention::forward_cached`]).
@@ -97,8 +101,8 @@ impl Block {
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
         let a = self
             .attn
-            .forward_cached(norm(&self.ln_1, x.clone()), cache)?;
-        Ok(self.feed_forward(x + a))
+            .forward_cached(self.attn_input(x.clone()), cache)?;
+        Ok(self.feed_forward(residual(x, a)))
     }
 
     /// Like [`forward`](Self::forward), also returning the attention weights
@@ -109,20 +113,42 @@ impl Block {
     ) -> Result<(Tensor<3>, Tensor<4>), tinygpt_attention::AttentionError> {
         let (a, weights) = self
             .attn
-            .forward_with_weights(norm(&self.ln_1, x.clone()), None)?;
-        Ok((self.feed_forward(x + a), weights))
+            .forward_with_weights(self.attn_input(x.clone()), None)?;
+        Ok((self.feed_forward(residual(x, a)), weights))
+    }
+
+    /// `ln_1(x)`, in f32 like the residual stream, then in the attention's dtype.
+    fn attn_input(&self, x: Tensor<3>) -> Tensor<3> {
+        norm(&self.ln_1, x, self.layer_norm_eps).cast(self.attn.dtype())
     }
 
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.mlp {
-            Some(mlp) => x.clone() + mlp.forward(norm(&self.ln_2, x)),
+            Some(mlp) => {
+                let h = norm(&self.ln_2, x.clone(), self.layer_norm_eps);
+                let h = h.cast(mlp.c_fc.weight.dtype());
+                residual(x, mlp.forward(h))
+            }
             None => x,
         }
     }
 }
 
-pub(crate) fn norm(ln: &Option<LayerNorm>, x: Tensor<3>) -> Tensor<3> {
+/// `x + branch`, in the residual stream's dtype. In a mixed-precision step the stream, the
+/// LayerNorms and their statistics stay f32 while the branches compute in bf16 or f16
+/// (PyTorch autocast's split): every block adds a low-precision update to full-precision sums.
+fn residual(x: Tensor<3>, branch: Tensor<3>) -> Tensor<3> {
+    let dtype = x.dtype();
+    x + branch.cast(dtype)
+}
+
+/// `ln(x)` (with ε `epsilon`), by the fused kernel on a GPU; `x` when there is no LayerNorm.
+pub(crate) fn norm(ln: &Option<LayerNorm>, x: Tensor<3>, epsilon: f64) -> Tensor<3> {
     match ln {
+        Some(ln) if gpu::supported(&x.device(), x.dtype()) => {
+            let beta = ln.beta.as_ref().map(|b| b.val());
+            gpu::layer_norm(x, ln.gamma.val(), beta, epsilon)
+        }
         Some(ln) => ln.forward(x),
         None => x,
     }

@@ -3,8 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use burn::backend::DispatchDevice;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use tinygpt_attention::KvCache;
 
 use crate::device_pick::{Pick, Picked};
@@ -308,7 +307,7 @@ impl Gpt {
     /// token runs the same kernels, and tokens are picked on the device
     /// ([`Decoder::picks_on_device`]).
     pub fn decoder(&self) -> impl Decoder + '_ {
-        let on_gpu = is_gpu(&self.wte.weight.device());
+        let on_gpu = tinygpt_attention::flash::is_cube_device(&self.wte.weight.device());
         GptDecoder {
             gpt: self,
             caches: match on_gpu {
@@ -318,15 +317,6 @@ impl Gpt {
             on_gpu,
         }
     }
-}
-
-/// Whether `device` is one of Burn's CubeCL devices: a GPU through wgpu or CUDA (or a software
-/// Vulkan such as lavapipe).
-fn is_gpu(device: &Device) -> bool {
-    matches!(
-        device.clone().inner().as_dispatch(),
-        DispatchDevice::Cube(_)
-    )
 }
 
 /// A [`Gpt`] and its per-layer KV caches.

@@ -3,7 +3,7 @@
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, LayerNorm, Linear};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{Bool, Device, Int, Tensor};
+use burn::tensor::{Bool, Device, FloatDType, Int, Tensor};
 use tinygpt_attention::KvCache;
 
 use crate::block::{Block, layer_norm, linear, norm};
@@ -158,14 +158,54 @@ impl Gpt {
         }
     }
 
-    /// Final LayerNorm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`.
+    /// Final LayerNorm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
+    /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs.
     fn head(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = norm(&self.ln_f, x);
-        match &self.lm_head {
-            Some(head) => head.forward(x),
+        let dtype = x.dtype();
+        let x = norm(&self.ln_f, x, self.config.layer_norm_eps);
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(x.cast(head.weight.dtype())),
             // Tied: logits = x · wteᵀ, the embedding read backwards.
             None => linear_op(x, self.wte.weight.val().transpose(), None),
+        };
+        logits.cast(dtype)
+    }
+
+    /// This model for a mixed-precision step in `dtype` (bf16 or f16), nanoGPT's autocast:
+    /// every linear layer's weight and bias (the LM head's too, tied or not) becomes a cast of
+    /// the f32 parameter, so the matmuls and the activations between them run in `dtype`, and
+    /// the gradients flow back through the casts to the f32 parameters, which AdamW updates.
+    /// Embeddings, the residual stream, LayerNorms, the attention softmax and the logits stay
+    /// f32. Take gradients with respect to `self`, not the returned model; f32 returns a clone.
+    pub fn autocast(&self, dtype: FloatDType) -> Gpt {
+        let mut model = self.clone();
+        if dtype == FloatDType::F32 {
+            return model;
         }
+        let cast = |linear: &Linear| Linear {
+            weight: linear.weight.clone().map(|w| w.cast(dtype)),
+            bias: linear.bias.clone().map(|b| b.map(|b| b.cast(dtype))),
+        };
+        for block in &mut model.h {
+            block.attn.c_attn = cast(&block.attn.c_attn);
+            block.attn.c_proj = cast(&block.attn.c_proj);
+            if let Some(mlp) = &mut block.mlp {
+                mlp.c_fc = cast(&mlp.c_fc);
+                mlp.c_proj = cast(&mlp.c_proj);
+            }
+        }
+        model.lm_head = Some(match &self.lm_head {
+            Some(head) => cast(head),
+            None => Linear {
+                // Not `Param::from_tensor`: that would mark the cast, a graph node, as a leaf.
+                weight: Param::initialized(
+                    ParamId::new(),
+                    self.wte.weight.val().transpose().cast(dtype),
+                ),
+                bias: None,
+            },
+        });
+        model
     }
 
     /// Parameters, counting a tied matrix once.

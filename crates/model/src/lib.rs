@@ -9,6 +9,8 @@
 //!   bare [`GptConfig::minimal`];
 //! - [`Gpt::forward`]: `[batch, seq]` token ids to `[batch, seq, vocab]` logits;
 //! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
+//! - [`gpu`]: LayerNorm and the cross-entropy as fused CubeCL kernels with their backward,
+//!   which the model takes on a GPU;
 //! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
 //!   matmuls, the batch split over threads), tested against Burn's autodiff, for the configs
 //!   [`fused_support`] allows;
@@ -24,6 +26,7 @@ mod device_pick;
 mod error;
 mod generate;
 mod gpt;
+pub mod gpu;
 mod loss;
 mod parameters;
 mod sampler;
@@ -37,6 +40,8 @@ pub use device_pick::{Pick, Picked};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable, score};
 pub use gpt::Gpt;
-pub use loss::{IGNORE_INDEX, cross_entropy, cross_entropy_counted, kept_targets};
+pub use loss::{
+    IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
+};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
 pub use sampler::Sampled;

@@ -50,11 +50,22 @@ pub fn cross_entropy_counted(
             ignore_index: IGNORE_INDEX,
         });
     }
+    if crate::gpu::supported(&logits.device(), logits.dtype()) {
+        return Ok(crate::gpu::cross_entropy(logits, targets, kept));
+    }
+    Ok(cross_entropy_ops(logits, targets, kept))
+}
+
+/// [`cross_entropy_counted`] by Burn's ops (checked arguments): the CPU backends' path, and
+/// what the fused GPU kernel is tested against.
+#[doc(hidden)]
+pub fn cross_entropy_ops(logits: Tensor<2>, targets: Tensor<1, Int>, kept: usize) -> Tensor<1> {
+    let [n, _] = logits.dims();
     let ignored = targets.clone().equal_elem(IGNORE_INDEX);
     let keep = ignored.clone().bool_not().float();
     let safe_targets = targets.mask_fill(ignored, 0).reshape([n, 1]);
     let log_probs = log_softmax(logits, 1).gather(1, safe_targets).reshape([n]);
-    Ok((log_probs * keep).sum().neg() / kept as f32)
+    (log_probs * keep).sum().neg() / kept as f32
 }
 
 /// The targets of a host-side batch that the loss counts (those not [`IGNORE_INDEX`]); none is

@@ -7,24 +7,14 @@ mod common;
 use std::ops::ControlFlow;
 
 use burn::module::Module;
-use burn::tensor::{Device, DeviceType, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use common::seeded;
 use tinygpt_model::{
     Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled, generate_cancellable,
 };
 
 fn wgpu_device() -> Option<Device> {
-    let device = Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next();
-    if device.is_none() {
-        let msg = "NO WGPU ADAPTER FOUND: GPU sampling tests did not run \
-                   (install mesa-vulkan-drivers for lavapipe)";
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("\n!!! {msg} !!!\n");
-    }
-    device
+    common::wgpu_device("GPU sampling tests")
 }
 
 /// Uniform numbers in [0, 1) from a fixed-seed xorshift: the same on every run.

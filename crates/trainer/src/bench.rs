@@ -19,6 +19,7 @@ use crate::config::RunConfig;
 use crate::config::presets::ConfigSource;
 use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
+use crate::profile::{KernelProfile, profile, table};
 use crate::sample::decoder;
 use crate::train::engine::Engine;
 use crate::train::optim::{adamw_settings, optimizer};
@@ -41,6 +42,11 @@ pub struct BenchResult {
     /// Whether sampling used [`GenerateOptions::context_shift`].
     pub context_shift: bool,
     pub peak_rss_mib: Option<f64>,
+    /// `train.dtype`.
+    pub dtype: String,
+    /// The kernels a step launches (`--kernels`, on a GPU backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelProfile>,
 }
 
 /// What to measure.
@@ -53,6 +59,11 @@ pub struct BenchArgs {
     pub sample_tokens: usize,
     /// Sample with the context shift instead of nanoGPT's exact sliding window.
     pub context_shift: bool,
+    /// `section.key=value` overrides applied to every config (`train.dtype=bf16`).
+    pub overrides: Vec<String>,
+    /// Steps to profile the kernel launches of after the timed ones; 0 = none. GPU backends
+    /// only.
+    pub kernel_steps: usize,
 }
 
 /// Every config on every backend, each result reported as soon as it is measured.
@@ -61,7 +72,7 @@ pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<(
         anyhow::bail!("--iters must be at least 1");
     }
     for name in &args.configs {
-        let config = ConfigSource::parse(name).load(&[])?;
+        let config = ConfigSource::parse(name).load(&args.overrides)?;
         for &backend in &args.backends {
             report(&bench_one(name, &config, backend, args)?);
         }
@@ -80,14 +91,30 @@ fn bench_one(
 ) -> Result<BenchResult> {
     reset_peak_rss();
     let placement = backend.placement()?;
+    let on_gpu = tinygpt_attention::flash::is_cube_device(&placement.device);
+    if args.kernel_steps > 0 && !on_gpu {
+        anyhow::bail!(
+            "--kernels profiles the kernels of a GPU backend (wgpu or cuda), not {}",
+            backend.name()
+        );
+    }
     let data = random_tokens(config);
     let model = config
         .gpt(VOCAB)
         .init(&placement.device.clone().autodiff())?;
     let params = model.num_params();
     let (optim, adamw) = (optimizer(config, &model), adamw_settings(config, &model));
-    let (mut engine, _) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+    let (workers, dtype) = (config.workers(), config.train.dtype);
+    let (mut engine, _) = Engine::new(&placement, model, optim, adamw, workers, dtype)?;
     let seconds = median_step(&mut engine, &data, config, args)?;
+    let kernels = match args.kernel_steps {
+        0 => None,
+        steps => Some(profile(steps, |i| {
+            let step = args.warmup + args.iters + i;
+            train_step(&mut engine, &data, config, step)?;
+            engine.outcomes(true).map(drop)
+        })?),
+    };
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
     let (sampled, sample_seconds) = sampling(&mut engine, &placement, args)?;
@@ -105,6 +132,8 @@ fn bench_one(
         sample_tokens_per_s: sampled as f64 / sample_seconds,
         context_shift: args.context_shift,
         peak_rss_mib: peak_rss_mib(),
+        dtype: t.dtype.name().to_string(),
+        kernels,
     })
 }
 
@@ -171,22 +200,35 @@ fn sampling(engine: &mut Engine, placement: &Placement, args: &BenchArgs) -> Res
 /// Prints a table header for [`row`].
 pub fn header() -> String {
     format!(
-        "{:<17} {:<8} {:>9} {:>12} {:>14} {:>16} {:>14}",
-        "config", "backend", "params", "ms/iter", "train tok/s", "sample tok/s", "peak RSS MiB"
+        "{:<17} {:<8} {:<5} {:>9} {:>12} {:>14} {:>16} {:>14}",
+        "config",
+        "backend",
+        "dtype",
+        "params",
+        "ms/iter",
+        "train tok/s",
+        "sample tok/s",
+        "peak RSS MiB"
     )
 }
 
+/// A result as a table row, followed by its kernel profile when there is one.
 pub fn row(r: &BenchResult) -> String {
-    format!(
-        "{:<17} {:<8} {:>9} {:>12.1} {:>14.0} {:>16.0} {:>14}",
+    let line = format!(
+        "{:<17} {:<8} {:<5} {:>9} {:>12.1} {:>14.0} {:>16.0} {:>14}",
         r.config,
         r.backend,
+        r.dtype,
         r.params,
         r.ms_per_iter,
         r.train_tokens_per_s,
         r.sample_tokens_per_s,
         r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}"))
-    )
+    );
+    match &r.kernels {
+        Some(kernels) => format!("{line}\n{}", table(kernels)),
+        None => line,
+    }
 }
 
 /// Peak resident set of this process in MiB (Linux).

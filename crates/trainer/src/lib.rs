@@ -13,6 +13,7 @@
 //! run/       the run directory: checkpoints, checksums, the writer's lock, metrics, journal
 //! sample/    the decoder that generate, serve and bench sample with
 //! eval.rs, inspect.rs   losses over whole splits; attention maps
+//! bench.rs, profile.rs  speed and memory; the kernels a GPU step launches
 //! interop/   nanoGPT and Hugging Face models in and out
 //! serve/     the HTTP API and playground over a trained run
 //! watch/     a live page of runs as they train (their journal: run/journal.rs)
@@ -32,6 +33,7 @@ pub mod eval;
 pub mod fs;
 pub mod inspect;
 pub mod interop;
+pub mod profile;
 pub mod progress;
 pub mod run;
 pub mod sample;

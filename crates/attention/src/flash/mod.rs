@@ -86,11 +86,16 @@ fn row_spec(q: &TensorSpec) -> TensorSpec {
 /// Whether [`flash_attention`] runs for queries of `dtype` and width `d_head` on `device`: a
 /// CubeCL device (a GPU, or lavapipe), `f32`, `d_head <= MAX_D_HEAD`.
 pub fn supported(device: &Device, dtype: DType, d_head: usize) -> bool {
-    let cube = matches!(
+    is_cube_device(device) && dtype == DType::F32 && (1..=MAX_D_HEAD).contains(&d_head)
+}
+
+/// Whether `device` (or the device under its autodiff) is one of Burn's CubeCL devices: a GPU
+/// through wgpu or CUDA, or a software Vulkan such as lavapipe. Custom kernels run only there.
+pub fn is_cube_device(device: &Device) -> bool {
+    matches!(
         device.clone().inner().as_dispatch(),
         DispatchDevice::Cube(_)
-    );
-    cube && dtype == DType::F32 && (1..=MAX_D_HEAD).contains(&d_head)
+    )
 }
 
 /// Causal attention of `q`, `k`, `v` (`[batch, heads, seq, d_head]`, keys as many as queries)

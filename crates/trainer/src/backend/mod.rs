@@ -10,6 +10,8 @@ use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
 use tinygpt_model::{GptConfig, fused_support};
 
+use crate::config::TrainDType;
+
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
@@ -94,9 +96,32 @@ impl Placement {
     /// estimate, training and sampling all ask). With `auto`, a model the fused engine does not
     /// implement trains on Burn's autodiff and the note says why; an explicit `fused` refuses
     /// it.
-    pub fn engine_for(&self, config: &GptConfig) -> Result<(EngineKind, Option<String>)> {
-        Ok(match (self.engine, fused_support(config)) {
-            (EngineChoice::Fused, Err(e)) => return Err(e.into()),
+    ///
+    /// `dtype` is the training step's: the fused engine computes in f32 only, and a device
+    /// without `dtype`'s arithmetic is an error that names what has it.
+    pub fn engine_for(
+        &self,
+        config: &GptConfig,
+        dtype: TrainDType,
+    ) -> Result<(EngineKind, Option<String>)> {
+        let support = match dtype {
+            TrainDType::F32 => fused_support(config).map_err(|e| e.to_string()),
+            _ => Err(format!(
+                "the fused CPU engine computes in f32 only, not train.dtype = \"{}\"",
+                dtype.name()
+            )),
+        };
+        if dtype != TrainDType::F32 && !self.device.supports_dtype(dtype.float()) {
+            bail!(
+                "train.dtype = \"{}\" is not supported on {:?}: bf16 and f16 train on cuda and \
+                 flex, f16 on wgpu where the GPU has it (never bf16: WGSL has none), f32 on \
+                 every backend",
+                dtype.name(),
+                self.device
+            );
+        }
+        Ok(match (self.engine, support) {
+            (EngineChoice::Fused, Err(e)) => bail!("{e}"),
             (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
                 (EngineKind::Fused, None)
             }

@@ -13,7 +13,7 @@ use tinygpt::bench::{self, BenchArgs};
 /// the KV cache (past block_size, nanoGPT's sliding window unless --context-shift). Run nothing else meanwhile: on a small machine contention distorts timings.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu"
+    after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu\n  tinygpt bench --config shakespeare-char --backend cuda --set train.dtype=bf16 --kernels"
 )]
 pub struct Args {
     /// Configs to measure: presets (baby, shakespeare-char, default) or TOML files.
@@ -31,6 +31,14 @@ pub struct Args {
     /// Sample with the context shift (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
+    /// Override a key of every config, `section.key=value` (e.g. `train.dtype=bf16`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// After the timed steps, count and time the kernels that N more steps launch, by kind
+    /// (GPU backends: wgpu, cuda). Each launch is timed alone, so the times are each kernel's
+    /// own cost, not the pipelined step's.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3", default_value_t = 0)]
+    kernels: usize,
     /// JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -48,6 +56,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         warmup: args.warmup,
         sample_tokens: args.sample_tokens,
         context_shift: args.context_shift,
+        overrides: args.overrides,
+        kernel_steps: args.kernels,
     };
     bench::bench(&args, |result| {
         if json {

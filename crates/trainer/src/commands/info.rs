@@ -67,7 +67,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         integrity(&last)
     );
     // Where `auto` trains it on a machine without a GPU.
-    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&gpt)?;
+    let (engine, _) =
+        tinygpt::backend::Placement::cpu().engine_for(&gpt, run.config.train.dtype)?;
     let fused = engine == tinygpt::backend::EngineKind::Fused;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
     println!(

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
+use tinygpt::config::TrainDType;
 use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
 
@@ -55,7 +56,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
-    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&config)?;
+    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&config, TrainDType::F32)?;
     let fused = engine == tinygpt::backend::EngineKind::Fused;
     println!(
         "memory to train with batch {} on the CPU ({}): ~{}",

@@ -82,6 +82,41 @@ pub enum Batching {
     Documents,
 }
 
+/// The precision a training step computes in (`train.dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainDType {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// Mixed precision: matmuls and the activations between them in bfloat16; weights, AdamW's
+    /// moments, the residual stream, LayerNorms, the softmax and the loss in f32.
+    Bf16,
+    /// As `bf16` in float16, with dynamic loss scaling (f16's range is too narrow for small
+    /// gradients): for GPUs without bf16.
+    F16,
+}
+
+impl TrainDType {
+    /// The name as TOML spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// The dtype the matmuls run in.
+    pub fn float(self) -> burn::tensor::FloatDType {
+        match self {
+            Self::F32 => burn::tensor::FloatDType::F32,
+            Self::Bf16 => burn::tensor::FloatDType::BF16,
+            Self::F16 => burn::tensor::FloatDType::F16,
+        }
+    }
+}
+
 /// `[train]`: AdamW, the learning-rate schedule, evaluation and logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -126,6 +161,9 @@ pub struct TrainSection {
     pub sample_prompt: String,
     /// Tokens sampled at each evaluation (seeded by `seed`); 0 = none.
     pub sample_tokens: usize,
+    /// "f32", "bf16" or "f16": the precision of the training step's matmuls (see
+    /// [`TrainDType`]); checkpoints are f32 whatever it is.
+    pub dtype: TrainDType,
 }
 
 impl Default for TrainSection {
@@ -150,6 +188,7 @@ impl Default for TrainSection {
             threads: 0,
             sample_prompt: String::new(),
             sample_tokens: 100,
+            dtype: TrainDType::F32,
         }
     }
 }

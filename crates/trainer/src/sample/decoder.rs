@@ -5,6 +5,7 @@ use anyhow::Result;
 use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError, Pick, Picked};
 
 use crate::backend::{EngineKind, Placement};
+use crate::config::TrainDType;
 
 /// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
 /// [`Placement::engine_for`] picks the fused engine (an explicit `fused` on a model it does not
@@ -16,7 +17,11 @@ pub fn decoder<'a>(
     model: &'a Gpt,
     tokens: usize,
 ) -> Result<Box<dyn Decoder + 'a>> {
-    decoder_for(placement.engine_for(&model.config)?.0, model, tokens)
+    decoder_for(
+        placement.engine_for(&model.config, TrainDType::F32)?.0,
+        model,
+        tokens,
+    )
 }
 
 /// [`decoder`], for the engine `kind` already decided.

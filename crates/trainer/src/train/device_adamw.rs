@@ -1,77 +1,156 @@
-//! AdamW as tensor ops on the model's device, each update gated by a flag computed on that
-//! device: the non-finite guard without a host wait per step.
+//! AdamW on the model's device over flat buffers: every parameter, its two moments and its
+//! gradient end to end in one `[n]` tensor each, updated by one kernel launch on a GPU, each
+//! update gated by a flag computed on that device (the non-finite guard without a host wait).
 //!
-//! On a GPU, reading the loss and the gradient norm back every step (two floats) makes the host
-//! wait for the device at every step, so the next step cannot be queued while this one runs.
-//! Here the decision "is this step finite?" stays on the device: the update of every weight,
-//! both moments and the step count is computed and then kept or dropped by a select on that
-//! flag. A non-finite step changes nothing, exactly as the host-side guard promises, and the
+//! On a GPU, reading the loss and the gradient norm back every step makes the host wait for
+//! the device at every step, so the next step cannot be queued while this one runs. Here the
+//! decision "is this step finite?" stays on the device: the kernel writes every weight and
+//! moment back unchanged, and the step count does not advance, when the flag is false. The
 //! flags are read when the loss is (at log intervals).
 //!
-//! The arithmetic is Burn's `AdamW` (moments, bias correction, decoupled weight decay), tested
-//! equal to it; the state converts to and from Burn's record through [`MomentState`], as the
-//! fused CPU engine's does, so checkpoints keep Burn's `optimizer.bpk` format.
+//! The flat layout is what makes one launch possible: the gradients are gathered into one
+//! buffer (which also gives the global norm in one reduction), the kernel updates all of it,
+//! and the model's parameters become views of the new buffer. On a backend without the kernel
+//! (the CPU ones, where the engine tests run) the same arithmetic runs as tensor ops on the
+//! same buffers. Either way it is Burn's `AdamW` (moments, bias correction, decoupled weight
+//! decay), tested equal to it; the state converts to and from Burn's record through
+//! [`MomentState`], so checkpoints keep Burn's `optimizer.bpk` format.
 
-use std::collections::HashMap;
-
-use anyhow::{Context, Result};
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use anyhow::{Result, bail};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Bool, Device, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
+use tinygpt_model::gpu::{AdamWBuffers, adamw};
 use tinygpt_model::{AdamWSettings, Gpt, MomentState};
 
 /// AdamW's state on the device; see the module docs.
 pub struct DeviceAdamW {
     settings: AdamWSettings,
-    /// Per parameter; absent until its first step.
-    states: HashMap<ParamId, Moments>,
-}
-
-/// One parameter's state, flat: `[numel]` moments and `[1]` steps applied (f32: exact to 2^24).
-#[derive(Clone)]
-struct Moments {
-    shape: Vec<usize>,
+    /// Where each parameter lives in the flat buffers, in the model's visiting order.
+    slots: Vec<Slot>,
+    /// The weights, `[n]`: the model's parameters are views of it.
+    params: Tensor<1>,
     moment_1: Tensor<1>,
     moment_2: Tensor<1>,
+    /// `[n]`: 1 where weight decay applies (the matrices), else 0.
+    decay: Tensor<1>,
+    /// `[1]`: steps applied (f32: exact to 2^24).
     time: Tensor<1>,
+    /// Whether the fused kernel runs here (a CubeCL device), else tensor ops.
+    kernel: bool,
+}
+
+/// One parameter's place in the flat buffers.
+#[derive(Debug, Clone)]
+struct Slot {
+    id: ParamId,
+    shape: Vec<usize>,
+    offset: usize,
+    len: usize,
 }
 
 impl DeviceAdamW {
-    /// AdamW with `settings`, holding `states` (Burn's record of it; empty before the first
-    /// step) on `device`.
-    pub fn new(settings: AdamWSettings, states: Vec<MomentState>, device: &Device) -> Self {
-        let states = states
-            .into_iter()
-            .map(|s| {
-                let n = s.moment_1.len();
-                let moments = Moments {
-                    moment_1: Tensor::from_data(TensorData::new(s.moment_1, [n]), device),
-                    moment_2: Tensor::from_data(TensorData::new(s.moment_2, [n]), device),
-                    time: Tensor::from_data(TensorData::new(vec![s.time as f32], [1]), device),
-                    shape: s.shape,
-                };
-                (s.id, moments)
-            })
-            .collect();
-        Self { settings, states }
+    /// AdamW with `settings` for `model`'s parameters (on `device`), holding `states` (Burn's
+    /// record of it; empty before the first step). Every parameter's state must be there, or
+    /// none (they step together).
+    pub fn new(
+        settings: AdamWSettings,
+        states: Vec<MomentState>,
+        model: &Gpt,
+        device: &Device,
+    ) -> Result<Self> {
+        let (slots, params) = layout(model);
+        let n = slots.last().map_or(0, |s| s.offset + s.len);
+        let mut moment_1 = vec![0.0; n];
+        let mut moment_2 = vec![0.0; n];
+        let mut time = None;
+        for state in &states {
+            let Some(slot) = slots.iter().find(|s| s.id == state.id) else {
+                bail!("the optimizer state has a parameter the model does not");
+            };
+            if state.moment_1.len() != slot.len || state.moment_2.len() != slot.len {
+                bail!(
+                    "the optimizer state does not fit parameter {:?}",
+                    slot.shape
+                );
+            }
+            if time.is_some_and(|t| t != state.time) {
+                bail!("the optimizer state's parameters were stepped unequally");
+            }
+            time = Some(state.time);
+            moment_1[slot.offset..slot.offset + slot.len].copy_from_slice(&state.moment_1);
+            moment_2[slot.offset..slot.offset + slot.len].copy_from_slice(&state.moment_2);
+        }
+        if !states.is_empty() && states.len() != slots.len() {
+            bail!("the optimizer state covers some of the model's parameters, not all");
+        }
+        let mut decay = vec![0.0; n];
+        for slot in slots.iter().filter(|s| settings.decayed.contains(&s.id)) {
+            decay[slot.offset..slot.offset + slot.len].fill(1.0);
+        }
+        let flat = |values: Vec<f32>| Tensor::<1>::from_data(TensorData::new(values, [n]), device);
+        let time = vec![time.unwrap_or(0) as f32];
+        Ok(Self {
+            settings,
+            params,
+            moment_1: flat(moment_1),
+            moment_2: flat(moment_2),
+            decay: flat(decay),
+            time: Tensor::from_data(TensorData::new(time, [1]), device),
+            kernel: tinygpt_model::gpu::supported(device, DType::F32),
+            slots,
+        })
     }
 
-    /// One AdamW step of `model` along `grads` at learning rate `lr`, applied where `finite`
-    /// (`[1]`, on the device) is true and dropped where it is false, with nothing read back.
+    /// The gradients `grads` holds, end to end in the parameters' order, `[n]` (zeros for a
+    /// parameter without one).
+    pub fn flatten(&self, grads: &mut GradientsParams) -> Tensor<1> {
+        let device = self.params.device();
+        let parts = self
+            .slots
+            .iter()
+            .map(|slot| match slot.shape.len() {
+                1 => grads.remove::<1>(slot.id),
+                2 => grads.remove::<2>(slot.id).map(|g| g.reshape([slot.len])),
+                _ => None,
+            })
+            .zip(&self.slots)
+            .map(|(grad, slot)| grad.unwrap_or_else(|| Tensor::zeros([slot.len], &device)))
+            .collect();
+        Tensor::cat(parts, 0)
+    }
+
+    /// One AdamW step of `model` along the flat gradients `grads` times `scale` (`[1]`: the
+    /// clipping and loss-scale factor), at learning rate `lr`, applied where `finite` (`[1]`,
+    /// on the device) is true and dropped where it is false, with nothing read back.
     pub fn step(
         &mut self,
         model: Gpt,
-        grads: GradientsParams,
+        grads: Tensor<1>,
         lr: f64,
+        scale: Tensor<1>,
         finite: Tensor<1, Bool>,
     ) -> Gpt {
-        let mut update = Update {
-            adamw: self,
-            grads,
-            lr,
-            keep: finite.bool_not(),
+        let keep = finite.clone().float();
+        let time = self.time.clone() + keep.clone();
+        let buffers = AdamWBuffers {
+            params: self.params.clone(),
+            moment_1: self.moment_1.clone(),
+            moment_2: self.moment_2.clone(),
         };
-        model.map(&mut update)
+        let step = Tensor::cat(vec![scale, time.clone(), keep], 0);
+        let updated = match self.kernel {
+            true => adamw(buffers, grads, self.decay.clone(), step, lr, &self.settings),
+            false => adamw_ops(buffers, grads, self.decay.clone(), step, lr, &self.settings),
+        };
+        self.params = updated.params;
+        self.moment_1 = updated.moment_1;
+        self.moment_2 = updated.moment_2;
+        self.time = time;
+        model.map(&mut Views {
+            slots: &self.slots,
+            params: &self.params,
+        })
     }
 
     /// The state as Burn records it (read back from the device: for checkpoints only).
@@ -82,109 +161,75 @@ impl DeviceAdamW {
                 .try_to_vec::<f32>()
                 .map_err(|e| anyhow::anyhow!("optimizer state: {e:?}"))
         };
-        let mut states = Vec::with_capacity(self.states.len());
-        for (id, m) in &self.states {
-            let time = read(&m.time)?
-                .first()
-                .copied()
-                .context("an empty step count")?;
-            states.push(MomentState {
-                id: *id,
-                shape: m.shape.clone(),
-                time: time as usize,
-                moment_1: read(&m.moment_1)?,
-                moment_2: read(&m.moment_2)?,
-            });
+        let (moment_1, moment_2) = (read(&self.moment_1)?, read(&self.moment_2)?);
+        let time = read(&self.time)?.first().copied().unwrap_or(0.0) as usize;
+        if time == 0 {
+            // Burn's record has no state before a parameter's first step.
+            return Ok(Vec::new());
         }
+        let mut states: Vec<MomentState> = self
+            .slots
+            .iter()
+            .map(|slot| {
+                let range = slot.offset..slot.offset + slot.len;
+                MomentState {
+                    id: slot.id,
+                    shape: slot.shape.clone(),
+                    time,
+                    moment_1: moment_1[range.clone()].to_vec(),
+                    moment_2: moment_2[range].to_vec(),
+                }
+            })
+            .collect();
         states.sort_by_key(|s| s.id.val());
         Ok(states)
     }
+}
 
-    /// Burn's `AdamW::step` on one flat parameter `p` (`[n]`) with gradient `g`, the new values
-    /// selected against the old ones by `keep` (`[1]`, true = keep the old).
-    fn update(
-        &mut self,
-        id: ParamId,
-        shape: &[usize],
-        p: Tensor<1>,
-        g: Tensor<1>,
-        lr: f64,
-        keep: &Tensor<1, Bool>,
-    ) -> Tensor<1> {
-        let s = &self.settings;
-        let [n] = p.dims();
-        let old = self.states.remove(&id).unwrap_or_else(|| {
-            // Burn's first step (moments from the gradient alone) is this step from zeros.
-            let device = p.device();
-            Moments {
-                shape: shape.to_vec(),
-                moment_1: Tensor::zeros([n], &device),
-                moment_2: Tensor::zeros([n], &device),
-                time: Tensor::zeros([1], &device),
-            }
-        });
-        let moment_1 =
-            old.moment_1.clone().mul_scalar(s.beta_1) + g.clone().mul_scalar(1.0 - s.beta_1);
-        let moment_2 =
-            old.moment_2.clone().mul_scalar(s.beta_2) + g.square().mul_scalar(1.0 - s.beta_2);
-        let time = old.time.clone().add_scalar(1.0);
-        // 1 - β^t with t on the device: Burn computes `1 - β.powi(t)` on the host.
-        let correction = |beta: f32| {
-            Tensor::<1>::full([1], beta, &time.device())
-                .powf(time.clone())
-                .neg()
-                .add_scalar(1.0)
-        };
-        let m_hat = moment_1.clone() / correction(s.beta_1);
-        let v_hat = moment_2.clone() / correction(s.beta_2);
-        let delta = m_hat / v_hat.sqrt().add_scalar(s.epsilon);
-        let decay = match self.settings.decayed.contains(&id) {
-            true => lr * f64::from(self.settings.weight_decay),
-            false => 0.0,
-        };
-        let decayed = match decay {
-            0.0 => p.clone(),
-            d => p.clone().mul_scalar(1.0 - d),
-        };
-        let updated = decayed - delta.mul_scalar(lr);
-        let keep_n = keep.clone().expand([n]);
-        self.states.insert(
-            id,
-            Moments {
-                shape: shape.to_vec(),
-                moment_1: moment_1.mask_where(keep_n.clone(), old.moment_1),
-                moment_2: moment_2.mask_where(keep_n.clone(), old.moment_2),
-                time: time.mask_where(keep.clone(), old.time),
-            },
-        );
-        updated.mask_where(keep_n, p)
+/// The model's parameters in visiting order, and their values end to end, `[n]`.
+fn layout(model: &Gpt) -> (Vec<Slot>, Tensor<1>) {
+    struct Gather(Vec<Slot>, Vec<Tensor<1>>);
+    impl ModuleVisitor for Gather {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val().inner();
+            let shape: Vec<usize> = value.shape().iter().copied().collect();
+            let len = shape.iter().product();
+            let offset = self.0.last().map_or(0, |s| s.offset + s.len);
+            self.0.push(Slot {
+                id: param.id,
+                shape,
+                offset,
+                len,
+            });
+            self.1.push(value.reshape([len]));
+        }
     }
+    let mut gather = Gather(Vec::new(), Vec::new());
+    model.visit(&mut gather);
+    (gather.0, Tensor::cat(gather.1, 0))
 }
 
-/// Maps every parameter of the model through [`DeviceAdamW::update`].
-struct Update<'a> {
-    adamw: &'a mut DeviceAdamW,
-    grads: GradientsParams,
-    lr: f64,
-    keep: Tensor<1, Bool>,
+/// Replaces each parameter by its view of the flat weights.
+struct Views<'a> {
+    slots: &'a [Slot],
+    params: &'a Tensor<1>,
 }
 
-impl ModuleMapper for Update<'_> {
+impl ModuleMapper for Views<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let (id, tensor, mapper) = param.consume();
-        let Some(grad) = self.grads.remove::<D>(id) else {
+        let Some(slot) = self.slots.iter().find(|s| s.id == id) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
-        let shape = tensor.shape();
-        let dims: Vec<usize> = shape.iter().copied().collect();
-        let n: usize = dims.iter().product();
         // The update runs off the autodiff graph; the new leaf is marked as the old one was.
         let require_grad = tensor.is_require_grad();
         let checkpointing = tensor.gradient_checkpointing_strategy();
-        let p = tensor.inner().reshape([n]);
-        let g = grad.inner().reshape([n]);
-        let updated = self.adamw.update(id, &dims, p, g, self.lr, &self.keep);
-        let mut tensor = Tensor::from_inner(updated.reshape(shape));
+        let view = self
+            .params
+            .clone()
+            .slice(slot.offset..slot.offset + slot.len)
+            .reshape(tensor.shape());
+        let mut tensor = Tensor::from_inner(view);
         if let Some(strategy) = checkpointing {
             tensor = tensor.with_gradient_checkpointing_strategy(strategy);
         }
@@ -192,5 +237,44 @@ impl ModuleMapper for Update<'_> {
             tensor = tensor.require_grad();
         }
         Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// [`adamw`]'s arithmetic as tensor ops, for backends without the kernel.
+fn adamw_ops(
+    buffers: AdamWBuffers,
+    grads: Tensor<1>,
+    decay: Tensor<1>,
+    step: Tensor<1>,
+    lr: f64,
+    s: &AdamWSettings,
+) -> AdamWBuffers {
+    let [n] = grads.dims();
+    let at = |i: usize| step.clone().slice(i..i + 1);
+    let (scale, time, keep) = (at(0), at(1), at(2).equal_elem(0.0));
+    let g = grads * scale.expand([n]);
+    let m = buffers.moment_1.clone().mul_scalar(s.beta_1) + g.clone().mul_scalar(1.0 - s.beta_1);
+    let v = buffers.moment_2.clone().mul_scalar(s.beta_2) + g.square().mul_scalar(1.0 - s.beta_2);
+    // 1 - β^t with t on the device.
+    let correction = |beta: f32| {
+        Tensor::<1>::full([1], beta, &time.device())
+            .powf(time.clone())
+            .neg()
+            .add_scalar(1.0)
+            .expand([n])
+    };
+    let m_hat = m.clone() / correction(s.beta_1);
+    let v_hat = v.clone() / correction(s.beta_2);
+    let delta = m_hat / v_hat.sqrt().add_scalar(s.epsilon);
+    let decayed = buffers.params.clone()
+        * decay
+            .mul_scalar(-lr * f64::from(s.weight_decay))
+            .add_scalar(1.0);
+    let params = decayed - delta.mul_scalar(lr);
+    let keep = keep.expand([n]);
+    AdamWBuffers {
+        params: params.mask_where(keep.clone(), buffers.params),
+        moment_1: m.mask_where(keep.clone(), buffers.moment_1),
+        moment_2: v.mask_where(keep, buffers.moment_2),
     }
 }

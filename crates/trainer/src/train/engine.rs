@@ -11,12 +11,14 @@
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor};
 use tinygpt_model::{AdamWSettings, FusedCpu, Gpt, TokenBatch, cross_entropy_counted};
 
 use crate::backend::{EngineKind, Placement};
+use crate::config::TrainDType;
 use crate::data::{Batch, mix};
 use crate::train::device_adamw::DeviceAdamW;
+use crate::train::loss_scale::LossScale;
 use crate::train::optim::{burn_from_moments, moments_from_burn};
 
 /// Owns a model and its optimizer; see the module docs.
@@ -30,6 +32,10 @@ pub struct Engine {
     threads: usize,
     /// Outcomes of steps taken, not yet handed out by [`Engine::outcomes`].
     known: Vec<Step>,
+    /// What the Burn engines' steps compute in: f32, or a mixed precision (`train.dtype`).
+    dtype: FloatDType,
+    /// f16's loss scale; `None` in f32 and bf16.
+    loss_scale: Option<LossScale>,
 }
 
 /// Steps whose outcome a GPU engine keeps on the device before it reads them anyway: a bound
@@ -44,7 +50,7 @@ enum Kind {
     /// the loss and the norm are finite, deciding on the device.
     Device {
         device: Device,
-        adamw: DeviceAdamW,
+        adamw: Box<DeviceAdamW>,
         /// Each step's `[loss, gradient norm]`, still on the device.
         pending: Vec<Tensor<1>>,
     },
@@ -71,23 +77,28 @@ pub struct Step {
 
 impl Engine {
     /// An engine for `model` (on the autodiff form of `placement`'s device) and `optim` (its
-    /// AdamW, with `adamw`'s settings), the one [`Placement::engine_for`] picks; the second
-    /// value says why `auto` did not take the fused engine, when it did not.
+    /// AdamW, with `adamw`'s settings), its steps computing in `dtype`, the one
+    /// [`Placement::engine_for`] picks; the second value says why `auto` did not take the
+    /// fused engine, when it did not.
     pub fn new(
         placement: &Placement,
         model: Gpt,
         optim: ModuleOptimizer,
         adamw: AdamWSettings,
         threads: usize,
+        dtype: TrainDType,
     ) -> Result<(Self, Option<String>)> {
-        let (decided, note) = placement.engine_for(&model.config)?;
+        let (decided, note) = placement.engine_for(&model.config, dtype)?;
         let device = placement.device.clone();
         let kind = match decided {
             EngineKind::Autodiff => Kind::Autodiff(device),
             EngineKind::Device => {
                 let states = moments_from_burn(&optim).context("optimizer state")?;
                 Kind::Device {
-                    adamw: DeviceAdamW::new(adamw, states, &device),
+                    adamw: Box::new(
+                        DeviceAdamW::new(adamw, states, &model, &device)
+                            .context("optimizer state")?,
+                    ),
                     device,
                     pending: Vec::new(),
                 }
@@ -110,6 +121,8 @@ impl Engine {
             optim,
             threads,
             known: Vec::new(),
+            dtype: dtype.float(),
+            loss_scale: (dtype == TrainDType::F16).then(|| LossScale::new(&placement.device)),
         };
         Ok((engine, note))
     }
@@ -125,10 +138,15 @@ impl Engine {
 
     /// A short description for the log line.
     pub fn describe(&self) -> String {
-        match &self.kind {
+        let engine = match &self.kind {
             Kind::Autodiff(_) => "Burn autodiff".into(),
             Kind::Device { .. } => "Burn autodiff, AdamW on the device".into(),
             Kind::Fused { .. } => format!("fused CPU engine on {} threads", self.threads),
+        };
+        match (self.dtype, &self.loss_scale) {
+            (FloatDType::F32, _) => engine,
+            (dtype, None) => format!("{engine}, {dtype:?} matmuls"),
+            (dtype, Some(_)) => format!("{engine}, {dtype:?} matmuls with a loss scale"),
         }
     }
 
@@ -169,21 +187,43 @@ impl Engine {
             Kind::Autodiff(device) | Kind::Device { device, .. } => device.clone().autodiff(),
         };
         let model = self.model.take().context("the engine lost its model")?;
-        let (grads, stats) = match gradients(&model, batches, &device, dropout_seed, grad_clip) {
+        let precision = Precision {
+            dtype: self.dtype,
+            loss_scale: self.loss_scale.as_ref().map(LossScale::scale),
+        };
+        let (mut grads, loss) = match gradients(&model, batches, &device, dropout_seed, &precision)
+        {
             Ok(done) => done,
             Err(e) => {
                 self.model = Some(model);
                 return Err(e);
             }
         };
+        let loss_scale = precision.loss_scale;
         if let Kind::Device { adamw, pending, .. } = &mut self.kind {
-            let finite = stats.clone().inner().is_finite().all();
+            // The global norm in one reduction over the flat gradients, the clipping and
+            // loss-scale factor folded into AdamW's kernel.
+            let flat = adamw.flatten(&mut grads);
+            let squares = flat.clone().square().sum();
+            let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
+            let stats = Tensor::cat(vec![loss.inner(), norm], 0);
+            let finite = stats.clone().is_finite().all();
+            if let Some(loss_scale) = &mut self.loss_scale {
+                loss_scale.update(finite.clone());
+            }
+            let scale = scale.unwrap_or_else(|| Tensor::ones([1], &stats.device()));
             pending.push(stats);
-            self.model = Some(adamw.step(model, grads, lr, finite));
+            self.model = Some(adamw.step(model, flat, lr, scale, finite));
             if pending.len() >= MAX_PENDING {
                 self.read_pending()?;
             }
             return Ok(());
+        }
+        let norm = clip_global_norm(&model, &mut grads, grad_clip, loss_scale)
+            .unwrap_or_else(|| Tensor::zeros([1], &device.clone().inner()));
+        let stats = Tensor::cat(vec![loss.inner(), norm], 0);
+        if let Some(loss_scale) = &mut self.loss_scale {
+            loss_scale.update(stats.clone().is_finite().all());
         }
         let step = match read_steps(stats) {
             Ok(steps) => steps[0],
@@ -268,7 +308,8 @@ impl Engine {
         match &mut self.kind {
             Kind::Autodiff(device) | Kind::Device { device, .. } => {
                 let model = self.model.as_ref().context("the engine lost its model")?;
-                let model = model.valid();
+                // Estimated as trained: in the step's precision.
+                let model = model.valid().autocast(self.dtype);
                 let device = device.clone();
                 let losses = parallel(batches, workers, |batch| batch_loss(&model, batch, &device))
                     .into_iter()
@@ -329,14 +370,23 @@ fn read_steps(stats: Tensor<1>) -> Result<Vec<Step>> {
         .collect())
 }
 
+/// What a Burn step computes in.
+struct Precision {
+    /// The matmuls' dtype ([`Gpt::autocast`]).
+    dtype: FloatDType,
+    /// f16's loss scale, `[1]` on the (non-autodiff) device.
+    loss_scale: Option<Tensor<1>>,
+}
+
 /// Gradients of the mean loss over `batches` through Burn's autodiff on `device` (dropout
-/// masks from `dropout_seed`), clipped on the device; and `[mean loss, norm]`, on the device.
+/// masks from `dropout_seed`) in `precision`, still multiplied by its loss scale and not
+/// clipped; and the mean loss `[1]`, on the device.
 fn gradients(
     model: &Gpt,
     batches: &[Batch],
     device: &Device,
     dropout_seed: u64,
-    grad_clip: f64,
+    precision: &Precision,
 ) -> Result<(GradientsParams, Tensor<1>)> {
     device.seed(dropout_seed);
     // Flash attention's in-kernel dropout draws its masks from its own stream: seeded per step
@@ -348,15 +398,19 @@ fn gradients(
     for batch in batches {
         // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
         // backward passes running at once panic ("graph tape has already been consumed").
-        let loss = batch_loss(model, batch, device)? / n;
-        let grads = GradientsParams::from_grads(loss.backward(), model);
+        // The casts to the step's dtype are graph nodes through which the gradients reach the
+        // f32 `model`; each backward consumes its own, so each micro-batch casts again.
+        let compute = model.autocast(precision.dtype);
+        let loss = batch_loss(&compute, batch, device)? / n;
+        let scaled = match &precision.loss_scale {
+            Some(scale) => loss.clone() * Tensor::from_inner(scale.clone()),
+            None => loss.clone(),
+        };
+        let grads = GradientsParams::from_grads(scaled.backward(), model);
         loss_sum = loss_sum + loss.detach();
         accumulator.accumulate(model, grads);
     }
-    let mut grads = accumulator.grads();
-    let norm = clip_global_norm(model, &mut grads, grad_clip)
-        .unwrap_or_else(|| Tensor::zeros([1], device));
-    Ok((grads, Tensor::cat(vec![loss_sum.inner(), norm.inner()], 0)))
+    Ok((accumulator.grads(), loss_sum))
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {
@@ -407,8 +461,14 @@ fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R +
 
 /// The norm ‖g‖ of all gradients together, `[1]` on the device (`None` without gradients); with `max_norm > 0`, every
 /// gradient is scaled by `min(1, max_norm / (‖g‖ + 1e-6))` (PyTorch's `clip_grad_norm_`; Burn's
-/// own clipping works per tensor), the scale computed on the device.
-fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) -> Option<Tensor<1>> {
+/// own clipping works per tensor), the scale computed on the device. Gradients of a loss
+/// multiplied by `loss_scale` are divided by it in the same pass, and ‖g‖ is the unscaled norm.
+fn clip_global_norm(
+    model: &Gpt,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+    loss_scale: Option<Tensor<1>>,
+) -> Option<Tensor<1>> {
     struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
     impl ModuleVisitor for SquaredNorms<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -431,15 +491,37 @@ fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64) -> 
     if norms.1.is_empty() {
         return None;
     }
-    let norm = Tensor::cat(norms.1, 0).sum().sqrt();
-    if max_norm > 0.0 {
-        let scale = (norm.clone() + 1e-6)
-            .recip()
-            .mul_scalar(max_norm)
-            .clamp_max(1.0);
-        model.visit(&mut Scale(grads, scale));
+    let (norm, factor) = clip_scale(Tensor::cat(norms.1, 0).sum(), max_norm, loss_scale);
+    if let Some(factor) = factor {
+        model.visit(&mut Scale(grads, factor));
     }
     Some(norm)
+}
+
+/// From the sum of the squared gradients `[1]` (of a loss multiplied by `loss_scale`, when
+/// given): the unscaled norm ‖g‖ and the factor that unscales and clips the gradients to
+/// `max_norm` (0 = no clipping; `None` when there is nothing to do). On the device.
+fn clip_scale(
+    squares: Tensor<1>,
+    max_norm: f64,
+    loss_scale: Option<Tensor<1>>,
+) -> (Tensor<1>, Option<Tensor<1>>) {
+    let mut norm = squares.sqrt();
+    if let Some(loss_scale) = &loss_scale {
+        norm = norm / loss_scale.clone();
+    }
+    let clip = (max_norm > 0.0).then(|| {
+        (norm.clone() + 1e-6)
+            .recip()
+            .mul_scalar(max_norm)
+            .clamp_max(1.0)
+    });
+    let factor = match (clip, loss_scale) {
+        (Some(clip), Some(loss_scale)) => Some(clip / loss_scale),
+        (None, Some(loss_scale)) => Some(loss_scale.recip()),
+        (clip, None) => clip,
+    };
+    (norm, factor)
 }
 
 #[cfg(test)]
@@ -478,6 +560,11 @@ mod tests {
     /// An engine on flex for `model` as the CPU trains (Burn's AdamW, outcomes read at once),
     /// or as a GPU does (`device_like`: [`DeviceAdamW`], outcomes left on the device).
     fn engine(config: &RunConfig, model: Gpt, device_like: bool) -> Engine {
+        engine_in(config, model, device_like, TrainDType::F32)
+    }
+
+    /// [`engine`] with its steps in `dtype`.
+    fn engine_in(config: &RunConfig, model: Gpt, device_like: bool, dtype: TrainDType) -> Engine {
         let placement = Placement {
             device: Device::flex(),
             engine: crate::backend::EngineChoice::Autodiff,
@@ -489,7 +576,9 @@ mod tests {
             note: None,
         };
         let (optim, adamw) = (optimizer(config, &model), adamw_settings(config, &model));
-        Engine::new(&placement, model, optim, adamw, 1).unwrap().0
+        Engine::new(&placement, model, optim, adamw, 1, dtype)
+            .unwrap()
+            .0
     }
 
     fn weights(engine: &mut Engine) -> Vec<Vec<f32>> {
@@ -584,6 +673,104 @@ mod tests {
                 difference < 1e-6,
                 "moments of {:?} differ by {difference}",
                 w.id
+            );
+        }
+    }
+
+    /// On a GPU (lavapipe in CI) the device engine's flat AdamW is the fused kernel, with the
+    /// fused LayerNorm and loss: it trains as Burn's ops and Burn's AdamW do on flex.
+    #[test]
+    fn the_fused_kernels_on_a_gpu_train_as_burns_ops_on_the_cpu() {
+        let Some(gpu) = crate::backend::Backend::Wgpu.placement().ok() else {
+            assert!(std::env::var_os("CI").is_none(), "CI must run wgpu");
+            eprintln!(
+                "\n!!! NO WGPU ADAPTER FOUND: the fused-kernel engine test did not run !!!\n"
+            );
+            return;
+        };
+        let config = config();
+        let data = random_tokens(&config);
+        let model = model(&config);
+        let on_gpu = config
+            .gpt(VOCAB)
+            .init(&gpu.device.clone().autodiff())
+            .unwrap()
+            .load_record(model.clone().into_record());
+        let mut cpu = engine(&config, model, false);
+        let (optim, adamw) = (
+            optimizer(&config, &on_gpu),
+            adamw_settings(&config, &on_gpu),
+        );
+        let (mut gpu, _) = Engine::new(&gpu, on_gpu, optim, adamw, 1, TrainDType::F32).unwrap();
+        assert_eq!(gpu.kind(), EngineKind::Device);
+        for step in 0..4 {
+            train_step(&mut cpu, &data, &config, step).unwrap();
+            train_step(&mut gpu, &data, &config, step).unwrap();
+        }
+        let (want, got) = (cpu.outcomes(true).unwrap(), gpu.outcomes(true).unwrap());
+        for (c, g) in want.iter().zip(&got) {
+            assert!((c.loss - g.loss).abs() < 1e-4, "{c:?} vs {g:?}");
+            assert!(
+                (c.grad_norm - g.grad_norm).abs() < 1e-3 * c.grad_norm,
+                "{c:?} vs {g:?}"
+            );
+        }
+        let difference = max_difference(&weights(&mut cpu), &weights(&mut gpu));
+        assert!(difference < 1e-4, "weights differ by {difference}");
+        let (want, got) = (
+            saved_moments(&config, &mut cpu),
+            saved_moments(&config, &mut gpu),
+        );
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!((w.id, w.time), (g.id, g.time));
+        }
+    }
+
+    #[test]
+    fn mixed_precision_steps_see_the_f32_loss_and_update_f32_weights() {
+        let config = config();
+        let data = random_tokens(&config);
+        let model = model(&config);
+        let mut outcomes = Vec::new();
+        for (dtype, device_like) in [
+            (TrainDType::F32, false),
+            (TrainDType::Bf16, false),
+            (TrainDType::F16, false),
+            (TrainDType::Bf16, true),
+            (TrainDType::F16, true),
+        ] {
+            let mut engine = engine_in(&config, model.clone(), device_like, dtype);
+            for step in 0..3 {
+                train_step(&mut engine, &data, &config, step).unwrap();
+            }
+            let steps = engine.outcomes(true).unwrap();
+            assert_eq!(steps.len(), 3);
+            assert!(steps.iter().all(|s| s.applied), "{dtype:?}: {steps:?}");
+            // The master weights stay f32 (what checkpoints save), and they moved.
+            let trained = engine.model().unwrap().valid();
+            assert_eq!(trained.wte.weight.dtype(), burn::tensor::DType::F32);
+            assert_eq!(
+                trained.h[0].attn.c_attn.weight.dtype(),
+                burn::tensor::DType::F32
+            );
+            outcomes.push((dtype, steps, weights(&mut engine)));
+        }
+        let (_, f32_steps, f32_weights) = &outcomes[0];
+        for (dtype, steps, weights) in &outcomes[1..] {
+            // Step 0: the same weights and batch, the matmuls in 8 (bf16) or 11 (f16) bits.
+            let difference = (steps[0].loss - f32_steps[0].loss).abs();
+            assert!(
+                difference < 1e-2,
+                "{dtype:?}: step-0 loss off by {difference}"
+            );
+            // The f16 loss scale is divided out again: norms as f32's, to the dtype's digits.
+            let ratio = steps[0].grad_norm / f32_steps[0].grad_norm;
+            assert!((ratio - 1.0).abs() < 0.05, "{dtype:?}: norm ratio {ratio}");
+            let moved = max_difference(weights, f32_weights);
+            assert!(
+                moved > 0.0 && moved < 1e-2,
+                "{dtype:?}: weights off by {moved}"
             );
         }
     }

@@ -11,12 +11,14 @@
 //! engine.rs        owns the weights and AdamW state: Burn autodiff on any device, or the fused
 //!                  CPU engine
 //! device_adamw.rs  AdamW on a GPU, gated on the device by the non-finite guard
+//! loss_scale.rs    f16's dynamic loss scale, on the device
 //! optim.rs         AdamW groups, the learning-rate schedule, Burn's optimizer record
 //! memory.rs        the memory a run needs, checked before it allocates
 //! ```
 
 pub mod device_adamw;
 pub mod engine;
+pub mod loss_scale;
 pub mod memory;
 pub mod optim;
 mod record;

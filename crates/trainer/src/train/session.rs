@@ -20,7 +20,7 @@ use super::optim::learning_rate;
 use super::record::Recording;
 use super::report::Clock;
 use crate::backend::describe;
-use crate::config::RunConfig;
+use crate::config::{RunConfig, TrainDType};
 use crate::data::{Batch, Dataset, mix, step_rng};
 use crate::progress::Progress;
 use crate::run::checkpoint::{Run, TrainState, Which};
@@ -30,6 +30,9 @@ use crate::run::metrics::{Metrics, Row};
 /// RNG streams: batches of micro-step `k` use stream `k`; these are far above any `grad_accum`.
 const EVAL_STREAM: u64 = 1 << 20;
 const DROPOUT_STREAM: u64 = 1 << 21;
+/// f16 steps skipped in a row for loss-scale overflows before the run counts as diverged: the
+/// scale has then fallen by 2^32 from where it overflowed.
+const OVERFLOW_LIMIT: usize = 32;
 
 /// When [`Trainer::run`] stops early: Ctrl-C, or a time limit.
 pub struct Limits<'a> {
@@ -149,11 +152,23 @@ impl Trainer {
             }
             self.state.skipped_steps += 1;
             self.skipped_in_a_row += 1;
-            if self.skipped_in_a_row >= self.config.train.nonfinite_limit {
+            // In f16 a finite loss with non-finite gradients is the loss scale overflowing: it
+            // halves and the step is skipped, as expected while it settles. Only when it has
+            // halved OVERFLOW_LIMIT times in a row is it the run that diverged.
+            let overflow = self.config.train.dtype == TrainDType::F16 && step.loss.is_finite();
+            let limit = match overflow {
+                true => self.config.train.nonfinite_limit.max(OVERFLOW_LIMIT),
+                false => self.config.train.nonfinite_limit,
+            };
+            if self.skipped_in_a_row >= limit {
                 return Err(self.diverged(step));
             }
+            let why = match overflow {
+                true => "f16 loss scale overflowed and halves",
+                false => "not finite",
+            };
             progress.say(format!(
-                "step {}: loss {}, gradient norm {}: not finite, update skipped ({} in a row)",
+                "step {}: loss {}, gradient norm {}: {why}, update skipped ({} in a row)",
                 self.settled, step.loss, step.grad_norm, self.skipped_in_a_row
             ));
         }

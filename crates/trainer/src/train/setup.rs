@@ -28,12 +28,14 @@ use crate::run::metrics::Metrics;
 const INIT_STREAM: u64 = 1 << 22;
 
 /// Only these may change when resuming; anything else would make it another run.
-const CHANGEABLE_ON_RESUME: [&str; 5] = [
+const CHANGEABLE_ON_RESUME: [&str; 6] = [
     "train.max_iters",
     "data.path",
     "train.eval_interval",
     "train.log_interval",
     "train.nonfinite_limit",
+    // Checkpoints are f32 whatever the step computed in.
+    "train.dtype",
 ];
 
 /// What to train: a new run from a config, or the run in `out` continued.
@@ -65,12 +67,13 @@ impl Trainer {
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = record::sample_prompt(config, tokenizer, &data)?;
         let gpt = config.gpt(tokenizer.vocab_size());
-        let (kind, engine_note) = placement.engine_for(&gpt)?;
+        let (kind, engine_note) = placement.engine_for(&gpt, config.train.dtype)?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let config = config.clone();
         let adamw = adamw_settings(&config, &model);
-        let (engine, _) = Engine::new(&placement, model, optim, adamw, config.workers())?;
+        let (workers, dtype) = (config.workers(), config.train.dtype);
+        let (engine, _) = Engine::new(&placement, model, optim, adamw, workers, dtype)?;
         let notes = placement
             .note
             .clone()

@@ -1,0 +1,267 @@
+//! The fused GPU kernels equal the Burn ops they replace, forward and gradients under autodiff,
+//! on wgpu (lavapipe in CI): LayerNorm (with and without its shift) and the cross-entropy with
+//! ignored targets, on shapes that are not multiples of the kernels' cube size. And the model
+//! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex.
+
+mod common;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::LayerNormConfig;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use tinygpt_model::gpu::{cross_entropy, cross_entropy_parts, layer_norm, layer_norm_parts};
+use tinygpt_model::{GptConfig, cross_entropy_ops};
+
+/// Numbers in [-scale, scale) from a fixed-seed xorshift.
+fn numbers(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * scale
+        })
+        .collect()
+}
+
+fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
+
+/// Rows and widths: one value, fewer than a cube's units, a cube's worth, several passes.
+const LAYER_NORM_SHAPES: [[usize; 2]; 4] = [[1, 1], [3, 5], [37, 128], [130, 300]];
+
+#[test]
+fn the_fused_layer_norm_is_burns() {
+    let Some(device) = common::wgpu_device("the fused LayerNorm's tests") else {
+        return;
+    };
+    for (case, [rows, channels]) in LAYER_NORM_SHAPES.into_iter().enumerate() {
+        let seed = case as u64;
+        // An offset mean, as activations have, and gains away from 1.
+        let x: Vec<f32> = numbers(seed, rows * channels, 3.0)
+            .iter()
+            .map(|v| v + 1.5)
+            .collect();
+        let gamma = numbers(seed + 100, channels, 1.0);
+        let beta = numbers(seed + 200, channels, 1.0);
+        let dy = numbers(seed + 300, rows * channels, 1.0);
+        for with_beta in [true, false] {
+            let what = format!("[{rows}, {channels}] beta={with_beta}");
+            // Burn's LayerNorm under autodiff, the reference.
+            let ad = device.clone().autodiff();
+            let mut ln = LayerNormConfig::new(channels)
+                .with_bias(with_beta)
+                .init(&ad);
+            ln.gamma = Param::from_tensor(tensor(gamma.clone(), [channels], &ad));
+            if with_beta {
+                ln.beta = Some(Param::from_tensor(tensor(beta.clone(), [channels], &ad)));
+            }
+            let x_ref = tensor(x.clone(), [rows, channels], &ad).require_grad();
+            let y_ref = ln.forward(x_ref.clone());
+            let loss = (y_ref.clone() * tensor(dy.clone(), [rows, channels], &ad)).sum();
+            let ref_grads = loss.backward();
+            let dx_ref = read(x_ref.grad(&ref_grads).unwrap());
+            let dg_ref = read(ln.gamma.val().grad(&ref_grads).unwrap());
+            let db_ref = ln
+                .beta
+                .as_ref()
+                .map(|b| read(b.val().grad(&ref_grads).unwrap()));
+
+            // The fused op under autodiff, through the same loss.
+            let x_fused = tensor(x.clone(), [rows, channels], &ad).require_grad();
+            let g_fused = tensor(gamma.clone(), [channels], &ad).require_grad();
+            let b_fused = with_beta.then(|| tensor(beta.clone(), [channels], &ad).require_grad());
+            let y = layer_norm(x_fused.clone(), g_fused.clone(), b_fused.clone(), 1e-5);
+            assert_close(&read(y.clone()), &read(y_ref), 1e-5, &format!("y {what}"));
+            let loss = (y * tensor(dy.clone(), [rows, channels], &ad)).sum();
+            let grads = loss.backward();
+            assert_close(
+                &read(x_fused.grad(&grads).unwrap()),
+                &dx_ref,
+                1e-4,
+                &format!("dx {what}"),
+            );
+            assert_close(
+                &read(g_fused.grad(&grads).unwrap()),
+                &dg_ref,
+                1e-4,
+                &format!("dγ {what}"),
+            );
+            if let (Some(b), Some(db_ref)) = (b_fused, db_ref) {
+                let db = read(b.grad(&grads).unwrap());
+                assert_close(&db, &db_ref, 1e-4, &format!("dβ {what}"));
+            }
+        }
+        // Called directly, the statistics are the row's mean and 1/√(var + ε).
+        let parts = layer_norm_parts(
+            tensor(x.clone(), [rows, channels], &device),
+            tensor(gamma.clone(), [channels], &device),
+            tensor(beta.clone(), [channels], &device),
+            tensor(dy.clone(), [rows, channels], &device),
+            1e-5,
+        );
+        let (mean, rstd) = (read(parts.mean), read(parts.rstd));
+        for row in 0..rows {
+            let values = &x[row * channels..(row + 1) * channels];
+            let mu = values.iter().map(|&v| f64::from(v)).sum::<f64>() / channels as f64;
+            let var = values
+                .iter()
+                .map(|&v| (f64::from(v) - mu).powi(2))
+                .sum::<f64>()
+                / channels as f64;
+            assert!(
+                (f64::from(mean[row]) - mu).abs() < 1e-5,
+                "mean of row {row}"
+            );
+            let r = 1.0 / (var + 1e-5).sqrt();
+            assert!(
+                (f64::from(rstd[row]) - r).abs() < 1e-4 * r,
+                "rstd of row {row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fused_cross_entropy_is_burns() {
+    let Some(device) = common::wgpu_device("the fused cross-entropy's tests") else {
+        return;
+    };
+    for (case, [rows, vocab]) in [[1, 2], [5, 65], [64, 65], [33, 300], [7, 1000]]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 1000 + case as u64;
+        let logits = numbers(seed, rows * vocab, 6.0);
+        // Every third target ignored (-1), except in a single-row batch.
+        let targets: Vec<i64> = numbers(seed + 1, rows, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, u)| match i % 3 == 1 {
+                true => -1,
+                false => ((u + 1.0) / 2.0 * vocab as f32).min(vocab as f32 - 1.0) as i64,
+            })
+            .collect();
+        let kept = targets.iter().filter(|&&t| t >= 0).count();
+        let what = format!("[{rows}, {vocab}]");
+        let ad = device.clone().autodiff();
+        let ids =
+            |d: &Device| Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d);
+
+        let reference = tensor(logits.clone(), [rows, vocab], &ad).require_grad();
+        let loss_ref = cross_entropy_ops(reference.clone(), ids(&ad), kept);
+        let grads = loss_ref.backward();
+        let d_ref = read(reference.grad(&grads).unwrap());
+        let loss_ref = read(loss_ref);
+
+        let fused = tensor(logits.clone(), [rows, vocab], &ad).require_grad();
+        let loss = cross_entropy(fused.clone(), ids(&ad), kept);
+        assert_close(
+            &read(loss.clone()),
+            &loss_ref,
+            1e-5,
+            &format!("loss {what}"),
+        );
+        let grads = loss.backward();
+        let d_logits = read(fused.grad(&grads).unwrap());
+        assert_close(&d_logits, &d_ref, 1e-5, &format!("d logits {what}"));
+        for (row, &t) in targets.iter().enumerate() {
+            if t < 0 {
+                let zero = d_logits[row * vocab..(row + 1) * vocab]
+                    .iter()
+                    .all(|&g| g == 0.0);
+                assert!(zero, "an ignored row got a gradient: {what} row {row}");
+            }
+        }
+
+        // Called directly: each row's log-sum-exp, in f64 on the host.
+        let (_, lse, _) = cross_entropy_parts(
+            tensor(logits.clone(), [rows, vocab], &device),
+            ids(&device),
+            Tensor::ones([rows], &device),
+        );
+        for (row, got) in read(lse).into_iter().enumerate() {
+            let values = &logits[row * vocab..(row + 1) * vocab];
+            let want = values.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
+            assert!(
+                (f64::from(got) - want).abs() < 1e-5 * want.abs().max(1.0),
+                "lse {what} {row}"
+            );
+        }
+    }
+}
+
+/// Every gradient of a model, by parameter, in visiting order.
+fn gradients(model: &tinygpt_model::Gpt, grads: &burn::tensor::Gradients) -> Vec<Vec<f32>> {
+    struct Collect<'a>(&'a burn::tensor::Gradients, Vec<Vec<f32>>);
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = param.val().grad(self.0) {
+                self.1.push(read(g));
+            }
+        }
+    }
+    let mut collect = Collect(grads, Vec::new());
+    model.visit(&mut collect);
+    collect.1
+}
+
+/// A small GPT on wgpu (fused LayerNorm and loss) gives flex's loss and gradients.
+#[test]
+fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
+    let Some(device) = common::wgpu_device("the model's fused-kernel test") else {
+        return;
+    };
+    let _seeded = common::seeded();
+    let config = GptConfig {
+        vocab_size: 37,
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        ..GptConfig::baby(37)
+    };
+    let cpu = Device::flex().autodiff();
+    let model = config.init(&cpu).unwrap();
+    let record = model.clone().into_record();
+    let gpu = device.clone().autodiff();
+    let on_gpu = config.init(&gpu).unwrap().load_record(record);
+    let tokens: Vec<i64> = (0..3 * 16).map(|i| (i * 7 % 37) as i64).collect();
+    let mut targets: Vec<i64> = (0..3 * 16).map(|i| ((i * 5 + 3) % 37) as i64).collect();
+    targets[4] = -1;
+    let kept = targets.len() - 1;
+    let mut results = Vec::new();
+    for (model, device) in [(&model, &cpu), (&on_gpu, &gpu)] {
+        let inputs = Tensor::<2, Int>::from_data(TensorData::new(tokens.clone(), [3, 16]), device);
+        let t = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [48]), device);
+        let logits = model.forward(inputs).unwrap().reshape([48, 37]);
+        let loss = tinygpt_model::cross_entropy_counted(logits, t, kept).unwrap();
+        let value = read(loss.clone())[0];
+        let grads = loss.backward();
+        results.push((value, gradients(model, &grads)));
+    }
+    let ((cpu_loss, cpu_grads), (gpu_loss, gpu_grads)) = (&results[0], &results[1]);
+    assert!(
+        (cpu_loss - gpu_loss).abs() < 1e-5,
+        "{cpu_loss} vs {gpu_loss}"
+    );
+    assert_eq!(cpu_grads.len(), gpu_grads.len());
+    for (i, (c, g)) in cpu_grads.iter().zip(gpu_grads).enumerate() {
+        assert_close(g, c, 1e-4, &format!("gradient {i}"));
+    }
+}

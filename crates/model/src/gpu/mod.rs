@@ -54,32 +54,26 @@ fn cube_count(client: &Client, cubes: usize) -> CubeCount {
 /// two of them). Every unit gets the sum; `shared` is free again when it returns.
 #[cube]
 fn cube_sum<F: Float>(value: F, shared: &mut Shared<[F]>) -> F {
-    let unit = UNIT_POS_X as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if unit < stride {
-            shared[unit] = shared[unit] + shared[unit + stride];
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let total = shared[0];
-    sync_cube();
-    total
+    cube_reduce::<F>(value, shared, false)
 }
 
 /// The largest of `value` over the cube's units, as [`cube_sum`].
 #[cube]
 fn cube_max<F: Float>(value: F, shared: &mut Shared<[F]>) -> F {
+    cube_reduce::<F>(value, shared, true)
+}
+
+/// A tree reduction in shared memory: half the live units combine two slots each round.
+#[cube]
+fn cube_reduce<F: Float>(value: F, shared: &mut Shared<[F]>, #[comptime] max: bool) -> F {
     let unit = UNIT_POS_X as usize;
     shared[unit] = value;
     sync_cube();
     let mut stride = CUBE_DIM_X as usize / 2;
     while stride > 0 {
         if unit < stride {
-            shared[unit] = F::max(shared[unit], shared[unit + stride]);
+            let (a, b) = (shared[unit], shared[unit + stride]);
+            shared[unit] = if max { F::max(a, b) } else { a + b };
         }
         sync_cube();
         stride /= 2;

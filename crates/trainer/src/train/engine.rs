@@ -200,24 +200,8 @@ impl Engine {
             }
         };
         let loss_scale = precision.loss_scale;
-        if let Kind::Device { adamw, pending, .. } = &mut self.kind {
-            // The global norm in one reduction over the flat gradients, the clipping and
-            // loss-scale factor folded into AdamW's kernel.
-            let flat = adamw.flatten(&mut grads);
-            let squares = flat.clone().square().sum();
-            let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
-            let stats = Tensor::cat(vec![loss.inner(), norm], 0);
-            let finite = stats.clone().is_finite().all();
-            if let Some(loss_scale) = &mut self.loss_scale {
-                loss_scale.update(finite.clone());
-            }
-            let scale = scale.unwrap_or_else(|| Tensor::ones([1], &stats.device()));
-            pending.push(stats);
-            self.model = Some(adamw.step(model, flat, lr, scale, finite));
-            if pending.len() >= MAX_PENDING {
-                self.read_pending()?;
-            }
-            return Ok(());
+        if let Kind::Device { .. } = self.kind {
+            return self.device_update(model, grads, loss, grad_clip, lr, loss_scale);
         }
         let norm = clip_global_norm(&model, &mut grads, grad_clip, loss_scale)
             .unwrap_or_else(|| Tensor::zeros([1], &device.clone().inner()));
@@ -237,6 +221,38 @@ impl Engine {
             true => self.optim.step(lr, model, grads),
             false => model,
         });
+        Ok(())
+    }
+
+    /// The device engine's half of [`Engine::step`]: the global norm in one reduction over the
+    /// flat gradients, the clipping and loss-scale factor folded into AdamW's kernel, the
+    /// non-finite guard decided on the device; nothing is read back.
+    fn device_update(
+        &mut self,
+        model: Gpt,
+        mut grads: GradientsParams,
+        loss: Tensor<1>,
+        grad_clip: f64,
+        lr: f64,
+        loss_scale: Option<Tensor<1>>,
+    ) -> Result<()> {
+        let Kind::Device { adamw, pending, .. } = &mut self.kind else {
+            bail!("the device update on another engine");
+        };
+        let flat = adamw.flatten(&mut grads);
+        let squares = flat.clone().square().sum();
+        let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
+        let stats = Tensor::cat(vec![loss.inner(), norm], 0);
+        let finite = stats.clone().is_finite().all();
+        if let Some(loss_scale) = &mut self.loss_scale {
+            loss_scale.update(finite.clone());
+        }
+        let scale = scale.unwrap_or_else(|| Tensor::ones([1], &stats.device()));
+        pending.push(stats);
+        self.model = Some(adamw.step(model, flat, lr, scale, finite));
+        if pending.len() >= MAX_PENDING {
+            self.read_pending()?;
+        }
         Ok(())
     }
 

@@ -14,9 +14,9 @@ use burn::backend::{Backend, Dispatch, TensorMetadata, backend_extension};
 use burn::tensor::Tensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use super::empty_like;
 use crate::AdamWSettings;
 
 /// Units per cube.
@@ -141,14 +141,7 @@ impl AdamWBackend for CubeBackend {
         let [params, grads, moment_1, moment_2, decay, step] =
             [params, grads, moment_1, moment_2, decay, step].map(into_contiguous);
         let client = params.client.clone();
-        let empty = || {
-            empty_device_dtype(
-                client.clone(),
-                params.device.clone(),
-                params.shape(),
-                params.dtype,
-            )
-        };
+        let empty = || empty_like(&params, params.shape());
         let (params_out, moment_1_out, moment_2_out) = (empty(), empty(), empty());
         let dim = CubeDim::new_1d(THREADS);
         let [beta_1, beta_2, epsilon, weight_decay] = settings;

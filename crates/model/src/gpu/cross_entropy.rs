@@ -23,10 +23,9 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, TensorMetadata, backend_
 use burn::tensor::{Int, Shape, Tensor};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::cube_count;
+use super::{cube_count, empty_like};
 
 /// Units per cube of the row kernel (a power of two).
 const THREADS: usize = 128;
@@ -190,14 +189,7 @@ impl CrossEntropyBackend for CubeBackend {
         let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
         let rows = logits.shape()[0];
         let client = logits.client.clone();
-        let empty = || {
-            empty_device_dtype(
-                client.clone(),
-                logits.device.clone(),
-                Shape::new([rows]),
-                logits.dtype,
-            )
-        };
+        let empty = || empty_like(&logits, Shape::new([rows]));
         let (loss, lse) = (empty(), empty());
         let dtype = dtype_to_storage_type(logits.dtype);
         kernels::cross_entropy_forward_kernel::launch(
@@ -223,12 +215,7 @@ impl CrossEntropyBackend for CubeBackend {
         let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
         let (lse, d_loss) = (into_contiguous(lse), into_contiguous(d_loss));
         let client = logits.client.clone();
-        let d_logits = empty_device_dtype(
-            client.clone(),
-            logits.device.clone(),
-            logits.shape(),
-            logits.dtype,
-        );
+        let d_logits = empty_like(&logits, logits.shape());
         let dim = CubeDim::new_1d(THREADS as u32);
         let dtype = dtype_to_storage_type(logits.dtype);
         kernels::cross_entropy_backward_kernel::launch(

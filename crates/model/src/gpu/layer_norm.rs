@@ -26,11 +26,9 @@ use burn::backend::{AutodiffBackend, Backend, Dispatch, TensorMetadata, backend_
 use burn::tensor::{Shape, Tensor};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
-use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::cube_count;
+use super::{cube_count, empty_like};
 
 /// Units per cube of the row kernels (a power of two: the reduction halves it).
 const THREADS: usize = 128;
@@ -399,11 +397,6 @@ impl LayerNormBackend for CubeBackend {
         );
         (dx, d_gamma, d_beta)
     }
-}
-
-/// An uninitialised tensor of `shape` on `like`'s device, in its dtype.
-fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
-    empty_device_dtype(like.client.clone(), like.device.clone(), shape, like.dtype)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ mod layer_norm;
 
 use std::sync::OnceLock;
 
-use burn::tensor::{DType, Device};
+use burn::tensor::{DType, Device, Shape};
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -48,6 +50,11 @@ pub fn supported(device: &Device, dtype: DType) -> bool {
 /// its cube's index as `CUBE_POS` and leaves when it is `cubes` or more.
 fn cube_count(client: &Client, cubes: usize) -> CubeCount {
     calculate_cube_count_elemwise(client, cubes, CubeDim::new_1d(1))
+}
+
+/// An uninitialised tensor of `shape` on `like`'s device, in its dtype: a kernel's output.
+fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
+    empty_device_dtype(like.client.clone(), like.device.clone(), shape, like.dtype)
 }
 
 /// The sum of `value` over the cube's units, `shared` holding one slot per unit (a power of

@@ -416,8 +416,8 @@ fn gradients(
         // backward passes running at once panic ("graph tape has already been consumed").
         // The casts to the step's dtype are graph nodes through which the gradients reach the
         // f32 `model`; each backward consumes its own, so each micro-batch casts again.
-        let compute = model.autocast(precision.dtype);
-        let loss = batch_loss(&compute, batch, device)? / n;
+        let compute = (precision.dtype != FloatDType::F32).then(|| model.autocast(precision.dtype));
+        let loss = batch_loss(compute.as_ref().unwrap_or(model), batch, device)? / n;
         let scaled = match &precision.loss_scale {
             Some(scale) => loss.clone() * Tensor::from_inner(scale.clone()),
             None => loss.clone(),

@@ -1,13 +1,13 @@
 //! The layer: causal multi-head self-attention.
 
 use burn::module::Module;
-use burn::nn::{Dropout, Linear};
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 
-use crate::config::AttentionKernel;
-use crate::error::AttentionError;
+use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
+use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention};
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
@@ -47,6 +47,28 @@ struct Heads {
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
+}
+
+impl CausalSelfAttentionConfig {
+    /// Validates the config and creates the layer on `device`.
+    pub fn init(&self, device: &Device) -> Result<CausalSelfAttention, AttentionConfigError> {
+        self.validate()?;
+        let d = self.d_model;
+        // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform).
+        let linear = |d_out: usize, std: f64| Linear {
+            weight: Initializer::Normal { mean: 0.0, std }.init([d, d_out], device),
+            bias: self.bias.then(|| Initializer::Zeros.init([d_out], device)),
+        };
+        Ok(CausalSelfAttention {
+            c_attn: linear(3 * d, self.init_std),
+            c_proj: linear(d, self.proj_init_std.unwrap_or(self.init_std)),
+            attn_dropout: DropoutConfig::new(self.dropout).init(),
+            resid_dropout: DropoutConfig::new(self.dropout).init(),
+            n_heads: self.n_heads,
+            max_seq_len: self.max_seq_len,
+            kernel: self.kernel,
+        })
+    }
 }
 
 impl CausalSelfAttention {

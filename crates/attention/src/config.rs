@@ -1,11 +1,9 @@
-//! Configuration of [`CausalSelfAttention`](crate::CausalSelfAttention), with validation.
+//! Configuration of [`CausalSelfAttention`](crate::CausalSelfAttention), with validation; the
+//! layer's `init` is beside the layer, in `attention.rs`.
 
 use burn::config::Config;
-use burn::nn::{DropoutConfig, Initializer, Linear};
-use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
-use crate::attention::CausalSelfAttention;
 use crate::error::AttentionConfigError;
 
 /// Which implementation computes `softmax(QKᵀ/√d + mask) · V`. In TOML: `"auto"`, `"explicit"`,
@@ -18,8 +16,8 @@ pub enum AttentionKernel {
     /// [`Explicit`](AttentionKernel::Explicit).
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops: the code that
-    /// teaches, the only one that can return weights or apply dropout, and on CPU the faster one
-    /// under autodiff.
+    /// teaches, the only one that can return the weights, and on CPU the faster one under
+    /// autodiff. Dropout on the weights is applied here and inside [`Flash`](Self::Flash).
     Explicit,
     /// Burn's `burn::tensor::module::attention` with `is_causal: true`; backends may run a
     /// flash-attention kernel. No dropout and no weights; an active dropout falls back to
@@ -33,7 +31,8 @@ pub enum AttentionKernel {
     Flash,
 }
 
-/// Configuration to create a [`CausalSelfAttention`] layer with [`init`](Self::init).
+/// Configuration to create a [`CausalSelfAttention`](crate::CausalSelfAttention) layer with
+/// [`init`](Self::init).
 #[derive(Config, Debug)]
 pub struct CausalSelfAttentionConfig {
     /// Width of the residual stream: input and output size of the layer.
@@ -94,25 +93,5 @@ impl CausalSelfAttentionConfig {
             }
         }
         Ok(())
-    }
-
-    /// Validates the config and creates the layer on `device`.
-    pub fn init(&self, device: &Device) -> Result<CausalSelfAttention, AttentionConfigError> {
-        self.validate()?;
-        let d = self.d_model;
-        // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform).
-        let linear = |d_out: usize, std: f64| Linear {
-            weight: Initializer::Normal { mean: 0.0, std }.init([d, d_out], device),
-            bias: self.bias.then(|| Initializer::Zeros.init([d_out], device)),
-        };
-        Ok(CausalSelfAttention {
-            c_attn: linear(3 * d, self.init_std),
-            c_proj: linear(d, self.proj_init_std.unwrap_or(self.init_std)),
-            attn_dropout: DropoutConfig::new(self.dropout).init(),
-            resid_dropout: DropoutConfig::new(self.dropout).init(),
-            n_heads: self.n_heads,
-            max_seq_len: self.max_seq_len,
-            kernel: self.kernel,
-        })
     }
 }

@@ -40,10 +40,11 @@ pub struct Block {
     pub attn: CausalSelfAttention,
     pub ln_2: Option<LayerNorm>,
     pub mlp: Option<Mlp>,
-    /// The LayerNorms' ε (Burn's `LayerNorm` keeps its own private): what the fused GPU
-    /// LayerNorm is given.
+    /// The LayerNorms' ε, copied from the config at init (Burn's `LayerNorm` keeps its own
+    /// private, and a block cannot see the model's config): what the fused GPU LayerNorm is
+    /// given. Private, so it cannot come to disagree with the config.
     #[module(skip)]
-    pub layer_norm_eps: f64,
+    layer_norm_eps: f64,
 }
 
 /// A linear layer with GPT-2's init: weight ~ N(0, std), bias 0.

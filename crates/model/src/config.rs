@@ -4,14 +4,12 @@
 //! from. Sizes derived from it ([`GptConfig::head_size`], [`GptConfig::mlp_width`]) are methods
 //! here and nowhere else.
 
-use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use tinygpt_attention::{AttentionConfigError, AttentionKernel, CausalSelfAttentionConfig};
 
 use crate::error::GptConfigError;
-use crate::gpt::Gpt;
 
-/// The architecture of a [`Gpt`]. Field names follow nanoGPT's `GPTConfig`; the defaults are
+/// The architecture of a [`Gpt`](crate::Gpt). Field names follow nanoGPT's `GPTConfig`; the defaults are
 /// nanoGPT's CPU "baby" model. Unknown keys are errors when read from TOML.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -244,7 +242,7 @@ impl GptConfig {
     }
 
     /// How many parameters a model of this config has, computed without building it (what
-    /// [`Gpt::num_params`] counts once built); saturates instead of overflowing.
+    /// [`Gpt::num_params`](crate::Gpt::num_params) counts once built); saturates instead of overflowing.
     pub fn num_params(&self) -> u64 {
         // f64 counts exactly up to 2^53 parameters; `as u64` saturates beyond u64.
         let n = |x: usize| x as f64;
@@ -262,19 +260,12 @@ impl GptConfig {
         let head = if self.tie_embeddings { 0.0 } else { c * v };
         (v * c + t * c + n(self.n_layer) * block + ln + head) as u64
     }
-
-    /// Validates the config and creates the model on `device` with GPT-2's initialisation.
-    pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
-        self.validate()?;
-        if self.vocab_size == 0 {
-            return Err(GptConfigError::Zero { name: "vocab_size" });
-        }
-        Gpt::init(self, device)
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use burn::tensor::Device;
+
     use super::*;
 
     #[test]

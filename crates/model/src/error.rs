@@ -27,6 +27,8 @@ pub enum ModelError {
     TokenOutOfRange { id: i64, vocab_size: usize },
     #[error(transparent)]
     Attention(#[from] AttentionError),
+    #[error("the model's weights do not fit its config: {0}")]
+    ConfigMismatch(String),
 }
 
 /// The loss has nothing to average.

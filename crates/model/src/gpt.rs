@@ -23,9 +23,22 @@ pub struct Gpt {
     /// Untied LM head `[n_embd, vocab_size]`, no bias; `None` when tied to `wte`.
     pub lm_head: Option<Linear>,
     /// The architecture this model was built from: what the fused CPU engine checks before it
-    /// runs it, and what export writes.
+    /// runs it, and what export writes. Burn's record does not hold it, so it is set once, by
+    /// [`GptConfig::init`], and read through [`Gpt::config`]; a record of another architecture
+    /// loaded into the model is caught by [`Gpt::check_config`].
     #[module(skip)]
-    pub config: GptConfig,
+    config: GptConfig,
+}
+
+impl GptConfig {
+    /// Validates the config and creates the model on `device` with GPT-2's initialisation.
+    pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
+        self.validate()?;
+        if self.vocab_size == 0 {
+            return Err(GptConfigError::Zero { name: "vocab_size" });
+        }
+        Gpt::init(self, device)
+    }
 }
 
 impl Gpt {
@@ -50,6 +63,37 @@ impl Gpt {
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
             config: config.clone(),
         })
+    }
+
+    /// The architecture this model was built from.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// Whether the weights are those of a model of [`Gpt::config`]: every parameter the
+    /// parameter table lists for it, of the shape it gives, and no other (a record loaded with
+    /// Burn's `load_record` is not checked against the config).
+    pub fn check_config(&self) -> Result<(), ModelError> {
+        let mismatch = |what: String| Err(ModelError::ConfigMismatch(what));
+        let mut by_path = crate::parameters::parameters_by_path(self);
+        for name in crate::parameter_table(&self.config) {
+            match (by_path.remove(&name.burn), name.present) {
+                (Some(param), true) => {
+                    let want = name.slot.shape(&self.config);
+                    if param.shape != want {
+                        let (path, got) = (&name.burn, &param.shape);
+                        return mismatch(format!("`{path}` is {got:?}, the config says {want:?}"));
+                    }
+                }
+                (Some(_), false) => return mismatch(format!("`{}` is not in it", name.burn)),
+                (None, true) => return mismatch(format!("`{}` is missing", name.burn)),
+                (None, false) => {}
+            }
+        }
+        match by_path.into_keys().next() {
+            Some(path) => mismatch(format!("`{path}` is not in it")),
+            None => Ok(()),
+        }
     }
 
     /// Number of distinct tokens.

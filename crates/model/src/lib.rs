@@ -14,34 +14,42 @@
 //! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
 //!   matmuls, the batch split over threads), tested against Burn's autodiff, for the configs
 //!   [`fused_support`] allows;
-//! - [`parameter_table`]: every parameter under Burn's and nanoGPT's names, in one order;
+//! - [`parameter_table`]: every parameter under Burn's and nanoGPT's names, in one order, and
+//!   [`ParamLayout`]: the present ones end to end, the flat layout every optimizer works on;
 //! - [`generate`] ([`Gpt::generate`] on Burn, or [`FusedDecoder`] on the CPU): temperature,
 //!   top-k, top-p, repetition penalty, stop sequences, streamed through a callback, with a KV
 //!   cache.
 
 mod block;
+mod clip;
 mod config;
 mod cpu;
 mod device_pick;
+mod draw;
 mod error;
 mod generate;
 mod gpt;
 pub mod gpu;
+mod layout;
 mod loss;
+mod options;
 mod parameters;
 mod sampler;
 
 pub use block::{Block, Mlp};
+pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
 pub use config::{Activation, GptConfig};
 pub use cpu::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
 };
 pub use device_pick::{Pick, Picked};
+pub use draw::Sampled;
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use generate::{Decoder, GenerateOptions, generate, generate_cancellable, score};
+pub use generate::{Decoder, generate, generate_cancellable, score};
 pub use gpt::Gpt;
+pub use layout::{LayoutEntry, LayoutError, ParamLayout};
 pub use loss::{
     IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
 };
+pub use options::GenerateOptions;
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
-pub use sampler::Sampled;

@@ -1,7 +1,9 @@
 //! The GPT's parameters under both namings, in one table: Burn's module paths (`h.0.ln_1.gamma`,
 //! `[in, out]` linear weights) and nanoGPT's / GPT-2's `state_dict` names
 //! (`transformer.h.0.ln_1.weight`, `[out, in]`). The fused CPU engine stores its buffers in this
-//! order, and export and import walk it; nothing else lists the parameters.
+//! order, the flat optimizer layout ([`ParamLayout`]) lays them end to end in it, and export and
+//! import walk it. The Burn modules themselves (`gpt.rs`, `block.rs`) declare the same
+//! parameters as fields; `the_table_names_every_parameter_once` checks that the two agree.
 
 use std::collections::HashMap;
 
@@ -41,6 +43,39 @@ pub enum Slot {
     FinalNormBias,
     /// The untied head, `[n_embd, vocab_size]`.
     LmHead,
+}
+
+impl Slot {
+    /// The shape a model of `config` gives this parameter (Burn's, `[in, out]` for a linear
+    /// weight): what [`Gpt::check_config`](crate::Gpt::check_config) holds a model's tensors to.
+    pub fn shape(self, config: &GptConfig) -> Vec<usize> {
+        let (c, v) = (config.n_embd, config.vocab_size);
+        match self {
+            Slot::TokenEmbedding => vec![v, c],
+            Slot::PositionEmbedding => vec![config.block_size, c],
+            Slot::Block(_, slot) => slot.shape(config),
+            Slot::FinalNormGain | Slot::FinalNormBias => vec![c],
+            Slot::LmHead => vec![c, v],
+        }
+    }
+}
+
+impl BlockSlot {
+    fn shape(self, config: &GptConfig) -> Vec<usize> {
+        let (c, hidden) = (config.n_embd, config.mlp_width());
+        match self {
+            BlockSlot::Ln1Gain | BlockSlot::Ln1Bias | BlockSlot::Ln2Gain | BlockSlot::Ln2Bias => {
+                vec![c]
+            }
+            BlockSlot::AttnWeight => vec![c, 3 * c],
+            BlockSlot::AttnBias => vec![3 * c],
+            BlockSlot::AttnProjWeight => vec![c, c],
+            BlockSlot::AttnProjBias | BlockSlot::MlpProjBias => vec![c],
+            BlockSlot::FcWeight => vec![c, hidden],
+            BlockSlot::FcBias => vec![hidden],
+            BlockSlot::MlpProjWeight => vec![hidden, c],
+        }
+    }
 }
 
 /// A parameter of one block, in the table's order.

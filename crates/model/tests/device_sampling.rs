@@ -13,10 +13,6 @@ use tinygpt_model::{
     Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled, generate_cancellable,
 };
 
-fn wgpu_device() -> Option<Device> {
-    common::wgpu_device("GPU sampling tests")
-}
-
 /// Uniform numbers in [0, 1) from a fixed-seed xorshift: the same on every run.
 fn uniforms(seed: u64) -> impl FnMut() -> f64 {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -29,12 +25,26 @@ fn uniforms(seed: u64) -> impl FnMut() -> f64 {
 }
 
 /// Over random logits (a padded width of 40, 37 real ids), every temperature and top-k the
-/// device takes: the device's pick is the host's, and so is its log-probability.
+/// device takes: the pick made with tensor ops on wgpu is the host's, and so is its
+/// log-probability.
 #[test]
-fn the_device_pick_is_the_host_samplers_rule() {
-    let devices = [Some(Device::flex()), wgpu_device()];
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn the_device_pick_on_wgpu_is_the_host_samplers_rule() {
+    the_device_pick_is_the_host_samplers_rule(common::wgpu_device());
+}
+
+/// The same tensor ops on flex.
+#[test]
+fn the_device_pick_on_flex_is_the_host_samplers_rule() {
+    the_device_pick_is_the_host_samplers_rule(Device::flex());
+}
+
+fn the_device_pick_is_the_host_samplers_rule(device: Device) {
     let mut uniform = uniforms(7);
-    for device in devices.into_iter().flatten() {
+    {
         for case in 0..120 {
             let logits: Vec<f32> = (0..40).map(|_| (uniform() * 8.0 - 4.0) as f32).collect();
             let pick = Pick {
@@ -83,10 +93,12 @@ fn sample(decoder: &mut dyn Decoder, options: &GenerateOptions) -> Vec<Sampled> 
 /// cache) over 3 × block_size tokens, so the window slides and the caches are refilled from a
 /// whole window at every step: the tokens of the fused CPU decoder, log-probabilities to 1e-4.
 #[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
 fn gpu_sampling_gives_the_fused_decoders_tokens() {
-    let Some(wgpu) = wgpu_device() else {
-        return;
-    };
+    let wgpu = common::wgpu_device();
     let _seeded = seeded();
     let config = GptConfig::new(13)
         .with_block_size(24)
@@ -109,9 +121,16 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
         (options(0.8, Some(4), 0), true),
         (options(1.0, None, 2), false),
     ] {
-        let mut gpu = on_gpu.decoder();
+        let mut gpu = common::Counted::new(on_gpu.decoder());
         assert!(gpu.picks_on_device());
         let got = sample(&mut gpu, &options);
+        // Where the options allow it every token is picked on the device; alternatives'
+        // log-probabilities need the logits on the host.
+        let (picked, read) = (gpu.picked_on_device, gpu.logits_read);
+        match on_device {
+            true => assert_eq!((picked, read), (long, 0), "{options:?}"),
+            false => assert_eq!((picked, read), (0, long), "{options:?}"),
+        }
         let want = sample(&mut FusedDecoder::new(&gpt).unwrap(), &options);
         let ids = |s: &[Sampled]| s.iter().map(|t| t.id).collect::<Vec<_>>();
         let what = format!(

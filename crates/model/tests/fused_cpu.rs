@@ -143,6 +143,45 @@ fn loss_and_gradients_match_burn_autodiff() {
         batch,
         3,
     );
+    // Another LayerNorm ε: the kernels take the config's.
+    check_against_burn(small().with_layer_norm_eps(1e-3), batch, 2);
+}
+
+/// Burn's record does not hold the config, and the modules' fields are public: a model can come
+/// to hold weights of another architecture (here a wider embedding put in its place) while its
+/// config says otherwise. The model says so, and the fused engine and its decoder refuse it
+/// rather than read its weights by the wrong shapes.
+#[test]
+fn weights_that_do_not_fit_the_config_are_refused() {
+    let _seeded = seeded();
+    let model = model(&small());
+    assert_eq!(model.check_config(), Ok(()));
+    let wider = small().with_n_embd(48).init(&Device::flex()).unwrap();
+    let mut mixed = model.clone();
+    mixed.wte = wider.wte.clone();
+    let err = mixed.check_config().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`wte.weight` is [13, 48], the config says [13, 32]"),
+        "{err}"
+    );
+    assert!(matches!(
+        FusedCpu::new(&mixed, 1),
+        Err(FusedError::Model(_))
+    ));
+    assert!(FusedDecoder::new(&mixed).is_err());
+    // A head the tied config does not have.
+    let untied = small()
+        .with_tie_embeddings(false)
+        .init(&Device::flex())
+        .unwrap();
+    let mut headed = model;
+    headed.lm_head = untied.lm_head.clone();
+    let err = headed.check_config().unwrap_err();
+    assert!(
+        err.to_string().contains("`lm_head.weight` is not in it"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -304,10 +343,7 @@ fn shape_preserving_settings_it_does_not_implement_are_refused() {
     };
     let (exact, exact_logits) = logits(&small());
     assert!(FusedCpu::new(&exact, 1).is_ok());
-    for other in [
-        small().with_activation(Activation::GeluTanh),
-        small().with_layer_norm_eps(1e-3),
-    ] {
+    for other in [small().with_activation(Activation::GeluTanh)] {
         let (gpt, other_logits) = logits(&other);
         // Same shapes, other numbers: running it fused would train another model.
         assert_eq!(gpt.num_params(), exact.num_params());
@@ -455,13 +491,28 @@ fn adamw_on_the_buffers_equals_burns_adamw() {
         "resumed",
     );
 
-    // A state for another model is refused, and leaves nothing half-loaded.
+    // A state for another model is refused, and leaves nothing half-loaded: the state held
+    // before is the state held after, and the next step is the owner's still.
+    let before = resumed.adamw_state();
     let mut other = state;
     other.pop();
     assert!(matches!(
         resumed.load_adamw_state(other),
         Err(FusedError::OptimizerState(_))
     ));
+    assert!(
+        resumed.adamw_state() == before,
+        "a refused state changed what was held"
+    );
+    for fused in [&mut owner, &mut resumed] {
+        fused.accumulate(batch, 1.0, None).unwrap();
+        fused.adamw_step(1e-3, &settings);
+    }
+    assert_same_weights(
+        &owner.write_weights(gpt.clone()),
+        &resumed.write_weights(gpt),
+        "a step after the refused state",
+    );
 }
 
 struct Ids<'a>(&'a mut Vec<ParamId>);

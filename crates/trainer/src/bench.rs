@@ -19,10 +19,10 @@ use crate::config::RunConfig;
 use crate::config::presets::ConfigSource;
 use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
+use crate::decoder::decoder;
 use crate::profile::{KernelProfile, profile, table};
-use crate::sample::decoder;
-use crate::train::engine::Engine;
-use crate::train::optim::{adamw_settings, optimizer};
+use crate::train::engine::{self, Engine};
+use crate::train::optim::{Optimizer, optimizer};
 use crate::train::session::train_step;
 
 /// One line of results.
@@ -103,21 +103,21 @@ fn bench_one(
         .gpt(VOCAB)
         .init(&placement.device.clone().autodiff())?;
     let params = model.num_params();
-    let (optim, adamw) = (optimizer(config, &model), adamw_settings(config, &model));
+    let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (workers, dtype) = (config.workers(), config.train.dtype);
-    let (mut engine, _) = Engine::new(&placement, model, optim, adamw, workers, dtype)?;
-    let seconds = median_step(&mut engine, &data, config, args)?;
+    let (mut engine, _) = engine::open(&placement, model, optim, workers, dtype)?;
+    let seconds = median_step(engine.as_mut(), &data, config, args)?;
     let kernels = match args.kernel_steps {
         0 => None,
         steps => Some(profile(steps, |i| {
             let step = args.warmup + args.iters + i;
-            train_step(&mut engine, &data, config, step)?;
+            train_step(engine.as_mut(), &data, config, step)?;
             engine.outcomes(true).map(drop)
         })?),
     };
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
-    let (sampled, sample_seconds) = sampling(&mut engine, &placement, args)?;
+    let (sampled, sample_seconds) = sampling(engine.as_mut(), &placement, args)?;
     Ok(BenchResult {
         config: name.to_string(),
         backend: backend.name().to_string(),
@@ -154,7 +154,7 @@ pub(crate) fn random_tokens(config: &RunConfig) -> Dataset {
 /// The median of `iters` real training steps after `warmup`, in seconds. Each step's loss is
 /// read, so a GPU step is timed to its end (training itself reads it at log intervals only).
 fn median_step(
-    engine: &mut Engine,
+    engine: &mut dyn Engine,
     data: &Dataset,
     config: &RunConfig,
     args: &BenchArgs,
@@ -176,7 +176,11 @@ fn median_step(
 }
 
 /// Tokens sampled with the KV cache from a one-token prompt, and the seconds it took.
-fn sampling(engine: &mut Engine, placement: &Placement, args: &BenchArgs) -> Result<(usize, f64)> {
+fn sampling(
+    engine: &mut dyn Engine,
+    placement: &Placement,
+    args: &BenchArgs,
+) -> Result<(usize, f64)> {
     let inference = engine.model()?.valid();
     let options = GenerateOptions {
         max_new_tokens: args.sample_tokens,

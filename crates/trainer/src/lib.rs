@@ -11,8 +11,8 @@
 //! train/     set-up, the loop, reporting; the engine (Burn autodiff or the fused CPU engine),
 //!            AdamW, the memory check
 //! run/       the run directory: checkpoints, checksums, the writer's lock, metrics, journal
-//! sample/    the decoder that generate, serve and bench sample with
-//! eval.rs, inspect.rs   losses over whole splits; attention maps
+//! decoder.rs the decoder that generate, serve and bench sample with
+//! eval.rs, attention_maps.rs   losses over whole splits; attention maps
 //! bench.rs, profile.rs  speed and memory; the kernels a GPU step launches
 //! interop/   nanoGPT and Hugging Face models in and out
 //! serve/     the HTTP API and playground over a trained run
@@ -24,19 +24,19 @@
 //! Dependencies point one way: `data` and `run` never reach into `train`, `train` never into
 //! the commands.
 
+pub mod attention_maps;
 pub mod backend;
 pub mod bench;
 pub mod checksum;
 pub mod config;
 pub mod data;
+pub mod decoder;
 pub mod eval;
 pub mod fs;
-pub mod inspect;
 pub mod interop;
 pub mod profile;
 pub mod progress;
 pub mod run;
-pub mod sample;
 pub mod serve;
 pub mod train;
 pub mod watch;

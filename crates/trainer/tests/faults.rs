@@ -323,6 +323,10 @@ fn a_diverging_run_skips_non_finite_steps_then_stops_keeping_its_checkpoint() {
 /// On a GPU the guard decides on the device, and the flags are read with the loss, every
 /// `log_interval` steps (3 here): the same lines, the same stop at the same step, nothing saved.
 #[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
 fn on_wgpu_the_guard_reads_its_flags_at_log_intervals_with_the_same_result() {
     diverge("wgpu", 3);
 }
@@ -335,11 +339,7 @@ fn diverge(backend: &str, log_interval: usize) {
     let mut args = fused(&["--out", "run", "--max-iters", "4"]);
     let at = args.iter().position(|a| a == "fused").unwrap();
     args[at] = backend.to_string();
-    let out = tinygpt(dir, &as_strs(&args));
-    if skip_without_wgpu(backend, &out) {
-        return;
-    }
-    ok(out);
+    ok(tinygpt(dir, &as_strs(&args)));
     let before = weights(&dir.join("run"));
     // An absurd learning rate, as if the config had been edited: the first update blows the
     // weights up, every step after it has a non-finite loss.

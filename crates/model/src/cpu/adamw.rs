@@ -28,12 +28,12 @@ pub struct MomentState {
     pub moment_2: Vec<f32>,
 }
 
-/// The moments of every parameter, slot by slot as [`Params`] orders them.
+/// The moments of every parameter, in its [`Params`]' layout.
 #[derive(Debug, Default)]
 pub(crate) struct Moments {
     pub m: Params,
     pub v: Params,
-    /// Steps taken, per slot (Burn counts per parameter).
+    /// Steps taken, per entry of the layout (Burn counts per parameter).
     pub time: Vec<usize>,
 }
 
@@ -43,26 +43,24 @@ impl Moments {
         let mut moments = Self::default();
         moments.m.zero_like(weights);
         moments.v.zero_like(weights);
-        moments.time = vec![0; weights.order().len()];
+        moments.time = vec![0; weights.layout().entries().len()];
         moments
     }
 
-    /// One AdamW step of `weights` along `grads` at learning rate `lr`. `layout` names each
-    /// slot, in [`Params::order`] (`None` = absent parameter).
+    /// One AdamW step of `weights` along `grads` at learning rate `lr`, parameter by parameter
+    /// in the layout's order.
     pub(crate) fn step(
         &mut self,
         weights: &mut Params,
         grads: &Params,
-        layout: &[Option<(ParamId, Vec<usize>)>],
         settings: &AdamWSettings,
         lr: f64,
     ) {
-        let order = weights.order().to_vec();
-        for ((slot, time), entry) in order.into_iter().zip(&mut self.time).zip(layout) {
-            let Some((id, _)) = entry else { continue };
+        let layout = weights.layout().clone();
+        for (entry, time) in layout.entries().iter().zip(&mut self.time) {
             *time += 1;
             let t = *time as i32;
-            let decay = if settings.decayed.contains(id) {
+            let decay = if settings.decayed.contains(&entry.id) {
                 lr * settings.weight_decay as f64
             } else {
                 0.0
@@ -80,6 +78,7 @@ impl Moments {
                 (1.0 - decay) as f32,
                 lr as f32,
             ];
+            let slot = entry.slot;
             let (m, v) = (self.m.slot_mut(slot), self.v.slot_mut(slot));
             update(
                 weights.slot_mut(slot),

@@ -94,6 +94,7 @@ pub(super) fn forward(
     x: &[f32],
     out: &mut [f32],
     hidden: usize,
+    epsilon: f32,
     attend: impl FnOnce(Heads<'_>),
 ) {
     let rows = a.ln_1_mean.len();
@@ -105,6 +106,7 @@ pub(super) fn forward(
         x,
         &p.ln_1_gamma,
         &p.ln_1_beta,
+        epsilon,
     );
     linear(
         &mut a.qkv,
@@ -131,6 +133,7 @@ pub(super) fn forward(
         &a.mid,
         &p.ln_2_gamma,
         &p.ln_2_beta,
+        epsilon,
     );
     linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, hidden);
     gelu::forward(&mut a.gelu, &a.fc);

@@ -6,6 +6,8 @@
 //! which costs more than the arithmetic at the baby size. Here a token is one pass over the
 //! weights with no allocation.
 
+use std::sync::Arc;
+
 use super::attention::{self, Shape};
 use super::block::{self, BlockActs, Heads};
 use super::fast_math::{self, vectorized};
@@ -15,6 +17,7 @@ use super::{Dims, FusedError, layer_norm};
 use crate::error::ModelError;
 use crate::generate::Decoder;
 use crate::gpt::Gpt;
+use crate::layout::ParamLayout;
 use tinygpt_attention::AttentionError;
 
 /// A [`Gpt`]'s weights read onto the host, and the keys and values of the tokens fed so far
@@ -54,7 +57,7 @@ impl FusedDecoder {
         let cache = vec![0.0; dims.block_size * dims.width];
         Ok(Self {
             dims,
-            weights: Params::read(gpt),
+            weights: Params::read(gpt, Arc::new(ParamLayout::of(gpt))),
             keys: vec![cache.clone(); gpt.h.len()],
             values: vec![cache; gpt.h.len()],
             len: 0,
@@ -106,18 +109,26 @@ impl FusedDecoder {
             let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
             let scores = &mut self.scores;
             let p = &self.weights.blocks[l];
-            block::forward(p, &mut self.acts, &self.x, &mut self.next, d.hidden, |h| {
-                let cache = Cache {
-                    keys,
-                    values,
-                    past,
-                    width: c,
-                };
-                match window {
-                    true => attend_window(h, cache, d.heads),
-                    false => attend_cached(h, cache, scores, d.heads),
-                }
-            });
+            block::forward(
+                p,
+                &mut self.acts,
+                &self.x,
+                &mut self.next,
+                d.hidden,
+                d.epsilon,
+                |h| {
+                    let cache = Cache {
+                        keys,
+                        values,
+                        past,
+                        width: c,
+                    };
+                    match window {
+                        true => attend_window(h, cache, d.heads),
+                        false => attend_cached(h, cache, scores, d.heads),
+                    }
+                },
+            );
             std::mem::swap(&mut self.x, &mut self.next);
         }
         self.last_row_logits(rows);
@@ -137,6 +148,7 @@ impl FusedDecoder {
             last,
             &w.ln_f_gamma,
             &w.ln_f_beta,
+            self.dims.epsilon,
         );
         if w.lm_head.is_empty() {
             for (logit, row) in self.logits.iter_mut().zip(w.wte.chunks_exact(c)) {

@@ -3,13 +3,10 @@
 
 use super::fast_math::vectorized;
 
-/// Burn's and PyTorch's LayerNorm default: the one `layer_norm_eps` the fused engine runs
-/// ([`fused_support`](super::fused_support)).
-pub(crate) const EPSILON: f32 = 1e-5;
-
 vectorized! {
-    /// `out = (x - mean) / √(var + ε) · gamma + beta` per row of `x [rows, width]`; keeps each row's
-    /// mean and `1/√(var + ε)` for the backward pass. `beta` may be empty (no bias).
+    /// `out = (x - mean) / √(var + ε) · gamma + beta` per row of `x [rows, width]`, ε the
+    /// model's `layer_norm_eps`; keeps each row's mean and `1/√(var + ε)` for the backward pass.
+    /// `beta` may be empty (no bias).
     pub(crate) fn forward(
         out: &mut [f32],
         mean: &mut [f32],
@@ -17,13 +14,14 @@ vectorized! {
         x: &[f32],
         gamma: &[f32],
         beta: &[f32],
+        epsilon: f32,
     ) {
         let width = gamma.len();
         for (r, (row, out)) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
             let m = row.iter().sum::<f32>() / width as f32;
             // The biased variance, as PyTorch's and Burn's LayerNorm.
             let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / width as f32;
-            let s = 1.0 / (var + EPSILON).sqrt();
+            let s = 1.0 / (var + epsilon).sqrt();
             if beta.is_empty() {
                 for ((o, v), g) in out.iter_mut().zip(row).zip(gamma) {
                     *o = (v - m) * s * g;

@@ -30,15 +30,18 @@ mod matmul;
 mod params;
 mod workspace;
 
-use burn::module::ParamId;
+use std::sync::Arc;
+
 use burn::optim::GradientsParams;
 use thiserror::Error;
 
 use tinygpt_attention::AttentionKernel;
 
+use crate::clip::clip_factor;
 use crate::config::{Activation, GptConfig};
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
+use crate::layout::ParamLayout;
 use crate::loss::{IGNORE_INDEX, kept_targets};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
@@ -86,12 +89,15 @@ struct Dims {
     /// The MLP's hidden width.
     hidden: usize,
     dropout: f32,
+    /// The LayerNorms' ε, `layer_norm_eps` in f32 (the kernels' precision).
+    epsilon: f32,
 }
 
 impl Dims {
     fn of(gpt: &Gpt) -> Result<Self, FusedError> {
-        let config = &gpt.config;
+        let config = gpt.config();
         fused_support(config)?;
+        gpt.check_config()?;
         Ok(Self {
             vocab: config.vocab_size,
             block_size: config.block_size,
@@ -99,13 +105,14 @@ impl Dims {
             heads: config.n_head,
             hidden: config.mlp_width(),
             dropout: config.dropout as f32,
+            epsilon: config.layer_norm_eps as f32,
         })
     }
 }
 
 /// Whether the fused engine computes exactly what [`Gpt`] computes for `config`: an allow-list
-/// over every field and every variant. The sizes, dropout, biases, tying and the attention op
-/// (which only changes how Burn computes the same attention) may take any value; every other
+/// over every field and every variant. The sizes, dropout, biases, tying, the LayerNorms' ε and
+/// the attention op (which only changes how Burn computes the same attention) may take any value; every other
 /// field must have the one value the kernels implement. A field added to [`GptConfig`], or a
 /// variant added to [`Activation`] or [`AttentionKernel`], does not compile here until it is
 /// placed on one side or the other.
@@ -123,7 +130,7 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         mlp,
         layer_norm,
         activation,
-        layer_norm_eps,
+        layer_norm_eps: _,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
     match kernel {
@@ -144,13 +151,6 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     }
     if !layer_norm {
         return unsupported("models without LayerNorms (`layer_norm = false`)".into());
-    }
-    // The kernels compute in f32: an ε that rounds to theirs is theirs.
-    if *layer_norm_eps as f32 != layer_norm::EPSILON {
-        return unsupported(format!(
-            "`layer_norm_eps = {layer_norm_eps}` (only {})",
-            layer_norm::EPSILON
-        ));
     }
     Ok(())
 }
@@ -176,10 +176,10 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
 #[derive(Debug)]
 pub struct FusedCpu {
     dims: Dims,
+    /// The weights, laid out by the model's [`ParamLayout`]; the gradients and moments follow
+    /// the same layout.
     weights: Params,
     grads: Params,
-    /// Each slot's parameter id and shape (`None` = absent), as in the model read.
-    layout: Vec<Option<(ParamId, Vec<usize>)>>,
     /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
     moments: Option<Moments>,
     work: Vec<Workspace>,
@@ -190,7 +190,7 @@ impl FusedCpu {
     /// results are reproducible for a given value.
     pub fn new(gpt: &Gpt, threads: usize) -> Result<Self, FusedError> {
         let dims = Dims::of(gpt)?;
-        let weights = Params::read(gpt);
+        let weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
         let mut grads = Params::default();
         grads.zero_like(&weights);
         let work = (0..threads.max(1)).map(|_| Workspace::default()).collect();
@@ -198,7 +198,6 @@ impl FusedCpu {
             dims,
             weights,
             grads,
-            layout: params::layout(gpt),
             moments: None,
             work,
         })
@@ -206,7 +205,7 @@ impl FusedCpu {
 
     /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.
     pub fn read_weights(&mut self, gpt: &Gpt) {
-        self.weights = Params::read(gpt);
+        self.weights = Params::read(gpt, self.weights.shared_layout());
     }
 
     /// `gpt` (the model this was created from, or one with the same parameter ids) with the
@@ -220,66 +219,45 @@ impl FusedCpu {
     pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
         let weights = &mut self.weights;
         let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
-        moments.step(weights, &self.grads, &self.layout, settings, lr);
+        moments.step(weights, &self.grads, settings, lr);
         self.grads.zero_like(&self.weights);
     }
 
-    /// AdamW's state of every parameter (empty before the first step).
+    /// AdamW's state of every parameter (empty before the first step), in the layout's order.
     pub fn adamw_state(&self) -> Vec<MomentState> {
         let Some(moments) = &self.moments else {
             return Vec::new();
         };
-        let slots = moments
-            .m
-            .order()
+        let entries = self.weights.layout().entries();
+        entries
             .iter()
-            .zip(&self.layout)
-            .zip(&moments.time);
-        slots
-            .filter_map(|((&slot, entry), &time)| {
-                let (id, shape) = entry.clone()?;
-                Some(MomentState {
-                    id,
-                    shape,
-                    time,
-                    moment_1: moments.m.slot(slot).to_vec(),
-                    moment_2: moments.v.slot(slot).to_vec(),
-                })
+            .zip(&moments.time)
+            .map(|(entry, &time)| MomentState {
+                id: entry.id,
+                shape: entry.shape.clone(),
+                time,
+                moment_1: moments.m.slot(entry.slot).to_vec(),
+                moment_2: moments.v.slot(entry.slot).to_vec(),
             })
             .collect()
     }
 
-    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter.
+    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter, or
+    /// none. A state that does not fit is refused, and what was held stays.
     pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
-        if states.is_empty() {
+        let layout = self.weights.layout();
+        let ordered = layout
+            .gather(states)
+            .map_err(|e| FusedError::OptimizerState(e.to_string()))?;
+        if ordered.is_empty() {
             self.moments = None;
             return Ok(());
         }
-        let mut by_id: std::collections::HashMap<ParamId, MomentState> =
-            states.into_iter().map(|s| (s.id, s)).collect();
         let mut moments = Moments::zeros(&self.weights);
-        let order = self.weights.order().to_vec();
-        for ((slot, entry), time) in order.into_iter().zip(&self.layout).zip(&mut moments.time) {
-            let Some((id, _)) = entry else { continue };
-            let (m, v) = (moments.m.slot_mut(slot), moments.v.slot_mut(slot));
-            let state = by_id.remove(id).ok_or_else(|| {
-                FusedError::OptimizerState(format!("no state for parameter {id}"))
-            })?;
-            if state.moment_1.len() != m.len() || state.moment_2.len() != v.len() {
-                return Err(FusedError::OptimizerState(format!(
-                    "parameter {id} has {} values, its state {}",
-                    m.len(),
-                    state.moment_1.len()
-                )));
-            }
-            *m = state.moment_1;
-            *v = state.moment_2;
+        for ((entry, state), time) in layout.entries().iter().zip(ordered).zip(&mut moments.time) {
+            *moments.m.slot_mut(entry.slot) = state.moment_1;
+            *moments.v.slot_mut(entry.slot) = state.moment_2;
             *time = state.time;
-        }
-        if let Some(id) = by_id.keys().next() {
-            return Err(FusedError::OptimizerState(format!(
-                "state for parameter {id}, which the model does not have"
-            )));
         }
         self.moments = Some(moments);
         Ok(())
@@ -305,7 +283,12 @@ impl FusedCpu {
     /// Scales the held gradients by `min(1, max_norm / (‖g‖ + 1e-6))`, ‖g‖ the norm of all of
     /// them together (PyTorch's `clip_grad_norm_`), and returns ‖g‖.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
-        self.grads.scale_to_norm(max_norm)
+        let norm = self.grads.norm();
+        let factor = clip_factor(norm, max_norm);
+        if factor < 1.0 {
+            self.grads.scale(factor as f32);
+        }
+        norm
     }
 
     /// Drops the gradients accumulated so far (a step whose update is skipped).

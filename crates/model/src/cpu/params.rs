@@ -1,15 +1,18 @@
-//! The model's parameters as flat `f32` buffers, read from a [`Gpt`] and written back as
-//! gradients keyed by the same [`ParamId`]s. Which buffers there are, in which order and of which
-//! shapes comes from [`parameter_table`]: each table [`Slot`] names the field it is kept in.
+//! The model's parameters as `f32` buffers, one per parameter, read from a [`Gpt`] and written
+//! back as weights or as gradients keyed by its [`ParamId`]s. Which buffers there are, in which
+//! order and of which shapes comes from the model's [`ParamLayout`] (the parameter table's
+//! present slots): each [`Slot`] names the field it is kept in.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::gpt::Gpt;
-use crate::parameters::{BlockSlot, Entry, Slot, parameter_table, parameters_by_path};
+use crate::layout::ParamLayout;
+use crate::parameters::{BlockSlot, Slot, parameters_by_path};
 
 /// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
 #[derive(Debug, Clone, Default)]
@@ -67,12 +70,12 @@ block_fields! {
     MlpProjBias => mlp_proj_b,
 }
 
-/// Every parameter of a [`Gpt`] (or a gradient of the same shape): a buffer per
-/// [`parameter_table`] slot, kept in fields by kind for the kernels.
+/// Every parameter of a [`Gpt`] (or a gradient of the same shape): a buffer per slot of its
+/// [`ParamLayout`], kept in fields by kind for the kernels; absent slots are empty.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Params {
-    /// The table's slots, in its order: the order every loop over all parameters takes.
-    order: Vec<Slot>,
+    /// The parameters there are, in the order every loop over all of them takes.
+    layout: Arc<ParamLayout>,
     /// `[vocab, width]`; also the LM head when tied.
     pub wte: Vec<f32>,
     /// `[block_size, width]`.
@@ -106,30 +109,15 @@ impl Params {
             Slot::LmHead => &mut self.lm_head,
         }
     }
-}
 
-/// The model's parameters in [`parameter_table`]'s order, with their slots; `None` where a slot
-/// is absent.
-fn entries(gpt: &Gpt) -> Vec<(Slot, Option<Entry>)> {
-    let mut by_path = parameters_by_path(gpt);
-    parameter_table(&gpt.config)
-        .into_iter()
-        .map(|name| (name.slot, by_path.remove(&name.burn)))
-        .collect()
-}
+    /// The layout these buffers follow.
+    pub(crate) fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
 
-/// Each slot's parameter id and shape (`None` where absent), in [`Params::order`].
-pub(crate) fn layout(gpt: &Gpt) -> Vec<Option<(ParamId, Vec<usize>)>> {
-    entries(gpt)
-        .into_iter()
-        .map(|(_, e)| e.map(|e| (e.id, e.shape)))
-        .collect()
-}
-
-impl Params {
-    /// The table's slots, in its order.
-    pub(crate) fn order(&self) -> &[Slot] {
-        &self.order
+    /// The same layout, shared.
+    pub(crate) fn shared_layout(&self) -> Arc<ParamLayout> {
+        self.layout.clone()
     }
 
     /// The buffer of `slot` (empty where the model lacks it).
@@ -154,7 +142,8 @@ impl Params {
         }
     }
 
-    /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept).
+    /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept). `gpt`
+    /// may be any model of the same architecture: its parameters are matched by slot.
     pub(crate) fn write(&self, gpt: Gpt) -> Gpt {
         struct Write(HashMap<ParamId, Vec<f32>>);
         impl ModuleMapper for Write {
@@ -173,84 +162,102 @@ impl Params {
                 })
             }
         }
-        let values = self
-            .order
+        let values = ParamLayout::of(&gpt)
+            .entries()
             .iter()
-            .zip(layout(&gpt))
-            .filter_map(|(&slot, entry)| entry.map(|(id, _)| (id, self.slot(slot).to_vec())))
+            .map(|e| (e.id, self.slot(e.slot).to_vec()))
             .collect();
         gpt.map(&mut Write(values))
     }
 
-    /// Copies the model's current values (one host read per parameter).
-    pub(crate) fn read(gpt: &Gpt) -> Self {
+    /// Copies the values of `gpt` (one host read per parameter) into buffers that follow
+    /// `layout`, the layout of a model of the same architecture: parameters are matched by slot.
+    pub(crate) fn read(gpt: &Gpt, layout: Arc<ParamLayout>) -> Self {
         let mut params = Self {
             blocks: vec![BlockParams::default(); gpt.h.len()],
             ..Self::default()
         };
-        for (slot, entry) in entries(gpt) {
-            params.order.push(slot);
-            *params.slot_mut(slot) = entry.map_or_else(Vec::new, |e| {
-                e.values
-                    .into_data()
-                    .try_into_vec::<f32>()
-                    .expect("parameters are f32")
-            });
+        let mut by_id: HashMap<ParamId, Tensor<1>> = parameters_by_path(gpt)
+            .into_values()
+            .map(|e| (e.id, e.values))
+            .collect();
+        let own = ParamLayout::of(gpt);
+        let slots = |l: &ParamLayout| l.entries().iter().map(|e| e.slot).collect::<Vec<_>>();
+        assert_eq!(
+            slots(&own),
+            slots(&layout),
+            "a model of another architecture"
+        );
+        for entry in own.entries() {
+            let values = by_id.remove(&entry.id).expect("the model's own parameter");
+            *params.slot_mut(entry.slot) = values
+                .into_data()
+                .try_into_vec::<f32>()
+                .expect("parameters are f32");
         }
+        params.layout = layout;
         params
     }
 
     /// Zeros shaped like `like`, kept allocations reused.
     pub(crate) fn zero_like(&mut self, like: &Self) {
         self.blocks.resize_with(like.blocks.len(), Default::default);
-        self.order.clone_from(&like.order);
-        for &slot in &like.order {
-            let buffer = self.slot_mut(slot);
+        self.layout = like.layout.clone();
+        for entry in like.layout.entries() {
+            let buffer = self.slot_mut(entry.slot);
             buffer.clear();
-            buffer.resize(like.slot(slot).len(), 0.0);
+            buffer.resize(like.slot(entry.slot).len(), 0.0);
         }
     }
 
     /// `self += other`, slot by slot.
     pub(crate) fn add(&mut self, other: &Self) {
-        for &slot in &other.order {
-            let sum = self.slot_mut(slot);
+        for entry in other.layout.entries() {
+            let sum = self.slot_mut(entry.slot);
             sum.iter_mut()
-                .zip(other.slot(slot))
+                .zip(other.slot(entry.slot))
                 .for_each(|(a, b)| *a += b);
         }
     }
 
-    /// Scales every value by `min(1, max_norm / (‖self‖ + 1e-6))` and returns ‖self‖, the
-    /// Euclidean norm of all values together.
-    pub(crate) fn scale_to_norm(&mut self, max_norm: f64) -> f64 {
+    /// The Euclidean norm of all values together, summed in f64 in the layout's order.
+    pub(crate) fn norm(&self) -> f64 {
         let squares: f64 = self
-            .order
+            .layout
+            .entries()
             .iter()
-            .map(|&slot| {
-                let values = self.slot(slot);
+            .map(|entry| {
+                let values = self.slot(entry.slot);
                 values.iter().map(|&g| f64::from(g * g)).sum::<f64>()
             })
             .sum();
-        let norm = squares.sqrt();
-        let scale = max_norm / (norm + 1e-6);
-        if scale < 1.0 {
-            for slot in self.order.clone() {
-                let values = self.slot_mut(slot);
-                values.iter_mut().for_each(|g| *g *= scale as f32);
-            }
-        }
-        norm
+        squares.sqrt()
     }
 
-    /// These values as the gradients of `gpt`'s parameters, on the device the optimizer reads
-    /// gradients from (the backend under autodiff).
+    /// Multiplies every value by `factor`.
+    pub(crate) fn scale(&mut self, factor: f32) {
+        let layout = self.layout.clone();
+        for entry in layout.entries() {
+            let values = self.slot_mut(entry.slot);
+            values.iter_mut().for_each(|g| *g *= factor);
+        }
+    }
+
+    /// These values as the gradients of `gpt`'s parameters (a model of the same architecture,
+    /// matched by slot), on the device the optimizer reads gradients from (the backend under
+    /// autodiff).
     pub(crate) fn to_gradients(&self, gpt: &Gpt) -> GradientsParams {
         let mut grads = GradientsParams::new();
-        for (slot, entry) in entries(gpt) {
-            let Some(entry) = entry else { continue };
-            let values = self.slot(slot);
-            let device: Device = entry.values.device().inner();
+        let mut by_id: HashMap<ParamId, Tensor<1>> = parameters_by_path(gpt)
+            .into_values()
+            .map(|e| (e.id, e.values))
+            .collect();
+        for entry in ParamLayout::of(gpt).entries() {
+            let Some(param) = by_id.remove(&entry.id) else {
+                continue;
+            };
+            let values = self.slot(entry.slot);
+            let device: Device = param.device().inner();
             let flat =
                 Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
             match entry.shape[..] {

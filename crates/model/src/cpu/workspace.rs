@@ -59,6 +59,8 @@ pub(super) struct Workspace {
     width: usize,
     heads: usize,
     hidden: usize,
+    /// The LayerNorms' ε.
+    epsilon: f32,
     /// `resid[0]` is the embedding, `resid[l + 1]` block `l`'s output; `[rows, width]` each.
     resid: Vec<Vec<f32>>,
     emb_mask: Vec<f32>,
@@ -87,6 +89,7 @@ impl Workspace {
         self.width = c;
         self.heads = d.heads;
         self.hidden = d.hidden;
+        self.epsilon = d.epsilon;
         self.resid.resize_with(w.blocks.len() + 1, Vec::new);
         self.resid.iter_mut().for_each(|r| size(r, rows * c));
         self.blocks.resize_with(w.blocks.len(), Default::default);
@@ -140,10 +143,10 @@ impl Workspace {
             w.embed(row, tok as usize, r % seq);
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
-        let (maps, hidden) = (&mut self.scratch.maps, self.hidden);
+        let (maps, hidden, epsilon) = (&mut self.scratch.maps, self.hidden, self.epsilon);
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
             let (before, after) = self.resid.split_at_mut(l + 1);
-            block::forward(p, a, &before[l], &mut after[0], hidden, |h| {
+            block::forward(p, a, &before[l], &mut after[0], hidden, epsilon, |h| {
                 attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
             });
         }
@@ -155,6 +158,7 @@ impl Workspace {
             x,
             &w.ln_f_gamma,
             &w.ln_f_beta,
+            epsilon,
         );
         let rows = x.len() / c;
         let h = View::new(&self.ln_f, rows, c);

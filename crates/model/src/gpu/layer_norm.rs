@@ -1,4 +1,5 @@
-//! LayerNorm in one kernel forward and two backward, instead of Burn's composed ops.
+//! LayerNorm in one kernel launch forward and three backward (dx; then dγ and dβ by chunks of
+//! rows, then the chunks summed), instead of Burn's composed ops.
 //!
 //! Burn's `layer_norm` is eight tensor ops (two mean reductions, centring, square, square
 //! root, division, scale, shift), each a launch, and autodiff differentiates them one by one;

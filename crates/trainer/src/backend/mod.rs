@@ -1,7 +1,9 @@
 //! `--backend`: where the model runs and which engine trains it, chosen at run time.
 //!
 //! A backend name is a shorthand for two settings, a [`Placement`]: the Burn device (Burn 0.22's
-//! run-time `Device`) and the [`EngineChoice`] (Burn's autodiff, or tinygpt's fused CPU engine).
+//! run-time `Device`) and the [`EngineKind`] that trains on it (Burn's autodiff on the host or on
+//! a device, or tinygpt's fused CPU engine). [`Placement::engine_for`] is the one place that
+//! decides, for a given model, which engine runs.
 
 pub mod cuda;
 pub mod host;
@@ -34,17 +36,6 @@ pub enum Backend {
     Cuda,
 }
 
-/// Which engine computes losses, gradients and updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineChoice {
-    /// Burn's autodiff and Burn's AdamW on the device.
-    Autodiff,
-    /// The fused CPU engine; a model it does not implement is an error.
-    Fused,
-    /// The fused CPU engine when it implements the model, else autodiff (with a note).
-    FusedIfSupported,
-}
-
 /// Whose memory a device uses, and who can say how much of it is free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Memory {
@@ -60,7 +51,14 @@ pub enum Memory {
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub device: Device,
-    pub engine: EngineChoice,
+    /// The device's backend in the fixed form logs and tests read: `flex`, `ndarray`, `wgpu` or
+    /// `cuda` (what `auto` resolved to).
+    pub device_name: &'static str,
+    /// The engine this backend trains with.
+    pub engine: EngineKind,
+    /// With [`EngineKind::Fused`]: whether a model the fused engine does not implement is an
+    /// error (`--backend fused`), rather than trained by Burn's autodiff on flex (`auto`).
+    pub strict: bool,
     pub memory: Memory,
     /// Why `auto` passed over a GPU that is present, when it did.
     pub note: Option<String>,
@@ -72,7 +70,9 @@ impl Placement {
     pub fn cpu() -> Self {
         Self {
             device: Device::flex(),
-            engine: EngineChoice::FusedIfSupported,
+            device_name: "flex",
+            engine: EngineKind::Fused,
+            strict: false,
             memory: Memory::Host,
             note: None,
         }
@@ -121,21 +121,20 @@ impl Placement {
             );
         }
         Ok(match (self.engine, support) {
-            (EngineChoice::Fused, Err(e)) => bail!("{e}"),
-            (EngineChoice::Fused | EngineChoice::FusedIfSupported, Ok(())) => {
-                (EngineKind::Fused, None)
-            }
-            (EngineChoice::FusedIfSupported, Err(e)) => {
+            (EngineKind::Fused, Ok(())) => (EngineKind::Fused, None),
+            (EngineKind::Fused, Err(e)) if self.strict => bail!("{e}"),
+            (EngineKind::Fused, Err(e)) => {
                 (EngineKind::Autodiff, Some(format!("{e}; training on flex")))
             }
-            (EngineChoice::Autodiff, _) if self.on_host() => (EngineKind::Autodiff, None),
-            (EngineChoice::Autodiff, _) => (EngineKind::Device, None),
+            (kind @ (EngineKind::Autodiff | EngineKind::Device), _) => (kind, None),
         })
     }
 }
 
-/// What computes a model's losses, gradients, updates and samples: what
-/// [`Placement::engine_for`] decides.
+/// What computes a model's losses, gradients, updates and samples: what a backend asks for
+/// ([`Placement::engine`]) and [`Placement::engine_for`] decides for a model. Each is one
+/// implementation of the training engine (`train::engine`); [`EngineKind::name`] is how the run's
+/// log and `tinygpt info` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
     /// tinygpt's fused CPU engine, and its decoder.
@@ -147,41 +146,63 @@ pub enum EngineKind {
     Device,
 }
 
+impl EngineKind {
+    /// The engine's name in the fixed form the run's log (`engine: NAME`) and `tinygpt info`
+    /// print it: `fused`, `autodiff` or `device`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fused => "fused",
+            Self::Autodiff => "autodiff",
+            Self::Device => "device",
+        }
+    }
+}
+
 impl Backend {
     /// The device and engine this backend means on this machine; a GPU backend without its
     /// device is an error.
     pub fn placement(self) -> Result<Placement> {
-        let cpu = |engine| (Device::flex(), engine, Memory::Host);
+        let fused = (Device::flex(), EngineKind::Fused, Memory::Host);
         let mut note = None;
         let (device, engine, memory) = match self {
-            Self::Fused => cpu(EngineChoice::Fused),
-            Self::Flex => cpu(EngineChoice::Autodiff),
-            Self::Ndarray => (ndarray(), EngineChoice::Autodiff, Memory::Host),
+            Self::Fused => fused,
+            Self::Flex => (Device::flex(), EngineKind::Autodiff, Memory::Host),
+            Self::Ndarray => (ndarray(), EngineKind::Autodiff, Memory::Host),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
-                Some(device) => (device, EngineChoice::Autodiff, Memory::Unreported),
+                Some(device) => (device, EngineKind::Device, Memory::Unreported),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Cuda => (cuda::device()?, EngineChoice::Autodiff, Memory::Cuda),
+            Self::Cuda => (cuda::device()?, EngineKind::Device, Memory::Cuda),
             Self::Auto => match cuda::device() {
-                Ok(device) => (device, EngineChoice::Autodiff, Memory::Cuda),
+                Ok(device) => (device, EngineKind::Device, Memory::Cuda),
                 Err(why) => {
                     // A GPU that is there but cannot run is worth a word; no driver is not.
                     if why == cuda::Unavailable::NoLibdevice {
                         note = Some(format!("{why}; auto takes the next backend"));
                     }
                     match physical_gpu() {
-                        Some(gpu) => (gpu, EngineChoice::Autodiff, Memory::Unreported),
-                        None => cpu(EngineChoice::FusedIfSupported),
+                        Some(gpu) => (gpu, EngineKind::Device, Memory::Unreported),
+                        None => fused,
                     }
                 }
             },
         };
+        // Memory tells the backends apart: only the CUDA one is Cuda, only wgpu's Unreported.
+        let device_name = match memory {
+            Memory::Cuda => "cuda",
+            Memory::Unreported => "wgpu",
+            Memory::Host if self == Self::Ndarray => "ndarray",
+            Memory::Host => "flex",
+        };
         Ok(Placement {
             device,
+            device_name,
             engine,
+            // Only an explicit `--backend fused` insists on the fused engine.
+            strict: self == Self::Fused,
             memory,
             note,
         })

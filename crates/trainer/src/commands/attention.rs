@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use tinygpt::attention_maps::AttentionMaps;
 use tinygpt::backend::Backend;
-use tinygpt::inspect::AttentionMaps;
 use tinygpt::run::checkpoint::Which;
 
 /// Print and draw a trained model's attention weights for a prompt.

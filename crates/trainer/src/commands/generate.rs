@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
 use tinygpt::data::tokenizer::{TextStream, Tokenizer};
+use tinygpt::decoder::decoder;
 use tinygpt::run::checkpoint::Which;
-use tinygpt::sample::decoder;
 use tinygpt_model::{GenerateOptions, generate};
 
 /// Sample text from a trained run, streamed to stdout.

@@ -72,6 +72,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let fused = engine == tinygpt::backend::EngineKind::Fused;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
     println!(
+        "engine: {} on flex (how auto trains it without a GPU)",
+        engine.name()
+    );
+    println!(
         "memory to train on the CPU ({}): ~{}{}",
         if fused { "fused engine" } else { "flex" },
         estimate.describe(),

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tinygpt_model::{Activation, GptConfig, parameter_table};
 
-use super::weights::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
+use super::foreign::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
 use super::{Imported, create_run, imported_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;

@@ -10,10 +10,10 @@
 //! parameter table and checks every shape against the model the imported config describes.
 //! An import builds a complete run directory or nothing.
 
+pub mod foreign;
 pub mod hf;
 pub mod nanogpt;
 pub mod sidecar;
-pub mod weights;
 
 use std::path::{Path, PathBuf};
 

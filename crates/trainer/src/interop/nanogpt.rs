@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use pytorch_reader::{PickleValue, PytorchReader};
 
-use super::weights::{ForeignTensors, Layout};
+use super::foreign::{ForeignTensors, Layout};
 use super::{ImportOptions, Imported, create_run, imported_config, sidecar::char_tokenizer};
 use crate::data::tokenizer::Tokenizer;
 use tinygpt_model::GptConfig;

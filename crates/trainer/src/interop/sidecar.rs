@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use tinygpt_model::{Activation, GptConfig};
 
-use super::weights::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
+use super::foreign::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
 use super::{Imported, imported_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::run::checkpoint::{Run, Which};

@@ -91,102 +91,10 @@ fn plot(rows: &[Row], steps: &[StepLine]) -> Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (900, 520)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
-        let last_step = rows
-            .iter()
-            .map(|r| r.step)
-            .chain(steps.iter().map(|s| s.step));
-        let max_step = last_step.max().unwrap_or(1).max(1) as f64;
-        let losses = rows
-            .iter()
-            .flat_map(|r| [r.train_loss, r.val_loss])
-            .chain(steps.iter().map(|s| s.loss))
-            .filter(|v| v.is_finite());
-        let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
-        let pad = ((hi - lo) * 0.05).max(1e-3);
-        let lrs = rows.iter().map(|r| r.lr).chain(steps.iter().map(|s| s.lr));
-        let max_lr = lrs.fold(0.0f64, f64::max).max(1e-12) * 1.1;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("tinygpt: loss", ("sans-serif", 22))
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .right_y_label_area_size(70)
-            .build_cartesian_2d(0.0..max_step, (lo - pad)..(hi + pad))
-            .map_err(plot_error)?
-            .set_secondary_coord(0.0..max_step, 0.0..max_lr);
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc("cross-entropy (nats)")
-            .x_label_formatter(&|x| format!("{}", x.round() as i64))
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(plot_error)?;
-        chart
-            .configure_secondary_axes()
-            .y_desc("learning rate")
-            .y_label_formatter(&|v| format!("{v:.1e}"))
-            .draw()
-            .map_err(plot_error)?;
-        let step_color = RGBColor(120, 120, 200);
-        chart
-            .draw_series(LineSeries::new(
-                steps
-                    .iter()
-                    .filter(|s| s.loss.is_finite())
-                    .map(|s| (s.step as f64, s.loss)),
-                step_color.mix(0.6).stroke_width(1),
-            ))
-            .map_err(plot_error)?
-            .label("loss of each logged step")
-            .legend(move |(x, y)| {
-                PathElement::new([(x, y), (x + 20, y)], step_color.stroke_width(1))
-            });
-        for (name, color, value) in [
-            (
-                "train (evaluation)",
-                BLUE,
-                (|r: &Row| r.train_loss) as fn(&Row) -> f64,
-            ),
-            ("val (evaluation)", RED, |r: &Row| r.val_loss),
-        ] {
-            let points = || rows.iter().map(move |r| (r.step as f64, value(r)));
-            chart
-                .draw_series(LineSeries::new(points(), color.stroke_width(3)))
-                .map_err(plot_error)?
-                .label(name)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(3))
-                });
-            chart
-                .draw_series(points().map(|p| Circle::new(p, 4, color.filled())))
-                .map_err(plot_error)?;
-        }
-        if let Some(best) = rows.iter().min_by(|a, b| a.val_loss.total_cmp(&b.val_loss)) {
-            let label = format!("best val {:.4} (step {})", best.val_loss, best.step);
-            // Above and left of the point (pixel offsets), where the curve has already been.
-            let mark = EmptyElement::at((best.step as f64, best.val_loss))
-                + Circle::new((0, 0), 9, RED.stroke_width(2))
-                + Text::new(
-                    label,
-                    (-190, -28),
-                    ("sans-serif", 15).into_font().color(&RED),
-                );
-            chart.draw_series([mark]).map_err(plot_error)?;
-        }
-        let lr_color = RGBColor(0, 150, 80);
-        let lr_points: Vec<(f64, f64)> = match steps.is_empty() {
-            true => rows.iter().map(|r| (r.step as f64, r.lr)).collect(),
-            false => steps.iter().map(|s| (s.step as f64, s.lr)).collect(),
-        };
-        chart
-            .draw_secondary_series(LineSeries::new(lr_points, lr_color.stroke_width(1)))
-            .map_err(plot_error)?
-            .label("learning rate (right axis)")
-            .legend(move |(x, y)| {
-                PathElement::new([(x, y), (x + 20, y)], lr_color.stroke_width(1))
-            });
+        let mut chart = axes(&root, rows, steps)?;
+        draw_losses(&mut chart, rows, steps)?;
+        draw_best(&mut chart, rows)?;
+        draw_learning_rate(&mut chart, rows, steps)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -197,6 +105,129 @@ fn plot(rows: &[Row], steps: &[StepLine]) -> Result<String> {
         root.present().map_err(plot_error)?;
     }
     Ok(svg)
+}
+
+/// Steps across, the loss on the left, the learning rate on the right.
+type Chart<'a, 'b> = plotters::chart::DualCoordChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The chart's axes, sized to every step, loss and learning rate there is.
+fn axes<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    rows: &[Row],
+    steps: &[StepLine],
+) -> Result<Chart<'a, 'b>> {
+    let last_step = rows
+        .iter()
+        .map(|r| r.step)
+        .chain(steps.iter().map(|s| s.step));
+    let max_step = last_step.max().unwrap_or(1).max(1) as f64;
+    let losses = rows
+        .iter()
+        .flat_map(|r| [r.train_loss, r.val_loss])
+        .chain(steps.iter().map(|s| s.loss))
+        .filter(|v| v.is_finite());
+    let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    let lrs = rows.iter().map(|r| r.lr).chain(steps.iter().map(|s| s.lr));
+    let max_lr = lrs.fold(0.0f64, f64::max).max(1e-12) * 1.1;
+    let mut chart = ChartBuilder::on(root)
+        .caption("tinygpt: loss", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .right_y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_step, (lo - pad)..(hi + pad))
+        .map_err(plot_error)?
+        .set_secondary_coord(0.0..max_step, 0.0..max_lr);
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("cross-entropy (nats)")
+        .x_label_formatter(&|x| format!("{}", x.round() as i64))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(plot_error)?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("learning rate")
+        .y_label_formatter(&|v| format!("{v:.1e}"))
+        .draw()
+        .map_err(plot_error)?;
+    Ok(chart)
+}
+
+/// Every logged step's loss, thin; train and val at each evaluation, bold with markers.
+fn draw_losses(chart: &mut Chart<'_, '_>, rows: &[Row], steps: &[StepLine]) -> Result<()> {
+    let step_color = RGBColor(120, 120, 200);
+    chart
+        .draw_series(LineSeries::new(
+            steps
+                .iter()
+                .filter(|s| s.loss.is_finite())
+                .map(|s| (s.step as f64, s.loss)),
+            step_color.mix(0.6).stroke_width(1),
+        ))
+        .map_err(plot_error)?
+        .label("loss of each logged step")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], step_color.stroke_width(1)));
+    for (name, color, value) in [
+        (
+            "train (evaluation)",
+            BLUE,
+            (|r: &Row| r.train_loss) as fn(&Row) -> f64,
+        ),
+        ("val (evaluation)", RED, |r: &Row| r.val_loss),
+    ] {
+        let points = || rows.iter().map(move |r| (r.step as f64, value(r)));
+        chart
+            .draw_series(LineSeries::new(points(), color.stroke_width(3)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(3)));
+        chart
+            .draw_series(points().map(|p| Circle::new(p, 4, color.filled())))
+            .map_err(plot_error)?;
+    }
+    Ok(())
+}
+
+/// The best val loss, circled and labelled.
+fn draw_best(chart: &mut Chart<'_, '_>, rows: &[Row]) -> Result<()> {
+    if let Some(best) = rows.iter().min_by(|a, b| a.val_loss.total_cmp(&b.val_loss)) {
+        let label = format!("best val {:.4} (step {})", best.val_loss, best.step);
+        // Above and left of the point (pixel offsets), where the curve has already been.
+        let mark = EmptyElement::at((best.step as f64, best.val_loss))
+            + Circle::new((0, 0), 9, RED.stroke_width(2))
+            + Text::new(
+                label,
+                (-190, -28),
+                ("sans-serif", 15).into_font().color(&RED),
+            );
+        chart.draw_series([mark]).map_err(plot_error)?;
+    }
+    Ok(())
+}
+
+/// The learning rate of each logged step (of each evaluation, without a step journal), on the
+/// right axis.
+fn draw_learning_rate(chart: &mut Chart<'_, '_>, rows: &[Row], steps: &[StepLine]) -> Result<()> {
+    let lr_color = RGBColor(0, 150, 80);
+    let lr_points: Vec<(f64, f64)> = match steps.is_empty() {
+        true => rows.iter().map(|r| (r.step as f64, r.lr)).collect(),
+        false => steps.iter().map(|s| (s.step as f64, s.lr)).collect(),
+    };
+    chart
+        .draw_secondary_series(LineSeries::new(lr_points, lr_color.stroke_width(1)))
+        .map_err(plot_error)?
+        .label("learning rate (right axis)")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], lr_color.stroke_width(1)));
+    Ok(())
 }
 
 fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {

@@ -18,7 +18,8 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
         .map_err(|e| anyhow::anyhow!("cannot serialise the weights: {e}"))
 }
 
-/// Loads safetensors `bytes` into `model`; every tensor must be present with the right shape.
+/// Loads safetensors `bytes` into `model`; every tensor must be present, with the shape the
+/// model's config gives it.
 pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
     let mut store = SafetensorsStore::from_bytes(Some(bytes))
         .allow_partial(true)
@@ -26,7 +27,9 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
     let result = model
         .load_from(&mut store)
         .map_err(|e| anyhow::anyhow!("the file is not valid safetensors ({e})"))?;
-    check_applied(result)
+    check_applied(result)?;
+    // The store loads without checking shapes: the model's config must still describe it.
+    Ok(model.check_config()?)
 }
 
 /// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on

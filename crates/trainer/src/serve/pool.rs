@@ -14,10 +14,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::generation::{self, Event, Generation};
 pub use super::stats::Stats;
+use crate::attention_maps::AttentionMaps;
 use crate::backend::Placement;
 use crate::data::tokenizer::Tokenizer;
-use crate::inspect::AttentionMaps;
-use crate::sample::decoder;
+use crate::decoder::decoder;
 
 /// What the workers need of the model: its weights, where they live, its tokenizer.
 pub struct Model {

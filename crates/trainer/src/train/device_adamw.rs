@@ -10,24 +10,25 @@
 //!
 //! The flat layout is what makes one launch possible: the gradients are gathered into one
 //! buffer (which also gives the global norm in one reduction), the kernel updates all of it,
-//! and the model's parameters become views of the new buffer. On a backend without the kernel
+//! and the model's parameters become views of the new buffer. It is the model's
+//! [`ParamLayout`], the parameter table's order, which the fused CPU engine's AdamW walks too. On a backend without the kernel
 //! (the CPU ones, where the engine tests run) the same arithmetic runs as tensor ops on the
 //! same buffers. Either way it is Burn's `AdamW` (moments, bias correction, decoupled weight
 //! decay), tested equal to it; the state converts to and from Burn's record through
 //! [`MomentState`], so checkpoints keep Burn's `optimizer.bpk` format.
 
 use anyhow::{Result, bail};
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 use tinygpt_model::gpu::{AdamWBuffers, adamw};
-use tinygpt_model::{AdamWSettings, Gpt, MomentState};
+use tinygpt_model::{AdamWSettings, Gpt, MomentState, ParamLayout};
 
 /// AdamW's state on the device; see the module docs.
 pub struct DeviceAdamW {
     settings: AdamWSettings,
-    /// Where each parameter lives in the flat buffers, in the model's visiting order.
-    slots: Vec<Slot>,
+    /// Where each parameter lives in the flat buffers.
+    layout: ParamLayout,
     /// The weights, `[n]`: the model's parameters are views of it.
     params: Tensor<1>,
     moment_1: Tensor<1>,
@@ -40,15 +41,6 @@ pub struct DeviceAdamW {
     kernel: bool,
 }
 
-/// One parameter's place in the flat buffers.
-#[derive(Debug, Clone)]
-struct Slot {
-    id: ParamId,
-    shape: Vec<usize>,
-    offset: usize,
-    len: usize,
-}
-
 impl DeviceAdamW {
     /// AdamW with `settings` for `model`'s parameters (on `device`), holding `states` (Burn's
     /// record of it; empty before the first step). Every parameter's state must be there, or
@@ -59,46 +51,38 @@ impl DeviceAdamW {
         model: &Gpt,
         device: &Device,
     ) -> Result<Self> {
-        let (slots, params) = layout(model);
-        let n = slots.last().map_or(0, |s| s.offset + s.len);
+        let layout = ParamLayout::of(model);
+        let n = layout.len();
+        let states = layout
+            .gather(states)
+            .map_err(|e| anyhow::anyhow!("the optimizer state does not fit this model: {e}"))?;
+        if states.windows(2).any(|pair| pair[0].time != pair[1].time) {
+            bail!("the optimizer state's parameters were stepped unequally");
+        }
+        let time = states.first().map(|s| s.time);
         let mut moment_1 = vec![0.0; n];
         let mut moment_2 = vec![0.0; n];
-        let mut time = None;
-        for state in &states {
-            let Some(slot) = slots.iter().find(|s| s.id == state.id) else {
-                bail!("the optimizer state has a parameter the model does not");
-            };
-            if state.moment_1.len() != slot.len || state.moment_2.len() != slot.len {
-                bail!(
-                    "the optimizer state does not fit parameter {:?}",
-                    slot.shape
-                );
-            }
-            if time.is_some_and(|t| t != state.time) {
-                bail!("the optimizer state's parameters were stepped unequally");
-            }
-            time = Some(state.time);
-            moment_1[slot.offset..slot.offset + slot.len].copy_from_slice(&state.moment_1);
-            moment_2[slot.offset..slot.offset + slot.len].copy_from_slice(&state.moment_2);
-        }
-        if !states.is_empty() && states.len() != slots.len() {
-            bail!("the optimizer state covers some of the model's parameters, not all");
+        for (entry, state) in layout.entries().iter().zip(&states) {
+            moment_1[entry.range()].copy_from_slice(&state.moment_1);
+            moment_2[entry.range()].copy_from_slice(&state.moment_2);
         }
         let mut decay = vec![0.0; n];
-        for slot in slots.iter().filter(|s| settings.decayed.contains(&s.id)) {
-            decay[slot.offset..slot.offset + slot.len].fill(1.0);
+        for entry in layout.entries() {
+            if settings.decayed.contains(&entry.id) {
+                decay[entry.range()].fill(1.0);
+            }
         }
         let flat = |values: Vec<f32>| Tensor::<1>::from_data(TensorData::new(values, [n]), device);
         let time = vec![time.unwrap_or(0) as f32];
         Ok(Self {
             settings,
-            params,
+            params: layout.flatten(model),
             moment_1: flat(moment_1),
             moment_2: flat(moment_2),
             decay: flat(decay),
             time: Tensor::from_data(TensorData::new(time, [1]), device),
             kernel: tinygpt_model::gpu::supported(device, DType::F32),
-            slots,
+            layout,
         })
     }
 
@@ -106,16 +90,16 @@ impl DeviceAdamW {
     /// parameter without one).
     pub fn flatten(&self, grads: &mut GradientsParams) -> Tensor<1> {
         let device = self.params.device();
-        let parts = self
-            .slots
+        let entries = self.layout.entries();
+        let parts = entries
             .iter()
-            .map(|slot| match slot.shape.len() {
-                1 => grads.remove::<1>(slot.id),
-                2 => grads.remove::<2>(slot.id).map(|g| g.reshape([slot.len])),
+            .map(|entry| match entry.shape.len() {
+                1 => grads.remove::<1>(entry.id),
+                2 => grads.remove::<2>(entry.id).map(|g| g.reshape([entry.len])),
                 _ => None,
             })
-            .zip(&self.slots)
-            .map(|(grad, slot)| grad.unwrap_or_else(|| Tensor::zeros([slot.len], &device)))
+            .zip(entries)
+            .map(|(grad, entry)| grad.unwrap_or_else(|| Tensor::zeros([entry.len], &device)))
             .collect();
         Tensor::cat(parts, 0)
     }
@@ -148,7 +132,7 @@ impl DeviceAdamW {
         self.moment_2 = updated.moment_2;
         self.time = time;
         model.map(&mut Views {
-            slots: &self.slots,
+            layout: &self.layout,
             params: &self.params,
         })
     }
@@ -163,62 +147,21 @@ impl DeviceAdamW {
         };
         let (moment_1, moment_2) = (read(&self.moment_1)?, read(&self.moment_2)?);
         let time = read(&self.time)?.first().copied().unwrap_or(0.0) as usize;
-        if time == 0 {
-            // Burn's record has no state before a parameter's first step.
-            return Ok(Vec::new());
-        }
-        let mut states: Vec<MomentState> = self
-            .slots
-            .iter()
-            .map(|slot| {
-                let range = slot.offset..slot.offset + slot.len;
-                MomentState {
-                    id: slot.id,
-                    shape: slot.shape.clone(),
-                    time,
-                    moment_1: moment_1[range.clone()].to_vec(),
-                    moment_2: moment_2[range].to_vec(),
-                }
-            })
-            .collect();
-        states.sort_by_key(|s| s.id.val());
-        Ok(states)
+        // Burn's record has no state before a parameter's first step: `split` gives none.
+        Ok(self.layout.split(&moment_1, &moment_2, time))
     }
-}
-
-/// The model's parameters in visiting order, and their values end to end, `[n]`.
-fn layout(model: &Gpt) -> (Vec<Slot>, Tensor<1>) {
-    struct Gather(Vec<Slot>, Vec<Tensor<1>>);
-    impl ModuleVisitor for Gather {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let value = param.val().inner();
-            let shape: Vec<usize> = value.shape().iter().copied().collect();
-            let len = shape.iter().product();
-            let offset = self.0.last().map_or(0, |s| s.offset + s.len);
-            self.0.push(Slot {
-                id: param.id,
-                shape,
-                offset,
-                len,
-            });
-            self.1.push(value.reshape([len]));
-        }
-    }
-    let mut gather = Gather(Vec::new(), Vec::new());
-    model.visit(&mut gather);
-    (gather.0, Tensor::cat(gather.1, 0))
 }
 
 /// Replaces each parameter by its view of the flat weights.
 struct Views<'a> {
-    slots: &'a [Slot],
+    layout: &'a ParamLayout,
     params: &'a Tensor<1>,
 }
 
 impl ModuleMapper for Views<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let (id, tensor, mapper) = param.consume();
-        let Some(slot) = self.slots.iter().find(|s| s.id == id) else {
+        let Some(entry) = self.layout.find(id) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
         // The update runs off the autodiff graph; the new leaf is marked as the old one was.
@@ -227,7 +170,7 @@ impl ModuleMapper for Views<'_> {
         let view = self
             .params
             .clone()
-            .slice(slot.offset..slot.offset + slot.len)
+            .slice(entry.range())
             .reshape(tensor.shape());
         let mut tensor = Tensor::from_inner(view);
         if let Some(strategy) = checkpointing {

@@ -8,11 +8,12 @@
 //!                  loop over them
 //! report.rs        clocks, log lines and the summary
 //! record.rs        what each evaluation records for watching: a sample, attention maps
-//! engine.rs        owns the weights and AdamW state: Burn autodiff on any device, or the fused
-//!                  CPU engine
+//! engine/          the Engine trait, which owns the weights and the optimizer's state: Burn's
+//!                  autodiff on the host or on a device, or the fused CPU engine, one file each
 //! device_adamw.rs  AdamW on a GPU, gated on the device by the non-finite guard
 //! loss_scale.rs    f16's dynamic loss scale, on the device
-//! optim.rs         AdamW groups, the learning-rate schedule, Burn's optimizer record
+//! optim.rs         the Optimizer part (AdamW groups), the learning-rate schedule, Burn's
+//!                  optimizer record
 //! memory.rs        the memory a run needs, checked before it allocates
 //! ```
 

@@ -1,5 +1,6 @@
-//! The optimizer: nanoGPT's AdamW (decay on 2-D weights only) and learning-rate schedule, and
-//! AdamW's state moved between Burn's optimizer and the fused engine's buffers.
+//! The optimizer: nanoGPT's AdamW (decay on 2-D weights only) and learning-rate schedule, the
+//! [`Optimizer`] part every engine takes, and AdamW's state moved between Burn's optimizer
+//! record and the flat form the fused and device engines keep it in.
 
 use anyhow::{Context, Result};
 use burn::module::{ParamGroup, ParamId};
@@ -8,6 +9,34 @@ use burn::tensor::{Bytes, TensorData};
 use tinygpt_model::{AdamWSettings, Gpt, MomentState};
 
 use crate::config::RunConfig;
+
+/// The update rule an engine applies once it has the (clipped) gradients. Every engine matches
+/// on it exhaustively, so a new rule does not compile until each engine implements it or
+/// refuses it in one line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateRule {
+    /// AdamW with nanoGPT's groups: Burn's `AdamW` on the host engine, the same arithmetic on
+    /// the fused engine's buffers and on the device engine's flat buffers.
+    AdamW(AdamWSettings),
+}
+
+/// What an engine takes to update the weights: the rule, and Burn's optimizer holding its state
+/// (its groups and settings are what the checkpoint's `optimizer.bpk` record is written with).
+pub struct Optimizer {
+    pub rule: UpdateRule,
+    pub burn: ModuleOptimizer,
+}
+
+impl Optimizer {
+    /// The run's optimizer for `model`, its state in `burn` (a fresh [`optimizer`], or one
+    /// loaded from a checkpoint with [`load_optimizer`]).
+    pub fn for_run(config: &RunConfig, model: &Gpt, burn: ModuleOptimizer) -> Self {
+        Self {
+            rule: UpdateRule::AdamW(adamw_settings(config, model)),
+            burn,
+        }
+    }
+}
 
 /// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
 const ADAMW_EPSILON: f32 = 1e-8;
@@ -60,6 +89,14 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
         adamw(0.0).build(),
         None,
     )
+}
+
+/// `optim`'s record as a checkpoint's `optimizer.bpk` holds it.
+pub fn record_bytes(optim: &ModuleOptimizer) -> Result<Vec<u8>> {
+    let bytes = optim
+        .into_bytes()
+        .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
+    Ok(bytes.to_vec())
 }
 
 /// [`optimizer`] holding the state saved in `bytes` (a checkpoint's `optimizer.bpk`).

@@ -6,13 +6,13 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use tinygpt_model::{GenerateOptions, Gpt, generate};
 
+use crate::attention_maps::AttentionMaps;
 use crate::backend::EngineKind;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, Split};
-use crate::inspect::AttentionMaps;
+use crate::decoder::decoder_for;
 use crate::run::journal::EvalLine;
-use crate::sample::decoder_for;
 
 /// The most tokens of the prompt whose attention is recorded: a heatmap a person can read, and
 /// a journal line of a few tens of kilobytes.

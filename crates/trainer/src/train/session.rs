@@ -60,7 +60,7 @@ pub struct Trainer {
     pub(super) run: Run,
     pub(super) config: RunConfig,
     pub(super) data: Dataset,
-    pub(super) engine: Engine,
+    pub(super) engine: Box<dyn Engine>,
     pub(super) state: TrainState,
     pub(super) metrics: Metrics,
     /// `steps.csv` and `evals.jsonl`.
@@ -68,6 +68,8 @@ pub struct Trainer {
     /// The prompt each evaluation samples from and maps the attention of.
     pub(super) sample_prompt: Vec<u32>,
     pub(super) device: Device,
+    /// The device's backend as the log names it (`flex`, `ndarray`, `wgpu`, `cuda`).
+    pub(super) device_name: &'static str,
     /// Why `auto` passed over a GPU or the fused engine, when it did.
     pub(super) notes: Vec<String>,
     /// What the run was estimated to need.
@@ -80,7 +82,11 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// The start line: model, device, engine, corpus, run directory.
+    /// The start line: model, device, engine, corpus, run directory; then the engine and its
+    /// backend in a fixed form, `engine: KIND on BACKEND` (see [`EngineKind::name`]), and
+    /// notes.
+    ///
+    /// [`EngineKind::name`]: crate::backend::EngineKind::name
     pub fn describe(&mut self) -> Result<String> {
         let (config, data) = (&self.config, &self.data);
         let m = &config.model;
@@ -89,7 +95,7 @@ impl Trainer {
         Ok(format!(
             "training {} layers x {} heads, n_embd {}, block {} ({params} parameters, {:.2}M \
              without wpe) on {}, {} | memory ~{} | corpus {} ({} train / {} val tokens, {} \
-             tokenizer, vocab {}) | run {}{}",
+             tokenizer, vocab {}) | run {}\nengine: {} on {}{}",
             m.n_layer,
             m.n_head,
             m.n_embd,
@@ -104,6 +110,8 @@ impl Trainer {
             self.run.tokenizer.kind(),
             self.run.tokenizer.vocab_size(),
             self.run.dir.display(),
+            self.engine.kind().name(),
+            self.device_name,
             self.notes
                 .iter()
                 .map(|n| format!("\nnote: {n}"))
@@ -131,7 +139,12 @@ impl Trainer {
     /// global-norm clipping, AdamW; a step with a non-finite loss or norm skips its update.
     /// What it saw is accounted by [`Trainer::settle`].
     pub fn step(&mut self) -> Result<()> {
-        train_step(&mut self.engine, &self.data, &self.config, self.state.step)?;
+        train_step(
+            self.engine.as_mut(),
+            &self.data,
+            &self.config,
+            self.state.step,
+        )?;
         self.state.step += 1;
         self.state.tokens += self.tokens_per_step();
         Ok(())
@@ -381,7 +394,7 @@ pub fn evaluates_at(config: &RunConfig, step: usize) -> bool {
 /// Training step `step` of a run of `config` on `data`: its batches (drawn from the seed and
 /// the step), its dropout seed and learning rate, through `engine`.
 pub fn train_step(
-    engine: &mut Engine,
+    engine: &mut dyn Engine,
     data: &Dataset,
     config: &RunConfig,
     step: usize,

@@ -10,9 +10,9 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use tinygpt_model::Gpt;
 
-use super::engine::Engine;
+use super::engine;
 use super::memory;
-use super::optim::{adamw_settings, load_optimizer, optimizer};
+use super::optim::{Optimizer, load_optimizer, optimizer};
 use super::record;
 use super::session::{Trainer, evaluates_at};
 use crate::backend::{Backend, EngineKind, Placement};
@@ -71,9 +71,9 @@ impl Trainer {
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let config = config.clone();
-        let adamw = adamw_settings(&config, &model);
+        let optimizer = Optimizer::for_run(&config, &model, optim);
         let (workers, dtype) = (config.workers(), config.train.dtype);
-        let (engine, _) = Engine::new(&placement, model, optim, adamw, workers, dtype)?;
+        let (engine, _) = engine::open(&placement, model, optimizer, workers, dtype)?;
         let notes = placement
             .note
             .clone()
@@ -95,6 +95,7 @@ impl Trainer {
             journal,
             sample_prompt,
             device: placement.device,
+            device_name: placement.device_name,
             notes,
             memory,
             skipped_in_a_row: 0,

@@ -81,19 +81,17 @@ pub fn fails(out: Output, expected: &str) {
     assert!(err.contains(expected), "expected {expected:?} in: {err}");
 }
 
-/// Whether a run on `backend` failed only for want of a wgpu adapter: then the test is skipped
-/// loudly, except under CI, where every wgpu test must run (on lavapipe).
-pub fn skip_without_wgpu(backend: &str, out: &Output) -> bool {
-    if backend != "wgpu" || out.status.success() || !stderr(out).contains("no wgpu adapter") {
-        return false;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must run wgpu: {}",
-        stderr(out)
-    );
-    eprintln!("\n!!! NO WGPU ADAPTER FOUND: the wgpu run was skipped !!!\n");
-    true
+/// The engine and backend a run's log names in its fixed form, `engine: KIND on BACKEND`
+/// (`("fused", "flex")`, `("device", "wgpu")`, ...); a log without that line fails the test.
+pub fn engine_of(log: &str) -> (String, String) {
+    let line = log
+        .lines()
+        .find_map(|l| l.strip_prefix("engine: "))
+        .unwrap_or_else(|| panic!("no `engine: KIND on BACKEND` line in:\n{log}"));
+    let (kind, backend) = line
+        .split_once(" on ")
+        .unwrap_or_else(|| panic!("not `KIND on BACKEND`: {line}"));
+    (kind.to_string(), backend.to_string())
 }
 
 pub fn train(dir: &Path, out: &str, extra: &[&str]) -> Output {

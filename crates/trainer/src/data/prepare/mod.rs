@@ -4,7 +4,7 @@
 //! ```text
 //! sources.rs  the inputs      -> scan.rs   first pass: UTF-8, checksums, characters or sample
 //! chunks.rs   where text cuts -> encode.rs second pass: token files, on every core
-//! split.rs    the validation split
+//! hold_out.rs the validation split held out
 //! ```
 //!
 //! Inputs are files, folders (recursive, files matching the include patterns, in path order) or
@@ -18,9 +18,9 @@
 mod chunks;
 mod encode;
 mod format;
+mod hold_out;
 mod scan;
 mod sources;
-mod split;
 mod verify;
 
 use std::collections::BTreeMap;
@@ -32,17 +32,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use chunks::Cut;
 use encode::{encode_all, write_documents};
+use hold_out::split_val;
 use scan::{Scan, check_covered, scan};
 use sources::{Source, remove_copies, sources};
-use split::split_val;
 
 use crate::config::TokenizerKind;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::tokens::Width;
 
 pub use format::{InputMeta, META, Meta, Prepared, TOKENIZER, TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
+pub use hold_out::ValSplit;
 pub use sources::{DEFAULT_INCLUDE, matches, unchanged};
-pub use split::ValSplit;
 pub use verify::{Verification, Verified, verify};
 
 /// The tokenizer: one to learn from the corpus, or one given (a run's, when it is resumed).
@@ -112,17 +112,7 @@ pub fn prepare(options: PrepareOptions, out: &Path) -> Result<(Prepared, Phases)
 /// Prepares `options` into `dir`, an existing empty directory.
 pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases)> {
     let started = Instant::now();
-    let sources = sources(&options.inputs, options.val.files(), &options.include, dir)?;
-    let mut scan = scan(&sources, &options)?;
-    if scan.blank {
-        match &sources[..] {
-            [one] => bail!("corpus {} is empty", one.name),
-            _ => bail!("the corpus is empty (no input has any text)"),
-        }
-    }
-    if let TokenizerSource::Given(tokenizer) = &options.tokenizer {
-        check_covered(tokenizer, &scan.chars)?;
-    }
+    let (sources, mut scan) = scan_inputs(&options, dir)?;
     let scanned = Instant::now();
     let tokenizer = learn(options.tokenizer, &scan)?;
     // The BPE sample (up to --bpe-sample-mb) is not needed while encoding.
@@ -134,14 +124,7 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         .filter(|s| !scan.skipped.iter().any(|(p, _)| *p == s.name))
         .collect();
     let cut = Cut::new(&tokenizer, options.separator.as_deref());
-    // A char tokenizer's token count is known from the scan: the validation tokens can go
-    // straight to val.bin instead of being moved there afterwards.
-    let split_at = match (&tokenizer, &cut, &options.val) {
-        (Tokenizer::Char { .. }, Cut::Anywhere, ValSplit::Fraction(f)) => {
-            Some(crate::data::split::train_tokens(scan.characters as usize, *f) as u64)
-        }
-        _ => None,
-    };
+    let split_at = direct_split(&tokenizer, &cut, &options.val, scan.characters);
     let with_sums: Vec<(&Source, &String)> = kept.iter().copied().zip(&scan.sha256).collect();
     let encoded = encode_all(
         &with_sums,
@@ -195,6 +178,35 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
         encode: learned.elapsed(),
     };
     Ok((meta, phases))
+}
+
+/// The inputs (copied into `dir` where they cannot be read twice) and what a first pass over
+/// them found; an empty corpus, or characters a given tokenizer lacks, are errors.
+fn scan_inputs(options: &PrepareOptions, dir: &Path) -> Result<(Vec<Source>, Scan)> {
+    let sources = sources(&options.inputs, options.val.files(), &options.include, dir)?;
+    let scan = scan(&sources, options)?;
+    if scan.blank {
+        match &sources[..] {
+            [one] => bail!("corpus {} is empty", one.name),
+            _ => bail!("the corpus is empty (no input has any text)"),
+        }
+    }
+    if let TokenizerSource::Given(tokenizer) = &options.tokenizer {
+        check_covered(tokenizer, &scan.chars)?;
+    }
+    Ok((sources, scan))
+}
+
+/// Where the validation tokens start, when it is known before encoding: a char tokenizer's
+/// token count is the scan's character count, so its validation tokens can go straight to
+/// val.bin instead of being moved there afterwards.
+fn direct_split(tokenizer: &Tokenizer, cut: &Cut, val: &ValSplit, characters: u64) -> Option<u64> {
+    match (tokenizer, cut, val) {
+        (Tokenizer::Char { .. }, Cut::Anywhere, ValSplit::Fraction(f)) => {
+            Some(crate::data::split::train_tokens(characters as usize, *f) as u64)
+        }
+        _ => None,
+    }
 }
 
 /// What encoding and splitting counted: tokens, and documents, in each split.

@@ -1,5 +1,6 @@
-//! The decoder a placement samples with, and the guard that keeps a padded vocabulary's extra
-//! rows from ever being sampled.
+//! Sampling from a trained model, for `generate`, `serve` and `bench`: the decoder a
+//! placement's engine calls for (the fused CPU decoder, or Burn's on the model's device), and
+//! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
 use anyhow::Result;
 use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError, Pick, Picked};
@@ -18,7 +19,7 @@ pub fn decoder<'a>(
     tokens: usize,
 ) -> Result<Box<dyn Decoder + 'a>> {
     decoder_for(
-        placement.engine_for(&model.config, TrainDType::F32)?.0,
+        placement.engine_for(model.config(), TrainDType::F32)?.0,
         model,
         tokens,
     )

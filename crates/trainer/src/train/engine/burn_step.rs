@@ -1,0 +1,209 @@
+//! What the two Burn engines (host and device) share: the gradients of a step in its
+//! precision, the global norm and the clipping factor, the loss of a batch, and losses over
+//! many batches on several threads.
+
+use anyhow::Result;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Device, FloatDType, Tensor};
+use tinygpt_model::{Gpt, clip_factor_on_device, cross_entropy_counted};
+
+use super::Step;
+use crate::config::TrainDType;
+use crate::data::Batch;
+use crate::train::loss_scale::LossScale;
+
+/// What a Burn step computes in: the matmuls' dtype ([`Gpt::autocast`]) and f16's loss scale.
+pub(super) struct Precision {
+    pub dtype: FloatDType,
+    /// f16's loss scale; `None` in f32 and bf16.
+    pub loss_scale: Option<LossScale>,
+}
+
+impl Precision {
+    /// `dtype`'s precision, its loss scale (f16's) on `device`.
+    pub fn new(dtype: TrainDType, device: &Device) -> Self {
+        Self {
+            dtype: dtype.float(),
+            loss_scale: (dtype == TrainDType::F16).then(|| LossScale::new(device)),
+        }
+    }
+
+    /// The current loss scale, `[1]` on the (non-autodiff) device.
+    pub fn scale(&self) -> Option<Tensor<1>> {
+        self.loss_scale.as_ref().map(LossScale::scale)
+    }
+
+    /// `engine` (a description) with this precision, when not f32.
+    pub fn describe(&self, engine: &str) -> String {
+        super::with_precision(engine.to_string(), self.dtype, self.loss_scale.is_some())
+    }
+}
+
+/// Gradients of the mean loss over `batches` through Burn's autodiff on the autodiff form of
+/// `device` (dropout masks from `dropout_seed`) in `precision`, still multiplied by its loss
+/// scale and not clipped; the mean loss `[1]`, on the device; and the loss scale they carry.
+pub(super) fn gradients(
+    model: &Gpt,
+    batches: &[Batch],
+    device: &Device,
+    dropout_seed: u64,
+    precision: &Precision,
+) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
+    let (device, dtype) = (device.clone().autodiff(), precision.dtype);
+    let loss_scale = precision.scale();
+    device.seed(dropout_seed);
+    // Flash attention's in-kernel dropout draws its masks from its own stream: seeded per step
+    // too, so a resumed run drops the same weights.
+    tinygpt_attention::flash::seed_dropout(dropout_seed);
+    let n = batches.len() as f64;
+    let mut accumulator = GradientsAccumulator::new();
+    let mut loss_sum = Tensor::<1>::zeros([1], &device);
+    for batch in batches {
+        // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
+        // backward passes running at once panic ("graph tape has already been consumed").
+        // The casts to the step's dtype are graph nodes through which the gradients reach the
+        // f32 `model`; each backward consumes its own, so each micro-batch casts again.
+        let compute = (dtype != FloatDType::F32).then(|| model.autocast(dtype));
+        let loss = batch_loss(compute.as_ref().unwrap_or(model), batch, &device)? / n;
+        let scaled = match &loss_scale {
+            Some(scale) => loss.clone() * Tensor::from_inner(scale.clone()),
+            None => loss.clone(),
+        };
+        let grads = GradientsParams::from_grads(scaled.backward(), model);
+        loss_sum = loss_sum + loss.detach();
+        accumulator.accumulate(model, grads);
+    }
+    Ok((accumulator.grads(), loss_sum, loss_scale))
+}
+
+/// Mean next-token loss of a batch through Burn. The batch's ids and its count of kept targets
+/// are checked on the host, so nothing is read back from the device.
+fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
+    model.check_tokens(&batch.inputs)?;
+    let kept = batch.kept_targets()?;
+    let (inputs, targets) = batch.to_device(device);
+    let logits = model.forward(inputs)?;
+    let [b, s, v] = logits.dims();
+    Ok(cross_entropy_counted(
+        logits.reshape([b * s, v]),
+        targets,
+        kept,
+    )?)
+}
+
+/// Mean loss of each batch under `model`'s weights in `dtype` (no gradients, no dropout), the
+/// batches shared among `workers` threads, read back in one transfer.
+pub(super) fn losses(
+    model: &Gpt,
+    dtype: FloatDType,
+    device: &Device,
+    batches: &[Batch],
+    workers: usize,
+) -> Result<Vec<f64>> {
+    // Estimated as trained: in the step's precision.
+    let model = model.valid().autocast(dtype);
+    let losses = parallel(batches, workers, |batch| batch_loss(&model, batch, device))
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    if losses.is_empty() {
+        return Ok(Vec::new());
+    }
+    let values = Tensor::cat(losses, 0).into_data().try_to_vec::<f32>();
+    let values = values.map_err(|e| anyhow::anyhow!("losses: {e:?}"))?;
+    Ok(values.into_iter().map(f64::from).collect())
+}
+
+/// Steps from their `[loss, norm]` pairs, concatenated in `stats`, in one read back.
+pub(super) fn read_steps(stats: Tensor<1>) -> Result<Vec<Step>> {
+    let values = stats.into_data().try_to_vec::<f32>();
+    let values = values.map_err(|e| anyhow::anyhow!("step outcomes: {e:?}"))?;
+    Ok(values
+        .chunks_exact(2)
+        .map(|pair| Step::new(f64::from(pair[0]), f64::from(pair[1])))
+        .collect())
+}
+
+/// `f` over `items` on up to `workers` scoped threads, each taking a contiguous share; results
+/// in item order. One worker runs inline.
+fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if workers <= 1 || items.len() <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(items.len().div_ceil(workers))
+            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
+/// The norm ‖g‖ of all gradients together, `[1]` on the device (`None` without gradients); with
+/// `max_norm > 0`, every gradient is clipped by the global norm ([`clip_scale`]), the factor
+/// computed on the device.
+/// Gradients of a loss multiplied by `loss_scale` are divided by it in the same pass, and ‖g‖
+/// is the unscaled norm.
+pub(super) fn clip_global_norm(
+    model: &Gpt,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+    loss_scale: Option<Tensor<1>>,
+) -> Option<Tensor<1>> {
+    struct SquaredNorms<'a>(&'a GradientsParams, Vec<Tensor<1>>);
+    impl ModuleVisitor for SquaredNorms<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.get::<D>(param.id) {
+                self.1.push(g.square().sum());
+            }
+        }
+    }
+    struct Scale<'a>(&'a mut GradientsParams, Tensor<1>);
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.remove::<D>(param.id) {
+                let scale = self.1.clone().reshape([1; D]);
+                self.0.register(param.id, g * scale);
+            }
+        }
+    }
+    let mut norms = SquaredNorms(grads, Vec::new());
+    model.visit(&mut norms);
+    if norms.1.is_empty() {
+        return None;
+    }
+    let (norm, factor) = clip_scale(Tensor::cat(norms.1, 0).sum(), max_norm, loss_scale);
+    if let Some(factor) = factor {
+        model.visit(&mut Scale(grads, factor));
+    }
+    Some(norm)
+}
+
+/// From the sum of the squared gradients `[1]` (of a loss multiplied by `loss_scale`, when
+/// given): the unscaled norm ‖g‖ and the factor that unscales and clips the gradients to
+/// `max_norm` (0 = no clipping; `None` when there is nothing to do), by the one clipping rule
+/// ([`clip_factor_on_device`]). On the device.
+pub(super) fn clip_scale(
+    squares: Tensor<1>,
+    max_norm: f64,
+    loss_scale: Option<Tensor<1>>,
+) -> (Tensor<1>, Option<Tensor<1>>) {
+    let mut norm = squares.sqrt();
+    if let Some(loss_scale) = &loss_scale {
+        norm = norm / loss_scale.clone();
+    }
+    let clip = (max_norm > 0.0).then(|| clip_factor_on_device(norm.clone(), max_norm));
+    let factor = match (clip, loss_scale) {
+        (Some(clip), Some(loss_scale)) => Some(clip / loss_scale),
+        (None, Some(loss_scale)) => Some(loss_scale.recip()),
+        (clip, None) => clip,
+    };
+    (norm, factor)
+}

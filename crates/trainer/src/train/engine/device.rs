@@ -1,0 +1,147 @@
+//! [`DeviceEngine`]: Burn's autodiff on a GPU, then [`DeviceAdamW`], which applies the update
+//! only where the loss and the norm are finite, deciding on the device.
+
+use anyhow::{Context, Result};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Device, Tensor};
+use tinygpt_model::Gpt;
+
+use super::burn_step::{Precision, clip_scale, gradients, losses, read_steps};
+use super::{Engine, LOST, Step};
+use crate::backend::EngineKind;
+use crate::config::TrainDType;
+use crate::data::Batch;
+use crate::train::device_adamw::DeviceAdamW;
+use crate::train::optim::{
+    Optimizer, UpdateRule, burn_from_moments, moments_from_burn, record_bytes,
+};
+
+/// Steps whose outcome the engine keeps on the device before it reads them anyway: a bound on
+/// what a caller that never asks can pile up.
+const MAX_PENDING: usize = 1024;
+
+/// See the module docs. Nothing is read back during a step: the global norm is one reduction
+/// over the flat gradients, the clipping and loss-scale factor are folded into AdamW's kernel,
+/// and each step's `[loss, norm]` waits on the device until [`Engine::outcomes`] asks.
+pub(super) struct DeviceEngine {
+    /// The model, on the autodiff form of `device`. `None` only while an update replaces it.
+    model: Option<Gpt>,
+    /// The run's optimizer: the groups and settings its record is written with.
+    template: ModuleOptimizer,
+    adamw: Box<DeviceAdamW>,
+    /// The inner (non-autodiff) device.
+    device: Device,
+    threads: usize,
+    precision: Precision,
+    /// Each step's `[loss, gradient norm]`, still on the device.
+    pending: Vec<Tensor<1>>,
+    /// Outcomes read back, not yet handed out.
+    known: Vec<Step>,
+}
+
+impl DeviceEngine {
+    pub fn new(
+        model: Gpt,
+        optimizer: Optimizer,
+        device: Device,
+        threads: usize,
+        dtype: TrainDType,
+    ) -> Result<Self> {
+        let optim = optimizer.burn;
+        let states = moments_from_burn(&optim).context("optimizer state")?;
+        let adamw = match optimizer.rule {
+            UpdateRule::AdamW(settings) => DeviceAdamW::new(settings, states, &model, &device),
+        };
+        let adamw = adamw.context("optimizer state")?;
+        Ok(Self {
+            precision: Precision::new(dtype, &device),
+            model: Some(model),
+            template: optim,
+            adamw: Box::new(adamw),
+            device,
+            threads,
+            pending: Vec::new(),
+            known: Vec::new(),
+        })
+    }
+
+    fn held(&self) -> Result<&Gpt> {
+        self.model.as_ref().context(LOST)
+    }
+
+    fn read_pending(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            let steps = read_steps(Tensor::cat(std::mem::take(&mut self.pending), 0))?;
+            self.known.extend(steps);
+        }
+        Ok(())
+    }
+}
+
+impl Engine for DeviceEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Device
+    }
+
+    fn describe(&self) -> String {
+        self.precision
+            .describe("Burn autodiff, AdamW on the device")
+    }
+
+    fn model(&mut self) -> Result<&Gpt> {
+        self.held()
+    }
+
+    fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
+        record_bytes(&burn_from_moments(
+            &self.template,
+            self.adamw.moment_states()?,
+        )?)
+    }
+
+    fn step(
+        &mut self,
+        batches: &[Batch],
+        dropout_seed: u64,
+        grad_clip: f64,
+        lr: f64,
+    ) -> Result<()> {
+        let model = self.model.as_ref().context(LOST)?;
+        let (mut grads, loss, loss_scale) =
+            gradients(model, batches, &self.device, dropout_seed, &self.precision)?;
+        let flat = self.adamw.flatten(&mut grads);
+        let squares = flat.clone().square().sum();
+        let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
+        let stats = Tensor::cat(vec![loss.inner(), norm], 0);
+        let finite = stats.clone().is_finite().all();
+        if let Some(loss_scale) = &mut self.precision.loss_scale {
+            loss_scale.update(finite.clone());
+        }
+        let scale = scale.unwrap_or_else(|| Tensor::ones([1], &stats.device()));
+        self.pending.push(stats);
+        let model = self.model.take().context(LOST)?;
+        self.model = Some(self.adamw.step(model, flat, lr, scale, finite));
+        if self.pending.len() >= MAX_PENDING {
+            self.read_pending()?;
+        }
+        Ok(())
+    }
+
+    fn outcomes(&mut self, wait: bool) -> Result<Vec<Step>> {
+        if wait {
+            self.read_pending()?;
+        }
+        Ok(std::mem::take(&mut self.known))
+    }
+
+    fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
+        let model = self.held()?;
+        losses(
+            model,
+            self.precision.dtype,
+            &self.device,
+            batches,
+            self.threads,
+        )
+    }
+}

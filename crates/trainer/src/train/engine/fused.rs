@@ -1,0 +1,137 @@
+//! [`FusedEngine`]: hand-written forward, backward and AdamW on the CPU ([`FusedCpu`]), the
+//! batch split over threads.
+
+use anyhow::{Context, Result};
+use burn::optim::ModuleOptimizer;
+use tinygpt_model::{AdamWSettings, FusedCpu, Gpt, TokenBatch};
+
+use super::{Engine, LOST, Step};
+use crate::backend::EngineKind;
+use crate::data::{Batch, mix};
+use crate::train::optim::{
+    Optimizer, UpdateRule, burn_from_moments, moments_from_burn, record_bytes,
+};
+
+/// The weights and AdamW's moments live in [`FusedCpu`]'s buffers between steps; the [`Gpt`]
+/// and Burn's optimizer record are brought up to date only when asked for (checkpoints,
+/// sampling), so a step copies nothing to or from Burn.
+pub(super) struct FusedEngine {
+    fused: Box<FusedCpu>,
+    adamw: AdamWSettings,
+    /// `None` only while it is being brought up to date.
+    model: Option<Gpt>,
+    optim: ModuleOptimizer,
+    /// Whether the buffers hold weights that `model` and `optim` do not have yet.
+    stale: bool,
+    threads: usize,
+    /// Outcomes of steps taken, not yet handed out.
+    known: Vec<Step>,
+}
+
+impl FusedEngine {
+    pub fn new(model: Gpt, optimizer: Optimizer, threads: usize) -> Result<Self> {
+        let optim = optimizer.burn;
+        let adamw = match optimizer.rule {
+            UpdateRule::AdamW(settings) => settings,
+        };
+        let mut fused = FusedCpu::new(&model, threads)?;
+        fused
+            .load_adamw_state(moments_from_burn(&optim)?)
+            .context("optimizer state")?;
+        Ok(Self {
+            fused: Box::new(fused),
+            adamw,
+            model: Some(model),
+            optim,
+            stale: false,
+            threads,
+            known: Vec::new(),
+        })
+    }
+
+    /// Writes the buffers' weights and moments into the model and Burn's optimizer.
+    fn sync(&mut self) -> Result<()> {
+        if self.stale {
+            self.optim = burn_from_moments(&self.optim, self.fused.adamw_state())?;
+            let model = self.model.take().context(LOST)?;
+            self.model = Some(self.fused.write_weights(model));
+            self.stale = false;
+        }
+        Ok(())
+    }
+}
+
+impl Engine for FusedEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Fused
+    }
+
+    fn describe(&self) -> String {
+        format!("fused CPU engine on {} threads", self.threads)
+    }
+
+    fn model(&mut self) -> Result<&Gpt> {
+        self.sync()?;
+        self.model.as_ref().context(LOST)
+    }
+
+    fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
+        self.sync()?;
+        record_bytes(&self.optim)
+    }
+
+    fn step(
+        &mut self,
+        batches: &[Batch],
+        dropout_seed: u64,
+        grad_clip: f64,
+        lr: f64,
+    ) -> Result<()> {
+        let n = batches.len() as f64;
+        let mut loss = 0.0;
+        for (k, batch) in batches.iter().enumerate() {
+            let seed = mix(dropout_seed, k, 0);
+            loss += self
+                .fused
+                .accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))?
+                / n;
+        }
+        // An infinite bound measures the norm without scaling anything.
+        let bound = if grad_clip > 0.0 {
+            grad_clip
+        } else {
+            f64::INFINITY
+        };
+        let grad_norm = self.fused.clip_grad_norm(bound);
+        let step = Step::new(loss, grad_norm);
+        if step.applied {
+            self.fused.adamw_step(lr, &self.adamw);
+            self.stale = true;
+        } else {
+            self.fused.discard_gradients();
+        }
+        self.known.push(step);
+        Ok(())
+    }
+
+    fn outcomes(&mut self, _wait: bool) -> Result<Vec<Step>> {
+        Ok(std::mem::take(&mut self.known))
+    }
+
+    /// Each batch split over the engine's threads.
+    fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
+        batches
+            .iter()
+            .map(|batch| Ok(self.fused.loss(token_batch(batch))?))
+            .collect()
+    }
+}
+
+fn token_batch(batch: &Batch) -> TokenBatch<'_> {
+    TokenBatch {
+        inputs: &batch.inputs,
+        targets: &batch.targets,
+        batch: batch.batch,
+        seq: batch.seq,
+    }
+}

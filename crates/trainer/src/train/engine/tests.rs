@@ -1,0 +1,296 @@
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{Device, Tensor};
+use tinygpt_model::MomentState;
+
+use super::*;
+use crate::backend::Memory;
+use crate::bench::{VOCAB, random_tokens};
+use crate::config::RunConfig;
+use crate::config::presets::ConfigSource;
+use crate::train::optim::{Optimizer, moments_from_burn, optimizer};
+use crate::train::session::train_step;
+
+fn config() -> RunConfig {
+    let overrides = [
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=16",
+        "model.block_size=8",
+        "train.batch_size=3",
+        "train.grad_accum=2",
+        "train.warmup_iters=2",
+    ];
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    ConfigSource::Preset("baby").load(&overrides).unwrap()
+}
+
+/// A model of `config`'s shape on flex, under autodiff.
+fn model(config: &RunConfig) -> Gpt {
+    config.gpt(VOCAB).init(&Device::flex().autodiff()).unwrap()
+}
+
+/// An engine on flex for `model` as the CPU trains (Burn's AdamW, outcomes read at once),
+/// or as a GPU does (`device_like`: [`DeviceAdamW`], outcomes left on the device).
+fn engine(config: &RunConfig, model: Gpt, device_like: bool) -> Box<dyn Engine> {
+    engine_in(config, model, device_like, TrainDType::F32)
+}
+
+/// [`engine`] with its steps in `dtype`.
+fn engine_in(
+    config: &RunConfig,
+    model: Gpt,
+    device_like: bool,
+    dtype: TrainDType,
+) -> Box<dyn Engine> {
+    let placement = Placement {
+        device: Device::flex(),
+        device_name: "flex",
+        engine: if device_like {
+            EngineKind::Device
+        } else {
+            EngineKind::Autodiff
+        },
+        strict: false,
+        memory: if device_like {
+            Memory::Unreported
+        } else {
+            Memory::Host
+        },
+        note: None,
+    };
+    let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
+    open(&placement, model, optim, 1, dtype).unwrap().0
+}
+
+fn weights(engine: &mut dyn Engine) -> Vec<Vec<f32>> {
+    let model = engine.model().unwrap().valid();
+    let mut all = Vec::new();
+    struct Collect<'a>(&'a mut Vec<Vec<f32>>);
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0
+                .push(param.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    model.visit(&mut Collect(&mut all));
+    all
+}
+
+/// AdamW's state as the engine checkpoints it, read back.
+fn saved_moments(config: &RunConfig, engine: &mut dyn Engine) -> Vec<MomentState> {
+    let bytes = engine.optimizer_bytes().unwrap();
+    let template = optimizer(config, engine.model().unwrap());
+    let loaded = template
+        .from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+        .unwrap();
+    moments_from_burn(&loaded).unwrap()
+}
+
+fn max_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn the_device_engine_trains_as_burns_adamw_and_reads_outcomes_only_when_asked() {
+    let config = config();
+    let data = random_tokens(&config);
+    let model = model(&config);
+    let (mut cpu, mut gpu) = (
+        engine(&config, model.clone(), false),
+        engine(&config, model, true),
+    );
+    assert!(
+        gpu.describe().contains("AdamW on the device"),
+        "{}",
+        gpu.describe()
+    );
+    let mut cpu_steps = Vec::new();
+    for step in 0..6 {
+        train_step(cpu.as_mut(), &data, &config, step).unwrap();
+        train_step(gpu.as_mut(), &data, &config, step).unwrap();
+        cpu_steps.extend(cpu.outcomes(false).unwrap());
+        assert_eq!(
+            cpu_steps.len(),
+            step + 1,
+            "the CPU's outcome is known at once"
+        );
+        assert!(
+            gpu.outcomes(false).unwrap().is_empty(),
+            "read before it was asked for"
+        );
+    }
+    let gpu_steps = gpu.outcomes(true).unwrap();
+    assert_eq!(gpu_steps.len(), 6);
+    assert!(
+        gpu.outcomes(true).unwrap().is_empty(),
+        "each outcome is handed out once"
+    );
+    for (c, g) in cpu_steps.iter().zip(&gpu_steps) {
+        assert!(c.applied && g.applied);
+        assert!((c.loss - g.loss).abs() < 1e-5, "{c:?} vs {g:?}");
+        assert!((c.grad_norm - g.grad_norm).abs() < 1e-4, "{c:?} vs {g:?}");
+    }
+    let difference = max_difference(&weights(cpu.as_mut()), &weights(gpu.as_mut()));
+    assert!(difference < 2e-6, "weights differ by {difference}");
+    // Both checkpoint Burn's optimizer record, with the same step counts and moments.
+    let (want, got) = (
+        saved_moments(&config, cpu.as_mut()),
+        saved_moments(&config, gpu.as_mut()),
+    );
+    assert_eq!(want.len(), got.len());
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!((w.id, w.time, &w.shape), (g.id, g.time, &g.shape));
+        assert_eq!(w.time, 6);
+        let difference = max_difference(
+            &[w.moment_1.clone(), w.moment_2.clone()],
+            &[g.moment_1.clone(), g.moment_2.clone()],
+        );
+        assert!(
+            difference < 1e-6,
+            "moments of {:?} differ by {difference}",
+            w.id
+        );
+    }
+}
+
+/// On a GPU (lavapipe in CI) the device engine's flat AdamW is the fused kernel, with the
+/// fused LayerNorm and loss: it trains as Burn's ops and Burn's AdamW do on flex.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn the_fused_kernels_on_a_gpu_train_as_burns_ops_on_the_cpu() {
+    let gpu = crate::backend::Backend::Wgpu
+        .placement()
+        .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe");
+    let config = config();
+    let data = random_tokens(&config);
+    let model = model(&config);
+    let on_gpu = config
+        .gpt(VOCAB)
+        .init(&gpu.device.clone().autodiff())
+        .unwrap()
+        .load_record(model.clone().into_record());
+    let mut cpu = engine(&config, model, false);
+    let optim = Optimizer::for_run(&config, &on_gpu, optimizer(&config, &on_gpu));
+    let (mut gpu, _) = open(&gpu, on_gpu, optim, 1, TrainDType::F32).unwrap();
+    assert_eq!(gpu.kind(), EngineKind::Device);
+    for step in 0..4 {
+        train_step(cpu.as_mut(), &data, &config, step).unwrap();
+        train_step(gpu.as_mut(), &data, &config, step).unwrap();
+    }
+    let (want, got) = (cpu.outcomes(true).unwrap(), gpu.outcomes(true).unwrap());
+    for (c, g) in want.iter().zip(&got) {
+        assert!((c.loss - g.loss).abs() < 1e-4, "{c:?} vs {g:?}");
+        assert!(
+            (c.grad_norm - g.grad_norm).abs() < 1e-3 * c.grad_norm,
+            "{c:?} vs {g:?}"
+        );
+    }
+    let difference = max_difference(&weights(cpu.as_mut()), &weights(gpu.as_mut()));
+    assert!(difference < 1e-4, "weights differ by {difference}");
+    let (want, got) = (
+        saved_moments(&config, cpu.as_mut()),
+        saved_moments(&config, gpu.as_mut()),
+    );
+    assert_eq!(want.len(), got.len());
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!((w.id, w.time), (g.id, g.time));
+    }
+}
+
+#[test]
+fn mixed_precision_steps_see_the_f32_loss_and_update_f32_weights() {
+    let config = config();
+    let data = random_tokens(&config);
+    let model = model(&config);
+    let mut outcomes = Vec::new();
+    for (dtype, device_like) in [
+        (TrainDType::F32, false),
+        (TrainDType::Bf16, false),
+        (TrainDType::F16, false),
+        (TrainDType::Bf16, true),
+        (TrainDType::F16, true),
+    ] {
+        let mut engine = engine_in(&config, model.clone(), device_like, dtype);
+        for step in 0..3 {
+            train_step(engine.as_mut(), &data, &config, step).unwrap();
+        }
+        let steps = engine.outcomes(true).unwrap();
+        assert_eq!(steps.len(), 3);
+        assert!(steps.iter().all(|s| s.applied), "{dtype:?}: {steps:?}");
+        // The master weights stay f32 (what checkpoints save), and they moved.
+        let trained = engine.model().unwrap().valid();
+        assert_eq!(trained.wte.weight.dtype(), burn::tensor::DType::F32);
+        assert_eq!(
+            trained.h[0].attn.c_attn.weight.dtype(),
+            burn::tensor::DType::F32
+        );
+        outcomes.push((dtype, steps, weights(engine.as_mut())));
+    }
+    let (_, f32_steps, f32_weights) = &outcomes[0];
+    for (dtype, steps, weights) in &outcomes[1..] {
+        // Step 0: the same weights and batch, the matmuls in 8 (bf16) or 11 (f16) bits.
+        let difference = (steps[0].loss - f32_steps[0].loss).abs();
+        assert!(
+            difference < 1e-2,
+            "{dtype:?}: step-0 loss off by {difference}"
+        );
+        // The f16 loss scale is divided out again: norms as f32's, to the dtype's digits.
+        let ratio = steps[0].grad_norm / f32_steps[0].grad_norm;
+        assert!((ratio - 1.0).abs() < 0.05, "{dtype:?}: norm ratio {ratio}");
+        let moved = max_difference(weights, f32_weights);
+        assert!(
+            moved > 0.0 && moved < 1e-2,
+            "{dtype:?}: weights off by {moved}"
+        );
+    }
+}
+
+#[test]
+fn a_non_finite_step_on_the_device_changes_no_weight_and_no_moment() {
+    let mut config = config();
+    let data = random_tokens(&config);
+    let mut gpu = engine(&config, model(&config), true);
+    train_step(gpu.as_mut(), &data, &config, 0).unwrap();
+    // An absurd learning rate: the update is finite and applied, and blows the weights up
+    // so that every later step's loss is not finite.
+    config.train.learning_rate = 1e30;
+    config.train.warmup_iters = 0;
+    train_step(gpu.as_mut(), &data, &config, 1).unwrap();
+    let blown = gpu.outcomes(true).unwrap();
+    assert!(blown.iter().all(|s| s.applied), "{blown:?}");
+    let weights_before = weights(gpu.as_mut());
+    let moments_before = saved_moments(&config, gpu.as_mut());
+    for step in 2..5 {
+        train_step(gpu.as_mut(), &data, &config, step).unwrap();
+    }
+    let skipped = gpu.outcomes(true).unwrap();
+    assert_eq!(skipped.len(), 3);
+    assert!(skipped.iter().all(|s| !s.applied), "{skipped:?}");
+    let bits = |w: Vec<Vec<f32>>| -> Vec<u32> { w.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert!(
+        bits(weights(gpu.as_mut())) == bits(weights_before),
+        "a skipped step changed a weight"
+    );
+    let moments_after = saved_moments(&config, gpu.as_mut());
+    assert_eq!(moments_after.len(), moments_before.len());
+    for (after, before) in moments_after.iter().zip(&moments_before) {
+        assert_eq!((after.id, after.time), (before.id, before.time));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&after.moment_1) == bits(&before.moment_1),
+            "moment 1 changed"
+        );
+        assert!(
+            bits(&after.moment_2) == bits(&before.moment_2),
+            "moment 2 changed"
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! The real `tinygpt` binary on small data: train → info → generate → eval → resume, the same
+//! start on every backend, and every kind of bad input ending in one clear line.
+
+mod bad_input;
+#[path = "../common/mod.rs"]
+mod common;
+mod outputs;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+#[test]
+fn train_info_generate_eval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let log = ok(train(
+        dir,
+        "run",
+        &[
+            "--max-iters",
+            "30",
+            "--set",
+            "train.learning_rate=1e-2",
+            "--set",
+            "train.warmup_iters=5",
+        ],
+    ));
+    assert!(log.contains("step 30: train loss"), "{log}");
+    assert!(log.contains("done: step 30"), "{log}");
+    let run = dir.join("run");
+    for file in ["config.toml", "tokenizer.json", "metrics.csv", "loss.svg"] {
+        assert!(run.join(file).is_file(), "{file} missing");
+    }
+    for file in [
+        "best/model.safetensors",
+        "best/state.json",
+        "last/model.safetensors",
+        "last/optimizer.bpk",
+    ] {
+        assert!(run.join(file).is_file(), "{file} missing");
+    }
+    let rows = metrics(&run);
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [0, 5, 10, 15, 20, 25, 30]
+    );
+    let (first, last) = (rows[0], rows[rows.len() - 1]);
+    // ln(66) = 4.19 at init; 30 steps of a tiny model must learn character frequencies.
+    assert!((first.1 - 66f64.ln()).abs() < 0.3, "{first:?}");
+    assert!(last.1 < first.1 - 0.8, "the loss did not fall: {rows:?}");
+
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "run"]));
+    assert!(info.contains("tokenizer: char, 66 tokens"), "{info}");
+    assert!(info.contains("trained: 30 of 30 steps"), "{info}");
+    assert!(info.contains("n_embd = 32"), "{info}");
+
+    let generate_on = |seed: &str, backend: &str| {
+        ok(tinygpt(
+            dir,
+            &[
+                "generate",
+                "--checkpoint",
+                "run",
+                "--prompt",
+                "Of Man",
+                "--max-new-tokens",
+                "40",
+                "--seed",
+                seed,
+                "--backend",
+                backend,
+            ],
+        ))
+    };
+    let generate = |seed: &str| generate_on(seed, "flex");
+    let text = generate("7");
+    assert!(text.starts_with("Of Man"), "{text}");
+    assert_eq!(
+        text.trim_end_matches('\n').chars().count(),
+        "Of Man".len() + 40,
+        "{text:?}"
+    );
+    assert_eq!(text, generate("7"), "same seed, same text");
+    assert_ne!(text, generate("8"), "another seed, other text");
+    // The fused CPU decoder computes the same logits (to float rounding), so the same samples.
+    assert_eq!(text, generate_on("7", "fused"), "fused decoder vs flex");
+
+    let eval = ok(tinygpt(
+        dir,
+        &["eval", "--checkpoint", "run", "--backend", "flex"],
+    ));
+    // "... | 46507 tokens | loss 2.9 | 4.2 bits per character | perplexity 18.1"
+    let field = |name: &str| -> f64 {
+        let part = eval
+            .split(" | ")
+            .find(|p| p.contains(name))
+            .unwrap_or_else(|| panic!("{eval}"));
+        part.split_whitespace()
+            .find_map(|w| w.parse::<f64>().ok())
+            .unwrap()
+    };
+    let (loss, bits, ppl) = (
+        field("loss"),
+        field("bits per character"),
+        field("perplexity"),
+    );
+    assert!(
+        (bits - loss / std::f64::consts::LN_2).abs() < 1e-3,
+        "{eval}"
+    );
+    assert!((ppl - loss.exp()).abs() / ppl < 1e-3, "{eval}");
+    assert!(
+        (loss - rows.iter().map(|r| r.2).fold(f64::MAX, f64::min)).abs() < 0.15,
+        "{eval} vs {rows:?}"
+    );
+    assert!(eval.contains("validation split"), "{eval}");
+}
+
+/// For runs stopped at step 10 and resumed to 20: the schedule must not depend on max_iters
+/// for the two halves to match the whole.
+const RESUME_SCHEDULE: [&str; 4] = [
+    "--set",
+    "train.lr_decay_iters=20",
+    "--set",
+    "train.eval_interval=10",
+];
+
+/// `train --resume` of the run `out` up to step 20 on `backend`; returns its log.
+fn resume_to_20(dir: &Path, out: &str, backend: &str) -> String {
+    ok(tinygpt(
+        dir,
+        &[
+            "train",
+            "--resume",
+            "--out",
+            out,
+            "--max-iters",
+            "20",
+            "--backend",
+            backend,
+        ],
+    ))
+}
+
+#[test]
+fn resumed_run_equals_uninterrupted_run() {
+    // The fused step with dropout on: its masks come from (seed, step), not from saved state.
+    for (backend, dropout) in [("flex", "0.0"), ("fused", "0.1")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let dropout = format!("model.dropout={dropout}");
+        let schedule = [&RESUME_SCHEDULE[..], &["--set", &dropout]].concat();
+        let whole = [&["--max-iters", "20"][..], &schedule].concat();
+        ok(train_on(dir, "whole", backend, &whole));
+        let half = [&["--max-iters", "10"][..], &schedule].concat();
+        ok(train_on(dir, "halves", backend, &half));
+        let log = resume_to_20(dir, "halves", backend);
+        assert!(log.contains("resuming at step 10 of 20"), "{log}");
+        let (whole, halves) = (dir.join("whole"), dir.join("halves"));
+        assert_eq!(metrics(&whole), metrics(&halves), "{backend}");
+        // Bit for bit. (Compared as values: the files' metadata order is not deterministic.)
+        assert!(
+            weights(&whole) == weights(&halves),
+            "{backend}: weights differ after resuming"
+        );
+    }
+}
+
+/// The fused step keeps AdamW's moments in its own buffers and saves them in Burn's format:
+/// a fused run resumed on flex follows the uninterrupted fused run to float rounding (the two
+/// compute gradients in different orders), and vice versa.
+#[test]
+fn runs_resume_across_the_fused_and_autodiff_engines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let schedule = RESUME_SCHEDULE;
+    let whole = [&["--max-iters", "20"][..], &schedule].concat();
+    ok(train_on(dir, "whole", "fused", &whole));
+    let half = [&["--max-iters", "10"][..], &schedule].concat();
+    for (first, then) in [("fused", "flex"), ("flex", "fused")] {
+        let out = format!("{first}-then-{then}");
+        ok(train_on(dir, &out, first, &half));
+        resume_to_20(dir, &out, then);
+        let (want, got) = (metrics(&dir.join("whole")), metrics(&dir.join(&out)));
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            assert!(
+                (w.1 - g.1).abs() < 1e-4 && (w.2 - g.2).abs() < 1e-4,
+                "{out}: {w:?} vs {g:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_cpu_backend_starts_from_the_same_loss() {
+    starts_as_flex_does(&["fused", "ndarray"]);
+}
+
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn wgpu_starts_from_flexs_loss() {
+    starts_as_flex_does(&["wgpu"]);
+}
+
+/// Trains the same tiny run on flex and on each of `backends`: the same step-0 losses (1e-4),
+/// and three AdamW steps later (the fused step's gradients, and on wgpu the AdamW that runs on
+/// the device) the same losses to 1e-3. Each run's log names the engine that ran it.
+fn starts_as_flex_does(backends: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let engines = [
+        ("flex", ("autodiff", "flex")),
+        ("fused", ("fused", "flex")),
+        ("ndarray", ("autodiff", "ndarray")),
+        ("wgpu", ("device", "wgpu")),
+    ];
+    let mut rows = Vec::new();
+    for backend in std::iter::once(&"flex").chain(backends) {
+        let args = ["--max-iters", "3", "--set", "train.eval_interval=3"];
+        let log = ok(train_on(dir, backend, backend, &args));
+        let (_, (kind, device)) = engines.iter().find(|(b, _)| b == backend).unwrap();
+        let named = engine_of(&log);
+        assert_eq!(
+            (named.0.as_str(), named.1.as_str()),
+            (*kind, *device),
+            "{log}"
+        );
+        rows.push((*backend, metrics(&dir.join(backend))));
+    }
+    let (_, flex) = &rows[0];
+    for (backend, rows) in &rows[1..] {
+        for (at, tolerance) in [(0, 1e-4), (1, 1e-3)] {
+            let (row, reference) = (rows[at], flex[at]);
+            assert_eq!(row.0, reference.0);
+            assert!(
+                (row.1 - reference.1).abs() < tolerance,
+                "{backend}: {row:?} vs flex {reference:?}"
+            );
+            assert!(
+                (row.2 - reference.2).abs() < tolerance,
+                "{backend}: {row:?} vs flex {reference:?}"
+            );
+        }
+    }
+}
+
+/// `--backend cuda` where CUDA cannot run (a build without it, or no NVIDIA driver): every
+/// command that takes a backend says why in one line, before it writes anything.
+#[test]
+fn cuda_where_it_cannot_run_is_one_line_for_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = train_on(dir, "cuda", "cuda", &["--max-iters", "2"]);
+    if cfg!(feature = "cuda") && out.status.success() {
+        eprintln!("this machine runs CUDA: nothing to refuse");
+        return;
+    }
+    let why = match cfg!(feature = "cuda") {
+        true => "--backend cuda: no NVIDIA driver on this machine",
+        false => {
+            "--backend cuda: this tinygpt was built without CUDA; rebuild with --features cuda"
+        }
+    };
+    fails(out, why);
+    assert!(
+        !dir.join("cuda").exists(),
+        "a refused run left its directory"
+    );
+    ok(train_on(dir, "run", "fused", &["--max-iters", "2"]));
+    let run = ["--checkpoint", "run", "--backend", "cuda"];
+    for command in [
+        &["generate"][..],
+        &["eval"],
+        &["attention", "--prompt", "Of Man"],
+        &["serve", "--port", "0"],
+    ] {
+        fails(tinygpt(dir, &[command, &run[..]].concat()), why);
+    }
+    fails(
+        tinygpt(
+            dir,
+            &[
+                "bench",
+                "--config",
+                "baby",
+                "--backend",
+                "cuda",
+                "--iters",
+                "1",
+            ],
+        ),
+        why,
+    );
+}
+
+/// `--max-time` ends a run as asked: it saves, says so, and exits 0 (Ctrl-C exits 130).
+#[test]
+fn max_time_saves_and_exits_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = train(
+        dir,
+        "run",
+        &["--max-time", "2s", "--max-iters", "100000000"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(said.contains("time limit reached at step"), "{said}");
+    assert!(dir.join("run/last").is_dir());
+}
+
+#[test]
+fn ctrl_c_saves_and_resume_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let corpus = corpus();
+    let mut args = vec![
+        "train",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--out",
+        "run",
+        "--backend",
+        "flex",
+    ];
+    args.extend(TINY);
+    args.extend(["--max-iters", "1000000", "--set", "train.log_interval=1"]);
+    // Wait until it is training, then interrupt: SIGTERM (as `docker stop` or a scheduler
+    // sends) saves as Ctrl-C does.
+    let until = |line: &str| line.starts_with("step 3/");
+    for signal in ["TERM", "INT"] {
+        let _ = std::fs::remove_dir_all(dir.join("run"));
+        let (code, lines) = interrupt_when(dir, &args, signal, until);
+        assert_eq!(code, Some(130), "SIG{signal}: {lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("interrupted at step")),
+            "SIG{signal}: {lines:?}"
+        );
+    }
+    let state = std::fs::read_to_string(dir.join("run/last/state.json")).unwrap();
+    let step: usize = state
+        .split("\"step\":")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap();
+    assert!(step >= 3, "{state}");
+    let log = ok(tinygpt(
+        dir,
+        &[
+            "train",
+            "--resume",
+            "--out",
+            "run",
+            "--max-iters",
+            &(step + 2).to_string(),
+            "--backend",
+            "flex",
+        ],
+    ));
+    assert!(log.contains(&format!("resuming at step {step}")), "{log}");
+    assert!(log.contains(&format!("done: step {}", step + 2)), "{log}");
+}
+
+/// `tinygpt args` started in `dir` and sent `signal` (`INT`, as Ctrl-C does, or `TERM`) once
+/// it prints a line for which `until` holds: the exit code and every line printed.
+fn interrupt_when(
+    dir: &Path,
+    args: &[&str],
+    signal: &str,
+    until: impl Fn(&str) -> bool,
+) -> (Option<i32>, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let done = until(&line);
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    let kill = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    seen.extend(lines.map(Result::unwrap));
+    (child.wait().unwrap().code(), seen)
+}
+
+/// Outside the repository the binary needs nothing beside it: `train` with no arguments and
+/// `train --config baby` find their config and corpus built in.
+#[test]
+fn works_from_any_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(!dir.starts_with(manifest_dir().join("../..").canonicalize().unwrap()));
+    let out = tinygpt(dir, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("Usage: tinygpt"), "{}", stderr(&out));
+    for (args, run) in [
+        (&["train"][..], "runs/default"),
+        (&["train", "--config", "baby"][..], "runs/baby"),
+    ] {
+        let (code, lines) = interrupt_when(dir, args, "INT", |line| line.starts_with("step 0:"));
+        assert_eq!(code, Some(130), "{args:?}: {lines:?}");
+        assert!(
+            lines[0].contains("corpus builtin:paradise-lost.txt (")
+                && lines[0].contains(&format!("run {run}")),
+            "{lines:?}"
+        );
+        let info = ok(tinygpt(dir, &["info", "--checkpoint", run]));
+        assert!(
+            info.contains("path = \"builtin:paradise-lost.txt\""),
+            "{info}"
+        );
+        assert!(info.contains("tokenizer: char, 66 tokens"), "{info}");
+    }
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "runs/default"]));
+    assert!(info.contains("max_iters = 1000"), "{info}");
+}
+
+/// A model the fused engine does not implement (same shapes, another activation): an explicit
+/// `--backend fused` refuses it in one line before writing anything; `auto` on a machine without
+/// a GPU trains it on flex and says so.
+#[test]
+fn the_fused_engine_runs_only_what_it_implements() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let refusal = "the fused CPU engine does not implement `activation = \"gelu_tanh\"`";
+    let tanh = ["--set", "model.activation=gelu_tanh", "--max-iters", "2"];
+    fails(train_on(dir, "refused", "fused", &tanh), refusal);
+    assert!(!dir.join("refused").exists());
+    let log = ok(train_on(dir, "fallback", "auto", &tanh));
+    // Without a GPU, `auto` means the fused engine, which cannot take this model: flex trains
+    // it, and a note says why. On a GPU the fused engine was never in question.
+    match engine_of(&log) {
+        (kind, device) if device == "flex" => {
+            assert_eq!(kind, "autodiff", "{log}");
+            assert!(log.contains(&format!("note: {refusal}")), "{log}");
+            assert!(log.contains("training on flex"), "{log}");
+        }
+        (kind, _) => {
+            assert_eq!(kind, "device", "{log}");
+            assert!(!log.contains(refusal), "{log}");
+        }
+    }
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "fallback"]));
+    assert!(info.contains("activation = \"gelu_tanh\""), "{info}");
+}

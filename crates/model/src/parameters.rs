@@ -24,7 +24,7 @@ pub struct ParamName {
     pub nanogpt: String,
     /// A linear layer's weight: `[in, out]` in Burn, `[out, in]` in PyTorch.
     pub transposed: bool,
-    /// Whether a model of this config has it: biases only with `bias`, `lm_head` only untied.
+    /// Whether a model of this config has it ([`Slot::present`]).
     pub present: bool,
 }
 
@@ -46,6 +46,17 @@ pub enum Slot {
 }
 
 impl Slot {
+    /// Whether a model of `config` has this parameter.
+    pub fn present(self, config: &GptConfig) -> bool {
+        match self {
+            Slot::TokenEmbedding | Slot::PositionEmbedding => true,
+            Slot::Block(_, slot) => slot.present(config),
+            Slot::FinalNormGain => config.layer_norm,
+            Slot::FinalNormBias => config.layer_norm && config.bias,
+            Slot::LmHead => !config.tie_embeddings,
+        }
+    }
+
     /// The shape a model of `config` gives this parameter (Burn's, `[in, out]` for a linear
     /// weight): what [`Gpt::check_config`](crate::Gpt::check_config) holds a model's tensors to.
     pub fn shape(self, config: &GptConfig) -> Vec<usize> {
@@ -61,6 +72,18 @@ impl Slot {
 }
 
 impl BlockSlot {
+    fn present(self, config: &GptConfig) -> bool {
+        let c = config;
+        match self {
+            BlockSlot::Ln1Gain | BlockSlot::Ln2Gain => c.layer_norm,
+            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => c.layer_norm && c.bias,
+            BlockSlot::AttnWeight | BlockSlot::AttnProjWeight => true,
+            BlockSlot::AttnBias | BlockSlot::AttnProjBias => c.bias,
+            BlockSlot::FcWeight | BlockSlot::MlpProjWeight => c.mlp,
+            BlockSlot::FcBias | BlockSlot::MlpProjBias => c.mlp && c.bias,
+        }
+    }
+
     fn shape(self, config: &GptConfig) -> Vec<usize> {
         let (c, hidden) = (config.n_embd, config.mlp_width());
         match self {
@@ -103,18 +126,18 @@ pub enum BlockSlot {
 
 /// Every slot of a model of `config`'s shape, in nanoGPT's order: `wte`, `wpe`, per block
 /// `ln_1`, `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj` (weight, then bias),
-/// `ln_f`, `lm_head`. Slots the model lacks are kept with `present: false`, so the positions
-/// do not depend on the config. (Models without LayerNorms or MLP have no table: see
-/// [`GptConfig::minimal`].)
+/// `ln_f`, `lm_head`. Slots the model lacks ([`Slot::present`]: no biases without `bias`, no
+/// LayerNorms or MLP in the teaching ablations, no head when tied) are kept with
+/// `present: false`, so the positions do not depend on the config.
 pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
     let mut table = Vec::new();
-    let mut slot = |slot, burn: String, nanogpt: String, transposed: bool, present: bool| {
+    let mut slot = |slot: Slot, burn: String, nanogpt: String, transposed: bool| {
         table.push(ParamName {
             slot,
             burn,
             nanogpt,
             transposed,
-            present,
+            present: slot.present(config),
         })
     };
     for (kind, name) in [
@@ -125,7 +148,7 @@ pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
             format!("{name}.weight"),
             format!("transformer.{name}.weight"),
         );
-        slot(kind, burn, torch, false, true);
+        slot(kind, burn, torch, false);
     }
     // Each layer's path under a block (Burn's and nanoGPT's alike), whether it is linear, and
     // the slots of its weight and bias.
@@ -154,19 +177,12 @@ pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
             format!("{burn}.{w}"),
             format!("{torch}.weight"),
             linear,
-            true,
         );
         let (b_burn, b_torch) = (format!("{burn}.{b}"), format!("{torch}.bias"));
-        slot(bias, b_burn, b_torch, false, config.bias);
+        slot(bias, b_burn, b_torch, false);
     }
     let head = "lm_head.weight".to_string();
-    slot(
-        Slot::LmHead,
-        head.clone(),
-        head,
-        true,
-        !config.tie_embeddings,
-    );
+    slot(Slot::LmHead, head.clone(), head, true);
     table
 }
 
@@ -231,24 +247,33 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// The present slots are exactly the model's parameters, with Burn's paths.
+    /// For every combination of the parts that add or drop parameters, the present slots are
+    /// exactly the model's parameters, with Burn's paths and the shapes `Slot::shape` gives.
     #[test]
     fn the_table_names_every_parameter_once() {
-        for (bias, tied) in [(true, true), (false, false)] {
+        for bits in 0..16u8 {
+            let [bias, tied, mlp, layer_norm] = [1, 2, 4, 8].map(|b| bits & b != 0);
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
-                .with_tie_embeddings(tied);
+                .with_tie_embeddings(tied)
+                .with_mlp(mlp)
+                .with_layer_norm(layer_norm);
             let model = config.init(&Device::flex()).unwrap();
-            let mut paths: Vec<String> = parameters_by_path(&model).into_keys().collect();
-            let mut expected: Vec<String> = parameter_table(&config)
+            let by_path = parameters_by_path(&model);
+            let mut paths: Vec<&String> = by_path.keys().collect();
+            let present: Vec<ParamName> = parameter_table(&config)
                 .into_iter()
                 .filter(|p| p.present)
-                .map(|p| p.burn)
                 .collect();
+            let mut expected: Vec<&String> = present.iter().map(|p| &p.burn).collect();
             paths.sort();
             expected.sort();
-            assert_eq!(paths, expected);
+            assert_eq!(paths, expected, "{config:?}");
+            for p in &present {
+                assert_eq!(by_path[&p.burn].shape, p.slot.shape(&config), "{}", p.burn);
+            }
+            assert_eq!(model.check_config(), Ok(()), "{config:?}");
         }
     }
 }

@@ -158,6 +158,7 @@ fn weights_in(dir: &Path) -> Result<ForeignTensors> {
 /// Writes the run's `which` weights as a Hugging Face GPT-2 directory `out` (which must not
 /// exist, or be empty). It appears complete or not at all.
 pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
+    expressible(&run.config.gpt(run.tokenizer.vocab_size()))?;
     refuse_existing(out)?;
     let temp = temp_beside(out, "export")?;
     let (model, _) = run.load_model(which, &burn::tensor::Device::flex())?;
@@ -203,6 +204,43 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
         serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
     )?;
     std::fs::rename(temp.keep(), out).with_context(|| format!("cannot create {}", out.display()))
+}
+
+/// Whether `GPT2LMHeadModel` computes what a model of `config` computes: a one-line refusal
+/// naming the part it lacks. An exhaustive destructuring, so a new part of the architecture does
+/// not compile until this format says what it does with it.
+fn expressible(config: &GptConfig) -> Result<()> {
+    let GptConfig {
+        vocab_size: _,
+        block_size: _,
+        n_layer: _,
+        n_head: _,
+        n_embd: _,
+        dropout: _,
+        // Absent biases are written as zeros; an untied head as `lm_head.weight`.
+        bias: _,
+        tie_embeddings: _,
+        // How attention is computed, not what.
+        kernel: _,
+        mlp,
+        layer_norm,
+        // `gelu` and `gelu_new`.
+        activation: _,
+        layer_norm_eps: _,
+    } = config;
+    let refuse = |part: &str| {
+        bail!(
+            "the Hugging Face GPT-2 format cannot express a model {part}; export it with \
+             --format nanogpt (tinygpt's safetensors + sidecar), which keeps every part"
+        )
+    };
+    if !mlp {
+        return refuse("without the MLP (`model.mlp = false`)");
+    }
+    if !layer_norm {
+        return refuse("without LayerNorms (`model.layer_norm = false`)");
+    }
+    Ok(())
 }
 
 /// `config.json` for `GPT2LMHeadModel`, of the model `m` (its `vocab_size` resolved).

@@ -46,6 +46,15 @@ struct NanoGptConfig {
     activation: Activation,
     #[serde(default = "nanogpt_eps")]
     layer_norm_eps: f64,
+    /// The teaching ablations (absent in older sidecars: both on).
+    #[serde(default = "on")]
+    mlp: bool,
+    #[serde(default = "on")]
+    layer_norm: bool,
+}
+
+fn on() -> bool {
+    true
 }
 
 fn exact_gelu() -> Activation {
@@ -96,6 +105,8 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             bias: config.bias,
             activation: config.activation,
             layer_norm_eps: config.layer_norm_eps,
+            mlp: config.mlp,
+            layer_norm: config.layer_norm,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
     };
@@ -120,6 +131,8 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         tie_embeddings: file.tied(),
         activation: c.activation,
         layer_norm_eps: c.layer_norm_eps,
+        mlp: c.mlp,
+        layer_norm: c.layer_norm,
         ..GptConfig::default()
     };
     let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;

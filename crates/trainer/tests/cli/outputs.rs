@@ -503,3 +503,69 @@ fn a_run_journals_its_steps_and_evaluations() {
         "a refused run leaves no directory"
     );
 }
+
+/// The teaching ablations (no MLP, no LayerNorms) export to tinygpt's own format and import back
+/// as the same model (the same greedy text, the part still off); the Hugging Face format, whose
+/// GPT-2 always has both, refuses them in one line naming the part and writes nothing.
+#[test]
+fn models_without_the_mlp_or_layer_norms_export_or_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (run, set, part, setting) in [
+        (
+            "no-mlp",
+            "model.mlp=false",
+            "without the MLP",
+            "mlp = false",
+        ),
+        (
+            "no-ln",
+            "model.layer_norm=false",
+            "without LayerNorms",
+            "layer_norm = false",
+        ),
+    ] {
+        ok(train(dir, run, &["--max-iters", "3", "--set", set]));
+        let hf = format!("{run}-hf");
+        let export = |format: &str, out: &str| {
+            let args = [
+                "export",
+                "--checkpoint",
+                run,
+                "--format",
+                format,
+                "--out",
+                out,
+            ];
+            tinygpt(dir, &args)
+        };
+        fails(
+            export("hf", &hf),
+            &format!("the Hugging Face GPT-2 format cannot express a model {part}"),
+        );
+        assert!(!dir.join(&hf).exists(), "{hf} was written");
+        let file = format!("{run}.safetensors");
+        ok(export("nanogpt", &file));
+        let back = format!("{run}-back");
+        ok(tinygpt(dir, &["import", "--from", &file, "--out", &back]));
+        let info = ok(tinygpt(dir, &["info", "--checkpoint", &back]));
+        assert!(info.contains(setting), "{info}");
+        let greedy = |run: &str| {
+            let args = [
+                "generate",
+                "--checkpoint",
+                run,
+                "--prompt",
+                "Of Man",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "20",
+                "--backend",
+                "flex",
+            ];
+            ok(tinygpt(dir, &args))
+        };
+        assert_eq!(greedy(&back), greedy(run), "{run}");
+    }
+}

@@ -13,6 +13,10 @@ pub enum AttentionConfigError {
     Dropout(f64),
     #[error("attention `{name}` must be a finite number >= 0, got {value}")]
     InitStd { name: &'static str, value: f64 },
+    #[error("rotary positions need an even, non-zero head size, got d_head = {d_head}")]
+    RopeOddHead { d_head: usize },
+    #[error("rotary positions need a finite base > 0, got {0}")]
+    RopeBase(f64),
 }
 
 /// An input the layer cannot attend over.

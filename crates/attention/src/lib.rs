@@ -29,6 +29,10 @@
 //!   backward; chosen per call.
 //! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
 //!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
+//! - The ideas newer GPTs add, each a lesson with its proofs in the tests: [`rope`] (rotary
+//!   positions: a rotation that keeps lengths and makes scores depend on distance only),
+//!   [`grouped`] (grouped-query attention: fewer key/value heads, the same outputs as multi-head
+//!   attention over repeated ones) and [`qk_norm`] (unit-RMS queries and keys: bounded scores).
 //!
 //! Shapes use `batch` (independent sequences), `seq` (tokens), `heads`, `d_model` (the
 //! residual-stream width) and `d_head = d_model / heads`.
@@ -37,8 +41,11 @@ mod attention;
 mod config;
 mod error;
 pub mod flash;
+pub mod grouped;
 mod kv_cache;
 pub mod mask;
+pub mod qk_norm;
+pub mod rope;
 
 pub use attention::CausalSelfAttention;
 pub use config::{AttentionKernel, CausalSelfAttentionConfig};

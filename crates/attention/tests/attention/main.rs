@@ -2,6 +2,7 @@
 //!
 //! Each check is a function of a `Device`; `backend_tests!` runs it once per backend.
 
+mod newer;
 mod seeds;
 
 use burn::module::Module;

@@ -1,0 +1,104 @@
+//! Rotary position embeddings (RoPE; Su et al. 2021, used by Llama and nanochat): a position
+//! enters attention by *rotating* each query and key, instead of adding a learned vector to the
+//! input as GPT-2 does.
+//!
+//! A head's `d_head` channels are taken in pairs, and pair `i` of the vector at position `m` is
+//! turned by the angle `m·θᵢ`, with `θᵢ = base^(-2i/d_head)` (`base` = 10000 in GPT-NeoX and
+//! Llama 2, 500000 in Llama 3): fast turns for the first pairs, slow for the last.
+//!
+//! ```text
+//! x'ᵢ       = xᵢ·cos(mθᵢ) − xᵢ₊d/2·sin(mθᵢ)          x' = x·cos + rotate_half(x)·sin
+//! x'ᵢ₊d/2   = xᵢ₊d/2·cos(mθᵢ) + xᵢ·sin(mθᵢ)          rotate_half([a, b]) = [−b, a]
+//! ```
+//!
+//! Channel `i` is paired with `i + d_head/2` (the two halves of the head): Hugging Face's
+//! `rotate_half` layout, the one Llama-family checkpoints are trained with, so their weights
+//! import without permuting. Burn's `RotaryEncoding` pairs neighbours `(2i, 2i+1)` instead: the
+//! same rotations of permuted channels (a test here shows it).
+//!
+//! Why it encodes *relative* position, which is what attention needs:
+//! - a rotation keeps a vector's length, so it never changes how strongly a query asks or a key
+//!   answers, only the direction;
+//! - rotating the query at position `m` by `mθ` and the key at position `n` by `nθ` gives
+//!   `q'·k' = q·R((n−m)θ)·k`: the score depends on the distance `n − m`, not on where the pair
+//!   sits in the sequence.
+//!
+//! Both are tested. Nothing here is learned: the tables are fixed by `base` and `d_head`.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::error::AttentionConfigError;
+
+/// The cosines and sines of every position's angles, `[max_seq, d_head]` each, in the
+/// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`).
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub cos: Tensor<2>,
+    pub sin: Tensor<2>,
+}
+
+impl RopeTables {
+    /// The tables for positions `0..max_seq` of heads `d_head` wide (even) with `base` (> 0),
+    /// computed in f64 and stored in f32.
+    pub fn new(
+        max_seq: usize,
+        d_head: usize,
+        base: f64,
+        device: &Device,
+    ) -> Result<Self, AttentionConfigError> {
+        if d_head == 0 || !d_head.is_multiple_of(2) {
+            return Err(AttentionConfigError::RopeOddHead { d_head });
+        }
+        if !(base.is_finite() && base > 0.0) {
+            return Err(AttentionConfigError::RopeBase(base));
+        }
+        let half = d_head / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(max_seq * d_head), Vec::new());
+        sin.reserve(max_seq * d_head);
+        for m in 0..max_seq {
+            for c in 0..d_head {
+                let i = c % half;
+                let angle = m as f64 * base.powf(-2.0 * i as f64 / d_head as f64);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let table = |values: Vec<f32>| {
+            Tensor::<2>::from_data(TensorData::new(values, [max_seq, d_head]), device)
+        };
+        Ok(Self {
+            cos: table(cos),
+            sin: table(sin),
+        })
+    }
+
+    /// Positions the tables cover.
+    pub fn max_seq(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
+    /// `x` `[batch, heads, seq, d_head]` whose rows sit at positions `offset..offset + seq`,
+    /// each rotated by its position's angles: `x·cos + rotate_half(x)·sin`. Panics if the
+    /// positions run past [`RopeTables::max_seq`] (the layer checks lengths first).
+    pub fn apply(&self, x: Tensor<4>, offset: usize) -> Tensor<4> {
+        let [_, _, seq, d_head] = x.dims();
+        let rows = |table: &Tensor<2>| {
+            table
+                .clone()
+                .slice([offset..offset + seq, 0..d_head])
+                .reshape([1, 1, seq, d_head])
+                .cast(x.dtype())
+        };
+        let (cos, sin) = (rows(&self.cos), rows(&self.sin));
+        x.clone() * cos + rotate_half(x) * sin
+    }
+}
+
+/// `[a, b] → [−b, a]` over the last axis, `a` and `b` its two halves: a quarter turn of every
+/// pair `(i, i + d/2)`. Shape kept: `[batch, heads, seq, d_head]`.
+pub fn rotate_half(x: Tensor<4>) -> Tensor<4> {
+    let [b, h, s, d] = x.dims();
+    let first = x.clone().slice([0..b, 0..h, 0..s, 0..d / 2]);
+    let second = x.slice([0..b, 0..h, 0..s, d / 2..d]);
+    Tensor::cat(vec![second.neg(), first], 3)
+}

@@ -82,6 +82,21 @@ pub enum Batching {
     Documents,
 }
 
+/// How the learning rate moves over a run (`train.lr_schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrSchedule {
+    /// nanoGPT's: linear warmup, then a cosine from `learning_rate` down to `min_lr` at
+    /// `lr_decay_iters`.
+    #[default]
+    Cosine,
+    /// Warmup-stable-decay (nanochat's and modded-nanogpt's): linear warmup, `learning_rate`
+    /// held, then a straight line down to `min_lr` over the last `decay_fraction` of
+    /// `lr_decay_iters`. Holding the peak longer trains faster; the short decay at the end
+    /// takes the loss down to what a cosine reaches.
+    Wsd,
+}
+
 /// The precision a training step computes in (`train.dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -132,8 +147,12 @@ pub struct TrainSection {
     /// Learning rate at the end of the cosine decay.
     pub min_lr: f64,
     pub warmup_iters: usize,
-    /// Step where the cosine decay reaches `min_lr`; 0 = `max_iters`.
+    /// Step where the decay reaches `min_lr`; 0 = `max_iters`.
     pub lr_decay_iters: usize,
+    /// "cosine" (nanoGPT's) or "wsd" (warmup, stable, linear decay): see [`LrSchedule`].
+    pub lr_schedule: LrSchedule,
+    /// With `wsd`: the fraction of `lr_decay_iters` at the end spent decaying, in (0, 1].
+    pub decay_fraction: f64,
     pub beta1: f64,
     pub beta2: f64,
     /// AdamW weight decay, on 2-D weights only.
@@ -176,6 +195,9 @@ impl Default for TrainSection {
             min_lr: 1e-4,
             warmup_iters: 100,
             lr_decay_iters: 0,
+            lr_schedule: LrSchedule::Cosine,
+            // nanochat's warmdown ratio.
+            decay_fraction: 0.2,
             beta1: 0.9,
             beta2: 0.99,
             weight_decay: 0.1,
@@ -279,6 +301,12 @@ impl RunConfig {
                 t.learning_rate
             );
         }
+        if !(t.decay_fraction > 0.0 && t.decay_fraction <= 1.0) {
+            bail!(
+                "`train.decay_fraction` must be in (0, 1], got {}",
+                t.decay_fraction
+            );
+        }
         for (key, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
             if !(0.0..1.0).contains(&value) {
                 bail!("`{key}` must be in [0, 1), got {value}");
@@ -318,7 +346,7 @@ impl RunConfig {
         }
     }
 
-    /// The step where the cosine decay ends.
+    /// The step where the decay ends.
     pub fn lr_decay_iters(&self) -> usize {
         match self.train.lr_decay_iters {
             0 => self.train.max_iters,

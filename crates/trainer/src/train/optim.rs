@@ -8,7 +8,7 @@ use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Bytes, TensorData};
 use tinygpt_model::{AdamWSettings, Gpt, MomentState};
 
-use crate::config::RunConfig;
+use crate::config::{LrSchedule, RunConfig};
 
 /// The update rule an engine applies once it has the (clipped) gradients. Every engine matches
 /// on it exhaustively, so a new rule does not compile until each engine implements it or
@@ -41,8 +41,10 @@ impl Optimizer {
 /// nanoGPT's (PyTorch's) AdamW epsilon; Burn's default is 1e-5.
 const ADAMW_EPSILON: f32 = 1e-8;
 
-/// The learning rate at `step`: linear warmup to `learning_rate`, then cosine decay to
-/// `min_lr` at `lr_decay_iters`, then `min_lr` (nanoGPT's `get_lr`).
+/// The learning rate at `step`: linear warmup to `learning_rate` over `warmup_iters`, then the
+/// schedule's way down to `min_lr` at `lr_decay_iters`, then `min_lr`. `cosine` is nanoGPT's
+/// `get_lr`; `wsd` holds the peak and decays in a straight line over the last
+/// `decay_fraction` of `lr_decay_iters` (never before the warmup ends).
 pub fn learning_rate(config: &RunConfig, step: usize) -> f64 {
     let t = &config.train;
     if step < t.warmup_iters {
@@ -52,8 +54,22 @@ pub fn learning_rate(config: &RunConfig, step: usize) -> f64 {
     if step >= decay {
         return t.min_lr;
     }
-    let ratio = (step - t.warmup_iters) as f64 / (decay - t.warmup_iters).max(1) as f64;
-    t.min_lr + 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos()) * (t.learning_rate - t.min_lr)
+    let span = |start: usize| (step - start) as f64 / (decay - start).max(1) as f64;
+    match t.lr_schedule {
+        LrSchedule::Cosine => {
+            let ratio = span(t.warmup_iters);
+            t.min_lr
+                + 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos()) * (t.learning_rate - t.min_lr)
+        }
+        LrSchedule::Wsd => {
+            let decaying = (t.decay_fraction * decay as f64).round() as usize;
+            let start = decay.saturating_sub(decaying).max(t.warmup_iters);
+            match step < start {
+                true => t.learning_rate,
+                false => t.learning_rate + (t.min_lr - t.learning_rate) * span(start),
+            }
+        }
+    }
 }
 
 /// AdamW's settings for `model` under `config`: betas, epsilon, and which parameters decay.
@@ -171,4 +187,67 @@ pub fn burn_from_moments(
         .clone()
         .from_bytes(bytes)
         .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::presets::ConfigSource;
+
+    fn config(overrides: &[&str]) -> RunConfig {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        ConfigSource::Preset("baby").load(&overrides).unwrap()
+    }
+
+    /// 1000 steps, warmup 100, peak 1e-3, floor 1e-4, the last 20% decaying: the warmup is the
+    /// cosine's, then the peak holds to step 800 and falls in a straight line to the floor at
+    /// step 1000, never rising.
+    #[test]
+    fn wsd_warms_up_holds_then_decays_linearly() {
+        let base = [
+            "train.max_iters=1000",
+            "train.lr_decay_iters=1000",
+            "train.warmup_iters=100",
+            "train.learning_rate=1e-3",
+            "train.min_lr=1e-4",
+        ];
+        let cosine = config(&base);
+        let wsd = config(&[&base[..], &["train.lr_schedule=\"wsd\""]].concat());
+        let lr = |step| learning_rate(&wsd, step);
+        for step in [0, 50, 99] {
+            assert_eq!(lr(step), learning_rate(&cosine, step));
+        }
+        for step in [100, 400, 799, 800] {
+            assert_eq!(lr(step), 1e-3, "step {step}");
+        }
+        assert!((lr(900) - 5.5e-4).abs() < 1e-12, "halfway: {}", lr(900));
+        assert_eq!(lr(1000), 1e-4);
+        assert_eq!(lr(5000), 1e-4);
+        assert!((100..1000).all(|s| lr(s + 1) <= lr(s)));
+        // The whole run decaying: a straight line from the end of the warmup.
+        let all = config(
+            &[
+                &base[..],
+                &["train.lr_schedule=\"wsd\"", "train.decay_fraction=1.0"],
+            ]
+            .concat(),
+        );
+        assert_eq!(learning_rate(&all, 100), 1e-3);
+        assert!((learning_rate(&all, 550) - 5.5e-4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_decay_fraction_is_checked() {
+        for bad in ["0.0", "1.5", "-0.2", "nan"] {
+            let overrides = vec![format!("train.decay_fraction={bad}")];
+            let err = ConfigSource::Preset("baby").load(&overrides).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("train.decay_fraction"),
+                "{err:#}"
+            );
+        }
+        let overrides = vec!["train.lr_schedule=\"linear\"".to_string()];
+        let err = ConfigSource::Preset("baby").load(&overrides).unwrap_err();
+        assert!(format!("{err:#}").contains("lr_schedule"), "{err:#}");
+    }
 }

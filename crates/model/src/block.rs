@@ -9,6 +9,7 @@ use tinygpt_attention::{CausalSelfAttention, KvCache};
 use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
 use crate::gpu;
+use crate::parts::Norm;
 
 /// GPT-2's MLP: `n_embd -> mlp_width` (`4·n_embd`), GELU, `mlp_width -> n_embd`, dropout.
 #[derive(Module, Debug)]
@@ -55,24 +56,28 @@ pub(crate) fn linear(d_in: usize, d_out: usize, std: f64, bias: bool, device: &D
     }
 }
 
+/// The normalisation [`Norm`] asks for, before a sublayer or the head.
 pub(crate) fn layer_norm(config: &GptConfig, device: &Device) -> Option<LayerNorm> {
-    config.layer_norm.then(|| {
-        LayerNormConfig::new(config.n_embd)
-            .with_bias(config.bias)
-            .with_epsilon(config.layer_norm_eps)
-            .init(device)
-    })
+    match config.norm {
+        Norm::Layer => Some(
+            LayerNormConfig::new(config.n_embd)
+                .with_bias(config.bias)
+                .with_epsilon(config.layer_norm_eps)
+                .init(device),
+        ),
+        Norm::None => None,
+    }
 }
 
 impl Block {
     pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
         let (d, hidden) = (config.n_embd, config.mlp_width());
         let attn = config.attention().init(device)?;
-        let mlp = config.mlp.then(|| Mlp {
+        let mlp = config.mlp.activation().map(|activation| Mlp {
             c_fc: linear(d, hidden, 0.02, config.bias, device),
             c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
             dropout: DropoutConfig::new(config.dropout).init(),
-            activation: config.activation,
+            activation,
         });
         Ok(Self {
             ln_1: layer_norm(config, device),

@@ -8,11 +8,13 @@ use serde::{Deserialize, Serialize};
 use tinygpt_attention::{AttentionConfigError, AttentionKernel, CausalSelfAttentionConfig};
 
 use crate::error::GptConfigError;
+use crate::parts::{Mlp, MlpSetting, Norm, Position};
 
-/// The architecture of a [`Gpt`](crate::Gpt). Field names follow nanoGPT's `GPTConfig`; the defaults are
-/// nanoGPT's CPU "baby" model. Unknown keys are errors when read from TOML.
+/// The architecture of a [`Gpt`](crate::Gpt): its sizes and its parts ([`crate::parts`]). Field
+/// names follow nanoGPT's `GPTConfig`; the defaults are nanoGPT's CPU "baby" model. Unknown
+/// keys are errors when read from TOML; the spellings from before the parts still read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "GptConfigToml")]
 pub struct GptConfig {
     /// Context length: the most tokens the model sees at once. Default 64.
     pub block_size: usize,
@@ -30,10 +32,14 @@ pub struct GptConfig {
     pub bias: bool,
     /// Share the token embedding matrix with the LM head (GPT-2 and nanoGPT do). Default true.
     pub tie_embeddings: bool,
-    /// The MLP's nonlinearity. Default exact GELU.
-    pub activation: Activation,
-    /// LayerNorm's ε (PyTorch's default, which nanoGPT uses; GPT-2's `layer_norm_epsilon`).
-    /// Default 1e-5.
+    /// Where positions enter the model. Default `learned`.
+    pub position: Position,
+    /// The normalisation before each sublayer and the head. Default `layer`.
+    pub norm: Norm,
+    /// The feed-forward sublayer of each block. Default `gelu`.
+    pub mlp: Mlp,
+    /// The normalisation's ε (PyTorch's LayerNorm default, which nanoGPT uses; GPT-2's
+    /// `layer_norm_epsilon`). Default 1e-5.
     pub layer_norm_eps: f64,
     /// Rows of the token embedding and the LM head. 0 (the default, left out of TOML) = the
     /// tokenizer's vocabulary, filled in by [`GptConfig::for_vocabulary`]; larger pads it, as
@@ -43,16 +49,55 @@ pub struct GptConfig {
     /// How Burn computes attention (see [`AttentionKernel`]): the same numbers either way.
     /// Default auto.
     pub kernel: AttentionKernel,
-    /// Each block has a GELU MLP after attention. Default true; off in [`GptConfig::minimal`].
-    #[serde(skip_serializing_if = "is_true")]
-    pub mlp: bool,
-    /// Pre-LayerNorm in each block and before the head. Default true; off in
-    /// [`GptConfig::minimal`].
-    #[serde(skip_serializing_if = "is_true")]
-    pub layer_norm: bool,
 }
 
-/// The nonlinearity between the MLP's two linear layers, as TOML spells it.
+/// `[model]` as a file may spell it: the parts, or the settings from before them
+/// (`layer_norm`, `mlp = true | false`, `activation`), resolved by [`crate::parts`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GptConfigToml {
+    block_size: Option<usize>,
+    n_layer: Option<usize>,
+    n_head: Option<usize>,
+    n_embd: Option<usize>,
+    dropout: Option<f64>,
+    bias: Option<bool>,
+    tie_embeddings: Option<bool>,
+    position: Option<Position>,
+    norm: Option<Norm>,
+    mlp: Option<MlpSetting>,
+    layer_norm_eps: Option<f64>,
+    vocab_size: Option<usize>,
+    kernel: Option<AttentionKernel>,
+    layer_norm: Option<bool>,
+    activation: Option<Activation>,
+}
+
+impl TryFrom<GptConfigToml> for GptConfig {
+    type Error = String;
+
+    fn try_from(t: GptConfigToml) -> Result<Self, String> {
+        let d = GptConfig::default();
+        let (norm, mlp) = crate::parts::resolve(t.norm, t.layer_norm, t.mlp, t.activation)?;
+        Ok(Self {
+            block_size: t.block_size.unwrap_or(d.block_size),
+            n_layer: t.n_layer.unwrap_or(d.n_layer),
+            n_head: t.n_head.unwrap_or(d.n_head),
+            n_embd: t.n_embd.unwrap_or(d.n_embd),
+            dropout: t.dropout.unwrap_or(d.dropout),
+            bias: t.bias.unwrap_or(d.bias),
+            tie_embeddings: t.tie_embeddings.unwrap_or(d.tie_embeddings),
+            position: t.position.unwrap_or(d.position),
+            norm,
+            mlp,
+            layer_norm_eps: t.layer_norm_eps.unwrap_or(d.layer_norm_eps),
+            vocab_size: t.vocab_size.unwrap_or(d.vocab_size),
+            kernel: t.kernel.unwrap_or(d.kernel),
+        })
+    }
+}
+
+/// The nonlinearity between the MLP's two linear layers ([`Mlp::activation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
@@ -73,22 +118,18 @@ impl Default for GptConfig {
             dropout: 0.0,
             bias: true,
             tie_embeddings: true,
-            activation: Activation::Gelu,
+            position: Position::Learned,
+            norm: Norm::Layer,
+            mlp: Mlp::Gelu,
             layer_norm_eps: 1e-5,
             vocab_size: 0,
             kernel: AttentionKernel::Auto,
-            mlp: true,
-            layer_norm: true,
         }
     }
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
-}
-
-fn is_true(b: &bool) -> bool {
-    *b
 }
 
 /// `with_<field>(value)` builders, Burn's `Config` style.
@@ -121,12 +162,12 @@ impl GptConfig {
         with_dropout => dropout: f64,
         with_bias => bias: bool,
         with_tie_embeddings => tie_embeddings: bool,
-        with_activation => activation: Activation,
+        with_position => position: Position,
+        with_norm => norm: Norm,
+        with_mlp => mlp: Mlp,
         with_layer_norm_eps => layer_norm_eps: f64,
         with_vocab_size => vocab_size: usize,
         with_kernel => kernel: AttentionKernel,
-        with_mlp => mlp: bool,
-        with_layer_norm => layer_norm: bool,
     }
 
     /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
@@ -156,8 +197,8 @@ impl GptConfig {
             .with_n_head(1)
             .with_n_embd(64)
             .with_block_size(32)
-            .with_mlp(false)
-            .with_layer_norm(false)
+            .with_mlp(Mlp::None)
+            .with_norm(Norm::None)
             .with_tie_embeddings(false)
     }
 
@@ -186,9 +227,12 @@ impl GptConfig {
         self.n_embd / self.n_head.max(1)
     }
 
-    /// Width of the MLP's hidden layer: `4·n_embd` (GPT-2's `n_inner`).
+    /// Width of the MLP's hidden layer: `4·n_embd` (GPT-2's `n_inner`); 0 without an MLP.
     pub fn mlp_width(&self) -> usize {
-        self.n_embd.saturating_mul(4)
+        match self.mlp {
+            Mlp::Gelu | Mlp::GeluTanh => self.n_embd.saturating_mul(4),
+            Mlp::None => 0,
+        }
     }
 
     /// The attention layer of every block: `n_embd` wide, `n_head` heads, `block_size` long,
@@ -239,26 +283,6 @@ impl GptConfig {
             return Err(GptConfigError::LayerNormEps(self.layer_norm_eps));
         }
         Ok(())
-    }
-
-    /// How many parameters a model of this config has, computed without building it (what
-    /// [`Gpt::num_params`](crate::Gpt::num_params) counts once built); saturates instead of overflowing.
-    pub fn num_params(&self) -> u64 {
-        // f64 counts exactly up to 2^53 parameters; `as u64` saturates beyond u64.
-        let n = |x: usize| x as f64;
-        let (v, t, c) = (n(self.vocab_size), n(self.block_size), n(self.n_embd));
-        let b = f64::from(u8::from(self.bias));
-        let linear = |d_in: f64, d_out: f64| d_in * d_out + b * d_out;
-        let ln = if self.layer_norm { c + b * c } else { 0.0 };
-        let mlp = if self.mlp {
-            let hidden = n(self.mlp_width());
-            linear(c, hidden) + linear(hidden, c)
-        } else {
-            0.0
-        };
-        let block = 2.0 * ln + linear(c, 3.0 * c) + linear(c, c) + mlp;
-        let head = if self.tie_embeddings { 0.0 } else { c * v };
-        (v * c + t * c + n(self.n_layer) * block + ln + head) as u64
     }
 }
 
@@ -312,20 +336,44 @@ mod tests {
     }
 
     #[test]
-    fn toml_leaves_out_what_is_at_its_default_and_reads_old_spellings() {
+    fn toml_writes_the_parts_and_reads_the_older_spellings() {
         let text = toml::to_string(&GptConfig::default()).unwrap();
         let keys: Vec<&str> = text.lines().filter_map(|l| l.split(" = ").next()).collect();
-        for absent in ["vocab_size", "mlp", "layer_norm"] {
-            assert!(!keys.contains(&absent), "{text}");
+        assert!(!keys.contains(&"vocab_size"), "{text}");
+        for part in [
+            "position = \"learned\"",
+            "norm = \"layer\"",
+            "mlp = \"gelu\"",
+        ] {
+            assert!(text.contains(part), "{text}");
         }
-        assert!(keys.contains(&"layer_norm_eps"), "{text}");
-        let old: GptConfig =
-            toml::from_str("kernel = \"fused\"\nactivation = \"gelu_tanh\"").unwrap();
-        assert_eq!(old.kernel, AttentionKernel::Sdpa);
-        assert_eq!(old.activation, Activation::GeluTanh);
-        let err = toml::from_str::<GptConfig>("n_layers = 3")
-            .unwrap_err()
-            .to_string();
+        let read = |text: &str| toml::from_str::<GptConfig>(text);
+        assert_eq!(read(&text).unwrap(), GptConfig::default());
+        let old = read("kernel = \"fused\"\nactivation = \"gelu_tanh\"").unwrap();
+        assert_eq!(
+            (old.kernel, old.mlp),
+            (AttentionKernel::Sdpa, Mlp::GeluTanh)
+        );
+        // What run directories from before the parts hold.
+        let minimal = read("activation = \"gelu\"\nmlp = false\nlayer_norm = false").unwrap();
+        assert_eq!((minimal.mlp, minimal.norm), (Mlp::None, Norm::None));
+        assert_eq!(
+            read("mlp = true\nlayer_norm = true").unwrap(),
+            GptConfig::default()
+        );
+        let new = read("mlp = \"none\"\nnorm = \"none\"").unwrap();
+        assert_eq!((new.mlp, new.norm), (Mlp::None, Norm::None));
+        for (contradiction, named) in [
+            ("norm = \"layer\"\nlayer_norm = false", "layer_norm"),
+            ("mlp = \"gelu\"\nactivation = \"gelu_tanh\"", "activation"),
+        ] {
+            let err = read(contradiction).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
+        for unknown in ["n_layers = 3", "mlp = \"swish\"", "norm = \"batch\""] {
+            assert!(read(unknown).is_err(), "{unknown}");
+        }
+        let err = read("n_layers = 3").unwrap_err().to_string();
         assert!(err.contains("n_layers"), "{err}");
     }
 }

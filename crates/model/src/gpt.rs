@@ -9,6 +9,7 @@ use tinygpt_attention::KvCache;
 use crate::block::{Block, layer_norm, linear, norm};
 use crate::config::GptConfig;
 use crate::error::{GptConfigError, ModelError};
+use crate::parts::Position;
 
 /// A GPT-2-style language model (nanoGPT's `GPT`).
 #[derive(Module, Debug)]
@@ -55,7 +56,9 @@ impl Gpt {
             .collect::<Result<_, _>>()?;
         Ok(Self {
             wte: embedding(config.vocab_size),
-            wpe: embedding(config.block_size),
+            wpe: match config.position {
+                Position::Learned => embedding(config.block_size),
+            },
             drop: DropoutConfig::new(config.dropout).init(),
             h,
             ln_f: layer_norm(config, device),
@@ -182,10 +185,14 @@ impl Gpt {
             .into());
         }
         let device = tokens.device();
-        let positions =
-            Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
         let n_embd = self.wte.weight.dims()[1];
-        let x = self.wte.forward(tokens) + self.wpe.forward(positions).expand([batch, seq, n_embd]);
+        let x = match self.config.position {
+            Position::Learned => {
+                let positions = Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device)
+                    .reshape([1, seq]);
+                self.wte.forward(tokens) + self.wpe.forward(positions).expand([batch, seq, n_embd])
+            }
+        };
         Ok(self.drop.forward(x))
     }
 

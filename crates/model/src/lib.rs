@@ -34,6 +34,7 @@ mod layout;
 mod loss;
 mod options;
 mod parameters;
+pub mod parts;
 mod sampler;
 
 pub use block::{Block, Mlp};

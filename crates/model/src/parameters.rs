@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 
 use crate::config::GptConfig;
 use crate::gpt::Gpt;
+use crate::parts::{Mlp, Norm, Position};
 
 /// One parameter slot of a GPT.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,14 +46,43 @@ pub enum Slot {
     LmHead,
 }
 
+impl GptConfig {
+    /// How many parameters a model of this config has, computed without building it (what
+    /// [`Gpt::num_params`](crate::Gpt::num_params) counts once built): the present slots of
+    /// its [`parameter_table`], each of the shape [`Slot::shape`] gives. Saturates instead of
+    /// overflowing.
+    pub fn num_params(&self) -> u64 {
+        // f64 counts exactly up to 2^53 parameters; `as u64` saturates beyond u64.
+        let total: f64 = parameter_table(self)
+            .iter()
+            .filter(|p| p.present)
+            .map(|p| {
+                p.slot
+                    .shape(self)
+                    .iter()
+                    .map(|&n| n as f64)
+                    .product::<f64>()
+            })
+            .sum();
+        total as u64
+    }
+}
+
 impl Slot {
     /// Whether a model of `config` has this parameter.
     pub fn present(self, config: &GptConfig) -> bool {
+        let norm = match config.norm {
+            Norm::Layer => true,
+            Norm::None => false,
+        };
         match self {
-            Slot::TokenEmbedding | Slot::PositionEmbedding => true,
+            Slot::TokenEmbedding => true,
+            Slot::PositionEmbedding => match config.position {
+                Position::Learned => true,
+            },
             Slot::Block(_, slot) => slot.present(config),
-            Slot::FinalNormGain => config.layer_norm,
-            Slot::FinalNormBias => config.layer_norm && config.bias,
+            Slot::FinalNormGain => norm,
+            Slot::FinalNormBias => norm && config.bias,
             Slot::LmHead => !config.tie_embeddings,
         }
     }
@@ -73,14 +103,21 @@ impl Slot {
 
 impl BlockSlot {
     fn present(self, config: &GptConfig) -> bool {
-        let c = config;
+        let norm = match config.norm {
+            Norm::Layer => true,
+            Norm::None => false,
+        };
+        let mlp = match config.mlp {
+            Mlp::Gelu | Mlp::GeluTanh => true,
+            Mlp::None => false,
+        };
         match self {
-            BlockSlot::Ln1Gain | BlockSlot::Ln2Gain => c.layer_norm,
-            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => c.layer_norm && c.bias,
+            BlockSlot::Ln1Gain | BlockSlot::Ln2Gain => norm,
+            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => norm && config.bias,
             BlockSlot::AttnWeight | BlockSlot::AttnProjWeight => true,
-            BlockSlot::AttnBias | BlockSlot::AttnProjBias => c.bias,
-            BlockSlot::FcWeight | BlockSlot::MlpProjWeight => c.mlp,
-            BlockSlot::FcBias | BlockSlot::MlpProjBias => c.mlp && c.bias,
+            BlockSlot::AttnBias | BlockSlot::AttnProjBias => config.bias,
+            BlockSlot::FcWeight | BlockSlot::MlpProjWeight => mlp,
+            BlockSlot::FcBias | BlockSlot::MlpProjBias => mlp && config.bias,
         }
     }
 
@@ -90,8 +127,8 @@ impl BlockSlot {
             BlockSlot::Ln1Gain | BlockSlot::Ln1Bias | BlockSlot::Ln2Gain | BlockSlot::Ln2Bias => {
                 vec![c]
             }
-            BlockSlot::AttnWeight => vec![c, 3 * c],
-            BlockSlot::AttnBias => vec![3 * c],
+            BlockSlot::AttnWeight => vec![c, c.saturating_mul(3)],
+            BlockSlot::AttnBias => vec![c.saturating_mul(3)],
             BlockSlot::AttnProjWeight => vec![c, c],
             BlockSlot::AttnProjBias | BlockSlot::MlpProjBias => vec![c],
             BlockSlot::FcWeight => vec![c, hidden],
@@ -252,13 +289,13 @@ mod tests {
     #[test]
     fn the_table_names_every_parameter_once() {
         for bits in 0..16u8 {
-            let [bias, tied, mlp, layer_norm] = [1, 2, 4, 8].map(|b| bits & b != 0);
+            let [bias, tied, mlp, norm] = [1, 2, 4, 8].map(|b| bits & b != 0);
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
                 .with_tie_embeddings(tied)
-                .with_mlp(mlp)
-                .with_layer_norm(layer_norm);
+                .with_mlp(if mlp { Mlp::Gelu } else { Mlp::None })
+                .with_norm(if norm { Norm::Layer } else { Norm::None });
             let model = config.init(&Device::flex()).unwrap();
             let by_path = parameters_by_path(&model);
             let mut paths: Vec<&String> = by_path.keys().collect();
@@ -274,6 +311,7 @@ mod tests {
                 assert_eq!(by_path[&p.burn].shape, p.slot.shape(&config), "{}", p.burn);
             }
             assert_eq!(model.check_config(), Ok(()), "{config:?}");
+            assert_eq!(config.num_params(), model.num_params() as u64, "{config:?}");
         }
     }
 }

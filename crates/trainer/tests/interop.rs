@@ -123,8 +123,8 @@ fn hugging_face_directory_gives_transformers_logits() {
     assert_eq!(m.vocab_size, 320);
     assert_eq!(run.tokenizer.vocab_size(), 300);
     assert_eq!(
-        m.activation,
-        tinygpt_model::Activation::GeluTanh,
+        m.mlp,
+        tinygpt_model::parts::Mlp::GeluTanh,
         "gelu_new is the tanh GELU"
     );
     let want = expected("gpt2");

@@ -38,11 +38,12 @@ use thiserror::Error;
 use tinygpt_attention::AttentionKernel;
 
 use crate::clip::clip_factor;
-use crate::config::{Activation, GptConfig};
+use crate::config::GptConfig;
 use crate::error::{LossError, ModelError};
 use crate::gpt::Gpt;
 use crate::layout::ParamLayout;
 use crate::loss::{IGNORE_INDEX, kept_targets};
+use crate::parts::{Mlp, Norm, Position};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
 pub use decode::FusedDecoder;
@@ -111,11 +112,11 @@ impl Dims {
 }
 
 /// Whether the fused engine computes exactly what [`Gpt`] computes for `config`: an allow-list
-/// over every field and every variant. The sizes, dropout, biases, tying, the LayerNorms' ε and
-/// the attention op (which only changes how Burn computes the same attention) may take any value; every other
-/// field must have the one value the kernels implement. A field added to [`GptConfig`], or a
-/// variant added to [`Activation`] or [`AttentionKernel`], does not compile here until it is
-/// placed on one side or the other.
+/// over every field and every part. The sizes, dropout, biases, tying, the norm's ε and the
+/// attention op (which only changes how Burn computes the same attention) may take any value;
+/// each part ([`crate::parts`]) must be one the kernels implement. A field added to
+/// [`GptConfig`], or a variant added to a part or to [`AttentionKernel`], does not compile here
+/// until it is placed on one side or the other.
 pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     let GptConfig {
         vocab_size: _,
@@ -127,9 +128,9 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         bias: _,
         tie_embeddings: _,
         kernel,
+        position,
+        norm,
         mlp,
-        layer_norm,
-        activation,
         layer_norm_eps: _,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
@@ -140,17 +141,21 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         | AttentionKernel::Sdpa
         | AttentionKernel::Flash => {}
     }
-    match activation {
-        Activation::Gelu => {}
-        Activation::GeluTanh => {
-            return unsupported("`activation = \"gelu_tanh\"` (only the exact GELU)".into());
+    match position {
+        Position::Learned => {}
+    }
+    match norm {
+        Norm::Layer => {}
+        Norm::None => {
+            return unsupported("models without normalisation (`norm = \"none\"`)".into());
         }
     }
-    if !mlp {
-        return unsupported("models without the MLP (`mlp = false`)".into());
-    }
-    if !layer_norm {
-        return unsupported("models without LayerNorms (`layer_norm = false`)".into());
+    match mlp {
+        Mlp::Gelu => {}
+        Mlp::GeluTanh => {
+            return unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into());
+        }
+        Mlp::None => return unsupported("models without the MLP (`mlp = \"none\"`)".into()),
     }
     Ok(())
 }

@@ -5,14 +5,15 @@
 //!
 //! GPT-2's blocks use `Conv1D`, whose weights are `[in, out]` (Burn's layout); its LM head is
 //! tied unless `tie_word_embeddings` is false, and `save_pretrained` leaves a tied head out. Its
-//! `gelu_new` is the tanh approximation (`model.activation = "gelu_tanh"`). GPT-2 always has
+//! `gelu_new` is the tanh approximation (`model.mlp = "gelu_tanh"`). GPT-2 always has
 //! biases, so a model without them is exported with zero biases, which computes the same.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use tinygpt_model::{Activation, GptConfig, parameter_table};
+use tinygpt_model::parts::{Mlp, Norm, Position};
+use tinygpt_model::{GptConfig, parameter_table};
 
 use super::foreign::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
 use super::{Imported, create_run, imported_config};
@@ -102,9 +103,9 @@ fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
     if let Some(kind) = hf.model_type.as_deref().filter(|k| *k != "gpt2") {
         bail!("model_type \"{kind}\" is not GPT-2; tinygpt imports GPT-2's architecture only");
     }
-    let activation = match hf.activation_function.as_str() {
-        "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
-        "gelu" => Activation::Gelu,
+    let mlp = match hf.activation_function.as_str() {
+        "gelu_new" | "gelu_pytorch_tanh" => Mlp::GeluTanh,
+        "gelu" => Mlp::Gelu,
         other => bail!("activation_function \"{other}\" is not one of gelu, gelu_new"),
     };
     if !hf.scale_attn_weights || hf.scale_attn_by_inverse_layer_idx || hf.reorder_and_upcast_attn {
@@ -121,7 +122,7 @@ fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
         dropout: hf.resid_pdrop,
         bias: true,
         tie_embeddings: hf.tie_word_embeddings,
-        activation,
+        mlp,
         layer_norm_eps: hf.layer_norm_epsilon,
         ..GptConfig::default()
     };
@@ -222,10 +223,9 @@ fn expressible(config: &GptConfig) -> Result<()> {
         tie_embeddings: _,
         // How attention is computed, not what.
         kernel: _,
+        position,
+        norm,
         mlp,
-        layer_norm,
-        // `gelu` and `gelu_new`.
-        activation: _,
         layer_norm_eps: _,
     } = config;
     let refuse = |part: &str| {
@@ -234,20 +234,27 @@ fn expressible(config: &GptConfig) -> Result<()> {
              --format nanogpt (tinygpt's safetensors + sidecar), which keeps every part"
         )
     };
-    if !mlp {
-        return refuse("without the MLP (`model.mlp = false`)");
+    match position {
+        Position::Learned => {}
     }
-    if !layer_norm {
-        return refuse("without LayerNorms (`model.layer_norm = false`)");
+    match norm {
+        Norm::Layer => {}
+        Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
+    }
+    match mlp {
+        // `gelu` and `gelu_new`.
+        Mlp::Gelu | Mlp::GeluTanh => {}
+        Mlp::None => return refuse("without the MLP (`model.mlp = \"none\"`)"),
     }
     Ok(())
 }
 
 /// `config.json` for `GPT2LMHeadModel`, of the model `m` (its `vocab_size` resolved).
 fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
-    let activation = match m.activation {
-        Activation::Gelu => "gelu",
-        Activation::GeluTanh => "gelu_new",
+    let activation = match m.mlp {
+        Mlp::Gelu => "gelu",
+        Mlp::GeluTanh => "gelu_new",
+        Mlp::None => bail!("the Hugging Face GPT-2 format has no model without the MLP"),
     };
     // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
     let eos = match tokenizer {

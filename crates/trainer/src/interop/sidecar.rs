@@ -1,6 +1,6 @@
 //! tinygpt's exchange file (`export --format nanogpt`): weights under nanoGPT's names and
-//! PyTorch's layout in `FILE.safetensors`, nanoGPT's config (with tinygpt's activation and
-//! LayerNorm ε beside it) and tokenizer maps in `FILE.json`.
+//! PyTorch's layout in `FILE.safetensors`, nanoGPT's config (with tinygpt's parts and norm ε
+//! beside it) and tokenizer maps in `FILE.json`.
 //!
 //! nanoGPT's `state_dict` names every tensor `transformer.…` (or `lm_head.weight`) and stores a
 //! `Linear` weight as `[out, in]`; Burn's `Linear` keeps `[in, out]` and its LayerNorm calls the
@@ -15,6 +15,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
+use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{Activation, GptConfig};
 
 use super::foreign::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
@@ -42,23 +43,18 @@ struct NanoGptConfig {
     n_embd: usize,
     dropout: f64,
     bias: bool,
-    #[serde(default = "exact_gelu")]
-    activation: Activation,
     #[serde(default = "nanogpt_eps")]
     layer_norm_eps: f64,
-    /// The teaching ablations (absent in older sidecars: both on).
-    #[serde(default = "on")]
-    mlp: bool,
-    #[serde(default = "on")]
-    layer_norm: bool,
-}
-
-fn on() -> bool {
-    true
-}
-
-fn exact_gelu() -> Activation {
-    Activation::Gelu
+    /// The parts ([`tinygpt_model::parts`]); absent in older sidecars: nanoGPT's.
+    #[serde(default)]
+    position: Position,
+    #[serde(default)]
+    norm: Norm,
+    /// Absent in older sidecars, which wrote `activation` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mlp: Option<Mlp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    activation: Option<Activation>,
 }
 
 fn nanogpt_eps() -> f64 {
@@ -103,10 +99,11 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             n_embd: config.n_embd,
             dropout: config.dropout,
             bias: config.bias,
-            activation: config.activation,
             layer_norm_eps: config.layer_norm_eps,
-            mlp: config.mlp,
-            layer_norm: config.layer_norm,
+            position: config.position,
+            norm: config.norm,
+            mlp: Some(config.mlp),
+            activation: None,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
     };
@@ -129,10 +126,14 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         dropout: c.dropout,
         bias: c.bias,
         tie_embeddings: file.tied(),
-        activation: c.activation,
         layer_norm_eps: c.layer_norm_eps,
-        mlp: c.mlp,
-        layer_norm: c.layer_norm,
+        position: c.position,
+        norm: c.norm,
+        mlp: match (c.mlp, c.activation) {
+            (Some(mlp), _) => mlp,
+            (None, Some(Activation::GeluTanh)) => Mlp::GeluTanh,
+            (None, Some(Activation::Gelu) | None) => Mlp::Gelu,
+        },
         ..GptConfig::default()
     };
     let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;

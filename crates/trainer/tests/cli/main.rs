@@ -442,7 +442,7 @@ fn works_from_any_directory() {
 fn the_fused_engine_runs_only_what_it_implements() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let refusal = "the fused CPU engine does not implement `activation = \"gelu_tanh\"`";
+    let refusal = "the fused CPU engine does not implement `mlp = \"gelu_tanh\"`";
     let tanh = ["--set", "model.activation=gelu_tanh", "--max-iters", "2"];
     fails(train_on(dir, "refused", "fused", &tanh), refusal);
     assert!(!dir.join("refused").exists());
@@ -461,5 +461,6 @@ fn the_fused_engine_runs_only_what_it_implements() {
         }
     }
     let info = ok(tinygpt(dir, &["info", "--checkpoint", "fallback"]));
-    assert!(info.contains("activation = \"gelu_tanh\""), "{info}");
+    // Set with the older spelling, recorded with the part's.
+    assert!(info.contains("mlp = \"gelu_tanh\""), "{info}");
 }

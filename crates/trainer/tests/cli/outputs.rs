@@ -504,25 +504,26 @@ fn a_run_journals_its_steps_and_evaluations() {
     );
 }
 
-/// The teaching ablations (no MLP, no LayerNorms) export to tinygpt's own format and import back
-/// as the same model (the same greedy text, the part still off); the Hugging Face format, whose
-/// GPT-2 always has both, refuses them in one line naming the part and writes nothing.
+/// The teaching ablations (no MLP, no normalisation) export to tinygpt's own format and import
+/// back as the same model (the same greedy text, the part still off); the Hugging Face format,
+/// whose GPT-2 always has both, refuses them in one line naming the part and writes nothing.
 #[test]
-fn models_without_the_mlp_or_layer_norms_export_or_are_refused_by_name() {
+fn models_without_the_mlp_or_the_norm_export_or_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    // The older spelling, and the part's own.
     for (run, set, part, setting) in [
         (
             "no-mlp",
             "model.mlp=false",
             "without the MLP",
-            "mlp = false",
+            "mlp = \"none\"",
         ),
         (
-            "no-ln",
-            "model.layer_norm=false",
-            "without LayerNorms",
-            "layer_norm = false",
+            "no-norm",
+            "model.norm=\"none\"",
+            "without normalisation",
+            "norm = \"none\"",
         ),
     ] {
         ok(train(dir, run, &["--max-iters", "3", "--set", set]));

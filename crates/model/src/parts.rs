@@ -1,0 +1,107 @@
+//! The architecture's variable parts, each an enum whose variants are the choices a model can
+//! make, documented with the formula and who uses it.
+//!
+//! Every place that depends on a part (the Burn modules, the parameter table and count, the
+//! fused CPU engine's allow-list, the memory estimate, each import and export format) decides
+//! on it with a `match` that has no catch-all arm, so the compiler names each place a new
+//! variant must visit before the variant builds.
+//!
+//! In TOML they are `model.position`, `model.norm` and `model.mlp`. Configs written before the
+//! parts existed still read: `model.layer_norm = false` is `norm = "none"`, `model.mlp = false`
+//! is `mlp = "none"`, and `model.activation = "gelu_tanh"` is `mlp = "gelu_tanh"`.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a token's position enters the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Position {
+    /// `learned` (GPT-2, nanoGPT): a learned `[block_size, n_embd]` table `wpe`, row `m` added
+    /// to the token embedding at position `m`.
+    #[default]
+    Learned,
+}
+
+/// The normalisation before attention, before the MLP and before the LM head (pre-norm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    /// `layer` (GPT-2, nanoGPT): `(x − mean(x)) / √(var(x) + ε) · γ + β` over the channels, a
+    /// learned gain `γ` and, with `bias`, a learned shift `β`.
+    #[default]
+    Layer,
+    /// `none`: no normalisation at all, the teaching ablation of
+    /// [`GptConfig::minimal`](crate::GptConfig::minimal) (written `layer_norm = false` before).
+    None,
+}
+
+/// The feed-forward sublayer after attention in each block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mlp {
+    /// `gelu` (nanoGPT): `c_proj(gelu(c_fc(x)))`, hidden width `4·n_embd`, the exact GELU
+    /// `x·Φ(x)` (Φ the normal CDF through `erf`; PyTorch's `F.gelu`).
+    #[default]
+    Gelu,
+    /// `gelu_tanh` (GPT-2's `gelu_new`, Hugging Face checkpoints): the same with
+    /// `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+    GeluTanh,
+    /// `none`: no MLP, the teaching ablation of [`GptConfig::minimal`](crate::GptConfig::minimal)
+    /// (written `mlp = false` before).
+    None,
+}
+
+impl Mlp {
+    /// The nonlinearity between the two linear layers, when there is an MLP.
+    pub fn activation(self) -> Option<crate::Activation> {
+        match self {
+            Mlp::Gelu => Some(crate::Activation::Gelu),
+            Mlp::GeluTanh => Some(crate::Activation::GeluTanh),
+            Mlp::None => None,
+        }
+    }
+}
+
+/// How `[model]` spelled the MLP before the parts: `mlp = true | false`, or a part's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum MlpSetting {
+    On(bool),
+    Part(Mlp),
+}
+
+/// The parts from the settings a config file may hold, the older spellings included; an error
+/// names the keys that contradict each other.
+pub(crate) fn resolve(
+    norm: Option<Norm>,
+    layer_norm: Option<bool>,
+    mlp: Option<MlpSetting>,
+    activation: Option<crate::Activation>,
+) -> Result<(Norm, Mlp), String> {
+    let norm = match (norm, layer_norm) {
+        (Some(_), Some(_)) => {
+            return Err("give `norm`, not also the older `layer_norm`".into());
+        }
+        (Some(norm), None) => norm,
+        (None, Some(true) | None) => Norm::Layer,
+        (None, Some(false)) => Norm::None,
+    };
+    let with_activation = |activation: Option<crate::Activation>| match activation {
+        Some(crate::Activation::GeluTanh) => Mlp::GeluTanh,
+        Some(crate::Activation::Gelu) | None => Mlp::Gelu,
+    };
+    let mlp = match (mlp, activation) {
+        (Some(MlpSetting::Part(_)), Some(_)) => {
+            return Err(
+                "give `mlp = \"gelu_tanh\"` (or another part), not also the older \
+                        `activation`"
+                    .into(),
+            );
+        }
+        (Some(MlpSetting::Part(mlp)), None) => mlp,
+        // Older run directories wrote `activation` always, and `mlp = false` beside it.
+        (Some(MlpSetting::On(false)), _) => Mlp::None,
+        (Some(MlpSetting::On(true)) | None, activation) => with_activation(activation),
+    };
+    Ok((norm, mlp))
+}

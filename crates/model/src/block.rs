@@ -1,15 +1,14 @@
-//! One transformer block: pre-LayerNorm causal self-attention and MLP, each on a residual branch.
+//! One transformer block: pre-norm causal self-attention and MLP, each on a residual branch.
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, Linear};
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::{CausalSelfAttention, KvCache};
 
 use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
-use crate::gpu;
-use crate::parts::Norm;
+use crate::norm::Normalization;
 
 /// GPT-2's MLP: `n_embd -> mlp_width` (`4·n_embd`), GELU, `mlp_width -> n_embd`, dropout.
 #[derive(Module, Debug)]
@@ -33,19 +32,16 @@ impl Mlp {
     }
 }
 
-/// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`. LayerNorms and MLP are optional (see
+/// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`. The norms and the MLP are optional (see
 /// [`GptConfig::minimal`]).
 #[derive(Module, Debug)]
 pub struct Block {
-    pub ln_1: Option<LayerNorm>,
+    /// The norm before attention (`None`: `norm = "none"`).
+    pub ln_1: Option<Normalization>,
     pub attn: CausalSelfAttention,
-    pub ln_2: Option<LayerNorm>,
+    /// The norm before the MLP.
+    pub ln_2: Option<Normalization>,
     pub mlp: Option<Mlp>,
-    /// The LayerNorms' ε, copied from the config at init (Burn's `LayerNorm` keeps its own
-    /// private, and a block cannot see the model's config): what the fused GPU LayerNorm is
-    /// given. Private, so it cannot come to disagree with the config.
-    #[module(skip)]
-    layer_norm_eps: f64,
 }
 
 /// A linear layer with GPT-2's init: weight ~ N(0, std), bias 0.
@@ -53,19 +49,6 @@ pub(crate) fn linear(d_in: usize, d_out: usize, std: f64, bias: bool, device: &D
     Linear {
         weight: Initializer::Normal { mean: 0.0, std }.init([d_in, d_out], device),
         bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
-    }
-}
-
-/// The normalisation [`Norm`] asks for, before a sublayer or the head.
-pub(crate) fn layer_norm(config: &GptConfig, device: &Device) -> Option<LayerNorm> {
-    match config.norm {
-        Norm::Layer => Some(
-            LayerNormConfig::new(config.n_embd)
-                .with_bias(config.bias)
-                .with_epsilon(config.layer_norm_eps)
-                .init(device),
-        ),
-        Norm::None => None,
     }
 }
 
@@ -80,11 +63,10 @@ impl Block {
             activation,
         });
         Ok(Self {
-            ln_1: layer_norm(config, device),
+            ln_1: Normalization::init(config, device),
             attn,
-            ln_2: layer_norm(config, device),
+            ln_2: Normalization::init(config, device),
             mlp,
-            layer_norm_eps: config.layer_norm_eps,
         })
     }
 
@@ -125,13 +107,13 @@ impl Block {
 
     /// `ln_1(x)`, in f32 like the residual stream, then in the attention's dtype.
     fn attn_input(&self, x: Tensor<3>) -> Tensor<3> {
-        norm(&self.ln_1, x, self.layer_norm_eps).cast(self.attn.dtype())
+        norm(&self.ln_1, x).cast(self.attn.dtype())
     }
 
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.mlp {
             Some(mlp) => {
-                let h = norm(&self.ln_2, x.clone(), self.layer_norm_eps);
+                let h = norm(&self.ln_2, x.clone());
                 let h = h.cast(mlp.c_fc.weight.dtype());
                 residual(x, mlp.forward(h))
             }
@@ -148,14 +130,10 @@ fn residual(x: Tensor<3>, branch: Tensor<3>) -> Tensor<3> {
     x + branch.cast(dtype)
 }
 
-/// `ln(x)` (with ε `epsilon`), by the fused kernel on a GPU; `x` when there is no LayerNorm.
-pub(crate) fn norm(ln: &Option<LayerNorm>, x: Tensor<3>, epsilon: f64) -> Tensor<3> {
-    match ln {
-        Some(ln) if gpu::supported(&x.device(), x.dtype()) => {
-            let beta = ln.beta.as_ref().map(|b| b.val());
-            gpu::layer_norm(x, ln.gamma.val(), beta, epsilon)
-        }
-        Some(ln) => ln.forward(x),
+/// `norm(x)`, or `x` when there is no norm.
+pub(crate) fn norm(norm: &Option<Normalization>, x: Tensor<3>) -> Tensor<3> {
+    match norm {
+        Some(norm) => norm.forward(x),
         None => x,
     }
 }

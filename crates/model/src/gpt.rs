@@ -1,14 +1,15 @@
-//! [`Gpt`]: embeddings, blocks, final LayerNorm, LM head.
+//! [`Gpt`]: embeddings, blocks, final norm, LM head.
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, LayerNorm, Linear};
+use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor};
 use tinygpt_attention::KvCache;
 
-use crate::block::{Block, layer_norm, linear, norm};
+use crate::block::{Block, linear, norm};
 use crate::config::GptConfig;
 use crate::error::{GptConfigError, ModelError};
+use crate::norm::Normalization;
 use crate::parts::Position;
 
 /// A GPT-2-style language model (nanoGPT's `GPT`).
@@ -20,7 +21,8 @@ pub struct Gpt {
     pub wpe: Embedding,
     pub drop: Dropout,
     pub h: Vec<Block>,
-    pub ln_f: Option<LayerNorm>,
+    /// The norm before the head.
+    pub ln_f: Option<Normalization>,
     /// Untied LM head `[n_embd, vocab_size]`, no bias; `None` when tied to `wte`.
     pub lm_head: Option<Linear>,
     /// The architecture this model was built from: what the fused CPU engine checks before it
@@ -61,7 +63,7 @@ impl Gpt {
             },
             drop: DropoutConfig::new(config.dropout).init(),
             h,
-            ln_f: layer_norm(config, device),
+            ln_f: Normalization::init(config, device),
             lm_head: (!config.tie_embeddings)
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
             config: config.clone(),
@@ -209,11 +211,11 @@ impl Gpt {
         }
     }
 
-    /// Final LayerNorm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
+    /// Final norm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
     /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs.
     fn head(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
-        let x = norm(&self.ln_f, x, self.config.layer_norm_eps);
+        let x = norm(&self.ln_f, x);
         let logits = match &self.lm_head {
             Some(head) => head.forward(x.cast(head.weight.dtype())),
             // Tied: logits = x · wteᵀ, the embedding read backwards.
@@ -270,7 +272,7 @@ impl Gpt {
     }
 
     /// The parameters weight decay applies to: every 2-D weight (linear layers and embeddings),
-    /// as nanoGPT's `configure_optimizers`; biases and LayerNorm gains are left alone.
+    /// as nanoGPT's `configure_optimizers`; biases and norm gains are left alone.
     pub fn decayed_param_ids(&self) -> Vec<ParamId> {
         struct Matrices(Vec<ParamId>);
         impl ModuleVisitor for Matrices {

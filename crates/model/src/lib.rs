@@ -32,6 +32,7 @@ mod gpt;
 pub mod gpu;
 mod layout;
 mod loss;
+pub mod norm;
 mod options;
 mod parameters;
 pub mod parts;

@@ -68,21 +68,27 @@ impl GptConfig {
     }
 }
 
+/// Whether a model of `config` has a norm's gain and its shift.
+fn norm_parameters(config: &GptConfig) -> (bool, bool) {
+    match config.norm {
+        Norm::Layer => (true, config.bias),
+        Norm::Rms => (true, false),
+        Norm::RmsUnit | Norm::None => (false, false),
+    }
+}
+
 impl Slot {
     /// Whether a model of `config` has this parameter.
     pub fn present(self, config: &GptConfig) -> bool {
-        let norm = match config.norm {
-            Norm::Layer => true,
-            Norm::None => false,
-        };
+        let (gain, shift) = norm_parameters(config);
         match self {
             Slot::TokenEmbedding => true,
             Slot::PositionEmbedding => match config.position {
                 Position::Learned => true,
             },
             Slot::Block(_, slot) => slot.present(config),
-            Slot::FinalNormGain => norm,
-            Slot::FinalNormBias => norm && config.bias,
+            Slot::FinalNormGain => gain,
+            Slot::FinalNormBias => shift,
             Slot::LmHead => !config.tie_embeddings,
         }
     }
@@ -103,17 +109,14 @@ impl Slot {
 
 impl BlockSlot {
     fn present(self, config: &GptConfig) -> bool {
-        let norm = match config.norm {
-            Norm::Layer => true,
-            Norm::None => false,
-        };
+        let (gain, shift) = norm_parameters(config);
         let mlp = match config.mlp {
             Mlp::Gelu | Mlp::GeluTanh => true,
             Mlp::None => false,
         };
         match self {
-            BlockSlot::Ln1Gain | BlockSlot::Ln2Gain => norm,
-            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => norm && config.bias,
+            BlockSlot::Ln1Gain | BlockSlot::Ln2Gain => gain,
+            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => shift,
             BlockSlot::AttnWeight | BlockSlot::AttnProjWeight => true,
             BlockSlot::AttnBias | BlockSlot::AttnProjBias => config.bias,
             BlockSlot::FcWeight | BlockSlot::MlpProjWeight => mlp,
@@ -284,18 +287,20 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// For every combination of the parts that add or drop parameters, the present slots are
-    /// exactly the model's parameters, with Burn's paths and the shapes `Slot::shape` gives.
+    /// For every combination of the parts that add or drop parameters (every norm), the present
+    /// slots are exactly the model's parameters, with Burn's paths and the shapes `Slot::shape`
+    /// gives.
     #[test]
     fn the_table_names_every_parameter_once() {
-        for bits in 0..16u8 {
-            let [bias, tied, mlp, norm] = [1, 2, 4, 8].map(|b| bits & b != 0);
+        let norms = [Norm::Layer, Norm::Rms, Norm::RmsUnit, Norm::None];
+        for (bits, norm) in (0..8u8).flat_map(|bits| norms.map(|norm| (bits, norm))) {
+            let [bias, tied, mlp] = [1, 2, 4].map(|b| bits & b != 0);
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
                 .with_tie_embeddings(tied)
                 .with_mlp(if mlp { Mlp::Gelu } else { Mlp::None })
-                .with_norm(if norm { Norm::Layer } else { Norm::None });
+                .with_norm(norm);
             let model = config.init(&Device::flex()).unwrap();
             let by_path = parameters_by_path(&model);
             let mut paths: Vec<&String> = by_path.keys().collect();

@@ -30,6 +30,12 @@ pub enum Norm {
     /// learned gain `γ` and, with `bias`, a learned shift `β`.
     #[default]
     Layer,
+    /// `rms` (T5, Llama): `x / √(mean(x²) + ε) · γ`, a learned gain and no shift: no mean to
+    /// subtract, one reduction instead of two.
+    Rms,
+    /// `rms_unit` (nanochat): `x / √(mean(x²) + ε)`, RMSNorm with its gain fixed at 1, no
+    /// parameters at all.
+    RmsUnit,
     /// `none`: no normalisation at all, the teaching ablation of
     /// [`GptConfig::minimal`](crate::GptConfig::minimal) (written `layer_norm = false` before).
     None,

@@ -8,7 +8,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::seeded;
-use tinygpt_model::parts::Mlp;
+use tinygpt_model::parts::{Mlp, Norm};
 use tinygpt_model::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError,
     ModelError, TokenBatch, cross_entropy,
@@ -353,6 +353,16 @@ fn shape_preserving_settings_it_does_not_implement_are_refused() {
     assert!(matches!(err, FusedError::Unsupported(_)), "{err}");
     assert!(err.to_string().contains("--backend flex"), "{err}");
     assert!(FusedDecoder::new(&gpt).is_err());
+    // The parts it has no kernels for yet.
+    for other in [
+        small().with_norm(Norm::Rms),
+        small().with_norm(Norm::RmsUnit),
+    ] {
+        let gpt = other.init(&Device::flex()).unwrap();
+        let err = FusedCpu::new(&gpt, 1).unwrap_err();
+        assert!(err.to_string().contains("RMSNorm"), "{err}");
+        assert!(FusedDecoder::new(&gpt).is_err());
+    }
 }
 
 #[test]

@@ -146,6 +146,9 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     }
     match norm {
         Norm::Layer => {}
+        Norm::Rms | Norm::RmsUnit => {
+            return unsupported("RMSNorm (`norm = \"rms\"` or `\"rms_unit\"`)".into());
+        }
         Norm::None => {
             return unsupported("models without normalisation (`norm = \"none\"`)".into());
         }

@@ -35,6 +35,30 @@ fn cached_greedy_equals_uncached_greedy() {
     }
 }
 
+/// RMSNorm models (with a learned gain and without) learn the pattern too, and decode through
+/// the cache exactly as through the whole window.
+#[test]
+fn rms_norm_models_learn_and_decode_as_they_forward() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for norm in [Norm::Rms, Norm::RmsUnit] {
+        let model = patterned_model_with(&device, norm);
+        assert_eq!(model.config().norm, norm);
+        let greedy = GenerateOptions {
+            temperature: 0.0,
+            max_new_tokens: 2 * 16,
+            ..Default::default()
+        };
+        let cached = model.generate(&[1, 5], &greedy, |_| {}).unwrap();
+        let plain = GenerateOptions {
+            use_cache: false,
+            ..greedy.clone()
+        };
+        assert_eq!(cached, model.generate(&[1, 5], &plain, |_| {}).unwrap());
+        assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{norm:?}");
+    }
+}
+
 #[test]
 fn same_seed_same_samples() {
     let _seeded = seeded();

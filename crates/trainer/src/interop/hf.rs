@@ -239,6 +239,9 @@ fn expressible(config: &GptConfig) -> Result<()> {
     }
     match norm {
         Norm::Layer => {}
+        Norm::Rms | Norm::RmsUnit => {
+            return refuse("with RMSNorm (GPT-2 normalises with LayerNorm)");
+        }
         Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
     }
     match mlp {

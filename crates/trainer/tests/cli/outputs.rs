@@ -504,11 +504,11 @@ fn a_run_journals_its_steps_and_evaluations() {
     );
 }
 
-/// The teaching ablations (no MLP, no normalisation) export to tinygpt's own format and import
-/// back as the same model (the same greedy text, the part still off); the Hugging Face format,
-/// whose GPT-2 always has both, refuses them in one line naming the part and writes nothing.
+/// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm) export to tinygpt's
+/// own format and import back as the same model (the same greedy text, the part kept); the
+/// Hugging Face GPT-2 format refuses them in one line naming the part and writes nothing.
 #[test]
-fn models_without_the_mlp_or_the_norm_export_or_are_refused_by_name() {
+fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     // The older spelling, and the part's own.
@@ -524,6 +524,12 @@ fn models_without_the_mlp_or_the_norm_export_or_are_refused_by_name() {
             "model.norm=\"none\"",
             "without normalisation",
             "norm = \"none\"",
+        ),
+        (
+            "rms",
+            "model.norm=\"rms\"",
+            "with RMSNorm",
+            "norm = \"rms\"",
         ),
     ] {
         ok(train(dir, run, &["--max-iters", "3", "--set", set]));

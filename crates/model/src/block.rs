@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
-use burn::tensor::activation::{gelu, gelu_approximate};
+use burn::tensor::activation::{gelu, gelu_approximate, relu};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::{CausalSelfAttention, KvCache};
 
@@ -27,6 +27,7 @@ impl Mlp {
         let h = match self.activation {
             Activation::Gelu => gelu(h),
             Activation::GeluTanh => gelu_approximate(h),
+            Activation::Relu2 => relu(h).square(),
         };
         self.dropout.forward(self.c_proj.forward(h))
     }

@@ -106,6 +106,8 @@ pub enum Activation {
     /// `gelu_tanh`: `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`, GPT-2's `gelu_new` (Hugging Face
     /// checkpoints).
     GeluTanh,
+    /// `relu2`: `relu(x)²` ([`Mlp::Relu2`]).
+    Relu2,
 }
 
 impl Default for GptConfig {
@@ -230,7 +232,7 @@ impl GptConfig {
     /// Width of the MLP's hidden layer: `4·n_embd` (GPT-2's `n_inner`); 0 without an MLP.
     pub fn mlp_width(&self) -> usize {
         match self.mlp {
-            Mlp::Gelu | Mlp::GeluTanh => self.n_embd.saturating_mul(4),
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => self.n_embd.saturating_mul(4),
             Mlp::None => 0,
         }
     }

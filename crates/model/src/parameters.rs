@@ -111,7 +111,7 @@ impl BlockSlot {
     fn present(self, config: &GptConfig) -> bool {
         let (gain, shift) = norm_parameters(config);
         let mlp = match config.mlp {
-            Mlp::Gelu | Mlp::GeluTanh => true,
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => true,
             Mlp::None => false,
         };
         match self {
@@ -287,19 +287,21 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// For every combination of the parts that add or drop parameters (every norm), the present
+    /// For every combination of the parts that add or drop parameters (every norm and MLP), the present
     /// slots are exactly the model's parameters, with Burn's paths and the shapes `Slot::shape`
     /// gives.
     #[test]
     fn the_table_names_every_parameter_once() {
         let norms = [Norm::Layer, Norm::Rms, Norm::RmsUnit, Norm::None];
-        for (bits, norm) in (0..8u8).flat_map(|bits| norms.map(|norm| (bits, norm))) {
-            let [bias, tied, mlp] = [1, 2, 4].map(|b| bits & b != 0);
+        let mlps = [Mlp::Gelu, Mlp::GeluTanh, Mlp::Relu2, Mlp::None];
+        let parts = norms.into_iter().flat_map(|n| mlps.map(|m| (n, m)));
+        for (bits, (norm, mlp)) in (0..4u8).flat_map(|bits| parts.clone().map(move |p| (bits, p))) {
+            let [bias, tied] = [1, 2].map(|b| bits & b != 0);
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
                 .with_tie_embeddings(tied)
-                .with_mlp(if mlp { Mlp::Gelu } else { Mlp::None })
+                .with_mlp(mlp)
                 .with_norm(norm);
             let model = config.init(&Device::flex()).unwrap();
             let by_path = parameters_by_path(&model);

@@ -52,6 +52,9 @@ pub enum Mlp {
     /// `gelu_tanh` (GPT-2's `gelu_new`, Hugging Face checkpoints): the same with
     /// `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
     GeluTanh,
+    /// `relu2` (Primer, So et al. 2021; modded-nanogpt, nanochat): `c_proj(relu(c_fc(x))²)`,
+    /// hidden width `4·n_embd`: as good as GELU or better for small GPTs, and cheaper.
+    Relu2,
     /// `none`: no MLP, the teaching ablation of [`GptConfig::minimal`](crate::GptConfig::minimal)
     /// (written `mlp = false` before).
     None,
@@ -63,6 +66,7 @@ impl Mlp {
         match self {
             Mlp::Gelu => Some(crate::Activation::Gelu),
             Mlp::GeluTanh => Some(crate::Activation::GeluTanh),
+            Mlp::Relu2 => Some(crate::Activation::Relu2),
             Mlp::None => None,
         }
     }
@@ -94,6 +98,7 @@ pub(crate) fn resolve(
     };
     let with_activation = |activation: Option<crate::Activation>| match activation {
         Some(crate::Activation::GeluTanh) => Mlp::GeluTanh,
+        Some(crate::Activation::Relu2) => Mlp::Relu2,
         Some(crate::Activation::Gelu) | None => Mlp::Gelu,
     };
     let mlp = match (mlp, activation) {

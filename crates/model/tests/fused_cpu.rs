@@ -345,14 +345,18 @@ fn shape_preserving_settings_it_does_not_implement_are_refused() {
     let (exact, exact_logits) = logits(&small());
     assert!(FusedCpu::new(&exact, 1).is_ok());
     // Same shapes, other numbers: running it fused would train another model.
-    let other = small().with_mlp(Mlp::GeluTanh);
-    let (gpt, other_logits) = logits(&other);
-    assert_eq!(gpt.num_params(), exact.num_params());
-    assert_ne!(other_logits, exact_logits, "{other:?} changes nothing?");
-    let err = FusedCpu::new(&gpt, 1).unwrap_err();
-    assert!(matches!(err, FusedError::Unsupported(_)), "{err}");
-    assert!(err.to_string().contains("--backend flex"), "{err}");
-    assert!(FusedDecoder::new(&gpt).is_err());
+    for other in [
+        small().with_mlp(Mlp::GeluTanh),
+        small().with_mlp(Mlp::Relu2),
+    ] {
+        let (gpt, other_logits) = logits(&other);
+        assert_eq!(gpt.num_params(), exact.num_params());
+        assert_ne!(other_logits, exact_logits, "{other:?} changes nothing?");
+        let err = FusedCpu::new(&gpt, 1).unwrap_err();
+        assert!(matches!(err, FusedError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("--backend flex"), "{err}");
+        assert!(FusedDecoder::new(&gpt).is_err());
+    }
     // The parts it has no kernels for yet.
     for other in [
         small().with_norm(Norm::Rms),

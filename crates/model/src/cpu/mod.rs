@@ -158,6 +158,7 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         Mlp::GeluTanh => {
             return unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into());
         }
+        Mlp::Relu2 => return unsupported("the ReLU² MLP (`mlp = \"relu2\"`)".into()),
         Mlp::None => return unsupported("models without the MLP (`mlp = \"none\"`)".into()),
     }
     Ok(())

@@ -35,15 +35,20 @@ fn cached_greedy_equals_uncached_greedy() {
     }
 }
 
-/// RMSNorm models (with a learned gain and without) learn the pattern too, and decode through
-/// the cache exactly as through the whole window.
+/// Models of the newer parts (RMSNorm with a learned gain and without, the ReLU² MLP) learn the
+/// pattern too, and decode through the cache exactly as through the whole window.
 #[test]
-fn rms_norm_models_learn_and_decode_as_they_forward() {
+fn newer_parts_learn_and_decode_as_they_forward() {
     let _seeded = seeded();
     let device = Device::flex();
-    for norm in [Norm::Rms, Norm::RmsUnit] {
-        let model = patterned_model_with(&device, norm);
-        assert_eq!(model.config().norm, norm);
+    for (norm, mlp) in [
+        (Norm::Rms, Mlp::Gelu),
+        (Norm::RmsUnit, Mlp::Gelu),
+        (Norm::Layer, Mlp::Relu2),
+        (Norm::RmsUnit, Mlp::Relu2),
+    ] {
+        let model = patterned_model_with(&device, norm, mlp);
+        assert_eq!((model.config().norm, model.config().mlp), (norm, mlp));
         let greedy = GenerateOptions {
             temperature: 0.0,
             max_new_tokens: 2 * 16,
@@ -55,7 +60,7 @@ fn rms_norm_models_learn_and_decode_as_they_forward() {
             ..greedy.clone()
         };
         assert_eq!(cached, model.generate(&[1, 5], &plain, |_| {}).unwrap());
-        assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{norm:?}");
+        assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{norm:?} {mlp:?}");
     }
 }
 

@@ -247,6 +247,7 @@ fn expressible(config: &GptConfig) -> Result<()> {
     match mlp {
         // `gelu` and `gelu_new`.
         Mlp::Gelu | Mlp::GeluTanh => {}
+        Mlp::Relu2 => return refuse("with a ReLU² MLP (GPT-2's is GELU)"),
         Mlp::None => return refuse("without the MLP (`model.mlp = \"none\"`)"),
     }
     Ok(())
@@ -257,7 +258,7 @@ fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
     let activation = match m.mlp {
         Mlp::Gelu => "gelu",
         Mlp::GeluTanh => "gelu_new",
-        Mlp::None => bail!("the Hugging Face GPT-2 format has no model without the MLP"),
+        Mlp::Relu2 | Mlp::None => bail!("the Hugging Face GPT-2 format has only GELU MLPs"),
     };
     // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
     let eos = match tokenizer {

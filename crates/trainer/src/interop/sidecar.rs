@@ -132,6 +132,7 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         mlp: match (c.mlp, c.activation) {
             (Some(mlp), _) => mlp,
             (None, Some(Activation::GeluTanh)) => Mlp::GeluTanh,
+            (None, Some(Activation::Relu2)) => Mlp::Relu2,
             (None, Some(Activation::Gelu) | None) => Mlp::Gelu,
         },
         ..GptConfig::default()

@@ -98,7 +98,7 @@ fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
     let (c, heads, t) = (gpt.n_embd as u64, gpt.n_head as u64, gpt.block_size as u64);
     let dropout = u64::from(gpt.dropout > 0.0);
     let mlp = match gpt.mlp {
-        Mlp::Gelu | Mlp::GeluTanh => 2 * gpt.mlp_width() as u64,
+        Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => 2 * gpt.mlp_width() as u64,
         Mlp::None => 0,
     };
     let block = (7 * c + mlp).saturating_add(heads.saturating_mul(t) * (1 + dropout));

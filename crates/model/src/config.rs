@@ -49,6 +49,9 @@ pub struct GptConfig {
     /// How Burn computes attention (see [`AttentionKernel`]): the same numbers either way.
     /// Default auto.
     pub kernel: AttentionKernel,
+    /// Soft-cap of the logits (Gemma 2, nanochat: 15): `cap · tanh(logits / cap)`, so no logit
+    /// passes `±cap` and the softmax cannot saturate; 0 (the default) = none.
+    pub logit_softcap: f64,
 }
 
 /// `[model]` as a file may spell it: the parts, or the settings from before them
@@ -69,6 +72,7 @@ struct GptConfigToml {
     layer_norm_eps: Option<f64>,
     vocab_size: Option<usize>,
     kernel: Option<AttentionKernel>,
+    logit_softcap: Option<f64>,
     layer_norm: Option<bool>,
     activation: Option<Activation>,
 }
@@ -93,6 +97,7 @@ impl TryFrom<GptConfigToml> for GptConfig {
             layer_norm_eps: t.layer_norm_eps.unwrap_or(d.layer_norm_eps),
             vocab_size: t.vocab_size.unwrap_or(d.vocab_size),
             kernel: t.kernel.unwrap_or(d.kernel),
+            logit_softcap: t.logit_softcap.unwrap_or(d.logit_softcap),
         })
     }
 }
@@ -126,6 +131,7 @@ impl Default for GptConfig {
             layer_norm_eps: 1e-5,
             vocab_size: 0,
             kernel: AttentionKernel::Auto,
+            logit_softcap: 0.0,
         }
     }
 }
@@ -170,6 +176,7 @@ impl GptConfig {
         with_layer_norm_eps => layer_norm_eps: f64,
         with_vocab_size => vocab_size: usize,
         with_kernel => kernel: AttentionKernel,
+        with_logit_softcap => logit_softcap: f64,
     }
 
     /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
@@ -284,6 +291,9 @@ impl GptConfig {
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
             return Err(GptConfigError::LayerNormEps(self.layer_norm_eps));
         }
+        if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
+            return Err(GptConfigError::LogitSoftcap(self.logit_softcap));
+        }
         Ok(())
     }
 }
@@ -372,6 +382,9 @@ mod tests {
             let err = read(contradiction).unwrap_err().to_string();
             assert!(err.contains(named), "{err}");
         }
+        assert_eq!(read("logit_softcap = 15.0").unwrap().logit_softcap, 15.0);
+        let negative = GptConfig::new(3).with_logit_softcap(-1.0).validate();
+        assert_eq!(negative, Err(GptConfigError::LogitSoftcap(-1.0)));
         for unknown in ["n_layers = 3", "mlp = \"swish\"", "norm = \"batch\""] {
             assert!(read(unknown).is_err(), "{unknown}");
         }

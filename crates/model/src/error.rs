@@ -14,6 +14,8 @@ pub enum GptConfigError {
     Dropout(f64),
     #[error("`layer_norm_eps` must be a finite number > 0, got {0}")]
     LayerNormEps(f64),
+    #[error("`logit_softcap` must be a finite number >= 0 (0 = none), got {0}")]
+    LogitSoftcap(f64),
     #[error("`vocab_size` = {rows} is smaller than the tokenizer's vocabulary ({tokens})")]
     VocabularyTooSmall { rows: usize, tokens: usize },
     #[error(transparent)]

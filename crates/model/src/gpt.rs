@@ -212,7 +212,8 @@ impl Gpt {
     }
 
     /// Final norm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
-    /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs.
+    /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs,
+    /// soft-capped when the config says so.
     fn head(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
         let x = norm(&self.ln_f, x);
@@ -221,7 +222,13 @@ impl Gpt {
             // Tied: logits = x · wteᵀ, the embedding read backwards.
             None => linear_op(x, self.wte.weight.val().transpose(), None),
         };
-        logits.cast(dtype)
+        let logits = logits.cast(dtype);
+        let cap = self.config.logit_softcap;
+        if cap > 0.0 {
+            logits.div_scalar(cap).tanh().mul_scalar(cap)
+        } else {
+            logits
+        }
     }
 
     /// This model for a mixed-precision step in `dtype` (bf16 or f16), nanoGPT's autocast:

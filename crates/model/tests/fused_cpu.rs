@@ -358,13 +358,14 @@ fn shape_preserving_settings_it_does_not_implement_are_refused() {
         assert!(FusedDecoder::new(&gpt).is_err());
     }
     // The parts it has no kernels for yet.
-    for other in [
-        small().with_norm(Norm::Rms),
-        small().with_norm(Norm::RmsUnit),
+    for (other, named) in [
+        (small().with_norm(Norm::Rms), "RMSNorm"),
+        (small().with_norm(Norm::RmsUnit), "RMSNorm"),
+        (small().with_logit_softcap(15.0), "soft-capped logits"),
     ] {
         let gpt = other.init(&Device::flex()).unwrap();
         let err = FusedCpu::new(&gpt, 1).unwrap_err();
-        assert!(err.to_string().contains("RMSNorm"), "{err}");
+        assert!(err.to_string().contains(named), "{err}");
         assert!(FusedDecoder::new(&gpt).is_err());
     }
 }

@@ -132,8 +132,14 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         norm,
         mlp,
         layer_norm_eps: _,
+        logit_softcap,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
+    if *logit_softcap > 0.0 {
+        return unsupported(format!(
+            "soft-capped logits (`logit_softcap = {logit_softcap}`)"
+        ));
+    }
     match kernel {
         // All compute the same function; the fused engine has its own attention kernel.
         AttentionKernel::Auto

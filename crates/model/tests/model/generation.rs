@@ -35,19 +35,19 @@ fn cached_greedy_equals_uncached_greedy() {
     }
 }
 
-/// Models of the newer parts (RMSNorm with a learned gain and without, the ReLU² MLP) learn the
-/// pattern too, and decode through the cache exactly as through the whole window.
+/// Models of the newer parts (RMSNorm with a learned gain and without, the ReLU² MLP, soft-capped
+/// logits) learn the pattern too, and decode through the cache exactly as through the window.
 #[test]
 fn newer_parts_learn_and_decode_as_they_forward() {
     let _seeded = seeded();
     let device = Device::flex();
-    for (norm, mlp) in [
-        (Norm::Rms, Mlp::Gelu),
-        (Norm::RmsUnit, Mlp::Gelu),
-        (Norm::Layer, Mlp::Relu2),
-        (Norm::RmsUnit, Mlp::Relu2),
+    for (norm, mlp, softcap) in [
+        (Norm::Rms, Mlp::Gelu, 0.0),
+        (Norm::RmsUnit, Mlp::Gelu, 0.0),
+        (Norm::Layer, Mlp::Relu2, 0.0),
+        (Norm::RmsUnit, Mlp::Relu2, 15.0),
     ] {
-        let model = patterned_model_with(&device, norm, mlp);
+        let model = patterned_model_with(&device, norm, mlp, softcap);
         assert_eq!((model.config().norm, model.config().mlp), (norm, mlp));
         let greedy = GenerateOptions {
             temperature: 0.0,
@@ -61,6 +61,33 @@ fn newer_parts_learn_and_decode_as_they_forward() {
         };
         assert_eq!(cached, model.generate(&[1, 5], &plain, |_| {}).unwrap());
         assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{norm:?} {mlp:?}");
+    }
+}
+
+/// With a soft-cap of 2, no logit passes ±2 however large the weights grow (in f32, tanh of a
+/// large score rounds to exactly 1), and the logits are `2·tanh(raw / 2)` of the uncapped
+/// model's.
+#[test]
+fn soft_capped_logits_stay_inside_the_cap() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let config = GptConfig::new(12).with_n_layer(1).with_block_size(8);
+    let mut raw = config.clone().init(&device).unwrap();
+    raw.wte.weight = raw.wte.weight.map(|w| w.mul_scalar(300.0));
+    let mut capped = config.with_logit_softcap(2.0).init(&device).unwrap();
+    capped = capped.load_record(raw.clone().into_record());
+    let tokens = ints(&[1, 5, 2, 7, 3, 5, 9, 1], [1, 8], &device);
+    let (raw, capped) = (
+        values(raw.forward(tokens.clone()).unwrap()),
+        values(capped.forward(tokens).unwrap()),
+    );
+    assert!(
+        raw.iter().any(|l| l.abs() > 10.0),
+        "the raw logits are not large"
+    );
+    for (r, c) in raw.iter().zip(&capped) {
+        assert!(c.abs() <= 2.0, "{c}");
+        assert!((c - 2.0 * (r / 2.0).tanh()).abs() < 1e-5, "{c} vs {r}");
     }
 }
 

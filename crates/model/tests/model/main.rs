@@ -83,11 +83,11 @@ fn fit(
 
 /// A small model trained on a repeating pattern, so its next-token choices are clear-cut.
 fn patterned_model(device: &Device) -> Gpt {
-    patterned_model_with(device, Norm::Layer, Mlp::Gelu)
+    patterned_model_with(device, Norm::Layer, Mlp::Gelu, 0.0)
 }
 
-/// [`patterned_model`] with other parts.
-fn patterned_model_with(device: &Device, norm: Norm, mlp: Mlp) -> Gpt {
+/// [`patterned_model`] with other parts, and its logits soft-capped at `softcap` (0 = none).
+fn patterned_model_with(device: &Device, norm: Norm, mlp: Mlp, softcap: f64) -> Gpt {
     let ad = device.clone().autodiff();
     let config = GptConfig::new(12)
         .with_block_size(16)
@@ -95,7 +95,8 @@ fn patterned_model_with(device: &Device, norm: Norm, mlp: Mlp) -> Gpt {
         .with_n_head(2)
         .with_n_embd(32)
         .with_norm(norm)
-        .with_mlp(mlp);
+        .with_mlp(mlp)
+        .with_logit_softcap(softcap);
     let model = config.init(&ad).unwrap();
     let pattern: Vec<i64> = (0..4 * 16).map(|i| [1, 5, 2, 7, 3, 5, 9][i % 7]).collect();
     let tokens = ints(&pattern, [4, 16], &ad);

@@ -227,6 +227,7 @@ fn expressible(config: &GptConfig) -> Result<()> {
         norm,
         mlp,
         layer_norm_eps: _,
+        logit_softcap,
     } = config;
     let refuse = |part: &str| {
         bail!(
@@ -236,6 +237,11 @@ fn expressible(config: &GptConfig) -> Result<()> {
     };
     match position {
         Position::Learned => {}
+    }
+    if *logit_softcap > 0.0 {
+        return refuse(&format!(
+            "with soft-capped logits (`model.logit_softcap = {logit_softcap}`)"
+        ));
     }
     match norm {
         Norm::Layer => {}

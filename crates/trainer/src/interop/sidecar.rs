@@ -55,6 +55,9 @@ struct NanoGptConfig {
     mlp: Option<Mlp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     activation: Option<Activation>,
+    /// 0 (absent in older sidecars) = none.
+    #[serde(default)]
+    logit_softcap: f64,
 }
 
 fn nanogpt_eps() -> f64 {
@@ -104,6 +107,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             norm: config.norm,
             mlp: Some(config.mlp),
             activation: None,
+            logit_softcap: config.logit_softcap,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
     };
@@ -129,6 +133,7 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         layer_norm_eps: c.layer_norm_eps,
         position: c.position,
         norm: c.norm,
+        logit_softcap: c.logit_softcap,
         mlp: match (c.mlp, c.activation) {
             (Some(mlp), _) => mlp,
             (None, Some(Activation::GeluTanh)) => Mlp::GeluTanh,

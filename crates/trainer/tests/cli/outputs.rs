@@ -504,7 +504,8 @@ fn a_run_journals_its_steps_and_evaluations() {
     );
 }
 
-/// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm, ReLU²) export to tinygpt's
+/// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm, ReLU², soft-capped
+/// logits) export to tinygpt's
 /// own format and import back as the same model (the same greedy text, the part kept); the
 /// Hugging Face GPT-2 format refuses them in one line naming the part and writes nothing.
 #[test]
@@ -536,6 +537,12 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
             "model.mlp=\"relu2\"",
             "with a ReLU² MLP",
             "mlp = \"relu2\"",
+        ),
+        (
+            "softcap",
+            "model.logit_softcap=15",
+            "with soft-capped logits",
+            "logit_softcap = 15.0",
         ),
     ] {
         ok(train(dir, run, &["--max-iters", "3", "--set", set]));

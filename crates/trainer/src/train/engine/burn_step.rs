@@ -2,7 +2,7 @@
 //! precision, the global norm and the clipping factor, the loss of a batch, and losses over
 //! many batches on several threads.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Tensor};
@@ -12,6 +12,55 @@ use super::Step;
 use crate::config::TrainDType;
 use crate::data::Batch;
 use crate::train::loss_scale::LossScale;
+
+/// What both Burn engines hold: the model, where it runs, and what its steps compute in.
+pub(super) struct BurnModel {
+    /// The model, on the autodiff form of `device`. `None` only while an update replaces it.
+    pub model: Option<Gpt>,
+    /// The inner (non-autodiff) device.
+    pub device: Device,
+    /// Threads the loss estimates share batches among.
+    pub threads: usize,
+    pub precision: Precision,
+}
+
+impl BurnModel {
+    pub fn new(model: Gpt, device: Device, threads: usize, dtype: TrainDType) -> Self {
+        Self {
+            precision: Precision::new(dtype, &device),
+            model: Some(model),
+            device,
+            threads,
+        }
+    }
+
+    /// The model.
+    pub fn held(&self) -> Result<&Gpt> {
+        self.model.as_ref().context(super::LOST)
+    }
+
+    /// The model, taken out to be replaced by its update.
+    pub fn take(&mut self) -> Result<Gpt> {
+        self.model.take().context(super::LOST)
+    }
+
+    /// [`gradients`] of the held model.
+    pub fn gradients(
+        &self,
+        batches: &[Batch],
+        dropout_seed: u64,
+    ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
+        let model = self.held()?;
+        gradients(model, batches, &self.device, dropout_seed, &self.precision)
+    }
+
+    /// [`losses`] of the held model, in the steps' precision.
+    pub fn losses(&self, batches: &[Batch]) -> Result<Vec<f64>> {
+        let model = self.held()?;
+        let dtype = self.precision.dtype;
+        losses(model, dtype, &self.device, batches, self.threads)
+    }
+}
 
 /// What a Burn step computes in: the matmuls' dtype ([`Gpt::autocast`]) and f16's loss scale.
 pub(super) struct Precision {
@@ -43,7 +92,7 @@ impl Precision {
 /// Gradients of the mean loss over `batches` through Burn's autodiff on the autodiff form of
 /// `device` (dropout masks from `dropout_seed`) in `precision`, still multiplied by its loss
 /// scale and not clipped; the mean loss `[1]`, on the device; and the loss scale they carry.
-pub(super) fn gradients(
+fn gradients(
     model: &Gpt,
     batches: &[Batch],
     device: &Device,
@@ -94,7 +143,7 @@ fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> 
 
 /// Mean loss of each batch under `model`'s weights in `dtype` (no gradients, no dropout), the
 /// batches shared among `workers` threads, read back in one transfer.
-pub(super) fn losses(
+fn losses(
     model: &Gpt,
     dtype: FloatDType,
     device: &Device,

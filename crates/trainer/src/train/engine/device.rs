@@ -6,8 +6,8 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use tinygpt_model::Gpt;
 
-use super::burn_step::{Precision, clip_scale, gradients, losses, read_steps};
-use super::{Engine, LOST, Step};
+use super::burn_step::{BurnModel, clip_scale, read_steps};
+use super::{Engine, Step};
 use crate::backend::EngineKind;
 use crate::config::TrainDType;
 use crate::data::Batch;
@@ -24,15 +24,10 @@ const MAX_PENDING: usize = 1024;
 /// over the flat gradients, the clipping and loss-scale factor are folded into AdamW's kernel,
 /// and each step's `[loss, norm]` waits on the device until [`Engine::outcomes`] asks.
 pub(super) struct DeviceEngine {
-    /// The model, on the autodiff form of `device`. `None` only while an update replaces it.
-    model: Option<Gpt>,
+    burn: BurnModel,
     /// The run's optimizer: the groups and settings its record is written with.
     template: ModuleOptimizer,
     adamw: Box<DeviceAdamW>,
-    /// The inner (non-autodiff) device.
-    device: Device,
-    threads: usize,
-    precision: Precision,
     /// Each step's `[loss, gradient norm]`, still on the device.
     pending: Vec<Tensor<1>>,
     /// Outcomes read back, not yet handed out.
@@ -54,19 +49,12 @@ impl DeviceEngine {
         };
         let adamw = adamw.context("optimizer state")?;
         Ok(Self {
-            precision: Precision::new(dtype, &device),
-            model: Some(model),
+            burn: BurnModel::new(model, device, threads, dtype),
             template: optim,
             adamw: Box::new(adamw),
-            device,
-            threads,
             pending: Vec::new(),
             known: Vec::new(),
         })
-    }
-
-    fn held(&self) -> Result<&Gpt> {
-        self.model.as_ref().context(LOST)
     }
 
     fn read_pending(&mut self) -> Result<()> {
@@ -84,12 +72,13 @@ impl Engine for DeviceEngine {
     }
 
     fn describe(&self) -> String {
-        self.precision
+        self.burn
+            .precision
             .describe("Burn autodiff, AdamW on the device")
     }
 
     fn model(&mut self) -> Result<&Gpt> {
-        self.held()
+        self.burn.held()
     }
 
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
@@ -106,21 +95,19 @@ impl Engine for DeviceEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let model = self.model.as_ref().context(LOST)?;
-        let (mut grads, loss, loss_scale) =
-            gradients(model, batches, &self.device, dropout_seed, &self.precision)?;
+        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed)?;
         let flat = self.adamw.flatten(&mut grads);
         let squares = flat.clone().square().sum();
         let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
         let stats = Tensor::cat(vec![loss.inner(), norm], 0);
         let finite = stats.clone().is_finite().all();
-        if let Some(loss_scale) = &mut self.precision.loss_scale {
+        if let Some(loss_scale) = &mut self.burn.precision.loss_scale {
             loss_scale.update(finite.clone());
         }
         let scale = scale.unwrap_or_else(|| Tensor::ones([1], &stats.device()));
         self.pending.push(stats);
-        let model = self.model.take().context(LOST)?;
-        self.model = Some(self.adamw.step(model, flat, lr, scale, finite));
+        let model = self.burn.take()?;
+        self.burn.model = Some(self.adamw.step(model, flat, lr, scale, finite));
         if self.pending.len() >= MAX_PENDING {
             self.read_pending()?;
         }
@@ -135,13 +122,6 @@ impl Engine for DeviceEngine {
     }
 
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
-        let model = self.held()?;
-        losses(
-            model,
-            self.precision.dtype,
-            &self.device,
-            batches,
-            self.threads,
-        )
+        self.burn.losses(batches)
     }
 }

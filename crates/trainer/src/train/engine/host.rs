@@ -1,12 +1,12 @@
 //! [`HostEngine`]: Burn's autodiff and Burn's AdamW on a CPU backend (flex, ndarray).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use tinygpt_model::Gpt;
 
-use super::burn_step::{Precision, clip_global_norm, gradients, losses, read_steps};
-use super::{Engine, LOST, Step};
+use super::burn_step::{BurnModel, clip_global_norm, read_steps};
+use super::{Engine, Step};
 use crate::backend::EngineKind;
 use crate::config::TrainDType;
 use crate::data::Batch;
@@ -16,14 +16,8 @@ use crate::train::optim::{Optimizer, UpdateRule, record_bytes};
 /// costs no wait for another processor here, so each step's loss and norm are read at once to
 /// decide whether to apply it.
 pub(super) struct HostEngine {
-    /// The model, on the autodiff form of `device`. `None` only while an update replaces it.
-    model: Option<Gpt>,
+    burn: BurnModel,
     optim: ModuleOptimizer,
-    /// The inner (non-autodiff) device.
-    device: Device,
-    /// Threads the loss estimates share batches among.
-    threads: usize,
-    precision: Precision,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
 }
@@ -41,17 +35,10 @@ impl HostEngine {
             UpdateRule::AdamW(_) => optimizer.burn,
         };
         Self {
-            precision: Precision::new(dtype, &device),
-            model: Some(model),
+            burn: BurnModel::new(model, device, threads, dtype),
             optim,
-            device,
-            threads,
             known: Vec::new(),
         }
-    }
-
-    fn held(&self) -> Result<&Gpt> {
-        self.model.as_ref().context(LOST)
     }
 }
 
@@ -61,11 +48,11 @@ impl Engine for HostEngine {
     }
 
     fn describe(&self) -> String {
-        self.precision.describe("Burn autodiff")
+        self.burn.precision.describe("Burn autodiff")
     }
 
     fn model(&mut self) -> Result<&Gpt> {
-        self.held()
+        self.burn.held()
     }
 
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
@@ -79,21 +66,18 @@ impl Engine for HostEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let model = self.model.as_ref().context(LOST)?;
-        let precision = &mut self.precision;
-        let (mut grads, loss, loss_scale) =
-            gradients(model, batches, &self.device, dropout_seed, precision)?;
-        let norm = clip_global_norm(model, &mut grads, grad_clip, loss_scale)
-            .unwrap_or_else(|| Tensor::zeros([1], &self.device));
+        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed)?;
+        let norm = clip_global_norm(self.burn.held()?, &mut grads, grad_clip, loss_scale)
+            .unwrap_or_else(|| Tensor::zeros([1], &self.burn.device));
         let stats = Tensor::cat(vec![loss.inner(), norm], 0);
-        if let Some(loss_scale) = &mut precision.loss_scale {
+        if let Some(loss_scale) = &mut self.burn.precision.loss_scale {
             loss_scale.update(stats.clone().is_finite().all());
         }
         let step = read_steps(stats)?[0];
         self.known.push(step);
         if step.applied {
-            let model = self.model.take().context(LOST)?;
-            self.model = Some(self.optim.step(lr, model, grads));
+            let model = self.burn.take()?;
+            self.burn.model = Some(self.optim.step(lr, model, grads));
         }
         Ok(())
     }
@@ -103,13 +87,6 @@ impl Engine for HostEngine {
     }
 
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
-        let model = self.held()?;
-        losses(
-            model,
-            self.precision.dtype,
-            &self.device,
-            batches,
-            self.threads,
-        )
+        self.burn.losses(batches)
     }
 }

@@ -85,7 +85,11 @@ impl Precision {
 
     /// `engine` (a description) with this precision, when not f32.
     pub fn describe(&self, engine: &str) -> String {
-        super::with_precision(engine.to_string(), self.dtype, self.loss_scale.is_some())
+        match (self.dtype, &self.loss_scale) {
+            (FloatDType::F32, _) => engine.to_string(),
+            (dtype, None) => format!("{engine}, {dtype:?} matmuls"),
+            (dtype, Some(_)) => format!("{engine}, {dtype:?} matmuls with a loss scale"),
+        }
     }
 }
 

@@ -26,7 +26,6 @@ mod host;
 mod tests;
 
 use anyhow::Result;
-use burn::tensor::FloatDType;
 use tinygpt_model::Gpt;
 
 use crate::backend::{EngineKind, Placement};
@@ -117,13 +116,4 @@ pub fn open(
         EngineKind::Fused => Box::new(fused::FusedEngine::new(model, optimizer, threads)?),
     };
     Ok((engine, note))
-}
-
-/// `engine` (a description) with the precision its steps compute in, when not f32.
-fn with_precision(engine: String, dtype: FloatDType, loss_scale: bool) -> String {
-    match (dtype, loss_scale) {
-        (FloatDType::F32, _) => engine,
-        (dtype, false) => format!("{engine}, {dtype:?} matmuls"),
-        (dtype, true) => format!("{engine}, {dtype:?} matmuls with a loss scale"),
-    }
 }

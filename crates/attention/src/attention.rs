@@ -9,8 +9,11 @@ use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
 use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention};
+use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
+use crate::qk_norm::rms_norm_heads;
+use crate::rope::apply_rope;
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
 ///
@@ -23,8 +26,9 @@ use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 /// Create it with [`CausalSelfAttentionConfig`](crate::CausalSelfAttentionConfig).
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    /// Query, key and value projections as one matrix `[d_model, 3·d_model]` (columns q | k | v),
-    /// one matmul instead of three; nanoGPT's `c_attn`.
+    /// Query, key and value projections as one matrix `[d_model, (n_heads + 2·n_kv_heads)·d_head]`
+    /// (columns q | k | v; `[d_model, 3·d_model]` without grouped heads), one matmul instead of
+    /// three; nanoGPT's `c_attn`.
     pub c_attn: Linear,
     /// Output projection `[d_model, d_model]`; nanoGPT's `c_proj`.
     pub c_proj: Linear,
@@ -33,13 +37,21 @@ pub struct CausalSelfAttention {
     pub attn_dropout: Dropout,
     /// Dropout on the layer's output before it joins the residual stream.
     pub resid_dropout: Dropout,
-    /// Number of heads.
+    /// Number of (query) heads.
     pub n_heads: usize,
+    /// Number of key/value heads; divides `n_heads` ([`crate::grouped`]).
+    pub n_kv_heads: usize,
     /// Longest sequence accepted.
     pub max_seq_len: usize,
     /// Implementation of the attention core.
     #[module(skip)]
     pub kernel: AttentionKernel,
+    /// Rotary positions' base, when queries and keys are rotated ([`crate::rope`]).
+    #[module(skip)]
+    pub rope_base: Option<f64>,
+    /// QK-norm's ε, when queries and keys are normalised ([`crate::qk_norm`]).
+    #[module(skip)]
+    pub qk_norm_eps: Option<f64>,
 }
 
 /// Queries, keys and values, each `[batch, heads, seq, d_head]`.
@@ -54,19 +66,29 @@ impl CausalSelfAttentionConfig {
     pub fn init(&self, device: &Device) -> Result<CausalSelfAttention, AttentionConfigError> {
         self.validate()?;
         let d = self.d_model;
-        // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform).
-        let linear = |d_out: usize, std: f64| Linear {
-            weight: Initializer::Normal { mean: 0.0, std }.init([d, d_out], device),
+        let d_head = d / self.n_heads;
+        // GPT-2's init: weights ~ N(0, std), biases 0 (Burn's default would be Kaiming-uniform);
+        // a standard deviation of 0 is the zero init (modded-nanogpt's output projections).
+        let linear = |d_in: usize, d_out: usize, std: f64| Linear {
+            weight: match std {
+                0.0 => Initializer::Zeros,
+                std => Initializer::Normal { mean: 0.0, std },
+            }
+            .init([d_in, d_out], device),
             bias: self.bias.then(|| Initializer::Zeros.init([d_out], device)),
         };
+        let qkv = (self.n_heads + 2 * self.kv_heads()) * d_head;
         Ok(CausalSelfAttention {
-            c_attn: linear(3 * d, self.init_std),
-            c_proj: linear(d, self.proj_init_std.unwrap_or(self.init_std)),
+            c_attn: linear(d, qkv, self.init_std),
+            c_proj: linear(d, d, self.proj_init_std.unwrap_or(self.init_std)),
             attn_dropout: DropoutConfig::new(self.dropout).init(),
             resid_dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: self.n_heads,
+            n_kv_heads: self.kv_heads(),
             max_seq_len: self.max_seq_len,
             kernel: self.kernel,
+            rope_base: self.rope_base,
+            qk_norm_eps: self.qk_norm_eps,
         })
     }
 }
@@ -94,7 +116,7 @@ impl CausalSelfAttention {
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
-        let heads = self.heads(x);
+        let heads = self.grouped(self.heads(x, 0));
         let y = if self.use_flash(&heads, key_padding.is_some()) {
             let device = heads.q.device();
             let dropout = if self.dropout_active(&device) {
@@ -127,7 +149,7 @@ impl CausalSelfAttention {
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         let mask = self.mask(batch, seq, 0, seq, key_padding);
-        let (y, weights) = self.explicit(self.heads(x), Some(mask), padded);
+        let (y, weights) = self.explicit(self.grouped(self.heads(x, 0)), Some(mask), padded);
         Ok((self.merge_heads(y), weights))
     }
 
@@ -148,10 +170,11 @@ impl CausalSelfAttention {
         {
             return Err(AttentionError::CacheBatchMismatch { cached, got: batch });
         }
-        let Heads { q, k, v } = self.heads(x);
+        // The cache holds the key/value heads, rotated: a group's copies are made per call.
+        let Heads { q, k, v } = self.heads(x, past);
         let (k, v) = cache.append(k, v)?;
         let keys = k.dims()[2];
-        let heads = Heads { q, k, v };
+        let heads = self.grouped(Heads { q, k, v });
         // One new token may see every key a growing cache holds: no mask at all. A fixed cache
         // hides its rows not written yet as if they were future tokens.
         let mask = (new > 1 || keys > past + new).then(|| self.mask(batch, new, past, keys, None));
@@ -213,23 +236,44 @@ impl CausalSelfAttention {
         }
     }
 
-    /// `[batch, seq, d_model]` -> queries, keys, values `[batch, heads, seq, d_head]`.
-    fn heads(&self, x: Tensor<3>) -> Heads {
+    /// `[batch, seq, d_model]` at positions `offset..offset + seq` -> queries
+    /// `[batch, n_heads, seq, d_head]`, keys and values `[batch, n_kv_heads, seq, d_head]`;
+    /// queries and keys normalised (QK-norm) and then rotated (RoPE) when the layer does so.
+    fn heads(&self, x: Tensor<3>, offset: usize) -> Heads {
         let [batch, seq, d_model] = x.dims();
-        let d_head = d_model / self.n_heads;
-        let mut qkv = self
+        let (heads, kv) = (self.n_heads, self.n_kv_heads);
+        let d_head = d_model / heads;
+        // Columns q | k | v, each head's `d_head` channels together: `heads + 2·kv` head-wide
+        // column groups.
+        let qkv = self
             .c_attn
             .forward(x)
-            .reshape([batch, seq, 3, self.n_heads, d_head])
-            .permute([2, 0, 3, 1, 4])
-            .chunk(3, 0)
-            .into_iter()
-            .map(|t| t.reshape([batch, self.n_heads, seq, d_head]));
-        let (q, k, v) = (qkv.next(), qkv.next(), qkv.next());
+            .reshape([batch, seq, heads + 2 * kv, d_head])
+            .swap_dims(1, 2);
+        let part = |from: usize, n: usize| qkv.clone().narrow(1, from, n);
+        let (mut q, mut k, v) = (part(0, heads), part(heads, kv), part(heads + kv, kv));
+        if let Some(eps) = self.qk_norm_eps {
+            q = rms_norm_heads(q, eps);
+            k = rms_norm_heads(k, eps);
+        }
+        if let Some(base) = self.rope_base {
+            q = apply_rope(q, offset, base);
+            k = apply_rope(k, offset, base);
+        }
+        Heads { q, k, v }
+    }
+
+    /// Keys and values repeated for their query heads' groups ([`repeat_kv`]): every kernel
+    /// below then sees `n_heads` of each. A no-op without grouped heads.
+    fn grouped(&self, Heads { q, k, v }: Heads) -> Heads {
+        let group = self.n_heads / self.n_kv_heads;
+        if group == 1 {
+            return Heads { q, k, v };
+        }
         Heads {
-            q: q.expect("three chunks"),
-            k: k.expect("three chunks"),
-            v: v.expect("three chunks"),
+            q,
+            k: repeat_kv(k, group),
+            v: repeat_kv(v, group),
         }
     }
 

@@ -59,9 +59,28 @@ pub struct CausalSelfAttentionConfig {
     /// Which attention implementation to use.
     #[config(default = "AttentionKernel::Auto")]
     pub kernel: AttentionKernel,
+    /// Key/value heads ([`grouped`](crate::grouped)): `n_heads` query heads share them in
+    /// groups of `n_heads / n_kv_heads` (grouped-query attention; 1 = multi-query). `None` =
+    /// `n_heads`, ordinary multi-head attention.
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Rotary positions ([`rope`](crate::rope)) with this base θ (10000 in GPT-NeoX and
+    /// Llama 2, 100000 in SmolLM2): queries and keys rotated by their position before the
+    /// scores. `None` = no positions here (the model adds learned ones to its input, or none).
+    #[config(default = "None")]
+    pub rope_base: Option<f64>,
+    /// QK-norm ([`qk_norm`](crate::qk_norm)) with this ε: each head's queries and keys scaled
+    /// to unit RMS (no gain) before the rotation and the scores. `None` = off.
+    #[config(default = "None")]
+    pub qk_norm_eps: Option<f64>,
 }
 
 impl CausalSelfAttentionConfig {
+    /// Key/value heads: [`n_kv_heads`](Self::n_kv_heads), or `n_heads` when unset.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
     /// Checks every value; the first problem is returned as a typed error.
     pub fn validate(&self) -> Result<(), AttentionConfigError> {
         for (name, value) in [
@@ -78,6 +97,27 @@ impl CausalSelfAttentionConfig {
                 d_model: self.d_model,
                 n_heads: self.n_heads,
             });
+        }
+        let kv = self.kv_heads();
+        if kv == 0 || !self.n_heads.is_multiple_of(kv) {
+            return Err(AttentionConfigError::KvHeadsDoNotDivide {
+                n_heads: self.n_heads,
+                n_kv_heads: kv,
+            });
+        }
+        if let Some(base) = self.rope_base {
+            let d_head = self.d_model / self.n_heads;
+            if !d_head.is_multiple_of(2) {
+                return Err(AttentionConfigError::RopeOddHead { d_head });
+            }
+            if !(base.is_finite() && base > 0.0) {
+                return Err(AttentionConfigError::RopeBase(base));
+            }
+        }
+        if let Some(eps) = self.qk_norm_eps
+            && !(eps.is_finite() && eps > 0.0)
+        {
+            return Err(AttentionConfigError::QkNormEps(eps));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(AttentionConfigError::Dropout(self.dropout));

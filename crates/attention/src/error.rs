@@ -17,6 +17,12 @@ pub enum AttentionConfigError {
     RopeOddHead { d_head: usize },
     #[error("rotary positions need a finite base > 0, got {0}")]
     RopeBase(f64),
+    #[error(
+        "attention `n_kv_heads` ({n_kv_heads}) must be at least 1 and divide `n_heads` ({n_heads})"
+    )]
+    KvHeadsDoNotDivide { n_heads: usize, n_kv_heads: usize },
+    #[error("QK-norm's ε must be a finite number > 0, got {0}")]
+    QkNormEps(f64),
 }
 
 /// An input the layer cannot attend over.

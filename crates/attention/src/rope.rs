@@ -25,6 +25,8 @@
 //!
 //! Both are tested. Nothing here is learned: the tables are fixed by `base` and `d_head`.
 
+use std::ops::Range;
+
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::AttentionConfigError;
@@ -52,17 +54,7 @@ impl RopeTables {
         if !(base.is_finite() && base > 0.0) {
             return Err(AttentionConfigError::RopeBase(base));
         }
-        let half = d_head / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(max_seq * d_head), Vec::new());
-        sin.reserve(max_seq * d_head);
-        for m in 0..max_seq {
-            for c in 0..d_head {
-                let i = c % half;
-                let angle = m as f64 * base.powf(-2.0 * i as f64 / d_head as f64);
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
+        let (cos, sin) = angles(0..max_seq, d_head, base);
         let table = |values: Vec<f32>| {
             Tensor::<2>::from_data(TensorData::new(values, [max_seq, d_head]), device)
         };
@@ -92,6 +84,41 @@ impl RopeTables {
         let (cos, sin) = (rows(&self.cos), rows(&self.sin));
         x.clone() * cos + rotate_half(x) * sin
     }
+}
+
+/// The cosines and sines for positions `positions` (`[positions.len(), d_head]` each, row-major,
+/// the `rotate_half` layout), computed in f64 and rounded to f32 once: the tables the layer and
+/// tinygpt's CPU engine both read, so the two rotate by the very same numbers. `d_head` even.
+pub fn angles(positions: Range<usize>, d_head: usize, base: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = d_head / 2;
+    let rates: Vec<f64> = (0..half)
+        .map(|i| base.powf(-2.0 * i as f64 / d_head as f64))
+        .collect();
+    let n = positions.len() * d_head;
+    let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for m in positions {
+        for c in 0..d_head {
+            let angle = m as f64 * rates[c % half];
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// `x` `[batch, heads, seq, d_head]` at positions `offset..offset + seq`, rotated with base
+/// `base` ([`RopeTables::apply`] without keeping the tables: they are computed for just these
+/// rows, which costs less than the attention that follows). `d_head` even.
+pub fn apply_rope(x: Tensor<4>, offset: usize, base: f64) -> Tensor<4> {
+    let [_, _, seq, d_head] = x.dims();
+    let device = x.device();
+    let (cos, sin) = angles(offset..offset + seq, d_head, base);
+    let rows = |values: Vec<f32>| {
+        Tensor::<4>::from_data(TensorData::new(values, [1, 1, seq, d_head]), &device)
+            .cast(x.dtype())
+    };
+    let (cos, sin) = (rows(cos), rows(sin));
+    x.clone() * cos + rotate_half(x) * sin
 }
 
 /// `[a, b] → [−b, a]` over the last axis, `a` and `b` its two halves: a quarter turn of every

@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
-use burn::tensor::activation::{gelu, gelu_approximate, relu};
+use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::{CausalSelfAttention, KvCache};
 
@@ -10,7 +10,9 @@ use crate::config::{Activation, GptConfig};
 use crate::error::GptConfigError;
 use crate::norm::Normalization;
 
-/// GPT-2's MLP: `n_embd -> mlp_width` (`4·n_embd`), GELU, `mlp_width -> n_embd`, dropout.
+/// The MLP: `n_embd -> mlp_width` (`4·n_embd`), the activation, `mlp_width -> n_embd`, dropout
+/// (GPT-2's with GELU). SwiGLU's `c_fc` is `n_embd -> 2·mlp_width`, the gate's columns then the
+/// up projection's, and `silu(gate) ⊙ up` is what `c_proj` reads.
 #[derive(Module, Debug)]
 pub struct Mlp {
     pub c_fc: Linear,
@@ -28,6 +30,11 @@ impl Mlp {
             Activation::Gelu => gelu(h),
             Activation::GeluTanh => gelu_approximate(h),
             Activation::Relu2 => relu(h).square(),
+            Activation::SwiGlu => {
+                let hidden = h.dims()[2] / 2;
+                let gate = h.clone().narrow(2, 0, hidden);
+                silu(gate) * h.narrow(2, hidden, hidden)
+            }
         };
         self.dropout.forward(self.c_proj.forward(h))
     }
@@ -45,10 +52,14 @@ pub struct Block {
     pub mlp: Option<Mlp>,
 }
 
-/// A linear layer with GPT-2's init: weight ~ N(0, std), bias 0.
+/// A linear layer with GPT-2's init: weight ~ N(0, std) (all zeros for std 0), bias 0.
 pub(crate) fn linear(d_in: usize, d_out: usize, std: f64, bias: bool, device: &Device) -> Linear {
+    let weight = match std {
+        0.0 => Initializer::Zeros,
+        std => Initializer::Normal { mean: 0.0, std },
+    };
     Linear {
-        weight: Initializer::Normal { mean: 0.0, std }.init([d_in, d_out], device),
+        weight: weight.init([d_in, d_out], device),
         bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
     }
 }
@@ -57,8 +68,15 @@ impl Block {
     pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
         let (d, hidden) = (config.n_embd, config.mlp_width());
         let attn = config.attention().init(device)?;
+        let fc_width = match config.mlp {
+            crate::parts::Mlp::SwiGlu => 2 * hidden,
+            crate::parts::Mlp::Gelu
+            | crate::parts::Mlp::GeluTanh
+            | crate::parts::Mlp::Relu2
+            | crate::parts::Mlp::None => hidden,
+        };
         let mlp = config.mlp.activation().map(|activation| Mlp {
-            c_fc: linear(d, hidden, 0.02, config.bias, device),
+            c_fc: linear(d, fc_width, 0.02, config.bias, device),
             c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
             dropout: DropoutConfig::new(config.dropout).init(),
             activation,

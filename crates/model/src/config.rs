@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tinygpt_attention::{AttentionConfigError, AttentionKernel, CausalSelfAttentionConfig};
 
 use crate::error::GptConfigError;
-use crate::parts::{Mlp, MlpSetting, Norm, Position};
+use crate::parts::{Mlp, MlpSetting, Norm, Position, ProjInit};
 
 /// The architecture of a [`Gpt`](crate::Gpt): its sizes and its parts ([`crate::parts`]). Field
 /// names follow nanoGPT's `GPTConfig`; the defaults are nanoGPT's CPU "baby" model. Unknown
@@ -52,6 +52,23 @@ pub struct GptConfig {
     /// Soft-cap of the logits (Gemma 2, nanochat: 15): `cap · tanh(logits / cap)`, so no logit
     /// passes `±cap` and the softmax cannot saturate; 0 (the default) = none.
     pub logit_softcap: f64,
+    /// Rotary positions' base θ, read with `position = "rope"`. Default 10000 (GPT-NeoX,
+    /// Llama 2, nanochat).
+    pub rope_theta: f64,
+    /// Key/value heads (grouped-query attention; 1 = multi-query); must divide `n_head`.
+    /// Unset (the default, left out of TOML) = `n_head`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_kv_head: Option<usize>,
+    /// QK-norm: each head's queries and keys scaled to unit RMS (no gain, ε `layer_norm_eps`)
+    /// before the scores (nanochat, OLMo 2). Default false.
+    pub qk_norm: bool,
+    /// The MLP's hidden width. Unset (the default, left out of TOML) = `4·n_embd`, or for
+    /// `swiglu` `8·n_embd/3` rounded up to a multiple of 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlp_hidden: Option<usize>,
+    /// How the projections onto the residual stream start: `scaled` (GPT-2's, the default)
+    /// or `zero`.
+    pub proj_init: ProjInit,
 }
 
 /// `[model]` as a file may spell it: the parts, or the settings from before them
@@ -73,6 +90,11 @@ struct GptConfigToml {
     vocab_size: Option<usize>,
     kernel: Option<AttentionKernel>,
     logit_softcap: Option<f64>,
+    rope_theta: Option<f64>,
+    n_kv_head: Option<usize>,
+    qk_norm: Option<bool>,
+    mlp_hidden: Option<usize>,
+    proj_init: Option<ProjInit>,
     layer_norm: Option<bool>,
     activation: Option<Activation>,
 }
@@ -98,6 +120,11 @@ impl TryFrom<GptConfigToml> for GptConfig {
             vocab_size: t.vocab_size.unwrap_or(d.vocab_size),
             kernel: t.kernel.unwrap_or(d.kernel),
             logit_softcap: t.logit_softcap.unwrap_or(d.logit_softcap),
+            rope_theta: t.rope_theta.unwrap_or(d.rope_theta),
+            n_kv_head: t.n_kv_head,
+            qk_norm: t.qk_norm.unwrap_or(d.qk_norm),
+            mlp_hidden: t.mlp_hidden,
+            proj_init: t.proj_init.unwrap_or(d.proj_init),
         })
     }
 }
@@ -113,6 +140,9 @@ pub enum Activation {
     GeluTanh,
     /// `relu2`: `relu(x)²` ([`Mlp::Relu2`]).
     Relu2,
+    /// `swiglu`: `silu(gate) ⊙ up`, `silu(x) = x·σ(x)` ([`Mlp::SwiGlu`]).
+    #[serde(rename = "swiglu")]
+    SwiGlu,
 }
 
 impl Default for GptConfig {
@@ -132,6 +162,11 @@ impl Default for GptConfig {
             vocab_size: 0,
             kernel: AttentionKernel::Auto,
             logit_softcap: 0.0,
+            rope_theta: 10_000.0,
+            n_kv_head: None,
+            qk_norm: false,
+            mlp_hidden: None,
+            proj_init: ProjInit::Scaled,
         }
     }
 }
@@ -177,6 +212,11 @@ impl GptConfig {
         with_vocab_size => vocab_size: usize,
         with_kernel => kernel: AttentionKernel,
         with_logit_softcap => logit_softcap: f64,
+        with_rope_theta => rope_theta: f64,
+        with_n_kv_head => n_kv_head: Option<usize>,
+        with_qk_norm => qk_norm: bool,
+        with_mlp_hidden => mlp_hidden: Option<usize>,
+        with_proj_init => proj_init: ProjInit,
     }
 
     /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
@@ -195,6 +235,21 @@ impl GptConfig {
             .with_n_embd(384)
             .with_dropout(0.2)
             .with_bias(false)
+    }
+
+    /// The baby model's sizes (4 layers, 4 heads, `n_embd` 128, block 64) with nanochat's parts:
+    /// rotary positions, parameter-free RMSNorm, QK-norm, the ReLU² MLP, no biases, an untied
+    /// head, logits soft-capped at 15 and zero-initialised output projections.
+    pub fn modern(vocab_size: usize) -> Self {
+        Self::new(vocab_size)
+            .with_position(Position::Rope)
+            .with_norm(Norm::RmsUnit)
+            .with_qk_norm(true)
+            .with_mlp(Mlp::Relu2)
+            .with_bias(false)
+            .with_tie_embeddings(false)
+            .with_logit_softcap(15.0)
+            .with_proj_init(ProjInit::Zero)
     }
 
     /// The bare model of the attention lessons: token + position embedding, one single-head
@@ -236,30 +291,62 @@ impl GptConfig {
         self.n_embd / self.n_head.max(1)
     }
 
-    /// Width of the MLP's hidden layer: `4·n_embd` (GPT-2's `n_inner`); 0 without an MLP.
+    /// Width of the MLP's hidden layer (each of SwiGLU's two halves): `mlp_hidden`, else
+    /// `4·n_embd` (GPT-2's `n_inner`) or for SwiGLU `8·n_embd/3` rounded up to a multiple of
+    /// 64; 0 without an MLP.
     pub fn mlp_width(&self) -> usize {
-        match self.mlp {
+        let default = match self.mlp {
             Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => self.n_embd.saturating_mul(4),
-            Mlp::None => 0,
-        }
+            Mlp::SwiGlu => self
+                .n_embd
+                .saturating_mul(8)
+                .div_ceil(3 * 64)
+                .saturating_mul(64),
+            Mlp::None => return 0,
+        };
+        self.mlp_hidden.unwrap_or(default)
     }
 
-    /// The attention layer of every block: `n_embd` wide, `n_head` heads, `block_size` long,
-    /// GPT-2's init (the output projection scaled by `1/√(2·n_layer)`, since each block adds to
-    /// the residual stream twice and its variance must not grow with depth).
+    /// Key/value heads: `n_kv_head`, or `n_head` when unset.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_head.unwrap_or(self.n_head)
+    }
+
+    /// Columns of the packed query/key/value projection: `(n_head + 2·kv_heads)·head_size`
+    /// (`3·n_embd` without grouped heads).
+    pub fn qkv_width(&self) -> usize {
+        (self
+            .n_head
+            .saturating_add(self.kv_heads().saturating_mul(2)))
+        .saturating_mul(self.head_size())
+    }
+
+    /// The attention layer of every block: `n_embd` wide, `n_head` query and `kv_heads` key/value
+    /// heads, `block_size` long, rotary positions and QK-norm as the parts say, the output
+    /// projection initialised by [`residual_init_std`](Self::residual_init_std).
     pub fn attention(&self) -> CausalSelfAttentionConfig {
+        let rope = match self.position {
+            Position::Rope => Some(self.rope_theta),
+            Position::Learned | Position::None => None,
+        };
         CausalSelfAttentionConfig::new(self.n_embd, self.n_head, self.block_size)
             .with_dropout(self.dropout)
             .with_bias(self.bias)
             .with_init_std(0.02)
             .with_proj_init_std(Some(self.residual_init_std()))
             .with_kernel(self.kernel)
+            .with_n_kv_heads(self.n_kv_head)
+            .with_rope_base(rope)
+            .with_qk_norm_eps(self.qk_norm.then_some(self.layer_norm_eps))
     }
 
     /// The init standard deviation of the projections onto the residual stream (attention's
-    /// and the MLP's `c_proj`): GPT-2's `0.02/√(2·n_layer)`.
+    /// and the MLP's `c_proj`): GPT-2's `0.02/√(2·n_layer)`, or 0 for `proj_init = "zero"`.
     pub fn residual_init_std(&self) -> f64 {
-        0.02 / (2.0 * self.n_layer as f64).sqrt()
+        match self.proj_init {
+            ProjInit::Scaled => 0.02 / (2.0 * self.n_layer as f64).sqrt(),
+            ProjInit::Zero => 0.0,
+        }
     }
 
     /// Checks every value; the error names the offending key. The attention layer's rules
@@ -286,6 +373,15 @@ impl GptConfig {
                 }
             }
             AttentionConfigError::Dropout(p) => GptConfigError::Dropout(p),
+            AttentionConfigError::KvHeadsDoNotDivide {
+                n_heads,
+                n_kv_heads,
+            } => GptConfigError::KvHeadsDoNotDivide {
+                n_head: n_heads,
+                n_kv_head: n_kv_heads,
+            },
+            AttentionConfigError::RopeBase(theta) => GptConfigError::RopeTheta(theta),
+            AttentionConfigError::QkNormEps(eps) => GptConfigError::LayerNormEps(eps),
             other => GptConfigError::Attention(other),
         })?;
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
@@ -293,6 +389,9 @@ impl GptConfig {
         }
         if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
             return Err(GptConfigError::LogitSoftcap(self.logit_softcap));
+        }
+        if self.mlp_hidden == Some(0) {
+            return Err(GptConfigError::Zero { name: "mlp_hidden" });
         }
         Ok(())
     }
@@ -316,6 +415,10 @@ mod tests {
                 .with_n_embd(24)
                 .with_n_head(3),
             GptConfig::minimal(65),
+            GptConfig::modern(65),
+            GptConfig::modern(65)
+                .with_mlp(Mlp::SwiGlu)
+                .with_n_kv_head(Some(2)),
         ];
         for config in configs {
             let model = config.init(&Device::flex()).unwrap();
@@ -385,6 +488,45 @@ mod tests {
         assert_eq!(read("logit_softcap = 15.0").unwrap().logit_softcap, 15.0);
         let negative = GptConfig::new(3).with_logit_softcap(-1.0).validate();
         assert_eq!(negative, Err(GptConfigError::LogitSoftcap(-1.0)));
+        let modern = "position = \"rope\"\nrope_theta = 100000.0\nn_kv_head = 2\n\
+                      qk_norm = true\nmlp = \"swiglu\"\nmlp_hidden = 96\nproj_init = \"zero\"";
+        let modern = read(modern).unwrap();
+        let want = GptConfig::default()
+            .with_position(Position::Rope)
+            .with_rope_theta(1e5)
+            .with_n_kv_head(Some(2))
+            .with_qk_norm(true)
+            .with_mlp(Mlp::SwiGlu)
+            .with_mlp_hidden(Some(96))
+            .with_proj_init(ProjInit::Zero);
+        assert_eq!(modern, want);
+        assert_eq!(read(&toml::to_string(&modern).unwrap()).unwrap(), modern);
+        assert_eq!(
+            (modern.mlp_width(), modern.qkv_width()),
+            (96, 128 + 2 * 2 * 32)
+        );
+        // SwiGLU's default width: 8/3 of n_embd rounded up to a multiple of 64.
+        assert_eq!(GptConfig::new(3).with_mlp(Mlp::SwiGlu).mlp_width(), 384);
+        for (bad, named) in [
+            (GptConfig::new(3).with_n_kv_head(Some(3)), "n_kv_head"),
+            (GptConfig::new(3).with_n_kv_head(Some(0)), "n_kv_head"),
+            (GptConfig::new(3).with_mlp_hidden(Some(0)), "mlp_hidden"),
+            (
+                GptConfig::new(3)
+                    .with_position(Position::Rope)
+                    .with_rope_theta(-1.0),
+                "rope_theta",
+            ),
+            (
+                GptConfig::new(3)
+                    .with_position(Position::Rope)
+                    .with_n_head(128),
+                "d_head",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
         for unknown in ["n_layers = 3", "mlp = \"swish\"", "norm = \"batch\""] {
             assert!(read(unknown).is_err(), "{unknown}");
         }

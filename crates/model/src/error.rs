@@ -16,6 +16,10 @@ pub enum GptConfigError {
     LayerNormEps(f64),
     #[error("`logit_softcap` must be a finite number >= 0 (0 = none), got {0}")]
     LogitSoftcap(f64),
+    #[error("`n_kv_head` ({n_kv_head}) must be at least 1 and divide `n_head` ({n_head})")]
+    KvHeadsDoNotDivide { n_head: usize, n_kv_head: usize },
+    #[error("`rope_theta` must be a finite number > 0, got {0}")]
+    RopeTheta(f64),
     #[error("`vocab_size` = {rows} is smaller than the tokenizer's vocabulary ({tokens})")]
     VocabularyTooSmall { rows: usize, tokens: usize },
     #[error(transparent)]

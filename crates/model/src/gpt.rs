@@ -17,8 +17,8 @@ use crate::parts::Position;
 pub struct Gpt {
     /// Token embedding `[vocab_size, n_embd]`; also the LM head when tied.
     pub wte: Embedding,
-    /// Learned position embedding `[block_size, n_embd]`.
-    pub wpe: Embedding,
+    /// Learned position embedding `[block_size, n_embd]` (`position = "learned"`).
+    pub wpe: Option<Embedding>,
     pub drop: Dropout,
     pub h: Vec<Block>,
     /// The norm before the head.
@@ -59,7 +59,8 @@ impl Gpt {
         Ok(Self {
             wte: embedding(config.vocab_size),
             wpe: match config.position {
-                Position::Learned => embedding(config.block_size),
+                Position::Learned => Some(embedding(config.block_size)),
+                Position::Rope | Position::None => None,
             },
             drop: DropoutConfig::new(config.dropout).init(),
             h,
@@ -188,12 +189,15 @@ impl Gpt {
         }
         let device = tokens.device();
         let n_embd = self.wte.weight.dims()[1];
-        let x = match self.config.position {
-            Position::Learned => {
+        let x = self.wte.forward(tokens);
+        // Rotary positions enter inside attention, not here.
+        let x = match (&self.wpe, self.config.position) {
+            (Some(wpe), Position::Learned) => {
                 let positions = Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device)
                     .reshape([1, seq]);
-                self.wte.forward(tokens) + self.wpe.forward(positions).expand([batch, seq, n_embd])
+                x + wpe.forward(positions).expand([batch, seq, n_embd])
             }
+            (_, Position::Learned | Position::Rope | Position::None) => x,
         };
         Ok(self.drop.forward(x))
     }
@@ -275,7 +279,8 @@ impl Gpt {
 
     /// Parameters without the position embedding: the figure nanoGPT prints ("0.80M").
     pub fn num_params_non_embedding(&self) -> usize {
-        self.num_params() - self.wpe.weight.shape().num_elements()
+        let wpe = self.wpe.as_ref();
+        self.num_params() - wpe.map_or(0, |wpe| wpe.weight.shape().num_elements())
     }
 
     /// The parameters weight decay applies to: every 2-D weight (linear layers and embeddings),

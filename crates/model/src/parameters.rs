@@ -85,6 +85,7 @@ impl Slot {
             Slot::TokenEmbedding => true,
             Slot::PositionEmbedding => match config.position {
                 Position::Learned => true,
+                Position::Rope | Position::None => false,
             },
             Slot::Block(_, slot) => slot.present(config),
             Slot::FinalNormGain => gain,
@@ -111,7 +112,7 @@ impl BlockSlot {
     fn present(self, config: &GptConfig) -> bool {
         let (gain, shift) = norm_parameters(config);
         let mlp = match config.mlp {
-            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => true,
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => true,
             Mlp::None => false,
         };
         match self {
@@ -125,17 +126,22 @@ impl BlockSlot {
     }
 
     fn shape(self, config: &GptConfig) -> Vec<usize> {
-        let (c, hidden) = (config.n_embd, config.mlp_width());
+        let (c, hidden, qkv) = (config.n_embd, config.mlp_width(), config.qkv_width());
+        // SwiGLU's `c_fc` holds the gate and the up projection side by side.
+        let fc = match config.mlp {
+            Mlp::SwiGlu => hidden.saturating_mul(2),
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::None => hidden,
+        };
         match self {
             BlockSlot::Ln1Gain | BlockSlot::Ln1Bias | BlockSlot::Ln2Gain | BlockSlot::Ln2Bias => {
                 vec![c]
             }
-            BlockSlot::AttnWeight => vec![c, c.saturating_mul(3)],
-            BlockSlot::AttnBias => vec![c.saturating_mul(3)],
+            BlockSlot::AttnWeight => vec![c, qkv],
+            BlockSlot::AttnBias => vec![qkv],
             BlockSlot::AttnProjWeight => vec![c, c],
             BlockSlot::AttnProjBias | BlockSlot::MlpProjBias => vec![c],
-            BlockSlot::FcWeight => vec![c, hidden],
-            BlockSlot::FcBias => vec![hidden],
+            BlockSlot::FcWeight => vec![c, fc],
+            BlockSlot::FcBias => vec![fc],
             BlockSlot::MlpProjWeight => vec![hidden, c],
         }
     }
@@ -147,7 +153,8 @@ pub enum BlockSlot {
     /// `ln_1`, `[n_embd]` each.
     Ln1Gain,
     Ln1Bias,
-    /// `attn.c_attn`: `[n_embd, 3·n_embd]` and `[3·n_embd]`.
+    /// `attn.c_attn`: `[n_embd, qkv_width]` and `[qkv_width]` (`3·n_embd` without grouped
+    /// heads).
     AttnWeight,
     AttnBias,
     /// `attn.c_proj`: `[n_embd, n_embd]` and `[n_embd]`.
@@ -156,7 +163,7 @@ pub enum BlockSlot {
     /// `ln_2`, `[n_embd]` each.
     Ln2Gain,
     Ln2Bias,
-    /// `mlp.c_fc`: `[n_embd, mlp_width]` and `[mlp_width]`.
+    /// `mlp.c_fc`: `[n_embd, mlp_width]` and `[mlp_width]` (twice `mlp_width` for SwiGLU).
     FcWeight,
     FcBias,
     /// `mlp.c_proj`: `[mlp_width, n_embd]` and `[n_embd]`.
@@ -287,22 +294,29 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// For every combination of the parts that add or drop parameters (every norm and MLP), the present
-    /// slots are exactly the model's parameters, with Burn's paths and the shapes `Slot::shape`
-    /// gives.
+    /// For every combination of the parts that add or drop parameters (every norm and MLP, with
+    /// and without biases and tying), the present slots are exactly the model's parameters, with
+    /// Burn's paths and the shapes `Slot::shape` gives; the attention's parts (positions,
+    /// key/value heads, QK-norm) take turns across them.
     #[test]
     fn the_table_names_every_parameter_once() {
         let norms = [Norm::Layer, Norm::Rms, Norm::RmsUnit, Norm::None];
-        let mlps = [Mlp::Gelu, Mlp::GeluTanh, Mlp::Relu2, Mlp::None];
+        let mlps = [Mlp::Gelu, Mlp::GeluTanh, Mlp::Relu2, Mlp::SwiGlu, Mlp::None];
+        let positions = [Position::Learned, Position::Rope, Position::None];
         let parts = norms.into_iter().flat_map(|n| mlps.map(|m| (n, m)));
-        for (bits, (norm, mlp)) in (0..4u8).flat_map(|bits| parts.clone().map(move |p| (bits, p))) {
+        let all = (0..4u8).flat_map(|bits| parts.clone().map(move |p| (bits, p)));
+        for (i, (bits, (norm, mlp))) in all.enumerate() {
             let [bias, tied] = [1, 2].map(|b| bits & b != 0);
             let config = GptConfig::new(11)
                 .with_n_layer(2)
                 .with_bias(bias)
                 .with_tie_embeddings(tied)
                 .with_mlp(mlp)
-                .with_norm(norm);
+                .with_norm(norm)
+                .with_position(positions[i % 3])
+                .with_n_kv_head([None, Some(2), Some(1), Some(4)][i % 4])
+                .with_qk_norm(i % 2 == 0)
+                .with_mlp_hidden([None, Some(40)][i / 2 % 2]);
             let model = config.init(&Device::flex()).unwrap();
             let by_path = parameters_by_path(&model);
             let mut paths: Vec<&String> = by_path.keys().collect();

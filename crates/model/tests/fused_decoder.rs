@@ -5,6 +5,7 @@ mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::seeded;
+use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
     Decoder, FusedDecoder, FusedError, GenerateOptions, Gpt, GptConfig, ModelError, generate,
 };
@@ -32,9 +33,32 @@ fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
 }
 
 /// Every config the decoder must cover: biases on and off, tied and untied heads, head sizes
-/// under and over the 16-lane dot product, widths that are not a multiple of 4.
+/// under and over the 16-lane dot product, widths that are not a multiple of 4, and each newer
+/// part (RMSNorm with and without gain, no norm, ReLU², a soft-cap, rotary positions, no
+/// positions, QK-norm) and nanochat's combination of them.
 fn configs() -> Vec<GptConfig> {
+    let small = || {
+        GptConfig::new(13)
+            .with_block_size(24)
+            .with_n_layer(2)
+            .with_n_head(3)
+            .with_n_embd(30)
+    };
+    let modern = GptConfig::modern(13);
     vec![
+        small().with_norm(Norm::Rms),
+        small().with_norm(Norm::RmsUnit).with_mlp(Mlp::Relu2),
+        small().with_norm(Norm::None).with_logit_softcap(2.0),
+        small().with_position(Position::Rope).with_qk_norm(true),
+        small().with_position(Position::None),
+        small()
+            .with_position(modern.position)
+            .with_norm(modern.norm)
+            .with_qk_norm(true)
+            .with_mlp(modern.mlp)
+            .with_bias(false)
+            .with_tie_embeddings(false)
+            .with_logit_softcap(modern.logit_softcap),
         GptConfig::new(13)
             .with_block_size(24)
             .with_n_layer(2)

@@ -204,3 +204,91 @@ fn qk_norm_bounds_every_score() {
         "the bound is not trivially met"
     );
 }
+
+/// The layer with grouped heads is multi-head attention whose key/value projections are the
+/// grouped ones repeated: build both from the same weights (the repeated layer's `c_attn` has
+/// each key and value head's columns once per query head of its group) and compare outputs, with
+/// and without rotary positions and QK-norm, on every kernel the device offers.
+#[test]
+fn grouped_layer_equals_multi_head_layer_over_repeated_projections() {
+    let device = Device::flex();
+    let _seeded = seeded(&device);
+    let (d, heads, kv, seq) = (24, 6, 2, 9);
+    let d_head = d / heads;
+    for (rope, qk_norm) in [(None, None), (Some(10000.0), Some(1e-6))] {
+        let grouped = config(d, heads, seq)
+            .with_n_kv_heads(Some(kv))
+            .with_rope_base(rope)
+            .with_qk_norm_eps(qk_norm)
+            .init(&device)
+            .unwrap();
+        assert_eq!(grouped.c_attn.weight.dims(), [d, (heads + 2 * kv) * d_head]);
+        let mut full = config(d, heads, seq)
+            .with_rope_base(rope)
+            .with_qk_norm_eps(qk_norm)
+            .init(&device)
+            .unwrap();
+        // Column blocks of the grouped layer: q heads, then k heads, then v heads.
+        let w = grouped.c_attn.weight.val();
+        let b = grouped.c_attn.bias.as_ref().unwrap().val();
+        let head_cols = |t: &Tensor<2>, h: usize| t.clone().narrow(1, h * d_head, d_head);
+        let head_bias = |t: &Tensor<1>, h: usize| t.clone().narrow(0, h * d_head, d_head);
+        let group = heads / kv;
+        let order: Vec<usize> = (0..heads)
+            .chain((0..heads).map(|h| heads + h / group))
+            .chain((0..heads).map(|h| heads + kv + h / group))
+            .collect();
+        let weight = Tensor::cat(order.iter().map(|&h| head_cols(&w, h)).collect(), 1);
+        let bias = Tensor::cat(order.iter().map(|&h| head_bias(&b, h)).collect(), 0);
+        full.c_attn.weight = full.c_attn.weight.map(|_| weight);
+        full.c_attn.bias = full.c_attn.bias.map(|p| p.map(|_| bias));
+        full.c_proj = grouped.c_proj.clone();
+        let x = random([2, seq, d], &device);
+        for kernel in [AttentionKernel::Explicit, AttentionKernel::Sdpa] {
+            let (g, f) = (with_kernel(&grouped, kernel), with_kernel(&full, kernel));
+            assert_close(
+                &values(g.forward(x.clone(), None).unwrap()),
+                &values(f.forward(x.clone(), None).unwrap()),
+                1e-5,
+                &format!("{kernel:?}, rope {rope:?}"),
+            );
+        }
+    }
+}
+
+/// With rotary positions, grouped heads and QK-norm, feeding a sequence through the cache in
+/// pieces gives the outputs of one pass: the cached keys keep the rotation of their own
+/// positions and each new piece is rotated by where it starts.
+#[test]
+fn rotary_grouped_layer_decodes_as_it_forwards() {
+    let device = Device::flex();
+    let _seeded = seeded(&device);
+    let (d, seq) = (16, 11);
+    let layer = config(d, 4, seq)
+        .with_n_kv_heads(Some(1))
+        .with_rope_base(Some(500.0))
+        .with_qk_norm_eps(Some(1e-6))
+        .init(&device)
+        .unwrap();
+    let x = random([2, seq, d], &device);
+    let whole = values(layer.forward(x.clone(), None).unwrap());
+    for mut cache in [KvCache::new(), KvCache::with_capacity(seq)] {
+        let mut pieces = Vec::new();
+        for range in [0..4, 4..5, 5..11] {
+            let piece = x.clone().narrow(1, range.start, range.len());
+            pieces.push(layer.forward_cached(piece, &mut cache).unwrap());
+        }
+        assert_close(
+            &values(Tensor::cat(pieces, 1)),
+            &whole,
+            1e-5,
+            "cached pieces",
+        );
+    }
+    // A key/value head count that does not divide the heads is refused by name.
+    let err = config(d, 4, seq).with_n_kv_heads(Some(3)).init(&device);
+    assert!(matches!(
+        err,
+        Err(AttentionConfigError::KvHeadsDoNotDivide { .. })
+    ));
+}

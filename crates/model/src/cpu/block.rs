@@ -1,9 +1,12 @@
 //! One transformer block, forward and backward side by side (llm.c's layout):
 //!
 //! ```text
-//! mid = x   + dropout(attend(ln_1(x)) · W_attn_proj + b)
-//! out = mid + dropout(gelu(ln_2(mid) · W_fc + b) · W_mlp_proj + b)
+//! mid = x   + dropout(attend(rope(qk_norm(ln_1(x) · W_attn + b))) · W_attn_proj + b)
+//! out = mid + dropout(act(ln_2(mid) · W_fc + b) · W_mlp_proj + b)
 //! ```
+//!
+//! Each variable part (the norm, QK-norm, rotary positions, the activation) is a pair of
+//! kernels in its own file, picked here by the model's config.
 //!
 //! The forward is the one both the training step (`workspace.rs`) and the decoder (`decode.rs`)
 //! run: they differ only in how the heads attend (whole causal sequences, or new rows against a
@@ -11,8 +14,9 @@
 
 use super::attention::{self, Shape};
 use super::matmul::{View, linear, matmul};
+use super::norm::{self, Normed};
 use super::params::BlockParams;
-use super::{gelu, layer_norm};
+use super::{Act, Dims, gelu, qk_norm, relu2, rope};
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
 #[derive(Debug, Default)]
@@ -21,8 +25,12 @@ pub(super) struct BlockActs {
     pub ln_1: Vec<f32>,
     pub ln_1_mean: Vec<f32>,
     pub ln_1_rstd: Vec<f32>,
-    /// `[rows, 3·width]`.
+    /// `[rows, 3·width]`: queries and keys after QK-norm and the rotation.
     pub qkv: Vec<f32>,
+    /// With QK-norm: the normalised queries and keys before the rotation `[rows, 2·width]`,
+    /// and each head's `1/rms` `[rows, 2·heads]`.
+    pub qk_n: Vec<f32>,
+    pub qk_rstd: Vec<f32>,
     /// Softmax weights (training: `[seqs, heads, seq, seq]`), and dropout's scales on them
     /// (empty = none).
     pub att: Vec<f32>,
@@ -36,25 +44,22 @@ pub(super) struct BlockActs {
     pub ln_2: Vec<f32>,
     pub ln_2_mean: Vec<f32>,
     pub ln_2_rstd: Vec<f32>,
-    /// MLP pre-activation and GELU output, `[rows, hidden]`.
+    /// MLP pre-activation and activation output, `[rows, hidden]`.
     pub fc: Vec<f32>,
-    pub gelu: Vec<f32>,
+    pub act: Vec<f32>,
     /// Dropout on the MLP branch `[rows, width]` (empty = none).
     pub mlp_mask: Vec<f32>,
 }
 
 impl BlockActs {
-    /// Every buffer sized for `rows` rows of `width` and an MLP of `hidden`, `att` for
-    /// `att_len` attention weights; the dropout masks only with `dropout`.
-    pub(super) fn resize(
-        &mut self,
-        rows: usize,
-        width: usize,
-        hidden: usize,
-        att_len: usize,
-        dropout: bool,
-    ) {
+    /// Every buffer sized for `rows` rows of model `d`, `att` for `att_len` attention
+    /// weights; the dropout masks only with `dropout`.
+    pub(super) fn resize(&mut self, rows: usize, d: &Dims, att_len: usize, dropout: bool) {
+        let (width, hidden) = (d.width, d.hidden);
         let size = |buf: &mut Vec<f32>, len: usize| buf.resize(len, 0.0);
+        let qk = if d.qk_norm { rows * 2 * width } else { 0 };
+        size(&mut self.qk_n, qk);
+        size(&mut self.qk_rstd, qk / d.d_head());
         for buf in [&mut self.ln_1, &mut self.y, &mut self.mid, &mut self.ln_2] {
             size(buf, rows * width);
         }
@@ -69,7 +74,7 @@ impl BlockActs {
         size(&mut self.qkv, rows * 3 * width);
         size(&mut self.att, att_len);
         size(&mut self.fc, rows * hidden);
-        size(&mut self.gelu, rows * hidden);
+        size(&mut self.act, rows * hidden);
         let masks = if dropout { rows * width } else { 0 };
         size(&mut self.att_mask, if dropout { att_len } else { 0 });
         size(&mut self.attn_mask, masks);
@@ -86,6 +91,23 @@ pub(super) struct Heads<'a> {
     pub att_mask: &'a [f32],
 }
 
+/// What a block computes with besides its weights: the model's sizes and parts, the rotary
+/// tables, and where its rows sit (row `r` at position `first + r % period`: whole sequences in
+/// training, the rows after the cache in decoding).
+#[derive(Clone, Copy)]
+pub(super) struct Ctx<'a> {
+    pub dims: &'a Dims,
+    pub rope: &'a rope::Tables,
+    pub first: usize,
+    pub period: usize,
+}
+
+impl Ctx<'_> {
+    fn position(&self, row: usize) -> usize {
+        self.first + row % self.period
+    }
+}
+
 /// Block `p`'s forward over the rows of `x` (`[rows, width]`) into `out`, keeping in `a` what
 /// the backward needs; `attend` computes the heads' outputs from `qkv`.
 pub(super) fn forward(
@@ -93,21 +115,17 @@ pub(super) fn forward(
     a: &mut BlockActs,
     x: &[f32],
     out: &mut [f32],
-    hidden: usize,
-    epsilon: f32,
+    ctx: Ctx<'_>,
     attend: impl FnOnce(Heads<'_>),
 ) {
-    let rows = a.ln_1_mean.len();
-    let c = x.len() / rows;
-    layer_norm::forward(
-        &mut a.ln_1,
-        &mut a.ln_1_mean,
-        &mut a.ln_1_rstd,
-        x,
-        &p.ln_1_gamma,
-        &p.ln_1_beta,
-        epsilon,
-    );
+    let d = ctx.dims;
+    let (rows, c, hidden) = (a.ln_1_rstd.len(), d.width, d.hidden);
+    let ln_1 = Normed {
+        out: &mut a.ln_1,
+        mean: &mut a.ln_1_mean,
+        rstd: &mut a.ln_1_rstd,
+    };
+    norm::forward(d.norm, ln_1, x, &p.ln_1_gamma, &p.ln_1_beta, d.epsilon);
     linear(
         &mut a.qkv,
         &a.ln_1,
@@ -117,6 +135,7 @@ pub(super) fn forward(
         c,
         3 * c,
     );
+    positions_forward(a, ctx);
     attend(Heads {
         qkv: &a.qkv,
         y: &mut a.y,
@@ -126,20 +145,57 @@ pub(super) fn forward(
     linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
-    layer_norm::forward(
-        &mut a.ln_2,
-        &mut a.ln_2_mean,
-        &mut a.ln_2_rstd,
-        &a.mid,
-        &p.ln_2_gamma,
-        &p.ln_2_beta,
-        epsilon,
-    );
+    let ln_2 = Normed {
+        out: &mut a.ln_2,
+        mean: &mut a.ln_2_mean,
+        rstd: &mut a.ln_2_rstd,
+    };
+    norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
     linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, hidden);
-    gelu::forward(&mut a.gelu, &a.fc);
-    linear(out, &a.gelu, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
+    match d.activation {
+        Act::Gelu => gelu::forward(&mut a.act, &a.fc),
+        Act::Relu2 => relu2::forward(&mut a.act, &a.fc),
+    }
+    linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
+}
+
+/// QK-norm, then the rotation, on the queries and keys of every row of `a.qkv` (the first
+/// `2·width` columns), in place: what the heads attend with.
+fn positions_forward(a: &mut BlockActs, ctx: Ctx<'_>) {
+    let d = ctx.dims;
+    let (c, heads) = (d.width, d.heads);
+    let rows = a.qkv.chunks_exact_mut(3 * c).enumerate();
+    for (r, row) in rows {
+        let qk = &mut row[..2 * c];
+        if d.qk_norm {
+            let n = &mut a.qk_n[r * 2 * c..(r + 1) * 2 * c];
+            let rstd = &mut a.qk_rstd[r * 2 * heads..(r + 1) * 2 * heads];
+            qk_norm::forward(qk, n, rstd, d.epsilon);
+        }
+        if d.rope.is_some() {
+            ctx.rope.rotate(qk, ctx.position(r), false);
+        }
+    }
+}
+
+/// The backward of [`positions_forward`]: the gradient of the attended queries and keys in
+/// `d_qkv` becomes that of the projection's output.
+fn positions_backward(d_qkv: &mut [f32], a: &BlockActs, ctx: Ctx<'_>) {
+    let d = ctx.dims;
+    let (c, heads) = (d.width, d.heads);
+    for (r, row) in d_qkv.chunks_exact_mut(3 * c).enumerate() {
+        let dqk = &mut row[..2 * c];
+        if d.rope.is_some() {
+            ctx.rope.rotate(dqk, ctx.position(r), true);
+        }
+        if d.qk_norm {
+            let n = &a.qk_n[r * 2 * c..(r + 1) * 2 * c];
+            let rstd = &a.qk_rstd[r * 2 * heads..(r + 1) * 2 * heads];
+            qk_norm::backward_in_place(dqk, n, rstd);
+        }
+    }
 }
 
 /// Scratch of the backward pass: a branch's gradient `[rows, width]`, a wide one `[rows,
@@ -155,6 +211,7 @@ pub(super) struct Scratch {
 /// Block `p`'s backward through the whole-sequence causal attention of `shape`: `d_resid` holds
 /// the gradient of the block's output and is left holding that of its input `x`; the gradients
 /// of its parameters are added into `g`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     p: &BlockParams,
     g: &mut BlockParams,
@@ -163,10 +220,11 @@ pub(super) fn backward(
     d_resid: &mut [f32],
     s: &mut Scratch,
     shape: Shape,
+    ctx: Ctx<'_>,
 ) {
-    let (rows, c) = (a.ln_1_mean.len(), shape.width);
-    let hidden = a.fc.len() / rows;
-    // out = mid + dropout(gelu(fc) · W + b)
+    let d = ctx.dims;
+    let (rows, c, hidden) = (a.ln_1_rstd.len(), shape.width, d.hidden);
+    // out = mid + dropout(act(fc) · W + b)
     masked(&mut s.d_branch, d_resid, &a.mlp_mask);
     let d_wide = &mut s.d_wide[..rows * hidden];
     let dims = (rows, hidden, c);
@@ -175,11 +233,14 @@ pub(super) fn backward(
         &mut g.mlp_proj_w,
         &mut g.mlp_proj_b,
         &s.d_branch,
-        &a.gelu,
+        &a.act,
         &p.mlp_proj_w,
         dims,
     );
-    gelu::backward_in_place(d_wide, &a.fc);
+    match d.activation {
+        Act::Gelu => gelu::backward_in_place(d_wide, &a.fc),
+        Act::Relu2 => relu2::backward_in_place(d_wide, &a.fc),
+    }
     let dims = (rows, c, hidden);
     linear_backward(
         &mut s.d_branch,
@@ -190,16 +251,17 @@ pub(super) fn backward(
         &p.c_fc_w,
         dims,
     );
-    let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
     let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
-    layer_norm::backward(
+    let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
+    let dout = &s.d_branch;
+    norm::backward(
+        d.norm,
         d_resid,
         gamma,
         beta,
-        &s.d_branch,
+        dout,
         &a.mid,
-        stats.0,
-        stats.1,
+        stats,
         &p.ln_2_gamma,
     );
     // mid = x + dropout(attention(ln_1(x)) · W + b)
@@ -224,6 +286,7 @@ pub(super) fn backward(
         &mut s.maps,
         shape,
     );
+    positions_backward(&mut s.d_qkv, a, ctx);
     let dims = (rows, c, 3 * c);
     linear_backward(
         &mut s.d_branch,
@@ -234,16 +297,16 @@ pub(super) fn backward(
         &p.c_attn_w,
         dims,
     );
-    let stats = (&a.ln_1_mean[..], &a.ln_1_rstd[..]);
     let (gamma, beta) = (&mut g.ln_1_gamma, &mut g.ln_1_beta);
-    layer_norm::backward(
+    let stats = (&a.ln_1_mean[..], &a.ln_1_rstd[..]);
+    norm::backward(
+        d.norm,
         d_resid,
         gamma,
         beta,
         &s.d_branch,
         x,
-        stats.0,
-        stats.1,
+        stats,
         &p.ln_1_gamma,
     );
 }

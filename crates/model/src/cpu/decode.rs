@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use super::attention::{self, Shape};
-use super::block::{self, BlockActs, Heads};
+use super::block::{self, BlockActs, Ctx, Heads};
 use super::fast_math::{self, vectorized};
 use super::matmul::{dot, dot_lanes, linear};
+use super::norm::{self, Normed};
 use super::params::Params;
-use super::{Dims, FusedError, layer_norm};
+use super::{Dims, FusedError, rope, softcap};
 use crate::error::ModelError;
 use crate::generate::Decoder;
 use crate::gpt::Gpt;
@@ -41,6 +42,8 @@ pub struct FusedDecoder {
     next: Vec<f32>,
     /// A block's activations for those rows (the training step's, without dropout).
     acts: BlockActs,
+    /// Rotary positions' tables (empty without them).
+    rope: rope::Tables,
     /// One row of attention scores; the final LayerNorm of the last row and its statistics;
     /// logits.
     scores: Vec<f32>,
@@ -48,6 +51,8 @@ pub struct FusedDecoder {
     mean: Vec<f32>,
     rstd: Vec<f32>,
     logits: Vec<f32>,
+    /// The soft-cap's `tanh` values of the logits (kept only because the kernel writes them).
+    capped: Vec<f32>,
 }
 
 impl FusedDecoder {
@@ -64,11 +69,16 @@ impl FusedDecoder {
             x: Vec::new(),
             next: Vec::new(),
             acts: BlockActs::default(),
+            rope: match dims.rope {
+                Some(base) => rope::Tables::new(dims.block_size, dims.d_head(), base),
+                None => rope::Tables::default(),
+            },
             scores: vec![0.0; dims.block_size],
             ln_f: vec![0.0; dims.width],
             mean: vec![0.0],
             rstd: vec![0.0],
             logits: vec![0.0; dims.vocab],
+            capped: vec![0.0; dims.vocab],
         })
     }
 
@@ -101,7 +111,7 @@ impl FusedDecoder {
         // training kernel's blocked products, which keep its weights.
         let window = past == 0 && rows > 1;
         let att = if window { d.heads * rows * rows } else { 0 };
-        self.acts.resize(rows, c, d.hidden, att, false);
+        self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             self.weights.embed(x, tok as usize, past + r);
         }
@@ -109,53 +119,51 @@ impl FusedDecoder {
             let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
             let scores = &mut self.scores;
             let p = &self.weights.blocks[l];
-            block::forward(
-                p,
-                &mut self.acts,
-                &self.x,
-                &mut self.next,
-                d.hidden,
-                d.epsilon,
-                |h| {
-                    let cache = Cache {
-                        keys,
-                        values,
-                        past,
-                        width: c,
-                    };
-                    match window {
-                        true => attend_window(h, cache, d.heads),
-                        false => attend_cached(h, cache, scores, d.heads),
-                    }
-                },
-            );
+            let ctx = Ctx {
+                dims: &d,
+                rope: &self.rope,
+                first: past,
+                period: rows,
+            };
+            block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
+                let cache = Cache {
+                    keys,
+                    values,
+                    past,
+                    width: c,
+                };
+                match window {
+                    true => attend_window(h, cache, d.heads),
+                    false => attend_cached(h, cache, scores, d.heads),
+                }
+            });
             std::mem::swap(&mut self.x, &mut self.next);
         }
         self.last_row_logits(rows);
         self.len += rows;
     }
 
-    /// The final LayerNorm and the LM head, for the last row only: only its next token is
-    /// wanted.
+    /// The final norm and the LM head, for the last row only: only its next token is wanted.
     fn last_row_logits(&mut self, rows: usize) {
-        let (c, w) = (self.dims.width, &self.weights);
+        let (d, w) = (&self.dims, &self.weights);
+        let c = d.width;
         let last = &self.x[(rows - 1) * c..];
-        let h = &mut self.ln_f;
-        layer_norm::forward(
-            h,
-            &mut self.mean,
-            &mut self.rstd,
-            last,
-            &w.ln_f_gamma,
-            &w.ln_f_beta,
-            self.dims.epsilon,
-        );
+        let ln_f = Normed {
+            out: &mut self.ln_f,
+            mean: &mut self.mean,
+            rstd: &mut self.rstd,
+        };
+        norm::forward(d.norm, ln_f, last, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+        let h = &self.ln_f;
         if w.lm_head.is_empty() {
             for (logit, row) in self.logits.iter_mut().zip(w.wte.chunks_exact(c)) {
                 *logit = dot(h, row);
             }
         } else {
-            linear(&mut self.logits, h, &w.lm_head, &[], 1, c, self.dims.vocab);
+            linear(&mut self.logits, h, &w.lm_head, &[], 1, c, d.vocab);
+        }
+        if d.softcap > 0.0 {
+            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
         }
     }
 }

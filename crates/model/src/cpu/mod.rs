@@ -27,7 +27,13 @@ mod fast_math;
 mod gelu;
 mod layer_norm;
 mod matmul;
+mod norm;
 mod params;
+mod qk_norm;
+mod relu2;
+mod rms_norm;
+mod rope;
+mod softcap;
 mod workspace;
 
 use std::sync::Arc;
@@ -90,14 +96,28 @@ struct Dims {
     /// The MLP's hidden width.
     hidden: usize,
     dropout: f32,
-    /// The LayerNorms' ε, `layer_norm_eps` in f32 (the kernels' precision).
+    /// The norms' ε, `layer_norm_eps` in f32 (the kernels' precision).
     epsilon: f32,
+    /// The parts the kernels pick between ([`fused_support`] has refused the others).
+    norm: Norm,
+    activation: Act,
+    qk_norm: bool,
+    /// Rotary positions' base, with `position = "rope"`.
+    rope: Option<f64>,
+    /// The logits' soft-cap; 0 = none.
+    softcap: f32,
+}
+
+impl Dims {
+    fn d_head(&self) -> usize {
+        self.width / self.heads
+    }
 }
 
 impl Dims {
     fn of(gpt: &Gpt) -> Result<Self, FusedError> {
         let config = gpt.config();
-        fused_support(config)?;
+        let activation = supported(config)?;
         gpt.check_config()?;
         Ok(Self {
             vocab: config.vocab_size,
@@ -107,6 +127,14 @@ impl Dims {
             hidden: config.mlp_width(),
             dropout: config.dropout as f32,
             epsilon: config.layer_norm_eps as f32,
+            norm: config.norm,
+            activation,
+            qk_norm: config.qk_norm,
+            rope: match config.position {
+                Position::Rope => Some(config.rope_theta),
+                Position::Learned | Position::None => None,
+            },
+            softcap: config.logit_softcap as f32,
         })
     }
 }
@@ -118,6 +146,11 @@ impl Dims {
 /// [`GptConfig`], or a variant added to a part or to [`AttentionKernel`], does not compile here
 /// until it is placed on one side or the other.
 pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
+    supported(config).map(|_| ())
+}
+
+/// [`fused_support`], returning the MLP's activation the kernels then run.
+fn supported(config: &GptConfig) -> Result<Act, FusedError> {
     let GptConfig {
         vocab_size: _,
         block_size: _,
@@ -132,13 +165,18 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         norm,
         mlp,
         layer_norm_eps: _,
-        logit_softcap,
+        // The hidden width is a size, and the init is not computed here.
+        mlp_hidden: _,
+        proj_init: _,
+        rope_theta: _,
+        n_kv_head,
+        // Each has its kernels: `qk_norm.rs`, `softcap.rs`.
+        qk_norm: _,
+        logit_softcap: _,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
-    if *logit_softcap > 0.0 {
-        return unsupported(format!(
-            "soft-capped logits (`logit_softcap = {logit_softcap}`)"
-        ));
+    if n_kv_head.is_some_and(|kv| kv != config.n_head) {
+        return unsupported("grouped-query attention (`n_kv_head`)".into());
     }
     match kernel {
         // All compute the same function; the fused engine has its own attention kernel.
@@ -148,26 +186,27 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
         | AttentionKernel::Flash => {}
     }
     match position {
-        Position::Learned => {}
+        // `embed` reads the table when there is one; `rope.rs` rotates queries and keys.
+        Position::Learned | Position::Rope | Position::None => {}
     }
     match norm {
-        Norm::Layer => {}
-        Norm::Rms | Norm::RmsUnit => {
-            return unsupported("RMSNorm (`norm = \"rms\"` or `\"rms_unit\"`)".into());
-        }
-        Norm::None => {
-            return unsupported("models without normalisation (`norm = \"none\"`)".into());
-        }
+        // `layer_norm.rs`, `rms_norm.rs`, and the identity (`norm.rs`).
+        Norm::Layer | Norm::Rms | Norm::RmsUnit | Norm::None => {}
     }
     match mlp {
-        Mlp::Gelu => {}
-        Mlp::GeluTanh => {
-            return unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into());
-        }
-        Mlp::Relu2 => return unsupported("the ReLU² MLP (`mlp = \"relu2\"`)".into()),
-        Mlp::None => return unsupported("models without the MLP (`mlp = \"none\"`)".into()),
+        Mlp::Gelu => Ok(Act::Gelu),
+        Mlp::Relu2 => Ok(Act::Relu2),
+        Mlp::GeluTanh => unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into()),
+        Mlp::SwiGlu => unsupported("the SwiGLU MLP (`mlp = \"swiglu\"`)".into()),
+        Mlp::None => unsupported("models without the MLP (`mlp = \"none\"`)".into()),
     }
-    Ok(())
+}
+
+/// The MLP activations the kernels implement: `gelu.rs`, `relu2.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    Gelu,
+    Relu2,
 }
 
 /// Computes loss and gradients of a [`Gpt`] on the CPU with fused, hand-written kernels, on

@@ -129,10 +129,15 @@ impl Params {
         self.buffer_mut(slot)
     }
 
-    /// `out [width] = wte[token] + wpe[position]`: one token's input to the first block.
+    /// `out [width] = wte[token] + wpe[position]`: one token's input to the first block
+    /// (`wte[token]` alone without a position table: rotary positions or none).
     pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize) {
         let c = out.len();
         let (te, pe) = (token * c, position * c);
+        if self.wpe.is_empty() {
+            out.copy_from_slice(&self.wte[te..te + c]);
+            return;
+        }
         for ((x, a), b) in out
             .iter_mut()
             .zip(&self.wte[te..te + c])

@@ -2,11 +2,12 @@
 //! backward passes over them, layer by layer.
 
 use super::attention::{self, Shape};
-use super::block::{self, BlockActs, Scratch, apply_mask};
+use super::block::{self, BlockActs, Ctx, Scratch, apply_mask};
 use super::dropout::Rng;
 use super::matmul::{View, matmul};
+use super::norm::{self, Normed};
 use super::params::Params;
-use super::{Dims, TokenBatch, cross_entropy, layer_norm};
+use super::{Dims, TokenBatch, cross_entropy, rope, softcap};
 
 /// One thread's share of a batch.
 pub(super) struct Job<'a> {
@@ -42,10 +43,10 @@ impl Job<'_> {
         if let Some(seed) = dropout {
             work.draw_masks(seed, self.first, dims.dropout);
         }
-        work.forward(w, inputs);
+        work.forward(w, inputs, &dims);
         let loss = cross_entropy::forward(&mut work.logits, targets, grad_scale);
         if grad_scale.is_some() {
-            work.backward(w, inputs);
+            work.backward(w, inputs, &dims);
         }
         loss
     }
@@ -58,9 +59,8 @@ pub(super) struct Workspace {
     seq: usize,
     width: usize,
     heads: usize,
-    hidden: usize,
-    /// The LayerNorms' ε.
-    epsilon: f32,
+    /// Rotary positions' tables for the model's context (empty without them).
+    rope: rope::Tables,
     /// `resid[0]` is the embedding, `resid[l + 1]` block `l`'s output; `[rows, width]` each.
     resid: Vec<Vec<f32>>,
     emb_mask: Vec<f32>,
@@ -70,6 +70,8 @@ pub(super) struct Workspace {
     ln_f_rstd: Vec<f32>,
     /// Logits `[rows, vocab]`; the loss's gradient after the cross-entropy.
     logits: Vec<f32>,
+    /// With a soft-cap: `tanh(raw logits / cap)`, `[rows, vocab]`.
+    capped: Vec<f32>,
     /// Backward: the residual gradient `[rows, width]`, and the blocks' scratch (whose
     /// attention maps the forward uses too).
     d_resid: Vec<f32>,
@@ -88,20 +90,25 @@ impl Workspace {
         self.seq = seq;
         self.width = c;
         self.heads = d.heads;
-        self.hidden = d.hidden;
-        self.epsilon = d.epsilon;
+        if let Some(base) = d.rope
+            && self.rope.is_empty()
+        {
+            self.rope = rope::Tables::new(d.block_size, d.d_head(), base);
+        }
         self.resid.resize_with(w.blocks.len() + 1, Vec::new);
         self.resid.iter_mut().for_each(|r| size(r, rows * c));
         self.blocks.resize_with(w.blocks.len(), Default::default);
         size(&mut self.emb_mask, if drop { rows * c } else { 0 });
         let att = seqs * d.heads * seq * seq;
         for a in &mut self.blocks {
-            a.resize(rows, c, d.hidden, att, drop);
+            a.resize(rows, &d, att, drop);
         }
         size(&mut self.ln_f, rows * c);
         size(&mut self.ln_f_mean, rows);
         size(&mut self.ln_f_rstd, rows);
         size(&mut self.logits, rows * d.vocab);
+        let capped = if d.softcap > 0.0 { rows * d.vocab } else { 0 };
+        size(&mut self.capped, capped);
         size(&mut self.scratch.maps, 2 * seq * seq);
         if grad {
             size(&mut self.d_resid, rows * c);
@@ -136,30 +143,33 @@ impl Workspace {
         }
     }
 
-    fn forward(&mut self, w: &Params, inputs: &[i64]) {
+    fn forward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
-        // Token + position embeddings.
+        // Token (+ position) embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
             w.embed(row, tok as usize, r % seq);
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
-        let (maps, hidden, epsilon) = (&mut self.scratch.maps, self.hidden, self.epsilon);
+        let ctx = Ctx {
+            dims: d,
+            rope: &self.rope,
+            first: 0,
+            period: seq,
+        };
+        let maps = &mut self.scratch.maps;
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
             let (before, after) = self.resid.split_at_mut(l + 1);
-            block::forward(p, a, &before[l], &mut after[0], hidden, epsilon, |h| {
+            block::forward(p, a, &before[l], &mut after[0], ctx, |h| {
                 attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
             });
         }
         let x = self.resid.last().expect("embedding at least");
-        layer_norm::forward(
-            &mut self.ln_f,
-            &mut self.ln_f_mean,
-            &mut self.ln_f_rstd,
-            x,
-            &w.ln_f_gamma,
-            &w.ln_f_beta,
-            epsilon,
-        );
+        let ln_f = Normed {
+            out: &mut self.ln_f,
+            mean: &mut self.ln_f_mean,
+            rstd: &mut self.ln_f_rstd,
+        };
+        norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
         let rows = x.len() / c;
         let h = View::new(&self.ln_f, rows, c);
         if w.lm_head.is_empty() {
@@ -169,12 +179,18 @@ impl Workspace {
             let vocab = w.lm_head.len() / c;
             matmul(&mut self.logits, h, View::new(&w.lm_head, c, vocab), false);
         }
+        if d.softcap > 0.0 {
+            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
+        }
     }
 
     /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`.
-    fn backward(&mut self, w: &Params, inputs: &[i64]) {
+    fn backward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
         let rows = self.ln_f.len() / c;
+        if d.softcap > 0.0 {
+            softcap::backward_in_place(&mut self.logits, &self.capped);
+        }
         let g = &mut self.grads;
         let dlogits = &self.logits;
         let vocab = dlogits.len() / rows;
@@ -190,32 +206,53 @@ impl Workspace {
         }
         self.d_resid.fill(0.0);
         let x = self.resid.last().expect("embedding at least");
-        layer_norm::backward(
+        let stats = (&self.ln_f_mean[..], &self.ln_f_rstd[..]);
+        let (dgamma, dbeta) = (&mut g.ln_f_gamma, &mut g.ln_f_beta);
+        let dout = &self.scratch.d_branch;
+        norm::backward(
+            d.norm,
             &mut self.d_resid,
-            &mut g.ln_f_gamma,
-            &mut g.ln_f_beta,
-            &self.scratch.d_branch,
+            dgamma,
+            dbeta,
+            dout,
             x,
-            &self.ln_f_mean,
-            &self.ln_f_rstd,
+            stats,
             &w.ln_f_gamma,
         );
+        let ctx = Ctx {
+            dims: d,
+            rope: &self.rope,
+            first: 0,
+            period: seq,
+        };
         for l in (0..w.blocks.len()).rev() {
             let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);
             let x = &self.resid[l];
-            block::backward(p, gb, a, x, &mut self.d_resid, &mut self.scratch, shape);
+            block::backward(
+                p,
+                gb,
+                a,
+                x,
+                &mut self.d_resid,
+                &mut self.scratch,
+                shape,
+                ctx,
+            );
         }
         apply_mask(&mut self.d_resid, &self.emb_mask);
-        for (r, (d, &tok)) in self.d_resid.chunks_exact(c).zip(inputs).enumerate() {
-            let (te, pe) = (tok as usize * c, (r % seq) * c);
+        for (r, (dx, &tok)) in self.d_resid.chunks_exact(c).zip(inputs).enumerate() {
+            let te = tok as usize * c;
             g.wte[te..te + c]
                 .iter_mut()
-                .zip(d)
+                .zip(dx)
                 .for_each(|(g, d)| *g += d);
-            g.wpe[pe..pe + c]
-                .iter_mut()
-                .zip(d)
-                .for_each(|(g, d)| *g += d);
+            if !g.wpe.is_empty() {
+                let pe = (r % seq) * c;
+                g.wpe[pe..pe + c]
+                    .iter_mut()
+                    .zip(dx)
+                    .for_each(|(g, d)| *g += d);
+            }
         }
     }
 }

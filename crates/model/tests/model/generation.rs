@@ -35,20 +35,42 @@ fn cached_greedy_equals_uncached_greedy() {
     }
 }
 
-/// Models of the newer parts (RMSNorm with a learned gain and without, the ReLU² MLP, soft-capped
-/// logits) learn the pattern too, and decode through the cache exactly as through the window.
+/// Models of each newer part (RMSNorm with a learned gain and without, ReLU² and SwiGLU, soft-capped
+/// logits, rotary positions, grouped and multi-query heads, QK-norm, zero-initialised
+/// projections, and nanochat's combination of them) learn the pattern too, and decode through the
+/// cache exactly as through the window (the rotary positions of cached keys included).
 #[test]
 fn newer_parts_learn_and_decode_as_they_forward() {
     let _seeded = seeded();
     let device = Device::flex();
-    for (norm, mlp, softcap) in [
-        (Norm::Rms, Mlp::Gelu, 0.0),
-        (Norm::RmsUnit, Mlp::Gelu, 0.0),
-        (Norm::Layer, Mlp::Relu2, 0.0),
-        (Norm::RmsUnit, Mlp::Relu2, 15.0),
-    ] {
-        let model = patterned_model_with(&device, norm, mlp, softcap);
-        assert_eq!((model.config().norm, model.config().mlp), (norm, mlp));
+    type Part = fn(GptConfig) -> GptConfig;
+    let parts: [(&str, Part); 11] = [
+        ("rms", |c| c.with_norm(Norm::Rms)),
+        ("rms_unit", |c| c.with_norm(Norm::RmsUnit)),
+        ("relu2", |c| c.with_mlp(Mlp::Relu2)),
+        ("swiglu", |c| c.with_mlp(Mlp::SwiGlu)),
+        ("softcap", |c| c.with_logit_softcap(15.0)),
+        ("rope", |c| c.with_position(Position::Rope)),
+        ("gqa", |c| c.with_n_head(4).with_n_kv_head(Some(2))),
+        ("mqa + rope", |c| {
+            c.with_n_kv_head(Some(1)).with_position(Position::Rope)
+        }),
+        ("qk_norm", |c| c.with_qk_norm(true)),
+        ("zero proj", |c| c.with_proj_init(ProjInit::Zero)),
+        ("modern", |c| {
+            let m = GptConfig::modern(12);
+            c.with_position(m.position)
+                .with_norm(m.norm)
+                .with_mlp(m.mlp)
+                .with_qk_norm(m.qk_norm)
+                .with_bias(m.bias)
+                .with_tie_embeddings(m.tie_embeddings)
+                .with_logit_softcap(m.logit_softcap)
+                .with_proj_init(m.proj_init)
+        }),
+    ];
+    for (name, part) in parts {
+        let model = patterned_model_with(&device, part);
         let greedy = GenerateOptions {
             temperature: 0.0,
             max_new_tokens: 2 * 16,
@@ -59,8 +81,12 @@ fn newer_parts_learn_and_decode_as_they_forward() {
             use_cache: false,
             ..greedy.clone()
         };
-        assert_eq!(cached, model.generate(&[1, 5], &plain, |_| {}).unwrap());
-        assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{norm:?} {mlp:?}");
+        assert_eq!(
+            cached,
+            model.generate(&[1, 5], &plain, |_| {}).unwrap(),
+            "{name}"
+        );
+        assert_eq!(&cached[..7], &[2, 7, 3, 5, 9, 1, 5], "{name}");
     }
 }
 

@@ -10,7 +10,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use common::seeded;
 use std::ops::ControlFlow;
-use tinygpt_model::parts::{Mlp, Norm};
+use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 
 use tinygpt_model::{
     GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX, LossError,
@@ -83,20 +83,19 @@ fn fit(
 
 /// A small model trained on a repeating pattern, so its next-token choices are clear-cut.
 fn patterned_model(device: &Device) -> Gpt {
-    patterned_model_with(device, Norm::Layer, Mlp::Gelu, 0.0)
+    patterned_model_with(device, |config| config)
 }
 
 /// [`patterned_model`] with other parts, and its logits soft-capped at `softcap` (0 = none).
-fn patterned_model_with(device: &Device, norm: Norm, mlp: Mlp, softcap: f64) -> Gpt {
+fn patterned_model_with(device: &Device, parts: impl FnOnce(GptConfig) -> GptConfig) -> Gpt {
     let ad = device.clone().autodiff();
-    let config = GptConfig::new(12)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32)
-        .with_norm(norm)
-        .with_mlp(mlp)
-        .with_logit_softcap(softcap);
+    let config = parts(
+        GptConfig::new(12)
+            .with_block_size(16)
+            .with_n_layer(2)
+            .with_n_head(2)
+            .with_n_embd(32),
+    );
     let model = config.init(&ad).unwrap();
     let pattern: Vec<i64> = (0..4 * 16).map(|i| [1, 5, 2, 7, 3, 5, 9][i % 7]).collect();
     let tokens = ints(&pattern, [4, 16], &ad);

@@ -30,6 +30,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
+    println!("parts: {}", gpt.parts());
     println!(
         "tokenizer: {}, {} tokens",
         run.tokenizer.kind(),

@@ -32,6 +32,10 @@ enum Preset {
     ShakespeareChar,
     /// The bare model: embeddings, one attention head with its residual, a linear head.
     Minimal,
+    /// The baby model's sizes with nanochat's parts: rotary positions, parameter-free RMSNorm,
+    /// QK-norm, ReLU², no biases, an untied head, soft-capped logits, zero-initialised
+    /// projections.
+    Modern,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -39,6 +43,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Preset::Baby => GptConfig::baby(args.vocab_size),
         Preset::ShakespeareChar => GptConfig::shakespeare_char(args.vocab_size),
         Preset::Minimal => GptConfig::minimal(args.vocab_size),
+        Preset::Modern => GptConfig::modern(args.vocab_size),
     };
     let model = config.init(&Device::flex())?;
     println!(
@@ -51,6 +56,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config.bias,
         config.tie_embeddings
     );
+    println!("parts: {}", config.parts());
     println!(
         "{} parameters ({:.2}M without the position embedding, as nanoGPT counts)",
         model.num_params(),

@@ -8,13 +8,14 @@ use anyhow::{Context, Result, bail};
 use super::{BUILTIN_CORPUS, RunConfig};
 
 /// The presets, by name: the files of `configs/`, built in.
-pub const PRESETS: [(&str, &str); 4] = [
+pub const PRESETS: [(&str, &str); 5] = [
     ("default", include_str!("../../../../configs/default.toml")),
     ("baby", include_str!("../../../../configs/baby.toml")),
     (
         "shakespeare-char",
         include_str!("../../../../configs/shakespeare-char.toml"),
     ),
+    ("modern", include_str!("../../../../configs/modern.toml")),
     (
         "finetune",
         include_str!("../../../../configs/finetune.toml"),
@@ -104,6 +105,7 @@ mod tests {
             load("shakespeare-char").gpt(65),
             GptConfig::shakespeare_char(65)
         );
+        assert_eq!(load("modern").gpt(65), GptConfig::modern(65));
         assert_eq!(
             load("default").data.path,
             std::path::PathBuf::from(BUILTIN_CORPUS)

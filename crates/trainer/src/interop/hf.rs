@@ -124,14 +124,10 @@ fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
         tie_embeddings: hf.tie_word_embeddings,
         mlp,
         layer_norm_eps: hf.layer_norm_epsilon,
+        // `null` is 4 x n_embd, as it is here.
+        mlp_hidden: hf.n_inner.filter(|&n| n != hf.n_embd.saturating_mul(4)),
         ..GptConfig::default()
     };
-    if let Some(n_inner) = hf.n_inner.filter(|&n| n != model.mlp_width()) {
-        bail!(
-            "n_inner = {n_inner}: tinygpt's MLP is 4 x n_embd = {}",
-            model.mlp_width()
-        );
-    }
     Ok(model)
 }
 
@@ -228,6 +224,14 @@ fn expressible(config: &GptConfig) -> Result<()> {
         mlp,
         layer_norm_eps: _,
         logit_softcap,
+        // `n_inner`.
+        mlp_hidden: _,
+        // How the weights started, not what they compute.
+        proj_init: _,
+        // Read only with rotary positions, refused below.
+        rope_theta: _,
+        n_kv_head,
+        qk_norm,
     } = config;
     let refuse = |part: &str| {
         bail!(
@@ -237,6 +241,14 @@ fn expressible(config: &GptConfig) -> Result<()> {
     };
     match position {
         Position::Learned => {}
+        Position::Rope => return refuse("with rotary positions (GPT-2's are learned)"),
+        Position::None => return refuse("without positions (`model.position = \"none\"`)"),
+    }
+    if n_kv_head.is_some_and(|kv| kv != config.n_head) {
+        return refuse("with grouped-query attention (`model.n_kv_head`)");
+    }
+    if *qk_norm {
+        return refuse("with QK-norm (`model.qk_norm`)");
     }
     if *logit_softcap > 0.0 {
         return refuse(&format!(
@@ -254,6 +266,7 @@ fn expressible(config: &GptConfig) -> Result<()> {
         // `gelu` and `gelu_new`.
         Mlp::Gelu | Mlp::GeluTanh => {}
         Mlp::Relu2 => return refuse("with a ReLU² MLP (GPT-2's is GELU)"),
+        Mlp::SwiGlu => return refuse("with a SwiGLU MLP (GPT-2's is GELU)"),
         Mlp::None => return refuse("without the MLP (`model.mlp = \"none\"`)"),
     }
     Ok(())
@@ -264,7 +277,9 @@ fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
     let activation = match m.mlp {
         Mlp::Gelu => "gelu",
         Mlp::GeluTanh => "gelu_new",
-        Mlp::Relu2 | Mlp::None => bail!("the Hugging Face GPT-2 format has only GELU MLPs"),
+        Mlp::Relu2 | Mlp::SwiGlu | Mlp::None => {
+            bail!("the Hugging Face GPT-2 format has only GELU MLPs")
+        }
     };
     // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
     let eos = match tokenizer {
@@ -280,7 +295,7 @@ fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
         "n_embd": m.n_embd,
         "n_layer": m.n_layer,
         "n_head": m.n_head,
-        "n_inner": null,
+        "n_inner": m.mlp_hidden,
         "activation_function": activation,
         "resid_pdrop": m.dropout,
         "embd_pdrop": m.dropout,

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
-use tinygpt_model::parts::{Mlp, Norm, Position};
+use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{Activation, GptConfig};
 
 use super::foreign::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
@@ -58,6 +58,21 @@ struct NanoGptConfig {
     /// 0 (absent in older sidecars) = none.
     #[serde(default)]
     logit_softcap: f64,
+    /// The attention's parts and the MLP's width (absent in older sidecars: nanoGPT's).
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    n_kv_head: Option<usize>,
+    #[serde(default)]
+    qk_norm: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mlp_hidden: Option<usize>,
+    #[serde(default)]
+    proj_init: ProjInit,
+}
+
+fn default_rope_theta() -> f64 {
+    GptConfig::default().rope_theta
 }
 
 fn nanogpt_eps() -> f64 {
@@ -108,6 +123,11 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             mlp: Some(config.mlp),
             activation: None,
             logit_softcap: config.logit_softcap,
+            rope_theta: config.rope_theta,
+            n_kv_head: config.n_kv_head,
+            qk_norm: config.qk_norm,
+            mlp_hidden: config.mlp_hidden,
+            proj_init: config.proj_init,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
     };
@@ -138,9 +158,18 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
             (Some(mlp), _) => mlp,
             (None, Some(Activation::GeluTanh)) => Mlp::GeluTanh,
             (None, Some(Activation::Relu2)) => Mlp::Relu2,
+            (None, Some(Activation::SwiGlu)) => Mlp::SwiGlu,
             (None, Some(Activation::Gelu) | None) => Mlp::Gelu,
         },
-        ..GptConfig::default()
+        rope_theta: c.rope_theta,
+        n_kv_head: c.n_kv_head,
+        qk_norm: c.qk_norm,
+        mlp_hidden: c.mlp_hidden,
+        proj_init: c.proj_init,
+        // Filled in from the tokenizer by `imported_config`.
+        vocab_size: 0,
+        // How attention is computed is the run's choice, not the file's.
+        kernel: GptConfig::default().kernel,
     };
     let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;
     let vocab_size = c.vocab_size;

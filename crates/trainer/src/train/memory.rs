@@ -97,11 +97,19 @@ impl Estimate {
 fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
     let (c, heads, t) = (gpt.n_embd as u64, gpt.n_head as u64, gpt.block_size as u64);
     let dropout = u64::from(gpt.dropout > 0.0);
+    let hidden = gpt.mlp_width() as u64;
     let mlp = match gpt.mlp {
-        Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => 2 * gpt.mlp_width() as u64,
+        Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 => 2 * hidden,
+        // The gate and up halves, and their product.
+        Mlp::SwiGlu => 3 * hidden,
         Mlp::None => 0,
     };
-    let block = (7 * c + mlp).saturating_add(heads.saturating_mul(t) * (1 + dropout));
+    // q/k/v (narrower keys and values with grouped heads), the two norms' outputs, the heads'
+    // output and the residual.
+    let attention = (gpt.qkv_width() as u64).saturating_add(4 * c);
+    let block = attention
+        .saturating_add(mlp)
+        .saturating_add(heads.saturating_mul(t) * (1 + dropout));
     let block = block.saturating_add(dropout * (c + mlp / 2));
     (gpt.n_layer as u64)
         .saturating_mul(block)

@@ -95,7 +95,7 @@ impl Trainer {
         Ok(format!(
             "training {} layers x {} heads, n_embd {}, block {} ({params} parameters, {:.2}M \
              without wpe) on {}, {} | memory ~{} | corpus {} ({} train / {} val tokens, {} \
-             tokenizer, vocab {}) | run {}\nengine: {} on {}{}",
+             tokenizer, vocab {}) | run {}\nengine: {} on {}\nparts: {}{}",
             m.n_layer,
             m.n_head,
             m.n_embd,
@@ -112,6 +112,7 @@ impl Trainer {
             self.run.dir.display(),
             self.engine.kind().name(),
             self.device_name,
+            m.parts(),
             self.notes
                 .iter()
                 .map(|n| format!("\nnote: {n}"))

@@ -1,0 +1,30 @@
+//! The logits' soft-cap (Gemma 2, nanochat), forward and backward: `z ↦ cap · tanh(z / cap)`,
+//! whose derivative is `1 − tanh²`.
+
+use super::fast_math::{exp, vectorized};
+
+vectorized! {
+    /// `logits = cap · tanh(logits / cap)` in place, keeping `t = tanh(logits / cap)` for the
+    /// backward pass.
+    pub(crate) fn forward(logits: &mut [f32], t: &mut [f32], cap: f32) {
+        for (z, t) in logits.iter_mut().zip(t.iter_mut()) {
+            *t = tanh(*z / cap);
+            *z = cap * *t;
+        }
+    }
+}
+
+vectorized! {
+    /// The gradient of the capped logits in `d` becomes that of the raw ones: `d · (1 − t²)`.
+    pub(crate) fn backward_in_place(d: &mut [f32], t: &[f32]) {
+        for (d, t) in d.iter_mut().zip(t) {
+            *d *= 1.0 - t * t;
+        }
+    }
+}
+
+/// `tanh(x) = 1 − 2 / (e^{2x} + 1)`, through the vectorisable [`exp`]; saturates to ±1.
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}

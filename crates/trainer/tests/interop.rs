@@ -196,8 +196,8 @@ fn a_padded_model_exported_for_nanogpt_imports_back_the_same() {
 fn hf_export_reads_back_to_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    // A char model of tinygpt's own, untied and without biases: what GPT-2 lacks is filled in
-    // (zero biases, an explicit head).
+    // A char model of tinygpt's own, untied, without biases and with a narrower MLP: what
+    // GPT-2 lacks is filled in (zero biases, an explicit head), the MLP's width is `n_inner`.
     ok(train(
         dir,
         "char",
@@ -208,6 +208,8 @@ fn hf_export_reads_back_to_the_same_model() {
             "model.bias=false",
             "--set",
             "model.tie_embeddings=false",
+            "--set",
+            "model.mlp_hidden=40",
         ],
     ));
     let export = [
@@ -239,6 +241,7 @@ fn hf_export_reads_back_to_the_same_model() {
         "still a char vocabulary"
     );
     assert!(!b.config.model.tie_embeddings);
+    assert_eq!(b.config.model.mlp_hidden, Some(40));
     let tokens = a.tokenizer.encode("Of Man's first d").unwrap();
     let err = max_relative(
         &logits(dir, "back", &tokens, "flex"),

@@ -504,9 +504,9 @@ fn a_run_journals_its_steps_and_evaluations() {
     );
 }
 
-/// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm, ReLU², soft-capped
-/// logits) export to tinygpt's
-/// own format and import back as the same model (the same greedy text, the part kept); the
+/// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm, ReLU², SwiGLU,
+/// soft-capped logits, rotary positions, no positions, grouped-query heads, QK-norm) export to
+/// tinygpt's own format and import back as the same model (the same greedy text, the part kept); the
 /// Hugging Face GPT-2 format refuses them in one line naming the part and writes nothing.
 #[test]
 fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
@@ -543,6 +543,36 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
             "model.logit_softcap=15",
             "with soft-capped logits",
             "logit_softcap = 15.0",
+        ),
+        (
+            "swiglu",
+            "model.mlp=\"swiglu\"",
+            "with a SwiGLU MLP",
+            "mlp = \"swiglu\"",
+        ),
+        (
+            "rope",
+            "model.position=\"rope\"",
+            "with rotary positions",
+            "position = \"rope\"",
+        ),
+        (
+            "nope",
+            "model.position=\"none\"",
+            "without positions",
+            "position = \"none\"",
+        ),
+        (
+            "mqa",
+            "model.n_kv_head=1",
+            "with grouped-query attention",
+            "n_kv_head = 1",
+        ),
+        (
+            "qk-norm",
+            "model.qk_norm=true",
+            "with QK-norm",
+            "qk_norm = true",
         ),
     ] {
         ok(train(dir, run, &["--max-iters", "3", "--set", set]));

@@ -34,8 +34,9 @@ fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
 
 /// Every config the decoder must cover: biases on and off, tied and untied heads, head sizes
 /// under and over the 16-lane dot product, widths that are not a multiple of 4, and each newer
-/// part (RMSNorm with and without gain, no norm, ReLU², a soft-cap, rotary positions, no
-/// positions, QK-norm) and nanochat's combination of them.
+/// part (RMSNorm with and without gain, no norm, ReLU², SwiGLU, a soft-cap, rotary positions,
+/// no positions, QK-norm, grouped and multi-query heads) and Llama's and nanochat's
+/// combinations of them.
 fn configs() -> Vec<GptConfig> {
     let small = || {
         GptConfig::new(13)
@@ -51,6 +52,17 @@ fn configs() -> Vec<GptConfig> {
         small().with_norm(Norm::None).with_logit_softcap(2.0),
         small().with_position(Position::Rope).with_qk_norm(true),
         small().with_position(Position::None),
+        small().with_mlp(Mlp::SwiGlu).with_n_kv_head(Some(1)),
+        GptConfig::new(13)
+            .with_block_size(24)
+            .with_n_layer(2)
+            .with_n_head(6)
+            .with_n_kv_head(Some(2))
+            .with_n_embd(48)
+            .with_position(Position::Rope)
+            .with_norm(Norm::Rms)
+            .with_mlp(Mlp::SwiGlu)
+            .with_bias(false),
         small()
             .with_position(modern.position)
             .with_norm(modern.norm)

@@ -10,18 +10,33 @@
 use super::fast_math;
 use super::matmul::{View, matmul_into};
 
-/// Sizes of one call: `seqs` sequences of `seq` tokens, `heads` heads over a width of `width`.
+/// Sizes of one call: `seqs` sequences of `seq` tokens, `heads` query heads over a width of
+/// `width`, sharing `kv_heads` key/value heads in groups (grouped-query attention: query head
+/// `h` reads key/value head `h / (heads / kv_heads)`; `kv_heads = heads` is multi-head).
 #[derive(Clone, Copy)]
 pub(crate) struct Shape {
     pub seqs: usize,
     pub seq: usize,
     pub width: usize,
     pub heads: usize,
+    pub kv_heads: usize,
 }
 
 impl Shape {
     fn d_head(&self) -> usize {
         self.width / self.heads
+    }
+
+    /// Columns of a `qkv` row: `heads` query, then `kv_heads` key and `kv_heads` value heads.
+    fn stride(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.d_head()
+    }
+
+    /// Column offsets of the key and the value head query head `h` reads.
+    fn kv_columns(&self, h: usize) -> (usize, usize) {
+        let d = self.d_head();
+        let g = h / (self.heads / self.kv_heads);
+        (self.width + g * d, self.width + (self.kv_heads + g) * d)
     }
 
     /// Offset of sequence `s`, head `h` in a `[seqs, heads, seq, seq]` weights buffer.
@@ -32,12 +47,12 @@ impl Shape {
     /// Head `h`'s queries for rows `r0..r1` and its keys and values for rows `0..r1`, read in
     /// place from one sequence's `qkv` rows.
     fn views<'a>(&self, rows: &'a [f32], h: usize, r0: usize, r1: usize) -> [View<'a>; 3] {
-        let (d, width) = (self.d_head(), self.width);
-        let stride = 3 * width;
+        let (d, stride) = (self.d_head(), self.stride());
+        let (k, v) = self.kv_columns(h);
         [
             View::strided(&rows[r0 * stride + h * d..], r1 - r0, d, stride),
-            View::strided(&rows[width + h * d..], r1, d, stride),
-            View::strided(&rows[2 * width + h * d..], r1, d, stride),
+            View::strided(&rows[k..], r1, d, stride),
+            View::strided(&rows[v..], r1, d, stride),
         ]
     }
 
@@ -59,7 +74,7 @@ fn blocks(seq: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |r0| (r0, (r0 + BLOCK).min(seq)))
 }
 
-/// `qkv [seqs·seq, 3·width]` (columns q | k | v, heads side by side within each) to
+/// `qkv [seqs·seq, stride]` (columns q | k | v, heads side by side within each) to
 /// `y [seqs·seq, width]`. Writes the weights `att [seqs, heads, seq, seq]` after the softmax;
 /// `mask` (same shape, empty = no dropout) holds dropout's 0 or `1/(1-p)` per weight.
 /// `scratch`: `seq·seq` values.
@@ -72,7 +87,7 @@ pub(crate) fn forward(
     shape: Shape,
 ) {
     let Shape { seq, width, .. } = shape;
-    let (d, stride) = (shape.d_head(), 3 * width);
+    let (d, stride) = (shape.d_head(), shape.stride());
     for s in 0..shape.seqs {
         let rows = &qkv[s * seq * stride..];
         for h in 0..shape.heads {
@@ -130,15 +145,17 @@ pub(crate) fn backward(
     shape: Shape,
 ) {
     let Shape { seq, width, .. } = shape;
-    let (d, stride) = (shape.d_head(), 3 * width);
+    let (d, stride) = (shape.d_head(), shape.stride());
     let (datt, kept) = scratch[..2 * seq * seq].split_at_mut(seq * seq);
-    // Keys and values collect gradient from every later query block.
+    // Keys and values collect gradient from every later query block, and from every query head
+    // of their group.
     dqkv.fill(0.0);
     for s in 0..shape.seqs {
         let base = s * seq * stride;
         let rows = &qkv[base..];
         for h in 0..shape.heads {
             let at = shape.map(s, h);
+            let (k_at, v_at) = shape.kv_columns(h);
             for (r0, r1) in blocks(seq) {
                 let n = r1 - r0;
                 let [q, k, v] = shape.views(rows, h, r0, r1);
@@ -159,7 +176,7 @@ pub(crate) fn backward(
                     kept
                 };
                 // y = kept · v: dv += keptᵀ · dy, dkept = dy · vᵀ.
-                let dv = &mut dqkv[base + 2 * width + h * d..];
+                let dv = &mut dqkv[base + v_at..];
                 let kept = View::strided(kept, n, r1, seq);
                 matmul_into(dv, stride, kept.t(), dy, 1.0, true);
                 let datt = &mut datt[..n * seq];
@@ -178,7 +195,7 @@ pub(crate) fn backward(
                 let dscores = View::strided(datt, n, r1, seq);
                 let dq = &mut dqkv[base + r0 * stride + h * d..];
                 matmul_into(dq, stride, dscores, k, shape.scale(), false);
-                let dk = &mut dqkv[base + width + h * d..];
+                let dk = &mut dqkv[base + k_at..];
                 matmul_into(dk, stride, dscores.t(), q, shape.scale(), true);
             }
         }

@@ -16,7 +16,7 @@ use super::attention::{self, Shape};
 use super::matmul::{View, linear, matmul};
 use super::norm::{self, Normed};
 use super::params::BlockParams;
-use super::{Act, Dims, gelu, qk_norm, relu2, rope};
+use super::{Act, Dims, gelu, qk_norm, relu2, rope, swiglu};
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
 #[derive(Debug, Default)]
@@ -25,10 +25,11 @@ pub(super) struct BlockActs {
     pub ln_1: Vec<f32>,
     pub ln_1_mean: Vec<f32>,
     pub ln_1_rstd: Vec<f32>,
-    /// `[rows, 3·width]`: queries and keys after QK-norm and the rotation.
+    /// `[rows, qkv_width]` (`3·width` without grouped heads): queries and keys after QK-norm
+    /// and the rotation.
     pub qkv: Vec<f32>,
-    /// With QK-norm: the normalised queries and keys before the rotation `[rows, 2·width]`,
-    /// and each head's `1/rms` `[rows, 2·heads]`.
+    /// With QK-norm: the normalised queries and keys before the rotation `[rows, qk_width]`,
+    /// and each head's `1/rms` `[rows, heads + kv_heads]`.
     pub qk_n: Vec<f32>,
     pub qk_rstd: Vec<f32>,
     /// Softmax weights (training: `[seqs, heads, seq, seq]`), and dropout's scales on them
@@ -44,7 +45,7 @@ pub(super) struct BlockActs {
     pub ln_2: Vec<f32>,
     pub ln_2_mean: Vec<f32>,
     pub ln_2_rstd: Vec<f32>,
-    /// MLP pre-activation and activation output, `[rows, hidden]`.
+    /// MLP pre-activation `[rows, fc_width]` and activation output `[rows, hidden]`.
     pub fc: Vec<f32>,
     pub act: Vec<f32>,
     /// Dropout on the MLP branch `[rows, width]` (empty = none).
@@ -57,7 +58,7 @@ impl BlockActs {
     pub(super) fn resize(&mut self, rows: usize, d: &Dims, att_len: usize, dropout: bool) {
         let (width, hidden) = (d.width, d.hidden);
         let size = |buf: &mut Vec<f32>, len: usize| buf.resize(len, 0.0);
-        let qk = if d.qk_norm { rows * 2 * width } else { 0 };
+        let qk = if d.qk_norm { rows * d.qk_width() } else { 0 };
         size(&mut self.qk_n, qk);
         size(&mut self.qk_rstd, qk / d.d_head());
         for buf in [&mut self.ln_1, &mut self.y, &mut self.mid, &mut self.ln_2] {
@@ -71,9 +72,9 @@ impl BlockActs {
         ] {
             size(buf, rows);
         }
-        size(&mut self.qkv, rows * 3 * width);
+        size(&mut self.qkv, rows * d.qkv_width());
         size(&mut self.att, att_len);
-        size(&mut self.fc, rows * hidden);
+        size(&mut self.fc, rows * d.fc_width());
         size(&mut self.act, rows * hidden);
         let masks = if dropout { rows * width } else { 0 };
         size(&mut self.att_mask, if dropout { att_len } else { 0 });
@@ -82,7 +83,7 @@ impl BlockActs {
     }
 }
 
-/// What the heads read and write in [`forward`]: queries, keys and values `[rows, 3·width]`,
+/// What the heads read and write in [`forward`]: queries, keys and values `[rows, qkv_width]`,
 /// their outputs `y [rows, width]`, a buffer for attention weights and dropout's scales on them.
 pub(super) struct Heads<'a> {
     pub qkv: &'a [f32],
@@ -133,7 +134,7 @@ pub(super) fn forward(
         &p.c_attn_b,
         rows,
         c,
-        3 * c,
+        d.qkv_width(),
     );
     positions_forward(a, ctx);
     attend(Heads {
@@ -151,10 +152,12 @@ pub(super) fn forward(
         rstd: &mut a.ln_2_rstd,
     };
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
-    linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, hidden);
+    let fc = d.fc_width();
+    linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
     match d.activation {
         Act::Gelu => gelu::forward(&mut a.act, &a.fc),
         Act::Relu2 => relu2::forward(&mut a.act, &a.fc),
+        Act::SwiGlu => swiglu::forward(&mut a.act, &a.fc, hidden),
     }
     linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
@@ -162,16 +165,16 @@ pub(super) fn forward(
 }
 
 /// QK-norm, then the rotation, on the queries and keys of every row of `a.qkv` (the first
-/// `2·width` columns), in place: what the heads attend with.
+/// `qk_width` columns), in place: what the heads attend with.
 fn positions_forward(a: &mut BlockActs, ctx: Ctx<'_>) {
     let d = ctx.dims;
-    let (c, heads) = (d.width, d.heads);
-    let rows = a.qkv.chunks_exact_mut(3 * c).enumerate();
+    let (w, heads) = (d.qk_width(), d.heads + d.kv_heads);
+    let rows = a.qkv.chunks_exact_mut(d.qkv_width()).enumerate();
     for (r, row) in rows {
-        let qk = &mut row[..2 * c];
+        let qk = &mut row[..w];
         if d.qk_norm {
-            let n = &mut a.qk_n[r * 2 * c..(r + 1) * 2 * c];
-            let rstd = &mut a.qk_rstd[r * 2 * heads..(r + 1) * 2 * heads];
+            let n = &mut a.qk_n[r * w..(r + 1) * w];
+            let rstd = &mut a.qk_rstd[r * heads..(r + 1) * heads];
             qk_norm::forward(qk, n, rstd, d.epsilon);
         }
         if d.rope.is_some() {
@@ -184,15 +187,15 @@ fn positions_forward(a: &mut BlockActs, ctx: Ctx<'_>) {
 /// `d_qkv` becomes that of the projection's output.
 fn positions_backward(d_qkv: &mut [f32], a: &BlockActs, ctx: Ctx<'_>) {
     let d = ctx.dims;
-    let (c, heads) = (d.width, d.heads);
-    for (r, row) in d_qkv.chunks_exact_mut(3 * c).enumerate() {
-        let dqk = &mut row[..2 * c];
+    let (w, heads) = (d.qk_width(), d.heads + d.kv_heads);
+    for (r, row) in d_qkv.chunks_exact_mut(d.qkv_width()).enumerate() {
+        let dqk = &mut row[..w];
         if d.rope.is_some() {
             ctx.rope.rotate(dqk, ctx.position(r), true);
         }
         if d.qk_norm {
-            let n = &a.qk_n[r * 2 * c..(r + 1) * 2 * c];
-            let rstd = &a.qk_rstd[r * 2 * heads..(r + 1) * 2 * heads];
+            let n = &a.qk_n[r * w..(r + 1) * w];
+            let rstd = &a.qk_rstd[r * heads..(r + 1) * heads];
             qk_norm::backward_in_place(dqk, n, rstd);
         }
     }
@@ -226,10 +229,11 @@ pub(super) fn backward(
     let (rows, c, hidden) = (a.ln_1_rstd.len(), shape.width, d.hidden);
     // out = mid + dropout(act(fc) · W + b)
     masked(&mut s.d_branch, d_resid, &a.mlp_mask);
-    let d_wide = &mut s.d_wide[..rows * hidden];
+    // The activation's gradient, then (SwiGLU) the pre-activation's beside it.
+    let (d_act, d_fc) = s.d_wide.split_at_mut(rows * hidden);
     let dims = (rows, hidden, c);
     linear_backward(
-        d_wide,
+        d_act,
         &mut g.mlp_proj_w,
         &mut g.mlp_proj_b,
         &s.d_branch,
@@ -237,16 +241,27 @@ pub(super) fn backward(
         &p.mlp_proj_w,
         dims,
     );
-    match d.activation {
-        Act::Gelu => gelu::backward_in_place(d_wide, &a.fc),
-        Act::Relu2 => relu2::backward_in_place(d_wide, &a.fc),
-    }
-    let dims = (rows, c, hidden);
+    let d_fc: &[f32] = match d.activation {
+        Act::Gelu => {
+            gelu::backward_in_place(d_act, &a.fc);
+            d_act
+        }
+        Act::Relu2 => {
+            relu2::backward_in_place(d_act, &a.fc);
+            d_act
+        }
+        Act::SwiGlu => {
+            let d_fc = &mut d_fc[..rows * 2 * hidden];
+            swiglu::backward(d_fc, d_act, &a.fc, hidden);
+            d_fc
+        }
+    };
+    let dims = (rows, c, d.fc_width());
     linear_backward(
         &mut s.d_branch,
         &mut g.c_fc_w,
         &mut g.c_fc_b,
-        d_wide,
+        d_fc,
         &a.ln_2,
         &p.c_fc_w,
         dims,
@@ -287,7 +302,7 @@ pub(super) fn backward(
         shape,
     );
     positions_backward(&mut s.d_qkv, a, ctx);
-    let dims = (rows, c, 3 * c);
+    let dims = (rows, c, d.qkv_width());
     linear_backward(
         &mut s.d_branch,
         &mut g.c_attn_w,

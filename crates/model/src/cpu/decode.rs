@@ -33,7 +33,8 @@ use tinygpt_attention::AttentionError;
 pub struct FusedDecoder {
     dims: Dims,
     weights: Params,
-    /// Per block, the cached keys and values `[block_size, width]`; rows `0..len` are filled.
+    /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
+    /// heads); rows `0..len` are filled.
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
@@ -59,7 +60,7 @@ impl FusedDecoder {
     /// Reads `gpt`'s sizes and weights (dropout is off while sampling).
     pub fn new(gpt: &Gpt) -> Result<Self, FusedError> {
         let dims = Dims::of(gpt)?;
-        let cache = vec![0.0; dims.block_size * dims.width];
+        let cache = vec![0.0; dims.block_size * dims.kv_width()];
         Ok(Self {
             dims,
             weights: Params::read(gpt, Arc::new(ParamLayout::of(gpt))),
@@ -130,11 +131,11 @@ impl FusedDecoder {
                     keys,
                     values,
                     past,
-                    width: c,
+                    dims: &d,
                 };
                 match window {
-                    true => attend_window(h, cache, d.heads),
-                    false => attend_cached(h, cache, scores, d.heads),
+                    true => attend_window(h, cache),
+                    false => attend_cached(h, cache, scores),
                 }
             });
             std::mem::swap(&mut self.x, &mut self.next);
@@ -168,50 +169,62 @@ impl FusedDecoder {
     }
 }
 
-/// One block's KV cache (`[block_size, width]` keys and values), and how many of its rows
+/// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
 /// were filled before the rows being fed.
 struct Cache<'a> {
     keys: &'a mut [f32],
     values: &'a mut [f32],
     past: usize,
-    width: usize,
+    dims: &'a Dims,
 }
 
 impl Cache<'_> {
-    /// Appends the keys and values of `qkv`'s rows (`[rows, 3·width]`) after the cached ones.
+    /// Appends the keys and values of `qkv`'s rows (`[rows, qkv_width]`) after the cached ones.
     fn append(&mut self, qkv: &[f32]) {
-        let c = self.width;
-        for (r, qkv) in qkv.chunks_exact(3 * c).enumerate() {
-            let at = (self.past + r) * c..(self.past + r + 1) * c;
-            self.keys[at.clone()].copy_from_slice(&qkv[c..2 * c]);
-            self.values[at].copy_from_slice(&qkv[2 * c..]);
+        let (c, kv) = (self.dims.width, self.dims.kv_width());
+        for (r, qkv) in qkv.chunks_exact(self.dims.qkv_width()).enumerate() {
+            let at = (self.past + r) * kv..(self.past + r + 1) * kv;
+            self.keys[at.clone()].copy_from_slice(&qkv[c..c + kv]);
+            self.values[at].copy_from_slice(&qkv[c + kv..]);
         }
     }
 }
 
 /// A whole window from position 0: the training step's blocked causal attention; its keys and
 /// values are cached.
-fn attend_window(h: Heads<'_>, mut cache: Cache<'_>, heads: usize) {
+fn attend_window(h: Heads<'_>, mut cache: Cache<'_>) {
     cache.append(h.qkv);
+    let d = cache.dims;
     let shape = Shape {
         seqs: 1,
-        seq: h.qkv.len() / (3 * cache.width),
-        width: cache.width,
-        heads,
+        seq: h.qkv.len() / d.qkv_width(),
+        width: d.width,
+        heads: d.heads,
+        kv_heads: d.kv_heads,
     };
     attention::forward(h.y, h.att, h.qkv, &[], &mut [], shape);
 }
 
 /// Rows after the cached ones: each query row attends to the cached keys and values up to and
 /// including its own.
-fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32], heads: usize) {
+fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
     cache.append(h.qkv);
-    let c = cache.width;
-    let rows = h.y.chunks_exact_mut(c).zip(h.qkv.chunks_exact(3 * c));
+    let d = cache.dims;
+    let (c, kv) = (d.width, d.kv_width());
+    let rows =
+        h.y.chunks_exact_mut(c)
+            .zip(h.qkv.chunks_exact(d.qkv_width()));
     for (r, (y, qkv)) in rows.enumerate() {
         let visible = cache.past + r + 1;
-        let (keys, values) = (&cache.keys[..visible * c], &cache.values[..visible * c]);
-        attend(y, &qkv[..c], keys, values, &mut scores[..visible], heads);
+        let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
+        attend(
+            y,
+            &qkv[..c],
+            keys,
+            values,
+            &mut scores[..visible],
+            d.kv_heads,
+        );
     }
 }
 
@@ -244,24 +257,29 @@ impl Decoder for FusedDecoder {
 
 vectorized! {
     /// One query row's attention over the `visible` cached keys and values, head by head:
-    /// `y [width] = softmax(q·Kᵀ/√d) · V` with `q [width]`, `keys`, `values [visible, width]`.
-    /// The cache holds only visible tokens, so no causal mask is needed.
+    /// `y [width] = softmax(q·Kᵀ/√d) · V` with `q [width]`, `keys`, `values [visible,
+    /// kv_width]`; query head `h` reads key/value head `h / (heads / kv_heads)`. The cache holds
+    /// only visible tokens, so no causal mask is needed.
     fn attend(
         y: &mut [f32],
         q: &[f32],
         keys: &[f32],
         values: &[f32],
         scores: &mut [f32],
-        heads: usize,
+        kv_heads: usize,
     ) {
-        let width = q.len();
-        let d = width / heads;
+        let visible = scores.len();
+        let kv_width = keys.len() / visible;
+        let d = kv_width / kv_heads;
+        let heads = q.len() / d;
         let scale = 1.0 / (d as f32).sqrt();
         for h in 0..heads {
             let head = h * d..(h + 1) * d;
+            let g = h / (heads / kv_heads);
+            let kv_head = g * d..(g + 1) * d;
             let q = &q[head.clone()];
-            for (s, k) in scores.iter_mut().zip(keys.chunks_exact(width)) {
-                *s = dot_lanes(q, &k[head.clone()]) * scale;
+            for (s, k) in scores.iter_mut().zip(keys.chunks_exact(kv_width)) {
+                *s = dot_lanes(q, &k[kv_head.clone()]) * scale;
             }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0.0;
@@ -271,9 +289,9 @@ vectorized! {
             }
             let y = &mut y[head.clone()];
             y.fill(0.0);
-            for (&s, v) in scores.iter().zip(values.chunks_exact(width)) {
+            for (&s, v) in scores.iter().zip(values.chunks_exact(kv_width)) {
                 let p = s / total;
-                y.iter_mut().zip(&v[head.clone()]).for_each(|(y, v)| *y += p * v);
+                y.iter_mut().zip(&v[kv_head.clone()]).for_each(|(y, v)| *y += p * v);
             }
         }
     }

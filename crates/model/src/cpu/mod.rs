@@ -34,6 +34,7 @@ mod relu2;
 mod rms_norm;
 mod rope;
 mod softcap;
+mod swiglu;
 mod workspace;
 
 use std::sync::Arc;
@@ -93,6 +94,8 @@ struct Dims {
     block_size: usize,
     width: usize,
     heads: usize,
+    /// Key/value heads (`heads` without grouped-query attention).
+    kv_heads: usize,
     /// The MLP's hidden width.
     hidden: usize,
     dropout: f32,
@@ -112,6 +115,30 @@ impl Dims {
     fn d_head(&self) -> usize {
         self.width / self.heads
     }
+
+    /// Columns of the packed projection: `heads` query, `kv_heads` key, `kv_heads` value heads.
+    fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.d_head()
+    }
+
+    /// Columns of the queries and keys together: what QK-norm and the rotation touch.
+    fn qk_width(&self) -> usize {
+        (self.heads + self.kv_heads) * self.d_head()
+    }
+
+    /// Columns of the MLP's first projection: `2·hidden` for SwiGLU's gate and up, else
+    /// `hidden`.
+    fn fc_width(&self) -> usize {
+        match self.activation {
+            Act::SwiGlu => 2 * self.hidden,
+            Act::Gelu | Act::Relu2 => self.hidden,
+        }
+    }
+
+    /// Columns of the keys (or of the values).
+    fn kv_width(&self) -> usize {
+        self.kv_heads * self.d_head()
+    }
 }
 
 impl Dims {
@@ -124,6 +151,7 @@ impl Dims {
             block_size: config.block_size,
             width: config.n_embd,
             heads: config.n_head,
+            kv_heads: config.kv_heads(),
             hidden: config.mlp_width(),
             dropout: config.dropout as f32,
             epsilon: config.layer_norm_eps as f32,
@@ -169,15 +197,13 @@ fn supported(config: &GptConfig) -> Result<Act, FusedError> {
         mlp_hidden: _,
         proj_init: _,
         rope_theta: _,
-        n_kv_head,
+        // `attention.rs` and the decoder read each query head's key/value head in place.
+        n_kv_head: _,
         // Each has its kernels: `qk_norm.rs`, `softcap.rs`.
         qk_norm: _,
         logit_softcap: _,
     } = config;
     let unsupported = |what: String| Err(FusedError::Unsupported(what));
-    if n_kv_head.is_some_and(|kv| kv != config.n_head) {
-        return unsupported("grouped-query attention (`n_kv_head`)".into());
-    }
     match kernel {
         // All compute the same function; the fused engine has its own attention kernel.
         AttentionKernel::Auto
@@ -197,16 +223,17 @@ fn supported(config: &GptConfig) -> Result<Act, FusedError> {
         Mlp::Gelu => Ok(Act::Gelu),
         Mlp::Relu2 => Ok(Act::Relu2),
         Mlp::GeluTanh => unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into()),
-        Mlp::SwiGlu => unsupported("the SwiGLU MLP (`mlp = \"swiglu\"`)".into()),
+        Mlp::SwiGlu => Ok(Act::SwiGlu),
         Mlp::None => unsupported("models without the MLP (`mlp = \"none\"`)".into()),
     }
 }
 
-/// The MLP activations the kernels implement: `gelu.rs`, `relu2.rs`.
+/// The MLP activations the kernels implement: `gelu.rs`, `relu2.rs`, `swiglu.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Act {
     Gelu,
     Relu2,
+    SwiGlu,
 }
 
 /// Computes loss and gradients of a [`Gpt`] on the CPU with fused, hand-written kernels, on

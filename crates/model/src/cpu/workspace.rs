@@ -59,6 +59,7 @@ pub(super) struct Workspace {
     seq: usize,
     width: usize,
     heads: usize,
+    kv_heads: usize,
     /// Rotary positions' tables for the model's context (empty without them).
     rope: rope::Tables,
     /// `resid[0]` is the embedding, `resid[l + 1]` block `l`'s output; `[rows, width]` each.
@@ -90,6 +91,7 @@ impl Workspace {
         self.seq = seq;
         self.width = c;
         self.heads = d.heads;
+        self.kv_heads = d.kv_heads;
         if let Some(base) = d.rope
             && self.rope.is_empty()
         {
@@ -113,8 +115,10 @@ impl Workspace {
         if grad {
             size(&mut self.d_resid, rows * c);
             size(&mut self.scratch.d_branch, rows * c);
-            size(&mut self.scratch.d_wide, rows * d.hidden.max(c));
-            size(&mut self.scratch.d_qkv, rows * 3 * c);
+            // The MLP's activation gradient, and for SwiGLU its pre-activation's beside it.
+            let mlp = d.hidden + d.fc_width() * usize::from(d.fc_width() != d.hidden);
+            size(&mut self.scratch.d_wide, rows * mlp.max(c));
+            size(&mut self.scratch.d_qkv, rows * d.qkv_width());
             self.grads.zero_like(w);
         }
     }
@@ -140,6 +144,7 @@ impl Workspace {
             seq: self.seq,
             width: self.width,
             heads: self.heads,
+            kv_heads: self.kv_heads,
         }
     }
 

@@ -197,7 +197,9 @@ fn runs_resume_across_the_fused_and_autodiff_engines() {
 
 #[test]
 fn every_cpu_backend_starts_from_the_same_loss() {
-    starts_as_flex_does(&["fused", "ndarray"]);
+    for parts in [&[][..], MODERN, LLAMA] {
+        starts_as_flex_does(&["fused", "ndarray"], parts);
+    }
 }
 
 #[test]
@@ -206,13 +208,50 @@ fn every_cpu_backend_starts_from_the_same_loss() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn wgpu_starts_from_flexs_loss() {
-    starts_as_flex_does(&["wgpu"]);
+    for parts in [&[][..], MODERN, LLAMA] {
+        starts_as_flex_does(&["wgpu"], parts);
+    }
 }
 
-/// Trains the same tiny run on flex and on each of `backends`: the same step-0 losses (1e-4),
-/// and three AdamW steps later (the fused step's gradients, and on wgpu the AdamW that runs on
-/// the device) the same losses to 1e-3. Each run's log names the engine that ran it.
-fn starts_as_flex_does(backends: &[&str]) {
+/// The `modern` preset's parts (nanochat's), as settings.
+const MODERN: &[&str] = &[
+    "--set",
+    "model.position=\"rope\"",
+    "--set",
+    "model.norm=\"rms_unit\"",
+    "--set",
+    "model.qk_norm=true",
+    "--set",
+    "model.mlp=\"relu2\"",
+    "--set",
+    "model.bias=false",
+    "--set",
+    "model.tie_embeddings=false",
+    "--set",
+    "model.logit_softcap=15",
+    "--set",
+    "model.proj_init=\"zero\"",
+];
+
+/// Llama's parts: rotary positions, RMSNorm with gain, SwiGLU, one key/value head.
+const LLAMA: &[&str] = &[
+    "--set",
+    "model.position=\"rope\"",
+    "--set",
+    "model.norm=\"rms\"",
+    "--set",
+    "model.mlp=\"swiglu\"",
+    "--set",
+    "model.n_kv_head=1",
+    "--set",
+    "model.bias=false",
+];
+
+/// Trains the same tiny run (with the settings `parts`) on flex and on each of `backends`: the
+/// same step-0 losses (1e-4), and three AdamW steps later (the fused step's gradients, and on
+/// wgpu the AdamW that runs on the device) the same losses to 1e-3. Each run's log names the
+/// engine that ran it.
+fn starts_as_flex_does(backends: &[&str], parts: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let engines = [
@@ -223,8 +262,10 @@ fn starts_as_flex_does(backends: &[&str]) {
     ];
     let mut rows = Vec::new();
     for backend in std::iter::once(&"flex").chain(backends) {
-        let args = ["--max-iters", "3", "--set", "train.eval_interval=3"];
-        let log = ok(train_on(dir, backend, backend, &args));
+        let mut args = vec!["--max-iters", "3", "--set", "train.eval_interval=3"];
+        args.extend(parts);
+        let out = format!("{backend}-{}", parts.len());
+        let log = ok(train_on(dir, &out, backend, &args));
         let (_, (kind, device)) = engines.iter().find(|(b, _)| b == backend).unwrap();
         let named = engine_of(&log);
         assert_eq!(
@@ -232,7 +273,7 @@ fn starts_as_flex_does(backends: &[&str]) {
             (*kind, *device),
             "{log}"
         );
-        rows.push((*backend, metrics(&dir.join(backend))));
+        rows.push((*backend, metrics(&dir.join(&out))));
     }
     let (_, flex) = &rows[0];
     for (backend, rows) in &rows[1..] {
@@ -241,11 +282,11 @@ fn starts_as_flex_does(backends: &[&str]) {
             assert_eq!(row.0, reference.0);
             assert!(
                 (row.1 - reference.1).abs() < tolerance,
-                "{backend}: {row:?} vs flex {reference:?}"
+                "{backend} {parts:?}: {row:?} vs flex {reference:?}"
             );
             assert!(
                 (row.2 - reference.2).abs() < tolerance,
-                "{backend}: {row:?} vs flex {reference:?}"
+                "{backend} {parts:?}: {row:?} vs flex {reference:?}"
             );
         }
     }

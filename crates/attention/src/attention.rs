@@ -116,7 +116,9 @@ impl CausalSelfAttention {
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
-        let heads = self.grouped(self.heads(x, 0));
+        let heads = self.heads(x, 0);
+        // The flash kernels read each query head's key/value head in place; the other paths
+        // take them repeated.
         let y = if self.use_flash(&heads, key_padding.is_some()) {
             let device = heads.q.device();
             let dropout = if self.dropout_active(&device) {
@@ -128,11 +130,11 @@ impl CausalSelfAttention {
         } else if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
             let is_causal = mask.is_none();
-            sdpa(heads, mask, is_causal)
+            sdpa(self.grouped(heads), mask, is_causal)
         } else {
             let padded = key_padding.is_some();
             let mask = self.mask(batch, seq, 0, seq, key_padding);
-            self.explicit(heads, Some(mask), padded).0
+            self.explicit(self.grouped(heads), Some(mask), padded).0
         };
         Ok(self.merge_heads(y))
     }

@@ -222,6 +222,67 @@ fn flash_matches_the_explicit_path_and_the_f64_reference() {
     }
 }
 
+/// Grouped-query heads: `q` `[batch, heads, seq, d]` over `k`, `v` `[batch, kv_heads, seq, d]`.
+/// The kernels read each group's key/value head in place; Burn's autodiff through the explicit
+/// path over the repeated heads (`repeat_kv`) sums each key/value head's gradient over its group.
+/// Both give the same output and gradients, and the f64 reference over the repeated heads agrees.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn grouped_heads_are_read_in_place_and_their_gradients_summed() {
+    use tinygpt_attention::grouped::repeat_kv;
+    let device = wgpu_device().autodiff();
+    for (n, ([batch, heads, seq, d], kv_heads)) in [([2, 6, 37, 16], 2), ([1, 4, 70, 32], 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let (q_shape, kv_shape) = ([batch, heads, seq, d], [batch, kv_heads, seq, d]);
+        let q_len = q_shape.iter().product();
+        let kv_len = kv_shape.iter().product();
+        let data = [
+            normal(q_len, 40 + n as u64),
+            normal(kv_len, 50 + n as u64),
+            normal(kv_len, 60 + n as u64),
+            normal(q_len, 70 + n as u64),
+        ];
+        let run = |flash: bool| {
+            let q = tensor(&data[0], q_shape, &device).require_grad();
+            let k = tensor(&data[1], kv_shape, &device).require_grad();
+            let v = tensor(&data[2], kv_shape, &device).require_grad();
+            let out = if flash {
+                flash_attention(q.clone(), k.clone(), v.clone(), 0.0)
+            } else {
+                let group = heads / kv_heads;
+                let (k_all, v_all) = (repeat_kv(k.clone(), group), repeat_kv(v.clone(), group));
+                let scores = q.clone().matmul(k_all.swap_dims(2, 3)) / (d as f64).sqrt();
+                let hidden = tinygpt_attention::mask::causal_mask(seq, &device)
+                    .reshape([1, 1, seq, seq])
+                    .expand([batch, heads, seq, seq]);
+                tinygpt_attention::mask::mask_then_softmax(scores, hidden).matmul(v_all)
+            };
+            let grads = (out.clone() * tensor(&data[3], q_shape, &device))
+                .sum()
+                .backward();
+            let grad = |t: &Tensor<4>| values(t.grad(&grads).unwrap());
+            [values(out), grad(&q), grad(&k), grad(&v)]
+        };
+        let (flash, explicit) = (run(true), run(false));
+        for (name, (a, b)) in ["output", "dQ", "dK", "dV"]
+            .iter()
+            .zip(flash.iter().zip(&explicit))
+        {
+            let b: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
+            assert_close(
+                a,
+                &b,
+                &format!("{q_shape:?} over {kv_heads} key/value heads: {name}"),
+            );
+        }
+    }
+}
+
 /// `v = I` (one channel per key) turns the output into the weights themselves: row `i` of the
 /// output is row `i` of `softmax(q kᵀ/√d + mask)` (after dropout).
 fn weights(
@@ -377,12 +438,20 @@ fn the_layer_with_flash_falls_back_to_the_explicit_layer_on_flex() {
 }
 
 fn the_layer_with_flash_equals_the_explicit_layer(device: Device) {
-    let device = device.autodiff();
+    // Multi-head; then grouped heads with rotary positions and QK-norm before the kernel.
+    let grouped = CausalSelfAttentionConfig::new(32, 4, 50)
+        .with_n_kv_heads(Some(2))
+        .with_rope_base(Some(10000.0))
+        .with_qk_norm_eps(Some(1e-6));
+    for config in [CausalSelfAttentionConfig::new(32, 4, 50), grouped] {
+        layer_with_flash_equals_the_explicit_layer(&device, config);
+    }
+}
+
+fn layer_with_flash_equals_the_explicit_layer(device: &Device, config: CausalSelfAttentionConfig) {
+    let device = device.clone().autodiff();
     device.seed(5);
-    let layer = CausalSelfAttentionConfig::new(32, 4, 50)
-        .with_init_std(0.3)
-        .init(&device)
-        .unwrap();
+    let layer = config.with_init_std(0.3).init(&device).unwrap();
     let mut flash_layer = layer.clone();
     flash_layer.kernel = AttentionKernel::Flash;
     let mut explicit_layer = layer;

@@ -82,14 +82,15 @@ impl FlashAttentionBackend for CubeBackend {
             launch.d_head,
             launch.dtype,
         );
+        let kv_heads = k.shape().dims::<4>()[1];
         let (d_q, d_k, d_v) = (
             launch.empty(q.shape()),
-            launch.empty(q.shape()),
-            launch.empty(q.shape()),
+            launch.empty(k.shape()),
+            launch.empty(k.shape()),
         );
         flash_backward_dkdv_kernel::launch(
             &client,
-            launch.blocks(),
+            launch.key_blocks(kv_heads),
             launch.cube_dim(),
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
@@ -172,6 +173,15 @@ impl Launch {
         CubeCount::Static(
             self.seq.div_ceil(self.block) as u32,
             (self.batch * self.heads) as u32,
+            1,
+        )
+    }
+
+    /// One cube per block of keys of each `(batch, key/value head)`.
+    fn key_blocks(&self, kv_heads: usize) -> CubeCount {
+        CubeCount::Static(
+            self.seq.div_ceil(self.block) as u32,
+            (self.batch * kv_heads) as u32,
             1,
         )
     }

@@ -1,7 +1,9 @@
 //! The CubeCL kernels of flash attention, forward and backward side by side.
 //!
-//! All tensors are contiguous `[batch, heads, seq, d_head]` (`q`, `k`, `v`, `out`, `d_out` and
-//! the gradients) or `[batch, heads, seq]` (`lse`), addressed as flat buffers. A cube of `block`
+//! All tensors are contiguous `[batch, heads, seq, d_head]` (`q`, `out`, `d_out`, `dQ`),
+//! `[batch, kv_heads, seq, d_head]` (`k`, `v`, `dK`, `dV`; grouped-query attention when
+//! `kv_heads < heads`: query head `h` reads key/value head `h / (heads / kv_heads)` in place) or
+//! `[batch, heads, seq]` (`lse`), addressed as flat buffers. A cube of `block`
 //! units owns one block of `block` rows of one `(batch, head)`: unit `u` holds row
 //! `block·CUBE_POS_X + u` in registers, and the cube shares the tiles of the other side (keys and
 //! values, or queries and output gradients) through shared memory, one row loaded per unit.
@@ -73,6 +75,15 @@ fn smaller(a: usize, b: usize) -> usize {
     out
 }
 
+/// The flat offset of the key/value head that query head `bh` (of `batch·heads`) reads:
+/// `[batch, kv_heads, seq, d_head]`, groups of `heads / kv_heads` query heads per key/value head.
+#[cube]
+fn kv_offset(bh: usize, heads: usize, kv_heads: usize, seq: usize, d_head: usize) -> usize {
+    let group = heads / kv_heads;
+    let kv_bh = (bh / heads) * kv_heads + (bh % heads) / group;
+    kv_bh * seq * d_head
+}
+
 /// Copies row `row` (zeros past `seq`) of a `[.., seq, d_head]` tensor at `head` into slot
 /// `slot` of a shared tile.
 #[cube]
@@ -137,6 +148,7 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     let unit = UNIT_POS_X as usize;
     let row = q_block * block + unit;
     let head = bh * seq * d_head;
+    let kv_head = kv_offset(bh, q.shape(1), k.shape(1), seq, d_head);
     let live = row < seq;
     let keep_scale = F::cast_from(keep_scale);
 
@@ -158,8 +170,8 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     let mut sum = F::new(0.0);
     for k_block in 0..q_block + 1 {
         let first = k_block * block;
-        load_row::<F>(k, &mut keys, head, first + unit, seq, unit, d_head);
-        load_row::<F>(v, &mut values, head, first + unit, seq, unit, d_head);
+        load_row::<F>(k, &mut keys, kv_head, first + unit, seq, unit, d_head);
+        load_row::<F>(v, &mut values, kv_head, first + unit, seq, unit, d_head);
         sync_cube();
         if live {
             // Keys first..=row are visible: all of the block but the diagonal one.
@@ -231,7 +243,7 @@ pub(crate) fn flash_backward_rows_kernel<F: Float>(
 /// Backward, keys and values: unit `u` owns key `j`, sweeps every query block on or after its
 /// own, rebuilds `p_ij = exp(q_i·k_j·scale - lse_i)`, and accumulates
 /// `dV_j += p̃_ij dO_i` and `dK_j += p_ij (dP̃_ij - D_i) · scale · q_i` in registers (p̃: after
-/// dropout). One writer per row: no atomics.
+/// dropout), over every query head of its group. One writer per row: no atomics.
 #[cube(launch)]
 pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     q: &Tensor<F>,
@@ -251,11 +263,15 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(2);
-    let bh = CUBE_POS_Y as usize;
+    let (heads, kv_heads) = (q.shape(1), k.shape(1));
+    let group = heads / kv_heads;
+    // This cube's key/value head, of `batch·kv_heads`.
+    let kv_bh = CUBE_POS_Y as usize;
     let k_block = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let key = k_block * block + unit;
-    let head = bh * seq * d_head;
+    let kv_head = kv_bh * seq * d_head;
+    let first_bh = (kv_bh / kv_heads) * heads + (kv_bh % kv_heads) * group;
     let live = key < seq;
     let scale = F::cast_from(scale);
     let keep_scale = F::cast_from(keep_scale);
@@ -272,8 +288,8 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
         let mut kx = F::new(0.0);
         let mut vx = F::new(0.0);
         if live {
-            kx = k[head + key * d_head + d];
-            vx = v[head + key * d_head + d];
+            kx = k[kv_head + key * d_head + d];
+            vx = v[kv_head + key * d_head + d];
         }
         key_row[d] = kx;
         value_row[d] = vx;
@@ -281,7 +297,11 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
         dv[d] = F::new(0.0);
     }
     let blocks = seq.div_ceil(block);
-    for q_block in k_block..blocks {
+    // Every query head of the group, and each one's query blocks from this key block on.
+    for step in 0..group * (blocks - k_block) {
+        let bh = first_bh + step / (blocks - k_block);
+        let head = bh * seq * d_head;
+        let q_block = k_block + step % (blocks - k_block);
         let first = q_block * block;
         let row = first + unit;
         load_row::<F>(q, &mut queries, head, row, seq, unit, d_head);
@@ -329,8 +349,8 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     }
     if live {
         for d in 0..d_head {
-            d_k[head + key * d_head + d] = dk[d];
-            d_v[head + key * d_head + d] = dv[d];
+            d_k[kv_head + key * d_head + d] = dk[d];
+            d_v[kv_head + key * d_head + d] = dv[d];
         }
     }
 }
@@ -360,6 +380,7 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
     let unit = UNIT_POS_X as usize;
     let row = q_block * block + unit;
     let head = bh * seq * d_head;
+    let kv_head = kv_offset(bh, q.shape(1), k.shape(1), seq, d_head);
     let live = row < seq;
     let scale = F::cast_from(scale);
     let keep_scale = F::cast_from(keep_scale);
@@ -388,8 +409,8 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
     }
     for k_block in 0..q_block + 1 {
         let first = k_block * block;
-        load_row::<F>(k, &mut keys, head, first + unit, seq, unit, d_head);
-        load_row::<F>(v, &mut values, head, first + unit, seq, unit, d_head);
+        load_row::<F>(k, &mut keys, kv_head, first + unit, seq, unit, d_head);
+        load_row::<F>(v, &mut values, kv_head, first + unit, seq, unit, d_head);
         sync_cube();
         if live {
             let visible = smaller(block, row + 1 - first);

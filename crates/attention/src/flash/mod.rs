@@ -98,9 +98,11 @@ pub fn is_cube_device(device: &Device) -> bool {
     )
 }
 
-/// Causal attention of `q`, `k`, `v` (`[batch, heads, seq, d_head]`, keys as many as queries)
-/// in one kernel: `softmax(q kᵀ/√d_head + causal mask) · v`, with dropout `dropout` on the
-/// weights (pass 0 outside training). Differentiable.
+/// Causal attention of `q` (`[batch, heads, seq, d_head]`) over `k`, `v`
+/// (`[batch, kv_heads, seq, d_head]`, keys as many as queries; `kv_heads` dividing `heads`, query
+/// head `h` reading key/value head `h / (heads / kv_heads)` without copying it) in one kernel:
+/// `softmax(q kᵀ/√d_head + causal mask) · v`, with dropout `dropout` on the weights (pass 0
+/// outside training). Differentiable.
 ///
 /// # Panics
 /// Where [`supported`] is false.

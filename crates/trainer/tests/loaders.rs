@@ -262,6 +262,7 @@ fn nanogpt_and_hugging_face_imports() {
         from: ckpt.clone(),
         meta: Some(meta.clone()),
         tokenizer: None,
+        block_size: None,
     };
     for (file, original) in [(&ckpt, "nanogpt/ckpt.pt"), (&meta, "nanogpt/meta.pkl")] {
         std::fs::copy(fixtures.join("nanogpt/ckpt.pt"), &ckpt).unwrap();

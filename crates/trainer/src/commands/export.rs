@@ -33,7 +33,8 @@ pub struct Args {
 enum Format {
     /// nanoGPT's parameter names in safetensors, with a JSON sidecar.
     Nanogpt,
-    /// A Hugging Face GPT-2 directory.
+    /// A Hugging Face directory: GPT-2 (`GPT2LMHeadModel`) for GPT-2's parts, Llama
+    /// (`LlamaForCausalLM`) for rotary positions, RMSNorm and SwiGLU.
     Hf,
 }
 
@@ -49,9 +50,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             );
         }
         Format::Hf => {
-            interop::hf::export(&run, args.which, &args.out)?;
+            let architecture = interop::hf::export(&run, args.which, &args.out)?;
             println!(
-                "wrote {} (Hugging Face GPT-2: config.json, model.safetensors, tokenizer.json)",
+                "wrote {} (Hugging Face {architecture}: config.json, model.safetensors, \
+                 tokenizer.json)",
                 args.out.display()
             );
         }

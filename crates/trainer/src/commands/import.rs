@@ -11,12 +11,15 @@ use tinygpt::interop::{self, ImportOptions};
 ///
 /// FROM is nanoGPT's ckpt.pt (with --meta for char vocabularies, or --tokenizer for GPT-2's
 /// BPE), a Hugging Face GPT-2 directory (config.json, model.safetensors or pytorch_model.bin,
-/// tokenizer.json), or a .safetensors file written by `tinygpt export --format nanogpt`. The run
-/// can then be sampled, evaluated, exported, or fine-tuned with `train --init-from`.
+/// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, Llama 3.2;
+/// model.safetensors or its shards), or a .safetensors file written by `tinygpt export --format
+/// nanogpt`. The run can then be sampled, evaluated, exported, or fine-tuned with
+/// `train --init-from`.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt import --from out-shakespeare-char/ckpt.pt --meta data/shakespeare_char/meta.pkl --out runs/nanogpt\n  \
     tinygpt import --from ./gpt2 --out runs/gpt2\n  \
+    tinygpt import --from ./SmolLM2-135M --block-size 1024 --out runs/smollm2\n  \
     tinygpt import --from model.safetensors --out runs/imported")]
 pub struct Args {
     /// nanoGPT's ckpt.pt, a Hugging Face GPT-2 directory, or an exported .safetensors file.
@@ -29,6 +32,10 @@ pub struct Args {
     /// directory's own.
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
+    /// The context of a Llama-family model, in tokens (default: its max_position_embeddings, up
+    /// to 2048).
+    #[arg(long, value_name = "N")]
+    block_size: Option<usize>,
     /// The run directory to create.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -39,6 +46,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         from: args.from.clone(),
         meta: args.meta,
         tokenizer: args.tokenizer,
+        block_size: args.block_size,
     };
     let imported = interop::import(&options, &args.out)?;
     let m = &imported.config.model;

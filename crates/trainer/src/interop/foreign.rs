@@ -69,24 +69,10 @@ impl ForeignTensors {
 
     /// The tensors of a safetensors file.
     pub fn from_safetensors(path: &Path) -> Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let file = SafeTensors::deserialize(&bytes)
-            .map_err(|e| anyhow!("{} is not a valid safetensors file ({e})", path.display()))?;
         let mut out = Self::new(path);
-        for (name, view) in file.tensors() {
-            let elem = match view.dtype() {
-                Dtype::F32 => Elem::F32,
-                Dtype::F16 => Elem::F16,
-                Dtype::BF16 => Elem::BF16,
-                Dtype::F64 => Elem::F64,
-                other => bail!(
-                    "{}: tensor `{name}` is {other:?}; weights must be floating point",
-                    path.display()
-                ),
-            };
-            out.insert(&name, view.shape().to_vec(), elem, view.data())?;
-        }
+        for_each_safetensor(path, |name, shape, elem, data| {
+            out.insert(name, shape, elem, data)
+        })?;
         Ok(out)
     }
 
@@ -207,6 +193,49 @@ impl ForeignTensors {
     }
 }
 
+/// Calls `f` with the name, shape, element type and bytes of every tensor of the safetensors
+/// file `path`; non-float tensors are errors naming the file and the tensor.
+fn for_each_safetensor(
+    path: &Path,
+    mut f: impl FnMut(&str, Vec<usize>, Elem, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow!("{} is not a valid safetensors file ({e})", path.display()))?;
+    for (name, view) in file.tensors() {
+        let elem = match view.dtype() {
+            Dtype::F32 => Elem::F32,
+            Dtype::F16 => Elem::F16,
+            Dtype::BF16 => Elem::BF16,
+            Dtype::F64 => Elem::F64,
+            other => bail!(
+                "{}: tensor `{name}` is {other:?}; weights must be floating point",
+                path.display()
+            ),
+        };
+        f(&name, view.shape().to_vec(), elem, view.data())?;
+    }
+    Ok(())
+}
+
+/// Every tensor of the safetensors file `path` under its own name, widened to f32.
+pub fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
+    let mut out = BTreeMap::new();
+    for_each_safetensor(path, |name, shape, elem, data| {
+        let values = widen(elem, data);
+        if values.len() != shape.iter().product::<usize>() {
+            bail!(
+                "{}: tensor `{name}` holds {} values for shape {shape:?}",
+                path.display(),
+                values.len()
+            );
+        }
+        out.insert(name.to_string(), Foreign { shape, values });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// nanoGPT's name for a file's tensor name; `None` for the causal-mask buffers.
 fn normalise(raw: &str) -> Option<String> {
     let name = raw.strip_prefix("_orig_mod.").unwrap_or(raw);
@@ -257,6 +286,9 @@ pub fn present(config: &RunConfig, vocab_size: usize) -> Vec<ParamName> {
         .collect()
 }
 
+/// A tensor to write: its name, shape and little-endian f32 bytes.
+pub type NamedTensor = (String, Vec<usize>, Vec<u8>);
+
 /// Shape and little-endian f32 bytes of each tensor, by Burn path.
 pub type TensorTable = HashMap<String, (Vec<usize>, Vec<u8>)>;
 
@@ -292,7 +324,7 @@ pub fn transpose(shape: &[usize], bytes: &[u8]) -> (Vec<usize>, Vec<u8>) {
 }
 
 /// F32 tensors as a safetensors file; deterministic (sorted names, fixed metadata).
-pub fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Result<Vec<u8>> {
+pub fn write_safetensors(tensors: &[NamedTensor]) -> Result<Vec<u8>> {
     let views = tensors
         .iter()
         .map(|(name, shape, bytes)| {

@@ -15,7 +15,10 @@ use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{GptConfig, parameter_table};
 
-use super::foreign::{ForeignTensors, LM_HEAD, Layout, burn_tensors, transpose, write_safetensors};
+use super::foreign::{
+    ForeignTensors, LM_HEAD, Layout, NamedTensor, TensorTable, burn_tensors, transpose,
+    write_safetensors,
+};
 use super::{Imported, create_run, imported_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
@@ -101,7 +104,9 @@ pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Import
 /// tinygpt's architecture for a GPT-2 config, or why it cannot compute that model.
 fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
     if let Some(kind) = hf.model_type.as_deref().filter(|k| *k != "gpt2") {
-        bail!("model_type \"{kind}\" is not GPT-2; tinygpt imports GPT-2's architecture only");
+        bail!(
+            "model_type \"{kind}\" is not GPT-2 or Llama; tinygpt imports those architectures only"
+        );
     }
     let mlp = match hf.activation_function.as_str() {
         "gelu_new" | "gelu_pytorch_tanh" => Mlp::GeluTanh,
@@ -152,20 +157,51 @@ fn weights_in(dir: &Path) -> Result<ForeignTensors> {
     }
 }
 
-/// Writes the run's `which` weights as a Hugging Face GPT-2 directory `out` (which must not
-/// exist, or be empty). It appears complete or not at all.
-pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
-    expressible(&run.config.gpt(run.tokenizer.vocab_size()))?;
+/// Writes the run's `which` weights as a Hugging Face directory `out` (which must not exist, or
+/// be empty): `GPT2LMHeadModel` for GPT-2's parts, `LlamaForCausalLM` for Llama's. It appears
+/// complete or not at all. Returns the architecture written.
+pub fn export(run: &Run, which: Which, out: &Path) -> Result<&'static str> {
+    let gpt = run.config.gpt(run.tokenizer.vocab_size());
+    let llama = match (expressible(&gpt), super::llama::expressible(&gpt)) {
+        (Ok(()), _) => false,
+        (Err(_), Ok(())) => true,
+        (Err(gpt2), Err(llama)) => bail!(
+            "the Hugging Face GPT-2 format cannot express a model {gpt2}, nor the Llama format \
+             one {llama}; export it with --format nanogpt (tinygpt's safetensors + sidecar), \
+             which keeps every part"
+        ),
+    };
     refuse_existing(out)?;
     let temp = temp_beside(out, "export")?;
     let (model, _) = run.load_model(which, &burn::tensor::Device::flex())?;
-    let config = &run.config;
-    let tokens = run.tokenizer.vocab_size();
     let tensors = burn_tensors(&model)?;
+    let (exported, config_json) = match llama {
+        false => (
+            gpt2_tensors(&gpt, &tensors),
+            config_json(&gpt, &run.tokenizer)?,
+        ),
+        true => (
+            super::llama::tensors(&gpt, &tensors)?,
+            super::llama::config_json(&gpt, &run.tokenizer)?,
+        ),
+    };
+    write_dir(&temp, &exported, &config_json, run)?;
+    std::fs::rename(temp.keep(), out)
+        .with_context(|| format!("cannot create {}", out.display()))?;
+    Ok(if llama {
+        "LlamaForCausalLM"
+    } else {
+        "GPT2LMHeadModel"
+    })
+}
+
+/// GPT-2's tensors of a model of `gpt` (whose Burn tensors are `tensors`): `Conv1D` layout,
+/// absent biases as zeros.
+fn gpt2_tensors(gpt: &GptConfig, tensors: &TensorTable) -> Vec<NamedTensor> {
     let mut exported = Vec::new();
     // The bias slots follow their weight's: an absent bias is zeros of the weight's output size.
     let mut outputs = 0;
-    for name in parameter_table(&config.gpt(tokens)) {
+    for name in parameter_table(gpt) {
         if !name.present {
             if name.nanogpt != LM_HEAD {
                 exported.push((name.nanogpt, vec![outputs], vec![0u8; outputs * 4]));
@@ -180,33 +216,40 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
         };
         exported.push((name.nanogpt, shape, bytes));
     }
-    let dir = temp.path();
+    exported
+}
+
+/// A Hugging Face directory's files in `dir`: the weights, `config.json`, and the run's
+/// tokenizer as `tokenizer.json` and `tokenizer_config.json`.
+fn write_dir(
+    dir: &tempfile::TempDir,
+    tensors: &[NamedTensor],
+    config_json: &str,
+    run: &Run,
+) -> Result<()> {
+    let dir = dir.path();
     let write = |name: &str, bytes: &[u8]| {
         std::fs::write(dir.join(name), bytes)
             .with_context(|| format!("cannot write {}", dir.join(name).display()))
     };
-    write("model.safetensors", &write_safetensors(&exported)?)?;
-    write(
-        "config.json",
-        config_json(&config.gpt(tokens), &run.tokenizer)?.as_bytes(),
-    )?;
+    write("model.safetensors", &write_safetensors(tensors)?)?;
+    write("config.json", config_json.as_bytes())?;
     write("tokenizer.json", run.tokenizer.to_hf_json()?.as_bytes())?;
     let tokenizer_config = serde_json::json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.model.block_size,
+        "model_max_length": run.config.model.block_size,
         "clean_up_tokenization_spaces": false,
     });
     write(
         "tokenizer_config.json",
         serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
-    )?;
-    std::fs::rename(temp.keep(), out).with_context(|| format!("cannot create {}", out.display()))
+    )
 }
 
-/// Whether `GPT2LMHeadModel` computes what a model of `config` computes: a one-line refusal
-/// naming the part it lacks. An exhaustive destructuring, so a new part of the architecture does
+/// Whether `GPT2LMHeadModel` computes what a model of `config` computes, or the part it lacks
+/// (`"with RMSNorm (…)"`). An exhaustive destructuring, so a new part of the architecture does
 /// not compile until this format says what it does with it.
-fn expressible(config: &GptConfig) -> Result<()> {
+fn expressible(config: &GptConfig) -> Result<(), String> {
     let GptConfig {
         vocab_size: _,
         block_size: _,
@@ -233,12 +276,7 @@ fn expressible(config: &GptConfig) -> Result<()> {
         n_kv_head,
         qk_norm,
     } = config;
-    let refuse = |part: &str| {
-        bail!(
-            "the Hugging Face GPT-2 format cannot express a model {part}; export it with \
-             --format nanogpt (tinygpt's safetensors + sidecar), which keeps every part"
-        )
-    };
+    let refuse = |part: &str| Err(part.to_string());
     match position {
         Position::Learned => {}
         Position::Rope => return refuse("with rotary positions (GPT-2's are learned)"),

@@ -4,6 +4,8 @@
 //!   `meta.pkl` char maps, read without Python.
 //! - [`hf`]: Hugging Face GPT-2 directories (`config.json`, `model.safetensors` or
 //!   `pytorch_model.bin`, `tokenizer.json`), read and written.
+//! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, Llama 3.2),
+//!   read and written.
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
 //!
 //! All three name tensors as nanoGPT does; [`weights`] maps those names onto the model crate's
@@ -12,6 +14,7 @@
 
 pub mod foreign;
 pub mod hf;
+pub mod llama;
 pub mod nanogpt;
 pub mod sidecar;
 
@@ -35,6 +38,9 @@ pub struct ImportOptions {
     pub meta: Option<PathBuf>,
     /// A Hugging Face `tokenizer.json` (GPT-2's BPE for nanoGPT checkpoints trained on it).
     pub tokenizer: Option<PathBuf>,
+    /// The context of an imported Llama-family model (`None`: its own, up to
+    /// [`llama::DEFAULT_BLOCK`]).
+    pub block_size: Option<usize>,
 }
 
 /// What was imported, for the command's report.
@@ -58,7 +64,20 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
         if options.meta.is_some() {
             bail!("--meta goes with a nanoGPT ckpt.pt, not a Hugging Face directory");
         }
+        let config = hf_config(from)?;
+        if llama::is_llama(&config) {
+            let tokenizer = options.tokenizer.as_deref();
+            return llama::import(from, config, tokenizer, options.block_size, out);
+        }
+        if options.block_size.is_some() {
+            bail!(
+                "--block-size goes with a Llama-family directory (GPT-2's positions are a table)"
+            );
+        }
         return hf::import(from, options.tokenizer.as_deref(), out);
+    }
+    if options.block_size.is_some() {
+        bail!("--block-size goes with a Llama-family directory");
     }
     if from.extension().is_some_and(|e| e == "safetensors") {
         if !sidecar_path(from).exists() {
@@ -77,6 +96,18 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
         return sidecar::import(from, out);
     }
     nanogpt::import(from, options, out)
+}
+
+/// The `config.json` of the Hugging Face directory `dir`, as JSON.
+fn hf_config(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{} is not a Hugging Face model directory: cannot read config.json",
+            dir.display()
+        )
+    })?;
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{} is invalid ({e})", path.display()))
 }
 
 /// The run config of an imported model: its architecture `model` (from the source's own

@@ -1,9 +1,12 @@
-//! Models from elsewhere: nanoGPT's `ckpt.pt` + `meta.pkl` and a Hugging Face GPT-2 directory,
-//! saved by the real libraries (`tests/fixtures/interop`, see its README), imported and compared
-//! with the logits PyTorch computed; `export --format hf` read back; fine-tuning with
-//! `--init-from`; bad inputs. The live round trip through transformers runs where Python has it.
+//! Models from elsewhere: nanoGPT's `ckpt.pt` + `meta.pkl`, a Hugging Face GPT-2 directory and
+//! Llama-family directories (`llama.rs`), saved by the real libraries (`tests/fixtures/interop`,
+//! see its README), imported and compared with the logits PyTorch computed; `export --format hf`
+//! read back; fine-tuning with `--init-from`; bad inputs. The live round trip through
+//! transformers runs where Python has it.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod llama;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -428,11 +431,19 @@ fn bad_imports_are_one_line_and_write_nothing() {
     // Not a checkpoint at all.
     std::fs::write(dir.join("junk.pt"), b"hello").unwrap();
     fails(import(&["--from", "junk.pt", "--meta", meta]), "junk.pt");
-    // Another architecture, by config.json.
+    // Another architecture, by config.json: a GPT-2 config that calls itself Llama is read as
+    // one, and lacks Llama's keys; an architecture tinygpt does not know is named.
     gpt2_copy(dir, "llama", |d| {
         edit_config(d, "model_type", "llama".into())
     });
-    fails(import(&["--from", "llama"]), "\"llama\" is not GPT-2");
+    fails(
+        import(&["--from", "llama"]),
+        "not a Llama config (missing field `hidden_size`)",
+    );
+    gpt2_copy(dir, "mamba", |d| {
+        edit_config(d, "model_type", "mamba".into())
+    });
+    fails(import(&["--from", "mamba"]), "\"mamba\" is not GPT-2 or Llama");
     gpt2_copy(dir, "relu", |d| {
         edit_config(d, "activation_function", "relu".into())
     });
@@ -505,7 +516,30 @@ fn transformers_loads_hf_exports_needs_python() {
             "data.bpe_vocab_size=300",
         ],
     ));
-    for run in ["char", "bpe"] {
+    // Llama's parts, which export as `LlamaForCausalLM`.
+    ok(train(
+        dir,
+        "llama",
+        &[
+            "--max-iters",
+            "30",
+            "--set",
+            "data.tokenizer=bpe",
+            "--set",
+            "data.bpe_vocab_size=300",
+            "--set",
+            "model.position=\"rope\"",
+            "--set",
+            "model.norm=\"rms\"",
+            "--set",
+            "model.mlp=\"swiglu\"",
+            "--set",
+            "model.n_kv_head=1",
+            "--set",
+            "model.bias=false",
+        ],
+    ));
+    for run in ["char", "bpe", "llama"] {
         let hf = format!("{run}-hf");
         ok(tinygpt(
             dir,
@@ -545,8 +579,8 @@ fn transformers_loads_hf_exports_needs_python() {
         ));
         let script = format!(
             "import json, torch\n\
-             from transformers import AutoTokenizer, GPT2LMHeadModel\n\
-             m = GPT2LMHeadModel.from_pretrained('{hf}').eval()\n\
+             from transformers import AutoModelForCausalLM, AutoTokenizer\n\
+             m = AutoModelForCausalLM.from_pretrained('{hf}').eval()\n\
              t = AutoTokenizer.from_pretrained('{hf}')\n\
              ids = t(\"{prompt}\")['input_ids']\n\
              with torch.no_grad():\n    logits = m(torch.tensor([ids])).logits[0].tolist()\n\

@@ -1,0 +1,504 @@
+//! Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, Llama 3.2, TinyLlama, …)
+//! in and out: `config.json`, `model.safetensors` or shards listed in
+//! `model.safetensors.index.json` (f32, f16 or bf16, stored as f32), `tokenizer.json`.
+//!
+//! A Llama block is tinygpt's block with these parts: rotary positions in the `rotate_half`
+//! layout (θ `rope_theta`), RMSNorm with a gain (ε `rms_norm_eps`), a SwiGLU MLP of
+//! `intermediate_size`, `num_key_value_heads` key/value heads, biases as `attention_bias` says.
+//! Its projections are separate `nn.Linear`s (`[out, in]`); tinygpt packs them: `q_proj`,
+//! `k_proj`, `v_proj` are the columns of `c_attn` (q | k | v), `gate_proj` and `up_proj` those
+//! of the MLP's `c_fc` (gate | up). Anything in the config that would compute another function
+//! is refused by name, never ignored.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
+use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
+
+use super::foreign::{Foreign, NamedTensor, read_safetensors, transpose, write_safetensors};
+use super::{Imported, create_run, imported_config};
+use crate::data::tokenizer::Tokenizer;
+
+/// The `LlamaConfig` fields that shape the computation, with transformers' defaults.
+#[derive(Deserialize)]
+pub(super) struct LlamaConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    #[serde(default = "silu")]
+    hidden_act: String,
+    #[serde(default = "max_positions")]
+    max_position_embeddings: usize,
+    #[serde(default = "rms_eps")]
+    rms_norm_eps: f64,
+    /// Where transformers before 5 wrote the rotary base and any scaling of it.
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    /// Where transformers 5 writes both: `{"rope_theta": …, "rope_type": "default"}`.
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default = "one")]
+    pretraining_tp: usize,
+}
+
+fn silu() -> String {
+    "silu".into()
+}
+fn max_positions() -> usize {
+    2048
+}
+fn rms_eps() -> f64 {
+    1e-6
+}
+fn one() -> usize {
+    1
+}
+
+/// The context an import takes when `--block-size` is not given and the model allows more:
+/// what a laptop can fine-tune at (the memory check says if even that is too much).
+pub const DEFAULT_BLOCK: usize = 2048;
+
+/// Whether `config.json` (already read) describes a Llama-family model.
+pub fn is_llama(config: &serde_json::Value) -> bool {
+    let named = |key: &str, value: &str| {
+        config.get(key).and_then(|v| v.as_str()) == Some(value)
+            || config
+                .get(key)
+                .and_then(|v| v.as_array())
+                .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(value)))
+    };
+    named("model_type", "llama") || named("architectures", "LlamaForCausalLM")
+}
+
+/// The rotary base of a Llama config, or the scaling it asks for that tinygpt does not do.
+fn rope_base(hf: &LlamaConfig) -> Result<f64> {
+    let parameters = hf.rope_parameters.as_ref().filter(|v| !v.is_null());
+    for (key, settings) in [
+        (
+            "rope_scaling",
+            hf.rope_scaling.as_ref().filter(|v| !v.is_null()),
+        ),
+        ("rope_parameters", parameters),
+    ] {
+        let Some(settings) = settings else { continue };
+        let kind = settings
+            .get("rope_type")
+            .or_else(|| settings.get("type"))
+            .and_then(|v| v.as_str());
+        match (kind, key) {
+            (Some("default"), _) | (None, "rope_parameters") => {}
+            (kind, _) => bail!(
+                "{key} ({}) is not supported: tinygpt rotates by rope_theta alone",
+                kind.unwrap_or("unnamed")
+            ),
+        }
+    }
+    let theta = parameters
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(|v| v.as_f64())
+        .or(hf.rope_theta);
+    Ok(theta.unwrap_or(10_000.0))
+}
+
+/// tinygpt's architecture for a Llama config with a context of `block_size` tokens (`None`: the
+/// smaller of `max_position_embeddings` and [`DEFAULT_BLOCK`]), or the part it cannot compute.
+pub(super) fn architecture(hf: &LlamaConfig, block_size: Option<usize>) -> Result<GptConfig> {
+    let rope_theta = rope_base(hf)?;
+    if hf.hidden_act != "silu" {
+        bail!(
+            "hidden_act \"{}\" is not supported: tinygpt's SwiGLU gates with silu",
+            hf.hidden_act
+        );
+    }
+    if hf.attention_bias != hf.mlp_bias {
+        bail!(
+            "attention_bias = {} and mlp_bias = {}: tinygpt's `bias` is one setting for both",
+            hf.attention_bias,
+            hf.mlp_bias
+        );
+    }
+    if hf.pretraining_tp != 1 {
+        bail!(
+            "pretraining_tp = {} is not supported (1 only)",
+            hf.pretraining_tp
+        );
+    }
+    let heads = hf.num_attention_heads.max(1);
+    if let Some(head_dim) = hf.head_dim.filter(|&d| d * heads != hf.hidden_size) {
+        bail!(
+            "head_dim = {head_dim} is not hidden_size / num_attention_heads = {}: tinygpt's \
+             heads split the width",
+            hf.hidden_size / heads
+        );
+    }
+    let max = hf.max_position_embeddings;
+    let block_size = match block_size {
+        Some(b) if b > max => bail!("--block-size {b} is longer than the model's {max} positions"),
+        Some(b) => b,
+        None => max.min(DEFAULT_BLOCK),
+    };
+    Ok(GptConfig {
+        block_size,
+        n_layer: hf.num_hidden_layers,
+        n_head: hf.num_attention_heads,
+        n_embd: hf.hidden_size,
+        dropout: 0.0,
+        bias: hf.attention_bias,
+        tie_embeddings: hf.tie_word_embeddings,
+        position: Position::Rope,
+        norm: Norm::Rms,
+        mlp: Mlp::SwiGlu,
+        layer_norm_eps: hf.rms_norm_eps,
+        // Filled in from the tokenizer and the embedding's rows by `imported_config`.
+        vocab_size: 0,
+        kernel: GptConfig::default().kernel,
+        logit_softcap: 0.0,
+        rope_theta,
+        n_kv_head: hf
+            .num_key_value_heads
+            .filter(|&kv| kv != hf.num_attention_heads),
+        qk_norm: false,
+        mlp_hidden: Some(hf.intermediate_size),
+        proj_init: ProjInit::Scaled,
+    })
+}
+
+/// Imports the Llama directory `dir` into the run directory `out`; `tokenizer` replaces the
+/// directory's own `tokenizer.json`.
+pub fn import(
+    dir: &Path,
+    config: serde_json::Value,
+    tokenizer: Option<&Path>,
+    block_size: Option<usize>,
+    out: &Path,
+) -> Result<Imported> {
+    let config_path = dir.join("config.json");
+    let hf: LlamaConfig = serde_json::from_value(config)
+        .map_err(|e| anyhow!("{}: not a Llama config ({e})", config_path.display()))?;
+    let model = architecture(&hf, block_size).with_context(|| config_path.display().to_string())?;
+    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
+    if !tokenizer_path.exists() {
+        bail!(
+            "{} has no tokenizer.json (save it with tokenizer.save_pretrained, or pass --tokenizer)",
+            dir.display()
+        );
+    }
+    let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
+    let (config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
+    let mut notes: Vec<String> = note.into_iter().collect();
+    if config.model.block_size < hf.max_position_embeddings {
+        notes.push(format!(
+            "context {} of the model's {} positions (--block-size to change it)",
+            config.model.block_size, hf.max_position_embeddings
+        ));
+    }
+    let (files, tensors) = read_weights(dir)?;
+    let model = build(&config.gpt(hf.vocab_size), tensors)
+        .map_err(|e| anyhow!("{}: {e:#}", files.display()))?;
+    create_run(out, config.clone(), tokenizer, &model)?;
+    Ok(Imported {
+        format: "Hugging Face Llama directory",
+        config,
+        vocab_size: hf.vocab_size,
+        notes,
+    })
+}
+
+/// Every tensor of `dir`'s weights: `model.safetensors`, or the shards its
+/// `model.safetensors.index.json` lists. Returns what to name in errors, and the tensors.
+fn read_weights(dir: &Path) -> Result<(PathBuf, BTreeMap<String, Foreign>)> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok((single.clone(), read_safetensors(&single)?));
+    }
+    let index_path = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index_path).with_context(|| {
+        format!(
+            "{} has neither model.safetensors nor model.safetensors.index.json",
+            dir.display()
+        )
+    })?;
+    let index: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{} is invalid ({e})", index_path.display()))?;
+    let map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| anyhow!("{} has no weight_map", index_path.display()))?;
+    let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    let mut tensors = BTreeMap::new();
+    for shard in shards {
+        if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+            bail!(
+                "{}: shard name {shard:?} leaves the directory",
+                index_path.display()
+            );
+        }
+        tensors.extend(read_safetensors(&dir.join(shard))?);
+    }
+    if let Some(name) = map.keys().find(|name| !tensors.contains_key(*name)) {
+        bail!("{}: tensor `{name}` is in no shard", index_path.display());
+    }
+    Ok((index_path, tensors))
+}
+
+/// Where a Llama checkpoint keeps what a tinygpt slot holds: its tensor names (several are
+/// concatenated along the output axis), and whether they are `nn.Linear` weights (`[out, in]`,
+/// transposed into Burn's `[in, out]`). An exhaustive match: a slot added to the table does
+/// not compile until it says.
+fn sources(slot: Slot) -> (Vec<String>, bool) {
+    let layer = |l: usize, names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .map(|n| format!("model.layers.{l}.{n}"))
+            .collect()
+    };
+    match slot {
+        Slot::TokenEmbedding => (vec!["model.embed_tokens.weight".into()], false),
+        // Rotary positions have no table; the model is built without one.
+        Slot::PositionEmbedding => (vec![], false),
+        Slot::FinalNormGain => (vec!["model.norm.weight".into()], false),
+        // RMSNorm has no shift.
+        Slot::FinalNormBias => (vec![], false),
+        Slot::LmHead => (vec!["lm_head.weight".into()], true),
+        Slot::Block(l, slot) => match slot {
+            BlockSlot::Ln1Gain => (layer(l, &["input_layernorm.weight"]), false),
+            BlockSlot::Ln2Gain => (layer(l, &["post_attention_layernorm.weight"]), false),
+            BlockSlot::Ln1Bias | BlockSlot::Ln2Bias => (vec![], false),
+            BlockSlot::AttnWeight => (
+                layer(
+                    l,
+                    &[
+                        "self_attn.q_proj.weight",
+                        "self_attn.k_proj.weight",
+                        "self_attn.v_proj.weight",
+                    ],
+                ),
+                true,
+            ),
+            BlockSlot::AttnBias => (
+                layer(
+                    l,
+                    &[
+                        "self_attn.q_proj.bias",
+                        "self_attn.k_proj.bias",
+                        "self_attn.v_proj.bias",
+                    ],
+                ),
+                false,
+            ),
+            BlockSlot::AttnProjWeight => (layer(l, &["self_attn.o_proj.weight"]), true),
+            BlockSlot::AttnProjBias => (layer(l, &["self_attn.o_proj.bias"]), false),
+            BlockSlot::FcWeight => (
+                layer(l, &["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
+                true,
+            ),
+            BlockSlot::FcBias => (layer(l, &["mlp.gate_proj.bias", "mlp.up_proj.bias"]), false),
+            BlockSlot::MlpProjWeight => (layer(l, &["mlp.down_proj.weight"]), true),
+            BlockSlot::MlpProjBias => (layer(l, &["mlp.down_proj.bias"]), false),
+        },
+    }
+}
+
+/// A model of `gpt` holding the Llama tensors: every present slot filled from its sources (each
+/// shape checked), and no tensor left over.
+fn build(gpt: &GptConfig, mut tensors: BTreeMap<String, Foreign>) -> Result<tinygpt_model::Gpt> {
+    let mut model = gpt.init(&burn::tensor::Device::flex())?;
+    let mut out = Vec::new();
+    for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
+        let want = name.slot.shape(gpt);
+        let (names, linear) = sources(name.slot);
+        if names.is_empty() {
+            bail!("tinygpt's `{}` has no Llama counterpart", name.burn);
+        }
+        // Stored `[out, in]` for a linear layer: the pieces stack along `out`.
+        let (rows, cols) = match linear {
+            true => (want[1], want[0]),
+            false => (want[0], want.get(1).copied().unwrap_or(1)),
+        };
+        let mut values = Vec::with_capacity(rows * cols);
+        for source in &names {
+            let t = tensors
+                .remove(source)
+                .ok_or_else(|| anyhow!("tensor `{source}` is missing"))?;
+            let width: usize = t.shape.iter().skip(1).product();
+            if t.shape.is_empty() || width != cols || values.len() + t.values.len() > rows * cols {
+                bail!(
+                    "tensor `{source}` has shape {:?}, which does not fit tinygpt's `{}` {want:?}",
+                    t.shape,
+                    name.burn
+                );
+            }
+            values.extend(t.values);
+        }
+        if values.len() != rows * cols {
+            bail!(
+                "the tensors of tinygpt's `{}` do not fill {want:?}",
+                name.burn
+            );
+        }
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let (shape, bytes) = match linear {
+            true => transpose(&[rows, cols], &bytes),
+            false => (want, bytes),
+        };
+        out.push((name.burn, shape, bytes));
+    }
+    // A tied checkpoint may still carry `lm_head.weight` equal to the embedding; older ones
+    // carry the rotary frequencies as a buffer.
+    if gpt.tie_embeddings {
+        tensors.remove("lm_head.weight");
+    }
+    tensors.retain(|name, _| !name.ends_with("rotary_emb.inv_freq"));
+    if let Some(extra) = tensors.keys().next() {
+        bail!("unexpected tensor `{extra}` (a part tinygpt does not have?)");
+    }
+    crate::run::weights::load_weights(&mut model, write_safetensors(&out)?)?;
+    Ok(model)
+}
+
+/// Whether `LlamaForCausalLM` computes what a model of `config` computes, or the part it lacks
+/// (`"with LayerNorm (…)"`). An exhaustive destructuring, so a new part of the architecture does
+/// not compile until this format says what it does with it.
+pub(super) fn expressible(config: &GptConfig) -> Result<(), String> {
+    let GptConfig {
+        vocab_size: _,
+        block_size: _,
+        n_layer: _,
+        n_head: _,
+        n_embd: _,
+        dropout: _,
+        // `attention_bias` and `mlp_bias` both.
+        bias: _,
+        tie_embeddings: _,
+        kernel: _,
+        position,
+        norm,
+        mlp,
+        layer_norm_eps: _,
+        logit_softcap,
+        mlp_hidden: _,
+        proj_init: _,
+        rope_theta: _,
+        n_kv_head: _,
+        qk_norm,
+    } = config;
+    let refuse = |part: &str| Err(part.to_string());
+    match position {
+        Position::Rope => {}
+        Position::Learned => return refuse("with learned positions (Llama's are rotary)"),
+        Position::None => return refuse("without positions (`model.position = \"none\"`)"),
+    }
+    match norm {
+        Norm::Rms => {}
+        Norm::Layer => return refuse("with LayerNorm (Llama normalises with RMSNorm)"),
+        Norm::RmsUnit => return refuse("with gain-less RMSNorm (Llama's has a gain)"),
+        Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
+    }
+    match mlp {
+        Mlp::SwiGlu => {}
+        Mlp::Gelu | Mlp::GeluTanh => return refuse("with a GELU MLP (Llama's is SwiGLU)"),
+        Mlp::Relu2 => return refuse("with a ReLU² MLP (Llama's is SwiGLU)"),
+        Mlp::None => return refuse("without the MLP (`model.mlp = \"none\"`)"),
+    }
+    if *qk_norm {
+        return refuse("with QK-norm (`model.qk_norm`)");
+    }
+    if *logit_softcap > 0.0 {
+        return refuse("with soft-capped logits (`model.logit_softcap`)");
+    }
+    Ok(())
+}
+
+/// The `LlamaForCausalLM` tensors of a model of `gpt` whose Burn tensors are `burn`: each
+/// slot's tensor transposed to `[out, in]` where it is a linear weight and split into its
+/// sources (`c_attn` into q, k, v; `c_fc` into gate, up). A tied head is left out, as
+/// `save_pretrained` does.
+pub(super) fn tensors(
+    gpt: &GptConfig,
+    burn: &super::foreign::TensorTable,
+) -> Result<Vec<NamedTensor>> {
+    let mut out = Vec::new();
+    for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
+        let (shape, bytes) = burn
+            .get(&name.burn)
+            .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;
+        let (names, linear) = sources(name.slot);
+        let (shape, bytes) = match linear {
+            true => transpose(shape, bytes),
+            false => (shape.clone(), bytes.clone()),
+        };
+        // Rows of each source along the output axis: q, k, v are `n_head` and `kv_heads`
+        // heads wide; gate and up are equal halves.
+        let rows = shape[0];
+        let cols: usize = shape.iter().skip(1).product();
+        let kv = gpt.kv_heads() * gpt.head_size();
+        let split = match names.len() {
+            3 => vec![rows - 2 * kv, kv, kv],
+            n => vec![rows / n.max(1); n],
+        };
+        let mut at = 0;
+        for (source, n) in names.into_iter().zip(split) {
+            let piece = bytes[at * cols * 4..(at + n) * cols * 4].to_vec();
+            let piece_shape = match shape.len() {
+                1 => vec![n],
+                _ => vec![n, cols],
+            };
+            out.push((source, piece_shape, piece));
+            at += n;
+        }
+    }
+    Ok(out)
+}
+
+/// `config.json` for `LlamaForCausalLM`, of the model `m` (its `vocab_size` resolved).
+pub(super) fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
+    let special = |names: &[&str]| match tokenizer {
+        Tokenizer::Bpe(t) => names.iter().find_map(|n| t.token_to_id(n)),
+        Tokenizer::Char { .. } => None,
+    };
+    let bos = special(&["<|endoftext|>", "<s>", "<|begin_of_text|>"]);
+    let eos = special(&["<|endoftext|>", "</s>", "<|end_of_text|>"]);
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.n_embd,
+        "intermediate_size": m.mlp_width(),
+        "num_hidden_layers": m.n_layer,
+        "num_attention_heads": m.n_head,
+        "num_key_value_heads": m.kv_heads(),
+        "head_dim": m.head_size(),
+        "hidden_act": "silu",
+        "max_position_embeddings": m.block_size,
+        "rms_norm_eps": m.layer_norm_eps,
+        "rope_theta": m.rope_theta,
+        "rope_scaling": null,
+        "tie_word_embeddings": m.tie_embeddings,
+        "attention_bias": m.bias,
+        "mlp_bias": m.bias,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "pretraining_tp": 1,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "use_cache": true,
+        "torch_dtype": "float32",
+    });
+    Ok(serde_json::to_string_pretty(&config)?)
+}

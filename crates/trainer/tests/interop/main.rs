@@ -443,7 +443,10 @@ fn bad_imports_are_one_line_and_write_nothing() {
     gpt2_copy(dir, "mamba", |d| {
         edit_config(d, "model_type", "mamba".into())
     });
-    fails(import(&["--from", "mamba"]), "\"mamba\" is not GPT-2 or Llama");
+    fails(
+        import(&["--from", "mamba"]),
+        "\"mamba\" is not GPT-2 or Llama",
+    );
     gpt2_copy(dir, "relu", |d| {
         edit_config(d, "activation_function", "relu".into())
     });

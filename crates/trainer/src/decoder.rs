@@ -6,7 +6,7 @@ use anyhow::Result;
 use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError, Pick, Picked};
 
 use crate::backend::{EngineKind, Placement};
-use crate::config::TrainDType;
+use crate::config::{OptimizerKind, TrainDType};
 
 /// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
 /// [`Placement::engine_for`] picks the fused engine (an explicit `fused` on a model it does not
@@ -19,7 +19,9 @@ pub fn decoder<'a>(
     tokens: usize,
 ) -> Result<Box<dyn Decoder + 'a>> {
     decoder_for(
-        placement.engine_for(model.config(), TrainDType::F32)?.0,
+        placement
+            .engine_for(model.config(), TrainDType::F32, OptimizerKind::AdamW)?
+            .0,
         model,
         tokens,
     )

@@ -12,7 +12,7 @@ use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
 use tinygpt_model::{GptConfig, fused_support};
 
-use crate::config::TrainDType;
+use crate::config::{OptimizerKind, TrainDType};
 
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -103,9 +103,13 @@ impl Placement {
         &self,
         config: &GptConfig,
         dtype: TrainDType,
+        optimizer: OptimizerKind,
     ) -> Result<(EngineKind, Option<String>)> {
-        let support = match dtype {
-            TrainDType::F32 => fused_support(config).map_err(|e| e.to_string()),
+        let support = match (dtype, optimizer) {
+            (TrainDType::F32, OptimizerKind::AdamW) => {
+                fused_support(config).map_err(|e| e.to_string())
+            }
+            (TrainDType::F32, OptimizerKind::Muon) => Err(MUON_NOT_FUSED.to_string()),
             _ => Err(format!(
                 "the fused CPU engine computes in f32 only, not train.dtype = \"{}\"",
                 dtype.name()
@@ -126,10 +130,18 @@ impl Placement {
             (EngineKind::Fused, Err(e)) => {
                 (EngineKind::Autodiff, Some(format!("{e}; training on flex")))
             }
+            (EngineKind::Device, _) if optimizer == OptimizerKind::Muon => (
+                EngineKind::Autodiff,
+                Some("Muon updates through Burn's optimizer on the device".into()),
+            ),
             (kind @ (EngineKind::Autodiff | EngineKind::Device), _) => (kind, None),
         })
     }
 }
+
+/// Why the fused CPU engine does not train a run with Muon.
+pub const MUON_NOT_FUSED: &str = "the fused CPU engine does not implement Muon yet (`train.optimizer = \"muon\"`); \
+     --backend flex runs it";
 
 /// What computes a model's losses, gradients, updates and samples: what a backend asks for
 /// ([`Placement::engine`]) and [`Placement::engine_for`] decides for a model. Each is one

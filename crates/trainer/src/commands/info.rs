@@ -68,8 +68,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         integrity(&last)
     );
     // Where `auto` trains it on a machine without a GPU.
-    let (engine, _) =
-        tinygpt::backend::Placement::cpu().engine_for(&gpt, run.config.train.dtype)?;
+    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(
+        &gpt,
+        run.config.train.dtype,
+        run.config.train.optimizer,
+    )?;
     let fused = engine == tinygpt::backend::EngineKind::Fused;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
     println!(

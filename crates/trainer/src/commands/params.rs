@@ -62,7 +62,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
-    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(&config, TrainDType::F32)?;
+    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(
+        &config,
+        TrainDType::F32,
+        Default::default(),
+    )?;
     let fused = engine == tinygpt::backend::EngineKind::Fused;
     println!(
         "memory to train with batch {} on the CPU ({}): ~{}",

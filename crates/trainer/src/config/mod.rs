@@ -97,6 +97,18 @@ pub enum LrSchedule {
     Wsd,
 }
 
+/// What updates the weights (`train.optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// nanoGPT's AdamW for every parameter (weight decay on 2-D weights only).
+    #[default]
+    AdamW,
+    /// Muon for the matrices inside the blocks, AdamW for the embeddings, the head, the gains
+    /// and the biases (nanochat's and modded-nanogpt's split); see `train::muon`.
+    Muon,
+}
+
 /// The precision a training step computes in (`train.dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -157,6 +169,18 @@ pub struct TrainSection {
     pub beta2: f64,
     /// AdamW weight decay, on 2-D weights only.
     pub weight_decay: f64,
+    /// "adamw" (nanoGPT's, the default) or "muon": see [`OptimizerKind`].
+    pub optimizer: OptimizerKind,
+    /// With `muon`: the blocks' matrices' peak learning rate (the schedule scales it as it
+    /// scales `learning_rate`). nanochat's 0.02.
+    pub muon_learning_rate: f64,
+    /// With `muon`: Nesterov momentum, warmed up from `muon_momentum_start` over
+    /// `muon_momentum_warmup` steps (nanochat: 0.85 → 0.95 over 300).
+    pub muon_momentum: f64,
+    pub muon_momentum_start: f64,
+    pub muon_momentum_warmup: usize,
+    /// With `muon`: decoupled weight decay of the matrices, at Muon's learning rate; 0.
+    pub muon_weight_decay: f64,
     /// Clip the global gradient norm (all parameters together) to this; 0 = off.
     pub grad_clip: f64,
     /// A step whose loss or gradient norm is NaN or infinite skips its update; after this many
@@ -201,6 +225,12 @@ impl Default for TrainSection {
             beta1: 0.9,
             beta2: 0.99,
             weight_decay: 0.1,
+            optimizer: OptimizerKind::AdamW,
+            muon_learning_rate: 0.02,
+            muon_momentum: 0.95,
+            muon_momentum_start: 0.85,
+            muon_momentum_warmup: 300,
+            muon_weight_decay: 0.0,
             grad_clip: 1.0,
             nonfinite_limit: 5,
             eval_interval: 250,
@@ -306,6 +336,22 @@ impl RunConfig {
                 "`train.decay_fraction` must be in (0, 1], got {}",
                 t.decay_fraction
             );
+        }
+        for (key, value) in [
+            ("train.muon_momentum", t.muon_momentum),
+            ("train.muon_momentum_start", t.muon_momentum_start),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                bail!("`{key}` must be in [0, 1), got {value}");
+            }
+        }
+        for (key, value) in [
+            ("train.muon_learning_rate", t.muon_learning_rate),
+            ("train.muon_weight_decay", t.muon_weight_decay),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!("`{key}` must be a finite number >= 0, got {value}");
+            }
         }
         for (key, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
             if !(0.0..1.0).contains(&value) {

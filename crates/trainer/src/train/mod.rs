@@ -21,6 +21,7 @@ pub mod device_adamw;
 pub mod engine;
 pub mod loss_scale;
 pub mod memory;
+pub mod muon;
 pub mod optim;
 mod record;
 mod report;

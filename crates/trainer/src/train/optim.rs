@@ -1,4 +1,5 @@
-//! The optimizer: nanoGPT's AdamW (decay on 2-D weights only) and learning-rate schedule, the
+//! The optimizer: nanoGPT's AdamW (decay on 2-D weights only), or Muon for the blocks'
+//! matrices beside it ([`crate::train::muon`]), and the learning-rate schedule; the
 //! [`Optimizer`] part every engine takes, and AdamW's state moved between Burn's optimizer
 //! record and the flat form the fused and device engines keep it in.
 
@@ -6,9 +7,10 @@ use anyhow::{Context, Result};
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{AdamWSettings, Gpt, MomentState};
+use tinygpt_model::{AdamWSettings, BlockSlot, Gpt, MomentState, Slot, parameter_table};
 
-use crate::config::{LrSchedule, RunConfig};
+use crate::config::{LrSchedule, OptimizerKind, RunConfig};
+use crate::train::muon::{Muon, MuonSettings};
 
 /// The update rule an engine applies once it has the (clipped) gradients. Every engine matches
 /// on it exhaustively, so a new rule does not compile until each engine implements it or
@@ -18,6 +20,11 @@ pub enum UpdateRule {
     /// AdamW with nanoGPT's groups: Burn's `AdamW` on the host engine, the same arithmetic on
     /// the fused engine's buffers and on the device engine's flat buffers.
     AdamW(AdamWSettings),
+    /// Muon for the matrices inside the blocks and AdamW for the rest, both in Burn's
+    /// optimizer (two more groups): the host engine runs it; the fused and device engines do
+    /// not yet, and [`Placement::engine_for`](crate::backend::Placement::engine_for) routes
+    /// around them.
+    Muon(AdamWSettings, MuonSettings),
 }
 
 /// What an engine takes to update the weights: the rule, and Burn's optimizer holding its state
@@ -31,10 +38,12 @@ impl Optimizer {
     /// The run's optimizer for `model`, its state in `burn` (a fresh [`optimizer`], or one
     /// loaded from a checkpoint with [`load_optimizer`]).
     pub fn for_run(config: &RunConfig, model: &Gpt, burn: ModuleOptimizer) -> Self {
-        Self {
-            rule: UpdateRule::AdamW(adamw_settings(config, model)),
-            burn,
-        }
+        let adamw = adamw_settings(config, model);
+        let rule = match config.train.optimizer {
+            OptimizerKind::AdamW => UpdateRule::AdamW(adamw),
+            OptimizerKind::Muon => UpdateRule::Muon(adamw, muon_settings(config)),
+        };
+        Self { rule, burn }
     }
 }
 
@@ -84,8 +93,52 @@ pub fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
     }
 }
 
+/// Muon's settings under `config`.
+pub fn muon_settings(config: &RunConfig) -> MuonSettings {
+    let t = &config.train;
+    MuonSettings {
+        lr_ratio: t.muon_learning_rate / t.learning_rate,
+        momentum: t.muon_momentum,
+        momentum_start: t.muon_momentum_start,
+        warmup: t.muon_momentum_warmup,
+        weight_decay: t.muon_weight_decay,
+    }
+}
+
+/// The Burn paths of the parameters Muon updates: the 2-D matrices inside the blocks (the
+/// attention's and the MLP's projections), never the embeddings, the head, gains or biases.
+pub fn muon_paths(model: &Gpt) -> Vec<String> {
+    parameter_table(model.config())
+        .into_iter()
+        .filter(|p| p.present)
+        .filter(|p| match p.slot {
+            Slot::Block(_, slot) => match slot {
+                BlockSlot::AttnWeight
+                | BlockSlot::AttnProjWeight
+                | BlockSlot::FcWeight
+                | BlockSlot::MlpProjWeight => true,
+                BlockSlot::Ln1Gain
+                | BlockSlot::Ln1Bias
+                | BlockSlot::AttnBias
+                | BlockSlot::AttnProjBias
+                | BlockSlot::Ln2Gain
+                | BlockSlot::Ln2Bias
+                | BlockSlot::FcBias
+                | BlockSlot::MlpProjBias => false,
+            },
+            Slot::TokenEmbedding
+            | Slot::PositionEmbedding
+            | Slot::FinalNormGain
+            | Slot::FinalNormBias
+            | Slot::LmHead => false,
+        })
+        .map(|p| p.burn)
+        .collect()
+}
+
 /// Burn's AdamW with nanoGPT's two groups ([`adamw_settings`]): weight decay on 2-D weights,
-/// none on biases and gains.
+/// none on biases and gains; with `optimizer = "muon"`, a third group, the blocks' matrices
+/// ([`muon_paths`]), under [`Muon`].
 pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
     let s = adamw_settings(config, model);
     let adamw = |weight_decay: f32| {
@@ -100,11 +153,20 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
         .map(ParamId::from)
         .filter(|id| !s.decayed.contains(id))
         .collect();
-    adamw(s.weight_decay).init().with_group(
+    let optim = adamw(s.weight_decay).init().with_group(
         ParamGroup::from_ids(undecayed),
         adamw(0.0).build(),
         None,
-    )
+    );
+    match config.train.optimizer {
+        OptimizerKind::AdamW => optim,
+        OptimizerKind::Muon => {
+            let muon = Muon {
+                settings: muon_settings(config),
+            };
+            optim.with_group(ParamGroup::from_paths(muon_paths(model)), muon, None)
+        }
+    }
 }
 
 /// `optim`'s record as a checkpoint's `optimizer.bpk` holds it.

@@ -67,7 +67,8 @@ impl Trainer {
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = record::sample_prompt(config, tokenizer, &data)?;
         let gpt = config.gpt(tokenizer.vocab_size());
-        let (kind, engine_note) = placement.engine_for(&gpt, config.train.dtype)?;
+        let (kind, engine_note) =
+            placement.engine_for(&gpt, config.train.dtype, config.train.optimizer)?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let config = config.clone();

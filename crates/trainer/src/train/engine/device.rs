@@ -46,6 +46,9 @@ impl DeviceEngine {
         let states = moments_from_burn(&optim).context("optimizer state")?;
         let adamw = match optimizer.rule {
             UpdateRule::AdamW(settings) => DeviceAdamW::new(settings, states, &model, &device),
+            UpdateRule::Muon(..) => anyhow::bail!(
+                "the device engine updates with AdamW only; Muon trains through Burn's optimizer"
+            ),
         };
         let adamw = adamw.context("optimizer state")?;
         Ok(Self {

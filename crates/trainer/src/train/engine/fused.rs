@@ -31,8 +31,10 @@ pub(super) struct FusedEngine {
 impl FusedEngine {
     pub fn new(model: Gpt, optimizer: Optimizer, threads: usize) -> Result<Self> {
         let optim = optimizer.burn;
-        // A pattern that stops being irrefutable, and so compiling, when a rule is added.
-        let UpdateRule::AdamW(adamw) = optimizer.rule;
+        let adamw = match optimizer.rule {
+            UpdateRule::AdamW(adamw) => adamw,
+            UpdateRule::Muon(..) => anyhow::bail!("{}", crate::backend::MUON_NOT_FUSED),
+        };
         let mut fused = FusedCpu::new(&model, threads)?;
         fused
             .load_adamw_state(moments_from_burn(&optim)?)

@@ -1,4 +1,5 @@
-//! [`HostEngine`]: Burn's autodiff and Burn's AdamW on a CPU backend (flex, ndarray).
+//! [`HostEngine`]: Burn's autodiff and Burn's optimizer (AdamW, or Muon beside it) on a CPU
+//! backend (flex, ndarray), or on a GPU for an update the device engine does not implement.
 
 use anyhow::Result;
 use burn::optim::ModuleOptimizer;
@@ -32,7 +33,7 @@ impl HostEngine {
     ) -> Self {
         // Burn's optimizer is the rule here.
         let optim = match optimizer.rule {
-            UpdateRule::AdamW(_) => optimizer.burn,
+            UpdateRule::AdamW(_) | UpdateRule::Muon(..) => optimizer.burn,
         };
         Self {
             burn: BurnModel::new(model, device, threads, dtype),

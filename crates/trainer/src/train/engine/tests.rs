@@ -294,3 +294,94 @@ fn a_non_finite_step_on_the_device_changes_no_weight_and_no_moment() {
         );
     }
 }
+
+/// `optimizer = "muon"`: the blocks' four matrices per layer get Muon's state (a momentum
+/// buffer and a step count), everything else AdamW's; a run stopped and resumed from the
+/// checkpointed state follows the uninterrupted one bit for bit (the momentum warm-up reads the
+/// saved step count); the weights move otherwise than under AdamW; a GPU placement trains it
+/// through Burn's optimizer (the host engine).
+#[test]
+fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
+    let overrides: Vec<String> = [
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=16",
+        "model.block_size=8",
+        "train.batch_size=3",
+        "train.warmup_iters=2",
+        "train.optimizer=\"muon\"",
+        "train.muon_momentum_warmup=4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let config = ConfigSource::Preset("baby").load(&overrides).unwrap();
+    let data = random_tokens(&config);
+    let model = model(&config);
+    let mut whole = engine(&config, model.clone(), false);
+    for step in 0..6 {
+        train_step(whole.as_mut(), &data, &config, step).unwrap();
+    }
+    let mut first = engine(&config, model.clone(), false);
+    for step in 0..3 {
+        train_step(first.as_mut(), &data, &config, step).unwrap();
+    }
+    let bytes = first.optimizer_bytes().unwrap();
+    let reader =
+        burn_pack::Reader::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes.clone())).unwrap();
+    let steps: Vec<u64> = reader
+        .scalars()
+        .iter()
+        .filter(|(name, _)| name.ends_with(".step"))
+        .map(|(_, value)| match value {
+            burn_pack::Scalar::UInt(n) => *n,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let names: Vec<String> = reader
+        .into_tensors()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.into_parts().unwrap().0)
+        .collect();
+    let count = |leaf: &str| names.iter().filter(|n| n.ends_with(leaf)).count();
+    assert_eq!(count(".velocity"), 4 * 2, "{names:?}");
+    assert_eq!(steps, vec![3; 8]);
+    let params = crate::run::weights::param_ids(&model).len();
+    assert_eq!(count(".moment_1"), params - 8, "{names:?}");
+    // Resume: the weights after three steps and the saved state, three more steps.
+    let held = first.model().unwrap().clone();
+    let loaded = crate::train::optim::load_optimizer(&config, &held, bytes).unwrap();
+    let placement = Placement {
+        device: Device::flex(),
+        device_name: "flex",
+        engine: EngineKind::Autodiff,
+        strict: false,
+        memory: Memory::Host,
+        note: None,
+    };
+    let optim = Optimizer::for_run(&config, &held, loaded);
+    let mut resumed = open(&placement, held, optim, 1, TrainDType::F32).unwrap().0;
+    for step in 3..6 {
+        train_step(resumed.as_mut(), &data, &config, step).unwrap();
+    }
+    assert_eq!(weights(resumed.as_mut()), weights(whole.as_mut()));
+    // Not AdamW in disguise.
+    let mut adamw_config = config.clone();
+    adamw_config.train.optimizer = crate::config::OptimizerKind::AdamW;
+    let mut adamw = engine(&adamw_config, model.clone(), false);
+    for step in 0..6 {
+        train_step(adamw.as_mut(), &data, &adamw_config, step).unwrap();
+    }
+    assert!(max_difference(&weights(adamw.as_mut()), &weights(whole.as_mut())) > 1e-3);
+    // A GPU placement (the device engine) hands Muon to Burn's optimizer, and says so.
+    let device_like = Placement {
+        engine: EngineKind::Device,
+        memory: Memory::Unreported,
+        ..placement
+    };
+    let optim = Optimizer::for_run(&config, &model, optimizer(&config, &model));
+    let (engine, note) = open(&device_like, model, optim, 1, TrainDType::F32).unwrap();
+    assert_eq!(engine.kind(), EngineKind::Autodiff);
+    assert!(note.is_some_and(|n| n.contains("Muon")));
+}

@@ -45,6 +45,11 @@ pub struct Args {
     /// 0, as for a finished run (Ctrl-C exits 130).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     max_time: Option<Duration>,
+    /// Stop at the first evaluation (every train.eval_interval steps) where the loss over the
+    /// whole validation split is at most this, and say how long training took to get there
+    /// (evaluations not counted): time to a good model.
+    #[arg(long, value_name = "LOSS")]
+    to_loss: Option<f64>,
     /// Seed of the initial weights, batches and dropout (overrides train.seed).
     #[arg(long)]
     seed: Option<u64>,
@@ -91,11 +96,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         eprintln!("\ntinygpt: stopping after this step and saving (Ctrl-C again to quit now)");
     })
     .context("cannot install the Ctrl-C handler")?;
+    if let Some(loss) = args.to_loss.filter(|l| !(l.is_finite() && *l > 0.0)) {
+        anyhow::bail!("--to-loss must be a loss > 0, got {loss}");
+    }
     let mut trainer = Trainer::open(&args.options())?;
     println!("{}", trainer.describe()?);
     let limits = Limits {
         stop: &stop,
         max_time: args.max_time,
+        to_loss: args.to_loss,
     };
     let outcome = trainer.run(limits)?;
     if outcome.interrupted {

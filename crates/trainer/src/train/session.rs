@@ -21,7 +21,7 @@ use super::record::Recording;
 use super::report::Clock;
 use crate::backend::describe;
 use crate::config::{RunConfig, TrainDType};
-use crate::data::{Batch, Dataset, mix, step_rng};
+use crate::data::{Batch, Dataset, mix, step_rng, sweep};
 use crate::progress::Progress;
 use crate::run::checkpoint::{Run, TrainState, Which};
 use crate::run::journal::{Journal, StepLine};
@@ -34,10 +34,13 @@ const DROPOUT_STREAM: u64 = 1 << 21;
 /// scale has then fallen by 2^32 from where it overflowed.
 const OVERFLOW_LIMIT: usize = 32;
 
-/// When [`Trainer::run`] stops early: Ctrl-C, or a time limit.
+/// When [`Trainer::run`] stops early: Ctrl-C, a time limit, or a target loss.
 pub struct Limits<'a> {
     pub stop: &'a AtomicBool,
     pub max_time: Option<Duration>,
+    /// Stop at the first evaluation whose loss over the whole validation split is at most
+    /// this (time to a good model, as modded-nanogpt's speedrun measures it).
+    pub to_loss: Option<f64>,
 }
 
 /// How a training run ended.
@@ -300,6 +303,11 @@ impl Trainer {
             let step = self.state.step;
             if evaluates_at(&self.config, step) {
                 self.evaluate_and_save(&mut clock, &progress)?;
+                if let Some(target) = limits.to_loss
+                    && self.reached(target, &mut clock, &progress)?
+                {
+                    break;
+                }
             }
             if step >= t.max_iters {
                 break;
@@ -365,6 +373,43 @@ impl Trainer {
         // tokens/s in the progress line measures training only.
         clock.window = (Instant::now(), self.state.step);
         Ok(())
+    }
+
+    /// With `--to-loss`: the loss over the whole validation split (its time counted as
+    /// evaluation, not training), and whether it is at most `target`; saying so when it is.
+    fn reached(&mut self, target: f64, clock: &mut Clock, progress: &Progress) -> Result<bool> {
+        let started = Instant::now();
+        let loss = self.whole_val_loss()?;
+        clock.eval_time += started.elapsed();
+        clock.window = (Instant::now(), self.state.step);
+        let reached = loss <= target;
+        let tokens = self.state.tokens;
+        let training = (clock.started.elapsed() - clock.eval_time).as_secs_f64();
+        progress.say(match reached {
+            true => format!(
+                "reached whole-split val loss {loss:.4} <= {target} at step {}: {training:.1}s of \
+                 training ({:.1}s wall with evaluations), {tokens} tokens",
+                self.state.step,
+                clock.started.elapsed().as_secs_f64()
+            ),
+            false => format!("whole-split val loss {loss:.4} (target {target})"),
+        });
+        Ok(reached)
+    }
+
+    /// The mean loss over every token of the validation split, each predicted once from
+    /// windows of up to `block_size` tokens (`tinygpt eval`'s measure), on the engine.
+    pub fn whole_val_loss(&mut self) -> Result<f64> {
+        let t = &self.config.train;
+        let batches: Vec<Batch> =
+            sweep(&self.data.val, self.config.model.block_size, t.batch_size).collect();
+        let losses = self.engine.losses(&batches)?;
+        let (mut nats, mut tokens) = (0.0, 0usize);
+        for (batch, loss) in batches.iter().zip(losses) {
+            nats += loss * batch.counted_targets() as f64;
+            tokens += batch.counted_targets();
+        }
+        Ok(nats / tokens.max(1) as f64)
     }
 
     fn stop_and_save(&mut self, clock: &Clock, progress: &Progress, over_time: bool) -> Result<()> {

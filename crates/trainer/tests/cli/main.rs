@@ -357,6 +357,67 @@ fn max_time_saves_and_exits_zero() {
     assert!(dir.join("run/last").is_dir());
 }
 
+/// `--to-loss`: the loss it measures is `tinygpt eval`'s over the whole validation split; a
+/// target the run never reaches trains to `max_iters` saying where it stood at each evaluation;
+/// the first target it reaches ends the run there, saying after how many steps, seconds of
+/// training and tokens; a target that is not a loss is one line.
+#[test]
+fn to_loss_stops_at_the_first_evaluation_under_the_target() {
+    use tinygpt::run::checkpoint::{Run, Which};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let every_2 = ["--set", "train.eval_interval=2"];
+    let out = ok(train(
+        dir,
+        "far",
+        &[&["--max-iters", "4", "--to-loss", "0.01"][..], &every_2].concat(),
+    ));
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("whole-split val loss "))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 3, "steps 0, 2 and 4: {out}");
+    assert!(!out.contains("reached"), "{out}");
+    let eval = ok(tinygpt(
+        dir,
+        &["eval", "--checkpoint", "far", "--which", "last"],
+    ));
+    let measured: f64 = eval
+        .split("| loss ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{eval}"));
+    assert!(
+        (measured - losses[2]).abs() < 1e-3,
+        "{measured} vs {losses:?}"
+    );
+    // Between the step-0 and the step-2 loss: reached at step 2, not before, not after.
+    let target = format!("{}", (losses[0] + losses[1]) / 2.0);
+    let near = [&["--max-iters", "4", "--to-loss", &target][..], &every_2].concat();
+    let out = ok(train(dir, "near", &near));
+    assert!(out.contains("reached whole-split val loss"), "{out}");
+    assert!(out.contains(&format!("<= {target} at step 2:")), "{out}");
+    assert!(
+        out.contains("s of training") && out.contains("tokens"),
+        "{out}"
+    );
+    assert_eq!(
+        Run::open(&dir.join("near"))
+            .unwrap()
+            .checkpoint(Which::Last, true)
+            .unwrap()
+            .state
+            .step,
+        2
+    );
+    fails(
+        train(dir, "bad", &["--to-loss", "0"]),
+        "--to-loss must be a loss > 0",
+    );
+}
+
 #[test]
 fn ctrl_c_saves_and_resume_continues() {
     let tmp = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use tinygpt::interop::{self, ImportOptions};
 ///
 /// FROM is nanoGPT's ckpt.pt (with --meta for char vocabularies, or --tokenizer for GPT-2's
 /// BPE), a Hugging Face GPT-2 directory (config.json, model.safetensors or pytorch_model.bin,
-/// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, Llama 3.2;
+/// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, TinyLlama;
 /// model.safetensors or its shards), or a .safetensors file written by `tinygpt export --format
 /// nanogpt`. The run can then be sampled, evaluated, exported, or fine-tuned with
 /// `train --init-from`.

@@ -1,4 +1,4 @@
-//! Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, Llama 3.2, TinyLlama, …)
+//! Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, TinyLlama, …)
 //! in and out: `config.json`, `model.safetensors` or shards listed in
 //! `model.safetensors.index.json` (f32, f16 or bf16, stored as f32), `tokenizer.json`.
 //!

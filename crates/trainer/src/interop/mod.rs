@@ -4,7 +4,7 @@
 //!   `meta.pkl` char maps, read without Python.
 //! - [`hf`]: Hugging Face GPT-2 directories (`config.json`, `model.safetensors` or
 //!   `pytorch_model.bin`, `tokenizer.json`), read and written.
-//! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, Llama 3.2),
+//! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, TinyLlama),
 //!   read and written.
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
 //!

@@ -13,7 +13,7 @@ use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 use crate::qk_norm::rms_norm_heads;
-use crate::rope::apply_rope;
+use crate::rope::RopeRows;
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
 ///
@@ -259,8 +259,9 @@ impl CausalSelfAttention {
             k = rms_norm_heads(k, eps);
         }
         if let Some(base) = self.rope_base {
-            q = apply_rope(q, offset, base);
-            k = apply_rope(k, offset, base);
+            let rows = RopeRows::new(offset, seq, d_head, base, &q.device());
+            q = rows.apply(q);
+            k = rows.apply(k);
         }
         Heads { q, k, v }
     }

@@ -106,19 +106,33 @@ pub fn angles(positions: Range<usize>, d_head: usize, base: f64) -> (Vec<f32>, V
     (cos, sin)
 }
 
-/// `x` `[batch, heads, seq, d_head]` at positions `offset..offset + seq`, rotated with base
-/// `base` ([`RopeTables::apply`] without keeping the tables: they are computed for just these
-/// rows, which costs less than the attention that follows). `d_head` even.
-pub fn apply_rope(x: Tensor<4>, offset: usize, base: f64) -> Tensor<4> {
-    let [_, _, seq, d_head] = x.dims();
-    let device = x.device();
-    let (cos, sin) = angles(offset..offset + seq, d_head, base);
-    let rows = |values: Vec<f32>| {
-        Tensor::<4>::from_data(TensorData::new(values, [1, 1, seq, d_head]), &device)
-            .cast(x.dtype())
-    };
-    let (cos, sin) = (rows(cos), rows(sin));
-    x.clone() * cos + rotate_half(x) * sin
+/// The rotation of `seq` rows at positions `offset..offset + seq`: their cosines and sines as
+/// `[1, 1, seq, d_head]` tensors on `device`, computed once and applied to the queries and the
+/// keys alike ([`RopeRows::apply`]). Cheaper than keeping [`RopeTables`] for the whole context
+/// when the rows are few, and no more than the attention that follows when they are many.
+pub struct RopeRows {
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+}
+
+impl RopeRows {
+    /// The rows of `d_head`-wide (even) heads with base `base`.
+    pub fn new(offset: usize, seq: usize, d_head: usize, base: f64, device: &Device) -> Self {
+        let (cos, sin) = angles(offset..offset + seq, d_head, base);
+        let rows = |values: Vec<f32>| {
+            Tensor::<4>::from_data(TensorData::new(values, [1, 1, seq, d_head]), device)
+        };
+        Self {
+            cos: rows(cos),
+            sin: rows(sin),
+        }
+    }
+
+    /// `x` `[batch, heads, seq, d_head]`, rotated: `x·cos + rotate_half(x)·sin`.
+    pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        let dtype = x.dtype();
+        x.clone() * self.cos.clone().cast(dtype) + rotate_half(x) * self.sin.clone().cast(dtype)
+    }
 }
 
 /// `[a, b] → [−b, a]` over the last axis, `a` and `b` its two halves: a quarter turn of every

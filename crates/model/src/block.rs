@@ -68,15 +68,8 @@ impl Block {
     pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
         let (d, hidden) = (config.n_embd, config.mlp_width());
         let attn = config.attention().init(device)?;
-        let fc_width = match config.mlp {
-            crate::parts::Mlp::SwiGlu => 2 * hidden,
-            crate::parts::Mlp::Gelu
-            | crate::parts::Mlp::GeluTanh
-            | crate::parts::Mlp::Relu2
-            | crate::parts::Mlp::None => hidden,
-        };
         let mlp = config.mlp.activation().map(|activation| Mlp {
-            c_fc: linear(d, fc_width, 0.02, config.bias, device),
+            c_fc: linear(d, config.fc_width(), 0.02, config.bias, device),
             c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
             dropout: DropoutConfig::new(config.dropout).init(),
             activation,

@@ -307,6 +307,16 @@ impl GptConfig {
         self.mlp_hidden.unwrap_or(default)
     }
 
+    /// Columns of the MLP's first projection `c_fc`: twice [`mlp_width`](Self::mlp_width) for
+    /// SwiGLU (its gate and up projections side by side), else `mlp_width`.
+    pub fn fc_width(&self) -> usize {
+        let hidden = self.mlp_width();
+        match self.mlp {
+            Mlp::SwiGlu => hidden.saturating_mul(2),
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::None => hidden,
+        }
+    }
+
     /// Key/value heads: `n_kv_head`, or `n_head` when unset.
     pub fn kv_heads(&self) -> usize {
         self.n_kv_head.unwrap_or(self.n_head)

@@ -127,11 +127,7 @@ impl BlockSlot {
 
     fn shape(self, config: &GptConfig) -> Vec<usize> {
         let (c, hidden, qkv) = (config.n_embd, config.mlp_width(), config.qkv_width());
-        // SwiGLU's `c_fc` holds the gate and the up projection side by side.
-        let fc = match config.mlp {
-            Mlp::SwiGlu => hidden.saturating_mul(2),
-            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::None => hidden,
-        };
+        let fc = config.fc_width();
         match self {
             BlockSlot::Ln1Gain | BlockSlot::Ln1Bias | BlockSlot::Ln2Gain | BlockSlot::Ln2Bias => {
                 vec![c]

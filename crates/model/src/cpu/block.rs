@@ -74,7 +74,7 @@ impl BlockActs {
         }
         size(&mut self.qkv, rows * d.qkv_width());
         size(&mut self.att, att_len);
-        size(&mut self.fc, rows * d.fc_width());
+        size(&mut self.fc, rows * d.fc_width);
         size(&mut self.act, rows * hidden);
         let masks = if dropout { rows * width } else { 0 };
         size(&mut self.att_mask, if dropout { att_len } else { 0 });
@@ -152,7 +152,7 @@ pub(super) fn forward(
         rstd: &mut a.ln_2_rstd,
     };
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
-    let fc = d.fc_width();
+    let fc = d.fc_width;
     linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
     match d.activation {
         Act::Gelu => gelu::forward(&mut a.act, &a.fc),
@@ -256,7 +256,7 @@ pub(super) fn backward(
             d_fc
         }
     };
-    let dims = (rows, c, d.fc_width());
+    let dims = (rows, c, d.fc_width);
     linear_backward(
         &mut s.d_branch,
         &mut g.c_fc_w,

@@ -96,8 +96,10 @@ struct Dims {
     heads: usize,
     /// Key/value heads (`heads` without grouped-query attention).
     kv_heads: usize,
-    /// The MLP's hidden width.
+    /// The MLP's hidden width, and the columns of its first projection (`2·hidden` for
+    /// SwiGLU's gate and up).
     hidden: usize,
+    fc_width: usize,
     dropout: f32,
     /// The norms' ε, `layer_norm_eps` in f32 (the kernels' precision).
     epsilon: f32,
@@ -126,15 +128,6 @@ impl Dims {
         (self.heads + self.kv_heads) * self.d_head()
     }
 
-    /// Columns of the MLP's first projection: `2·hidden` for SwiGLU's gate and up, else
-    /// `hidden`.
-    fn fc_width(&self) -> usize {
-        match self.activation {
-            Act::SwiGlu => 2 * self.hidden,
-            Act::Gelu | Act::Relu2 => self.hidden,
-        }
-    }
-
     /// Columns of the keys (or of the values).
     fn kv_width(&self) -> usize {
         self.kv_heads * self.d_head()
@@ -153,6 +146,7 @@ impl Dims {
             heads: config.n_head,
             kv_heads: config.kv_heads(),
             hidden: config.mlp_width(),
+            fc_width: config.fc_width(),
             dropout: config.dropout as f32,
             epsilon: config.layer_norm_eps as f32,
             norm: config.norm,

@@ -116,7 +116,10 @@ impl Workspace {
             size(&mut self.d_resid, rows * c);
             size(&mut self.scratch.d_branch, rows * c);
             // The MLP's activation gradient, and for SwiGLU its pre-activation's beside it.
-            let mlp = d.hidden + d.fc_width() * usize::from(d.fc_width() != d.hidden);
+            let mlp = match d.fc_width == d.hidden {
+                true => d.hidden,
+                false => d.hidden + d.fc_width,
+            };
             size(&mut self.scratch.d_wide, rows * mlp.max(c));
             size(&mut self.scratch.d_qkv, rows * d.qkv_width());
             self.grads.zero_like(w);

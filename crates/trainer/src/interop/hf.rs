@@ -61,17 +61,16 @@ fn yes() -> bool {
     true
 }
 
-/// Imports the Hugging Face GPT-2 directory `dir` into the run directory `out`; `tokenizer`
-/// replaces the directory's own `tokenizer.json`.
-pub fn import(dir: &Path, tokenizer: Option<&Path>, out: &Path) -> Result<Imported> {
+/// Imports the Hugging Face GPT-2 directory `dir`, whose `config.json` is `config`, into the
+/// run directory `out`; `tokenizer` replaces the directory's own `tokenizer.json`.
+pub fn import(
+    dir: &Path,
+    config: serde_json::Value,
+    tokenizer: Option<&Path>,
+    out: &Path,
+) -> Result<Imported> {
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).with_context(|| {
-        format!(
-            "{} is not a Hugging Face model directory: cannot read config.json",
-            dir.display()
-        )
-    })?;
-    let hf: Gpt2Config = serde_json::from_str(&text)
+    let hf: Gpt2Config = serde_json::from_value(config)
         .map_err(|e| anyhow!("{}: not a GPT-2 config ({e})", config_path.display()))?;
     let model = architecture(&hf).with_context(|| config_path.display().to_string())?;
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);

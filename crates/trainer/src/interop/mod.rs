@@ -74,7 +74,7 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
                 "--block-size goes with a Llama-family directory (GPT-2's positions are a table)"
             );
         }
-        return hf::import(from, options.tokenizer.as_deref(), out);
+        return hf::import(from, config, options.tokenizer.as_deref(), out);
     }
     if options.block_size.is_some() {
         bail!("--block-size goes with a Llama-family directory");

@@ -27,6 +27,16 @@ pub enum UpdateRule {
     Muon(AdamWSettings, MuonSettings),
 }
 
+impl UpdateRule {
+    /// The `train.optimizer` setting this rule implements.
+    pub fn kind(&self) -> OptimizerKind {
+        match self {
+            UpdateRule::AdamW(_) => OptimizerKind::AdamW,
+            UpdateRule::Muon(..) => OptimizerKind::Muon,
+        }
+    }
+}
+
 /// What an engine takes to update the weights: the rule, and Burn's optimizer holding its state
 /// (its groups and settings are what the checkpoint's `optimizer.bpk` record is written with).
 pub struct Optimizer {

@@ -101,11 +101,7 @@ pub fn open(
     threads: usize,
     dtype: TrainDType,
 ) -> Result<(Box<dyn Engine>, Option<String>)> {
-    let kind = match optimizer.rule {
-        crate::train::optim::UpdateRule::AdamW(_) => crate::config::OptimizerKind::AdamW,
-        crate::train::optim::UpdateRule::Muon(..) => crate::config::OptimizerKind::Muon,
-    };
-    let (kind, note) = placement.engine_for(model.config(), dtype, kind)?;
+    let (kind, note) = placement.engine_for(model.config(), dtype, optimizer.rule.kind())?;
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;

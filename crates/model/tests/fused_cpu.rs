@@ -66,12 +66,12 @@ fn worst_relative_error(gpt: &Gpt, a: &GradientsParams, b: &GradientsParams) -> 
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let get = |g: &GradientsParams| {
                 g.get::<D>(param.id)
-                    .expect("a gradient for every parameter")
-                    .into_data()
-                    .try_to_vec::<f32>()
-                    .unwrap()
+                    .map(|g| g.into_data().try_to_vec::<f32>().unwrap())
             };
-            let (a, b) = (get(self.0), get(self.1));
+            let a = get(self.0).expect("a gradient for every parameter");
+            // A parameter the loss does not reach (`ln_2` of a block without an MLP) has no
+            // gradient in Burn; the fused engine's must then be zero.
+            let b = get(self.1).unwrap_or_else(|| vec![0.0; a.len()]);
             assert_eq!(a.len(), b.len());
             let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
             let diff = a
@@ -163,6 +163,10 @@ fn each_newer_part_matches_burn_autodiff() {
         small().with_norm(Norm::RmsUnit),
         small().with_norm(Norm::None),
         small().with_mlp(Mlp::Relu2),
+        small().with_mlp(Mlp::GeluTanh),
+        small().with_mlp(Mlp::None),
+        // The attention lessons' bare model: no norm, no MLP, one head.
+        GptConfig::minimal(13).with_block_size(16).with_n_embd(24),
         // A tight cap, so tanh bends the logits.
         small().with_logit_softcap(0.5),
         small().with_position(Position::Rope),
@@ -370,57 +374,6 @@ fn bad_batches_are_errors() {
         fused.loss(batch(ok, &ok[1..], 16)),
         Err(FusedError::BatchShape { .. })
     ));
-    let minimal = model(&GptConfig::minimal(13));
-    assert!(matches!(
-        FusedCpu::new(&minimal, 1),
-        Err(FusedError::Unsupported(_))
-    ));
-}
-
-/// Settings that keep every parameter's shape but change what the model computes are refused:
-/// the allow-list reads the config, not the tensors.
-#[test]
-fn shape_preserving_settings_it_does_not_implement_are_refused() {
-    let _seeded = seeded();
-    let inputs = tokens(2 * 16, 13, 3);
-    let logits = |config: &GptConfig| {
-        let device = Device::flex();
-        device.seed(5);
-        let gpt = config.init(&device).unwrap();
-        let x = Tensor::<2, Int>::from_data(TensorData::new(inputs.clone(), [2, 16]), &device);
-        let out = gpt
-            .forward(x)
-            .unwrap()
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        (gpt, out)
-    };
-    let (exact, exact_logits) = logits(&small());
-    assert!(FusedCpu::new(&exact, 1).is_ok());
-    // Same shapes, other numbers: running it fused would train another model.
-    {
-        let other = small().with_mlp(Mlp::GeluTanh);
-        let (gpt, other_logits) = logits(&other);
-        assert_eq!(gpt.num_params(), exact.num_params());
-        assert_ne!(other_logits, exact_logits, "{other:?} changes nothing?");
-        let Err(err) = FusedCpu::new(&gpt, 1) else {
-            panic!("the fused engine accepted it")
-        };
-        assert!(matches!(err, FusedError::Unsupported(_)), "{err}");
-        assert!(err.to_string().contains("--backend flex"), "{err}");
-        assert!(FusedDecoder::new(&gpt).is_err());
-    }
-    // The parts it has no kernels for yet.
-    {
-        let gpt = small().with_mlp(Mlp::None).init(&Device::flex()).unwrap();
-        let named = "without the MLP";
-        let Err(err) = FusedCpu::new(&gpt, 1) else {
-            panic!("the fused engine accepted it")
-        };
-        assert!(err.to_string().contains(named), "{err}");
-        assert!(FusedDecoder::new(&gpt).is_err());
-    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use super::attention::{self, Shape};
 use super::matmul::{View, linear, matmul};
 use super::norm::{self, Normed};
 use super::params::BlockParams;
-use super::{Act, Dims, gelu, qk_norm, relu2, rope, swiglu};
+use super::{Act, Dims, gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
 #[derive(Debug, Default)]
@@ -79,7 +79,10 @@ impl BlockActs {
         let masks = if dropout { rows * width } else { 0 };
         size(&mut self.att_mask, if dropout { att_len } else { 0 });
         size(&mut self.attn_mask, masks);
-        size(&mut self.mlp_mask, masks);
+        size(
+            &mut self.mlp_mask,
+            if d.activation.is_some() { masks } else { 0 },
+        );
     }
 }
 
@@ -146,6 +149,11 @@ pub(super) fn forward(
     linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
+    let Some(activation) = d.activation else {
+        // No MLP: the block ends after attention.
+        out.copy_from_slice(&a.mid);
+        return;
+    };
     let ln_2 = Normed {
         out: &mut a.ln_2,
         mean: &mut a.ln_2_mean,
@@ -154,8 +162,9 @@ pub(super) fn forward(
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
     let fc = d.fc_width;
     linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
-    match d.activation {
+    match activation {
         Act::Gelu => gelu::forward(&mut a.act, &a.fc),
+        Act::GeluTanh => gelu_tanh::forward(&mut a.act, &a.fc),
         Act::Relu2 => relu2::forward(&mut a.act, &a.fc),
         Act::SwiGlu => swiglu::forward(&mut a.act, &a.fc, hidden),
     }
@@ -226,59 +235,10 @@ pub(super) fn backward(
     ctx: Ctx<'_>,
 ) {
     let d = ctx.dims;
-    let (rows, c, hidden) = (a.ln_1_rstd.len(), shape.width, d.hidden);
-    // out = mid + dropout(act(fc) · W + b)
-    masked(&mut s.d_branch, d_resid, &a.mlp_mask);
-    // The activation's gradient, then (SwiGLU) the pre-activation's beside it.
-    let (d_act, d_fc) = s.d_wide.split_at_mut(rows * hidden);
-    let dims = (rows, hidden, c);
-    linear_backward(
-        d_act,
-        &mut g.mlp_proj_w,
-        &mut g.mlp_proj_b,
-        &s.d_branch,
-        &a.act,
-        &p.mlp_proj_w,
-        dims,
-    );
-    let d_fc: &[f32] = match d.activation {
-        Act::Gelu => {
-            gelu::backward_in_place(d_act, &a.fc);
-            d_act
-        }
-        Act::Relu2 => {
-            relu2::backward_in_place(d_act, &a.fc);
-            d_act
-        }
-        Act::SwiGlu => {
-            let d_fc = &mut d_fc[..rows * 2 * hidden];
-            swiglu::backward(d_fc, d_act, &a.fc, hidden);
-            d_fc
-        }
-    };
-    let dims = (rows, c, d.fc_width);
-    linear_backward(
-        &mut s.d_branch,
-        &mut g.c_fc_w,
-        &mut g.c_fc_b,
-        d_fc,
-        &a.ln_2,
-        &p.c_fc_w,
-        dims,
-    );
-    let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
-    let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
-    let dout = &s.d_branch;
-    norm::backward(
-        d.norm,
-        d_resid,
-        gamma,
-        beta,
-        dout,
-        &a.mid,
-        stats,
-        &p.ln_2_gamma,
-    );
+    let (rows, c) = (a.ln_1_rstd.len(), shape.width);
+    if let Some(activation) = d.activation {
+        mlp_backward(p, g, a, d_resid, s, activation, d);
+    }
     // mid = x + dropout(attention(ln_1(x)) · W + b)
     masked(&mut s.d_branch, d_resid, &a.attn_mask);
     let d_y = &mut s.d_wide[..rows * c];
@@ -323,6 +283,76 @@ pub(super) fn backward(
         x,
         stats,
         &p.ln_1_gamma,
+    );
+}
+
+/// The MLP branch's backward: `d_resid` holds the gradient of the block's output `out = mid +
+/// dropout(act(ln_2(mid) · W_fc + b) · W_proj + b)` and is left holding that of `mid`.
+#[allow(clippy::too_many_arguments)]
+fn mlp_backward(
+    p: &BlockParams,
+    g: &mut BlockParams,
+    a: &BlockActs,
+    d_resid: &mut [f32],
+    s: &mut Scratch,
+    activation: Act,
+    d: &Dims,
+) {
+    let (rows, c, hidden) = (a.ln_1_rstd.len(), d.width, d.hidden);
+    masked(&mut s.d_branch, d_resid, &a.mlp_mask);
+    // The activation's gradient, then (SwiGLU) the pre-activation's beside it.
+    let (d_act, d_fc) = s.d_wide.split_at_mut(rows * hidden);
+    let dims = (rows, hidden, c);
+    linear_backward(
+        d_act,
+        &mut g.mlp_proj_w,
+        &mut g.mlp_proj_b,
+        &s.d_branch,
+        &a.act,
+        &p.mlp_proj_w,
+        dims,
+    );
+    let d_fc: &[f32] = match activation {
+        Act::Gelu => {
+            gelu::backward_in_place(d_act, &a.fc);
+            d_act
+        }
+        Act::GeluTanh => {
+            gelu_tanh::backward_in_place(d_act, &a.fc);
+            d_act
+        }
+        Act::Relu2 => {
+            relu2::backward_in_place(d_act, &a.fc);
+            d_act
+        }
+        Act::SwiGlu => {
+            let d_fc = &mut d_fc[..rows * 2 * hidden];
+            swiglu::backward(d_fc, d_act, &a.fc, hidden);
+            d_fc
+        }
+    };
+    let dims = (rows, c, d.fc_width);
+    linear_backward(
+        &mut s.d_branch,
+        &mut g.c_fc_w,
+        &mut g.c_fc_b,
+        d_fc,
+        &a.ln_2,
+        &p.c_fc_w,
+        dims,
+    );
+    let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
+    let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
+    let dout = &s.d_branch;
+    norm::backward(
+        d.norm,
+        d_resid,
+        gamma,
+        beta,
+        dout,
+        &a.mid,
+        stats,
+        &p.ln_2_gamma,
     );
 }
 

@@ -25,6 +25,7 @@ mod decode;
 mod dropout;
 mod fast_math;
 mod gelu;
+mod gelu_tanh;
 mod layer_norm;
 mod matmul;
 mod norm;
@@ -105,7 +106,8 @@ struct Dims {
     epsilon: f32,
     /// The parts the kernels pick between ([`fused_support`] has refused the others).
     norm: Norm,
-    activation: Act,
+    /// The MLP's activation; `None`: the blocks have no MLP.
+    activation: Option<Act>,
     qk_norm: bool,
     /// Rotary positions' base, with `position = "rope"`.
     rope: Option<f64>,
@@ -171,8 +173,8 @@ pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     supported(config).map(|_| ())
 }
 
-/// [`fused_support`], returning the MLP's activation the kernels then run.
-fn supported(config: &GptConfig) -> Result<Act, FusedError> {
+/// [`fused_support`], returning the MLP's activation the kernels then run (`None`: no MLP).
+fn supported(config: &GptConfig) -> Result<Option<Act>, FusedError> {
     let GptConfig {
         vocab_size: _,
         block_size: _,
@@ -197,7 +199,6 @@ fn supported(config: &GptConfig) -> Result<Act, FusedError> {
         qk_norm: _,
         logit_softcap: _,
     } = config;
-    let unsupported = |what: String| Err(FusedError::Unsupported(what));
     match kernel {
         // All compute the same function; the fused engine has its own attention kernel.
         AttentionKernel::Auto
@@ -213,19 +214,22 @@ fn supported(config: &GptConfig) -> Result<Act, FusedError> {
         // `layer_norm.rs`, `rms_norm.rs`, and the identity (`norm.rs`).
         Norm::Layer | Norm::Rms | Norm::RmsUnit | Norm::None => {}
     }
-    match mlp {
-        Mlp::Gelu => Ok(Act::Gelu),
-        Mlp::Relu2 => Ok(Act::Relu2),
-        Mlp::GeluTanh => unsupported("`mlp = \"gelu_tanh\"` (only the exact GELU)".into()),
-        Mlp::SwiGlu => Ok(Act::SwiGlu),
-        Mlp::None => unsupported("models without the MLP (`mlp = \"none\"`)".into()),
-    }
+    Ok(match mlp {
+        Mlp::Gelu => Some(Act::Gelu),
+        Mlp::GeluTanh => Some(Act::GeluTanh),
+        Mlp::Relu2 => Some(Act::Relu2),
+        Mlp::SwiGlu => Some(Act::SwiGlu),
+        // The block adds nothing after attention (`block.rs`).
+        Mlp::None => None,
+    })
 }
 
-/// The MLP activations the kernels implement: `gelu.rs`, `relu2.rs`, `swiglu.rs`.
+/// The MLP activations the kernels implement: `gelu.rs`, `gelu_tanh.rs`, `relu2.rs`,
+/// `swiglu.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Act {
     Gelu,
+    GeluTanh,
     Relu2,
     SwiGlu,
 }

@@ -1,7 +1,7 @@
 //! The logits' soft-cap (Gemma 2, nanochat), forward and backward: `z ↦ cap · tanh(z / cap)`,
 //! whose derivative is `1 − tanh²`.
 
-use super::fast_math::{exp, vectorized};
+use super::fast_math::{tanh, vectorized};
 
 vectorized! {
     /// `logits = cap · tanh(logits / cap)` in place, keeping `t = tanh(logits / cap)` for the
@@ -21,10 +21,4 @@ vectorized! {
             *d *= 1.0 - t * t;
         }
     }
-}
-
-/// `tanh(x) = 1 − 2 / (e^{2x} + 1)`, through the vectorisable [`exp`]; saturates to ±1.
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }

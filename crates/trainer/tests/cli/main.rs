@@ -197,7 +197,9 @@ fn runs_resume_across_the_fused_and_autodiff_engines() {
 
 #[test]
 fn every_cpu_backend_starts_from_the_same_loss() {
-    for parts in [&[][..], MODERN, LLAMA] {
+    let tanh = &["--set", "model.activation=\"gelu_tanh\""][..];
+    let no_mlp = &["--set", "model.mlp=\"none\""][..];
+    for parts in [&[][..], MODERN, LLAMA, tanh, no_mlp] {
         starts_as_flex_does(&["fused", "ndarray"], parts);
     }
 }
@@ -537,32 +539,16 @@ fn works_from_any_directory() {
     assert!(info.contains("max_iters = 1000"), "{info}");
 }
 
-/// A model the fused engine does not implement (same shapes, another activation): an explicit
-/// `--backend fused` refuses it in one line before writing anything; `auto` on a machine without
-/// a GPU trains it on flex and says so.
+/// A part set with the older spelling trains on the fused engine (every part has its kernels)
+/// and is recorded with the part's spelling.
 #[test]
-fn the_fused_engine_runs_only_what_it_implements() {
+fn older_spellings_train_fused_and_are_recorded_as_parts() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let refusal = "the fused CPU engine does not implement `mlp = \"gelu_tanh\"`";
     let tanh = ["--set", "model.activation=gelu_tanh", "--max-iters", "2"];
-    fails(train_on(dir, "refused", "fused", &tanh), refusal);
-    assert!(!dir.join("refused").exists());
-    let log = ok(train_on(dir, "fallback", "auto", &tanh));
-    // Without a GPU, `auto` means the fused engine, which cannot take this model: flex trains
-    // it, and a note says why. On a GPU the fused engine was never in question.
-    match engine_of(&log) {
-        (kind, device) if device == "flex" => {
-            assert_eq!(kind, "autodiff", "{log}");
-            assert!(log.contains(&format!("note: {refusal}")), "{log}");
-            assert!(log.contains("training on flex"), "{log}");
-        }
-        (kind, _) => {
-            assert_eq!(kind, "device", "{log}");
-            assert!(!log.contains(refusal), "{log}");
-        }
-    }
-    let info = ok(tinygpt(dir, &["info", "--checkpoint", "fallback"]));
-    // Set with the older spelling, recorded with the part's.
+    let log = ok(train_on(dir, "tanh", "fused", &tanh));
+    assert_eq!(engine_of(&log), ("fused".into(), "flex".into()), "{log}");
+    assert!(!log.contains("note:"), "{log}");
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "tanh"]));
     assert!(info.contains("mlp = \"gelu_tanh\""), "{info}");
 }

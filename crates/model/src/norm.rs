@@ -52,9 +52,9 @@ impl Normalization {
         })
     }
 
-    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`, in the input's dtype. LayerNorm runs
-    /// tinygpt's fused kernel on a GPU and Burn's op elsewhere (exactly what Burn's `LayerNorm`
-    /// module computes).
+    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`, in the input's dtype. LayerNorm and
+    /// RMSNorm run tinygpt's fused kernels on a GPU (f32) and Burn's ops elsewhere (LayerNorm
+    /// exactly what Burn's `LayerNorm` module computes; RMSNorm [`rms_norm`]).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [_, _, c] = x.dims();
         let device = x.device();
@@ -83,11 +83,13 @@ impl Normalization {
                     _ => layer_norm(x, gamma, beta, self.epsilon),
                 }
             }
-            Norm::Rms => {
-                let gamma = gamma();
-                rms_norm(x, Some(gamma), self.epsilon)
+            Norm::Rms | Norm::RmsUnit => {
+                let gamma = self.gamma.as_ref().map(Param::val);
+                match gpu::supported(&device, x.dtype()) {
+                    true => gpu::rms_norm(x, gamma, self.epsilon),
+                    false => rms_norm(x, gamma, self.epsilon),
+                }
             }
-            Norm::RmsUnit => rms_norm(x, None, self.epsilon),
             Norm::None => x,
         }
     }

@@ -1,5 +1,6 @@
 //! The fused GPU kernels equal the Burn ops they replace, forward and gradients under autodiff,
-//! on wgpu (lavapipe in CI): LayerNorm (with and without its shift) and the cross-entropy with
+//! on wgpu (lavapipe in CI): LayerNorm (with and without its shift), RMSNorm (with and without
+//! its gain) and the cross-entropy with
 //! ignored targets, on shapes that are not multiples of the kernels' cube size. And the model
 //! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex.
 
@@ -8,7 +9,9 @@ mod common;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::LayerNormConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tinygpt_model::gpu::{cross_entropy, cross_entropy_parts, layer_norm, layer_norm_parts};
+use tinygpt_model::gpu::{
+    cross_entropy, cross_entropy_parts, layer_norm, layer_norm_parts, rms_norm,
+};
 use tinygpt_model::{GptConfig, cross_entropy_ops};
 
 /// Numbers in [-scale, scale) from a fixed-seed xorshift.
@@ -116,6 +119,7 @@ fn the_fused_layer_norm_is_burns() {
             tensor(beta.clone(), [channels], &device),
             tensor(dy.clone(), [rows, channels], &device),
             1e-5,
+            true,
         );
         let (mean, rstd) = (read(parts.mean), read(parts.rstd));
         for row in 0..rows {
@@ -131,6 +135,76 @@ fn the_fused_layer_norm_is_burns() {
                 "mean of row {row}"
             );
             let r = 1.0 / (var + 1e-5).sqrt();
+            assert!(
+                (f64::from(rstd[row]) - r).abs() < 1e-4 * r,
+                "rstd of row {row}"
+            );
+        }
+    }
+}
+
+/// RMSNorm is the LayerNorm kernels uncentred: equal to the Burn ops of
+/// [`tinygpt_model::norm::rms_norm`] under autodiff, forward and gradients, with and without the
+/// gain; called directly, its statistics are a zero mean and `1/√(mean(x²) + ε)`.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn the_fused_rms_norm_is_the_burn_ops() {
+    let device = common::wgpu_device();
+    for (case, [rows, channels]) in LAYER_NORM_SHAPES.into_iter().enumerate() {
+        let seed = 500 + case as u64;
+        // An offset mean, which RMSNorm keeps (LayerNorm would remove it).
+        let x: Vec<f32> = numbers(seed, rows * channels, 3.0)
+            .iter()
+            .map(|v| v + 1.5)
+            .collect();
+        let gamma = numbers(seed + 100, channels, 1.0);
+        let dy = numbers(seed + 300, rows * channels, 1.0);
+        let ad = device.clone().autodiff();
+        for with_gain in [true, false] {
+            let what = format!("[{rows}, {channels}] gain={with_gain}");
+            let run = |fused: bool| {
+                let x = tensor(x.clone(), [rows, channels], &ad).require_grad();
+                let g = with_gain.then(|| tensor(gamma.clone(), [channels], &ad).require_grad());
+                let y = match fused {
+                    true => rms_norm(x.clone(), g.clone(), 1e-5),
+                    false => {
+                        let y = tinygpt_model::norm::rms_norm(
+                            x.clone().reshape([1, rows, channels]),
+                            g.clone(),
+                            1e-5,
+                        );
+                        y.reshape([rows, channels])
+                    }
+                };
+                let loss = (y.clone() * tensor(dy.clone(), [rows, channels], &ad)).sum();
+                let grads = loss.backward();
+                let dg = g.map(|g| read(g.grad(&grads).unwrap()));
+                (read(y), read(x.grad(&grads).unwrap()), dg)
+            };
+            let ((y, dx, dg), (y_ref, dx_ref, dg_ref)) = (run(true), run(false));
+            assert_close(&y, &y_ref, 1e-5, &format!("y {what}"));
+            assert_close(&dx, &dx_ref, 1e-4, &format!("dx {what}"));
+            if let (Some(dg), Some(dg_ref)) = (dg, dg_ref) {
+                assert_close(&dg, &dg_ref, 1e-4, &format!("dγ {what}"));
+            }
+        }
+        let parts = layer_norm_parts(
+            tensor(x.clone(), [rows, channels], &device),
+            tensor(gamma.clone(), [channels], &device),
+            Tensor::zeros([channels], &device),
+            tensor(dy.clone(), [rows, channels], &device),
+            1e-5,
+            false,
+        );
+        let (mean, rstd) = (read(parts.mean), read(parts.rstd));
+        for row in 0..rows {
+            let values = &x[row * channels..(row + 1) * channels];
+            let ms = values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / channels as f64;
+            assert_eq!(mean[row], 0.0, "mean of row {row}");
+            let r = 1.0 / (ms + 1e-5).sqrt();
             assert!(
                 (f64::from(rstd[row]) - r).abs() < 1e-4 * r,
                 "rstd of row {row}"

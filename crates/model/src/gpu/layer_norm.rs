@@ -1,5 +1,5 @@
-//! LayerNorm in one kernel launch forward and three backward (dx; then dγ and dβ by chunks of
-//! rows, then the chunks summed), instead of Burn's composed ops.
+//! LayerNorm and RMSNorm in one kernel launch forward and three backward (dx; then dγ and dβ by
+//! chunks of rows, then the chunks summed), instead of Burn's composed ops.
 //!
 //! Burn's `layer_norm` is eight tensor ops (two mean reductions, centring, square, square
 //! root, division, scale, shift), each a launch, and autodiff differentiates them one by one;
@@ -15,6 +15,10 @@
 //!   of rows in parallel, then the chunks summed.
 //!
 //! The variance is biased (divided by `C`), as Burn's and PyTorch's.
+//!
+//! RMSNorm is the same kernels uncentred (a comptime flag): `μ` is 0, so `rstd =
+//! 1/√(mean(x²) + ε)`, and the row gradient loses its `mean(g)` term, `dx = rstd · (g - x̂ ·
+//! mean(g·x̂))`; the parameter kernels are unchanged (dβ is computed and dropped).
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -36,27 +40,30 @@ const THREADS: usize = 128;
 /// Rows each unit of the parameter kernel sums.
 const CHUNK: usize = 64;
 
-/// LayerNorm as a backend operation: rows `x` `[rows, C]`, gain `γ` and shift `β` `[C]`.
+/// LayerNorm (`centred`) or RMSNorm as a backend operation: rows `x` `[rows, C]`, gain `γ` and
+/// shift `β` `[C]`.
 #[backend_extension(Cube, Fusion, Autodiff)]
 pub trait LayerNormBackend: Backend {
-    /// `(y, μ, rstd)`: the normalised rows `[rows, C]` and each row's mean and `1/√(var + ε)`
-    /// `[rows]`.
-    #[fusion(meta = |x, _gamma, _beta, _epsilon| (x.clone(), rows_spec(x), rows_spec(x)))]
+    /// `(y, μ, rstd)`: the normalised rows `[rows, C]` and each row's mean (0 uncentred) and
+    /// `1/√(var + ε)` `[rows]`.
+    #[fusion(meta = |x, _gamma, _beta, _epsilon, _centred| (x.clone(), rows_spec(x), rows_spec(x)))]
     fn layer_norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f32,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// `(dx, dγ, dβ)` for the output gradient `dy`, from the forward's `x`, `μ` and `rstd`.
-    #[fusion(meta = |_dy, x, gamma, _mean, _rstd| (x.clone(), gamma.clone(), gamma.clone()))]
+    #[fusion(meta = |_dy, x, gamma, _mean, _rstd, _centred| (x.clone(), gamma.clone(), gamma.clone()))]
     fn layer_norm_backward(
         dy: FloatTensor<Self>,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -83,6 +90,26 @@ pub fn layer_norm<const D: usize>(
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon as f32,
+        true,
+    );
+    Tensor::<2>::from_dispatch(y).reshape(dims)
+}
+
+/// RMSNorm of `x` `[.., C]` over its last axis, `x / √(mean(x²) + ε) · γ` (`γ` `[C]`; `None` =
+/// no gain), by the same kernels uncentred; differentiable. `x` must be on a CubeCL device
+/// ([`super::supported`]).
+pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Option<Tensor<1>>, epsilon: f64) -> Tensor<D> {
+    let dims = x.dims();
+    let channels = dims[D - 1];
+    let rows = dims[..D - 1].iter().product();
+    let device = x.device();
+    let gamma = gamma.unwrap_or_else(|| Tensor::ones([channels], &device));
+    let (y, _, _) = Dispatch::layer_norm_forward(
+        x.reshape([rows, channels]).into_dispatch(),
+        gamma.into_dispatch(),
+        Tensor::<1>::zeros([channels], &device).into_dispatch(),
+        epsilon as f32,
+        false,
     );
     Tensor::<2>::from_dispatch(y).reshape(dims)
 }
@@ -98,8 +125,8 @@ pub struct LayerNormParts {
     pub d_beta: Tensor<1>,
 }
 
-/// The forward `(y, μ, rstd)` and the backward `(dx, dγ, dβ)` for `dy`, called directly.
-/// `x`, `dy`: `[rows, C]`.
+/// The forward `(y, μ, rstd)` and the backward `(dx, dγ, dβ)` for `dy`, called directly
+/// (RMSNorm's with `centred` false). `x`, `dy`: `[rows, C]`.
 #[doc(hidden)]
 pub fn layer_norm_parts(
     x: Tensor<2>,
@@ -107,12 +134,14 @@ pub fn layer_norm_parts(
     beta: Tensor<1>,
     dy: Tensor<2>,
     epsilon: f64,
+    centred: bool,
 ) -> LayerNormParts {
     let (y, mean, rstd) = Dispatch::layer_norm_forward(
         x.clone().into_dispatch(),
         gamma.clone().into_dispatch(),
         beta.into_dispatch(),
         epsilon as f32,
+        centred,
     );
     let mean = Tensor::<1>::from_dispatch(mean);
     let rstd = Tensor::<1>::from_dispatch(rstd);
@@ -122,6 +151,7 @@ pub fn layer_norm_parts(
         gamma.into_dispatch(),
         mean.clone().into_dispatch(),
         rstd.clone().into_dispatch(),
+        centred,
     );
     LayerNormParts {
         y: Tensor::from_dispatch(y),
@@ -152,6 +182,7 @@ mod kernels {
         rstd: &mut Tensor<F>,
         epsilon: f32,
         #[comptime] threads: usize,
+        #[comptime] centred: bool,
         #[define(F)] _dtype: ElemType,
     ) {
         let (rows, channels) = (x.shape(0), x.shape(1));
@@ -164,13 +195,16 @@ mod kernels {
         let mut shared = Shared::<[F]>::new_slice(threads);
         let n = F::cast_from(channels);
 
-        let mut sum = F::new(0.0);
+        let mut mu = F::new(0.0);
         let mut c = unit;
-        while c < channels {
-            sum += x[base + c];
-            c += threads;
+        if centred {
+            let mut sum = F::new(0.0);
+            while c < channels {
+                sum += x[base + c];
+                c += threads;
+            }
+            mu = cube_sum::<F>(sum, &mut shared) / n;
         }
-        let mu = cube_sum::<F>(sum, &mut shared) / n;
 
         let mut squares = F::new(0.0);
         c = unit;
@@ -193,7 +227,8 @@ mod kernels {
         }
     }
 
-    /// Backward, rows: `dx = rstd · (g - mean(g) - x̂ · mean(g·x̂))`, `g = dy·γ`; one cube per row.
+    /// Backward, rows: `dx = rstd · (g - mean(g) - x̂ · mean(g·x̂))`, `g = dy·γ` (uncentred,
+    /// without `mean(g)`); one cube per row.
     #[cube(launch)]
     pub(super) fn layer_norm_backward_rows_kernel<F: Float>(
         dy: &Tensor<F>,
@@ -203,6 +238,7 @@ mod kernels {
         rstd: &Tensor<F>,
         dx: &mut Tensor<F>,
         #[comptime] threads: usize,
+        #[comptime] centred: bool,
         #[define(F)] _dtype: ElemType,
     ) {
         let (rows, channels) = (x.shape(0), x.shape(1));
@@ -225,7 +261,10 @@ mod kernels {
             sum_gx += g * (x[base + c] - mu) * r;
             c += threads;
         }
-        let mean_g = cube_sum::<F>(sum_g, &mut shared) / n;
+        let mut mean_g = cube_sum::<F>(sum_g, &mut shared) / n;
+        if !centred {
+            mean_g = F::new(0.0);
+        }
         let mean_gx = cube_sum::<F>(sum_gx, &mut shared) / n;
 
         c = unit;
@@ -305,6 +344,7 @@ impl LayerNormBackend for CubeBackend {
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f32,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (x, gamma, beta) = (
             into_contiguous(x),
@@ -331,6 +371,7 @@ impl LayerNormBackend for CubeBackend {
             rstd.clone().into_tensor_arg(),
             epsilon,
             THREADS,
+            centred,
             dtype,
         );
         (y, mean, rstd)
@@ -342,6 +383,7 @@ impl LayerNormBackend for CubeBackend {
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (dy, x, gamma) = (
             into_contiguous(dy),
@@ -364,6 +406,7 @@ impl LayerNormBackend for CubeBackend {
             rstd.clone().into_tensor_arg(),
             dx.clone().into_tensor_arg(),
             THREADS,
+            centred,
             dtype,
         );
         let chunks = rows.div_ceil(CHUNK);
@@ -403,8 +446,11 @@ impl LayerNormBackend for CubeBackend {
 // ---------------------------------------------------------------------------------------------
 // Autodiff: the backward kernels instead of differentiating the forward op by op.
 
+/// Whether the forward centred the rows (LayerNorm) or not (RMSNorm).
 #[derive(Debug)]
-struct LayerNormBackward;
+struct LayerNormBackward {
+    centred: bool,
+}
 
 /// `x`, `γ`, `μ`, `rstd` of the forward, on the inner backend.
 type Saved<B> = [FloatTensor<B>; 4];
@@ -415,7 +461,7 @@ impl<B: LayerNormBackend> Backward<B, 3> for LayerNormBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [x, gamma, mean, rstd] = ops.state;
         let dy = grads.consume::<B>(&ops.node);
-        let (dx, d_gamma, d_beta) = B::layer_norm_backward(dy, x, gamma, mean, rstd);
+        let (dx, d_gamma, d_beta) = B::layer_norm_backward(dy, x, gamma, mean, rstd, self.centred);
         for (parent, grad) in ops.parents.into_iter().zip([dx, d_gamma, d_beta]) {
             if let Some(parent) = parent {
                 grads.register::<B>(parent.id, grad);
@@ -430,19 +476,20 @@ impl<B: LayerNormBackend, C: CheckpointStrategy> LayerNormBackend for Autodiff<B
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f32,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (x, x_node) = x.into_parts();
         let (gamma, gamma_node) = gamma.into_parts();
         let (beta, beta_node) = beta.into_parts();
         // μ and rstd are two floats a row: keep them rather than recompute the reductions.
-        match LayerNormBackward
+        match (LayerNormBackward { centred })
             .prepare::<C>([x_node, gamma_node, beta_node])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
                 let (y, mean, rstd) =
-                    B::layer_norm_forward(x.clone(), gamma.clone(), beta, epsilon);
+                    B::layer_norm_forward(x.clone(), gamma.clone(), beta, epsilon, centred);
                 let state = [x, gamma, mean.clone(), rstd.clone()];
                 (
                     prep.finish(state, y),
@@ -451,7 +498,7 @@ impl<B: LayerNormBackend, C: CheckpointStrategy> LayerNormBackend for Autodiff<B
                 )
             }
             OpsKind::UnTracked(prep) => {
-                let (y, mean, rstd) = B::layer_norm_forward(x, gamma, beta, epsilon);
+                let (y, mean, rstd) = B::layer_norm_forward(x, gamma, beta, epsilon, centred);
                 (
                     prep.finish(y),
                     Self::from_inner(mean),
@@ -467,6 +514,7 @@ impl<B: LayerNormBackend, C: CheckpointStrategy> LayerNormBackend for Autodiff<B
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        centred: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         // Called directly (not through `backward`), the gradients are plain values.
         let (dx, d_gamma, d_beta) = B::layer_norm_backward(
@@ -475,6 +523,7 @@ impl<B: LayerNormBackend, C: CheckpointStrategy> LayerNormBackend for Autodiff<B
             gamma.into_primitive(),
             mean.into_primitive(),
             rstd.into_primitive(),
+            centred,
         );
         (
             Self::from_inner(dx),

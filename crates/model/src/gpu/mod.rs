@@ -6,13 +6,13 @@
 //! and more backward, every one reading and writing whole activations. Here each is a CubeCL
 //! kernel with a hand-written backward, a Burn backend extension like flash attention's:
 //!
-//! - [`layer_norm`]: one launch forward, three backward (the row gradients, then the
-//!   parameter sums in two);
+//! - [`layer_norm`] and [`rms_norm`] (the same kernels, uncentred): one launch forward, three
+//!   backward (the row gradients, then the parameter sums in two);
 //! - [`cross_entropy`]: the loss with `ignore_index` in one launch, the logits' gradient in
 //!   one more, never materialising the softmax;
 //! - [`adamw`]: AdamW over every parameter, held end to end in flat buffers, in one launch.
 //!
-//! The model uses the first two on CubeCL devices (wgpu, cuda) for f32 tensors
+//! The model uses the norms and the loss on CubeCL devices (wgpu, cuda) for f32 tensors
 //! ([`supported`]), the trainer the third; the CPU backends keep Burn's ops. Each is tested
 //! equal to the Burn ops it replaces (forward and gradients) on lavapipe.
 
@@ -33,7 +33,7 @@ pub use adamw::{AdamWBackend, AdamWBuffers, adamw};
 #[doc(hidden)]
 pub use cross_entropy::cross_entropy_parts;
 pub use cross_entropy::{CrossEntropyBackend, cross_entropy};
-pub use layer_norm::{LayerNormBackend, layer_norm};
+pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};
 

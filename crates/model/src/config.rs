@@ -5,7 +5,7 @@
 //! here and nowhere else.
 
 use serde::{Deserialize, Serialize};
-use tinygpt_attention::{AttentionConfigError, AttentionKernel, CausalSelfAttentionConfig};
+use tinygpt_attention::{AttentionConfigError, CausalSelfAttentionConfig};
 
 use crate::error::GptConfigError;
 use crate::parts::{Mlp, MlpSetting, Norm, Position, ProjInit};
@@ -46,9 +46,6 @@ pub struct GptConfig {
     /// nanoGPT pads GPT-2's 50257 to 50304 (padding ids are never sampled).
     #[serde(skip_serializing_if = "is_zero")]
     pub vocab_size: usize,
-    /// How Burn computes attention (see [`AttentionKernel`]): the same numbers either way.
-    /// Default auto.
-    pub kernel: AttentionKernel,
     /// Soft-cap of the logits (Gemma 2, nanochat: 15): `cap · tanh(logits / cap)`, so no logit
     /// passes `±cap` and the softmax cannot saturate; 0 (the default) = none.
     pub logit_softcap: f64,
@@ -88,7 +85,6 @@ struct GptConfigToml {
     mlp: Option<MlpSetting>,
     layer_norm_eps: Option<f64>,
     vocab_size: Option<usize>,
-    kernel: Option<AttentionKernel>,
     logit_softcap: Option<f64>,
     rope_theta: Option<f64>,
     n_kv_head: Option<usize>,
@@ -118,7 +114,6 @@ impl TryFrom<GptConfigToml> for GptConfig {
             mlp,
             layer_norm_eps: t.layer_norm_eps.unwrap_or(d.layer_norm_eps),
             vocab_size: t.vocab_size.unwrap_or(d.vocab_size),
-            kernel: t.kernel.unwrap_or(d.kernel),
             logit_softcap: t.logit_softcap.unwrap_or(d.logit_softcap),
             rope_theta: t.rope_theta.unwrap_or(d.rope_theta),
             n_kv_head: t.n_kv_head,
@@ -160,7 +155,6 @@ impl Default for GptConfig {
             mlp: Mlp::Gelu,
             layer_norm_eps: 1e-5,
             vocab_size: 0,
-            kernel: AttentionKernel::Auto,
             logit_softcap: 0.0,
             rope_theta: 10_000.0,
             n_kv_head: None,
@@ -210,7 +204,6 @@ impl GptConfig {
         with_mlp => mlp: Mlp,
         with_layer_norm_eps => layer_norm_eps: f64,
         with_vocab_size => vocab_size: usize,
-        with_kernel => kernel: AttentionKernel,
         with_logit_softcap => logit_softcap: f64,
         with_rope_theta => rope_theta: f64,
         with_n_kv_head => n_kv_head: Option<usize>,
@@ -344,7 +337,6 @@ impl GptConfig {
             .with_bias(self.bias)
             .with_init_std(0.02)
             .with_proj_init_std(Some(self.residual_init_std()))
-            .with_kernel(self.kernel)
             .with_n_kv_heads(self.n_kv_head)
             .with_rope_base(rope)
             .with_qk_norm_eps(self.qk_norm.then_some(self.layer_norm_eps))
@@ -474,11 +466,12 @@ mod tests {
         }
         let read = |text: &str| toml::from_str::<GptConfig>(text);
         assert_eq!(read(&text).unwrap(), GptConfig::default());
-        let old = read("kernel = \"fused\"\nactivation = \"gelu_tanh\"").unwrap();
         assert_eq!(
-            (old.kernel, old.mlp),
-            (AttentionKernel::Sdpa, Mlp::GeluTanh)
+            read("activation = \"gelu_tanh\"").unwrap().mlp,
+            Mlp::GeluTanh
         );
+        // How attention is computed is not the architecture: the run's config holds it.
+        assert!(read("kernel = \"flash\"").is_err());
         // What run directories from before the parts hold.
         let minimal = read("activation = \"gelu\"\nmlp = false\nlayer_norm = false").unwrap();
         assert_eq!((minimal.mlp, minimal.norm), (Mlp::None, Norm::None));

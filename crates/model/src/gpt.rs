@@ -4,7 +4,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor};
-use tinygpt_attention::KvCache;
+use tinygpt_attention::{AttentionKernel, KvCache};
 
 use crate::block::{Block, linear, norm};
 use crate::config::GptConfig;
@@ -69,6 +69,16 @@ impl Gpt {
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
             config: config.clone(),
         })
+    }
+
+    /// This model with every block's attention computed by `kernel` (the same numbers; see
+    /// [`AttentionKernel`]). How, not what: it is the run's choice, not the architecture's,
+    /// and models start with [`AttentionKernel::Auto`].
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        for block in &mut self.h {
+            block.attn.kernel = kernel;
+        }
+        self
     }
 
     /// The architecture this model was built from.

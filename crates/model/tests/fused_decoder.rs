@@ -6,9 +6,7 @@ mod common;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
-use tinygpt_model::{
-    Decoder, FusedDecoder, FusedError, GenerateOptions, Gpt, GptConfig, ModelError, generate,
-};
+use tinygpt_model::{Decoder, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, generate};
 
 fn tokens(len: usize, vocab: usize) -> Vec<u32> {
     (0..len as u64)

@@ -101,7 +101,8 @@ fn bench_one(
     let data = random_tokens(config);
     let model = config
         .gpt(VOCAB)
-        .init(&placement.device.clone().autodiff())?;
+        .init(&placement.device.clone().autodiff())?
+        .with_attention_kernel(config.train.attention_kernel);
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (workers, dtype) = (config.workers(), config.train.dtype);

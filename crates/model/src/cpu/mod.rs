@@ -43,8 +43,6 @@ use std::sync::Arc;
 use burn::optim::GradientsParams;
 use thiserror::Error;
 
-use tinygpt_attention::AttentionKernel;
-
 use crate::clip::clip_factor;
 use crate::config::GptConfig;
 use crate::error::{LossError, ModelError};
@@ -164,11 +162,11 @@ impl Dims {
 }
 
 /// Whether the fused engine computes exactly what [`Gpt`] computes for `config`: an allow-list
-/// over every field and every part. The sizes, dropout, biases, tying, the norm's ε and the
-/// attention op (which only changes how Burn computes the same attention) may take any value;
-/// each part ([`crate::parts`]) must be one the kernels implement. A field added to
-/// [`GptConfig`], or a variant added to a part or to [`AttentionKernel`], does not compile here
-/// until it is placed on one side or the other.
+/// over every field and every part. The sizes, dropout, biases, tying and the norm's ε may take
+/// any value; each part ([`crate::parts`]) must be one the kernels implement. A field added to
+/// [`GptConfig`], or a variant added to a part, does not compile here until it is placed on one
+/// side or the other. (How Burn computes attention, [`Gpt::with_attention_kernel`], is not the
+/// model's: the engine has its own attention.)
 pub fn fused_support(config: &GptConfig) -> Result<(), FusedError> {
     supported(config).map(|_| ())
 }
@@ -184,7 +182,6 @@ fn supported(config: &GptConfig) -> Result<Option<Act>, FusedError> {
         dropout: _,
         bias: _,
         tie_embeddings: _,
-        kernel,
         position,
         norm,
         mlp,
@@ -199,13 +196,6 @@ fn supported(config: &GptConfig) -> Result<Option<Act>, FusedError> {
         qk_norm: _,
         logit_softcap: _,
     } = config;
-    match kernel {
-        // All compute the same function; the fused engine has its own attention kernel.
-        AttentionKernel::Auto
-        | AttentionKernel::Explicit
-        | AttentionKernel::Sdpa
-        | AttentionKernel::Flash => {}
-    }
     match position {
         // `embed` reads the table when there is one; `rope.rs` rotates queries and keys.
         Position::Learned | Position::Rope | Position::None => {}

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use tinygpt_attention::AttentionKernel;
 use tinygpt_model::GptConfig;
 
 /// The name by which configs refer to the corpus built into the binary ([`presets`] holds it).
@@ -207,6 +208,10 @@ pub struct TrainSection {
     /// "f32", "bf16" or "f16": the precision of the training step's matmuls (see
     /// [`TrainDType`]); checkpoints are f32 whatever it is.
     pub dtype: TrainDType,
+    /// How Burn's backends compute attention, in training and sampling: "auto", "explicit",
+    /// "sdpa" or "flash" (see [`AttentionKernel`]); the same numbers either way. How, not
+    /// what: older configs said `model.kernel`, which is read as this.
+    pub attention_kernel: AttentionKernel,
 }
 
 impl Default for TrainSection {
@@ -241,6 +246,7 @@ impl Default for TrainSection {
             sample_prompt: String::new(),
             sample_tokens: 100,
             dtype: TrainDType::F32,
+            attention_kernel: AttentionKernel::Auto,
         }
     }
 }
@@ -262,16 +268,15 @@ impl RunConfig {
 
     /// [`load`](Self::load) from TOML text.
     pub fn load_str(text: &str, overrides: &[String]) -> Result<Self> {
-        let mut text = text.to_string();
-        if !overrides.is_empty() {
-            let mut table = text
-                .parse::<toml::Table>()
-                .map_err(|e| anyhow::anyhow!("{}", one_line(&e.to_string())))?;
-            for assignment in overrides {
-                apply_override(&mut table, assignment)?;
-            }
-            text = toml::to_string(&table)?;
+        let mut table = text
+            .parse::<toml::Table>()
+            .map_err(|e| anyhow::anyhow!("{}", one_line(&e.to_string())))?;
+        for assignment in overrides {
+            apply_override(&mut table, assignment)?;
         }
+        move_older_keys(&mut table);
+        // Through the text, so that an error quotes the line at fault.
+        let text = toml::to_string(&table)?;
         let config: RunConfig =
             toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}", one_line(&e.to_string())))?;
         config.validate()?;
@@ -401,6 +406,24 @@ impl RunConfig {
     }
 }
 
+/// Keys that moved, read where they now live: `model.kernel` (how attention is computed, not
+/// the architecture) is `train.attention_kernel`. The older key, when given, wins: a config
+/// written since never has it, so it comes from an older file or a `--set`.
+fn move_older_keys(table: &mut toml::Table) {
+    let kernel = table
+        .get_mut("model")
+        .and_then(toml::Value::as_table_mut)
+        .and_then(|model| model.remove("kernel"));
+    if let Some(kernel) = kernel {
+        let train = table
+            .entry("train")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(train) = train.as_table_mut() {
+            train.insert("attention_kernel".into(), kernel);
+        }
+    }
+}
+
 /// `section.key=value` into `table`. The value is parsed as TOML (`3`, `0.1`, `true`, `"x"`);
 /// anything that does not parse is taken as a bare string (`data.tokenizer=bpe`).
 fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
@@ -487,5 +510,28 @@ mod tests {
         let err = RunConfig::load(None, &["nonsense".into()]).unwrap_err();
         assert!(format!("{err:#}").contains("section.key=value"), "{err:#}");
         assert!(!format!("{err:#}").contains('\n'));
+    }
+
+    /// `model.kernel` moved to `train.attention_kernel`: configs and run directories that say
+    /// it still load, with the same meaning, and a `--set` of the older key overrides; what is
+    /// written since names only the new key.
+    #[test]
+    fn the_attention_kernel_is_read_from_its_older_key() {
+        let old = "[model]\nn_layer = 2\nkernel = \"flash\"\n";
+        let config = RunConfig::load_str(old, &[]).unwrap();
+        assert_eq!(config.train.attention_kernel, AttentionKernel::Flash);
+        assert_eq!(config.model.n_layer, 2);
+        let written = config.to_toml();
+        assert!(
+            written.contains("attention_kernel = \"flash\""),
+            "{written}"
+        );
+        assert!(!written.contains("\nkernel"), "{written}");
+        let set = RunConfig::load_str(&written, &["model.kernel=explicit".into()]).unwrap();
+        assert_eq!(set.train.attention_kernel, AttentionKernel::Explicit);
+        let set = RunConfig::load_str("", &["train.attention_kernel=sdpa".into()]).unwrap();
+        assert_eq!(set.train.attention_kernel, AttentionKernel::Sdpa);
+        let err = RunConfig::load_str(old, &["model.kernel=fast".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("fast"), "{err:#}");
     }
 }

@@ -259,8 +259,6 @@ fn expressible(config: &GptConfig) -> Result<(), String> {
         // Absent biases are written as zeros; an untied head as `lm_head.weight`.
         bias: _,
         tie_embeddings: _,
-        // How attention is computed, not what.
-        kernel: _,
         position,
         norm,
         mlp,

@@ -165,7 +165,6 @@ pub(super) fn architecture(hf: &LlamaConfig, block_size: Option<usize>) -> Resul
         layer_norm_eps: hf.rms_norm_eps,
         // Filled in from the tokenizer and the embedding's rows by `imported_config`.
         vocab_size: 0,
-        kernel: GptConfig::default().kernel,
         logit_softcap: 0.0,
         rope_theta,
         n_kv_head: hf
@@ -386,7 +385,6 @@ pub(super) fn expressible(config: &GptConfig) -> Result<(), String> {
         // `attention_bias` and `mlp_bias` both.
         bias: _,
         tie_embeddings: _,
-        kernel: _,
         position,
         norm,
         mlp,

@@ -168,8 +168,6 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         proj_init: c.proj_init,
         // Filled in from the tokenizer by `imported_config`.
         vocab_size: 0,
-        // How attention is computed is the run's choice, not the file's.
-        kernel: GptConfig::default().kernel,
     };
     let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;
     let vocab_size = c.vocab_size;

@@ -312,7 +312,7 @@ impl Run {
         let path = checkpoint.dir.join(WEIGHTS);
         load_weights(&mut model, checkpoint.weights.clone())
             .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
-        Ok(model)
+        Ok(model.with_attention_kernel(self.config.train.attention_kernel))
     }
 
     /// Saves `model` (and, for `last`, the optimizer state) as the `which` checkpoint, with the

@@ -28,7 +28,7 @@ use crate::run::metrics::Metrics;
 const INIT_STREAM: u64 = 1 << 22;
 
 /// Only these may change when resuming; anything else would make it another run.
-const CHANGEABLE_ON_RESUME: [&str; 6] = [
+const CHANGEABLE_ON_RESUME: [&str; 8] = [
     "train.max_iters",
     "data.path",
     "train.eval_interval",
@@ -36,6 +36,9 @@ const CHANGEABLE_ON_RESUME: [&str; 6] = [
     "train.nonfinite_limit",
     // Checkpoints are f32 whatever the step computed in.
     "train.dtype",
+    // How attention is computed, not what (`model.kernel` is its older name).
+    "train.attention_kernel",
+    "model.kernel",
 ];
 
 /// What to train: a new run from a config, or the run in `out` continued.
@@ -276,7 +279,9 @@ fn initial_model(
     cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
     let gpt = config.gpt(vocab_size);
     let init = gpt.init(&cpu)?;
-    let mut model = gpt.init(device)?;
+    let mut model = gpt
+        .init(device)?
+        .with_attention_kernel(config.train.attention_kernel);
     crate::run::weights::copy_weights(&init, &mut model)?;
     let optim = optimizer(config, &model);
     Ok((model, optim))

@@ -42,7 +42,8 @@ pub use block::{Block, Mlp};
 pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
 pub use config::{Activation, GptConfig};
 pub use cpu::{
-    AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, TokenBatch, fused_support,
+    AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, MuonSettings, NEWTON_SCHULZ,
+    NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, TokenBatch, VelocityState, fused_support,
 };
 pub use device_pick::{Pick, Picked};
 pub use draw::Sampled;

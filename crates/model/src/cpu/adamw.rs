@@ -56,8 +56,24 @@ impl Moments {
         settings: &AdamWSettings,
         lr: f64,
     ) {
+        self.step_some(weights, grads, settings, lr, &[]);
+    }
+
+    /// [`step`](Self::step) of every entry but those `skip` marks (by index in the layout;
+    /// empty = none): another rule updates them, and their moments and steps stay as they are.
+    pub(crate) fn step_some(
+        &mut self,
+        weights: &mut Params,
+        grads: &Params,
+        settings: &AdamWSettings,
+        lr: f64,
+        skip: &[bool],
+    ) {
         let layout = weights.layout().clone();
-        for (entry, time) in layout.entries().iter().zip(&mut self.time) {
+        for (i, (entry, time)) in layout.entries().iter().zip(&mut self.time).enumerate() {
+            if skip.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             *time += 1;
             let t = *time as i32;
             let decay = if settings.decayed.contains(&entry.id) {

@@ -28,6 +28,7 @@ mod gelu;
 mod gelu_tanh;
 mod layer_norm;
 mod matmul;
+mod muon;
 mod norm;
 mod params;
 mod qk_norm;
@@ -53,6 +54,9 @@ use crate::parts::{Mlp, Norm, Position};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
 pub use decode::FusedDecoder;
+pub use muon::{
+    MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, VelocityState,
+};
 use params::Params;
 use workspace::{Job, Workspace};
 
@@ -251,6 +255,8 @@ pub struct FusedCpu {
     grads: Params,
     /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
     moments: Option<Moments>,
+    /// Muon's momentum for the matrices it updates, from [`FusedCpu::use_muon`].
+    muon: Option<muon::Velocities>,
     work: Vec<Workspace>,
 }
 
@@ -268,6 +274,7 @@ impl FusedCpu {
             weights,
             grads,
             moments: None,
+            muon: None,
             work,
         })
     }
@@ -292,16 +299,20 @@ impl FusedCpu {
         self.grads.zero_like(&self.weights);
     }
 
-    /// AdamW's state of every parameter (empty before the first step), in the layout's order.
+    /// AdamW's state of every parameter it updates (all but Muon's matrices; empty before the
+    /// first step), in the layout's order.
     pub fn adamw_state(&self) -> Vec<MomentState> {
         let Some(moments) = &self.moments else {
             return Vec::new();
         };
+        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
         let entries = self.weights.layout().entries();
         entries
             .iter()
             .zip(&moments.time)
-            .map(|(entry, &time)| MomentState {
+            .enumerate()
+            .filter(|(i, _)| !muon(*i))
+            .map(|(_, (entry, &time))| MomentState {
                 id: entry.id,
                 shape: entry.shape.clone(),
                 time,
@@ -311,10 +322,18 @@ impl FusedCpu {
             .collect()
     }
 
-    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter, or
-    /// none. A state that does not fit is refused, and what was held stays.
-    pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
+    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter
+    /// AdamW updates (all but Muon's matrices, after [`use_muon`](Self::use_muon)), or none. A
+    /// state that does not fit is refused, and what was held stays.
+    pub fn load_adamw_state(&mut self, mut states: Vec<MomentState>) -> Result<(), FusedError> {
         let layout = self.weights.layout();
+        if let Some(muon) = &self.muon
+            && !states.is_empty()
+        {
+            let matrix = |id| layout.entries().iter().position(|e| e.id == id);
+            let ids = |id| matrix(id).is_some_and(|i| muon.updates(i));
+            states.extend(muon::zero_moments(layout, ids));
+        }
         let ordered = layout
             .gather(states)
             .map_err(|e| FusedError::OptimizerState(e.to_string()))?;

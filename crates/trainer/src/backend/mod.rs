@@ -105,11 +105,8 @@ impl Placement {
         dtype: TrainDType,
         optimizer: OptimizerKind,
     ) -> Result<(EngineKind, Option<String>)> {
-        let support = match (dtype, optimizer) {
-            (TrainDType::F32, OptimizerKind::AdamW) => {
-                fused_support(config).map_err(|e| e.to_string())
-            }
-            (TrainDType::F32, OptimizerKind::Muon) => Err(MUON_NOT_FUSED.to_string()),
+        let support = match dtype {
+            TrainDType::F32 => fused_support(config).map_err(|e| e.to_string()),
             _ => Err(format!(
                 "the fused CPU engine computes in f32 only, not train.dtype = \"{}\"",
                 dtype.name()
@@ -138,10 +135,6 @@ impl Placement {
         })
     }
 }
-
-/// Why the fused CPU engine does not train a run with Muon.
-pub const MUON_NOT_FUSED: &str = "the fused CPU engine does not implement Muon yet (`train.optimizer = \"muon\"`); \
-     --backend flex runs it";
 
 /// What computes a model's losses, gradients, updates and samples: what a backend asks for
 /// ([`Placement::engine`]) and [`Placement::engine_for`] decides for a model. Each is one

@@ -8,41 +8,17 @@
 //! two things Burn's fixes and nanochat varies: the momentum warms up from `momentum_start` to
 //! `momentum` over `warmup` steps, and the group has its own learning rate (`lr_ratio` times the
 //! schedule's). The step count lives in each parameter's state, so a resumed run continues the
-//! warm-up exactly.
+//! warm-up exactly. The fused CPU engine runs the same algorithm on its own buffers (the model
+//! crate's `cpu/muon.rs`), and shares these settings and constants.
 
 use burn::optim::{LearningRate, RecordState, StateSink, StateSource};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_pack::Scalar;
 
-/// Muon's settings: see the module docs. `optimizer = "muon"` in `[train]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MuonSettings {
-    /// Muon's learning rate over the schedule's (`muon_learning_rate / learning_rate`): the
-    /// schedule moves both groups together.
-    pub lr_ratio: f64,
-    pub momentum: f64,
-    pub momentum_start: f64,
-    /// Steps over which the momentum goes from `momentum_start` to `momentum`; 0 = none.
-    pub warmup: usize,
-    /// Decoupled weight decay, `w ← w·(1 − lr·decay)` at Muon's learning rate.
-    pub weight_decay: f64,
-}
-
-impl MuonSettings {
-    /// The momentum of the update after `step` earlier ones: linear warm-up, then constant.
-    pub fn momentum_at(&self, step: u64) -> f64 {
-        let done = match self.warmup {
-            0 => 1.0,
-            w => (step as f64 / w as f64).min(1.0),
-        };
-        self.momentum_start + done * (self.momentum - self.momentum_start)
-    }
-}
-
-/// Newton–Schulz's coefficients, steps and normalisation floor (Burn's and Keller Jordan's).
-const NS: (f32, f32, f32) = (3.4445, -4.775, 2.0315);
-const NS_STEPS: usize = 5;
-const NS_EPSILON: f32 = 1e-7;
+pub use tinygpt_model::MuonSettings;
+use tinygpt_model::{
+    NEWTON_SCHULZ as NS, NEWTON_SCHULZ_EPSILON as NS_EPSILON, NEWTON_SCHULZ_STEPS as NS_STEPS,
+};
 
 /// Muon as one of Burn's per-parameter optimizers (a group of a `ModuleOptimizer`).
 #[derive(Debug, Clone)]

@@ -3,11 +3,11 @@
 //! [`Optimizer`] part every engine takes, and AdamW's state moved between Burn's optimizer
 //! record and the flat form the fused and device engines keep it in.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{AdamWSettings, BlockSlot, Gpt, MomentState, Slot, parameter_table};
+use tinygpt_model::{AdamWSettings, BlockSlot, Gpt, MomentState, ParamLayout, Slot, VelocityState};
 
 use crate::config::{LrSchedule, OptimizerKind, RunConfig};
 use crate::train::muon::{Muon, MuonSettings};
@@ -20,10 +20,10 @@ pub enum UpdateRule {
     /// AdamW with nanoGPT's groups: Burn's `AdamW` on the host engine, the same arithmetic on
     /// the fused engine's buffers and on the device engine's flat buffers.
     AdamW(AdamWSettings),
-    /// Muon for the matrices inside the blocks and AdamW for the rest, both in Burn's
-    /// optimizer (two more groups): the host engine runs it; the fused and device engines do
-    /// not yet, and [`Placement::engine_for`](crate::backend::Placement::engine_for) routes
-    /// around them.
+    /// Muon for the matrices inside the blocks and AdamW for the rest: Burn's optimizer (one
+    /// more group) on the host engine, the same algorithm on the fused engine's buffers; the
+    /// device engine does not run it, and
+    /// [`Placement::engine_for`](crate::backend::Placement::engine_for) routes around it.
     Muon(AdamWSettings, MuonSettings),
 }
 
@@ -115,40 +115,46 @@ pub fn muon_settings(config: &RunConfig) -> MuonSettings {
     }
 }
 
-/// The Burn paths of the parameters Muon updates: the 2-D matrices inside the blocks (the
-/// attention's and the MLP's projections), never the embeddings, the head, gains or biases.
-pub fn muon_paths(model: &Gpt) -> Vec<String> {
-    parameter_table(model.config())
-        .into_iter()
-        .filter(|p| p.present)
-        .filter(|p| match p.slot {
-            Slot::Block(_, slot) => match slot {
-                BlockSlot::AttnWeight
-                | BlockSlot::AttnProjWeight
-                | BlockSlot::FcWeight
-                | BlockSlot::MlpProjWeight => true,
-                BlockSlot::Ln1Gain
-                | BlockSlot::Ln1Bias
-                | BlockSlot::AttnBias
-                | BlockSlot::AttnProjBias
-                | BlockSlot::Ln2Gain
-                | BlockSlot::Ln2Bias
-                | BlockSlot::FcBias
-                | BlockSlot::MlpProjBias => false,
-            },
-            Slot::TokenEmbedding
-            | Slot::PositionEmbedding
-            | Slot::FinalNormGain
-            | Slot::FinalNormBias
-            | Slot::LmHead => false,
-        })
-        .map(|p| p.burn)
+/// Whether Muon updates `slot`: the 2-D matrices inside the blocks (the attention's and the
+/// MLP's projections), never the embeddings, the head, gains or biases.
+fn muon_updates(slot: Slot) -> bool {
+    match slot {
+        Slot::Block(_, slot) => match slot {
+            BlockSlot::AttnWeight
+            | BlockSlot::AttnProjWeight
+            | BlockSlot::FcWeight
+            | BlockSlot::MlpProjWeight => true,
+            BlockSlot::Ln1Gain
+            | BlockSlot::Ln1Bias
+            | BlockSlot::AttnBias
+            | BlockSlot::AttnProjBias
+            | BlockSlot::Ln2Gain
+            | BlockSlot::Ln2Bias
+            | BlockSlot::FcBias
+            | BlockSlot::MlpProjBias => false,
+        },
+        Slot::TokenEmbedding
+        | Slot::PositionEmbedding
+        | Slot::FinalNormGain
+        | Slot::FinalNormBias
+        | Slot::LmHead => false,
+    }
+}
+
+/// The ids of the parameters Muon updates ([`muon_updates`]).
+pub fn muon_ids(model: &Gpt) -> Vec<ParamId> {
+    ParamLayout::of(model)
+        .entries()
+        .iter()
+        .filter(|e| muon_updates(e.slot))
+        .map(|e| e.id)
         .collect()
 }
 
 /// Burn's AdamW with nanoGPT's two groups ([`adamw_settings`]): weight decay on 2-D weights,
 /// none on biases and gains; with `optimizer = "muon"`, a third group, the blocks' matrices
-/// ([`muon_paths`]), under [`Muon`].
+/// ([`muon_ids`]), under [`Muon`]. Groups are by parameter id, so a record written from the
+/// fused engine's buffers (which names ids, not paths) routes each state to its group.
 pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
     let s = adamw_settings(config, model);
     let adamw = |weight_decay: f32| {
@@ -174,7 +180,7 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
             let muon = Muon {
                 settings: muon_settings(config),
             };
-            optim.with_group(ParamGroup::from_paths(muon_paths(model)), muon, None)
+            optim.with_group(ParamGroup::from_ids(muon_ids(model)), muon, None)
         }
     }
 }
@@ -194,16 +200,30 @@ pub fn load_optimizer(config: &RunConfig, model: &Gpt, bytes: Vec<u8>) -> Result
         .map_err(|e| anyhow::anyhow!("{e:?}"))
 }
 
-/// AdamW's state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own
-/// serialisation: for each parameter `{id}.momentum.moment_1`, `.moment_2` and the scalar
-/// `{id}.momentum.time`. Empty before the first step.
-pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
+/// An optimizer's state per parameter: AdamW's moments, and Muon's momentum for its matrices.
+#[derive(Debug, Default)]
+pub struct States {
+    pub adamw: Vec<MomentState>,
+    pub muon: Vec<VelocityState>,
+}
+
+/// The state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own
+/// serialisation: AdamW's `{id}.momentum.moment_1`, `.moment_2` and the scalar
+/// `{id}.momentum.time`; Muon's `{id}.velocity` and the scalar `{id}.step`
+/// ([`crate::train::muon::MuonState`]). Empty before the first step.
+pub fn states_from_burn(optim: &ModuleOptimizer) -> Result<States> {
     let bytes = optim
         .into_bytes()
         .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
     let reader = burn_pack::Reader::from_bytes(bytes)?;
-    let times = reader.scalars().clone();
+    let scalars = reader.scalars().clone();
+    let scalar = |key: String| -> Result<u64> {
+        let value = scalars.get(&key).copied();
+        let value = value.with_context(|| format!("the optimizer state has no {key}"))?;
+        u64::try_from(value).map_err(|e| anyhow::anyhow!("{key}: {e:?}"))
+    };
     let mut moments: std::collections::BTreeMap<u64, MomentState> = Default::default();
+    let mut muon = Vec::new();
     for tensor in reader.into_tensors()? {
         let (name, dtype, shape, param_id, bytes) = tensor.into_parts()?;
         let id = param_id.context("an optimizer tensor without a parameter id")?;
@@ -212,10 +232,17 @@ pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
         let values = data
             .try_to_vec::<f32>()
             .map_err(|e| anyhow::anyhow!("optimizer tensor {name}: {e:?}"))?;
-        let time = times
-            .get(&format!("{id}.momentum.time"))
-            .and_then(|t| usize::try_from(*t).ok())
-            .with_context(|| format!("no step count for parameter {id}"))?;
+        let leaf = name.rsplit('.').next();
+        if leaf == Some("velocity") {
+            muon.push(VelocityState {
+                id: ParamId::from(id),
+                shape,
+                step: scalar(format!("{id}.step"))?,
+                velocity: values,
+            });
+            continue;
+        }
+        let time = usize::try_from(scalar(format!("{id}.momentum.time"))?)?;
         let state = moments.entry(id).or_insert_with(|| MomentState {
             id: ParamId::from(id),
             shape,
@@ -223,32 +250,49 @@ pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
             moment_1: Vec::new(),
             moment_2: Vec::new(),
         });
-        match name.rsplit('.').next() {
+        match leaf {
             Some("moment_1") => state.moment_1 = values,
             Some("moment_2") => state.moment_2 = values,
-            _ => anyhow::bail!("unexpected optimizer tensor {name} (not AdamW's state)"),
+            _ => anyhow::bail!("unexpected optimizer tensor {name} (not AdamW's or Muon's state)"),
         }
     }
-    Ok(moments.into_values().collect())
+    Ok(States {
+        adamw: moments.into_values().collect(),
+        muon,
+    })
+}
+
+/// AdamW's state in `optim` (see [`states_from_burn`]); Muon's there is an error.
+pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
+    let states = states_from_burn(optim)?;
+    if !states.muon.is_empty() {
+        bail!("the optimizer state holds Muon's momentum where only AdamW's was expected");
+    }
+    Ok(states.adamw)
 }
 
 /// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
-/// serialisation of AdamW's state, the names [`moments_from_burn`] reads.
-pub fn burn_from_moments(
-    template: &ModuleOptimizer,
-    states: Vec<MomentState>,
-) -> Result<ModuleOptimizer> {
+/// serialisation, the names [`states_from_burn`] reads.
+pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<ModuleOptimizer> {
     let mut tensors = Vec::new();
     let mut scalars = Vec::new();
-    for state in states {
+    let mut tensor = |name: String, id: u64, values: Vec<f32>, shape: &[usize]| {
+        let (bytes, shape, dtype) = TensorData::new(values, shape.to_vec()).into_parts();
+        tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+    };
+    for state in states.adamw {
         let id = state.id.val();
         for (leaf, values) in [("moment_1", state.moment_1), ("moment_2", state.moment_2)] {
-            let (bytes, shape, dtype) = TensorData::new(values, state.shape.clone()).into_parts();
-            let name = format!("{id}.momentum.{leaf}");
-            tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+            tensor(format!("{id}.momentum.{leaf}"), id, values, &state.shape);
         }
         scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
         scalars.push((format!("{id}.momentum.time"), state.time as u64));
+    }
+    for state in states.muon {
+        let id = state.id.val();
+        tensor(format!("{id}.velocity"), id, state.velocity, &state.shape);
+        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
+        scalars.push((format!("{id}.step"), state.step));
     }
     let mut writer = burn_pack::Writer::new(tensors);
     for (key, value) in &scalars {
@@ -259,6 +303,21 @@ pub fn burn_from_moments(
         .clone()
         .from_bytes(bytes)
         .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+}
+
+/// [`burn_from_states`] with AdamW's state only.
+pub fn burn_from_moments(
+    template: &ModuleOptimizer,
+    states: Vec<MomentState>,
+) -> Result<ModuleOptimizer> {
+    let adamw = states;
+    burn_from_states(
+        template,
+        States {
+            adamw,
+            muon: Vec::new(),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -1,23 +1,23 @@
-//! [`FusedEngine`]: hand-written forward, backward and AdamW on the CPU ([`FusedCpu`]), the
-//! batch split over threads.
+//! [`FusedEngine`]: hand-written forward, backward, AdamW and Muon on the CPU ([`FusedCpu`]),
+//! the batch split over threads.
 
 use anyhow::{Context, Result};
 use burn::optim::ModuleOptimizer;
-use tinygpt_model::{AdamWSettings, FusedCpu, Gpt, TokenBatch};
+use tinygpt_model::{FusedCpu, Gpt, TokenBatch};
 
 use super::{Engine, LOST, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
 use crate::train::optim::{
-    Optimizer, UpdateRule, burn_from_moments, moments_from_burn, record_bytes,
+    Optimizer, States, UpdateRule, burn_from_states, muon_ids, record_bytes, states_from_burn,
 };
 
-/// The weights and AdamW's moments live in [`FusedCpu`]'s buffers between steps; the [`Gpt`]
+/// The weights and the optimizer's state live in [`FusedCpu`]'s buffers between steps; the [`Gpt`]
 /// and Burn's optimizer record are brought up to date only when asked for (checkpoints,
 /// sampling), so a step copies nothing to or from Burn.
 pub(super) struct FusedEngine {
     fused: Box<FusedCpu>,
-    adamw: AdamWSettings,
+    rule: UpdateRule,
     /// `None` only while it is being brought up to date.
     model: Option<Gpt>,
     optim: ModuleOptimizer,
@@ -31,17 +31,19 @@ pub(super) struct FusedEngine {
 impl FusedEngine {
     pub fn new(model: Gpt, optimizer: Optimizer, threads: usize) -> Result<Self> {
         let optim = optimizer.burn;
-        let adamw = match optimizer.rule {
-            UpdateRule::AdamW(adamw) => adamw,
-            UpdateRule::Muon(..) => anyhow::bail!("{}", crate::backend::MUON_NOT_FUSED),
-        };
         let mut fused = FusedCpu::new(&model, threads)?;
+        match &optimizer.rule {
+            UpdateRule::AdamW(_) => {}
+            UpdateRule::Muon(..) => fused.use_muon(&muon_ids(&model))?,
+        }
+        let states = states_from_burn(&optim)?;
         fused
-            .load_adamw_state(moments_from_burn(&optim)?)
+            .load_adamw_state(states.adamw)
+            .and_then(|()| fused.load_muon_state(states.muon))
             .context("optimizer state")?;
         Ok(Self {
             fused: Box::new(fused),
-            adamw,
+            rule: optimizer.rule,
             model: Some(model),
             optim,
             stale: false,
@@ -53,7 +55,11 @@ impl FusedEngine {
     /// Writes the buffers' weights and moments into the model and Burn's optimizer.
     fn sync(&mut self) -> Result<()> {
         if self.stale {
-            self.optim = burn_from_moments(&self.optim, self.fused.adamw_state())?;
+            let states = States {
+                adamw: self.fused.adamw_state(),
+                muon: self.fused.muon_state(),
+            };
+            self.optim = burn_from_states(&self.optim, states)?;
             let model = self.model.take().context(LOST)?;
             self.model = Some(self.fused.write_weights(model));
             self.stale = false;
@@ -106,7 +112,10 @@ impl Engine for FusedEngine {
         let grad_norm = self.fused.clip_grad_norm(bound);
         let step = Step::new(loss, grad_norm);
         if step.applied {
-            self.fused.adamw_step(lr, &self.adamw);
+            match &self.rule {
+                UpdateRule::AdamW(adamw) => self.fused.adamw_step(lr, adamw),
+                UpdateRule::Muon(adamw, muon) => self.fused.muon_step(lr, adamw, muon)?,
+            }
             self.stale = true;
         } else {
             self.fused.discard_gradients();

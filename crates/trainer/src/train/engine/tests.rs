@@ -385,3 +385,123 @@ fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
     assert_eq!(engine.kind(), EngineKind::Autodiff);
     assert!(note.is_some_and(|n| n.contains("Muon")));
 }
+
+/// The fused engine's Muon (Newton–Schulz on its own matmuls) is Burn's optimizer's: the same
+/// update to 1e-5 of its size on a wide, a square and a tall matrix, the same momentum and step
+/// counts in the checkpointed record; and a fused run resumed from that record continues bit
+/// for bit.
+#[test]
+fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
+    let overrides: Vec<String> = [
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=16",
+        "model.block_size=8",
+        "train.batch_size=3",
+        "train.warmup_iters=2",
+        "train.optimizer=\"muon\"",
+        "train.muon_momentum_warmup=4",
+        "train.muon_weight_decay=0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let config = ConfigSource::Preset("baby").load(&overrides).unwrap();
+    let data = random_tokens(&config);
+    let model = model(&config);
+    let fused_engine = |model: Gpt, optim: burn::optim::ModuleOptimizer| {
+        let placement = Placement {
+            device: Device::flex(),
+            device_name: "flex",
+            engine: EngineKind::Fused,
+            strict: true,
+            memory: Memory::Host,
+            note: None,
+        };
+        let optim = Optimizer::for_run(&config, &model, optim);
+        open(&placement, model, optim, 2, TrainDType::F32)
+            .unwrap()
+            .0
+    };
+    let start = weights(engine(&config, model.clone(), false).as_mut());
+    // Which of `weights`' entries (the model's order) are Muon's matrices.
+    let ids = crate::train::optim::muon_ids(&model);
+    let mut muon = Vec::new();
+    struct Mark<'a>(&'a [burn::module::ParamId], &'a mut Vec<bool>);
+    impl ModuleVisitor for Mark<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.1.push(self.0.contains(&param.id));
+        }
+    }
+    model.visit(&mut Mark(&ids, &mut muon));
+    assert_eq!(muon.iter().filter(|&&m| m).count(), 4 * 2);
+    let (mut burn, mut fused) = (
+        engine(&config, model.clone(), false),
+        fused_engine(model.clone(), optimizer(&config, &model)),
+    );
+    assert_eq!(fused.kind(), EngineKind::Fused);
+    for step in 0..6 {
+        train_step(burn.as_mut(), &data, &config, step).unwrap();
+        train_step(fused.as_mut(), &data, &config, step).unwrap();
+        if step == 0 {
+            // One update: Muon's, matrix by matrix, to 1e-5 of its size; AdamW's as the AdamW
+            // tests hold it (near-zero gradients make its first step sign-like).
+            let (b, f) = (weights(burn.as_mut()), weights(fused.as_mut()));
+            for (((b, f), w), &muon) in b.iter().zip(&f).zip(&start).zip(&muon) {
+                let size = b
+                    .iter()
+                    .zip(w)
+                    .map(|(b, w)| (b - w).abs())
+                    .fold(0.0, f32::max);
+                let diff = max_difference(std::slice::from_ref(b), std::slice::from_ref(f));
+                let bound = if muon { 1e-5 * size } else { 2e-6 };
+                assert!(
+                    diff <= bound,
+                    "update differs by {diff} of {size} (Muon: {muon})"
+                );
+            }
+        }
+    }
+    let difference = max_difference(&weights(burn.as_mut()), &weights(fused.as_mut()));
+    assert!(
+        difference < 1e-5,
+        "weights differ by {difference} after 6 steps"
+    );
+    let states = |engine: &mut dyn Engine| {
+        let bytes = engine.optimizer_bytes().unwrap();
+        let loaded = crate::train::optim::load_optimizer(&config, engine.model().unwrap(), bytes);
+        crate::train::optim::states_from_burn(&loaded.unwrap()).unwrap()
+    };
+    let (want, got) = (states(burn.as_mut()), states(fused.as_mut()));
+    assert_eq!(
+        (want.muon.len(), want.adamw.len()),
+        (got.muon.len(), got.adamw.len())
+    );
+    assert_eq!(want.muon.len(), 4 * 2);
+    for (w, g) in want.muon.iter().zip(&got.muon) {
+        assert_eq!((w.id, w.step, &w.shape), (g.id, g.step, &g.shape));
+        assert_eq!(w.step, 6);
+        let diff = max_difference(
+            std::slice::from_ref(&w.velocity),
+            std::slice::from_ref(&g.velocity),
+        );
+        assert!(diff < 1e-5, "velocity of {:?} differs by {diff}", w.id);
+    }
+    // Resume: three steps, the checkpointed record, three more.
+    let mut first = fused_engine(model.clone(), optimizer(&config, &model));
+    for step in 0..3 {
+        train_step(first.as_mut(), &data, &config, step).unwrap();
+    }
+    let bytes = first.optimizer_bytes().unwrap();
+    let held = first.model().unwrap().clone();
+    let loaded = crate::train::optim::load_optimizer(&config, &held, bytes).unwrap();
+    let mut resumed = fused_engine(held, loaded);
+    for step in 3..6 {
+        train_step(resumed.as_mut(), &data, &config, step).unwrap();
+    }
+    let mut whole = fused_engine(model.clone(), optimizer(&config, &model));
+    for step in 0..6 {
+        train_step(whole.as_mut(), &data, &config, step).unwrap();
+    }
+    assert_eq!(weights(resumed.as_mut()), weights(whole.as_mut()));
+}

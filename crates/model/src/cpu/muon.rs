@@ -1,0 +1,298 @@
+//! Muon on the fused engine's buffers: the blocks' matrices take Nesterov momentum
+//! orthogonalised by Newton–Schulz, the other parameters AdamW ([`super::adamw`]), as the
+//! trainer's Burn optimizer does with its Muon group (Burn's `Muon` algorithm: Nesterov
+//! momentum without dampening, Frobenius normalisation clamped at 1e-7, five quintic steps with
+//! (3.4445, −4.775, 2.0315) on the wide orientation, the learning rate scaled by
+//! `√max(1, rows/cols)` of the `[in, out]` weight). Newton–Schulz runs on the engine's own
+//! matmuls, one matrix per thread.
+
+use burn::module::ParamId;
+
+use super::matmul::{View, matmul_into};
+use super::{FusedCpu, FusedError, MomentState};
+use crate::AdamWSettings;
+
+/// Muon's settings: its learning rate relative to the schedule's, its momentum warm-up and
+/// weight decay. The trainer's `[train]` `muon_*` keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MuonSettings {
+    /// Muon's learning rate over the schedule's (`muon_learning_rate / learning_rate`): the
+    /// schedule moves both groups together.
+    pub lr_ratio: f64,
+    pub momentum: f64,
+    pub momentum_start: f64,
+    /// Steps over which the momentum goes from `momentum_start` to `momentum`; 0 = none.
+    pub warmup: usize,
+    /// Decoupled weight decay, `w ← w·(1 − lr·decay)` at Muon's learning rate.
+    pub weight_decay: f64,
+}
+
+impl MuonSettings {
+    /// The momentum of the update after `step` earlier ones: linear warm-up, then constant.
+    pub fn momentum_at(&self, step: u64) -> f64 {
+        let done = match self.warmup {
+            0 => 1.0,
+            w => (step as f64 / w as f64).min(1.0),
+        };
+        self.momentum_start + done * (self.momentum - self.momentum_start)
+    }
+}
+
+/// Newton–Schulz's coefficients, steps and normalisation floor (Burn's and Keller Jordan's).
+pub const NEWTON_SCHULZ: (f32, f32, f32) = (3.4445, -4.775, 2.0315);
+pub const NEWTON_SCHULZ_STEPS: usize = 5;
+pub const NEWTON_SCHULZ_EPSILON: f32 = 1e-7;
+
+/// One matrix's Muon state, as Burn's optimizer record keeps it: the momentum buffer (flat, in
+/// the parameter's shape) and the updates taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VelocityState {
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+    pub step: u64,
+    pub velocity: Vec<f32>,
+}
+
+/// Muon's state per entry of the layout: `Some` for the matrices it updates.
+#[derive(Debug, Default)]
+pub(crate) struct Velocities {
+    entries: Vec<Option<Velocity>>,
+}
+
+#[derive(Debug, Clone)]
+struct Velocity {
+    /// `[rows, cols]` of the weight, and the buffer (zeros before the first step: `v = g`).
+    rows: usize,
+    cols: usize,
+    v: Vec<f32>,
+    step: u64,
+}
+
+impl Velocities {
+    /// Whether layout entry `i` is one of Muon's matrices.
+    pub(crate) fn updates(&self, i: usize) -> bool {
+        self.entries.get(i).is_some_and(Option::is_some)
+    }
+}
+
+impl FusedCpu {
+    /// Trains the `matrices` (2-D parameters) with Muon from now on, their state zero; the
+    /// other parameters stay AdamW's. Refuses a parameter that is not a matrix of this model.
+    pub fn use_muon(&mut self, matrices: &[ParamId]) -> Result<(), FusedError> {
+        let entries = self.weights.layout().entries();
+        for id in matrices {
+            match entries.iter().find(|e| e.id == *id) {
+                Some(e) if e.shape.len() == 2 => {}
+                Some(e) => {
+                    let why = format!(
+                        "Muon updates matrices, not {:?} of shape {:?}",
+                        e.slot, e.shape
+                    );
+                    return Err(FusedError::OptimizerState(why));
+                }
+                None => {
+                    let why = format!("parameter {id} is not this model's");
+                    return Err(FusedError::OptimizerState(why));
+                }
+            }
+        }
+        let velocity = |e: &crate::LayoutEntry| Velocity {
+            rows: e.shape[0],
+            cols: e.shape[1],
+            v: vec![0.0; e.len],
+            step: 0,
+        };
+        let entries = entries
+            .iter()
+            .map(|e| matrices.contains(&e.id).then(|| velocity(e)))
+            .collect();
+        self.muon = Some(Velocities { entries });
+        Ok(())
+    }
+
+    /// Muon's state of each matrix that has taken a step (Burn keeps none before).
+    pub fn muon_state(&self) -> Vec<VelocityState> {
+        let Some(muon) = &self.muon else {
+            return Vec::new();
+        };
+        let entries = self.weights.layout().entries();
+        entries
+            .iter()
+            .zip(&muon.entries)
+            .filter_map(|(e, v)| v.as_ref().map(|v| (e, v)))
+            .filter(|(_, v)| v.step > 0)
+            .map(|(e, v)| VelocityState {
+                id: e.id,
+                shape: e.shape.clone(),
+                step: v.step,
+                velocity: v.v.clone(),
+            })
+            .collect()
+    }
+
+    /// Continues from a saved Muon state (after [`use_muon`](Self::use_muon)): one entry per
+    /// matrix, or none. A state that does not fit is refused, and what was held stays.
+    pub fn load_muon_state(&mut self, states: Vec<VelocityState>) -> Result<(), FusedError> {
+        let refuse = |why: String| Err(FusedError::OptimizerState(why));
+        let Some(muon) = &self.muon else {
+            return match states.is_empty() {
+                true => Ok(()),
+                false => refuse("a Muon state for a run without Muon".into()),
+            };
+        };
+        let entries = self.weights.layout().entries();
+        let mut loaded = muon.entries.clone();
+        for state in states {
+            let at = entries.iter().position(|e| e.id == state.id);
+            let Some(v) = at.and_then(|i| loaded[i].as_mut()) else {
+                return refuse(format!(
+                    "a Muon state for {}, not one of its matrices",
+                    state.id
+                ));
+            };
+            if state.velocity.len() != v.v.len() {
+                let (want, got) = (v.v.len(), state.velocity.len());
+                return refuse(format!(
+                    "Muon state of {}: {got} values, not {want}",
+                    state.id
+                ));
+            }
+            (v.v, v.step) = (state.velocity, state.step);
+        }
+        self.muon = Some(Velocities { entries: loaded });
+        Ok(())
+    }
+
+    /// One step: Muon on its matrices (momentum, Newton–Schulz, the shape-scaled rate
+    /// `lr · lr_ratio`), AdamW on the rest at `lr`, along the held gradients, which are then
+    /// reset to zero. Needs [`use_muon`](Self::use_muon) first.
+    pub fn muon_step(
+        &mut self,
+        lr: f64,
+        adamw: &AdamWSettings,
+        settings: &MuonSettings,
+    ) -> Result<(), FusedError> {
+        let Some(muon) = self.muon.as_mut() else {
+            return Err(FusedError::OptimizerState(
+                "Muon was not set up (use_muon)".into(),
+            ));
+        };
+        let weights = &mut self.weights;
+        let moments = self
+            .moments
+            .get_or_insert_with(|| super::adamw::Moments::zeros(weights));
+        let skip: Vec<bool> = (0..muon.entries.len()).map(|i| muon.updates(i)).collect();
+        moments.step_some(weights, &self.grads, adamw, lr, &skip);
+        // Nesterov momentum (Burn's `Momentum`, no dampening): v ← g + μ·v, the update
+        // orthogonalises g + μ·v. Serial (one pass each), then Newton–Schulz in parallel.
+        let entries = weights.layout().entries().to_vec();
+        let mut jobs = Vec::new();
+        for (e, v) in entries.iter().zip(muon.entries.iter_mut()) {
+            let Some(v) = v else { continue };
+            let momentum = settings.momentum_at(v.step) as f32;
+            let g = self.grads.slot(e.slot);
+            let mut nesterov = vec![0.0; g.len()];
+            for ((v, n), &g) in v.v.iter_mut().zip(&mut nesterov).zip(g) {
+                *v = g + momentum * *v;
+                *n = momentum * *v + g;
+            }
+            v.step += 1;
+            jobs.push((e.slot, v.rows, v.cols, nesterov));
+        }
+        let threads = self.work.len().max(1);
+        let per = jobs.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for chunk in jobs.chunks_mut(per) {
+                scope.spawn(move || {
+                    for (_, rows, cols, g) in chunk.iter_mut() {
+                        orthogonalise(g, *rows, *cols);
+                    }
+                });
+            }
+        });
+        let lr = lr * settings.lr_ratio;
+        for (slot, rows, cols, update) in jobs {
+            let scale = (lr * (rows as f64 / cols as f64).max(1.0).sqrt()) as f32;
+            let keep = (1.0 - lr * settings.weight_decay) as f32;
+            let w = weights.slot_mut(slot);
+            for (w, u) in w.iter_mut().zip(&update) {
+                let decayed = if settings.weight_decay != 0.0 {
+                    *w * keep
+                } else {
+                    *w
+                };
+                *w = decayed - scale * u;
+            }
+        }
+        self.grads.zero_like(&self.weights);
+        Ok(())
+    }
+}
+
+/// `g` (`[rows, cols]`, row-major) replaced by the nearest semi-orthogonal matrix, about
+/// (`U·Vᵀ` of its SVD): the quintic Newton–Schulz iteration on `g / ‖g‖_F`, on the wide
+/// orientation (a tall matrix is transposed first and back after), as Burn's
+/// `zeropower_via_newtonschulz`.
+pub(crate) fn orthogonalise(g: &mut [f32], rows: usize, cols: usize) {
+    let tall = rows > cols;
+    let (r, c) = if tall { (cols, rows) } else { (rows, cols) };
+    let mut x = match tall {
+        true => transpose(g, rows, cols),
+        false => g.to_vec(),
+    };
+    let norm = x
+        .iter()
+        .map(|v| v * v)
+        .sum::<f32>()
+        .sqrt()
+        .max(NEWTON_SCHULZ_EPSILON);
+    x.iter_mut().for_each(|v| *v /= norm);
+    let (a, b, cc) = NEWTON_SCHULZ;
+    let (mut gram, mut poly, mut next) = (vec![0.0; r * r], vec![0.0; r * r], vec![0.0; r * c]);
+    for _ in 0..NEWTON_SCHULZ_STEPS {
+        // gram = x·xᵀ; poly = b·gram + c·gram·gram; x = a·x + poly·x.
+        let xv = View::new(&x, r, c);
+        matmul_into(&mut gram, r, xv, xv.t(), 1.0, false);
+        poly.iter_mut().zip(&gram).for_each(|(p, &q)| *p = b * q);
+        let gv = View::new(&gram, r, r);
+        matmul_into(&mut poly, r, gv, gv, cc, true);
+        next.iter_mut().zip(&x).for_each(|(n, &v)| *n = a * v);
+        matmul_into(&mut next, c, View::new(&poly, r, r), xv, 1.0, true);
+        std::mem::swap(&mut x, &mut next);
+    }
+    match tall {
+        true => g.copy_from_slice(&transpose(&x, cols, rows)),
+        false => g.copy_from_slice(&x),
+    }
+}
+
+/// `[rows, cols]` row-major into `[cols, rows]`.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0; m.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = m[i * cols + j];
+        }
+    }
+    t
+}
+
+/// A zero AdamW state for each of `ids` (Muon's matrices), so that a record holding AdamW's
+/// state for the other parameters only fills the whole layout.
+pub(crate) fn zero_moments(
+    layout: &crate::ParamLayout,
+    ids: impl Fn(ParamId) -> bool,
+) -> Vec<MomentState> {
+    layout
+        .entries()
+        .iter()
+        .filter(|e| ids(e.id))
+        .map(|e| MomentState {
+            id: e.id,
+            shape: e.shape.clone(),
+            time: 0,
+            moment_1: vec![0.0; e.len],
+            moment_2: vec![0.0; e.len],
+        })
+        .collect()
+}

@@ -295,14 +295,9 @@ fn a_non_finite_step_on_the_device_changes_no_weight_and_no_moment() {
     }
 }
 
-/// `optimizer = "muon"`: the blocks' four matrices per layer get Muon's state (a momentum
-/// buffer and a step count), everything else AdamW's; a run stopped and resumed from the
-/// checkpointed state follows the uninterrupted one bit for bit (the momentum warm-up reads the
-/// saved step count); the weights move otherwise than under AdamW; a GPU placement trains it
-/// through Burn's optimizer (the host engine).
-#[test]
-fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
-    let overrides: Vec<String> = [
+/// A small model trained with Muon (momentum warm-up over 4 steps), with `more` settings.
+fn muon_config(more: &[&str]) -> RunConfig {
+    let base = [
         "model.n_layer=2",
         "model.n_head=2",
         "model.n_embd=16",
@@ -311,11 +306,19 @@ fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
         "train.warmup_iters=2",
         "train.optimizer=\"muon\"",
         "train.muon_momentum_warmup=4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let config = ConfigSource::Preset("baby").load(&overrides).unwrap();
+    ];
+    let overrides: Vec<String> = base.iter().chain(more).map(|s| s.to_string()).collect();
+    ConfigSource::Preset("baby").load(&overrides).unwrap()
+}
+
+/// `optimizer = "muon"`: the blocks' four matrices per layer get Muon's state (a momentum
+/// buffer and a step count), everything else AdamW's; a run stopped and resumed from the
+/// checkpointed state follows the uninterrupted one bit for bit (the momentum warm-up reads the
+/// saved step count); the weights move otherwise than under AdamW; a GPU placement trains it
+/// through Burn's optimizer (the host engine).
+#[test]
+fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
+    let config = muon_config(&[]);
     let data = random_tokens(&config);
     let model = model(&config);
     let mut whole = engine(&config, model.clone(), false);
@@ -392,21 +395,7 @@ fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
 /// for bit.
 #[test]
 fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
-    let overrides: Vec<String> = [
-        "model.n_layer=2",
-        "model.n_head=2",
-        "model.n_embd=16",
-        "model.block_size=8",
-        "train.batch_size=3",
-        "train.warmup_iters=2",
-        "train.optimizer=\"muon\"",
-        "train.muon_momentum_warmup=4",
-        "train.muon_weight_decay=0.1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let config = ConfigSource::Preset("baby").load(&overrides).unwrap();
+    let config = muon_config(&["train.muon_weight_decay=0.1"]);
     let data = random_tokens(&config);
     let model = model(&config);
     let fused_engine = |model: Gpt, optim: burn::optim::ModuleOptimizer| {

@@ -143,13 +143,29 @@ impl ParamLayout {
     /// Burn's per-parameter record (`states`, empty before the first step) as one state per
     /// entry, in order: every parameter's, or none, each of its parameter's size.
     pub fn gather(&self, states: Vec<MomentState>) -> Result<Vec<MomentState>, LayoutError> {
+        let ordered = self.gather_where(states, |_| true)?;
+        Ok(ordered.into_iter().flatten().collect())
+    }
+
+    /// [`gather`](Self::gather) where only the entries `holds` marks (by index) keep such a
+    /// state (another optimizer keeps the others'): `None` for the others, and all `None` for
+    /// an empty record.
+    pub fn gather_where(
+        &self,
+        states: Vec<MomentState>,
+        holds: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Option<MomentState>>, LayoutError> {
         if states.is_empty() {
             return Ok(Vec::new());
         }
         let mut by_id: HashMap<ParamId, MomentState> =
             states.into_iter().map(|s| (s.id, s)).collect();
         let mut ordered = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
+        for (i, e) in self.entries.iter().enumerate() {
+            if !holds(i) {
+                ordered.push(None);
+                continue;
+            }
             let state = by_id.remove(&e.id).ok_or(LayoutError::Missing(e.id))?;
             for got in [state.moment_1.len(), state.moment_2.len()] {
                 if got != e.len {
@@ -157,7 +173,7 @@ impl ParamLayout {
                     return Err(LayoutError::Size { id, want, got });
                 }
             }
-            ordered.push(state);
+            ordered.push(Some(state));
         }
         match by_id.into_keys().next() {
             Some(id) => Err(LayoutError::Unknown(id)),

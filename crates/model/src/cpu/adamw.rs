@@ -56,22 +56,23 @@ impl Moments {
         settings: &AdamWSettings,
         lr: f64,
     ) {
-        self.step_some(weights, grads, settings, lr, &[]);
+        self.step_some(weights, grads, settings, lr, |_| false);
     }
 
-    /// [`step`](Self::step) of every entry but those `skip` marks (by index in the layout;
-    /// empty = none): another rule updates them, and their moments and steps stay as they are.
+    /// [`step`](Self::step) of every entry but those `skip` marks (by index in the layout):
+    /// another rule updates them, and their moments and steps stay as they are.
     pub(crate) fn step_some(
         &mut self,
         weights: &mut Params,
         grads: &Params,
         settings: &AdamWSettings,
         lr: f64,
-        skip: &[bool],
+        skip: impl Fn(usize) -> bool,
     ) {
-        let layout = weights.layout().clone();
+        // The layout is shared (an `Arc`): no copy of it per step.
+        let layout = weights.shared_layout();
         for (i, (entry, time)) in layout.entries().iter().zip(&mut self.time).enumerate() {
-            if skip.get(i).copied().unwrap_or(false) {
+            if skip(i) {
                 continue;
             }
             *time += 1;

@@ -325,27 +325,24 @@ impl FusedCpu {
     /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter
     /// AdamW updates (all but Muon's matrices, after [`use_muon`](Self::use_muon)), or none. A
     /// state that does not fit is refused, and what was held stays.
-    pub fn load_adamw_state(&mut self, mut states: Vec<MomentState>) -> Result<(), FusedError> {
+    pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
         let layout = self.weights.layout();
-        if let Some(muon) = &self.muon
-            && !states.is_empty()
-        {
-            let matrix = |id| layout.entries().iter().position(|e| e.id == id);
-            let ids = |id| matrix(id).is_some_and(|i| muon.updates(i));
-            states.extend(muon::zero_moments(layout, ids));
-        }
+        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
         let ordered = layout
-            .gather(states)
+            .gather_where(states, |i| !muon(i))
             .map_err(|e| FusedError::OptimizerState(e.to_string()))?;
         if ordered.is_empty() {
             self.moments = None;
             return Ok(());
         }
+        // Muon's matrices keep zero moments, never stepped.
         let mut moments = Moments::zeros(&self.weights);
         for ((entry, state), time) in layout.entries().iter().zip(ordered).zip(&mut moments.time) {
-            *moments.m.slot_mut(entry.slot) = state.moment_1;
-            *moments.v.slot_mut(entry.slot) = state.moment_2;
-            *time = state.time;
+            if let Some(state) = state {
+                *moments.m.slot_mut(entry.slot) = state.moment_1;
+                *moments.v.slot_mut(entry.slot) = state.moment_2;
+                *time = state.time;
+            }
         }
         self.moments = Some(moments);
         Ok(())

@@ -9,7 +9,7 @@
 use burn::module::ParamId;
 
 use super::matmul::{View, matmul_into};
-use super::{FusedCpu, FusedError, MomentState};
+use super::{FusedCpu, FusedError};
 use crate::AdamWSettings;
 
 /// Muon's settings: its learning rate relative to the schedule's, its momentum warm-up and
@@ -61,10 +61,13 @@ pub(crate) struct Velocities {
 
 #[derive(Debug, Clone)]
 struct Velocity {
-    /// `[rows, cols]` of the weight, and the buffer (zeros before the first step: `v = g`).
+    /// The weight's slot and `[rows, cols]`, the buffer (zeros before the first step: `v = g`)
+    /// and the update's, kept between steps.
+    slot: crate::Slot,
     rows: usize,
     cols: usize,
     v: Vec<f32>,
+    update: Vec<f32>,
     step: u64,
 }
 
@@ -97,9 +100,11 @@ impl FusedCpu {
             }
         }
         let velocity = |e: &crate::LayoutEntry| Velocity {
+            slot: e.slot,
             rows: e.shape[0],
             cols: e.shape[1],
             v: vec![0.0; e.len],
+            update: vec![0.0; e.len],
             step: 0,
         };
         let entries = entries
@@ -181,48 +186,39 @@ impl FusedCpu {
         let moments = self
             .moments
             .get_or_insert_with(|| super::adamw::Moments::zeros(weights));
-        let skip: Vec<bool> = (0..muon.entries.len()).map(|i| muon.updates(i)).collect();
-        moments.step_some(weights, &self.grads, adamw, lr, &skip);
+        moments.step_some(weights, &self.grads, adamw, lr, |i| muon.updates(i));
         // Nesterov momentum (Burn's `Momentum`, no dampening): v ← g + μ·v, the update
-        // orthogonalises g + μ·v. Serial (one pass each), then Newton–Schulz in parallel.
-        let entries = weights.layout().entries().to_vec();
-        let mut jobs = Vec::new();
-        for (e, v) in entries.iter().zip(muon.entries.iter_mut()) {
-            let Some(v) = v else { continue };
+        // orthogonalises g + μ·v. One pass each, then Newton–Schulz a matrix per thread.
+        let mut matrices: Vec<&mut Velocity> = muon.entries.iter_mut().flatten().collect();
+        for v in matrices.iter_mut() {
             let momentum = settings.momentum_at(v.step) as f32;
-            let g = self.grads.slot(e.slot);
-            let mut nesterov = vec![0.0; g.len()];
-            for ((v, n), &g) in v.v.iter_mut().zip(&mut nesterov).zip(g) {
+            let g = self.grads.slot(v.slot);
+            for ((v, u), &g) in v.v.iter_mut().zip(&mut v.update).zip(g) {
                 *v = g + momentum * *v;
-                *n = momentum * *v + g;
+                *u = momentum * *v + g;
             }
             v.step += 1;
-            jobs.push((e.slot, v.rows, v.cols, nesterov));
         }
-        let threads = self.work.len().max(1);
-        let per = jobs.len().div_ceil(threads).max(1);
+        let per = matrices.len().div_ceil(self.work.len().max(1)).max(1);
         std::thread::scope(|scope| {
-            for chunk in jobs.chunks_mut(per) {
+            for chunk in matrices.chunks_mut(per) {
                 scope.spawn(move || {
-                    for (_, rows, cols, g) in chunk.iter_mut() {
-                        orthogonalise(g, *rows, *cols);
+                    for v in chunk {
+                        orthogonalise(&mut v.update, v.rows, v.cols);
                     }
                 });
             }
         });
+        // w ← w·(1 − lr·decay) − lr·√max(1, rows/cols)·update (a factor of exactly 1 without
+        // decay leaves w as it is, as Burn's skipped multiply does).
         let lr = lr * settings.lr_ratio;
-        for (slot, rows, cols, update) in jobs {
-            let scale = (lr * (rows as f64 / cols as f64).max(1.0).sqrt()) as f32;
-            let keep = (1.0 - lr * settings.weight_decay) as f32;
-            let w = weights.slot_mut(slot);
-            for (w, u) in w.iter_mut().zip(&update) {
-                let decayed = if settings.weight_decay != 0.0 {
-                    *w * keep
-                } else {
-                    *w
-                };
-                *w = decayed - scale * u;
-            }
+        let keep = (1.0 - lr * settings.weight_decay) as f32;
+        for v in matrices {
+            let scale = (lr * (v.rows as f64 / v.cols as f64).max(1.0).sqrt()) as f32;
+            let w = weights.slot_mut(v.slot);
+            w.iter_mut()
+                .zip(&v.update)
+                .for_each(|(w, u)| *w = *w * keep - scale * u);
         }
         self.grads.zero_like(&self.weights);
         Ok(())
@@ -275,24 +271,4 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
     }
     t
-}
-
-/// A zero AdamW state for each of `ids` (Muon's matrices), so that a record holding AdamW's
-/// state for the other parameters only fills the whole layout.
-pub(crate) fn zero_moments(
-    layout: &crate::ParamLayout,
-    ids: impl Fn(ParamId) -> bool,
-) -> Vec<MomentState> {
-    layout
-        .entries()
-        .iter()
-        .filter(|e| ids(e.id))
-        .map(|e| MomentState {
-            id: e.id,
-            shape: e.shape.clone(),
-            time: 0,
-            moment_1: vec![0.0; e.len],
-            moment_2: vec![0.0; e.len],
-        })
-        .collect()
 }

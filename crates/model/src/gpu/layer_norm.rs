@@ -261,9 +261,10 @@ mod kernels {
             sum_gx += g * (x[base + c] - mu) * r;
             c += threads;
         }
-        let mut mean_g = cube_sum::<F>(sum_g, &mut shared) / n;
-        if !centred {
-            mean_g = F::new(0.0);
+        // Uncentred (RMSNorm), the term is absent: no reduction for it.
+        let mut mean_g = F::new(0.0);
+        if centred {
+            mean_g = cube_sum::<F>(sum_g, &mut shared) / n;
         }
         let mean_gx = cube_sum::<F>(sum_gx, &mut shared) / n;
 

@@ -235,20 +235,6 @@ const MODERN: &[&str] = &[
     "model.proj_init=\"zero\"",
 ];
 
-/// Llama's parts: rotary positions, RMSNorm with gain, SwiGLU, one key/value head.
-const LLAMA: &[&str] = &[
-    "--set",
-    "model.position=\"rope\"",
-    "--set",
-    "model.norm=\"rms\"",
-    "--set",
-    "model.mlp=\"swiglu\"",
-    "--set",
-    "model.n_kv_head=1",
-    "--set",
-    "model.bias=false",
-];
-
 /// Trains the same tiny run (with the settings `parts`) on flex and on each of `backends`: the
 /// same step-0 losses (1e-4), and three AdamW steps later (the fused step's gradients, and on
 /// wgpu the AdamW that runs on the device) the same losses to 1e-3. Each run's log names the

@@ -207,3 +207,17 @@ pub fn assert_scores_match_eval(dir: &Path, text: &str, logprobs: &[f64]) {
     let mean = -logprobs.iter().sum::<f64>() / logprobs.len() as f64;
     assert!((mean - loss).abs() < 2e-4, "scores {mean} vs eval {loss}");
 }
+
+/// Llama's parts: rotary positions, RMSNorm with gain, SwiGLU, one key/value head.
+pub const LLAMA: &[&str] = &[
+    "--set",
+    "model.position=\"rope\"",
+    "--set",
+    "model.norm=\"rms\"",
+    "--set",
+    "model.mlp=\"swiglu\"",
+    "--set",
+    "model.n_kv_head=1",
+    "--set",
+    "model.bias=false",
+];

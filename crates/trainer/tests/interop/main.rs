@@ -11,7 +11,7 @@ mod llama;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{corpus, fails, manifest_dir, ok, tinygpt, train};
+use common::{LLAMA, corpus, fails, manifest_dir, ok, tinygpt, train};
 use tinygpt::run::checkpoint::Run;
 
 fn fixture(name: &str) -> PathBuf {
@@ -524,23 +524,17 @@ fn transformers_loads_hf_exports_needs_python() {
         dir,
         "llama",
         &[
-            "--max-iters",
-            "30",
-            "--set",
-            "data.tokenizer=bpe",
-            "--set",
-            "data.bpe_vocab_size=300",
-            "--set",
-            "model.position=\"rope\"",
-            "--set",
-            "model.norm=\"rms\"",
-            "--set",
-            "model.mlp=\"swiglu\"",
-            "--set",
-            "model.n_kv_head=1",
-            "--set",
-            "model.bias=false",
-        ],
+            &[
+                "--max-iters",
+                "30",
+                "--set",
+                "data.tokenizer=bpe",
+                "--set",
+                "data.bpe_vocab_size=300",
+            ][..],
+            LLAMA,
+        ]
+        .concat(),
     ));
     for run in ["char", "bpe", "llama"] {
         let hf = format!("{run}-hf");

@@ -15,6 +15,7 @@
 //! eval.rs, attention_maps.rs   losses over whole splits; attention maps
 //! bench.rs, profile.rs  speed and memory; the kernels a GPU step launches
 //! interop/   nanoGPT and Hugging Face models in and out
+//! chat/      conversations as a model's text: its chat template (Jinja or a transcript)
 //! serve/     the HTTP API and playground over a trained run
 //! watch/     a live page of runs as they train (their journal: run/journal.rs)
 //! fs.rs      atomic files and directories, which everything above writes with; checksum.rs
@@ -27,6 +28,7 @@
 pub mod attention_maps;
 pub mod backend;
 pub mod bench;
+pub mod chat;
 pub mod checksum;
 pub mod config;
 pub mod data;

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use tinygpt::backend::Backend;
+use tinygpt::chat::{ChatTemplate, TemplateFile};
 use tinygpt::run::checkpoint::Which;
-use tinygpt::serve::{ChatTemplate, ConnectionLimits, Model, ServeOptions, serve};
+use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
 ///
@@ -56,9 +57,10 @@ pub struct Args {
     /// half block instead of nanoGPT's exact sliding window (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
-    /// How /v1/chat/completions writes a conversation for the model: a TOML file with
-    /// `message` ("{role}: {content}\n"), `assistant` ("assistant: ") and `stop`
-    /// (["\nuser:"]); absent keys keep these defaults.
+    /// How /v1/chat/completions writes a conversation for the model, instead of the run's own
+    /// chat template: a Jinja chat template as Hugging Face writes them (any file name), or a
+    /// plain transcript's texts in TOML (FILE.toml: `message` ("{role}: {content}\n"),
+    /// `assistant` ("assistant: ") and `stop` (["\nuser:"]); absent keys keep these).
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
     /// After Ctrl-C or SIGTERM, how long the requests in flight may take (e.g. 30s, 2m) before
@@ -87,7 +89,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let options = ServeOptions {
+    // Flag mistakes first: loading a large model takes a while.
+    let template_file = args
+        .chat_template
+        .as_deref()
+        .map(TemplateFile::read)
+        .transpose()?;
+    let mut options = ServeOptions {
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key.or_else(|| {
             std::env::var("TINYGPT_API_KEY")
@@ -109,14 +117,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             body_timeout: args.body_timeout,
             write_timeout: args.write_timeout,
         },
-        chat_template: match &args.chat_template {
-            Some(path) => ChatTemplate::load(path)?,
-            None => ChatTemplate::default(),
-        },
+        chat_template: ChatTemplate::Transcript(Default::default()),
     };
-    // Flag mistakes first: loading a large model takes a while.
     options.validate()?;
     let (run, placement, gpt, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    options.chat_template = ChatTemplate::new(template_file, &run.config.chat)?;
     let name = run
         .dir
         .file_name()
@@ -127,9 +132,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tokenizer: run.tokenizer,
     };
     let workers = options.max_concurrent;
+    let chat = options.chat_template.describe();
     serve(name.clone(), model, options, |addr| {
         println!(
-            "tinygpt: serving {name} on http://{addr} ({workers} at once); playground at http://{addr}/"
+            "tinygpt: serving {name} on http://{addr} ({workers} at once, chat as a {chat}); \
+             playground at http://{addr}/"
         );
     })?;
     Ok(ExitCode::SUCCESS)

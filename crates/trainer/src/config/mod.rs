@@ -1,4 +1,4 @@
-//! The run configuration: one TOML file with `[model]`, `[data]` and `[train]` sections.
+//! The run configuration: one TOML file with `[model]`, `[data]`, `[train]` and `[chat]` sections.
 //!
 //! Every key has a documented default, unknown keys are errors, and `--set section.key=value`
 //! overrides a key before validation, so every error names the key at fault.
@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use tinygpt_attention::AttentionKernel;
 use tinygpt_model::GptConfig;
 
+use crate::chat::ChatSection;
+
 /// The name by which configs refer to the corpus built into the binary ([`presets`] holds it).
 pub const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
 
@@ -24,6 +26,9 @@ pub struct RunConfig {
     pub model: GptConfig,
     pub data: DataSection,
     pub train: TrainSection,
+    /// `[chat]`: the model's chat template (written only when it has one).
+    #[serde(skip_serializing_if = "ChatSection::is_default")]
+    pub chat: ChatSection,
 }
 
 /// `[data]`: how text becomes training samples.
@@ -379,7 +384,7 @@ impl RunConfig {
         if d.batching == Batching::Documents && d.separator.is_empty() {
             bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
         }
-        Ok(())
+        self.chat.validate()
     }
 
     /// Checks that the model's vocabulary holds a tokenizer of `tokens` ids.
@@ -432,10 +437,12 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     };
     let key = key.trim();
     let Some((section, field)) = key.split_once('.') else {
-        bail!("--set key `{key}` must be section.key (model., data. or train.)");
+        bail!("--set key `{key}` must be section.key (model., data., train. or chat.)");
     };
-    if !matches!(section, "model" | "data" | "train") {
-        bail!("--set key `{key}`: unknown section `{section}` (expected model, data or train)");
+    if !matches!(section, "model" | "data" | "train" | "chat") {
+        bail!(
+            "--set key `{key}`: unknown section `{section}` (expected model, data, train or chat)"
+        );
     }
     let raw = raw.trim();
     let value = format!("v = {raw}")

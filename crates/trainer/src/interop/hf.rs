@@ -15,6 +15,7 @@ use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{GptConfig, parameter_table};
 
+use super::chat_files;
 use super::foreign::{
     ForeignTensors, LM_HEAD, Layout, NamedTensor, TensorTable, burn_tensors, transpose,
     write_safetensors,
@@ -70,7 +71,7 @@ pub fn import(
     out: &Path,
 ) -> Result<Imported> {
     let config_path = dir.join("config.json");
-    let hf: Gpt2Config = serde_json::from_value(config)
+    let hf: Gpt2Config = serde_json::from_value(config.clone())
         .map_err(|e| anyhow!("{}: not a GPT-2 config ({e})", config_path.display()))?;
     let model = architecture(&hf).with_context(|| config_path.display().to_string())?;
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
@@ -82,8 +83,12 @@ pub fn import(
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
     let weights = weights_in(dir)?;
-    let (config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
-    let notes = note.into_iter().collect();
+    let (mut run_config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
+    let mut notes: Vec<String> = note.into_iter().collect();
+    let (chat, chat_notes) = chat_files::read(dir, &config, &tokenizer)?;
+    run_config.chat = chat;
+    notes.extend(chat_notes);
+    let config = run_config;
     if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(
             "{}: tensor `{LM_HEAD}` is missing (config.json unties it)",
@@ -234,15 +239,22 @@ fn write_dir(
     write("model.safetensors", &write_safetensors(tensors)?)?;
     write("config.json", config_json.as_bytes())?;
     write("tokenizer.json", run.tokenizer.to_hf_json()?.as_bytes())?;
-    let tokenizer_config = serde_json::json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": run.config.model.block_size,
-        "clean_up_tokenization_spaces": false,
-    });
+    let (mut tokenizer_config, generation) =
+        chat_files::for_export(&run.config.chat, &run.tokenizer);
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast".into();
+    tokenizer_config["model_max_length"] = run.config.model.block_size.into();
+    tokenizer_config["clean_up_tokenization_spaces"] = false.into();
     write(
         "tokenizer_config.json",
         serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
-    )
+    )?;
+    match generation.as_object().is_some_and(|g| g.is_empty()) {
+        true => Ok(()),
+        false => write(
+            "generation_config.json",
+            serde_json::to_string_pretty(&generation)?.as_bytes(),
+        ),
+    }
 }
 
 /// Whether `GPT2LMHeadModel` computes what a model of `config` computes, or the part it lacks

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
 
+use super::chat_files;
 use super::foreign::{Foreign, NamedTensor, read_safetensors, transpose, write_safetensors};
 use super::{Imported, create_run, imported_config};
 use crate::data::tokenizer::Tokenizer;
@@ -186,7 +187,7 @@ pub fn import(
     out: &Path,
 ) -> Result<Imported> {
     let config_path = dir.join("config.json");
-    let hf: LlamaConfig = serde_json::from_value(config)
+    let hf: LlamaConfig = serde_json::from_value(config.clone())
         .map_err(|e| anyhow!("{}: not a Llama config ({e})", config_path.display()))?;
     let model = architecture(&hf, block_size).with_context(|| config_path.display().to_string())?;
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
@@ -197,8 +198,12 @@ pub fn import(
         );
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
-    let (config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
+    let (mut run_config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
     let mut notes: Vec<String> = note.into_iter().collect();
+    let (chat, chat_notes) = chat_files::read(dir, &config, &tokenizer)?;
+    run_config.chat = chat;
+    notes.extend(chat_notes);
+    let config = run_config;
     if config.model.block_size < hf.max_position_embeddings {
         notes.push(format!(
             "context {} of the model's {} positions (--block-size to change it)",

@@ -12,6 +12,7 @@
 //! parameter table and checks every shape against the model the imported config describes.
 //! An import builds a complete run directory or nothing.
 
+mod chat_files;
 pub mod foreign;
 pub mod hf;
 pub mod llama;

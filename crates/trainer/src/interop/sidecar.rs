@@ -20,6 +20,7 @@ use tinygpt_model::{Activation, GptConfig};
 
 use super::foreign::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
 use super::{Imported, imported_config};
+use crate::chat::ChatSection;
 use crate::data::tokenizer::Tokenizer;
 use crate::run::checkpoint::{Run, Which};
 
@@ -29,6 +30,9 @@ struct Sidecar {
     config: NanoGptConfig,
     /// `char`: nanoGPT's `stoi` / `itos`; `bpe`: Hugging Face tokenizer JSON.
     tokenizer: serde_json::Value,
+    /// The run's `[chat]`: its chat template (absent when it has none, and in older sidecars).
+    #[serde(default, skip_serializing_if = "ChatSection::is_default")]
+    chat: ChatSection,
 }
 
 /// nanoGPT's `GPTConfig`: `vocab_size` is the model's embedding rows (nanoGPT pads GPT-2's
@@ -130,6 +134,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             proj_init: config.proj_init,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
+        chat: run.config.chat.clone(),
     };
     crate::fs::write_atomic(
         &sidecar_path(out),
@@ -169,7 +174,12 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         // Filled in from the tokenizer by `imported_config`.
         vocab_size: 0,
     };
-    let (config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;
+    let (mut config, note) = imported_config(model, &tokenizer, c.vocab_size, &sidecar_path(from))?;
+    config.chat = sidecar.chat.clone();
+    config
+        .chat
+        .validate()
+        .with_context(|| sidecar_path(from).display().to_string())?;
     let vocab_size = c.vocab_size;
     let model = file.model(&config, vocab_size, Layout::Linear)?;
     super::create_run(out, config.clone(), tokenizer, &model)?;

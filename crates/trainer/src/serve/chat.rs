@@ -18,7 +18,7 @@ use super::generation::{Generation, TokenLogprob};
 use super::pool::Job;
 use super::reply::{EVENTS_IN_FLIGHT, Finished, Framing, Head, collect, frame, sse};
 use super::state::{Shared, State, body, encode, now, submit};
-use super::template::Message;
+use crate::chat::Message;
 
 /// `POST /v1/chat/completions`, OpenAI's fields (the sampler's are in [`SamplerFields`]).
 #[derive(Debug, Deserialize)]
@@ -148,8 +148,10 @@ pub(super) async fn chat(
     let template = &state.options.chat_template;
     let options = request
         .sampler
-        .options(&state, max_tokens, &template.stop, top_logprobs)?;
-    let text = template.render(&messages(request.messages)?);
+        .options(&state, max_tokens, template.stop(), top_logprobs)?;
+    let text = template
+        .render(&messages(request.messages)?)
+        .map_err(|e| ApiError::invalid("messages", format!("the chat template refused: {e}")))?;
     let prompt = encode(state.tokenizer(), &text, "messages")?;
     state.check_prompt(&prompt, "messages")?;
     let head = Head {

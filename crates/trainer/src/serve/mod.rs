@@ -22,7 +22,6 @@ mod reply;
 mod routes;
 mod state;
 mod stats;
-mod template;
 mod tokenize;
 
 use std::net::SocketAddr;
@@ -38,7 +37,7 @@ pub(crate) use playground::file as compiled_file;
 pub use pool::{Model, Stats};
 pub(crate) use routes::{bearer_token, key_matches};
 
-pub use template::ChatTemplate;
+use crate::chat::{ChatTemplate, Message};
 
 /// How the server listens and what it allows.
 #[derive(Debug, Clone)]
@@ -119,9 +118,14 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     options.validate()?;
-    if let Err(e) = model.tokenizer.encode(&options.chat_template.render(&[])) {
+    let hello = [Message {
+        role: "user".into(),
+        content: "Hello".into(),
+    }];
+    let rendered = options.chat_template.render(&hello);
+    if let Err(e) = rendered.and_then(|text| model.tokenizer.encode(&text)) {
         eprintln!(
-            "note: this model's tokenizer cannot write the chat template ({e:#}); \
+            "note: the chat template cannot write a conversation for this model ({e:#}); \
              /v1/chat/completions will refuse requests (see --chat-template)"
         );
     }

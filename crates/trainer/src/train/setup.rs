@@ -28,7 +28,7 @@ use crate::run::metrics::Metrics;
 const INIT_STREAM: u64 = 1 << 22;
 
 /// Only these may change when resuming; anything else would make it another run.
-const CHANGEABLE_ON_RESUME: [&str; 8] = [
+const CHANGEABLE_ON_RESUME: [&str; 12] = [
     "train.max_iters",
     "data.path",
     "train.eval_interval",
@@ -39,6 +39,11 @@ const CHANGEABLE_ON_RESUME: [&str; 8] = [
     // How attention is computed, not what (`model.kernel` is its older name).
     "train.attention_kernel",
     "model.kernel",
+    // How conversations are written for serving; a chat run's data was rendered at its start.
+    "chat.template",
+    "chat.bos_token",
+    "chat.eos_token",
+    "chat.stop",
 ];
 
 /// What to train: a new run from a config, or the run in `out` continued.
@@ -216,6 +221,10 @@ fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
     let dropout = config.model.dropout;
     config.model = source.config.model.clone();
     config.model.dropout = dropout;
+    // The model was taught its source's chat format, unless this config gives another.
+    if config.chat.is_default() {
+        config.chat = source.config.chat.clone();
+    }
     config.data.tokenizer = source.tokenizer.kind_setting();
     config.validate()?;
     Ok(source)

@@ -108,6 +108,10 @@ fn llama_exports_read_back_to_the_same_model() {
             Run::open(&dir.join(&back)).unwrap(),
         );
         assert_eq!(a.config.model, b.config.model);
+        assert_eq!(
+            a.config.chat, b.config.chat,
+            "{name}: the chat template and its stops"
+        );
         let tokens = a.tokenizer.encode("Of Man's first").unwrap();
         let err = max_relative(
             &logits(dir, &back, &tokens, "flex"),

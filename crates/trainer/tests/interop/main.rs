@@ -4,6 +4,7 @@
 //! read back; fine-tuning with `--init-from`; bad inputs. The live round trip through
 //! transformers runs where Python has it.
 
+mod chat;
 #[path = "../common/mod.rs"]
 mod common;
 mod llama;
@@ -605,4 +606,5 @@ fn transformers_loads_hf_exports_needs_python() {
             "{run}: greedy text"
         );
     }
+    chat::transformers_reads_exported_chat_templates(dir, &python);
 }

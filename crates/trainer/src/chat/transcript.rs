@@ -1,5 +1,6 @@
-//! The chat template: how `/v1/chat/completions` writes a conversation as the text a GPT
-//! continues, and where the assistant's turn ends. A TOML file given with `--chat-template`:
+//! The plain-transcript template, for models that were never taught a chat format: each message
+//! as a line `role: content`, the reply after `assistant: `, ended where the model starts a
+//! user's line. A TOML file given with `--chat-template` changes its texts:
 //!
 //! ```toml
 //! message = "{role}: {content}\n"   # each message; {role} and {content} are replaced
@@ -12,10 +13,12 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use super::Message;
+
 /// How a conversation becomes a prompt. The defaults are a plain transcript.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct ChatTemplate {
+pub struct Transcript {
     /// Each message; `{role}` and `{content}` are replaced. Default `"{role}: {content}\n"`.
     pub message: String,
     /// Written after the last message: the model continues from here as the assistant.
@@ -26,7 +29,7 @@ pub struct ChatTemplate {
     pub stop: Vec<String>,
 }
 
-impl Default for ChatTemplate {
+impl Default for Transcript {
     fn default() -> Self {
         Self {
             message: "{role}: {content}\n".into(),
@@ -36,19 +39,10 @@ impl Default for ChatTemplate {
     }
 }
 
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatTemplate {
-    /// The template in `path`, checked.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--chat-template {}", path.display()))?;
-        let template: Self = toml::from_str(&text)
+impl Transcript {
+    /// The template in `path` (whose `text` is read already), checked.
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        let template: Self = toml::from_str(text)
             .map_err(|e| anyhow::anyhow!("{}", e.message()))
             .with_context(|| format!("--chat-template {}", path.display()))?;
         template
@@ -85,6 +79,13 @@ impl ChatTemplate {
 }
 
 #[cfg(test)]
+impl Transcript {
+    fn load(path: &Path) -> Result<Self> {
+        Self::parse(path, &std::fs::read_to_string(path)?)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -97,7 +98,7 @@ mod tests {
 
     #[test]
     fn the_default_is_a_plain_transcript() {
-        let text = ChatTemplate::default().render(&[
+        let text = Transcript::default().render(&[
             message("system", "Speak as Hamlet."),
             message("user", "To be?"),
         ]);
@@ -106,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_message_that_mentions_the_placeholders_is_kept_as_written() {
-        let text = ChatTemplate::default().render(&[message("user", "say {role} or {content}")]);
+        let text = Transcript::default().render(&[message("user", "say {role} or {content}")]);
         assert_eq!(text, "user: say {role} or {content}\nassistant: ");
     }
 
@@ -115,16 +116,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.toml");
         std::fs::write(&path, "message = \"<{role}>{content}</{role}>\"\n").unwrap();
-        let loaded = ChatTemplate::load(&path).unwrap();
+        let loaded = Transcript::load(&path).unwrap();
         assert_eq!(loaded.message, "<{role}>{content}</{role}>");
-        assert_eq!(loaded.assistant, ChatTemplate::default().assistant);
+        assert_eq!(loaded.assistant, Transcript::default().assistant);
         for (bad, says) in [
             ("message = \"{role}\"\n", "{content}"),
             ("stop = [\"\"]\n", "empty"),
             ("colour = \"red\"\n", "unknown field"),
         ] {
             std::fs::write(&path, bad).unwrap();
-            let err = format!("{:#}", ChatTemplate::load(&path).unwrap_err());
+            let err = format!("{:#}", Transcript::load(&path).unwrap_err());
             assert!(
                 err.contains(says) && err.contains("--chat-template"),
                 "{err}"

@@ -1,0 +1,199 @@
+//! How a conversation becomes the text a model continues, and where the assistant's turn ends.
+//!
+//! ```text
+//! mod.rs         the run's `[chat]` section and the one renderer everything uses
+//! jinja.rs       Hugging Face chat templates (Jinja), rendered as transformers renders them
+//! transcript.rs  the plain transcript ("user: …\nassistant: ") for models taught no format
+//! ```
+//!
+//! A run's template is part of the run (`[chat]` in its config.toml): an imported model brings
+//! its own, a fine-tuned run keeps its source's, and `serve --chat-template FILE` overrides it.
+
+mod jinja;
+mod transcript;
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+pub use jinja::Jinja;
+pub use transcript::Transcript;
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// `[chat]`: how this model's conversations are written. All empty (the default) is the plain
+/// transcript.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChatSection {
+    /// A chat template in Hugging Face's Jinja (its `chat_template`): it sees `messages` (each
+    /// a `role` and `content`), `add_generation_prompt`, `bos_token` and `eos_token`. Empty:
+    /// the plain transcript.
+    pub template: String,
+    /// What the template's `bos_token` stands for (empty: undefined in the template).
+    pub bos_token: String,
+    /// What the template's `eos_token` stands for (empty: undefined in the template).
+    pub eos_token: String,
+    /// Texts that end the assistant's turn, usually its end-of-turn special tokens (each then
+    /// matched as its one id); not returned. Empty: `eos_token`.
+    pub stop: Vec<String>,
+}
+
+/// The most texts that may end a turn (a request's own stop sequences come on top).
+const MAX_STOPS: usize = 8;
+
+impl ChatSection {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Refuses a template that does not compile, and empty or too many stop texts.
+    pub fn validate(&self) -> Result<()> {
+        if self.stop.iter().any(String::is_empty) {
+            bail!("chat.stop: a stop text is empty");
+        }
+        if self.stop.len() > MAX_STOPS {
+            bail!("chat.stop: at most {MAX_STOPS} texts");
+        }
+        if !self.template.is_empty() {
+            Jinja::new(&self.template, &self.bos_token, &self.eos_token)
+                .context("chat.template")?;
+        }
+        Ok(())
+    }
+
+    /// The texts that end a turn of the Jinja template.
+    fn stops(&self) -> Vec<String> {
+        match (self.stop.is_empty(), self.eos_token.is_empty()) {
+            (false, _) => self.stop.clone(),
+            (true, false) => vec![self.eos_token.clone()],
+            (true, true) => Vec::new(),
+        }
+    }
+}
+
+/// A template the user gives in a file (`serve --chat-template`): a transcript's texts in TOML
+/// (`.toml`), or a Jinja chat template (any other name), checked as it is read.
+#[derive(Debug)]
+pub enum TemplateFile {
+    Transcript(Transcript),
+    Jinja(String),
+}
+
+impl TemplateFile {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "toml") {
+            return Ok(Self::Transcript(Transcript::parse(path, &text)?));
+        }
+        Jinja::new(&text, "", "").with_context(|| format!("--chat-template {}", path.display()))?;
+        Ok(Self::Jinja(text))
+    }
+}
+
+/// The one renderer of conversations: serve's chat, and everything else that writes one.
+#[derive(Debug, Clone)]
+pub enum ChatTemplate {
+    Transcript(Transcript),
+    Jinja {
+        template: Box<Jinja>,
+        stop: Vec<String>,
+    },
+}
+
+impl ChatTemplate {
+    /// The template `file` when given, else the run's own `[chat]`; a Jinja template uses the
+    /// run's special tokens and end-of-turn texts.
+    pub fn new(file: Option<TemplateFile>, chat: &ChatSection) -> Result<Self> {
+        let jinja = |source: &str| -> Result<Self> {
+            Ok(Self::Jinja {
+                template: Box::new(Jinja::new(source, &chat.bos_token, &chat.eos_token)?),
+                stop: chat.stops(),
+            })
+        };
+        match file {
+            Some(TemplateFile::Transcript(t)) => Ok(Self::Transcript(t)),
+            Some(TemplateFile::Jinja(source)) => jinja(&source),
+            None if chat.template.is_empty() => Ok(Self::Transcript(Transcript::default())),
+            None => jinja(&chat.template).context("chat.template"),
+        }
+    }
+
+    /// The conversation as the prompt text, ending where the assistant's reply begins.
+    pub fn render(&self, messages: &[Message]) -> Result<String> {
+        match self {
+            Self::Transcript(t) => Ok(t.render(messages)),
+            Self::Jinja { template, .. } => template.render(messages, true),
+        }
+    }
+
+    /// Texts whose appearance ends the reply (they are not returned).
+    pub fn stop(&self) -> &[String] {
+        match self {
+            Self::Transcript(t) => &t.stop,
+            Self::Jinja { stop, .. } => stop,
+        }
+    }
+
+    /// What a user sees in a log line: which kind of template this is.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Transcript(_) => "plain transcript",
+            Self::Jinja { .. } => "Jinja chat template",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_without_a_template_writes_a_transcript_and_one_with_uses_its_tokens() {
+        let plain = ChatTemplate::new(None, &ChatSection::default()).unwrap();
+        assert_eq!(plain.stop(), ["\nuser:"]);
+        let chat = ChatSection {
+            template: "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}".into(),
+            bos_token: "<s>".into(),
+            eos_token: "</s>".into(),
+            stop: Vec::new(),
+        };
+        let run = ChatTemplate::new(None, &chat).unwrap();
+        let hi = [Message {
+            role: "user".into(),
+            content: "hi".into(),
+        }];
+        assert_eq!(run.render(&hi).unwrap(), "<s>hi");
+        assert_eq!(run.stop(), ["</s>"]);
+        let given = ChatTemplate::new(Some(TemplateFile::Jinja("[{{ m }}]".into())), &chat);
+        assert_eq!(given.unwrap().stop(), ["</s>"]);
+    }
+
+    #[test]
+    fn the_section_is_checked() {
+        let bad = |chat: ChatSection| chat.validate().unwrap_err().to_string();
+        let template = |t: &str| ChatSection {
+            template: t.into(),
+            ..ChatSection::default()
+        };
+        assert!(bad(template("{% if %}")).contains("chat.template"));
+        let empty = ChatSection {
+            stop: vec![String::new()],
+            ..ChatSection::default()
+        };
+        assert!(bad(empty).contains("empty"));
+        let many = ChatSection {
+            stop: vec!["x".into(); 9],
+            ..ChatSection::default()
+        };
+        assert!(bad(many).contains("at most"));
+        template("{{ messages | length }}").validate().unwrap();
+    }
+}

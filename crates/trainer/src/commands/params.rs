@@ -68,11 +68,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Default::default(),
     )?;
     let fused = engine == tinygpt::backend::EngineKind::Fused;
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
     println!(
         "memory to train with batch {} on the CPU ({}): ~{}",
         args.batch_size,
         if fused { "fused engine" } else { "flex" },
-        memory::Estimate::for_model(&config, args.batch_size, fused).describe()
+        memory::Estimate::for_model(&config, args.batch_size, threads, fused).describe()
     );
     Ok(ExitCode::SUCCESS)
 }

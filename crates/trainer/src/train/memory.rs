@@ -11,29 +11,42 @@ use crate::config::RunConfig;
 /// Bytes of one f32.
 const F32: u64 = 4;
 
-/// Estimated bytes a training run holds at its peak, by kind.
+/// Estimated bytes a training run holds at its peak, by kind. The fused CPU engine's peak is at
+/// a checkpoint, while training's buffers are still held: measured at SmolLM2-135M's shape
+/// (docs/interop.md), the estimate is 7% under the peak RSS at batch 1 × 1024 and 1% over at
+/// batch 4 × 1024 (the allocator keeps some freed memory, more so at small batches).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Estimate {
-    /// The weights, every copy the engine keeps (the fused engine: its buffers and Burn's
-    /// model; both engines: the copy serialised at a checkpoint).
+    /// The weights, every copy held at once (the fused engine: its buffers, Burn's model, the
+    /// model they are copied into at a checkpoint, and its serialised bytes; Burn's autodiff:
+    /// the model and the serialised copy).
     pub weights: u64,
-    /// AdamW's two moments (the fused engine: its own and Burn's, synced at checkpoints).
+    /// AdamW's two moments (the fused engine: its own, and at a checkpoint Burn's record of
+    /// them and that record's bytes).
     pub optimizer: u64,
-    /// Gradients (Burn's autodiff: the micro-batch's and the accumulated ones).
+    /// Gradients (the fused engine: the step's sum and one per thread at work; Burn's autodiff:
+    /// the micro-batch's and the accumulated ones).
     pub gradients: u64,
     /// Activations saved for the backward pass, for `batch_size × block_size` tokens.
     pub activations: u64,
+    /// The program itself, its tokenizer and data, and the allocator's slack.
+    pub overhead: u64,
 }
+
+/// What a run holds besides the model's own buffers (measured: ~100 MiB for the baby model).
+const OVERHEAD: u64 = 100 << 20;
 
 impl Estimate {
     /// For training `config` with a vocabulary of `vocab_size` on the fused CPU engine
     /// (`fused`) or Burn's autodiff.
     pub fn training(config: &RunConfig, vocab_size: usize, fused: bool) -> Self {
-        Self::for_model(&config.gpt(vocab_size), config.train.batch_size, fused)
+        let gpt = config.gpt(vocab_size);
+        Self::for_model(&gpt, config.train.batch_size, config.workers(), fused)
     }
 
-    /// For training a model of `gpt`'s shape on micro-batches of `batch_size` sequences.
-    pub fn for_model(gpt: &GptConfig, batch_size: usize, fused: bool) -> Self {
+    /// For training a model of `gpt`'s shape on micro-batches of `batch_size` sequences, the
+    /// fused engine on `threads` threads.
+    pub fn for_model(gpt: &GptConfig, batch_size: usize, threads: usize, fused: bool) -> Self {
         let params = gpt.num_params();
         let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
         let per_token = activation_floats_per_token(gpt);
@@ -41,11 +54,15 @@ impl Estimate {
         // before and after masking and softmax, GELU's inputs): about twice as many.
         let activations = if fused { per_token } else { 2 * per_token };
         let copies = |n: u64| params.saturating_mul(n * F32);
+        // The fused engine splits a batch's sequences among its threads, each with its own
+        // gradient buffer.
+        let working = threads.clamp(1, batch_size.max(1)) as u64;
         Self {
-            weights: copies(if fused { 3 } else { 2 }),
-            optimizer: copies(if fused { 4 } else { 2 }),
-            gradients: copies(if fused { 1 } else { 2 }),
+            weights: copies(if fused { 4 } else { 2 }),
+            optimizer: copies(if fused { 6 } else { 2 }),
+            gradients: copies(if fused { 1 + working } else { 2 }),
             activations: tokens.saturating_mul(activations).saturating_mul(F32),
+            overhead: OVERHEAD,
         }
     }
 
@@ -55,6 +72,7 @@ impl Estimate {
             self.optimizer,
             self.gradients,
             self.activations,
+            self.overhead,
         ]
         .into_iter()
         .fold(0, u64::saturating_add)
@@ -63,12 +81,13 @@ impl Estimate {
     /// One line: the total and its parts.
     pub fn describe(&self) -> String {
         format!(
-            "{} (weights {}, AdamW {}, gradients {}, activations {})",
+            "{} (weights {}, AdamW {}, gradients {}, activations {}, other {})",
             human(self.total()),
             human(self.weights),
             human(self.optimizer),
             human(self.gradients),
-            human(self.activations)
+            human(self.activations),
+            human(self.overhead)
         )
     }
 
@@ -152,7 +171,14 @@ mod tests {
         let config = ConfigSource::Preset("baby").load(&[]).unwrap();
         let small = Estimate::training(&config, 65, true);
         let params = config.gpt(65).num_params();
-        assert_eq!(small.weights, 3 * 4 * params);
+        assert_eq!(small.weights, 4 * 4 * params);
+        // One gradient buffer per thread at work, and the step's sum.
+        let threads = |n: usize| Estimate::for_model(&config.gpt(65), 12, n, true).gradients;
+        assert_eq!((threads(1), threads(2)), (2 * 4 * params, 3 * 4 * params));
+        assert_eq!(
+            Estimate::for_model(&config.gpt(65), 1, 4, true).gradients,
+            2 * 4 * params
+        );
         let bigger_batch = ConfigSource::Preset("baby")
             .load(&["train.batch_size=24".into()])
             .unwrap();

@@ -4,12 +4,16 @@
 //! mod.rs         the run's `[chat]` section and the one renderer everything uses
 //! jinja.rs       Hugging Face chat templates (Jinja), rendered as transformers renders them
 //! transcript.rs  the plain transcript ("user: …\nassistant: ") for models taught no format
+//! taught.rs      a conversation as fine-tuning sees it: tokens, and which ones are taught
+//! jsonl.rs       conversations read from JSONL (OpenAI `messages`, or prompt/completion)
 //! ```
 //!
 //! A run's template is part of the run (`[chat]` in its config.toml): an imported model brings
 //! its own, a fine-tuned run keeps its source's, and `serve --chat-template FILE` overrides it.
 
 mod jinja;
+pub mod jsonl;
+mod taught;
 mod transcript;
 
 use std::path::Path;
@@ -18,6 +22,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 pub use jinja::Jinja;
+pub use taught::Taught;
 pub use transcript::Transcript;
 
 /// One message of a conversation.
@@ -128,9 +133,15 @@ impl ChatTemplate {
 
     /// The conversation as the prompt text, ending where the assistant's reply begins.
     pub fn render(&self, messages: &[Message]) -> Result<String> {
+        self.render_with(messages, true)
+    }
+
+    /// The conversation as text, followed by the opening of the assistant's turn when
+    /// `add_generation_prompt`.
+    pub fn render_with(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         match self {
-            Self::Transcript(t) => Ok(t.render(messages)),
-            Self::Jinja { template, .. } => template.render(messages, true),
+            Self::Transcript(t) => Ok(t.render_with(messages, add_generation_prompt)),
+            Self::Jinja { template, .. } => template.render(messages, add_generation_prompt),
         }
     }
 

@@ -67,13 +67,20 @@ impl Transcript {
 
     /// The conversation as the prompt text, ending where the assistant's reply begins.
     pub fn render(&self, messages: &[Message]) -> String {
+        self.render_with(messages, true)
+    }
+
+    /// The conversation, and the assistant's opening after it when `add_generation_prompt`.
+    pub fn render_with(&self, messages: &[Message], add_generation_prompt: bool) -> String {
         let mut text = String::new();
         for m in messages {
             // {content} last, so a message that mentions "{role}" stays as written.
             let with_role = self.message.replace("{role}", &m.role);
             text.push_str(&with_role.replacen("{content}", &m.content, 1));
         }
-        text.push_str(&self.assistant);
+        if add_generation_prompt {
+            text.push_str(&self.assistant);
+        }
         text
     }
 }

@@ -2,15 +2,19 @@
 //! as they are), or text (a file, a folder, the built-in corpus) that is prepared first, into
 //! the run directory (`RUN/data/`, the same layout): one way data flows, and a resumed run maps
 //! the tokens it prepared instead of encoding the text again. `documents` batching prepares
-//! with `data.separator`, which writes where each document starts.
+//! with `data.separator`, which writes where each document starts. A `.jsonl` file holds
+//! conversations for fine-tuning, read and rendered through the run's chat template as the run
+//! starts (and again when it resumes).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
+use crate::chat::{ChatTemplate, jsonl};
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
+use crate::data::conversations::{self, Summary};
 use crate::data::prepare::{
     self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, Verification,
 };
@@ -41,6 +45,9 @@ pub fn for_new_run(
     given: Option<&Tokenizer>,
 ) -> Result<Corpus> {
     let path = config.data.path.clone();
+    if jsonl::is_jsonl(&path) {
+        return conversations_for_new_run(config, given);
+    }
     let (prepared, temp) = if Prepared::is_prepared(&path) {
         let prepared = Prepared::open(&path)?;
         if let Some(given) = given {
@@ -90,6 +97,9 @@ pub fn for_run(
     write: bool,
 ) -> Result<Dataset> {
     let path = &config.data.path;
+    if jsonl::is_jsonl(path) {
+        return conversations(config, tokenizer).map(|(data, _)| data);
+    }
     // Training checks the files it maps (evaluation reads what it needs of them).
     let map = if write { mapped_verified } else { mapped };
     if Prepared::is_prepared(path) {
@@ -119,6 +129,45 @@ pub fn for_run(
     prepare_text(path, source, &config.data, temp.path())?;
     replace_dir(temp, &inside)?;
     mapped(&Prepared::open(&inside)?, config)
+}
+
+/// The conversations of a new fine-tuning run, with the `given` tokenizer (`--init-from`), or one
+/// learnt from the conversations as the run's chat template writes them.
+fn conversations_for_new_run(config: &RunConfig, given: Option<&Tokenizer>) -> Result<Corpus> {
+    let tokenizer = match given {
+        Some(given) => clone(given)?,
+        None => {
+            let template = ChatTemplate::new(None, &config.chat)?;
+            let mut text = String::new();
+            for messages in jsonl::read(&config.data.path)? {
+                text.push_str(&template.render_with(&messages, false)?);
+            }
+            let d = &config.data;
+            Tokenizer::train(d.tokenizer, &text, d.bpe_vocab_size)?
+        }
+    };
+    let (data, summary) = conversations(config, &tokenizer)?;
+    println!("conversations: {}", summary.describe());
+    Ok(Corpus {
+        tokenizer,
+        data,
+        prepared: None,
+    })
+}
+
+/// The conversations of `config.data.path` as train and val splits, rendered with the run's
+/// chat template and `tokenizer` (read again on resume: the same file gives the same split).
+fn conversations(config: &RunConfig, tokenizer: &Tokenizer) -> Result<(Dataset, Summary)> {
+    let template = ChatTemplate::new(None, &config.chat)?;
+    let block_size = config.model.block_size;
+    let (train, val, summary) = conversations::read(
+        &config.data.path,
+        &template,
+        tokenizer,
+        block_size,
+        config.data.val_fraction,
+    )?;
+    Ok((Dataset::conversations(train, val, block_size), summary))
 }
 
 /// The separator of documents when `config` batches documents.

@@ -8,8 +8,10 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tinygpt_model::IGNORE_INDEX;
 
+use crate::chat::Taught;
 use crate::config::presets;
 use crate::config::{Batching, DataSection};
+use crate::data::conversations::{self, Conversations};
 use crate::data::documents::{Documents, val_start, window_count, window_span};
 use crate::data::prepare::Verification;
 use crate::data::split::train_tokens;
@@ -43,6 +45,8 @@ pub enum Split {
     Packed(Tokens),
     /// Documents; samples are windows of one document, padded to the longest in the batch.
     Documents(Documents),
+    /// Conversations; samples are whole conversations, only their replies taught.
+    Conversations(Conversations),
 }
 
 impl Split {
@@ -56,6 +60,7 @@ impl Split {
         match self {
             Self::Packed(ids) => ids.len(),
             Self::Documents(docs) => docs.tokens(),
+            Self::Conversations(c) => c.tokens(),
         }
     }
 }
@@ -167,6 +172,16 @@ impl Dataset {
         })
     }
 
+    /// Conversations splits (each holds at least one).
+    pub fn conversations(train: Conversations, val: Conversations, block_size: usize) -> Self {
+        Self {
+            train: Split::Conversations(train),
+            val: Split::Conversations(val),
+            block_size,
+            verification: Verification::none(),
+        }
+    }
+
     /// A random batch of `batch` samples from `split`, drawn with `rng` (nanoGPT's `get_batch`).
     pub fn sample(&self, split: &Split, batch: usize, rng: &mut StdRng) -> Batch {
         match split {
@@ -192,7 +207,24 @@ impl Dataset {
                     .collect();
                 pad(&picked.iter().collect::<Vec<_>>())
             }
+            Split::Conversations(c) => {
+                let rows: Vec<&Taught> = (0..batch)
+                    .map(|_| c.row(rng.random_range(0..c.len())))
+                    .collect();
+                taught_batch(&rows)
+            }
         }
+    }
+}
+
+/// A batch of conversations, only their replies counted.
+fn taught_batch(rows: &[&Taught]) -> Batch {
+    let (inputs, targets, seq) = conversations::batch(rows);
+    Batch {
+        inputs,
+        targets,
+        batch: rows.len(),
+        seq,
     }
 }
 
@@ -247,6 +279,11 @@ pub fn sweep(
                 pad(&pieces.iter().collect::<Vec<_>>())
             }))
         }
+        Split::Conversations(c) => Box::new((0..c.len()).step_by(batch.max(1)).map(move |first| {
+            let last = (first + batch).min(c.len());
+            let rows: Vec<&Taught> = (first..last).map(|k| c.row(k)).collect();
+            taught_batch(&rows)
+        })),
     }
 }
 

@@ -47,6 +47,8 @@ fn head(split: &Split, n: usize) -> Vec<u32> {
     let mut ids = match split {
         Split::Packed(tokens) => tokens.slice(0, n.min(tokens.len())),
         Split::Documents(documents) => documents.window(0),
+        // The first conversation up to its reply: the sample is the model's answer.
+        Split::Conversations(c) => c.first_prompt(),
     };
     ids.truncate(n);
     ids

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
+use tinygpt::chat::{ChatSection, ChatTemplate, Message};
 use tinygpt::data::tokenizer::{TextStream, Tokenizer};
 use tinygpt::decoder::decoder;
 use tinygpt::run::checkpoint::Which;
@@ -23,9 +24,17 @@ pub struct Args {
     /// Which weights: the best validation loss, or the latest.
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
-    /// Text to continue (default: a newline).
+    /// Text to continue (default: a newline); with --chat, the user's message.
     #[arg(long, default_value = "\n")]
     prompt: String,
+    /// Chat: write --prompt as a user's message through the run's chat template (as `serve`'s
+    /// /v1/chat/completions does), print only the assistant's reply, and stop at the end of
+    /// its turn.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat, a system message before the user's.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    system: Option<String>,
     #[arg(long, default_value_t = 500)]
     max_new_tokens: usize,
     /// Sharpness of sampling: < 1 more conservative, > 1 more random, 0 = greedy.
@@ -67,10 +76,12 @@ pub struct Args {
 }
 
 impl Args {
-    fn options(&self, tokenizer: &Tokenizer) -> Result<GenerateOptions> {
+    /// The sampler's settings; `chat_stop` (the template's end of turn) ends it too.
+    fn options(&self, tokenizer: &Tokenizer, chat_stop: &[String]) -> Result<GenerateOptions> {
         let stop = self
             .stop
             .iter()
+            .chain(chat_stop)
             .map(|s| tokenizer.encode(s).context("--stop"))
             .collect::<Result<Vec<_>>>()?;
         Ok(GenerateOptions {
@@ -101,15 +112,34 @@ fn parse_bias(text: &str) -> Result<(u32, f32), String> {
     ))
 }
 
+/// The text the model continues, what is printed before its continuation, and the texts that
+/// end a chat reply: the prompt itself, or with `--chat` the conversation as the run's chat
+/// template writes it (printed: nothing).
+fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String>)> {
+    if !args.chat {
+        return Ok((args.prompt.clone(), args.prompt.clone(), Vec::new()));
+    }
+    let template = ChatTemplate::new(None, chat)?;
+    let message = |role: &str, content: &str| Message {
+        role: role.into(),
+        content: content.into(),
+    };
+    let mut messages: Vec<Message> = args.system.iter().map(|s| message("system", s)).collect();
+    messages.push(message("user", &args.prompt));
+    let text = template.render(&messages).context("--chat")?;
+    Ok((text, String::new(), template.stop().to_vec()))
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
     let (run, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
     let tokenizer = &run.tokenizer;
-    let prompt_ids = tokenizer.encode(&args.prompt).context("--prompt")?;
-    let options = args.options(tokenizer)?;
+    let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
+    let prompt_ids = tokenizer.encode(&prompt).context("--prompt")?;
+    let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(tokenizer);
     let mut decoder = decoder(&placement, &model, tokenizer.vocab_size())?;
-    let written = write!(out, "{}", args.prompt);
+    let written = write!(out, "{echo}");
     let mut write_error = written.err();
     generate(&mut *decoder, &prompt_ids, &options, |id| {
         if let Some(piece) = text.push(id)

@@ -1,7 +1,8 @@
 //! Imported chat templates: rendered as transformers' `apply_chat_template` renders them
 //! (`chat.json`, written by `make_fixtures.py`: ChatML from `chat_template.jinja`, a Llama-2
-//! layout from `tokenizer_config.json`), served by `/v1/chat/completions`, which stops at the
-//! model's end-of-turn ids, and kept by fine-tuning and export.
+//! layout from `tokenizer_config.json`), served by `/v1/chat/completions` and written by
+//! `generate --chat`, which stop at the model's end-of-turn ids, and kept by fine-tuning and
+//! export.
 
 use serde_json::{Value, json};
 use tinygpt::chat::{ChatTemplate, Message};
@@ -88,6 +89,27 @@ fn serve_speaks_the_imported_template_and_stops_at_the_end_of_turn() {
     assert_eq!(
         chat["choices"][0]["message"]["content"],
         completion["choices"][0]["text"]
+    );
+    // `generate --chat` writes the same conversation and prints the same reply.
+    let user = case["messages"][0]["content"].as_str().unwrap();
+    let args = [
+        "generate",
+        "--checkpoint",
+        "mqa",
+        "--chat",
+        "--prompt",
+        user,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "6",
+        "--backend",
+        "fused",
+    ];
+    let printed = ok(tinygpt(dir, &args));
+    assert_eq!(
+        printed.strip_suffix('\n').unwrap(),
+        chat["choices"][0]["message"]["content"].as_str().unwrap()
     );
     // Each end-of-turn id made the most likely token: the reply ends at once, without it.
     for id in ["2", "0"] {

@@ -28,6 +28,13 @@ rows=(
   "modern + muon|modern|train.optimizer=\"muon\""
   "modern + wsd (800 steps)|modern|train.lr_schedule=\"wsd\" train.max_iters=800"
   "modern, cosine over 800 steps|modern|train.max_iters=800"
+  "modern, lr 2e-3|modern|train.learning_rate=2e-3 train.min_lr=2e-4"
+  "modern, lr 3e-3|modern|train.learning_rate=3e-3 train.min_lr=3e-4"
+  "modern, lr 5e-4|modern|train.learning_rate=5e-4 train.min_lr=5e-5"
+  "modern, batch 24|modern|train.batch_size=24"
+  "modern, batch 6|modern|train.batch_size=6"
+  "modern, batch 4|modern|train.batch_size=4"
+  "modern, batch 8|modern|train.batch_size=8"
 )
 wanted=("$@")
 for row in "${rows[@]}"; do

@@ -95,10 +95,7 @@ mod tests {
     use super::*;
 
     fn m(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message::new(role, content)
     }
 
     /// SmolLM2-Instruct's template, as its tokenizer_config.json holds it.

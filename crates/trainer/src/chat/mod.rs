@@ -32,6 +32,15 @@ pub struct Message {
     pub content: String,
 }
 
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
 /// `[chat]`: how this model's conversations are written. All empty (the default) is the plain
 /// transcript.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -177,10 +186,7 @@ mod tests {
             stop: Vec::new(),
         };
         let run = ChatTemplate::new(None, &chat).unwrap();
-        let hi = [Message {
-            role: "user".into(),
-            content: "hi".into(),
-        }];
+        let hi = [Message::new("user", "hi")];
         assert_eq!(run.render(&hi).unwrap(), "<s>hi");
         assert_eq!(run.stop(), ["</s>"]);
         let given = ChatTemplate::new(Some(TemplateFile::Jinja("[{{ m }}]".into())), &chat);

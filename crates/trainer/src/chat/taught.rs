@@ -103,10 +103,7 @@ mod tests {
     use crate::config::TokenizerKind;
 
     fn m(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message::new(role, content)
     }
 
     fn taught_text(t: &Taught, tokenizer: &Tokenizer, taught: bool) -> Vec<String> {

@@ -120,12 +120,12 @@ fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String
         return Ok((args.prompt.clone(), args.prompt.clone(), Vec::new()));
     }
     let template = ChatTemplate::new(None, chat)?;
-    let message = |role: &str, content: &str| Message {
-        role: role.into(),
-        content: content.into(),
-    };
-    let mut messages: Vec<Message> = args.system.iter().map(|s| message("system", s)).collect();
-    messages.push(message("user", &args.prompt));
+    let mut messages: Vec<Message> = args
+        .system
+        .iter()
+        .map(|s| Message::new("system", s))
+        .collect();
+    messages.push(Message::new("user", &args.prompt));
     let text = template.render(&messages).context("--chat")?;
     Ok((text, String::new(), template.stop().to_vec()))
 }

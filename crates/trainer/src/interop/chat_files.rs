@@ -69,10 +69,7 @@ pub(super) fn read(
 /// The template compiles, writes a one-message conversation, and the tokenizer encodes that.
 fn usable(chat: &ChatSection, tokenizer: &Tokenizer) -> Result<()> {
     chat.validate()?;
-    let hello = [Message {
-        role: "user".into(),
-        content: "Hello".into(),
-    }];
+    let hello = [Message::new("user", "Hello")];
     let text = ChatTemplate::new(None, chat)?.render(&hello)?;
     tokenizer.encode(&text)?;
     Ok(())

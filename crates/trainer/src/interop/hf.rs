@@ -20,7 +20,7 @@ use super::foreign::{
     ForeignTensors, LM_HEAD, Layout, NamedTensor, TensorTable, burn_tensors, transpose,
     write_safetensors,
 };
-use super::{Imported, create_run, imported_config};
+use super::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
 use crate::run::checkpoint::{Run, Which, refuse_existing};
@@ -83,12 +83,7 @@ pub fn import(
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
     let weights = weights_in(dir)?;
-    let (mut run_config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
-    let mut notes: Vec<String> = note.into_iter().collect();
-    let (chat, chat_notes) = chat_files::read(dir, &config, &tokenizer)?;
-    run_config.chat = chat;
-    notes.extend(chat_notes);
-    let config = run_config;
+    let (config, notes) = hf_run_config(model, &tokenizer, hf.vocab_size, dir, &config)?;
     if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(
             "{}: tensor `{LM_HEAD}` is missing (config.json unties it)",

@@ -18,9 +18,8 @@ use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
 
-use super::chat_files;
 use super::foreign::{Foreign, NamedTensor, read_safetensors, transpose, write_safetensors};
-use super::{Imported, create_run, imported_config};
+use super::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 
 /// The `LlamaConfig` fields that shape the computation, with transformers' defaults.
@@ -198,12 +197,7 @@ pub fn import(
         );
     }
     let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
-    let (mut run_config, note) = imported_config(model, &tokenizer, hf.vocab_size, &config_path)?;
-    let mut notes: Vec<String> = note.into_iter().collect();
-    let (chat, chat_notes) = chat_files::read(dir, &config, &tokenizer)?;
-    run_config.chat = chat;
-    notes.extend(chat_notes);
-    let config = run_config;
+    let (config, mut notes) = hf_run_config(model, &tokenizer, hf.vocab_size, dir, &config)?;
     if config.model.block_size < hf.max_position_embeddings {
         notes.push(format!(
             "context {} of the model's {} positions (--block-size to change it)",

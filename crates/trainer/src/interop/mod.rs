@@ -146,6 +146,22 @@ fn imported_config(
     Ok((config, note))
 }
 
+/// [`imported_config`] for the Hugging Face directory `dir` (whose `config.json` is `config`),
+/// with its chat template, end-of-turn tokens and notes.
+fn hf_run_config(
+    model: GptConfig,
+    tokenizer: &Tokenizer,
+    rows: usize,
+    dir: &Path,
+    config: &serde_json::Value,
+) -> Result<(RunConfig, Vec<String>)> {
+    let (mut run_config, note) = imported_config(model, tokenizer, rows, &dir.join("config.json"))?;
+    let (chat, mut notes) = chat_files::read(dir, config, tokenizer)?;
+    run_config.chat = chat;
+    notes.splice(0..0, note);
+    Ok((run_config, notes))
+}
+
 /// Creates the run directory `out` holding `model` as both checkpoints.
 fn create_run(out: &Path, config: RunConfig, tokenizer: Tokenizer, model: &Gpt) -> Result<()> {
     let state = TrainState::default();

@@ -118,10 +118,7 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     options.validate()?;
-    let hello = [Message {
-        role: "user".into(),
-        content: "Hello".into(),
-    }];
+    let hello = [Message::new("user", "Hello")];
     let rendered = options.chat_template.render(&hello);
     if let Err(e) = rendered.and_then(|text| model.tokenizer.encode(&text)) {
         eprintln!(

@@ -31,8 +31,11 @@ pub fn is_jsonl(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "jsonl")
 }
 
+/// A conversation and the line of the file it is on (from 1), for errors.
+pub type Numbered = (usize, Vec<Message>);
+
 /// The conversations of the JSONL file at `path`.
-pub fn read(path: &Path) -> Result<Vec<Vec<Message>>> {
+pub fn read(path: &Path) -> Result<Vec<Numbered>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read conversations {}", path.display()))?;
     let conversations = parse(&text).with_context(|| path.display().to_string())?;
@@ -43,14 +46,14 @@ pub fn read(path: &Path) -> Result<Vec<Vec<Message>>> {
 }
 
 /// The conversations of JSONL `text`.
-pub fn parse(text: &str) -> Result<Vec<Vec<Message>>> {
+pub fn parse(text: &str) -> Result<Vec<Numbered>> {
     let mut conversations = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let messages = conversation(line).with_context(|| format!("line {}", n + 1))?;
-        conversations.push(messages);
+        conversations.push((n + 1, messages));
     }
     Ok(conversations)
 }
@@ -98,10 +101,11 @@ mod tests {
     fn both_shapes_read_and_bad_lines_are_named() {
         let text = "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n";
         let read = parse(text).unwrap();
-        assert_eq!(read.len(), 2);
-        assert_eq!(read[0].len(), 3);
+        assert_eq!((read.len(), read[0].0, read[1].0), (2, 1, 3));
+        assert_eq!(read[0].1.len(), 3);
+        let pair = &read[1].1;
         assert_eq!(
-            (&*read[1][0].role, &*read[1][1].role, &*read[1][1].content),
+            (&*pair[0].role, &*pair[1].role, &*pair[1].content),
             ("user", "assistant", "c")
         );
         for (bad, says) in [

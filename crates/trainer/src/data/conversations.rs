@@ -9,7 +9,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use tinygpt_model::IGNORE_INDEX;
 
-use crate::chat::{ChatTemplate, Message, Taught, jsonl};
+use crate::chat::jsonl::{self, Numbered};
+use crate::chat::{ChatTemplate, Taught};
 use crate::data::tokenizer::Tokenizer;
 
 /// Rendered conversations, each at most `block_size + 1` tokens.
@@ -68,9 +69,9 @@ pub fn read(
     .with_context(|| path.display().to_string())
 }
 
-/// [`read`], of conversations already read.
+/// [`read`], of conversations already read (with their line numbers).
 pub fn split(
-    conversations: &[Vec<Message>],
+    conversations: &[Numbered],
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     block_size: usize,
@@ -78,10 +79,10 @@ pub fn split(
 ) -> Result<(Conversations, Conversations, Summary)> {
     let (mut cut, mut dropped) = (0, 0);
     let mut rows = Vec::with_capacity(conversations.len());
-    for (n, messages) in conversations.iter().enumerate() {
+    for (line, messages) in conversations {
         let mut row = template
             .render_taught(messages, tokenizer)
-            .with_context(|| format!("conversation {}", n + 1))?;
+            .with_context(|| format!("line {line}"))?;
         if row.ids.len() > block_size + 1 {
             cut += 1;
             row.ids.truncate(block_size + 1);
@@ -171,13 +172,13 @@ pub fn batch(rows: &[&Taught]) -> (Vec<i64>, Vec<i64>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::Transcript;
+    use crate::chat::{Message, Transcript};
     use crate::config::TokenizerKind;
 
-    fn conversations(n: usize) -> Vec<Vec<Message>> {
+    fn conversations(n: usize) -> Vec<Numbered> {
         (0..n)
             .map(|i| {
-                vec![
+                let messages = vec![
                     Message {
                         role: "user".into(),
                         content: format!("{i}+1?"),
@@ -186,7 +187,8 @@ mod tests {
                         role: "assistant".into(),
                         content: format!("{}", i + 1),
                     },
-                ]
+                ];
+                (i + 1, messages)
             })
             .collect()
     }
@@ -221,7 +223,7 @@ mod tests {
         let tokenizer =
             Tokenizer::train(TokenizerKind::Char, "user: 0123456789+?\nassistant", 0).unwrap();
         let mut data = conversations(4);
-        data[0][0].content = "9".repeat(40);
+        data[0].1[0].content = "9".repeat(40);
         // "user: " + 40 + "\nassistant: " is 58 tokens: the reply starts past 32 + 1.
         let (.., summary) = split(&data, &template, &tokenizer, 32, 0.25).unwrap();
         assert_eq!((summary.cut, summary.dropped, summary.train), (1, 1, 2));

@@ -139,8 +139,9 @@ fn conversations_for_new_run(config: &RunConfig, given: Option<&Tokenizer>) -> R
         None => {
             let template = ChatTemplate::new(None, &config.chat)?;
             let mut text = String::new();
-            for messages in jsonl::read(&config.data.path)? {
-                text.push_str(&template.render_with(&messages, false)?);
+            for (line, messages) in jsonl::read(&config.data.path)? {
+                let rendered = template.render_with(&messages, false);
+                text.push_str(&rendered.with_context(|| format!("line {line}"))?);
             }
             let d = &config.data;
             Tokenizer::train(d.tokenizer, &text, d.bpe_vocab_size)?

@@ -209,6 +209,27 @@ fn fine_tuning_keeps_the_chat_template_and_configs_may_set_one() {
         "chat.template: the chat template does not compile",
     );
     assert!(!dir.join("bad").exists());
+    // Conversations: a line that is not one is named, and nothing is written.
+    let good = r#"{"messages": [{"role": "user", "content": "Of Man"}, {"role": "assistant", "content": "first"}]}"#;
+    std::fs::write(
+        dir.join("chat.jsonl"),
+        format!("{good}\n{{\"prompt\": 1}}\n"),
+    )
+    .unwrap();
+    let args = [
+        "train",
+        "--init-from",
+        "llama",
+        "--data",
+        "chat.jsonl",
+        "--out",
+        "bad2",
+    ];
+    fails(
+        tinygpt(dir, &args),
+        "chat.jsonl: line 2: not a conversation",
+    );
+    assert!(!dir.join("bad2").exists());
 }
 
 /// The imported chat models exported again with `--format hf`: transformers renders each

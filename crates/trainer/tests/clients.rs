@@ -1,6 +1,7 @@
 //! `tinygpt serve` driven by the client libraries people use, unchanged: the OpenAI Python SDK
 //! (completions whole and streamed with penalties, `logit_bias`, `echo` + `logprobs` scoring,
-//! chat whole and streamed) and LangChain (`OpenAI` and `ChatOpenAI`, `invoke` and `stream`).
+//! chat whole and streamed; chat with a model fine-tuned on conversations) and LangChain
+//! (`OpenAI` and `ChatOpenAI`, `invoke` and `stream`).
 //! What they return is checked against plain HTTP requests and `tinygpt logits` / `eval`.
 //!
 //! The Python is `$TINYGPT_CLIENTS_PYTHON` (default `python3`) with the packages of
@@ -134,4 +135,34 @@ fn openai_sdk_and_langchain_work_unchanged() {
         field("langchain_chat_invoke")
     );
     eprintln!("clients.py reported: {report:#}");
+}
+
+/// A base model fine-tuned on conversations (`shout_runs`), asked through the OpenAI SDK's chat
+/// call: it answers words that are in none of its conversations, and its turn ends there.
+#[test]
+#[cfg_attr(
+    no_client_python,
+    ignore = "no Python with openai and langchain_openai (see TINYGPT_CLIENTS_PYTHON), then rebuild"
+)]
+fn the_sdk_chats_with_a_model_fine_tuned_on_conversations() {
+    let python = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let held_out = shout_runs(dir);
+    let server = Server::start(dir, "chat", &["--backend", "fused"]);
+    let script = manifest_dir().join("tests/clients/chat.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.host()))
+        .args(&held_out)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("chat.py: {e}\n{}", stderr(&out)));
+    let answers = report.as_array().unwrap();
+    assert_eq!(answers.len(), held_out.len());
+    for (word, answer) in held_out.iter().zip(answers) {
+        assert_eq!(answer["content"], word.to_uppercase(), "{report}");
+        assert_eq!(answer["finish_reason"], "stop", "{report}");
+    }
 }

@@ -401,25 +401,6 @@ fn tokenize_detokenize_and_model_metadata() {
     );
 }
 
-/// Words of 3 to 7 letters from a fixed generator (the same on every machine).
-fn words(seed: u64, n: usize) -> Vec<String> {
-    let mut state = seed;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as usize
-    };
-    (0..n)
-        .map(|_| {
-            let len = 3 + next() % 5;
-            (0..len)
-                .map(|_| (b'a' + (next() % 26) as u8) as char)
-                .collect()
-        })
-        .collect()
-}
-
 /// Supervised fine-tuning on conversations: a base model fine-tuned on a JSONL file of
 /// "shout WORD" → "WORD" in capitals (only the replies taught) answers words it never saw through
 /// the chat API, and ends its turn there ("stop"); the base model does not.
@@ -427,78 +408,14 @@ fn words(seed: u64, n: usize) -> Vec<String> {
 fn fine_tuning_on_conversations_teaches_the_replies() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let lines: Vec<String> = words(7, 3000)
-        .iter()
-        .map(|w| {
-            json!({"messages": [{"role": "user", "content": format!("shout {w}")},
-                                {"role": "assistant", "content": w.to_uppercase()}]})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(dir.join("shout.jsonl"), lines.join("\n")).unwrap();
-    let quick = [
-        "--backend",
-        "fused",
-        "--set",
-        "train.eval_iters=2",
-        "--set",
-        "train.sample_tokens=0",
-    ];
-    // Rotary positions (the `modern` parts): copying a word letter by letter is what they do
-    // well.
-    let base = [
-        &[
-            "train",
-            "--config",
-            "modern",
-            "--out",
-            "base",
-            "--max-iters",
-            "10",
-        ][..],
-        &quick,
-    ]
-    .concat();
-    ok(tinygpt(dir, &base));
-    let tune = [
-        &[
-            "train",
-            "--config",
-            "modern",
-            "--init-from",
-            "base",
-            "--data",
-            "shout.jsonl",
-            "--out",
-            "chat",
-            "--max-iters",
-            "400",
-            "--set",
-            "train.batch_size=32",
-            "--set",
-            "train.warmup_iters=20",
-            "--set",
-            "train.lr_decay_iters=400",
-            "--set",
-            "train.eval_interval=400",
-        ][..],
-        &quick,
-    ]
-    .concat();
-    let log = ok(tinygpt(dir, &tune));
-    assert!(log.contains("2700 train / 300 val conversations"), "{log}");
-    let held_out: Vec<String> = words(99, 40)
-        .into_iter()
-        .filter(|w| !lines.iter().any(|l| l.contains(&format!("shout {w}\""))))
-        .take(5)
-        .collect();
+    let held_out = shout_runs(dir);
     let answers = |run: &str| -> Vec<(String, String)> {
         let server = Server::start(dir, run, &["--backend", "fused"]);
         held_out
             .iter()
             .map(|w| {
                 let request = json!({"messages": [{"role": "user", "content": format!("shout {w}")}],
-                                     "max_tokens": 12, "temperature": 0});
+                                     "max_tokens": 20, "temperature": 0});
                 let reply = post(&server, "/v1/chat/completions", request);
                 let choice = &reply["choices"][0];
                 (

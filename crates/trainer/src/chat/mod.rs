@@ -82,8 +82,8 @@ impl ChatSection {
         Ok(())
     }
 
-    /// The texts that end a turn of the Jinja template.
-    fn stops(&self) -> Vec<String> {
+    /// The texts that end a turn of the Jinja template: `stop`, else `eos_token`.
+    pub fn stops(&self) -> Vec<String> {
         match (self.stop.is_empty(), self.eos_token.is_empty()) {
             (false, _) => self.stop.clone(),
             (true, false) => vec![self.eos_token.clone()],

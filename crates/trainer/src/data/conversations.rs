@@ -89,7 +89,7 @@ pub fn split(
             row.taught.truncate(block_size + 1);
         }
         // The first token is never a target.
-        match row.taught[1..].contains(&true) {
+        match row.taught.get(1..).is_some_and(|t| t.contains(&true)) {
             true => rows.push(row),
             false => dropped += 1,
         }

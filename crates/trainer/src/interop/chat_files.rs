@@ -58,11 +58,12 @@ pub(super) fn read(
         ));
         return Ok((ChatSection::default(), notes));
     }
-    let ends = match chat.stop.is_empty() {
-        true => chat.eos_token.clone(),
-        false => chat.stop.join(" or "),
-    };
-    notes.push(format!("chat template kept; a reply ends at {ends}"));
+    notes.push(match chat.stops().as_slice() {
+        [] => "chat template kept; it names no end-of-turn token, so a reply ends at max_tokens \
+               or a request's stop"
+            .into(),
+        stops => format!("chat template kept; a reply ends at {}", stops.join(" or ")),
+    });
     Ok((chat, notes))
 }
 
@@ -142,13 +143,9 @@ pub(super) fn for_export(chat: &ChatSection, tokenizer: &Tokenizer) -> (Value, V
             tokenizer_config[key] = json!(value);
         }
     }
-    let stops = match chat.stop.is_empty() {
-        true => vec![chat.eos_token.clone()],
-        false => chat.stop.clone(),
-    };
-    let ids: Vec<u32> = stops
+    let ids: Vec<u32> = chat
+        .stops()
         .iter()
-        .filter(|s| !s.is_empty())
         .filter_map(|s| match tokenizer.encode(s) {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
             _ => None,

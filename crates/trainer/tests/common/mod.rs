@@ -221,3 +221,86 @@ pub const LLAMA: &[&str] = &[
     "--set",
     "model.bias=false",
 ];
+
+/// Words of 3 to 7 letters from a fixed generator (the same on every machine).
+pub fn words(seed: u64, n: usize) -> Vec<String> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    (0..n)
+        .map(|_| {
+            let len = 3 + next() % 5;
+            (0..len)
+                .map(|_| (b'a' + (next() % 26) as u8) as char)
+                .collect()
+        })
+        .collect()
+}
+
+/// Two runs in `dir`: `base`, a `modern` model trained briefly on the built-in corpus, and
+/// `chat`, it fine-tuned on 3,000 conversations (`shout.jsonl`) asking to "shout" a word,
+/// answered with the word in capitals. Returns five words in none of the conversations.
+pub fn shout_runs(dir: &Path) -> Vec<String> {
+    let lines: Vec<String> = words(7, 3000)
+        .iter()
+        .map(|w| {
+            serde_json::json!({"messages": [
+                {"role": "user", "content": format!("shout {w}")},
+                {"role": "assistant", "content": w.to_uppercase()}]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("shout.jsonl"), lines.join("\n")).unwrap();
+    let quick = [
+        "--backend",
+        "fused",
+        "--set",
+        "train.eval_iters=2",
+        "--set",
+        "train.sample_tokens=0",
+    ];
+    // Rotary positions (the `modern` parts): copying a word letter by letter is what they do
+    // well.
+    let base = [
+        "train",
+        "--config",
+        "modern",
+        "--out",
+        "base",
+        "--max-iters",
+        "10",
+    ];
+    ok(tinygpt(dir, &[&base[..], &quick].concat()));
+    let tune = [
+        "train",
+        "--config",
+        "modern",
+        "--init-from",
+        "base",
+        "--data",
+        "shout.jsonl",
+        "--out",
+        "chat",
+        "--max-iters",
+        "400",
+        "--set",
+        "train.batch_size=32",
+        "--set",
+        "train.warmup_iters=20",
+        "--set",
+        "train.lr_decay_iters=400",
+        "--set",
+        "train.eval_interval=400",
+    ];
+    let log = ok(tinygpt(dir, &[&tune[..], &quick].concat()));
+    assert!(log.contains("2700 train / 300 val conversations"), "{log}");
+    words(99, 40)
+        .into_iter()
+        .filter(|w| !lines.iter().any(|l| l.contains(&format!("shout {w}\""))))
+        .take(5)
+        .collect()
+}

@@ -4,12 +4,10 @@
 //! the model is taught to write it (the assistant's replies and the end of their turns); every
 //! other target, and padding, is `ignore_index`.
 
-use std::path::Path;
-
 use anyhow::{Context, Result, bail};
 use tinygpt_model::IGNORE_INDEX;
 
-use crate::chat::jsonl::{self, Numbered};
+use crate::chat::jsonl::Numbered;
 use crate::chat::{ChatTemplate, Taught};
 use crate::data::tokenizer::Tokenizer;
 
@@ -49,27 +47,8 @@ impl Summary {
     }
 }
 
-/// The messages of `path` as train and val conversations: the last `val_fraction` of them
-/// (at least one) is validation.
-pub fn read(
-    path: &Path,
-    template: &ChatTemplate,
-    tokenizer: &Tokenizer,
-    block_size: usize,
-    val_fraction: f64,
-) -> Result<(Conversations, Conversations, Summary)> {
-    let conversations = jsonl::read(path)?;
-    split(
-        &conversations,
-        template,
-        tokenizer,
-        block_size,
-        val_fraction,
-    )
-    .with_context(|| path.display().to_string())
-}
-
-/// [`read`], of conversations already read (with their line numbers).
+/// `conversations` (read from JSONL, with their line numbers) as train and val splits: the last
+/// `val_fraction` of them (at least one) is validation.
 pub fn split(
     conversations: &[Numbered],
     template: &ChatTemplate,
@@ -129,10 +108,10 @@ impl Conversations {
         self.rows.iter().map(|r| r.ids.len()).sum()
     }
 
-    /// Targets the loss counts in one pass.
+    /// Targets the loss counts in one pass (a row's first token is never a target).
     pub fn taught_targets(&self) -> usize {
-        self.rows.iter().map(|r| r.taught_tokens()).sum::<usize>()
-            - self.rows.iter().filter(|r| r.taught[0]).count()
+        let targets = |r: &Taught| r.taught.iter().skip(1).filter(|&&t| t).count();
+        self.rows.iter().map(targets).sum()
     }
 
     /// Conversation `k`.

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
-use crate::chat::{ChatTemplate, jsonl};
+use crate::chat::ChatTemplate;
+use crate::chat::jsonl::{self, Numbered};
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
 use crate::data::conversations::{self, Summary};
@@ -98,7 +99,8 @@ pub fn for_run(
 ) -> Result<Dataset> {
     let path = &config.data.path;
     if jsonl::is_jsonl(path) {
-        return conversations(config, tokenizer).map(|(data, _)| data);
+        let read = jsonl::read(path)?;
+        return conversations(config, tokenizer, &read).map(|(data, _)| data);
     }
     // Training checks the files it maps (evaluation reads what it needs of them).
     let map = if write { mapped_verified } else { mapped };
@@ -134,20 +136,21 @@ pub fn for_run(
 /// The conversations of a new fine-tuning run, with the `given` tokenizer (`--init-from`), or one
 /// learnt from the conversations as the run's chat template writes them.
 fn conversations_for_new_run(config: &RunConfig, given: Option<&Tokenizer>) -> Result<Corpus> {
+    let read = jsonl::read(&config.data.path)?;
     let tokenizer = match given {
         Some(given) => clone(given)?,
         None => {
             let template = ChatTemplate::new(None, &config.chat)?;
             let mut text = String::new();
-            for (line, messages) in jsonl::read(&config.data.path)? {
-                let rendered = template.render_with(&messages, false);
+            for (line, messages) in &read {
+                let rendered = template.render_with(messages, false);
                 text.push_str(&rendered.with_context(|| format!("line {line}"))?);
             }
             let d = &config.data;
             Tokenizer::train(d.tokenizer, &text, d.bpe_vocab_size)?
         }
     };
-    let (data, summary) = conversations(config, &tokenizer)?;
+    let (data, summary) = conversations(config, &tokenizer, &read)?;
     println!("conversations: {}", summary.describe());
     Ok(Corpus {
         tokenizer,
@@ -156,18 +159,20 @@ fn conversations_for_new_run(config: &RunConfig, given: Option<&Tokenizer>) -> R
     })
 }
 
-/// The conversations of `config.data.path` as train and val splits, rendered with the run's
-/// chat template and `tokenizer` (read again on resume: the same file gives the same split).
-fn conversations(config: &RunConfig, tokenizer: &Tokenizer) -> Result<(Dataset, Summary)> {
+/// The conversations `read` from `config.data.path` as train and val splits, rendered with the
+/// run's chat template and `tokenizer` (read again on resume: the same file gives the same
+/// split).
+fn conversations(
+    config: &RunConfig,
+    tokenizer: &Tokenizer,
+    read: &[Numbered],
+) -> Result<(Dataset, Summary)> {
     let template = ChatTemplate::new(None, &config.chat)?;
     let block_size = config.model.block_size;
-    let (train, val, summary) = conversations::read(
-        &config.data.path,
-        &template,
-        tokenizer,
-        block_size,
-        config.data.val_fraction,
-    )?;
+    let val_fraction = config.data.val_fraction;
+    let (train, val, summary) =
+        conversations::split(read, &template, tokenizer, block_size, val_fraction)
+            .with_context(|| config.data.path.display().to_string())?;
     Ok((Dataset::conversations(train, val, block_size), summary))
 }
 

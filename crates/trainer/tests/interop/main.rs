@@ -508,35 +508,17 @@ fn transformers_loads_hf_exports_needs_python() {
         "char",
         &["--max-iters", "30", "--set", "model.activation=gelu_tanh"],
     ));
-    ok(train(
-        dir,
-        "bpe",
-        &[
-            "--max-iters",
-            "30",
-            "--set",
-            "data.tokenizer=bpe",
-            "--set",
-            "data.bpe_vocab_size=300",
-        ],
-    ));
+    let bpe = [
+        "--max-iters",
+        "30",
+        "--set",
+        "data.tokenizer=bpe",
+        "--set",
+        "data.bpe_vocab_size=300",
+    ];
+    ok(train(dir, "bpe", &bpe));
     // Llama's parts, which export as `LlamaForCausalLM`.
-    ok(train(
-        dir,
-        "llama",
-        &[
-            &[
-                "--max-iters",
-                "30",
-                "--set",
-                "data.tokenizer=bpe",
-                "--set",
-                "data.bpe_vocab_size=300",
-            ][..],
-            LLAMA,
-        ]
-        .concat(),
-    ));
+    ok(train(dir, "llama", &[&bpe[..], LLAMA].concat()));
     for run in ["char", "bpe", "llama"] {
         let hf = format!("{run}-hf");
         ok(tinygpt(

@@ -241,7 +241,11 @@ impl Trainer {
         state.train_loss = Some(train_loss);
         state.val_loss = Some(val_loss);
         state.elapsed_s = elapsed_s;
-        let improved = state.best_val_loss.is_none_or(|best| val_loss < best);
+        // The best is among the weights this run saves: step 0's (the initial or source
+        // weights) is not saved, so it is no candidate, or a run whose training only made the
+        // loss worse would have no `best` weights at all.
+        let saved = step > 0 || self.resumed;
+        let improved = saved && state.best_val_loss.is_none_or(|best| val_loss < best);
         if improved {
             state.best_val_loss = Some(val_loss);
             state.best_step = Some(step);

@@ -5,19 +5,21 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::{Backend, describe};
-use tinygpt::data::corpus;
+use tinygpt::chat::{ChatTemplate, jsonl};
 use tinygpt::data::{self, Split, read_corpus};
+use tinygpt::data::{conversations, corpus};
 use tinygpt::eval::evaluate;
 use tinygpt::run::checkpoint::{Run, Which};
 
 /// Loss, bits per character (bits per byte for BPE) and perplexity.
 ///
-/// On the run's validation split, or on every token of --data.
+/// On the run's validation split, or on every token of --data (a .jsonl file of conversations:
+/// on the tokens of their replies, as fine-tuning teaches them).
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,
-    /// Evaluate on this text instead of the validation split.
+    /// Evaluate on this text (or .jsonl conversations) instead of the validation split.
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Which::Best)]
@@ -53,6 +55,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
 fn split(run: &Run, data: Option<&PathBuf>) -> Result<(Split, String)> {
     let config = &run.config;
     let block_size = config.model.block_size;
+    if let Some(path) = data
+        && jsonl::is_jsonl(path)
+    {
+        let read = jsonl::read(path)?;
+        let template = ChatTemplate::new(None, &config.chat)?;
+        let all = conversations::whole(&read, &template, &run.tokenizer, block_size)
+            .with_context(|| format!("--data {}", path.display()))?;
+        let source = format!(
+            "{} conversations of {} (their replies' tokens)",
+            all.len(),
+            path.display()
+        );
+        return Ok((Split::Conversations(all), source));
+    }
     if let Some(path) = data {
         let text = read_corpus(path)?;
         let split = data::whole_split(&text, &run.tokenizer, &config.data, block_size)

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use tinygpt::chat::jsonl;
 use tinygpt::config::TokenizerKind;
 use tinygpt::data::corpus::BPE_SAMPLE_BYTES;
 use tinygpt::data::prepare::{
@@ -110,9 +111,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.val_fraction
         );
     }
-    if !(257..=65536).contains(&args.bpe_vocab_size) {
+    if let Some(jsonl) = args.data.iter().find(|p| jsonl::is_jsonl(p)) {
         bail!(
-            "--bpe-vocab-size must be in 257..=65536 (256 byte tokens + merges), got {}",
+            "{} holds conversations: `tinygpt train --data {0}` reads them as they are (prepare \
+             writes text into token files)",
+            jsonl.display()
+        );
+    }
+    if !(262..=65536).contains(&args.bpe_vocab_size) {
+        bail!(
+            "--bpe-vocab-size must be in 262..=65536 (256 byte tokens, 5 special tokens, merges), got {}",
             args.bpe_vocab_size
         );
     }

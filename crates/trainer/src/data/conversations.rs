@@ -56,23 +56,7 @@ pub fn split(
     block_size: usize,
     val_fraction: f64,
 ) -> Result<(Conversations, Conversations, Summary)> {
-    let (mut cut, mut dropped) = (0, 0);
-    let mut rows = Vec::with_capacity(conversations.len());
-    for (line, messages) in conversations {
-        let mut row = template
-            .render_taught(messages, tokenizer)
-            .with_context(|| format!("line {line}"))?;
-        if row.ids.len() > block_size + 1 {
-            cut += 1;
-            row.ids.truncate(block_size + 1);
-            row.taught.truncate(block_size + 1);
-        }
-        // The first token is never a target.
-        match row.taught.get(1..).is_some_and(|t| t.contains(&true)) {
-            true => rows.push(row),
-            false => dropped += 1,
-        }
-    }
+    let (mut rows, cut, dropped) = rows(conversations, template, tokenizer, block_size)?;
     if rows.len() < 2 {
         bail!(
             "{} conversations with a reply within block_size + 1 tokens: at least 2 are \
@@ -92,6 +76,49 @@ pub fn split(
         dropped,
     };
     Ok((train, val, summary))
+}
+
+/// All of `conversations` as one split (to evaluate on another file), as [`split`] renders
+/// them.
+pub fn whole(
+    conversations: &[Numbered],
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    block_size: usize,
+) -> Result<Conversations> {
+    let (rows, _, _) = rows(conversations, template, tokenizer, block_size)?;
+    if rows.is_empty() {
+        bail!("no conversation has a reply within block_size + 1 tokens");
+    }
+    Ok(Conversations { rows })
+}
+
+/// Each conversation rendered with its taught tokens, cut to `block_size + 1` tokens; those
+/// with nothing taught within that left out. Returns them, and how many were cut and left out.
+fn rows(
+    conversations: &[Numbered],
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    block_size: usize,
+) -> Result<(Vec<Taught>, usize, usize)> {
+    let (mut cut, mut dropped) = (0, 0);
+    let mut rows = Vec::with_capacity(conversations.len());
+    for (line, messages) in conversations {
+        let mut row = template
+            .render_taught(messages, tokenizer)
+            .with_context(|| format!("line {line}"))?;
+        if row.ids.len() > block_size + 1 {
+            cut += 1;
+            row.ids.truncate(block_size + 1);
+            row.taught.truncate(block_size + 1);
+        }
+        // The first token is never a target.
+        match row.taught.get(1..).is_some_and(|t| t.contains(&true)) {
+            true => rows.push(row),
+            false => dropped += 1,
+        }
+    }
+    Ok((rows, cut, dropped))
 }
 
 impl Conversations {

@@ -29,6 +29,10 @@ fn bad_inputs_are_one_line_and_write_nothing() {
         prepare(dir, &["--data", "nowhere.txt", "--out", "p"]),
         "cannot read corpus nowhere.txt",
     );
+    fails(
+        prepare(dir, &["--data", "mixed", "chats.jsonl", "--out", "p"]),
+        "chats.jsonl holds conversations: `tinygpt train --data chats.jsonl` reads them",
+    );
     let after: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())

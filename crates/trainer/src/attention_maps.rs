@@ -27,7 +27,12 @@ impl AttentionMaps {
         prompt: &str,
         device: &Device,
     ) -> Result<Self> {
-        Self::of_tokens(model, tokenizer, &tokenizer.encode(prompt)?, device)
+        Self::of_tokens(
+            model,
+            tokenizer,
+            &tokenizer.encode_with_specials(prompt)?,
+            device,
+        )
     }
 
     /// [`compute`](Self::compute) for token ids.

@@ -159,6 +159,70 @@ fn logprobs_and_echo_equal_logits_and_eval() {
     }
 }
 
+/// lm-evaluation-harness's rolling perplexity (`loglikelihood_rolling`, `local-completions` on
+/// an `export --format hf`): the harness reads the BOS from `tokenizer_config.json` (else the
+/// EOS), finds its id in `tokenizer.json`, and sends each window as token ids after it, with
+/// `echo`, `max_tokens: 1`, `logprobs: 1`. Every token of the text gets the log-probability
+/// `tinygpt logits` gives it after the end-of-text token.
+#[test]
+fn lm_eval_harness_rolling_perplexity_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let hf = dir.join("hf");
+    ok(tinygpt(
+        dir,
+        &[
+            "export",
+            "--checkpoint",
+            "run",
+            "--format",
+            "hf",
+            "--out",
+            hf.to_str().unwrap(),
+        ],
+    ));
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(hf.join(name)).unwrap()).unwrap()
+    };
+    let config = read("tokenizer_config.json");
+    let bos = config["bos_token"].as_str().expect("a BOS is declared");
+    assert_eq!((bos, &config["eos_token"]), ("<|endoftext|>", &json!(bos)));
+    let added = read("tokenizer.json")["added_tokens"].clone();
+    let bos_id = added
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["content"] == bos && t["special"] == true)
+        .map(|t| t["id"].as_u64().unwrap() as u32)
+        .expect("the BOS is a special token of the exported tokenizer");
+    assert_eq!(read("config.json")["bos_token_id"], json!(bos_id));
+
+    let server = Server::start(dir, "run", &["--backend", "fused"]);
+    let text = "Of Man's first";
+    let ids = token_ids(&server, text);
+    assert!(
+        !ids.contains(&bos_id),
+        "text never gives the end-of-text id"
+    );
+    let mut window = vec![bos_id];
+    window.extend(&ids);
+    let harness = post(
+        &server,
+        "/v1/completions",
+        json!({"model": "run", "prompt": [window.clone()], "temperature": 0, "max_tokens": 1,
+               "logprobs": 1, "seed": 1234, "echo": true}),
+    );
+    let got = floats(&harness["choices"][0]["logprobs"]["token_logprobs"]);
+    assert_eq!((got.len(), got[0]), (window.len() + 1, None));
+    let rows = log_softmax_rows(dir, &window);
+    for i in 1..window.len() {
+        let want = rows[i - 1][window[i] as usize];
+        let got = got[i].expect("each token of the text is scored");
+        assert!((got - want).abs() < 1e-4, "token {i}: {got} vs {want}");
+    }
+}
+
 /// Penalties and `logit_bias` sample what `tinygpt generate` samples with the same flags; a
 /// bias of 100 forces a token, -100 bans one; `n` choices are single requests with seeds
 /// `seed`, `seed + 1`, …, prompt after prompt.
@@ -283,12 +347,13 @@ fn chat_is_a_completion_of_its_template() {
     let choice = &chat["choices"][0];
     assert_eq!(choice["message"]["role"], "assistant");
     let reply = choice["message"]["content"].as_str().unwrap();
-    let prompt = "system: Sing\nuser: Of Man\nassistant: ";
+    // tinygpt's own format, its markers special tokens read out of the prompt's text.
+    let prompt = "<|endoftext|><|system|>Sing<|end|><|user|>Of Man<|end|><|assistant|>";
     let completion = post(
         &server,
         "/v1/completions",
         json!({"prompt": prompt, "max_tokens": 40, "seed": 5, "temperature": 0.9,
-               "stop": ["\nuser:"]}),
+               "stop": ["<|end|>", "<|endoftext|>"]}),
     );
     assert_eq!(reply, completion["choices"][0]["text"]);
     assert_eq!(
@@ -440,4 +505,37 @@ fn fine_tuning_on_conversations_teaches_the_replies() {
             .all(|(w, (content, _))| *content != w.to_uppercase()),
         "{base:?}"
     );
+
+    // `eval --data` on conversations scores the replies of held-out ones, as validation does.
+    let lines: Vec<String> = held_out
+        .iter()
+        .map(|w| {
+            json!({"messages": [{"role": "user", "content": format!("shout {w}")},
+                                {"role": "assistant", "content": w.to_uppercase()}]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("held.jsonl"), lines.join("\n")).unwrap();
+    let loss = |run: &str| -> f64 {
+        let args = [
+            "eval",
+            "--checkpoint",
+            run,
+            "--data",
+            "held.jsonl",
+            "--backend",
+            "fused",
+        ];
+        let out = ok(tinygpt(dir, &args));
+        assert!(out.contains("5 conversations of held.jsonl"), "{out}");
+        let at = out.find("| loss ").unwrap() + 7;
+        out[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (tuned, base) = (loss("chat"), loss("base"));
+    assert!(tuned < 0.1 && base > 2.0, "fine-tuned {tuned}, base {base}");
 }

@@ -21,6 +21,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::data::tokenizer::{Tokenizer, special};
 pub use jinja::Jinja;
 pub use taught::Taught;
 pub use transcript::Transcript;
@@ -59,12 +60,46 @@ pub struct ChatSection {
     pub stop: Vec<String>,
 }
 
+/// tinygpt's own chat format, in the special tokens its tokenizers have: the end of text, then
+/// each turn as `<|role|>content<|end|>`; the assistant's turn opens with `<|assistant|>`.
+/// (`developer`, OpenAI's newer name for the system, is written as the system.)
+const OWN_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\
+{% set role = 'system' if message['role'] == 'developer' else message['role'] %}\
+{% if role not in ['system', 'user', 'assistant'] %}\
+{{ raise_exception('this chat format has system, user and assistant messages, not ' ~ role) }}\
+{% endif %}{{ '<|' ~ role ~ '|>' ~ message['content'] ~ '<|end|>' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}";
+
 /// The most texts that may end a turn (a request's own stop sequences come on top).
 const MAX_STOPS: usize = 8;
 
 impl ChatSection {
     pub fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// tinygpt's own chat format ([`OWN_TEMPLATE`]): a reply ends at `<|end|>`, or at the end
+    /// of text.
+    pub fn own() -> Self {
+        Self {
+            template: OWN_TEMPLATE.into(),
+            bos_token: special::END_OF_TEXT.into(),
+            eos_token: special::END_OF_TEXT.into(),
+            stop: vec![special::END.into(), special::END_OF_TEXT.into()],
+        }
+    }
+
+    /// The section a new run keeps: `self` when set; else tinygpt's own format when
+    /// `tokenizer` has its special tokens, the plain transcript when not (runs made before
+    /// them, models imported without a template).
+    pub fn for_new_run(self, tokenizer: &Tokenizer) -> Self {
+        let own = special::OWN
+            .iter()
+            .all(|s| tokenizer.special_id(s).is_some());
+        match self.is_default() && own {
+            true => Self::own(),
+            false => self,
+        }
     }
 
     /// Refuses a template that does not compile, and empty or too many stop texts.

@@ -68,7 +68,7 @@ impl ChatTemplate {
             taught: Vec::new(),
         };
         for (text, taught) in pieces.iter().filter(|(t, _)| !t.is_empty()) {
-            let ids = tokenizer.encode(text)?;
+            let ids = tokenizer.encode_with_specials(text)?;
             out.taught.extend(std::iter::repeat_n(*taught, ids.len()));
             out.ids.extend(ids);
         }

@@ -82,7 +82,7 @@ impl Args {
             .stop
             .iter()
             .chain(chat_stop)
-            .map(|s| tokenizer.encode(s).context("--stop"))
+            .map(|s| tokenizer.encode_with_specials(s).context("--stop"))
             .collect::<Result<Vec<_>>>()?;
         Ok(GenerateOptions {
             max_new_tokens: self.max_new_tokens,
@@ -134,7 +134,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (run, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
-    let prompt_ids = tokenizer.encode(&prompt).context("--prompt")?;
+    let prompt_ids = tokenizer
+        .encode_with_specials(&prompt)
+        .context("--prompt")?;
     let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(tokenizer);

@@ -375,9 +375,9 @@ impl RunConfig {
                 d.val_fraction
             );
         }
-        if d.tokenizer == TokenizerKind::Bpe && !(257..=65536).contains(&d.bpe_vocab_size) {
+        if d.tokenizer == TokenizerKind::Bpe && !(262..=65536).contains(&d.bpe_vocab_size) {
             bail!(
-                "`data.bpe_vocab_size` must be in 257..=65536 (256 byte tokens + merges), got {}",
+                "`data.bpe_vocab_size` must be in 262..=65536 (256 byte tokens, 5 special tokens, merges), got {}",
                 d.bpe_vocab_size
             );
         }

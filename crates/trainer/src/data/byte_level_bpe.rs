@@ -146,8 +146,9 @@ pub struct BpeEncoder<'a> {
 
 impl<'a> BpeEncoder<'a> {
     /// An encoder for `tokenizer`, or `None` if its pipeline is not exactly GPT-2's byte-level
-    /// BPE as tinygpt trains it (no normalizer, no added tokens, no prefix space, no dropout,
-    /// no truncation or padding): those go through `Tokenizer::encode`.
+    /// BPE as tinygpt trains it (no normalizer, no added tokens but special ones that text never
+    /// gives, no prefix space, no dropout, no truncation or padding): those go through
+    /// `Tokenizer::encode`.
     pub fn new(tokenizer: &'a Tokenizer) -> Option<Self> {
         let ModelWrapper::BPE(model) = tokenizer.get_model() else {
             return None;
@@ -163,7 +164,10 @@ impl<'a> BpeEncoder<'a> {
                 tokenizer.get_post_processor(),
                 None | Some(PostProcessorWrapper::ByteLevel(_))
             )
-            && tokenizer.get_added_tokens_decoder().is_empty()
+            // Special tokens are never read out of text (`encode_special_tokens`); other
+            // added tokens would be.
+            && (tokenizer.get_added_tokens_decoder().values())
+                .all(|t| t.special && tokenizer.get_encode_special_tokens())
             && tokenizer.get_truncation().is_none()
             && tokenizer.get_padding().is_none()
             && model.dropout.is_none_or(|p| p == 0.0)
@@ -319,6 +323,8 @@ mod tests {
             .add_special_tokens([tokenizers::AddedToken::from("<|endoftext|>", true)])
             .unwrap();
         assert!(BpeEncoder::new(&added).is_none());
+        added.set_encode_special_tokens(true);
+        assert!(BpeEncoder::new(&added).is_some(), "text never gives them");
         assert!(BpeEncoder::new(&hf).is_some());
     }
 }

@@ -11,15 +11,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
-use crate::chat::ChatTemplate;
 use crate::chat::jsonl::{self, Numbered};
+use crate::chat::{ChatSection, ChatTemplate};
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
 use crate::data::conversations::{self, Summary};
 use crate::data::prepare::{
     self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, Verification,
 };
-use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer::{Tokenizer, special};
 use crate::fs::temp_beside;
 
 /// The prepared tokens inside a run directory.
@@ -80,6 +80,7 @@ pub fn for_new_run(
         Some(_) => mapped(&prepared, config)?,
         None => mapped_verified(&prepared, config)?,
     };
+    config.chat = std::mem::take(&mut config.chat).for_new_run(&prepared.tokenizer);
     Ok(Corpus {
         tokenizer: clone(&prepared.tokenizer)?,
         data,
@@ -134,17 +135,29 @@ pub fn for_run(
 }
 
 /// The conversations of a new fine-tuning run, with the `given` tokenizer (`--init-from`), or one
-/// learnt from the conversations as the run's chat template writes them.
-fn conversations_for_new_run(config: &RunConfig, given: Option<&Tokenizer>) -> Result<Corpus> {
+/// learnt from the conversations as the run's chat template writes them (by default tinygpt's
+/// own format, whose markers are the new tokenizer's special tokens, not text to learn).
+fn conversations_for_new_run(config: &mut RunConfig, given: Option<&Tokenizer>) -> Result<Corpus> {
     let read = jsonl::read(&config.data.path)?;
+    let chat = std::mem::take(&mut config.chat);
     let tokenizer = match given {
-        Some(given) => clone(given)?,
+        Some(given) => {
+            config.chat = chat.for_new_run(given);
+            clone(given)?
+        }
         None => {
+            config.chat = match chat.is_default() {
+                true => ChatSection::own(),
+                false => chat,
+            };
             let template = ChatTemplate::new(None, &config.chat)?;
             let mut text = String::new();
             for (line, messages) in &read {
                 let rendered = template.render_with(messages, false);
                 text.push_str(&rendered.with_context(|| format!("line {line}"))?);
+            }
+            for marker in special::OWN {
+                text = text.replace(marker, "");
             }
             let d = &config.data;
             Tokenizer::train(d.tokenizer, &text, d.bpe_vocab_size)?

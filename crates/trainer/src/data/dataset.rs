@@ -374,13 +374,14 @@ mod tests {
         let ds = dataset(text, Batching::Documents, 8).unwrap();
         let sweep: Vec<Batch> = sweep(&ds.train, 8, 8).collect();
         let b = &sweep[0];
-        assert_eq!((b.batch, b.seq), (3, 4));
-        // "ab" predicts one target, b (id 2 after \n and a); the other three are ignore_index.
+        assert_eq!((b.batch, b.seq), (3, 5));
+        // "ab" after the end-of-text token predicts two targets, a and b (ids 1 and 2 after
+        // \n); the other three are ignore_index.
         assert_eq!(
-            &b.targets[..4],
-            &[2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]
+            &b.targets[..5],
+            &[1, 2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]
         );
-        assert_eq!(b.counted_targets(), 1 + 4 + 2);
+        assert_eq!(b.counted_targets(), 2 + 5 + 3);
     }
 
     #[test]

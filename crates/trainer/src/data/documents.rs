@@ -1,6 +1,7 @@
 //! Documents for `documents` batching: laid end to end in one token stream (in memory, or a
 //! token file mapped from disk) with the offset where each starts, as `tinygpt prepare
-//! --separator` writes them. A sample is one window of one document: a document longer than a
+//! --separator` writes them. Each starts with the tokenizer's end-of-text token (its BOS), so
+//! the model learns how a text begins, as a harness's rolling perplexity asks it. A sample is one window of one document: a document longer than a
 //! block is cut into consecutive windows of `block_size + 1` tokens that share their end
 //! tokens, so every token after a document's first is a target exactly once.
 
@@ -46,7 +47,8 @@ impl Documents {
     }
 
     /// The documents of `text`, cut at each `separator` (newlines around a document dropped),
-    /// encoded one by one: what `prepare --separator` writes, in memory.
+    /// encoded one by one, each after the start-of-text token: what `prepare --separator`
+    /// writes, in memory.
     pub fn of_text(
         text: &str,
         tokenizer: &Tokenizer,
@@ -57,8 +59,10 @@ impl Documents {
         let mut ids = Vec::new();
         let mut offsets = vec![0];
         for doc in text.split(separator) {
-            ids.extend(encoder.encode(doc.trim_matches('\n'))?);
-            if ids.len() as u64 > *offsets.last().expect("not empty") {
+            let doc = encoder.encode(doc.trim_matches('\n'))?;
+            if !doc.is_empty() {
+                ids.extend(encoder.start_of_text());
+                ids.extend(doc);
                 offsets.push(ids.len() as u64);
             }
         }
@@ -152,21 +156,35 @@ pub fn val_start(offsets: &[u64], val_fraction: f64) -> Result<usize> {
 mod tests {
     use super::*;
     use crate::config::TokenizerKind;
+    use crate::data::tokenizer::special;
 
     #[test]
     fn windows_cover_each_document_once() {
         let text = "ab\n\nabcdefghij\n\n\n\nx\n\nabc\n";
         let tokenizer = Tokenizer::train(TokenizerKind::Char, text, 0).unwrap();
         let docs = Documents::of_text(text, &tokenizer, "\n\n", 4).unwrap();
-        // "x" is one token (no target, no window); the empty piece has no token at all.
-        assert_eq!(docs.offsets(), &[0, 2, 12, 13, 16]);
+        // Each document starts with the end-of-text token, so even "x" has a target (x after
+        // the start); the empty piece has no token at all.
+        assert_eq!(docs.offsets(), &[0, 3, 14, 16, 20]);
         assert_eq!(docs.len(), 4);
         let decode = |k| tokenizer.decode(&docs.window(k)).unwrap();
         let all: Vec<String> = (0..docs.windows()).map(decode).collect();
-        assert_eq!(all, ["ab", "abcde", "efghi", "ij", "abc"]);
+        let e = special::END_OF_TEXT;
+        let starts = |doc: &str| format!("{e}{doc}");
+        assert_eq!(
+            all,
+            [
+                starts("ab"),
+                starts("abcd"),
+                "defgh".into(),
+                "hij".into(),
+                starts("x"),
+                starts("abc")
+            ]
+        );
         let tail = docs.part(2..4).unwrap();
-        assert_eq!(tail.offsets(), &[0, 1, 4]);
-        assert_eq!(tokenizer.decode(&tail.window(0)).unwrap(), "abc");
+        assert_eq!(tail.offsets(), &[0, 2, 6]);
+        assert_eq!(tokenizer.decode(&tail.window(1)).unwrap(), starts("abc"));
         assert!(Documents::new(Tokens::from_vec(vec![1, 2]), vec![0, 3], 4).is_err());
     }
 

@@ -4,7 +4,8 @@
 //! corpus.rs      a run's tokens: a prepared directory, or text prepared into the run first
 //!   prepare/     text to token files, streamed, on every core (format, sources, chunks, scan,
 //!                encode, split)
-//!   tokenizer.rs char or byte-level BPE; byte_level_bpe.rs learns and encodes whole corpora
+//!   tokenizer/   char or byte-level BPE, their special tokens, Hugging Face JSON;
+//!                byte_level_bpe.rs learns and encodes whole corpora
 //! tokens.rs      token files mapped from disk (a corpus of any size in flat memory)
 //! documents.rs   documents and the windows they are cut into
 //! conversations.rs  chat conversations (JSONL) for fine-tuning, only the replies taught

@@ -72,7 +72,7 @@ fn usable(chat: &ChatSection, tokenizer: &Tokenizer) -> Result<()> {
     chat.validate()?;
     let hello = [Message::new("user", "Hello")];
     let text = ChatTemplate::new(None, chat)?.render(&hello)?;
-    tokenizer.encode(&text)?;
+    tokenizer.encode_with_specials(&text)?;
     Ok(())
 }
 
@@ -108,7 +108,7 @@ fn stop_tokens(ids: &Value, tokenizer: &Tokenizer, notes: &mut Vec<String>) -> V
             .ok()
             .and_then(|id| tokenizer.decode(&[id]).ok().map(|t| (id, t)));
         match text {
-            Some((id, text)) if tokenizer.encode(&text).ok() == Some(vec![id]) => {
+            Some((id, text)) if tokenizer.encode_with_specials(&text).ok() == Some(vec![id]) => {
                 if !stop.contains(&text) {
                     stop.push(text);
                 }
@@ -132,12 +132,18 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 
 /// What an export writes of `chat` into `tokenizer_config.json` (its template and special
 /// tokens) and `generation_config.json` (the end-of-turn ids), as transformers reads them.
+/// The BOS and EOS are the template's, else the tokenizer's start and end of text, so that a
+/// harness knows the token its rolling perplexity starts from.
 pub(super) fn for_export(chat: &ChatSection, tokenizer: &Tokenizer) -> (Value, Value) {
     let mut tokenizer_config = json!({});
+    let or = |text: &str, id| match text.is_empty() {
+        true => tokenizer.special_text(id).unwrap_or_default().to_owned(),
+        false => text.to_owned(),
+    };
     for (key, value) in [
-        ("chat_template", &chat.template),
-        ("bos_token", &chat.bos_token),
-        ("eos_token", &chat.eos_token),
+        ("chat_template", chat.template.clone()),
+        ("bos_token", or(&chat.bos_token, tokenizer.start_of_text())),
+        ("eos_token", or(&chat.eos_token, tokenizer.end_of_text())),
     ] {
         if !value.is_empty() {
             tokenizer_config[key] = json!(value);
@@ -146,7 +152,7 @@ pub(super) fn for_export(chat: &ChatSection, tokenizer: &Tokenizer) -> (Value, V
     let ids: Vec<u32> = chat
         .stops()
         .iter()
-        .filter_map(|s| match tokenizer.encode(s) {
+        .filter_map(|s| match tokenizer.encode_with_specials(s) {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
             _ => None,
         })

@@ -323,11 +323,8 @@ fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
             bail!("the Hugging Face GPT-2 format has only GELU MLPs")
         }
     };
-    // GPT-2's end-of-text token, when the vocabulary has it; char vocabularies have none.
-    let eos = match tokenizer {
-        Tokenizer::Bpe(t) => t.token_to_id("<|endoftext|>"),
-        Tokenizer::Char { .. } => None,
-    };
+    // GPT-2's end-of-text token (char runs made before special tokens have none).
+    let eos = tokenizer.end_of_text();
     let config = serde_json::json!({
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",

@@ -465,12 +465,8 @@ pub(super) fn tensors(
 
 /// `config.json` for `LlamaForCausalLM`, of the model `m` (its `vocab_size` resolved).
 pub(super) fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
-    let special = |names: &[&str]| match tokenizer {
-        Tokenizer::Bpe(t) => names.iter().find_map(|n| t.token_to_id(n)),
-        Tokenizer::Char { .. } => None,
-    };
-    let bos = special(&["<|endoftext|>", "<s>", "<|begin_of_text|>"]);
-    let eos = special(&["<|endoftext|>", "</s>", "<|end_of_text|>"]);
+    let bos = tokenizer.start_of_text();
+    let eos = tokenizer.end_of_text();
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

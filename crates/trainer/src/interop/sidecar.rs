@@ -203,17 +203,22 @@ fn read_sidecar(weights: &Path) -> Result<(Sidecar, Tokenizer)> {
     Ok((sidecar, tokenizer))
 }
 
-/// nanoGPT's `meta.pkl` maps for a char tokenizer; Hugging Face JSON for BPE.
+/// nanoGPT's `meta.pkl` maps for a char tokenizer (its special tokens after the characters,
+/// each one entry that nanoGPT's `decode` writes as its text and `encode` never gives); Hugging
+/// Face JSON for BPE.
 fn tokenizer_json(tokenizer: &Tokenizer) -> Result<serde_json::Value> {
-    Ok(match tokenizer.chars() {
-        Some(chars) => serde_json::json!({
-            "kind": "char",
-            "vocab_size": chars.len(),
-            "stoi": chars.iter().enumerate().map(|(i, c)| (c.to_string(), i)).collect::<BTreeMap<_, _>>(),
-            "itos": chars.iter().enumerate().map(|(i, c)| (i.to_string(), c.to_string())).collect::<BTreeMap<_, _>>(),
-        }),
-        None => serde_json::from_str(&tokenizer.to_json()?)?,
-    })
+    let Some(chars) = tokenizer.chars() else {
+        return Ok(serde_json::from_str(&tokenizer.to_json()?)?);
+    };
+    let texts: Vec<String> = (chars.iter().map(char::to_string))
+        .chain(tokenizer.specials().iter().map(|s| s.text.clone()))
+        .collect();
+    Ok(serde_json::json!({
+        "kind": "char",
+        "vocab_size": texts.len(),
+        "stoi": texts.iter().enumerate().map(|(i, t)| (t.clone(), i)).collect::<BTreeMap<_, _>>(),
+        "itos": texts.iter().enumerate().map(|(i, t)| (i.to_string(), t.clone())).collect::<BTreeMap<_, _>>(),
+    }))
 }
 
 fn tokenizer_from_json(value: serde_json::Value) -> Result<Tokenizer> {
@@ -233,15 +238,19 @@ fn tokenizer_from_json(value: serde_json::Value) -> Result<Tokenizer> {
 /// A char tokenizer from nanoGPT's `itos` map (id, as text, to a one-character string).
 pub(super) fn char_tokenizer(itos: &BTreeMap<String, String>) -> Result<Tokenizer> {
     let mut chars = Vec::with_capacity(itos.len());
+    let mut specials = Vec::new();
     for i in 0..itos.len() {
         let s = itos
             .get(&i.to_string())
             .ok_or_else(|| anyhow!("tokenizer `itos` has no id {i}"))?;
         let mut it = s.chars();
         match (it.next(), it.next()) {
-            (Some(c), None) => chars.push(c),
+            (Some(c), None) if specials.is_empty() => chars.push(c),
+            // tinygpt's special tokens, after the characters.
+            (Some('<'), Some('|')) if s.ends_with("|>") => specials.push(s.clone()),
             _ => bail!("tokenizer `itos[{i}]` = {s:?} is not one character"),
         }
     }
-    Tokenizer::from_json(&serde_json::json!({"kind": "char", "itos": chars}).to_string())
+    let file = serde_json::json!({"kind": "char", "itos": chars, "specials": specials});
+    Tokenizer::from_json(&file.to_string())
 }

@@ -120,7 +120,7 @@ pub fn serve(
     options.validate()?;
     let hello = [Message::new("user", "Hello")];
     let rendered = options.chat_template.render(&hello);
-    if let Err(e) = rendered.and_then(|text| model.tokenizer.encode(&text)) {
+    if let Err(e) = rendered.and_then(|text| model.tokenizer.encode_with_specials(&text)) {
         eprintln!(
             "note: the chat template cannot write a conversation for this model ({e:#}); \
              /v1/chat/completions will refuse requests (see --chat-template)"

@@ -97,13 +97,15 @@ pub(super) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<
     })
 }
 
+/// A request's text as token ids, each special token it spells read as that token (as
+/// transformers and vLLM read prompts); an error names the request's field `param`.
 pub(super) fn encode(
     tokenizer: &Tokenizer,
     text: &str,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
     tokenizer
-        .encode(text)
+        .encode_with_specials(text)
         .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
 }
 

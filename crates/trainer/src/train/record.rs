@@ -31,7 +31,7 @@ pub fn sample_prompt(
         return Ok(head(&data.val, most));
     }
     let ids = tokenizer
-        .encode(text)
+        .encode_with_specials(text)
         .context("`train.sample_prompt` cannot be written with this run's tokenizer")?;
     if ids.is_empty() || ids.len() > most {
         bail!(

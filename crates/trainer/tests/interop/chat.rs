@@ -55,7 +55,13 @@ fn imported_chat_templates_render_as_transformers_does() {
                     let rendered = rendered.unwrap();
                     assert_eq!(rendered, text, "{name}");
                     let ids: Vec<u32> = serde_json::from_value(case["tokens"].clone()).unwrap();
-                    assert_eq!(run.tokenizer.encode(&rendered).unwrap(), ids, "{name}");
+                    let with_specials = run.tokenizer.encode_with_specials(&rendered);
+                    assert_eq!(with_specials.unwrap(), ids, "{name}");
+                    // As plain text, the markers it spells are text, never their ids.
+                    let plain = run.tokenizer.encode(&rendered).unwrap();
+                    let special = |id: &u32| run.tokenizer.specials().iter().any(|s| s.id == *id);
+                    assert!(!plain.iter().any(special), "{name}: {plain:?}");
+                    assert_eq!(run.tokenizer.decode(&plain).unwrap(), rendered);
                 }
                 None => assert_eq!(
                     rendered.unwrap_err().to_string(),

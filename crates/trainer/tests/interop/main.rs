@@ -566,7 +566,8 @@ fn transformers_loads_hf_exports_needs_python() {
              with torch.no_grad():\n    logits = m(torch.tensor([ids])).logits[0].tolist()\n\
              out = m.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)\n\
              text = t.decode(out[0].tolist())\n\
-             print(json.dumps({{'ids': ids, 'logits': logits, 'text': text}}))\n"
+             bos = [t.bos_token_id, t.eos_token_id, m.config.bos_token_id, m.config.eos_token_id]\n\
+             print(json.dumps({{'ids': ids, 'logits': logits, 'text': text, 'bos': bos}}))\n"
         );
         let theirs = Command::new(&python)
             .args(["-c", &script])
@@ -577,6 +578,14 @@ fn transformers_loads_hf_exports_needs_python() {
             serde_json::from_str(ok(theirs).lines().last().unwrap()).unwrap();
         let ids: Vec<u32> = serde_json::from_value(theirs["ids"].clone()).unwrap();
         assert_eq!(ids, tokens, "{run}: token ids");
+        // The end-of-text token is the tokenizer's and the model's BOS and EOS, as harnesses
+        // read them.
+        let eot = Run::open(&dir.join(run)).unwrap().tokenizer.start_of_text();
+        assert_eq!(
+            theirs["bos"],
+            serde_json::json!(vec![eot; 4]),
+            "{run}: BOS and EOS"
+        );
         let logits: Vec<Vec<f64>> = serde_json::from_value(theirs["logits"].clone()).unwrap();
         let err = max_relative(&ours, &logits);
         eprintln!("{run}: transformers vs tinygpt logits, max relative error {err:.2e}");

@@ -276,9 +276,12 @@ pub(super) fn encode_chunk(
     match cut.separator() {
         None => add(&encoder.encode(chunk)?),
         Some(separator) => {
+            // Each document after the start-of-text token, as `Documents::of_text` writes it.
+            let start = encoder.start_of_text();
             for doc in chunk.split(separator) {
-                let ids = encoder.encode(doc.trim_matches('\n'))?;
+                let mut ids = encoder.encode(doc.trim_matches('\n'))?;
                 if !ids.is_empty() {
+                    ids.splice(0..0, start);
                     add(&ids);
                     encoded.documents.push(ids.len() as u64);
                 }

@@ -1,13 +1,19 @@
 //! Text to token ids and back: characters (nanoGPT's `stoi`/`itos`) or byte-level BPE trained
-//! with Hugging Face `tokenizers`. Saved with the checkpoint as `tokenizer.json`.
+//! with Hugging Face `tokenizers`, each with its special tokens ([`special`]). Saved with the
+//! checkpoint as `tokenizer.json`.
+
+mod hf_json;
+pub mod special;
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Deref;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TokenizerKind;
 use crate::data::byte_level_bpe::{self, BpeEncoder};
+use special::{Piece, Special};
 
 /// A trained tokenizer.
 pub enum Tokenizer {
@@ -18,9 +24,25 @@ pub enum Tokenizer {
         stoi: HashMap<char, u32>,
         /// `stoi` for ASCII, a table (`u32::MAX` = absent): most text is ASCII.
         ascii: Box<[u32; 128]>,
+        /// The special tokens, ids after the characters'.
+        specials: Vec<Special>,
     },
     /// Byte-level BPE: any text encodes (unseen characters fall back to their bytes).
-    Bpe(Box<tokenizers::Tokenizer>),
+    Bpe(Box<Bpe>),
+}
+
+/// A Hugging Face tokenizer that never reads special tokens out of text
+/// (`encode_special_tokens`), and its special tokens.
+pub struct Bpe {
+    hf: tokenizers::Tokenizer,
+    specials: Vec<Special>,
+}
+
+impl Deref for Bpe {
+    type Target = tokenizers::Tokenizer;
+    fn deref(&self) -> &tokenizers::Tokenizer {
+        &self.hf
+    }
 }
 
 /// Encodes text as [`Tokenizer::encode`] does, faster for a long stream of text: byte-level BPE
@@ -42,18 +64,30 @@ impl Encoder<'_> {
             None => self.tokenizer.encode(text),
         }
     }
+
+    /// The token a document starts with (see [`Tokenizer::start_of_text`]).
+    pub fn start_of_text(&self) -> Option<u32> {
+        self.tokenizer.start_of_text()
+    }
 }
 
 /// `tokenizer.json`: a tag, then the char table or Hugging Face's own tokenizer JSON.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 enum TokenizerFile {
-    Char { itos: Vec<char> },
-    Bpe { tokenizer: serde_json::Value },
+    Char {
+        itos: Vec<char>,
+        /// Special tokens' texts, ids after the characters' (none in runs made before them).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        specials: Vec<String>,
+    },
+    Bpe {
+        tokenizer: serde_json::Value,
+    },
 }
 
 impl Tokenizer {
-    /// Learns a tokenizer of `kind` from `text`.
+    /// Learns a tokenizer of `kind` from `text`, with tinygpt's special tokens.
     pub fn train(kind: TokenizerKind, text: &str, bpe_vocab_size: usize) -> Result<Self> {
         match kind {
             TokenizerKind::Char => Ok(Self::from_char_set(text.chars().collect())),
@@ -61,20 +95,37 @@ impl Tokenizer {
         }
     }
 
-    /// A char tokenizer of these characters (ids in sorted order).
+    /// A char tokenizer of these characters (ids in sorted order), then tinygpt's special
+    /// tokens.
     pub fn from_char_set(chars: BTreeSet<char>) -> Self {
-        Self::from_chars(chars.into_iter().collect())
+        let specials = special::OWN.iter().map(|s| s.to_string()).collect();
+        Self::from_chars(chars.into_iter().collect(), specials)
     }
 
-    /// Learns byte-level BPE with `vocab_size` tokens from `chunks` (pieces of text each cut
-    /// between words, e.g. at a newline).
+    /// Learns byte-level BPE with `vocab_size` tokens in all from `chunks` (pieces of text each
+    /// cut between words, e.g. at a newline): the learnt ones, then tinygpt's special tokens.
     pub fn train_bpe<S: AsRef<str> + Sync>(chunks: &[S], vocab_size: usize) -> Result<Self> {
-        Ok(Self::Bpe(Box::new(byte_level_bpe::learn(
-            chunks, vocab_size,
-        )?)))
+        let learnt = vocab_size.saturating_sub(special::OWN.len());
+        let mut hf = byte_level_bpe::learn(chunks, learnt)?;
+        let own = special::OWN.map(|s| tokenizers::AddedToken::from(s, true));
+        hf.add_special_tokens(own)
+            .map_err(|e| anyhow!("adding the special tokens failed: {e}"))?;
+        Ok(Self::bpe(hf))
     }
 
-    fn from_chars(itos: Vec<char>) -> Self {
+    /// `hf` as a tokenizer whose plain [`encode`](Self::encode) never gives a special token.
+    fn bpe(mut hf: tokenizers::Tokenizer) -> Self {
+        hf.set_encode_special_tokens(true);
+        let specials = hf_json::specials_of(&hf);
+        Self::Bpe(Box::new(Bpe { hf, specials }))
+    }
+
+    fn from_chars(itos: Vec<char>, specials: Vec<String>) -> Self {
+        let specials = specials
+            .iter()
+            .enumerate()
+            .map(|(i, text)| Special::new(text, (itos.len() + i) as u32))
+            .collect();
         let stoi: HashMap<char, u32> = itos
             .iter()
             .enumerate()
@@ -86,7 +137,12 @@ impl Tokenizer {
                 ascii[c as usize] = id;
             }
         }
-        Self::Char { itos, stoi, ascii }
+        Self::Char {
+            itos,
+            stoi,
+            ascii,
+            specials,
+        }
     }
 
     /// The `data.tokenizer` setting that makes this kind of tokenizer.
@@ -106,13 +162,50 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         match self {
-            Self::Char { itos, .. } => itos.len(),
+            Self::Char { itos, specials, .. } => itos.len() + specials.len(),
             Self::Bpe(t) => t.get_vocab_size(true),
         }
     }
 
-    /// Token ids of `text`. For `char`, a character the tokenizer never saw is an error naming
-    /// it and its position.
+    /// The special tokens, by id.
+    pub fn specials(&self) -> &[Special] {
+        match self {
+            Self::Char { specials, .. } => specials,
+            Self::Bpe(t) => &t.specials,
+        }
+    }
+
+    /// The id of the special token `text`.
+    pub fn special_id(&self, text: &str) -> Option<u32> {
+        self.specials()
+            .iter()
+            .find(|s| s.text == text)
+            .map(|s| s.id)
+    }
+
+    /// The token every document starts with, and an export's BOS and EOS: tinygpt's end of
+    /// text, or an imported tokenizer's BOS (none in char runs made before special tokens).
+    pub fn start_of_text(&self) -> Option<u32> {
+        special::start_of_text(self.specials())
+    }
+
+    /// The token that ends a text: an export's EOS (tinygpt's end of text, or an imported
+    /// tokenizer's EOS).
+    pub fn end_of_text(&self) -> Option<u32> {
+        special::end_of_text(self.specials())
+    }
+
+    /// The text of special token `id`.
+    pub fn special_text(&self, id: Option<u32>) -> Option<&str> {
+        let id = id?;
+        self.specials()
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.text.as_str())
+    }
+
+    /// Token ids of `text`, never a special token (text that spells one is text). For `char`, a
+    /// character the tokenizer never saw is an error naming it and its position.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             // ASCII text (most of it) through the table alone; an unknown byte falls through to
@@ -133,12 +226,25 @@ impl Tokenizer {
         }
     }
 
+    /// Token ids of `text` with each special token it spells as that token: how a rendered
+    /// conversation, a prompt or a stop text is read (as transformers reads them).
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for piece in special::pieces(text, self.specials()) {
+            match piece {
+                Piece::Text(text) => ids.extend(self.encode(text)?),
+                Piece::Special(id) => ids.push(id),
+            }
+        }
+        Ok(ids)
+    }
+
     /// An encoder for long texts, with its own state (BPE: a word cache); one per thread.
     pub fn encoder(&self) -> Encoder<'_> {
         Encoder {
             tokenizer: self,
             bpe: match self {
-                Self::Bpe(t) => BpeEncoder::new(t),
+                Self::Bpe(t) => BpeEncoder::new(&t.hf),
                 Self::Char { .. } => None,
             },
         }
@@ -153,14 +259,20 @@ impl Tokenizer {
     /// Text of `ids`.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {
-            Self::Char { itos, .. } => ids
-                .iter()
-                .map(|&id| {
-                    itos.get(id as usize)
-                        .copied()
-                        .ok_or_else(|| anyhow!("token id {id} is outside the vocabulary"))
-                })
-                .collect(),
+            Self::Char { itos, specials, .. } => {
+                let mut text = String::with_capacity(ids.len());
+                for &id in ids {
+                    let i = id as usize;
+                    if let Some(&c) = itos.get(i) {
+                        text.push(c);
+                    } else if let Some(s) = specials.get(i - itos.len()) {
+                        text.push_str(&s.text);
+                    } else {
+                        bail!("token id {id} is outside the vocabulary");
+                    }
+                }
+                Ok(text)
+            }
             Self::Bpe(t) => t
                 .decode(ids, false)
                 .map_err(|e| anyhow!("BPE decoding failed: {e}")),
@@ -168,8 +280,11 @@ impl Tokenizer {
     }
 
     /// Units of text token `id` stands for: 1 character (char) or its bytes (byte-level BPE,
-    /// whose token strings spell one byte per character).
+    /// whose token strings spell one byte per character); none for a special token.
     pub fn units(&self, id: u32) -> usize {
+        if self.specials().iter().any(|s| s.id == id) {
+            return 0;
+        }
         match self {
             Self::Char { .. } => 1,
             Self::Bpe(t) => t.id_to_token(id).map_or(1, |s| s.chars().count()),
@@ -184,7 +299,8 @@ impl Tokenizer {
         }
     }
 
-    /// The char table (`itos`), for nanoGPT's meta.pkl maps; `None` for BPE.
+    /// The char table (`itos`, the special tokens after it), for nanoGPT's meta.pkl maps;
+    /// `None` for BPE.
     pub fn chars(&self) -> Option<&[char]> {
         match self {
             Self::Char { itos, .. } => Some(itos),
@@ -192,72 +308,14 @@ impl Tokenizer {
         }
     }
 
-    /// A Hugging Face `tokenizer.json` file. One that spells a char vocabulary (as
-    /// [`to_hf_json`](Self::to_hf_json) writes it) becomes a char tokenizer again, so unknown
-    /// characters stay errors.
-    pub fn from_hf_file(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        // JSON first: `tokenizers` panics on a syntax error inside `decoder` when it parses
-        // the text itself.
-        let tokenizer = serde_json::from_str(&text)
-            .and_then(serde_json::from_value::<tokenizers::Tokenizer>)
-            .map_err(|e| {
-                anyhow!(
-                    "{} is not a Hugging Face tokenizer.json ({e})",
-                    path.display()
-                )
-            })?;
-        Ok(match char_vocabulary(&tokenizer) {
-            Some(itos) => Self::from_chars(itos),
-            None => Self::Bpe(Box::new(tokenizer)),
-        })
-    }
-
-    /// This tokenizer as a Hugging Face `tokenizer.json`. A char vocabulary is written as a
-    /// BPE model without merges or pre-tokenizer (each character is one token, its id
-    /// tinygpt's) and a `Fuse` decoder (ids back to text with nothing between).
-    pub fn to_hf_json(&self) -> Result<String> {
-        let value = match self {
-            Self::Bpe(t) => serde_json::to_value(t.as_ref())?,
-            Self::Char { itos, .. } => {
-                let vocab: serde_json::Map<String, serde_json::Value> = itos
-                    .iter()
-                    .enumerate()
-                    .map(|(id, c)| (c.to_string(), id.into()))
-                    .collect();
-                serde_json::json!({
-                    "version": "1.0",
-                    "truncation": null,
-                    "padding": null,
-                    "added_tokens": [],
-                    "normalizer": null,
-                    "pre_tokenizer": null,
-                    "post_processor": null,
-                    "decoder": {"type": "Fuse"},
-                    "model": {
-                        "type": "BPE",
-                        "dropout": null,
-                        "unk_token": null,
-                        "continuing_subword_prefix": null,
-                        "end_of_word_suffix": null,
-                        "fuse_unk": false,
-                        "byte_fallback": false,
-                        "ignore_merges": false,
-                        "vocab": vocab,
-                        "merges": [],
-                    },
-                })
-            }
-        };
-        Ok(serde_json::to_string_pretty(&value)?)
-    }
-
     pub fn to_json(&self) -> Result<String> {
         let file = match self {
-            Self::Char { itos, .. } => TokenizerFile::Char { itos: itos.clone() },
+            Self::Char { itos, specials, .. } => TokenizerFile::Char {
+                itos: itos.clone(),
+                specials: specials.iter().map(|s| s.text.clone()).collect(),
+            },
             Self::Bpe(t) => TokenizerFile::Bpe {
-                tokenizer: serde_json::to_value(t.as_ref())?,
+                tokenizer: serde_json::to_value(&t.hf)?,
             },
         };
         Ok(serde_json::to_string_pretty(&file)?)
@@ -267,44 +325,18 @@ impl Tokenizer {
         let file: TokenizerFile =
             serde_json::from_str(text).context("tokenizer.json is invalid")?;
         match file {
-            TokenizerFile::Char { itos } => {
+            TokenizerFile::Char { itos, specials } => {
                 if itos.is_empty() {
                     bail!("tokenizer.json has an empty vocabulary");
                 }
-                Ok(Self::from_chars(itos))
+                Ok(Self::from_chars(itos, specials))
             }
-            TokenizerFile::Bpe { tokenizer } => Ok(Self::Bpe(Box::new(
+            TokenizerFile::Bpe { tokenizer } => Ok(Self::bpe(
                 serde_json::from_value(tokenizer)
                     .context("tokenizer.json: invalid BPE tokenizer")?,
-            ))),
+            )),
         }
     }
-}
-
-/// The characters, by id, of a tokenizer that is a char vocabulary: BPE without merges,
-/// normalizer or pre-tokenizer, a `Fuse` decoder, and one character per token.
-fn char_vocabulary(tokenizer: &tokenizers::Tokenizer) -> Option<Vec<char>> {
-    let value = serde_json::to_value(tokenizer).ok()?;
-    let model = value.get("model")?;
-    let plain = model.get("type")? == "BPE"
-        && model.get("merges")?.as_array()?.is_empty()
-        && value.get("normalizer")?.is_null()
-        && value.get("pre_tokenizer")?.is_null()
-        && value.get("decoder")?.get("type")? == "Fuse"
-        && value.get("added_tokens")?.as_array()?.is_empty();
-    if !plain {
-        return None;
-    }
-    let vocab = model.get("vocab")?.as_object()?;
-    let mut itos = vec![None; vocab.len()];
-    for (token, id) in vocab {
-        let mut chars = token.chars();
-        let (Some(c), None) = (chars.next(), chars.next()) else {
-            return None;
-        };
-        *itos.get_mut(usize::try_from(id.as_u64()?).ok()?)? = Some(c);
-    }
-    itos.into_iter().collect()
 }
 
 /// [`Tokenizer::encode`] for `char`, a character at a time; the error names the first
@@ -390,6 +422,57 @@ mod tests {
             back.encode("the cat").unwrap(),
             bpe.encode("the cat").unwrap()
         );
+    }
+
+    #[test]
+    fn special_tokens_are_never_read_out_of_plain_text() {
+        let corpus = "<|endoftext|> the cat sat. ".repeat(40);
+        for kind in [TokenizerKind::Char, TokenizerKind::Bpe] {
+            let t = Tokenizer::train(kind, &corpus, 300).unwrap();
+            if kind == TokenizerKind::Bpe {
+                assert!(
+                    t.vocab_size() <= 300,
+                    "the specials are inside the size asked for"
+                );
+            }
+            let ids: Vec<u32> = special::OWN
+                .iter()
+                .map(|s| t.special_id(s).unwrap())
+                .collect();
+            let first = t.vocab_size() - special::OWN.len();
+            assert_eq!(
+                ids,
+                (first as u32..t.vocab_size() as u32).collect::<Vec<_>>()
+            );
+            let eot = ids[0];
+            assert_eq!((t.start_of_text(), t.end_of_text()), (Some(eot), Some(eot)));
+            // Text that spells a special token is text; read with specials, it is the token.
+            let text = "the <|endoftext|>cat";
+            let plain = t.encode(text).unwrap();
+            assert!(
+                !plain.iter().any(|id| ids.contains(id)),
+                "{kind:?}: {plain:?}"
+            );
+            assert_eq!(t.decode(&plain).unwrap(), text);
+            let marked = t.encode_with_specials(text).unwrap();
+            let mut expected = t.encode("the ").unwrap();
+            expected.push(eot);
+            expected.extend(t.encode("cat").unwrap());
+            assert_eq!(marked, expected, "{kind:?}");
+            // They survive decoding, stand for no units of text, and round-trip the files.
+            assert_eq!(t.decode(&marked).unwrap(), text);
+            assert_eq!(t.units(eot), 0);
+            let back = Tokenizer::from_json(&t.to_json().unwrap()).unwrap();
+            assert_eq!(back.specials(), t.specials());
+            assert_eq!(back.encode(text).unwrap(), plain);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tokenizer.json");
+            std::fs::write(&path, t.to_hf_json().unwrap()).unwrap();
+            let hf = Tokenizer::from_hf_file(&path).unwrap();
+            assert_eq!(hf.kind(), t.kind());
+            assert_eq!(hf.specials(), t.specials());
+            assert_eq!(hf.encode_with_specials(text).unwrap(), marked);
+        }
     }
 
     #[test]

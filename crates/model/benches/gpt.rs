@@ -1,9 +1,10 @@
 //! `cargo bench -p tinygpt-model`: one training step's forward + backward of nanoGPT's baby
-//! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends.
+//! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends;
+//! and the fused decoder's batched decoding (a server's streams), 1 to 32 at once.
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tinygpt_model::{GenerateOptions, GptConfig, cross_entropy};
+use tinygpt_model::{FusedBatch, GenerateOptions, GptConfig, cross_entropy};
 
 #[allow(deprecated)] // burn-ndarray is deprecated upstream; still one of tinygpt's backends.
 fn backends() -> [(&'static str, Device); 2] {
@@ -52,5 +53,33 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Tokens per second of `streams` streams decoded together, one token each a step, over the
+/// first half of the block (each step attends to the stream's cache so far).
+fn batched_decoding(c: &mut Criterion) {
+    let config = GptConfig::baby(65);
+    let model = config.init(&Device::flex()).unwrap();
+    let steps = config.block_size / 2;
+    let mut group = c.benchmark_group("gpt/baby/fused-batch-decode");
+    for streams in [1, 8, 32] {
+        let mut batch = FusedBatch::new(&model, streams).unwrap();
+        let tokens: Vec<[u32; 1]> = (0..streams).map(|s| [(s % 65) as u32]).collect();
+        group.throughput(Throughput::Elements((streams * steps) as u64));
+        group.bench_function(BenchmarkId::from_parameter(streams), |b| {
+            b.iter(|| {
+                (0..streams).for_each(|s| batch.clear(s));
+                for _ in 0..steps {
+                    let feeds: Vec<(usize, &[u32])> = tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(s, t)| (s, &t[..]))
+                        .collect();
+                    batch.step(&feeds).unwrap();
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, batched_decoding);
 criterion_main!(benches);

@@ -6,12 +6,12 @@ use std::ops::ControlFlow;
 use burn::tensor::{Tensor, TensorData};
 use tinygpt_attention::KvCache;
 
+use crate::continuation::Continuation;
 use crate::device_pick::{Pick, Picked};
 use crate::draw::Sampled;
 use crate::error::{GenerateError, ModelError};
 use crate::gpt::Gpt;
 use crate::options::GenerateOptions;
-use crate::sampler::Sampler;
 
 /// A model [`generate`] can sample from: it keeps the keys and values of the tokens fed so far
 /// (a KV cache of one sequence) and gives the logits of the token after them.
@@ -75,59 +75,33 @@ pub fn generate_cancellable(
     options: &GenerateOptions,
     mut on_token: impl FnMut(&Sampled) -> ControlFlow<()>,
 ) -> Result<Vec<u32>, GenerateError> {
-    options.check(prompt, decoder.vocab_size())?;
-    let mut sampler = Sampler::new(options, decoder.vocab_size());
-    let mut tokens = prompt.to_vec();
-    // Where the window the cache holds starts in `tokens`.
-    let mut window_start = 0;
+    let mut c = Continuation::new(prompt, options, decoder.block_size(), decoder.vocab_size())?;
     decoder.clear();
-    let mut generated: Vec<Sampled> = Vec::new();
-    let mut streamed = 0;
-    for _ in 0..options.max_new_tokens {
-        let start = window(tokens.len(), window_start, decoder.block_size(), options);
-        if start != window_start || !options.use_cache {
+    while c.finished().is_none() {
+        let feed = c.feed(decoder.cached());
+        if feed.clear {
             decoder.clear();
-            window_start = start;
         }
-        let fed = start + decoder.cached();
-        let device_pick = match decoder.picks_on_device() {
-            true => sampler.device_pick(decoder.vocab_size()),
+        let pick = match decoder.picks_on_device() {
+            true => c.device_pick(),
             false => None,
         };
-        let next = match device_pick {
+        let fed = &c.tokens()[feed.from..];
+        let ready = match pick {
             Some(pick) => {
-                let picked = decoder.feed_and_pick(&tokens[fed..], &pick)?;
-                if !picked.finite {
-                    let position = tokens.len() - 1;
-                    return Err(GenerateError::NonFiniteLogits { position });
-                }
-                sampler.record(picked.id);
-                picked.sampled()
+                let picked = decoder.feed_and_pick(fed, &pick)?;
+                c.accept_picked(picked)?
             }
             None => {
-                let logits = finite(decoder.feed(&tokens[fed..])?, tokens.len() - 1)?;
-                sampler.next(&logits, &tokens[start..])
+                let logits = decoder.feed(fed)?;
+                c.accept(&logits)?
             }
         };
-        tokens.push(next.id);
-        generated.push(next);
-        let new = &tokens[prompt.len()..];
-        if let Some(stop) = options.stop.iter().find(|s| new.ends_with(s)) {
-            generated.truncate(generated.len() - stop.len());
-            break;
-        }
-        let ready = new.len() - held_back(&new[streamed..], &options.stop);
-        let flow = generated[streamed..ready]
-            .iter()
-            .try_for_each(&mut on_token);
-        streamed = ready;
-        if flow.is_break() {
-            generated.truncate(streamed);
-            return Ok(generated.iter().map(|t| t.id).collect());
+        if c.sampled()[ready].iter().any(|t| on_token(t).is_break()) {
+            return Ok(c.cancel());
         }
     }
-    let _ = generated[streamed..].iter().try_for_each(&mut on_token);
-    Ok(generated.iter().map(|t| t.id).collect())
+    Ok(c.into_tokens())
 }
 
 /// What the model thinks of `tokens`: for each token after the first, its log-probability given
@@ -161,21 +135,6 @@ fn finite(logits: Vec<f32>, position: usize) -> Result<Vec<f32>, GenerateError> 
     match logits.iter().all(|l| l.is_finite()) {
         true => Ok(logits),
         false => Err(GenerateError::NonFiniteLogits { position }),
-    }
-}
-
-/// Where the context of the next step starts in a sequence of `len` tokens whose cached window
-/// starts at `current`: the last `block_size` tokens (sliding by one, nanoGPT's rule), or with
-/// [`GenerateOptions::context_shift`] the same start until the window is full, then the last
-/// half block.
-fn window(len: usize, current: usize, block_size: usize, options: &GenerateOptions) -> usize {
-    let sliding = len.saturating_sub(block_size);
-    if !options.context_shift || !options.use_cache {
-        return sliding;
-    }
-    match len - current > block_size {
-        true => len - (block_size / 2).max(1),
-        false => current.max(sliding),
     }
 }
 
@@ -270,20 +229,10 @@ fn last_row(logits: Tensor<3>) -> Tensor<1> {
         .reshape([vocab])
 }
 
-/// How many trailing tokens of `pending` could still grow into a stop sequence.
-fn held_back(pending: &[u32], stops: &[Vec<u32>]) -> usize {
-    (1..=pending.len())
-        .rev()
-        .find(|&n| {
-            let tail = &pending[pending.len() - n..];
-            stops.iter().any(|s| s.len() > n && s.starts_with(tail))
-        })
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::continuation::held_back;
 
     fn opts() -> GenerateOptions {
         GenerateOptions::default()

@@ -23,6 +23,7 @@
 mod block;
 mod clip;
 mod config;
+mod continuation;
 mod cpu;
 mod device_pick;
 mod draw;
@@ -41,9 +42,11 @@ mod sampler;
 pub use block::{Block, Mlp};
 pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
 pub use config::{Activation, GptConfig};
+pub use continuation::{Continuation, Feed, Finish};
 pub use cpu::{
-    AdamWSettings, FusedCpu, FusedDecoder, FusedError, MomentState, MuonSettings, NEWTON_SCHULZ,
-    NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, TokenBatch, VelocityState, fused_support,
+    AdamWSettings, FusedBatch, FusedCpu, FusedDecoder, FusedError, MomentState, MuonSettings,
+    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, TokenBatch, VelocityState,
+    fused_support,
 };
 pub use device_pick::{Pick, Picked};
 pub use draw::Sampled;

@@ -11,16 +11,16 @@ use crate::options::GenerateOptions;
 
 /// The sampling state of one generation: its random numbers and how often each token has been
 /// generated so far (what the frequency and presence penalties count).
-pub(crate) struct Sampler<'a> {
-    options: &'a GenerateOptions,
+pub(crate) struct Sampler {
+    options: GenerateOptions,
     rng: StdRng,
     counts: Vec<u32>,
 }
 
-impl<'a> Sampler<'a> {
-    pub fn new(options: &'a GenerateOptions, vocab_size: usize) -> Self {
+impl Sampler {
+    pub fn new(options: &GenerateOptions, vocab_size: usize) -> Self {
         Self {
-            options,
+            options: options.clone(),
             rng: StdRng::seed_from_u64(options.seed),
             counts: vec![0; vocab_size],
         }
@@ -31,7 +31,7 @@ impl<'a> Sampler<'a> {
     /// (penalties, biases, top-p, alternatives' log-probabilities). Then [`Self::record`] the
     /// token.
     pub fn device_pick(&mut self, vocab: usize) -> Option<Pick> {
-        let o = self.options;
+        let o = &self.options;
         let host_only = o.repetition_penalty != 1.0
             || o.frequency_penalty != 0.0
             || o.presence_penalty != 0.0
@@ -64,8 +64,8 @@ impl<'a> Sampler<'a> {
     /// The token after `context` (the tokens the model saw), picked from `logits`.
     pub fn next(&mut self, logits: &[f32], context: &[u32]) -> Sampled {
         let mut adjusted = logits.to_vec();
-        penalise(&mut adjusted, context, &self.counts, self.options);
-        let id = pick(adjusted, self.options, &mut self.rng);
+        penalise(&mut adjusted, context, &self.counts, &self.options);
+        let id = pick(adjusted, &self.options, &mut self.rng);
         self.record(id);
         Sampled::observe(logits, id, self.options.top_logprobs)
     }

@@ -6,7 +6,10 @@ mod common;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
-use tinygpt_model::{Decoder, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, generate};
+use tinygpt_model::{
+    Continuation, Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError,
+    generate,
+};
 
 fn tokens(len: usize, vocab: usize) -> Vec<u32> {
     (0..len as u64)
@@ -179,4 +182,125 @@ fn bad_inputs_are_errors() {
     );
     // A failed feed leaves the cache as it was.
     assert_eq!(decoder.cached(), 20);
+}
+
+/// Streams decoded together in a [`FusedBatch`] get, at every step, exactly (bit for bit) the
+/// logits each gets alone in a [`FusedDecoder`] fed the same: streams join late, one starts from
+/// a one-token prompt, one is cleared and rebuilt from a window while the others decode.
+#[test]
+fn a_batch_gives_each_stream_the_logits_it_gets_alone() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in configs() {
+        let gpt = config.init(&device).unwrap();
+        let vocab = config.vocab_size;
+        let mut batch = FusedBatch::new(&gpt, 3).unwrap();
+        let mut alone: Vec<FusedDecoder> =
+            (0..3).map(|_| FusedDecoder::new(&gpt).unwrap()).collect();
+        let text: Vec<Vec<u32>> = (0..3)
+            .map(|s| tokens(config.block_size + 7 * s, vocab)[7 * s..].to_vec())
+            .collect();
+        // (step, stream, tokens fed): each stream's first feed is its prompt.
+        let mut at = [0usize; 3];
+        for step in 0..14 {
+            let mut feeds: Vec<(usize, Vec<u32>)> = Vec::new();
+            for (s, (joins, prompt)) in [(0, 5), (2, 1), (3, 7)].into_iter().enumerate() {
+                if step < joins {
+                    continue;
+                }
+                let n = if step == joins { prompt } else { 1 };
+                if s == 1 && step == 9 {
+                    // A rebuild: the cache emptied, the last 4 tokens fed again as a window.
+                    batch.clear(1);
+                    alone[1].clear();
+                    feeds.push((1, text[1][at[1] - 3..=at[1]].to_vec()));
+                    at[1] += 1;
+                    continue;
+                }
+                feeds.push((s, text[s][at[s]..at[s] + n].to_vec()));
+                at[s] += n;
+            }
+            let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+            let logits = batch.step(&refs).unwrap().to_vec();
+            for (i, (s, fed)) in feeds.iter().enumerate() {
+                let want = alone[*s].feed(fed).unwrap();
+                assert_eq!(
+                    &logits[i * vocab..(i + 1) * vocab],
+                    &want[..],
+                    "{config:?}: step {step}, stream {s}"
+                );
+                assert_eq!(batch.cached(*s), alone[*s].cached());
+            }
+        }
+    }
+}
+
+/// Generations advanced step by step through one batch ([`Continuation`]) write the tokens
+/// `generate` writes for each alone, with the same seeds: sampling, penalties, a stop sequence,
+/// and the window sliding past `block_size` (exactly, and with the context shift).
+#[test]
+fn batched_generations_write_what_each_writes_alone() {
+    let _seeded = seeded();
+    let config = GptConfig::new(13)
+        .with_block_size(16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32);
+    let gpt = config.init(&Device::flex()).unwrap();
+    // Two runs may end at a stop sequence; the other two write 40 tokens, past the window.
+    let options = |seed: u64, shift: bool, stop: Vec<Vec<u32>>| GenerateOptions {
+        max_new_tokens: 40,
+        temperature: 1.0,
+        top_k: Some(8),
+        seed,
+        context_shift: shift,
+        frequency_penalty: 0.3,
+        stop,
+        ..GenerateOptions::default()
+    };
+    let runs: Vec<(Vec<u32>, GenerateOptions)> = (0..4)
+        .map(|i| {
+            let stop = if i < 2 { vec![vec![3, 4]] } else { Vec::new() };
+            (tokens(3 + 4 * i, 13), options(i as u64, i % 2 == 1, stop))
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = runs
+        .iter()
+        .map(|(prompt, o)| {
+            generate(&mut FusedDecoder::new(&gpt).unwrap(), prompt, o, |_| {}).unwrap()
+        })
+        .collect();
+    let mut batch = FusedBatch::new(&gpt, runs.len()).unwrap();
+    let mut live: Vec<(usize, Continuation)> = runs
+        .iter()
+        .enumerate()
+        .map(|(s, (prompt, o))| (s, Continuation::new(prompt, o, 16, 13).unwrap()))
+        .collect();
+    let mut got = vec![Vec::new(); runs.len()];
+    while !live.is_empty() {
+        let feeds: Vec<(usize, Vec<u32>)> = live
+            .iter_mut()
+            .map(|(s, c)| {
+                let feed = c.feed(batch.cached(*s));
+                if feed.clear {
+                    batch.clear(*s);
+                }
+                (*s, c.tokens()[feed.from..].to_vec())
+            })
+            .collect();
+        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+        let logits = batch.step(&refs).unwrap().to_vec();
+        for (i, (_, c)) in live.iter_mut().enumerate() {
+            c.accept(&logits[i * 13..(i + 1) * 13]).unwrap();
+        }
+        live.retain_mut(|(s, c)| {
+            if c.finished().is_none() {
+                return true;
+            }
+            got[*s] = c.sampled().iter().map(|t| t.id).collect();
+            false
+        });
+    }
+    assert_eq!(got, want);
+    assert!(want[2..].iter().all(|w| w.len() == 40));
 }

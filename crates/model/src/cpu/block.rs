@@ -13,7 +13,7 @@
 //! KV cache), which they pass in. A block feature is written here once.
 
 use super::attention::{self, Shape};
-use super::matmul::{View, linear, matmul};
+use super::matmul::{View, linear, matmul, rows_times_matrix};
 use super::norm::{self, Normed};
 use super::params::BlockParams;
 use super::{Act, Dims, gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
@@ -97,18 +97,41 @@ pub(super) struct Heads<'a> {
 
 /// What a block computes with besides its weights: the model's sizes and parts, the rotary
 /// tables, and where its rows sit (row `r` at position `first + r % period`: whole sequences in
-/// training, the rows after the cache in decoding).
+/// training, the rows after the cache in decoding; or, with `streams`, each row a stream of its
+/// own at position `streams[r]`: batched decoding).
 #[derive(Clone, Copy)]
 pub(super) struct Ctx<'a> {
     pub dims: &'a Dims,
     pub rope: &'a rope::Tables,
     pub first: usize,
     pub period: usize,
+    pub streams: Option<&'a [usize]>,
 }
 
 impl Ctx<'_> {
     fn position(&self, row: usize) -> usize {
-        self.first + row % self.period
+        match self.streams {
+            Some(positions) => positions[row],
+            None => self.first + row % self.period,
+        }
+    }
+
+    /// A linear layer over the rows; separate streams each as if alone.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        rows: usize,
+        n_in: usize,
+        n_out: usize,
+    ) {
+        match self.streams {
+            Some(_) => rows_times_matrix(&mut out[..rows * n_out], &x[..rows * n_in], w, b, n_in),
+            None => linear(out, x, w, b, rows, n_in, n_out),
+        }
     }
 }
 
@@ -130,7 +153,7 @@ pub(super) fn forward(
         rstd: &mut a.ln_1_rstd,
     };
     norm::forward(d.norm, ln_1, x, &p.ln_1_gamma, &p.ln_1_beta, d.epsilon);
-    linear(
+    ctx.linear(
         &mut a.qkv,
         &a.ln_1,
         &p.c_attn_w,
@@ -146,7 +169,7 @@ pub(super) fn forward(
         att: &mut a.att,
         att_mask: &a.att_mask,
     });
-    linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
+    ctx.linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
     let Some(activation) = d.activation else {
@@ -161,14 +184,14 @@ pub(super) fn forward(
     };
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
     let fc = d.fc_width;
-    linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
+    ctx.linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
     match activation {
         Act::Gelu => gelu::forward(&mut a.act, &a.fc),
         Act::GeluTanh => gelu_tanh::forward(&mut a.act, &a.fc),
         Act::Relu2 => relu2::forward(&mut a.act, &a.fc),
         Act::SwiGlu => swiglu::forward(&mut a.act, &a.fc, hidden),
     }
-    linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
+    ctx.linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
 }

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use super::attention::{self, Shape};
+use super::batch_decode::StreamCache;
 use super::block::{self, BlockActs, Ctx, Heads};
 use super::fast_math::{self, vectorized};
 use super::matmul::{dot, dot_lanes, linear};
@@ -35,9 +36,7 @@ pub struct FusedDecoder {
     weights: Params,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
     /// heads); rows `0..len` are filled.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-    len: usize,
+    cache: StreamCache,
     /// The residual stream of the rows being fed `[rows, width]`, into and out of a block.
     x: Vec<f32>,
     next: Vec<f32>,
@@ -64,9 +63,11 @@ impl FusedDecoder {
         Ok(Self {
             dims,
             weights: Params::read(gpt, Arc::new(ParamLayout::of(gpt))),
-            keys: vec![cache.clone(); gpt.h.len()],
-            values: vec![cache; gpt.h.len()],
-            len: 0,
+            cache: StreamCache {
+                keys: vec![cache.clone(); gpt.h.len()],
+                values: vec![cache; gpt.h.len()],
+                len: 0,
+            },
             x: Vec::new(),
             next: Vec::new(),
             acts: BlockActs::default(),
@@ -90,7 +91,7 @@ impl FusedDecoder {
                 vocab_size: self.dims.vocab,
             });
         }
-        let len = self.len + tokens.len();
+        let len = self.cache.len + tokens.len();
         if len > self.dims.block_size {
             return Err(AttentionError::SequenceTooLong {
                 len,
@@ -105,7 +106,7 @@ impl FusedDecoder {
     /// values to the cache; leaves the last row's logits in `self.logits`.
     fn forward(&mut self, tokens: &[u32]) {
         let d = self.dims;
-        let (c, rows, past) = (d.width, tokens.len(), self.len);
+        let (c, rows, past) = (d.width, tokens.len(), self.cache.len);
         self.x.resize(rows * c, 0.0);
         self.next.resize(rows * c, 0.0);
         // A whole window (a prompt, or the rebuild after the window slid) goes through the
@@ -117,7 +118,7 @@ impl FusedDecoder {
             self.weights.embed(x, tok as usize, past + r);
         }
         for l in 0..self.weights.blocks.len() {
-            let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
+            let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
             let scores = &mut self.scores;
             let p = &self.weights.blocks[l];
             let ctx = Ctx {
@@ -125,6 +126,7 @@ impl FusedDecoder {
                 rope: &self.rope,
                 first: past,
                 period: rows,
+                streams: None,
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
                 let cache = Cache {
@@ -141,7 +143,35 @@ impl FusedDecoder {
             std::mem::swap(&mut self.x, &mut self.next);
         }
         self.last_row_logits(rows);
-        self.len += rows;
+        self.cache.len += rows;
+    }
+
+    /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.
+    pub(super) fn empty_cache(&self) -> StreamCache {
+        StreamCache {
+            len: 0,
+            ..self.cache.clone()
+        }
+    }
+
+    /// Puts `cache` in place of this decoder's own (and its own in `cache`).
+    pub(super) fn swap_cache(&mut self, cache: &mut StreamCache) {
+        std::mem::swap(&mut self.cache, cache);
+    }
+
+    /// [`Decoder::feed`] of tokens already checked: the logits after them.
+    pub(super) fn feed_checked(&mut self, tokens: &[u32]) -> &[f32] {
+        self.forward(tokens);
+        &self.logits
+    }
+
+    pub(super) fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    /// The sizes, the weights and the rotary tables.
+    pub(super) fn parts(&self) -> (&Dims, &Params, &rope::Tables) {
+        (&self.dims, &self.weights, &self.rope)
     }
 
     /// The final norm and the LM head, for the last row only: only its next token is wanted.
@@ -238,11 +268,11 @@ impl Decoder for FusedDecoder {
     }
 
     fn cached(&self) -> usize {
-        self.len
+        self.cache.len
     }
 
     fn clear(&mut self) {
-        self.len = 0;
+        self.cache.len = 0;
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
@@ -260,7 +290,7 @@ vectorized! {
     /// `y [width] = softmax(q·Kᵀ/√d) · V` with `q [width]`, `keys`, `values [visible,
     /// kv_width]`; query head `h` reads key/value head `h / (heads / kv_heads)`. The cache holds
     /// only visible tokens, so no causal mask is needed.
-    fn attend(
+    pub(super) fn attend(
         y: &mut [f32],
         q: &[f32],
         keys: &[f32],

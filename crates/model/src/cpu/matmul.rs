@@ -157,6 +157,43 @@ vectorized! {
 }
 
 vectorized! {
+    /// `out [rows, n] = x [rows, k] · w [k, n] + b` for rows that are separate streams
+    /// (batched decoding): each row is computed exactly as [`vector_times_matrix`] computes it
+    /// alone, the same sums in the same order, so a row never depends on its neighbours; `w`
+    /// is read once for all of them, four of its rows at a time.
+    pub(crate) fn rows_times_matrix(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32], k: usize) {
+        let n = w.len() / k;
+        for row in out.chunks_exact_mut(n) {
+            if b.is_empty() {
+                row.fill(0.0);
+            } else {
+                row.copy_from_slice(b);
+            }
+        }
+        let mut w_rows = w.chunks_exact(4 * n);
+        let mut at = 0;
+        for w4 in &mut w_rows {
+            let (w0, rest) = w4.split_at(n);
+            let (w1, rest) = rest.split_at(n);
+            let (w2, w3) = rest.split_at(n);
+            for (out, x) in out.chunks_exact_mut(n).zip(x.chunks_exact(k)) {
+                let x4 = &x[at..at + 4];
+                for ((((o, a), b), c), d) in out.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
+                    *o += x4[0] * a + x4[1] * b + x4[2] * c + x4[3] * d;
+                }
+            }
+            at += 4;
+        }
+        for (i, row) in w_rows.remainder().chunks_exact(n).enumerate() {
+            for (out, x) in out.chunks_exact_mut(n).zip(x.chunks_exact(k)) {
+                let xi = x[at + i];
+                out.iter_mut().zip(row).for_each(|(o, w)| *o += xi * w);
+            }
+        }
+    }
+}
+
+vectorized! {
     /// `Σ a[i]·b[i]` over sixteen partial sums, so the loop vectorises (a single running sum
     /// must be added in order, which keeps it scalar).
     pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {

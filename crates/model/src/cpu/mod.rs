@@ -19,6 +19,7 @@
 
 mod adamw;
 mod attention;
+mod batch_decode;
 mod block;
 mod cross_entropy;
 mod decode;
@@ -53,6 +54,7 @@ use crate::loss::{IGNORE_INDEX, kept_targets};
 use crate::parts::{Mlp, Norm, Position};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
+pub use batch_decode::FusedBatch;
 pub use decode::FusedDecoder;
 pub use muon::{
     MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, VelocityState,

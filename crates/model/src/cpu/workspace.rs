@@ -163,6 +163,7 @@ impl Workspace {
             rope: &self.rope,
             first: 0,
             period: seq,
+            streams: None,
         };
         let maps = &mut self.scratch.maps;
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
@@ -232,6 +233,7 @@ impl Workspace {
             rope: &self.rope,
             first: 0,
             period: seq,
+            streams: None,
         };
         for l in (0..w.blocks.len()).rev() {
             let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);

@@ -45,6 +45,31 @@ pub trait Decoder {
     }
 }
 
+/// A decoder lent out is a decoder.
+impl<D: Decoder + ?Sized> Decoder for &mut D {
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+    fn cached(&self) -> usize {
+        (**self).cached()
+    }
+    fn clear(&mut self) {
+        (**self).clear()
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        (**self).feed(tokens)
+    }
+    fn picks_on_device(&self) -> bool {
+        (**self).picks_on_device()
+    }
+    fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
+        (**self).feed_and_pick(tokens, pick)
+    }
+}
+
 /// Continues `prompt` by up to `options.max_new_tokens` tokens, calling `on_token` with each one
 /// as soon as it is sampled (tokens that might begin a stop sequence are held back until they
 /// turn out not to). Returns the generated tokens, without the prompt or stop sequence.

@@ -37,10 +37,16 @@ pub fn decoder_for<'a>(
         EngineKind::Fused => Box::new(FusedDecoder::new(model)?),
         EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
     };
-    Ok(match tokens < inner.vocab_size() {
+    Ok(unpadded(inner, tokens))
+}
+
+/// `inner`, giving logits of the tokenizer's `tokens` ids only (a padded vocabulary's extra
+/// rows are no tokens).
+pub fn unpadded<'a>(inner: Box<dyn Decoder + 'a>, tokens: usize) -> Box<dyn Decoder + 'a> {
+    match tokens < inner.vocab_size() {
         true => Box::new(Unpadded { inner, tokens }),
         false => inner,
-    })
+    }
 }
 
 /// A decoder whose logits stop at the tokenizer's last id: a padded vocabulary's extra rows

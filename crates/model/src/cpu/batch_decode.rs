@@ -90,6 +90,18 @@ impl FusedBatch {
         self.streams[stream].len = 0;
     }
 
+    /// A decoder of the same weights outside the streams, for work of one sequence (scoring a
+    /// prompt); what it feeds leaves the streams' caches alone.
+    pub fn alone(&mut self) -> &mut FusedDecoder {
+        &mut self.single
+    }
+
+    /// Bytes of one stream's KV cache.
+    pub fn stream_bytes(&self) -> usize {
+        let d = self.dims();
+        2 * self.single.layers() * d.block_size * d.kv_width() * std::mem::size_of::<f32>()
+    }
+
     fn dims(&self) -> &Dims {
         self.single.dims()
     }

@@ -165,6 +165,10 @@ impl FusedDecoder {
         &self.logits
     }
 
+    pub(super) fn layers(&self) -> usize {
+        self.weights.blocks.len()
+    }
+
     pub(super) fn dims(&self) -> &Dims {
         &self.dims
     }

@@ -9,7 +9,7 @@ use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::chat::{ChatTemplate, TemplateFile};
 use tinygpt::run::checkpoint::Which;
-use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, serve};
+use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, batched, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
 ///
@@ -37,10 +37,14 @@ pub struct Args {
     /// variable TINYGPT_API_KEY, which other users of the machine cannot read from `ps`).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Generations at once, each on its own thread with its own KV cache (default: one per
-    /// core).
+    /// Worker threads (default: one per core). On the fused CPU decoder each decodes up to
+    /// --max-batch requests at once in one batch; on the other backends one at a time.
     #[arg(long, value_name = "N")]
     max_concurrent: Option<usize>,
+    /// Requests each worker decodes together, a row each, one token a step (the fused CPU
+    /// decoder; each row needs a KV cache of the model's block_size, checked at start).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_batch: usize,
     /// Requests that may wait for a free generation slot; beyond them, 429.
     #[arg(long, value_name = "N", default_value_t = 64)]
     queue: usize,
@@ -105,6 +109,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_concurrent: args
             .max_concurrent
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        max_batch: args.max_batch,
         queue: args.queue,
         max_tokens: args.max_tokens,
         max_prompt_tokens: args.max_prompt_tokens,
@@ -132,10 +137,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tokenizer: run.tokenizer,
     };
     let workers = options.max_concurrent;
+    let at_once = match batched(&model)? {
+        true => format!(
+            "{workers} workers, each a batch of up to {}",
+            options.max_batch
+        ),
+        false => format!("{workers} at once"),
+    };
     let chat = options.chat_template.describe();
     serve(name.clone(), model, options, |addr| {
         println!(
-            "tinygpt: serving {name} on http://{addr} ({workers} at once, chat as a {chat}); \
+            "tinygpt: serving {name} on http://{addr} ({at_once}, chat as a {chat}); \
              playground at http://{addr}/"
         );
     })?;

@@ -183,7 +183,7 @@ fn run_choice(
 }
 
 /// The prompt as text, with each token's log-probability when asked (one forward over it).
-fn echo(
+pub(super) fn echo(
     decoder: &mut dyn Decoder,
     tokenizer: &Tokenizer,
     job: &Generation,
@@ -209,7 +209,7 @@ fn echo(
 }
 
 /// `sampled` with its tokens as text.
-fn described(tokenizer: &Tokenizer, sampled: &Sampled) -> TokenLogprob {
+pub(super) fn described(tokenizer: &Tokenizer, sampled: &Sampled) -> TokenLogprob {
     TokenLogprob {
         text: tokenizer.piece(sampled.id),
         logprob: Some(sampled.logprob),

@@ -3,13 +3,15 @@
 //!
 //! Requests arrive on tokio's threads (axum: [`routes`], [`completions`], [`chat`],
 //! [`tokenize`], [`attention`]); requests are checked field by field ([`fields`]). The model
-//! runs only on a fixed pool of worker threads ([`pool`], [`generation`]), each with its own KV
-//! cache, fed from a bounded queue: when the queue is full a request gets 429 at once instead
-//! of waiting without bound. Answers go back whole or streamed ([`reply`]). A client that
+//! runs only on a fixed pool of worker threads ([`pool`]), fed from a bounded queue: when the
+//! queue is full a request gets 429 at once instead of waiting without bound. On the fused CPU
+//! decoder a worker decodes many requests in one batch ([`batcher`]); elsewhere one at a time
+//! ([`generation`]). Answers go back whole or streamed ([`reply`]). A client that
 //! disconnects drops its event channel, and its generation stops at the next token.
 
 mod api;
 mod attention;
+mod batcher;
 mod chat;
 mod completions;
 mod connections;
@@ -34,7 +36,7 @@ use anyhow::{Context, Result, bail};
 
 pub use connections::ConnectionLimits;
 pub(crate) use playground::file as compiled_file;
-pub use pool::{Model, Stats};
+pub use pool::{Model, Stats, batched};
 pub(crate) use routes::{bearer_token, key_matches};
 
 use crate::chat::{ChatTemplate, Message};
@@ -47,8 +49,10 @@ pub struct ServeOptions {
     /// Required as `Authorization: Bearer KEY` on every `/v1` route when set. A server that
     /// listens beyond the loopback interface must have one.
     pub api_key: Option<String>,
-    /// Generations at once (worker threads, each with its own KV cache).
+    /// Worker threads (each with its own KV caches).
     pub max_concurrent: usize,
+    /// Requests each worker decodes at once in one batch, on the fused CPU decoder.
+    pub max_batch: usize,
     /// Requests that may wait for a worker; beyond that, 429.
     pub queue: usize,
     /// The largest `max_tokens` a request may ask for.
@@ -83,6 +87,7 @@ impl ServeOptions {
         }
         for (flag, value) in [
             ("--max-concurrent", self.max_concurrent),
+            ("--max-batch", self.max_batch),
             ("--max-tokens", self.max_tokens),
             ("--max-prompt-tokens", self.max_prompt_tokens.unwrap_or(1)),
             ("--max-body-bytes", self.max_body_bytes),
@@ -127,7 +132,12 @@ pub fn serve(
         );
     }
     let model = Arc::new(model);
-    let pool = pool::Pool::start(model.clone(), options.max_concurrent, options.queue)?;
+    let pool = pool::Pool::start(
+        model.clone(),
+        options.max_concurrent,
+        options.max_batch,
+        options.queue,
+    )?;
     let state = Arc::new(state::State::new(name, &model, pool, options.clone()));
     let http = Http {
         command: "serve",

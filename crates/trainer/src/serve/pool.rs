@@ -1,6 +1,9 @@
-//! The generation workers: a fixed number of threads, each with its own decoder (and so its
-//! own KV cache), fed from a bounded queue. The async request handlers never run the model:
-//! they hand a [`Job`] over and await its events.
+//! The generation workers: a fixed number of threads fed from a bounded queue. On the fused
+//! CPU decoder each worker decodes up to `max_batch` requests in one batch ([`batcher`]);
+//! on Burn's backends each runs one generation at a time with its own KV cache. The async
+//! request handlers never run the model: they hand a [`Job`] over and await its events.
+//!
+//! [`batcher`]: super::batcher
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -8,16 +11,19 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use tinygpt_model::Gpt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::batcher;
 use super::generation::{self, Event, Generation};
 pub use super::stats::Stats;
 use crate::attention_maps::AttentionMaps;
-use crate::backend::Placement;
+use crate::backend::{EngineKind, Placement};
+use crate::config::{OptimizerKind, TrainDType};
 use crate::data::tokenizer::Tokenizer;
 use crate::decoder::decoder;
+use crate::train::memory::human;
 
 /// What the workers need of the model: its weights, where they live, its tokenizer.
 pub struct Model {
@@ -58,8 +64,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// `workers` threads sharing `model`, and a queue of `queue` waiting jobs.
-    pub fn start(model: Arc<Model>, workers: usize, queue: usize) -> Result<Self> {
+    /// `workers` threads sharing `model`, each decoding up to `max_batch` requests at once on
+    /// the fused engine, and a queue of `queue` waiting jobs.
+    pub fn start(
+        model: Arc<Model>,
+        workers: usize,
+        max_batch: usize,
+        queue: usize,
+    ) -> Result<Self> {
         // A decoder the engine cannot build (an explicit `--backend fused` on a model it does
         // not implement) is an error now, not in every worker.
         drop(decoder(
@@ -67,6 +79,10 @@ impl Pool {
             &model.gpt,
             model.tokenizer.vocab_size(),
         )?);
+        let batched = batched(&model)?;
+        if batched {
+            check_memory(&model, workers, max_batch)?;
+        }
         let (sender, receiver) = sync_channel(queue);
         let receiver = Arc::new(Mutex::new(receiver));
         let stats = Arc::new(Stats::default());
@@ -75,7 +91,10 @@ impl Pool {
                 let (model, receiver, stats) = (model.clone(), receiver.clone(), stats.clone());
                 std::thread::Builder::new()
                     .name(format!("generate-{i}"))
-                    .spawn(move || work(&model, &receiver, &stats))
+                    .spawn(move || match batched {
+                        true => batcher::work(&model, &receiver, &stats, max_batch),
+                        false => work(&model, &receiver, &stats),
+                    })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self {
@@ -136,19 +155,50 @@ fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats) {
             Job::Complete { generation, events } => {
                 generation::run(&mut *decoder, &model.tokenizer, &generation, &events, stats)
             }
-            Job::Attention { ids, reply } => {
-                let maps = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    AttentionMaps::of_tokens(
-                        &model.gpt,
-                        &model.tokenizer,
-                        &ids,
-                        &model.placement.device,
-                    )
-                }))
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error computing attention")));
-                let _ = reply.send(maps);
-            }
+            attention @ Job::Attention { .. } => run_attention(model, attention),
         }
         stats.active.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Whether `model`'s workers batch: where the fused CPU decoder samples from it.
+pub fn batched(model: &Model) -> Result<bool> {
+    let config = model.gpt.config();
+    let (engine, _) = model
+        .placement
+        .engine_for(config, TrainDType::F32, OptimizerKind::AdamW)?;
+    Ok(engine == EngineKind::Fused)
+}
+
+/// Refuses batches the machine cannot hold: each worker reads the weights onto the host and
+/// keeps a KV cache of the model's block_size for each of its rows.
+fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
+    let c = model.gpt.config();
+    let kv_width = c.n_kv_head.unwrap_or(c.n_head) * (c.n_embd / c.n_head);
+    let row = (2 * c.n_layer * c.block_size * kv_width * 4) as u64;
+    let weights = (model.gpt.num_params() * 4) as u64;
+    let need = workers as u64 * (max_batch as u64 * row + weights);
+    match crate::backend::host::available_bytes() {
+        Some(available) if need > available => bail!(
+            "--max-batch {max_batch} on {workers} workers needs {} ({} of KV cache a row, {} \
+             of weights a worker); {} is available: lower --max-batch or --max-concurrent",
+            human(need),
+            human(row),
+            human(weights),
+            human(available)
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Answers an attention job (other jobs are left alone).
+pub(super) fn run_attention(model: &Model, job: Job) {
+    let Job::Attention { ids, reply } = job else {
+        return;
+    };
+    let maps = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        AttentionMaps::of_tokens(&model.gpt, &model.tokenizer, &ids, &model.placement.device)
+    }))
+    .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error computing attention")));
+    let _ = reply.send(maps);
 }

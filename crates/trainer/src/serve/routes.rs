@@ -147,6 +147,7 @@ async fn models(Extract(state): Extract<Shared>) -> Response {
                     "block_size": config.block_size,
                     "max_prompt_tokens": state.max_prompt_tokens(),
                     "max_tokens": state.options.max_tokens,
+            "max_batch": state.options.max_batch,
                     "n_params": config.num_params(),
                 },
             }],
@@ -170,6 +171,7 @@ async fn health(Extract(state): Extract<Shared>) -> Response {
             "tokenizer": state.tokenizer().kind(),
             "api_key_required": state.options.api_key.is_some(),
             "max_tokens": state.options.max_tokens,
+            "max_batch": state.options.max_batch,
             "stats": &*state.pool.stats,
         }),
     )

@@ -10,6 +10,9 @@ use serde::Serialize;
 pub struct Stats {
     /// Generations running now.
     pub active: AtomicU64,
+    /// Rows in the batch decoded last (continuous batching on the fused CPU decoder; 0 with
+    /// one generation per worker on the other engines).
+    pub batch: AtomicU64,
     /// Jobs waiting for a worker.
     pub queued: AtomicU64,
     pub completed: AtomicU64,

@@ -151,6 +151,68 @@ fn a_client_that_stops_reading_frees_its_worker() {
     drop(stalled);
 }
 
+/// Clients are decoupled from decoding: two clients that open streams and stop reading fill
+/// only their own buffers and sit out the steps, while a third request in the same batch is
+/// answered at once, long before their write timeout; they are still held, not cut off.
+#[test]
+fn stalled_readers_hold_nothing_of_the_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(
+        dir,
+        "run",
+        &[
+            "--backend",
+            "fused",
+            "--max-concurrent",
+            "1",
+            "--max-batch",
+            "3",
+            "--max-tokens",
+            "100000000",
+            "--write-timeout",
+            "60s",
+        ],
+    );
+    let mut stalled: Vec<_> = (0..2).map(|_| open_stream(&server, 100_000_000)).collect();
+    for socket in &mut stalled {
+        read_until(socket, "data: {");
+    }
+    // Stalled: the sockets' buffers and the streams' channels are full, no token is made.
+    let last = std::cell::Cell::new(u64::MAX);
+    server.wait_for("both stalled", |h| {
+        let tokens = h["stats"]["tokens"].as_u64().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        last.replace(tokens) == tokens
+    });
+    let started = std::time::Instant::now();
+    let (status, reply) = server.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Of", "max_tokens": 20}),
+    );
+    let waited = started.elapsed();
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 20);
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "the third request waited {waited:?} behind two stalled readers"
+    );
+    let health = server.health();
+    assert_eq!(
+        (
+            &health["stats"]["active"],
+            &health["stats"]["write_timeouts"]
+        ),
+        (&json!(2), &json!(0)),
+        "{health}"
+    );
+    drop(stalled);
+    server.wait_for("the stalled ones cancelled", |h| {
+        h["stats"]["cancelled"] == 2 && h["stats"]["active"] == 0
+    });
+}
+
 /// An idle server whose `auto` backend settled on the CPU uses no CPU: the software Vulkan it
 /// looked at on the way is not left running.
 #[cfg(target_os = "linux")]

@@ -392,7 +392,7 @@ fn read_until(socket: &mut TcpStream, needle: &str) {
     }
 }
 
-/// One worker and a queue of one: a third request gets 429 at once. A client that disconnects
+/// One worker of one row and a queue of one: a third request gets 429 at once. A client that disconnects
 /// stops its generation (the counter and the log say so), and the queued one then runs.
 #[test]
 fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
@@ -404,6 +404,8 @@ fn burst_beyond_the_queue_gets_429_and_a_disconnect_cancels() {
         "run",
         &[
             "--max-concurrent",
+            "1",
+            "--max-batch",
             "1",
             "--queue",
             "1",
@@ -498,7 +500,8 @@ fn ctrl_c_finishes_the_requests_in_flight() {
     );
 }
 
-/// 50 clients stream at once; each gets the text its seed gives when asked alone.
+/// 50 clients stream at once, decoded together (4 workers' batches of up to 16, joining and
+/// leaving as they come and go); each gets the text its seed gives when asked alone.
 #[test]
 fn fifty_concurrent_streaming_clients_get_their_own_text() {
     let tmp = tempfile::tempdir().unwrap();

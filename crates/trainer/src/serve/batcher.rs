@@ -1,0 +1,369 @@
+//! Continuous batching on the fused CPU decoder: a worker decodes every request it holds in
+//! one batch ([`FusedBatch`]), a row each, one token per row a step. A request joins at the
+//! next step (its prompt fed whole beside the others' tokens) and leaves when it ends; each
+//! keeps its own sampler, seed, penalties, stop sequences and window ([`Continuation`]), and its
+//! tokens are those it gets alone.
+//!
+//! Clients are decoupled from decoding: a request's events go to its own bounded channel with
+//! `try_send`, never waiting; what the channel cannot take waits in the request's outbox, and
+//! a request whose client is not reading sits out the steps until it does (or until the
+//! connection's write timeout cuts it off and its channel closes). Nobody else waits for it.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Mutex, PoisonError, TryLockError};
+use std::time::Instant;
+
+use tinygpt_model::{Continuation, Finish, FusedBatch, GenerateOptions};
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+use super::generation::{self, Event, Generation, TokenLogprob};
+use super::pool::{Job, Model};
+use super::stats::Stats;
+use crate::data::tokenizer::{TextStream, Tokenizer};
+use crate::decoder::unpadded;
+
+/// One worker: a batch of `max_batch` streams, and requests taken from `jobs` while it has room.
+pub(super) fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats, max_batch: usize) {
+    let Ok(mut batch) = FusedBatch::new(&model.gpt, max_batch) else {
+        return; // `Pool::start` built one already: this does not happen.
+    };
+    let mut live: Vec<Live<'_>> = Vec::new();
+    let mut free: Vec<usize> = (0..max_batch).rev().collect();
+    loop {
+        while let Some(&stream) = free.last() {
+            match take(jobs, live.is_empty()) {
+                Taken::Job(Job::Complete { generation, events }) => {
+                    stats.queued.fetch_sub(1, Ordering::SeqCst);
+                    stats.active.fetch_add(1, Ordering::SeqCst);
+                    free.pop();
+                    live.push(Live::new(generation, events, stream));
+                }
+                Taken::Job(attention @ Job::Attention { .. }) => {
+                    stats.queued.fetch_sub(1, Ordering::SeqCst);
+                    super::pool::run_attention(model, attention);
+                }
+                Taken::Nothing => break,
+                Taken::Closed if live.is_empty() => return,
+                Taken::Closed => break,
+            }
+        }
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            step(&mut batch, &mut live, &model.tokenizer, stats)
+        }));
+        if stepped.is_err() {
+            // A bug in tinygpt: the requests in the batch fail, the batch starts over empty.
+            eprintln!("serve: internal error during generation (a bug in tinygpt)");
+            for l in &mut live {
+                l.fail("internal error during generation".into(), stats);
+            }
+            (0..batch.streams()).for_each(|s| batch.clear(s));
+        }
+        live.retain_mut(|l| match l.over() {
+            false => true,
+            true => {
+                l.report(stats);
+                free.push(l.stream);
+                stats.active.fetch_sub(1, Ordering::SeqCst);
+                false
+            }
+        });
+    }
+}
+
+enum Taken {
+    Job(Job),
+    Nothing,
+    Closed,
+}
+
+/// The next job: waited for when the worker is idle; else only one queued now, and only when
+/// no idle worker is waiting on the queue (it takes the job instead of this busy one).
+fn take(jobs: &Mutex<Receiver<Job>>, idle: bool) -> Taken {
+    let got = match idle {
+        true => jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv()
+            .map_err(|_| TryRecvError::Disconnected),
+        false => match jobs.try_lock() {
+            Ok(queue) => queue.try_recv(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().try_recv(),
+            Err(TryLockError::WouldBlock) => Err(TryRecvError::Empty),
+        },
+    };
+    match got {
+        Ok(job) => Taken::Job(job),
+        Err(TryRecvError::Empty) => Taken::Nothing,
+        Err(TryRecvError::Disconnected) => Taken::Closed,
+    }
+}
+
+/// One request in the batch.
+struct Live<'t> {
+    job: Generation,
+    events: mpsc::Sender<Event>,
+    stream: usize,
+    /// The next choice to start, and the one running.
+    next: usize,
+    running: Option<Choice<'t>>,
+    /// Events the client's channel has not taken yet.
+    outbox: VecDeque<Event>,
+    started: Instant,
+    generated: usize,
+    end: Option<End>,
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, PartialEq)]
+enum End {
+    Done,
+    Gone,
+    Failed,
+}
+
+/// The choice a request is decoding.
+struct Choice<'t> {
+    index: usize,
+    /// Whether its first feed went in (on a cache emptied for it).
+    started: bool,
+    c: Continuation,
+    text: TextStream<'t>,
+    pending: Vec<TokenLogprob>,
+}
+
+impl<'t> Live<'t> {
+    fn new(job: Generation, events: mpsc::Sender<Event>, stream: usize) -> Self {
+        Self {
+            job,
+            events,
+            stream,
+            next: 0,
+            running: None,
+            outbox: VecDeque::new(),
+            started: Instant::now(),
+            generated: 0,
+            end: None,
+        }
+    }
+
+    /// Hands the outbox to the client's channel as far as it takes it; false while it is full.
+    fn flush(&mut self) -> bool {
+        while let Some(event) = self.outbox.pop_front() {
+            match self.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.outbox.push_front(event);
+                    return false;
+                }
+                Err(TrySendError::Closed(_)) => {
+                    self.end = Some(End::Gone);
+                    self.outbox.clear();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Ended, and everything said: the request can leave the batch (dropping its channel ends
+    /// the response).
+    fn over(&mut self) -> bool {
+        let flushed = self.flush();
+        matches!(self.end, Some(End::Gone)) || (self.end.is_some() && flushed)
+    }
+
+    fn fail(&mut self, message: String, stats: &Stats) {
+        stats.failed.fetch_add(1, Ordering::SeqCst);
+        self.outbox.push_back(Event::Failed(message));
+        self.end = Some(End::Failed);
+        self.running = None;
+    }
+
+    /// The running choice, starting the next one (its echo first) when none runs; `None` when
+    /// the request has no more choices.
+    fn choice(
+        &mut self,
+        batch: &mut FusedBatch,
+        tokenizer: &'t Tokenizer,
+        stats: &Stats,
+    ) -> Option<&mut Choice<'t>> {
+        let tokens = tokenizer.vocab_size().min(batch.vocab_size());
+        while self.running.is_none() && self.end.is_none() {
+            let Some(spec) = self.job.choices.get(self.next) else {
+                self.end = Some(End::Done);
+                return None;
+            };
+            let index = self.next;
+            self.next += 1;
+            if self.job.echo {
+                let mut alone = unpadded(Box::new(batch.alone()), tokens);
+                match generation::echo(&mut *alone, tokenizer, &self.job, index, &spec.prompt) {
+                    Ok(piece) => self.outbox.push_back(piece),
+                    Err(message) => {
+                        self.fail(message, stats);
+                        return None;
+                    }
+                }
+            }
+            let options = GenerateOptions {
+                seed: spec.seed,
+                ..self.job.options.clone()
+            };
+            match Continuation::new(&spec.prompt, &options, batch.block_size(), tokens) {
+                Ok(c) if c.finished().is_some() => self.outbox.push_back(finished(index, 0, &c)),
+                Ok(c) => {
+                    self.running = Some(Choice {
+                        index,
+                        started: false,
+                        c,
+                        text: TextStream::new(tokenizer),
+                        pending: Vec::new(),
+                    })
+                }
+                Err(e) => self.fail(e.to_string(), stats),
+            }
+        }
+        self.running.as_mut()
+    }
+
+    /// Takes the logits after this request's feed: the sampled token becomes events; an ended
+    /// choice its finish.
+    fn accept(&mut self, logits: &[f32], tokenizer: &Tokenizer, stats: &Stats) {
+        let logprobs = self.job.logprobs;
+        let Some(choice) = self.running.as_mut() else {
+            return;
+        };
+        let ready = match choice.c.accept(logits) {
+            Ok(ready) => ready,
+            Err(e) => return self.fail(e.to_string(), stats),
+        };
+        for token in &choice.c.sampled()[ready] {
+            stats.tokens.fetch_add(1, Ordering::Relaxed);
+            self.generated += 1;
+            if logprobs {
+                choice.pending.push(generation::described(tokenizer, token));
+            }
+            if let Some(text) = choice.text.push(token.id) {
+                let tokens = std::mem::take(&mut choice.pending);
+                let index = choice.index;
+                self.outbox.push_back(Event::Piece {
+                    index,
+                    text,
+                    tokens,
+                });
+            }
+        }
+        if choice.c.finished().is_none() {
+            return;
+        }
+        let rest = choice.text.finish();
+        if rest.is_some() || !choice.pending.is_empty() {
+            self.outbox.push_back(Event::Piece {
+                index: choice.index,
+                text: rest.unwrap_or_default(),
+                tokens: std::mem::take(&mut choice.pending),
+            });
+        }
+        let done = finished(choice.index, choice.c.sampled().len(), &choice.c);
+        self.outbox.push_back(done);
+        self.running = None;
+    }
+
+    /// The log line and counters of a request that left.
+    fn report(&self, stats: &Stats) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        match self.end {
+            Some(End::Gone) => {
+                stats.cancelled.fetch_add(1, Ordering::SeqCst);
+                eprintln!(
+                    "serve: cancelled after {} tokens in {seconds:.2} s (the client went away or stopped reading)",
+                    self.generated
+                );
+            }
+            Some(End::Done) => {
+                stats.completed.fetch_add(1, Ordering::SeqCst);
+                let prompts: usize = self.job.choices.iter().map(|c| c.prompt.len()).sum();
+                let n = self.job.choices.len();
+                eprintln!(
+                    "serve: {prompts} prompt + {} tokens in {seconds:.2} s ({n} choice{})",
+                    self.generated,
+                    if n == 1 { "" } else { "s" }
+                );
+            }
+            Some(End::Failed) | None => {}
+        }
+    }
+}
+
+/// Choice `index`'s [`Event::Finished`], `tokens` long.
+fn finished(index: usize, tokens: usize, c: &Continuation) -> Event {
+    Event::Finished {
+        index,
+        completion_tokens: tokens,
+        reason: match c.finished() {
+            Some(Finish::Stop) => "stop",
+            _ => "length",
+        },
+    }
+}
+
+/// One step: every request that can go on (its client keeping up) is fed its next token, or
+/// its prompt, in one batch; each row's logits go back to its request.
+fn step<'t>(
+    batch: &mut FusedBatch,
+    live: &mut [Live<'t>],
+    tokenizer: &'t Tokenizer,
+    stats: &Stats,
+) {
+    let mut fed: Vec<usize> = Vec::new();
+    let mut feeds: Vec<(usize, Vec<u32>)> = Vec::new();
+    for (i, l) in live.iter_mut().enumerate() {
+        if l.events.is_closed() {
+            l.end = Some(End::Gone);
+            continue;
+        }
+        if !l.flush() || l.end.is_some() {
+            continue;
+        }
+        let stream = l.stream;
+        let Some(choice) = l.choice(batch, tokenizer, stats) else {
+            continue;
+        };
+        // A choice starts from an empty cache (the stream held someone else's).
+        if !choice.started {
+            batch.clear(stream);
+            choice.started = true;
+        }
+        let feed = choice.c.feed(batch.cached(stream));
+        if feed.clear {
+            batch.clear(stream);
+        }
+        feeds.push((stream, choice.c.tokens()[feed.from..].to_vec()));
+        fed.push(i);
+    }
+    stats.batch.store(feeds.len() as u64, Ordering::Relaxed);
+    if feeds.is_empty() {
+        // Everyone waits on a client: look again shortly, without spinning.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        return;
+    }
+    let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+    let vocab = batch.vocab_size();
+    let tokens = tokenizer.vocab_size().min(vocab);
+    match batch.step(&refs) {
+        Ok(logits) => {
+            for (row, &i) in fed.iter().enumerate() {
+                let logits = &logits[row * vocab..row * vocab + tokens];
+                live[i].accept(logits, tokenizer, stats);
+            }
+        }
+        Err(e) => {
+            for &i in &fed {
+                live[i].fail(e.to_string(), stats);
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use super::{BUILTIN_CORPUS, RunConfig};
 
 /// The presets, by name: the files of `configs/`, built in.
-pub const PRESETS: [(&str, &str); 5] = [
+pub const PRESETS: [(&str, &str); 6] = [
     ("default", include_str!("../../../../configs/default.toml")),
     ("baby", include_str!("../../../../configs/baby.toml")),
     (
@@ -16,6 +16,10 @@ pub const PRESETS: [(&str, &str); 5] = [
         include_str!("../../../../configs/shakespeare-char.toml"),
     ),
     ("modern", include_str!("../../../../configs/modern.toml")),
+    (
+        "ten-minutes",
+        include_str!("../../../../configs/ten-minutes.toml"),
+    ),
     (
         "finetune",
         include_str!("../../../../configs/finetune.toml"),
@@ -106,6 +110,17 @@ mod tests {
             GptConfig::shakespeare_char(65)
         );
         assert_eq!(load("modern").gpt(65), GptConfig::modern(65));
+        let ten = load("ten-minutes");
+        let wider = GptConfig::modern(65)
+            .with_n_layer(6)
+            .with_n_head(4)
+            .with_n_embd(256)
+            .with_block_size(128);
+        assert_eq!(ten.gpt(65), wider);
+        assert_eq!(
+            ten.train.lr_decay_iters, ten.train.max_iters,
+            "the decay ends the run"
+        );
         assert_eq!(
             load("default").data.path,
             std::path::PathBuf::from(BUILTIN_CORPUS)

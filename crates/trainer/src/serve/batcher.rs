@@ -346,8 +346,10 @@ fn step<'t>(
     }
     stats.batch.store(feeds.len() as u64, Ordering::Relaxed);
     if feeds.is_empty() {
-        // Everyone waits on a client: look again shortly, without spinning.
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        if live.iter().any(|l| l.end.is_none()) {
+            // Everyone left waits on a client: look again shortly, without spinning.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         return;
     }
     let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();

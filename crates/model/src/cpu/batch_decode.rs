@@ -34,6 +34,8 @@ pub struct FusedBatch {
     single: FusedDecoder,
     streams: Vec<StreamCache>,
     rows: Rows,
+    /// The step's logits, `[feeds, vocab]` in the feeds' order (kept: a step allocates nothing).
+    out: Vec<f32>,
 }
 
 /// One step's single-token rows: which stream each is, its position, and the activations.
@@ -62,6 +64,7 @@ impl FusedBatch {
             single,
             streams: vec![empty; streams],
             rows: Rows::default(),
+            out: Vec::new(),
         })
     }
 
@@ -114,7 +117,8 @@ impl FusedBatch {
         let vocab = self.vocab_size();
         self.rows.stream.clear();
         self.rows.position.clear();
-        let mut out = vec![0.0; feeds.len() * vocab];
+        self.out.resize(feeds.len() * vocab, 0.0);
+        let out = &mut self.out;
         let mut single_rows = Vec::new();
         for (i, &(stream, tokens)) in feeds.iter().enumerate() {
             if tokens.len() > 1 {
@@ -134,11 +138,10 @@ impl FusedBatch {
             self.forward_rows(&tokens);
             for (r, &(i, _)) in single_rows.iter().enumerate() {
                 let logits = &self.rows.logits[r * vocab..(r + 1) * vocab];
-                out[i * vocab..(i + 1) * vocab].copy_from_slice(logits);
+                self.out[i * vocab..(i + 1) * vocab].copy_from_slice(logits);
             }
         }
-        self.rows.logits = out;
-        Ok(&self.rows.logits)
+        Ok(&self.out)
     }
 
     fn check(&self, feeds: &[(usize, &[u32])]) -> Result<(), ModelError> {

@@ -315,6 +315,13 @@ impl GptConfig {
         self.n_kv_head.unwrap_or(self.n_head)
     }
 
+    /// Bytes of one sequence's KV cache at full length: keys and values of `kv_heads` heads in
+    /// every block, `block_size` tokens, f32 (what a decoder holds per stream).
+    pub fn kv_cache_bytes(&self) -> usize {
+        let per_token = 2 * self.n_layer * self.kv_heads() * self.head_size();
+        per_token * self.block_size * std::mem::size_of::<f32>()
+    }
+
     /// Columns of the packed query/key/value projection: `(n_head + 2·kv_heads)·head_size`
     /// (`3·n_embd` without grouped heads).
     pub fn qkv_width(&self) -> usize {

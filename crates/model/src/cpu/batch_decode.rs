@@ -10,10 +10,8 @@
 //! on what else is in the batch. The tests check equality bit for bit.
 
 use super::block::{self, BlockActs, Ctx, Heads};
-use super::decode::{FusedDecoder, attend};
-use super::matmul::{dot, rows_times_matrix};
-use super::norm::{self, Normed};
-use super::{Dims, FusedError, softcap};
+use super::decode::{FusedDecoder, HeadRows, attend};
+use super::{Dims, FusedError};
 use crate::error::ModelError;
 use crate::gpt::Gpt;
 use tinygpt_attention::AttentionError;
@@ -47,11 +45,7 @@ struct Rows {
     next: Vec<f32>,
     acts: BlockActs,
     scores: Vec<f32>,
-    ln_f: Vec<f32>,
-    mean: Vec<f32>,
-    rstd: Vec<f32>,
-    logits: Vec<f32>,
-    capped: Vec<f32>,
+    head: HeadRows,
 }
 
 impl FusedBatch {
@@ -99,12 +93,6 @@ impl FusedBatch {
         &mut self.single
     }
 
-    /// Bytes of one stream's KV cache.
-    pub fn stream_bytes(&self) -> usize {
-        let d = self.dims();
-        2 * self.single.layers() * d.block_size * d.kv_width() * std::mem::size_of::<f32>()
-    }
-
     fn dims(&self) -> &Dims {
         self.single.dims()
     }
@@ -137,7 +125,7 @@ impl FusedBatch {
             let tokens: Vec<u32> = single_rows.iter().map(|&(_, t)| t).collect();
             self.forward_rows(&tokens);
             for (r, &(i, _)) in single_rows.iter().enumerate() {
-                let logits = &self.rows.logits[r * vocab..(r + 1) * vocab];
+                let logits = &self.rows.head.logits[r * vocab..(r + 1) * vocab];
                 self.out[i * vocab..(i + 1) * vocab].copy_from_slice(logits);
             }
         }
@@ -175,7 +163,7 @@ impl FusedBatch {
 
     /// The forward pass of one token of each stream in `rows.stream` (at `rows.position`),
     /// appending their keys and values to the streams' caches; leaves their logits in
-    /// `rows.logits` `[rows, vocab]`.
+    /// `rows.head.logits` `[rows, vocab]`.
     fn forward_rows(&mut self, tokens: &[u32]) {
         let (d, w, rope) = self.single.parts();
         let (c, n) = (d.width, tokens.len());
@@ -206,36 +194,7 @@ impl FusedBatch {
             self.streams[s].len += 1;
         }
         // The final norm and the LM head, row by row as `FusedDecoder` does its last row.
-        r.ln_f.resize(n * c, 0.0);
-        r.mean.resize(n, 0.0);
-        r.rstd.resize(n, 0.0);
-        for i in 0..n {
-            let ln_f = Normed {
-                out: &mut r.ln_f[i * c..(i + 1) * c],
-                mean: &mut r.mean[i..i + 1],
-                rstd: &mut r.rstd[i..i + 1],
-            };
-            let x = &r.x[i * c..(i + 1) * c];
-            norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
-        }
-        r.logits.resize(n * d.vocab, 0.0);
-        if w.lm_head.is_empty() {
-            for (logits, h) in r
-                .logits
-                .chunks_exact_mut(d.vocab)
-                .zip(r.ln_f.chunks_exact(c))
-            {
-                for (logit, row) in logits.iter_mut().zip(w.wte.chunks_exact(c)) {
-                    *logit = dot(h, row);
-                }
-            }
-        } else {
-            rows_times_matrix(&mut r.logits, &r.ln_f, &w.lm_head, &[], c);
-        }
-        if d.softcap > 0.0 {
-            r.capped.resize(r.logits.len(), 0.0);
-            softcap::forward(&mut r.logits, &mut r.capped, d.softcap);
-        }
+        r.head.forward(d, w, &r.x);
     }
 }
 

@@ -12,7 +12,7 @@ use super::attention::{self, Shape};
 use super::batch_decode::StreamCache;
 use super::block::{self, BlockActs, Ctx, Heads};
 use super::fast_math::{self, vectorized};
-use super::matmul::{dot, dot_lanes, linear};
+use super::matmul::{dot, dot_lanes, rows_times_matrix};
 use super::norm::{self, Normed};
 use super::params::Params;
 use super::{Dims, FusedError, rope, softcap};
@@ -44,15 +44,61 @@ pub struct FusedDecoder {
     acts: BlockActs,
     /// Rotary positions' tables (empty without them).
     rope: rope::Tables,
-    /// One row of attention scores; the final LayerNorm of the last row and its statistics;
-    /// logits.
+    /// One row of attention scores.
     scores: Vec<f32>,
+    /// The final norm and head of the last row, and its logits.
+    head: HeadRows,
+}
+
+/// The final norm and the LM head of rows that each want the logits of their next token,
+/// computed row by row as one stream alone (so [`FusedDecoder`]'s last row and
+/// [`FusedBatch`](super::FusedBatch)'s rows give the same numbers), and their scratch.
+#[derive(Debug, Default)]
+pub(super) struct HeadRows {
     ln_f: Vec<f32>,
     mean: Vec<f32>,
     rstd: Vec<f32>,
-    logits: Vec<f32>,
+    /// `[rows, vocab]`.
+    pub logits: Vec<f32>,
     /// The soft-cap's `tanh` values of the logits (kept only because the kernel writes them).
     capped: Vec<f32>,
+}
+
+impl HeadRows {
+    /// The logits `[rows, vocab]` of the rows of `x` (`[rows, width]`), in `self.logits`.
+    pub(super) fn forward(&mut self, d: &Dims, w: &Params, x: &[f32]) {
+        let c = d.width;
+        let n = x.len() / c;
+        self.ln_f.resize(n * c, 0.0);
+        self.mean.resize(n, 0.0);
+        self.rstd.resize(n, 0.0);
+        for (i, x) in x.chunks_exact(c).enumerate() {
+            let ln_f = Normed {
+                out: &mut self.ln_f[i * c..(i + 1) * c],
+                mean: &mut self.mean[i..i + 1],
+                rstd: &mut self.rstd[i..i + 1],
+            };
+            norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+        }
+        self.logits.resize(n * d.vocab, 0.0);
+        if w.lm_head.is_empty() {
+            let rows = self
+                .logits
+                .chunks_exact_mut(d.vocab)
+                .zip(self.ln_f.chunks_exact(c));
+            for (logits, h) in rows {
+                for (logit, row) in logits.iter_mut().zip(w.wte.chunks_exact(c)) {
+                    *logit = dot(h, row);
+                }
+            }
+        } else {
+            rows_times_matrix(&mut self.logits, &self.ln_f, &w.lm_head, &[], c);
+        }
+        if d.softcap > 0.0 {
+            self.capped.resize(self.logits.len(), 0.0);
+            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
+        }
+    }
 }
 
 impl FusedDecoder {
@@ -76,11 +122,7 @@ impl FusedDecoder {
                 None => rope::Tables::default(),
             },
             scores: vec![0.0; dims.block_size],
-            ln_f: vec![0.0; dims.width],
-            mean: vec![0.0],
-            rstd: vec![0.0],
-            logits: vec![0.0; dims.vocab],
-            capped: vec![0.0; dims.vocab],
+            head: HeadRows::default(),
         })
     }
 
@@ -142,7 +184,9 @@ impl FusedDecoder {
             });
             std::mem::swap(&mut self.x, &mut self.next);
         }
-        self.last_row_logits(rows);
+        // Only the last row's next token is wanted.
+        let last = &self.x[(rows - 1) * c..rows * c];
+        self.head.forward(&self.dims, &self.weights, last);
         self.cache.len += rows;
     }
 
@@ -162,11 +206,7 @@ impl FusedDecoder {
     /// [`Decoder::feed`] of tokens already checked: the logits after them.
     pub(super) fn feed_checked(&mut self, tokens: &[u32]) -> &[f32] {
         self.forward(tokens);
-        &self.logits
-    }
-
-    pub(super) fn layers(&self) -> usize {
-        self.weights.blocks.len()
+        &self.head.logits
     }
 
     pub(super) fn dims(&self) -> &Dims {
@@ -176,30 +216,6 @@ impl FusedDecoder {
     /// The sizes, the weights and the rotary tables.
     pub(super) fn parts(&self) -> (&Dims, &Params, &rope::Tables) {
         (&self.dims, &self.weights, &self.rope)
-    }
-
-    /// The final norm and the LM head, for the last row only: only its next token is wanted.
-    fn last_row_logits(&mut self, rows: usize) {
-        let (d, w) = (&self.dims, &self.weights);
-        let c = d.width;
-        let last = &self.x[(rows - 1) * c..];
-        let ln_f = Normed {
-            out: &mut self.ln_f,
-            mean: &mut self.mean,
-            rstd: &mut self.rstd,
-        };
-        norm::forward(d.norm, ln_f, last, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
-        let h = &self.ln_f;
-        if w.lm_head.is_empty() {
-            for (logit, row) in self.logits.iter_mut().zip(w.wte.chunks_exact(c)) {
-                *logit = dot(h, row);
-            }
-        } else {
-            linear(&mut self.logits, h, &w.lm_head, &[], 1, c, d.vocab);
-        }
-        if d.softcap > 0.0 {
-            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
-        }
     }
 }
 
@@ -285,7 +301,7 @@ impl Decoder for FusedDecoder {
             return Err(AttentionError::EmptySequence.into());
         }
         self.forward(tokens);
-        Ok(self.logits.clone())
+        Ok(self.head.logits.clone())
     }
 }
 

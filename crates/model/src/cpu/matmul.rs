@@ -289,6 +289,23 @@ mod tests {
         }
     }
 
+    /// Each row of `rows_times_matrix` is bit for bit what `vector_times_matrix` gives that row
+    /// alone (`k` not a multiple of 4: the remainder rows of `w` too), with and without a bias.
+    #[test]
+    fn rows_are_computed_as_alone() {
+        let (rows, k, n) = (5, 19, 23);
+        let (x, w, b) = (values(rows * k, 1), values(k * n, 2), values(n, 3));
+        for bias in [&b[..], &[]] {
+            let mut together = vec![0.0; rows * n];
+            rows_times_matrix(&mut together, &x, &w, bias, k);
+            for r in 0..rows {
+                let mut alone = vec![0.0; n];
+                vector_times_matrix(&mut alone, &x[r * k..(r + 1) * k], &w, bias);
+                assert_eq!(&together[r * n..(r + 1) * n], &alone[..], "row {r}");
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "out of bounds")]
     fn a_view_past_the_slice_is_refused() {

@@ -229,6 +229,11 @@ impl<'t> Live<'t> {
         self.running.as_mut()
     }
 
+    /// The running choice's tokens from `from` on: what it feeds this step.
+    fn tokens_from(&self, from: usize) -> &[u32] {
+        self.running.as_ref().map_or(&[], |c| &c.c.tokens()[from..])
+    }
+
     /// Takes the logits after this request's feed: the sampled token becomes events; an ended
     /// choice its finish.
     fn accept(&mut self, logits: &[f32], tokenizer: &Tokenizer, stats: &Stats) {
@@ -318,8 +323,8 @@ fn step<'t>(
     tokenizer: &'t Tokenizer,
     stats: &Stats,
 ) {
-    let mut fed: Vec<usize> = Vec::new();
-    let mut feeds: Vec<(usize, Vec<u32>)> = Vec::new();
+    // (request, where its feed starts in its tokens)
+    let mut fed: Vec<(usize, usize)> = Vec::new();
     for (i, l) in live.iter_mut().enumerate() {
         if l.events.is_closed() {
             l.end = Some(End::Gone);
@@ -341,29 +346,31 @@ fn step<'t>(
         if feed.clear {
             batch.clear(stream);
         }
-        feeds.push((stream, choice.c.tokens()[feed.from..].to_vec()));
-        fed.push(i);
+        fed.push((i, feed.from));
     }
-    stats.batch.store(feeds.len() as u64, Ordering::Relaxed);
-    if feeds.is_empty() {
+    stats.batch.store(fed.len() as u64, Ordering::Relaxed);
+    if fed.is_empty() {
         if live.iter().any(|l| l.end.is_none()) {
             // Everyone left waits on a client: look again shortly, without spinning.
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         return;
     }
-    let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+    let feeds: Vec<(usize, &[u32])> = fed
+        .iter()
+        .map(|&(i, from)| (live[i].stream, live[i].tokens_from(from)))
+        .collect();
     let vocab = batch.vocab_size();
     let tokens = tokenizer.vocab_size().min(vocab);
-    match batch.step(&refs) {
+    match batch.step(&feeds) {
         Ok(logits) => {
-            for (row, &i) in fed.iter().enumerate() {
+            for (row, &(i, _)) in fed.iter().enumerate() {
                 let logits = &logits[row * vocab..row * vocab + tokens];
                 live[i].accept(logits, tokenizer, stats);
             }
         }
         Err(e) => {
-            for &i in &fed {
+            for &(i, _) in &fed {
                 live[i].fail(e.to_string(), stats);
             }
         }

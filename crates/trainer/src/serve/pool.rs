@@ -173,9 +173,7 @@ pub fn batched(model: &Model) -> Result<bool> {
 /// Refuses batches the machine cannot hold: each worker reads the weights onto the host and
 /// keeps a KV cache of the model's block_size for each of its rows.
 fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
-    let c = model.gpt.config();
-    let kv_width = c.n_kv_head.unwrap_or(c.n_head) * (c.n_embd / c.n_head);
-    let row = (2 * c.n_layer * c.block_size * kv_width * 4) as u64;
+    let row = model.gpt.config().kv_cache_bytes() as u64;
     let weights = (model.gpt.num_params() * 4) as u64;
     let need = workers as u64 * (max_batch as u64 * row + weights);
     match crate::backend::host::available_bytes() {

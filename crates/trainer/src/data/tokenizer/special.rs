@@ -51,16 +51,19 @@ impl Special {
 /// The token a document starts with among `specials`: tinygpt's end of text, else a BOS by
 /// its usual name.
 pub fn start_of_text(specials: &[Special]) -> Option<u32> {
-    STARTS
-        .iter()
-        .find_map(|name| specials.iter().find(|s| s.text == *name))
-        .map(|s| s.id)
+    first_named(&STARTS, specials)
 }
 
 /// The token that ends a text among `specials`: tinygpt's end of text, else an EOS by its
 /// usual name.
 pub fn end_of_text(specials: &[Special]) -> Option<u32> {
-    ENDS.iter()
+    first_named(&ENDS, specials)
+}
+
+/// The id of the first of `names` that `specials` has.
+fn first_named(names: &[&str], specials: &[Special]) -> Option<u32> {
+    names
+        .iter()
         .find_map(|name| specials.iter().find(|s| s.text == *name))
         .map(|s| s.id)
 }

@@ -58,7 +58,8 @@ pub fn parse(text: &str) -> Result<Vec<Numbered>> {
     Ok(conversations)
 }
 
-fn conversation(line: &str) -> Result<Vec<Message>> {
+/// The conversation on one line of JSONL.
+pub fn conversation(line: &str) -> Result<Vec<Message>> {
     let parsed: Line = serde_json::from_str(line).map_err(|_| {
         anyhow!(
             "not a conversation: expected {{\"messages\": [{{\"role\": …, \"content\": …}}, …]}} \

@@ -6,11 +6,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use tinygpt::chat::jsonl;
+use tinygpt::chat::{ChatSection, jsonl};
 use tinygpt::config::TokenizerKind;
 use tinygpt::data::corpus::BPE_SAMPLE_BYTES;
 use tinygpt::data::prepare::{
-    self, DEFAULT_INCLUDE, Phases, PrepareOptions, Prepared, TokenizerSource, ValSplit,
+    self, ConversationOptions, DEFAULT_INCLUDE, Phases, PrepareOptions, Prepared, TokenizerSource,
+    ValSplit,
 };
 use tinygpt::data::tokenizer::Tokenizer;
 use tinygpt::data::tokens::Width;
@@ -20,15 +21,21 @@ use tinygpt::data::tokens::Width;
 /// Inputs are files, folders (recursive; files matching --include) or - for standard input. The
 /// text is streamed: memory stays flat whatever the corpus size. `tinygpt train --data DIR`
 /// then maps the token files instead of reading the text.
+///
+/// .jsonl files of conversations (for fine-tuning) are rendered through a chat template once:
+/// tokens, which of them are taught (the replies), and where each conversation starts. With
+/// --tokenizer-from RUN, in that run's tokenizer and chat template (to fine-tune it with
+/// `train --init-from RUN --data DIR`); else a tokenizer is learnt, in tinygpt's own chat format.
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tinygpt prepare --data input.txt --out data/shakespeare\n  \
     tinygpt prepare --data books/ --tokenizer bpe --bpe-vocab-size 8192 --out data/books\n  \
     tinygpt train --config baby --data data/shakespeare\n  \
+    tinygpt prepare --data chats.jsonl --tokenizer-from runs/base --out data/chats\n  \
     tinygpt prepare --verify data/shakespeare"
 )]
 pub struct Args {
-    /// Text files, folders, or - (standard input).
+    /// Text files, folders, or - (standard input); or .jsonl files of conversations.
     #[arg(long, value_name = "PATH", required_unless_present = "verify", num_args = 1..)]
     data: Vec<PathBuf>,
     /// The directory to write (must not exist, or be empty).
@@ -52,7 +59,8 @@ pub struct Args {
     /// fine-tune that run on this corpus.
     #[arg(long, value_name = "DIR", conflicts_with = "tokenizer")]
     tokenizer_from: Option<PathBuf>,
-    /// The last fraction of the token stream held out for validation.
+    /// The last fraction of the token stream (of conversations: of the conversations) held out
+    /// for validation.
     #[arg(long, default_value_t = 0.1, value_name = "F")]
     val_fraction: f64,
     /// Files or folders held out whole for validation (instead of --val-fraction).
@@ -111,29 +119,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.val_fraction
         );
     }
-    if let Some(jsonl) = args.data.iter().find(|p| jsonl::is_jsonl(p)) {
-        bail!(
-            "{} holds conversations: `tinygpt train --data {0}` reads them as they are (prepare \
-             writes text into token files)",
-            jsonl.display()
-        );
-    }
     if !(262..=65536).contains(&args.bpe_vocab_size) {
         bail!(
             "--bpe-vocab-size must be in 262..=65536 (256 byte tokens, 5 special tokens, merges), got {}",
             args.bpe_vocab_size
         );
     }
+    if args
+        .data
+        .iter()
+        .chain(&args.val_files)
+        .any(|p| jsonl::is_jsonl(p))
+    {
+        return conversations(args);
+    }
     let tokenizer = match &args.tokenizer_from {
-        Some(dir) => TokenizerSource::Given(tokenizer_of(dir)?),
-        None => TokenizerSource::Learn {
-            kind: match args.tokenizer {
-                Kind::Char => TokenizerKind::Char,
-                Kind::Bpe => TokenizerKind::Bpe,
-            },
-            bpe_vocab_size: args.bpe_vocab_size,
-            bpe_sample_bytes: args.bpe_sample_mb.max(1) << 20,
-        },
+        Some(dir) => TokenizerSource::Given(tokenizer_of(dir)?.0),
+        None => learn(&args),
     };
     let options = PrepareOptions {
         inputs: args.data,
@@ -159,6 +161,50 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The tokenizer `args` ask to learn.
+fn learn(args: &Args) -> TokenizerSource {
+    TokenizerSource::Learn {
+        kind: match args.tokenizer {
+            Kind::Char => TokenizerKind::Char,
+            Kind::Bpe => TokenizerKind::Bpe,
+        },
+        bpe_vocab_size: args.bpe_vocab_size,
+        bpe_sample_bytes: args.bpe_sample_mb.max(1) << 20,
+    }
+}
+
+/// `.jsonl` inputs: conversations rendered into token files, taught marks and offsets.
+fn conversations(args: Args) -> Result<ExitCode> {
+    if args.separator.is_some() {
+        bail!("--separator is for text: conversations are one per line");
+    }
+    if args.skip_invalid {
+        bail!("--skip-invalid is for text files: a bad line of conversations is an error");
+    }
+    let (tokenizer, chat) = match &args.tokenizer_from {
+        Some(dir) => {
+            let (tokenizer, chat) = tokenizer_of(dir)?;
+            (TokenizerSource::Given(tokenizer), chat)
+        }
+        None => (learn(&args), ChatSection::own()),
+    };
+    let options = ConversationOptions {
+        inputs: args.data,
+        val: match args.val_files.is_empty() {
+            true => ValSplit::Fraction(args.val_fraction),
+            false => ValSplit::Files(args.val_files),
+        },
+        tokenizer,
+        chat,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let start = Instant::now();
+    let out = args.out.expect("clap requires --out without --verify");
+    let (prepared, phases) = prepare::prepare_conversations(options, &out)?;
+    report(&prepared, start.elapsed().as_secs_f64(), &phases);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `--verify DIR`: every file of a prepared directory read and checked.
 fn verify(dir: &std::path::Path) -> Result<ExitCode> {
     if !Prepared::is_prepared(dir) {
@@ -177,8 +223,12 @@ fn verify(dir: &std::path::Path) -> Result<ExitCode> {
              it: prepare it again to have them)"
         }
     };
+    let conversations = match &meta.conversations {
+        Some(c) => format!(" ({} + {} conversations)", c.train, c.val),
+        None => String::new(),
+    };
     println!(
-        "{}: {} train + {} val tokens: {what}",
+        "{}: {} train + {} val tokens{conversations}: {what}",
         dir.display(),
         meta.train_tokens,
         meta.val_tokens
@@ -186,12 +236,20 @@ fn verify(dir: &std::path::Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The tokenizer of a run directory or a prepared directory.
-fn tokenizer_of(dir: &std::path::Path) -> Result<Tokenizer> {
+/// The tokenizer of a run directory or a prepared directory, and the chat template its
+/// conversations are written in.
+fn tokenizer_of(dir: &std::path::Path) -> Result<(Tokenizer, ChatSection)> {
     if Prepared::is_prepared(dir) {
-        return Ok(Prepared::open(dir)?.tokenizer);
+        let prepared = Prepared::open(dir)?;
+        let chat = match prepared.meta.conversations {
+            Some(conversations) => conversations.chat,
+            None => ChatSection::default().for_new_run(&prepared.tokenizer),
+        };
+        return Ok((prepared.tokenizer, chat));
     }
-    Ok(tinygpt::run::checkpoint::Run::open(dir)?.tokenizer)
+    let run = tinygpt::run::checkpoint::Run::open(dir)?;
+    let chat = run.config.chat.clone().for_new_run(&run.tokenizer);
+    Ok((run.tokenizer, chat))
 }
 
 fn report(prepared: &Prepared, seconds: f64, phases: &Phases) {
@@ -203,9 +261,16 @@ fn report(prepared: &Prepared, seconds: f64, phases: &Phases) {
         Width::U32 => "u32",
     };
     let kind = meta.tokenizer.name();
+    let what = match &meta.conversations {
+        None => String::new(),
+        Some(c) => format!(
+            "{} train + {} val conversations ({} + {} taught tokens): ",
+            c.train, c.val, c.train_taught, c.val_taught
+        ),
+    };
     println!(
-        "prepared {}: {} train + {} val tokens ({width}), {kind} tokenizer with {} tokens | {} \
-         input file(s), {mb:.1} MB in {seconds:.1}s ({:.1} MB/s)",
+        "prepared {}: {what}{} train + {} val tokens ({width}), {kind} tokenizer with {} tokens \
+         | {} input file(s), {mb:.1} MB in {seconds:.1}s ({:.1} MB/s)",
         prepared.dir.display(),
         meta.train_tokens,
         meta.val_tokens,
@@ -214,15 +279,24 @@ fn report(prepared: &Prepared, seconds: f64, phases: &Phases) {
         mb / seconds.max(1e-9),
     );
     let encode = phases.encode.as_secs_f64();
+    let encoding = match meta.conversations {
+        Some(_) => "rendering and encoding",
+        None => "encoding",
+    };
     println!(
-        "scan {:.1}s, {kind} learning {:.1}s, encoding {encode:.1}s ({:.1} MB/s)",
+        "scan {:.1}s, {kind} learning {:.1}s, {encoding} {encode:.1}s ({:.1} MB/s)",
         phases.scan.as_secs_f64(),
         phases.learn.as_secs_f64(),
         mb / encode.max(1e-9),
     );
     if let Some(sample) = meta.bpe_sample_bytes {
+        let pieces = match meta.conversations {
+            Some(_) => "conversations",
+            None => "chunks",
+        };
         println!(
-            "BPE learned from {:.1} MB of the corpus (evenly spaced chunks; --bpe-sample-mb sets it)",
+            "BPE learned from {:.3} MB of the corpus (evenly spaced {pieces}; --bpe-sample-mb \
+             sets it)",
             sample as f64 / 1e6
         );
     }

@@ -24,7 +24,9 @@ pub struct Args {
     /// with [model], [data], [train].
     #[arg(long, value_name = "NAME|FILE")]
     config: Option<String>,
-    /// Training corpus, UTF-8 text (default: the config's data.path).
+    /// Training corpus: UTF-8 text (a file or folder), a directory `tinygpt prepare` wrote,
+    /// or conversations to fine-tune on (a .jsonl file, or prepared from one) (default: the
+    /// config's data.path).
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
     /// Run directory (default: runs/<config name>). Must not exist unless --resume.

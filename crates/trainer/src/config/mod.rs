@@ -35,8 +35,9 @@ pub struct RunConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// The corpus: a UTF-8 text file (`--data` overrides it), or `builtin:paradise-lost.txt`,
-    /// the copy of Paradise Lost inside the binary.
+    /// The corpus (`--data` overrides it): UTF-8 text, a prepared directory, `.jsonl`
+    /// conversations, or `builtin:paradise-lost.txt`, the copy of Paradise Lost inside the
+    /// binary.
     pub path: PathBuf,
     /// "char" (one token per distinct character, nanoGPT's ids) or "bpe" (byte-level BPE).
     pub tokenizer: TokenizerKind,

@@ -15,11 +15,11 @@ use crate::chat::jsonl::{self, Numbered};
 use crate::chat::{ChatSection, ChatTemplate};
 use crate::config::{Batching, DataSection, RunConfig};
 use crate::data::Dataset;
-use crate::data::conversations::{self, Summary};
+use crate::data::conversations::{self, Summary, render};
 use crate::data::prepare::{
     self, DEFAULT_INCLUDE, PrepareOptions, Prepared, TokenizerSource, ValSplit, Verification,
 };
-use crate::data::tokenizer::{Tokenizer, special};
+use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
 
 /// The prepared tokens inside a run directory.
@@ -76,16 +76,41 @@ pub fn for_new_run(
     if d.tokenizer == crate::config::TokenizerKind::Bpe {
         d.bpe_vocab_size = prepared.meta.vocab_size;
     }
-    let data = match temp {
-        Some(_) => mapped(&prepared, config)?,
-        None => mapped_verified(&prepared, config)?,
+    let chat = std::mem::take(&mut config.chat);
+    config.chat = match &prepared.meta.conversations {
+        Some(conversations) => prepared_chat(chat, &conversations.chat, &prepared)?,
+        None => chat.for_new_run(&prepared.tokenizer),
     };
-    config.chat = std::mem::take(&mut config.chat).for_new_run(&prepared.tokenizer);
+    let (mut data, summary) = mapped_with_summary(&prepared, config)?;
+    if temp.is_none() {
+        data.verification = Verification::start(&prepared.dir, &prepared.meta);
+    }
+    if let Some(summary) = summary {
+        println!("conversations: {}", summary.describe());
+    }
     Ok(Corpus {
         tokenizer: clone(&prepared.tokenizer)?,
         data,
         prepared: temp,
     })
+}
+
+/// The chat section of a new run on conversations prepared with `recorded`: that, unless the
+/// run's config (or the run it fine-tunes) has another.
+fn prepared_chat(
+    chat: ChatSection,
+    recorded: &ChatSection,
+    prepared: &Prepared,
+) -> Result<ChatSection> {
+    if chat.is_default() || chat.clone().for_new_run(&prepared.tokenizer) == *recorded {
+        return Ok(recorded.clone());
+    }
+    bail!(
+        "{} holds conversations written with another chat template than this run's [chat] (or \
+         that of the run it fine-tunes): prepare them again with `tinygpt prepare \
+         --tokenizer-from RUN`, or train on the .jsonl file",
+        prepared.dir.display()
+    )
 }
 
 /// The splits of a run being resumed (or evaluated): its prepared tokens when they are of the
@@ -151,16 +176,16 @@ fn conversations_for_new_run(config: &mut RunConfig, given: Option<&Tokenizer>) 
                 false => chat,
             };
             let template = ChatTemplate::new(None, &config.chat)?;
-            let mut text = String::new();
-            for (line, messages) in &read {
-                let rendered = template.render_with(messages, false);
-                text.push_str(&rendered.with_context(|| format!("line {line}"))?);
-            }
-            for marker in special::OWN {
-                text = text.replace(marker, "");
+            let pieces = render::par_chunks(&read, |part| {
+                let pieces = part.iter().map(|c| render::learning_pieces(&template, c));
+                pieces.collect::<Result<Vec<_>>>()
+            });
+            let mut text = Vec::new();
+            for part in pieces {
+                text.extend(part?.into_iter().flatten());
             }
             let d = &config.data;
-            Tokenizer::train(d.tokenizer, &text, d.bpe_vocab_size)?
+            render::learn(d.tokenizer, &text, d.bpe_vocab_size)?
         }
     };
     let (data, summary) = conversations(config, &tokenizer, &read)?;
@@ -215,9 +240,21 @@ fn prepare_text(
     Prepared::open(dir)
 }
 
-/// The splits of `prepared`, mapped, batched as `config` says.
+/// The splits of `prepared`, mapped, batched as `config` says (conversations as they are).
 fn mapped(prepared: &Prepared, config: &RunConfig) -> Result<Dataset> {
+    Ok(mapped_with_summary(prepared, config)?.0)
+}
+
+/// [`mapped`], with what the conversations hold when the directory has them.
+fn mapped_with_summary(
+    prepared: &Prepared,
+    config: &RunConfig,
+) -> Result<(Dataset, Option<Summary>)> {
     let block_size = config.model.block_size;
+    if let Some((train, val, summary)) = prepared.conversations(block_size)? {
+        let dataset = Dataset::conversations(train, val, block_size);
+        return Ok((dataset, Some(summary)));
+    }
     let dataset = match separator(config) {
         None => {
             let (train, val) = prepared.splits()?;
@@ -236,7 +273,8 @@ fn mapped(prepared: &Prepared, config: &RunConfig) -> Result<Dataset> {
             Dataset::documents(train, val)
         }
     };
-    dataset.with_context(|| format!("corpus {}", prepared.dir.display()))
+    let dataset = dataset.with_context(|| format!("corpus {}", prepared.dir.display()))?;
+    Ok((dataset, None))
 }
 
 /// [`mapped`], for a directory prepared before this run: its files are checked against

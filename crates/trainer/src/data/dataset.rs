@@ -208,7 +208,7 @@ impl Dataset {
                 pad(&picked.iter().collect::<Vec<_>>())
             }
             Split::Conversations(c) => {
-                let rows: Vec<&Taught> = (0..batch)
+                let rows: Vec<Taught> = (0..batch)
                     .map(|_| c.row(rng.random_range(0..c.len())))
                     .collect();
                 taught_batch(&rows)
@@ -218,7 +218,7 @@ impl Dataset {
 }
 
 /// A batch of conversations, only their replies counted.
-fn taught_batch(rows: &[&Taught]) -> Batch {
+fn taught_batch(rows: &[Taught]) -> Batch {
     let (inputs, targets, seq) = conversations::batch(rows);
     Batch {
         inputs,
@@ -281,7 +281,7 @@ pub fn sweep(
         }
         Split::Conversations(c) => Box::new((0..c.len()).step_by(batch.max(1)).map(move |first| {
             let last = (first + batch).min(c.len());
-            let rows: Vec<&Taught> = (first..last).map(|k| c.row(k)).collect();
+            let rows: Vec<Taught> = (first..last).map(|k| c.row(k)).collect();
             taught_batch(&rows)
         })),
     }

@@ -8,7 +8,8 @@
 //!                byte_level_bpe.rs learns and encodes whole corpora
 //! tokens.rs      token files mapped from disk (a corpus of any size in flat memory)
 //! documents.rs   documents and the windows they are cut into
-//! conversations.rs  chat conversations (JSONL) for fine-tuning, only the replies taught
+//! conversations/ chat conversations (JSONL, or prepared) for fine-tuning, only the replies
+//!                taught
 //! split.rs       where the validation split starts
 //! dataset.rs     the splits, and random batches of `(inputs, targets)` from them
 //! ```

@@ -156,7 +156,7 @@ impl Tokens {
 /// unpopulated ranges cost nothing. The pages stay in the page cache: a later read maps them
 /// again without touching the disk.
 #[cfg(unix)]
-fn release(map: &Mmap) {
+pub(crate) fn release(map: &Mmap) {
     // SAFETY: the map is a read-only shared mapping of a file nothing writes, so MADV_DONTNEED
     // only drops page-table entries: any later read (in this thread or another) faults the same
     // bytes back in. The caller has copied what it read.
@@ -164,7 +164,7 @@ fn release(map: &Mmap) {
 }
 
 #[cfg(not(unix))]
-fn release(_map: &Mmap) {}
+pub(crate) fn release(_map: &Mmap) {}
 
 #[cfg(test)]
 mod tests {

@@ -31,7 +31,7 @@ fn bad_inputs_are_one_line_and_write_nothing() {
     );
     fails(
         prepare(dir, &["--data", "mixed", "chats.jsonl", "--out", "p"]),
-        "chats.jsonl holds conversations: `tinygpt train --data chats.jsonl` reads them",
+        "mixed is not a .jsonl file: conversations and text are prepared separately",
     );
     let after: Vec<_> = std::fs::read_dir(dir)
         .unwrap()

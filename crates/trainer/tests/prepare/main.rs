@@ -3,6 +3,7 @@
 mod bad_input;
 #[path = "../common/mod.rs"]
 mod common;
+mod conversations;
 
 use std::io::Write;
 use std::path::Path;

@@ -8,7 +8,10 @@
 //!   meta.json       token counts, width, the inputs with their sizes and SHA-256, the settings,
 //!                   the SHA-256 of the files here
 //!   train.docs.bin  with --separator: where each document starts in train.bin (u64 token
-//!   val.docs.bin    offsets, little-endian), then the end
+//!   val.docs.bin    offsets, little-endian), then the end; of conversations: where each
+//!                   conversation starts
+//!   train.taught.bin  of conversations (`.jsonl` inputs): one byte per token, 1 where the
+//!   val.taught.bin    model is taught to write it (the replies), else 0
 //! ```
 
 use std::collections::BTreeMap;
@@ -17,7 +20,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::chat::ChatSection;
 use crate::config::TokenizerKind;
+use crate::data::conversations::mask::Mask;
+use crate::data::conversations::{self, Conversations, Store, Summary};
 use crate::data::documents::Documents;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::tokens::{Tokens, Width};
@@ -33,6 +39,25 @@ pub const TOKENIZER: &str = "tokenizer.json";
 pub const TRAIN_DOCS: &str = "train.docs.bin";
 
 pub const VAL_DOCS: &str = "val.docs.bin";
+
+pub const TRAIN_TAUGHT: &str = "train.taught.bin";
+
+pub const VAL_TAUGHT: &str = "val.taught.bin";
+
+/// Conversations, as `meta.json` records them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationsMeta {
+    /// The chat template they were rendered with: a run training on them writes and serves
+    /// its conversations the same way.
+    pub chat: ChatSection,
+    /// Conversations in each split.
+    pub train: u64,
+    pub val: u64,
+    /// Tokens marked taught in each split (before any cut to a block size).
+    pub train_taught: u64,
+    pub val_taught: u64,
+}
 
 /// One input as recorded in `meta.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,10 +97,25 @@ pub struct Meta {
     pub train_documents: Option<u64>,
     #[serde(default)]
     pub val_documents: Option<u64>,
+    /// Of `.jsonl` inputs: the conversations (where each starts is in `train.docs.bin` and
+    /// `val.docs.bin`, what is taught in `train.taught.bin` and `val.taught.bin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversations: Option<ConversationsMeta>,
     /// The SHA-256 of each token file (and offsets file) by name, checked by
     /// [`super::verify()`]; empty in directories prepared before tinygpt recorded them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sha256: BTreeMap<String, String>,
+}
+
+impl Meta {
+    /// Documents or conversations in (train, val), each `None` for a stream of text.
+    pub fn rows(&self) -> [Option<u64>; 2] {
+        match (&self.conversations, &self.separator) {
+            (Some(c), _) => [Some(c.train), Some(c.val)],
+            (None, Some(_)) => [self.train_documents, self.val_documents],
+            (None, None) => [None, None],
+        }
+    }
 }
 
 /// A prepared directory.
@@ -127,21 +167,34 @@ impl Prepared {
                 );
             }
         }
-        let docs = [
-            (TRAIN_DOCS, meta.train_documents, meta.train_tokens),
-            (VAL_DOCS, meta.val_documents, meta.val_tokens),
+        let rows = [
+            (TRAIN_DOCS, TRAIN_TAUGHT, meta.train_tokens),
+            (VAL_DOCS, VAL_TAUGHT, meta.val_tokens),
         ];
-        for (name, documents, tokens) in docs {
-            let (Some(_), Some(documents)) = (&meta.separator, documents) else {
+        for ((docs, taught, tokens), count) in rows.into_iter().zip(meta.rows()) {
+            let Some(count) = count else {
                 continue;
             };
-            let offsets = read_offsets(&dir.join(name))?;
-            if offsets.len() as u64 != documents + 1 || offsets.last() != Some(&tokens) {
+            let offsets = read_offsets(&dir.join(docs))?;
+            if offsets.len() as u64 != count + 1 || offsets.last() != Some(&tokens) {
                 bail!(
-                    "{} is truncated or damaged: meta.json says {documents} documents of \
+                    "{} is truncated or damaged: meta.json says {count} documents of \
                      {tokens} tokens",
-                    dir.join(name).display()
+                    dir.join(docs).display()
                 );
+            }
+            if meta.conversations.is_some() {
+                let path = dir.join(taught);
+                let bytes = std::fs::metadata(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .len();
+                if bytes != tokens {
+                    bail!(
+                        "{} is truncated or damaged: {bytes} bytes, meta.json says {tokens} \
+                         tokens",
+                        path.display()
+                    );
+                }
             }
         }
         Ok(Self {
@@ -149,6 +202,30 @@ impl Prepared {
             meta,
             tokenizer,
         })
+    }
+
+    /// The train and val conversations cut to `block_size`, or `None` when the directory holds
+    /// text.
+    pub fn conversations(
+        &self,
+        block_size: usize,
+    ) -> Result<Option<(Conversations, Conversations, Summary)>> {
+        if self.meta.conversations.is_none() {
+            return Ok(None);
+        }
+        let (train, val) = self.splits()?;
+        let store = |ids, docs, taught| -> Result<Store> {
+            Ok(Store {
+                ids,
+                taught: Mask::map(&self.dir.join(taught))?,
+                offsets: read_offsets(&self.dir.join(docs))?,
+            })
+        };
+        let train = store(train, TRAIN_DOCS, TRAIN_TAUGHT)?;
+        let val = store(val, VAL_DOCS, VAL_TAUGHT)?;
+        let splits = conversations::from_stores(train, val, block_size)
+            .with_context(|| format!("{}", self.dir.display()))?;
+        Ok(Some(splits))
     }
 
     /// The train and val documents (for `documents` batching), or `None` when the directory

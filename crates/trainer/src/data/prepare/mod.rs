@@ -16,6 +16,7 @@
 //! written under a temporary name and renamed at the end.
 
 mod chunks;
+mod conversations;
 mod encode;
 mod format;
 mod hold_out;
@@ -40,7 +41,11 @@ use crate::config::TokenizerKind;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::tokens::Width;
 
-pub use format::{InputMeta, META, Meta, Prepared, TOKENIZER, TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
+pub use conversations::ConversationOptions;
+pub use format::{
+    ConversationsMeta, InputMeta, META, Meta, Prepared, TOKENIZER, TRAIN, TRAIN_DOCS, TRAIN_TAUGHT,
+    VAL, VAL_DOCS, VAL_TAUGHT,
+};
 pub use hold_out::ValSplit;
 pub use sources::{DEFAULT_INCLUDE, matches, unchanged};
 pub use verify::{Verification, Verified, verify};
@@ -92,15 +97,34 @@ pub struct Phases {
 /// Prepares `options` into the new directory `out` (built under a temporary name beside it and
 /// renamed when complete; an existing non-empty `out` is refused).
 pub fn prepare(options: PrepareOptions, out: &Path) -> Result<(Prepared, Phases)> {
+    let exit_on_signal = options.exit_on_signal;
+    staged(out, exit_on_signal, |dir| prepare_into(options, dir))
+}
+
+/// Prepares the conversations of `options` into the new directory `out`, as [`prepare`] does
+/// text (on a signal, what was written is removed and the process exits 130).
+pub fn prepare_conversations(
+    options: ConversationOptions,
+    out: &Path,
+) -> Result<(Prepared, Phases)> {
+    staged(out, true, |dir| conversations::prepare_into(options, dir))
+}
+
+/// Runs `fill` on a temporary directory beside `out`, renamed to `out` when it succeeds.
+fn staged(
+    out: &Path,
+    exit_on_signal: bool,
+    fill: impl FnOnce(&Path) -> Result<(Meta, Phases)>,
+) -> Result<(Prepared, Phases)> {
     crate::fs::refuse_non_empty(out)?;
     if out.file_name().is_none() {
         bail!("--out {} must name a directory", out.display());
     }
     let staging = crate::fs::temp_beside(out, "prepare")?;
-    if options.exit_on_signal {
+    if exit_on_signal {
         crate::fs::on_signal_remove(staging.path())?;
     }
-    let (_, phases) = prepare_into(options, staging.path())?;
+    let (_, phases) = fill(staging.path())?;
     let staging = staging.keep();
     std::fs::rename(&staging, out).map_err(|e| {
         let _ = std::fs::remove_dir_all(&staging);
@@ -254,6 +278,7 @@ fn meta(
         separator: separator.clone(),
         train_documents: counts.documents.map(|d| d.0),
         val_documents: counts.documents.map(|d| d.1),
+        conversations: None,
         sha256: Default::default(),
     }
 }

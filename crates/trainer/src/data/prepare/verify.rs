@@ -1,8 +1,8 @@
 //! A prepared directory's token files checked against `meta.json`: their SHA-256 (recorded by
-//! `prepare`), every id below the vocabulary size, document offsets in order. Sizes are
-//! checked when a directory opens (`Prepared::open`); this reads every byte, so training runs
-//! it on a thread of its own ([`Verification`]) while it starts, and `prepare --verify` on
-//! demand.
+//! `prepare`), every id below the vocabulary size, document offsets in order, taught marks 0
+//! or 1. Sizes are checked when a directory opens (`Prepared::open`); this reads every byte, so
+//! training runs it on a thread of its own ([`Verification`]) while it starts, and `prepare
+//! --verify` on demand.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::chunks::{CHUNK, read_full};
-use super::format::{Meta, TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
+use super::format::{Meta, TRAIN, TRAIN_DOCS, TRAIN_TAUGHT, VAL, VAL_DOCS, VAL_TAUGHT};
 use crate::checksum::hex;
 use crate::data::tokens::Width;
 
@@ -45,19 +45,23 @@ pub fn checksums(dir: &Path, names: &[&str]) -> Result<BTreeMap<String, String>>
 pub fn verify(dir: &Path, meta: &Meta) -> Result<Verified> {
     let vocab = meta.vocab_size as u64;
     let mut files = vec![(TRAIN, meta.train_tokens), (VAL, meta.val_tokens)];
-    if meta.separator.is_some() {
+    if meta.rows() != [None, None] {
         files.extend([(TRAIN_DOCS, meta.train_tokens), (VAL_DOCS, meta.val_tokens)]);
+    }
+    if meta.conversations.is_some() {
+        files.extend([
+            (TRAIN_TAUGHT, meta.train_tokens),
+            (VAL_TAUGHT, meta.val_tokens),
+        ]);
     }
     for (name, tokens) in files {
         let path = dir.join(name);
         let mut seen = 0u64;
         let mut last = 0u64;
-        let sum = read_checked(&path, |bytes| {
-            if name == TRAIN || name == VAL {
-                check_ids(bytes, meta.width, vocab, &mut seen)
-            } else {
-                check_offsets(bytes, tokens, &mut last, &mut seen)
-            }
+        let sum = read_checked(&path, |bytes| match name {
+            TRAIN | VAL => check_ids(bytes, meta.width, vocab, &mut seen),
+            TRAIN_TAUGHT | VAL_TAUGHT => check_marks(bytes, &mut seen),
+            _ => check_offsets(bytes, tokens, &mut last, &mut seen),
         })
         .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
         if let Some(recorded) = meta.sha256.get(name)
@@ -139,6 +143,19 @@ fn check_ids(bytes: &[u8], width: Width, vocab: u64, seen: &mut u64) -> Result<(
          it again)",
         *seen + at as u64
     )
+}
+
+/// Every taught mark 0 or 1; `seen` counts the marks before these.
+fn check_marks(bytes: &[u8], seen: &mut u64) -> Result<()> {
+    if let Some(at) = bytes.iter().position(|&b| b > 1) {
+        bail!(
+            "token {}'s taught mark is {}, not 0 or 1: the file is damaged (prepare it again)",
+            *seen + at as u64,
+            bytes[at]
+        );
+    }
+    *seen += bytes.len() as u64;
+    Ok(())
 }
 
 /// Document offsets in order and within the split's `tokens`; `last` is the previous offset,

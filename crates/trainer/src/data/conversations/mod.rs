@@ -1,20 +1,49 @@
-//! Conversations for supervised fine-tuning (`data.path` a `.jsonl` file): each conversation
-//! rendered through the run's chat template is one sample, right-padded to the longest in its
-//! batch, so no conversation attends to another. A target is counted by the loss only where
-//! the model is taught to write it (the assistant's replies and the end of their turns); every
-//! other target, and padding, is `ignore_index`.
+//! Conversations for supervised fine-tuning (`data.path` a `.jsonl` file, or a directory
+//! `tinygpt prepare` wrote from one): each conversation rendered through the run's chat template
+//! is one sample, right-padded to the longest in its batch, so no conversation attends to
+//! another. A target is counted by the loss only where the model is taught to write it (the
+//! assistant's replies and the end of their turns); every other target, and padding, is
+//! `ignore_index`.
+//!
+//! ```text
+//! render.rs  conversations to ids, taught marks and offsets, on every core
+//! mask.rs    the taught marks, in memory or mapped from disk
+//! ```
+//!
+//! The last `val_fraction` of the conversations (at least one) is validation. A conversation
+//! longer than `block_size + 1` tokens is cut to that, and one with nothing taught within it is
+//! left out, when a split is read for a block size: prepared files hold them whole.
 
-use anyhow::{Context, Result, bail};
+pub mod mask;
+pub mod render;
+
+use anyhow::{Result, bail};
 use tinygpt_model::IGNORE_INDEX;
 
 use crate::chat::jsonl::Numbered;
 use crate::chat::{ChatTemplate, Taught};
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokens::Tokens;
+use mask::Mask;
 
-/// Rendered conversations, each at most `block_size + 1` tokens.
-#[derive(Debug, Clone)]
+/// A split's conversations end to end: ids `[tokens]`, taught marks `[tokens]`, and where each
+/// conversation starts, then the end `[conversations + 1]`.
+#[derive(Clone)]
+pub struct Store {
+    pub ids: Tokens,
+    pub taught: Mask,
+    pub offsets: Vec<u64>,
+}
+
+/// The conversations of a split that fit a block size: each cut to at most `block_size + 1`
+/// tokens, those with nothing taught within that left out.
+#[derive(Clone)]
 pub struct Conversations {
-    rows: Vec<Taught>,
+    store: Store,
+    /// Each kept conversation's start in the store, and its length after the cut.
+    rows: Vec<(u64, u32)>,
+    /// Targets the loss counts in one pass (a row's first token is never a target).
+    taught_targets: usize,
 }
 
 /// What reading a conversation file did, for the run's log.
@@ -47,8 +76,14 @@ impl Summary {
     }
 }
 
-/// `conversations` (read from JSONL, with their line numbers) as train and val splits: the last
-/// `val_fraction` of them (at least one) is validation.
+/// How many of `n` conversations are validation: the last `fraction`, at least one, and at
+/// least one left to train on.
+pub fn val_count(n: usize, fraction: f64) -> usize {
+    ((n as f64 * fraction).round() as usize).clamp(1, n.saturating_sub(1).max(1))
+}
+
+/// `conversations` (read from JSONL, with their line numbers) rendered and split into train and
+/// val, as `tinygpt prepare` splits them.
 pub fn split(
     conversations: &[Numbered],
     template: &ChatTemplate,
@@ -56,24 +91,39 @@ pub fn split(
     block_size: usize,
     val_fraction: f64,
 ) -> Result<(Conversations, Conversations, Summary)> {
-    let (mut rows, cut, dropped) = rows(conversations, template, tokenizer, block_size)?;
-    if rows.len() < 2 {
-        bail!(
-            "{} conversations with a reply within block_size + 1 tokens: at least 2 are \
-             needed (one to train on, one to validate)",
-            rows.len()
-        );
+    if conversations.len() < 2 {
+        bail!("one conversation: at least 2 are needed (one to train on, one to validate)");
     }
-    let val = ((rows.len() as f64 * val_fraction).round() as usize).clamp(1, rows.len() - 1);
-    let val_rows = rows.split_off(rows.len() - val);
-    let (train, val) = (Conversations { rows }, Conversations { rows: val_rows });
+    let mut train = render::render_all(conversations, template, tokenizer)?;
+    let val = train.split_off(train.len() - val_count(train.len(), val_fraction));
+    from_stores(train.into_store(), val.into_store(), block_size)
+}
+
+/// The train and val splits of these stores for `block_size`; a split left with no
+/// conversation is an error.
+pub fn from_stores(
+    train: Store,
+    val: Store,
+    block_size: usize,
+) -> Result<(Conversations, Conversations, Summary)> {
+    let (train, train_cut, train_dropped) = Conversations::new(train, block_size)?;
+    let (val, val_cut, val_dropped) = Conversations::new(val, block_size)?;
+    for (name, split) in [("train", &train), ("val", &val)] {
+        if split.is_empty() {
+            bail!(
+                "the {name} split has no conversation with a reply within block_size + 1 = {} \
+                 tokens",
+                block_size + 1
+            );
+        }
+    }
     let summary = Summary {
         train: train.len(),
         val: val.len(),
         train_taught: train.taught_targets(),
         val_taught: val.taught_targets(),
-        cut,
-        dropped,
+        cut: train_cut + val_cut,
+        dropped: train_dropped + val_dropped,
     };
     Ok((train, val, summary))
 }
@@ -86,42 +136,50 @@ pub fn whole(
     tokenizer: &Tokenizer,
     block_size: usize,
 ) -> Result<Conversations> {
-    let (rows, _, _) = rows(conversations, template, tokenizer, block_size)?;
-    if rows.is_empty() {
+    let rendered = render::render_all(conversations, template, tokenizer)?;
+    let (all, ..) = Conversations::new(rendered.into_store(), block_size)?;
+    if all.is_empty() {
         bail!("no conversation has a reply within block_size + 1 tokens");
     }
-    Ok(Conversations { rows })
-}
-
-/// Each conversation rendered with its taught tokens, cut to `block_size + 1` tokens; those
-/// with nothing taught within that left out. Returns them, and how many were cut and left out.
-fn rows(
-    conversations: &[Numbered],
-    template: &ChatTemplate,
-    tokenizer: &Tokenizer,
-    block_size: usize,
-) -> Result<(Vec<Taught>, usize, usize)> {
-    let (mut cut, mut dropped) = (0, 0);
-    let mut rows = Vec::with_capacity(conversations.len());
-    for (line, messages) in conversations {
-        let mut row = template
-            .render_taught(messages, tokenizer)
-            .with_context(|| format!("line {line}"))?;
-        if row.ids.len() > block_size + 1 {
-            cut += 1;
-            row.ids.truncate(block_size + 1);
-            row.taught.truncate(block_size + 1);
-        }
-        // The first token is never a target.
-        match row.taught.get(1..).is_some_and(|t| t.contains(&true)) {
-            true => rows.push(row),
-            false => dropped += 1,
-        }
-    }
-    Ok((rows, cut, dropped))
+    Ok(all)
 }
 
 impl Conversations {
+    /// The conversations of `store` that fit `block_size`, and how many were cut and left out.
+    pub fn new(store: Store, block_size: usize) -> Result<(Self, usize, usize)> {
+        let tokens = store.ids.len() as u64;
+        let ordered = store.offsets.first() == Some(&0) && store.offsets.is_sorted();
+        if !ordered || store.offsets.last() != Some(&tokens) || store.taught.len() as u64 != tokens
+        {
+            bail!("the conversation offsets or taught marks do not fit the {tokens} tokens");
+        }
+        let (mut cut, mut dropped, mut taught_targets) = (0, 0, 0);
+        let mut rows = Vec::with_capacity(store.offsets.len() - 1);
+        store.taught.with(|marks| {
+            for pair in store.offsets.windows(2) {
+                let (start, len) = (pair[0], pair[1] - pair[0]);
+                let kept = len.min(block_size as u64 + 1);
+                cut += usize::from(kept < len);
+                // The first token is never a target.
+                let range = (start + 1).min(start + kept) as usize..(start + kept) as usize;
+                let taught = marks[range].iter().filter(|&&t| t != 0).count();
+                match taught {
+                    0 => dropped += 1,
+                    _ => {
+                        taught_targets += taught;
+                        rows.push((start, kept as u32));
+                    }
+                }
+            }
+        });
+        let conversations = Self {
+            store,
+            rows,
+            taught_targets,
+        };
+        Ok((conversations, cut, dropped))
+    }
+
     pub fn len(&self) -> usize {
         self.rows.len()
     }
@@ -130,25 +188,29 @@ impl Conversations {
         self.rows.is_empty()
     }
 
-    /// Tokens in all conversations.
+    /// Tokens in all conversations (as cut).
     pub fn tokens(&self) -> usize {
-        self.rows.iter().map(|r| r.ids.len()).sum()
+        self.rows.iter().map(|&(_, len)| len as usize).sum()
     }
 
     /// Targets the loss counts in one pass (a row's first token is never a target).
     pub fn taught_targets(&self) -> usize {
-        let targets = |r: &Taught| r.taught.iter().skip(1).filter(|&&t| t).count();
-        self.rows.iter().map(targets).sum()
+        self.taught_targets
     }
 
     /// Conversation `k`.
-    pub fn row(&self, k: usize) -> &Taught {
-        &self.rows[k]
+    pub fn row(&self, k: usize) -> Taught {
+        let (start, len) = self.rows[k];
+        let (start, len) = (start as usize, len as usize);
+        Taught {
+            ids: self.store.ids.slice(start, len),
+            taught: self.store.taught.marks(start, len),
+        }
     }
 
     /// The tokens of the first conversation before its first reply: its prompt.
     pub fn first_prompt(&self) -> Vec<u32> {
-        let row = &self.rows[0];
+        let row = self.row(0);
         let end = row.taught.iter().position(|&t| t).unwrap_or(row.ids.len());
         row.ids[..end].to_vec()
     }
@@ -157,7 +219,7 @@ impl Conversations {
 /// Inputs and targets of `rows`, right-padded to the longest: a target is the next token where
 /// it is taught, else `IGNORE_INDEX` (padding too; padded inputs are token 0, which no real
 /// token attends to). Returns the inputs, the targets and the sequence length.
-pub fn batch(rows: &[&Taught]) -> (Vec<i64>, Vec<i64>, usize) {
+pub fn batch(rows: &[Taught]) -> (Vec<i64>, Vec<i64>, usize) {
     let seq = rows.iter().map(|r| r.ids.len() - 1).max().unwrap_or(1);
     let mut inputs = Vec::with_capacity(rows.len() * seq);
     let mut targets = Vec::with_capacity(rows.len() * seq);
@@ -233,7 +295,14 @@ mod tests {
         // "user: " + 40 + "\nassistant: " is 58 tokens: the reply starts past 32 + 1.
         let (.., summary) = split(&data, &template, &tokenizer, 32, 0.25).unwrap();
         assert_eq!((summary.cut, summary.dropped, summary.train), (1, 1, 2));
-        let err = split(&data[..2], &template, &tokenizer, 32, 0.5).unwrap_err();
+        // The first of two is the train split, and it teaches nothing within 33 tokens.
+        let err = split(&data[..2], &template, &tokenizer, 32, 0.5)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("the train split has no"), "{err}");
+        let err = split(&data[..1], &template, &tokenizer, 32, 0.5)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("at least 2"), "{err}");
     }
 }

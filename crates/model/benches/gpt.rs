@@ -1,10 +1,11 @@
 //! `cargo bench -p tinygpt-model`: one training step's forward + backward of nanoGPT's baby
 //! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends;
-//! and the fused decoder's batched decoding (a server's streams), 1 to 32 at once.
+//! and the fused decoder's batched decoding (a server's streams), 1 to 32 at once; and its
+//! reading of a whole-block prompt at shakespeare-char's size.
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tinygpt_model::{FusedBatch, GenerateOptions, GptConfig, cross_entropy};
+use tinygpt_model::{Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptConfig, cross_entropy};
 
 #[allow(deprecated)] // burn-ndarray is deprecated upstream; still one of tinygpt's backends.
 fn backends() -> [(&'static str, Device); 2] {
@@ -81,5 +82,24 @@ fn batched_decoding(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, batched_decoding);
+/// Tokens per second of a prompt of a whole block (256) read by the fused decoder at
+/// shakespeare-char's size (10.7M parameters), in one forward pass.
+fn prefill(c: &mut Criterion) {
+    let config = GptConfig::shakespeare_char(65);
+    let model = config.init(&Device::flex()).unwrap();
+    let mut decoder = FusedDecoder::new(&model).unwrap();
+    let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
+    let mut group = c.benchmark_group("gpt/shakespeare-char/fused-prefill");
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(prompt.len() as u64));
+    group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
+        b.iter(|| {
+            decoder.clear();
+            decoder.feed(&prompt).unwrap()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, batched_decoding, prefill);
 criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! A bounded load generator for `tinygpt serve`: CLIENTS threads each stream REQUESTS
 //! completions over loopback, one after another, then it prints time to first token (p50,
-//! p99), tokens/s per stream and in total, and stops.
+//! p99), the gaps between a stream's chunks of text (p50, p99, the longest: how long a running
+//! stream stalls, e.g. while others' prompts are read), tokens/s per stream and in total, and
+//! stops.
 //!
 //!   tinygpt serve --checkpoint runs/shakespeare-char &
 //!   cargo run --release --example serve_load -- --clients 8 --requests 4 --max-tokens 200
@@ -30,9 +32,11 @@ struct Args {
     api_key: Option<String>,
 }
 
-/// One streamed completion: time to its first text, its duration, its tokens.
+/// One streamed completion: time to its first text, the gaps between its chunks of text after
+/// that, its duration, its tokens.
 struct Sample {
     first: Duration,
+    gaps: Vec<Duration>,
     total: Duration,
     tokens: u64,
 }
@@ -52,6 +56,7 @@ fn stream(args: &Args, seed: usize) -> Result<Sample, String> {
     let mut reader = response.body_mut().as_reader();
     let (mut buffer, mut chunk) = (String::new(), [0u8; 4096]);
     let (mut first, mut tokens) = (None, 0);
+    let (mut last, mut gaps) = (None, Vec::new());
     loop {
         let n = reader.read(&mut chunk).map_err(|e| e.to_string())?;
         if n == 0 {
@@ -67,12 +72,13 @@ fn stream(args: &Args, seed: usize) -> Result<Sample, String> {
                 continue;
             }
             let event: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
-            if first.is_none()
-                && event["choices"][0]["text"]
-                    .as_str()
-                    .is_some_and(|t| !t.is_empty())
-            {
-                first = Some(start.elapsed());
+            let text = event["choices"][0]["text"].as_str();
+            if text.is_some_and(|t| !t.is_empty()) {
+                let now = start.elapsed();
+                first.get_or_insert(now);
+                if let Some(last) = last.replace(now) {
+                    gaps.push(now - last);
+                }
             }
             if let Some(n) = event["usage"]["completion_tokens"].as_u64() {
                 tokens = n;
@@ -81,6 +87,7 @@ fn stream(args: &Args, seed: usize) -> Result<Sample, String> {
     }
     Ok(Sample {
         first: first.ok_or("no text came back")?,
+        gaps,
         total: start.elapsed(),
         tokens,
     })
@@ -132,15 +139,26 @@ fn main() {
         .map(|s| s.tokens as f64 / s.total.as_secs_f64())
         .collect();
     per_stream.sort_by(f64::total_cmp);
+    let mut gaps: Vec<f64> = samples
+        .iter()
+        .flat_map(|s| s.gaps.iter().map(|g| g.as_secs_f64() * 1e3))
+        .collect();
+    if gaps.is_empty() {
+        gaps.push(0.0); // one-token answers: no gaps
+    }
+    gaps.sort_by(f64::total_cmp);
     let tokens: u64 = samples.iter().map(|s| s.tokens).sum();
     println!(
-        "{{\"clients\": {}, \"requests\": {}, \"errors\": {}, \"max_tokens\": {}, \"ttft_ms_p50\": {:.1}, \"ttft_ms_p99\": {:.1}, \"stream_tokens_per_s_p50\": {:.0}, \"total_tokens_per_s\": {:.0}, \"wall_s\": {:.2}}}",
+        "{{\"clients\": {}, \"requests\": {}, \"errors\": {}, \"max_tokens\": {}, \"ttft_ms_p50\": {:.1}, \"ttft_ms_p99\": {:.1}, \"gap_ms_p50\": {:.1}, \"gap_ms_p99\": {:.1}, \"gap_ms_max\": {:.1}, \"stream_tokens_per_s_p50\": {:.0}, \"total_tokens_per_s\": {:.0}, \"wall_s\": {:.2}}}",
         args.clients,
         samples.len(),
         errors.len(),
         args.max_tokens,
         percentile(&ttft, 0.5),
         percentile(&ttft, 0.99),
+        percentile(&gaps, 0.5),
+        percentile(&gaps, 0.99),
+        gaps.iter().copied().fold(0.0, f64::max),
         percentile(&per_stream, 0.5),
         tokens as f64 / wall,
         wall,

@@ -534,6 +534,66 @@ fn fifty_concurrent_streaming_clients_get_their_own_text() {
     assert_eq!(server.health()["stats"]["completed"], 100);
 }
 
+/// Long prompts streamed by clients at once to one worker: each prompt is read whole in a step
+/// beside the others' tokens, and each text is what `tinygpt generate` writes alone, with the
+/// window sliding past block_size exactly and with the context shift.
+#[test]
+fn long_prompts_read_beside_others_give_their_alone_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let block = ["--max-iters", "20", "--set", "model.block_size=160"];
+    ok(train(dir, "run", &block));
+    let server = Server::start(dir, "run", &["--backend", "fused", "--max-concurrent", "1"]);
+    let poem = std::fs::read_to_string(corpus()).unwrap();
+    let poem: String = poem.split_whitespace().collect::<Vec<_>>().join(" ");
+    let cases: Vec<(String, bool)> = (0..6)
+        .map(|i| {
+            let prompt = poem.chars().skip(i * 300).take(70 + 16 * i).collect();
+            (prompt, i % 2 == 1)
+        })
+        .collect();
+    let request = |(prompt, shift): &(String, bool), seed: usize| {
+        json!({"prompt": prompt, "max_tokens": 60, "temperature": 0.8, "top_k": 20,
+               "seed": seed, "stream": true, "context_shift": shift})
+    };
+    let streamed: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(seed, case)| {
+                let server = &server;
+                scope.spawn(move || server.stream(&request(case, seed)).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
+        let seed = seed.to_string();
+        let mut args = vec![
+            "generate",
+            "--checkpoint",
+            "run",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "60",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "20",
+            "--seed",
+            &seed,
+            "--backend",
+            "fused",
+        ];
+        if *shift {
+            args.push("--context-shift");
+        }
+        let alone = ok(tinygpt(dir, &args));
+        assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
+    }
+}
+
 /// The attention route: the causal rows of every layer and head, each summing to 1; one layer
 /// and head is the same slice; a long prompt is truncated to its last block_size tokens.
 #[test]

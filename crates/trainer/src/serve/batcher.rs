@@ -2,7 +2,9 @@
 //! one batch ([`FusedBatch`]), a row each, one token per row a step. A request joins at the
 //! next step (its prompt fed whole beside the others' tokens) and leaves when it ends; each
 //! keeps its own sampler, seed, penalties, stop sequences and window ([`Continuation`]), and its
-//! tokens are those it gets alone.
+//! tokens are those it gets alone. A step reads prompts (and windows rebuilt) of at most a
+//! block's worth of tokens in all, beyond the first: a burst of new requests joins over a few
+//! steps instead of holding every running stream's next token for all of their prompts.
 //!
 //! Clients are decoupled from decoding: a request's events go to its own bounded channel with
 //! `try_send`, never waiting; what the channel cannot take waits in the request's outbox, and
@@ -114,6 +116,8 @@ struct Live<'t> {
     started: Instant,
     generated: usize,
     end: Option<End>,
+    /// Steps in a row its prompt (or window) waited for others' to be read.
+    passed_over: u32,
 }
 
 /// How a request ended.
@@ -146,6 +150,7 @@ impl<'t> Live<'t> {
             started: Instant::now(),
             generated: 0,
             end: None,
+            passed_over: 0,
         }
     }
 
@@ -325,7 +330,13 @@ fn step<'t>(
 ) {
     // (request, where its feed starts in its tokens)
     let mut fed: Vec<(usize, usize)> = Vec::new();
-    for (i, l) in live.iter_mut().enumerate() {
+    // Tokens of prompts and windows read this step: the first always, more while they fit in a
+    // block. Requests passed over go first at the next step.
+    let (budget, mut read) = (batch.block_size(), 0);
+    let mut order: Vec<usize> = (0..live.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(live[i].passed_over));
+    for i in order {
+        let l = &mut live[i];
         if l.events.is_closed() {
             l.end = Some(End::Gone);
             continue;
@@ -342,10 +353,18 @@ fn step<'t>(
             batch.clear(stream);
             choice.started = true;
         }
+        // Asked again next step, the feed is the same (the cache stays as this leaves it).
         let feed = choice.c.feed(batch.cached(stream));
         if feed.clear {
             batch.clear(stream);
         }
+        let len = choice.c.tokens().len() - feed.from;
+        if len > 1 && read > 0 && read + len > budget {
+            l.passed_over += 1;
+            continue;
+        }
+        read += if len > 1 { len } else { 0 };
+        l.passed_over = 0;
         fed.push((i, feed.from));
     }
     stats.batch.store(fed.len() as u64, Ordering::Relaxed);

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use super::encode::TokenWriter;
 use super::format::{
-    ConversationsMeta, InputMeta, META, Meta, TOKENIZER, TRAIN, TRAIN_DOCS, TRAIN_TAUGHT, VAL,
-    VAL_DOCS, VAL_TAUGHT,
+    ConversationsMeta, InputMeta, Meta, TOKENIZER, TRAIN, TRAIN_DOCS, TRAIN_TAUGHT, VAL, VAL_DOCS,
+    VAL_TAUGHT,
 };
 use super::{Phases, TokenizerSource, ValSplit, bar, verify};
 use crate::chat::jsonl::{self, Numbered};
@@ -63,7 +63,7 @@ pub fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, P
         TokenizerSource::Learn { kind, .. } => Some(*kind),
         TokenizerSource::Given(_) => None,
     };
-    let scan = scan(&sources, &template, learning, &options)?;
+    let mut scan = scan(&sources, &template, learning, &options)?;
     let scanned = Instant::now();
     let tokenizer = match options.tokenizer {
         TokenizerSource::Given(tokenizer) => tokenizer,
@@ -74,18 +74,17 @@ pub fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, P
         } => {
             let pieces = match kind {
                 TokenizerKind::Char => vec![scan.chars.iter().collect()],
-                TokenizerKind::Bpe => scan.sample,
+                TokenizerKind::Bpe => std::mem::take(&mut scan.sample),
             };
             render::learn(kind, &pieces, bpe_vocab_size)?
         }
     };
     let learned = Instant::now();
-    let width = Width::for_vocab(tokenizer.vocab_size());
     let train_count = match options.val {
         ValSplit::Fraction(f) => scan.train - val_count(scan.train as usize, f) as u64,
         ValSplit::Files(_) => scan.train,
     };
-    let mut out = Outputs::create(dir, width)?;
+    let mut out = Outputs::create(dir, Width::for_vocab(tokenizer.vocab_size()))?;
     let mut pass = Pass {
         template: &template,
         tokenizer: &tokenizer,
@@ -104,42 +103,49 @@ pub fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, P
         }
     }
     crate::fs::write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
+    let split = (&options.chat, &options.val);
+    let meta = meta(split, &tokenizer, &sources, scan, [train, val], dir)?;
+    super::finish(dir, meta, [started, scanned, learned])
+}
+
+/// `meta.json` for the conversations of `sources` rendered with `chat`, split by `val` into
+/// what was `written`.
+fn meta(
+    (chat, val_split): (&ChatSection, &ValSplit),
+    tokenizer: &Tokenizer,
+    sources: &[Source],
+    scan: Scan,
+    [train, val]: [Written; 2],
+    dir: &Path,
+) -> Result<Meta> {
     let conversations = ConversationsMeta {
-        chat: options.chat,
+        chat: chat.clone(),
         train: train.len(),
         val: val.len(),
         train_taught: train.taught,
         val_taught: val.taught,
     };
     let names = [TRAIN, VAL, TRAIN_DOCS, VAL_DOCS, TRAIN_TAUGHT, VAL_TAUGHT];
-    let meta = Meta {
+    Ok(Meta {
         format: 1,
         tokenizer: tokenizer.kind_setting(),
         vocab_size: tokenizer.vocab_size(),
-        width,
+        width: Width::for_vocab(tokenizer.vocab_size()),
         train_tokens: train.tokens,
         val_tokens: val.tokens,
-        val_fraction: options.val.fraction(),
-        val_files: (options.val.files().iter())
+        val_fraction: val_split.fraction(),
+        val_files: (val_split.files().iter())
             .map(|f| f.display().to_string())
             .collect(),
         bpe_sample_bytes: scan.sample_bytes,
-        inputs: inputs(&sources, scan.sha256),
+        inputs: inputs(sources, scan.sha256),
         skipped: Vec::new(),
         separator: None,
         train_documents: None,
         val_documents: None,
         conversations: Some(conversations),
         sha256: verify::checksums(dir, &names)?,
-    };
-    let text = serde_json::to_string_pretty(&meta)?;
-    crate::fs::write_atomic(&dir.join(META), text.as_bytes())?;
-    let phases = Phases {
-        scan: scanned - started,
-        learn: learned - scanned,
-        encode: learned.elapsed(),
-    };
-    Ok((meta, phases))
+    })
 }
 
 /// The inputs, train files then held-out ones; each must be a readable `.jsonl` file.

@@ -194,6 +194,16 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
     );
     sha256.append(&mut verify::checksums(dir, &[TRAIN_DOCS, VAL_DOCS])?);
     meta.sha256 = sha256;
+    finish(dir, meta, [started, scanned, learned])
+}
+
+/// Writes `meta.json` last (what is there is complete once it is), and the passes' times from
+/// when the work `started`, the inputs were `scanned` and the tokenizer `learned`.
+fn finish(
+    dir: &Path,
+    meta: Meta,
+    [started, scanned, learned]: [Instant; 3],
+) -> Result<(Meta, Phases)> {
     let text = serde_json::to_string_pretty(&meta)?;
     crate::fs::write_atomic(&dir.join(META), text.as_bytes())?;
     let phases = Phases {

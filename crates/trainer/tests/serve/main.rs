@@ -24,6 +24,30 @@ fn trained(dir: &Path) {
     ));
 }
 
+/// What `tinygpt generate` writes alone on the fused decoder for `prompt`: 60 tokens sampled at
+/// temperature 0.8 from the top 20 with `seed`, as the tests' requests ask.
+fn generate_alone(dir: &Path, prompt: &str, seed: usize, extra: &[&str]) -> String {
+    let seed = seed.to_string();
+    let args = [
+        "generate",
+        "--checkpoint",
+        "run",
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "60",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--seed",
+        &seed,
+        "--backend",
+        "fused",
+    ];
+    ok(tinygpt(dir, &[&args[..], extra].concat()))
+}
+
 fn text(completion: &Value) -> &str {
     completion["choices"][0]["text"].as_str().unwrap()
 }
@@ -55,26 +79,7 @@ fn completions_equal_generate_whole_and_streamed() {
     );
 
     // The same seed and settings as `tinygpt generate`.
-    let cli = ok(tinygpt(
-        dir,
-        &[
-            "generate",
-            "--checkpoint",
-            "run",
-            "--prompt",
-            "Of Man",
-            "--max-new-tokens",
-            "60",
-            "--temperature",
-            "0.8",
-            "--top-k",
-            "20",
-            "--seed",
-            "7",
-            "--backend",
-            "fused",
-        ],
-    ));
+    let cli = generate_alone(dir, "Of Man", 7, &[]);
     assert_eq!(cli, format!("Of Man{generated}\n"));
 
     // Streamed: the same text in pieces, a finish chunk, the usage chunk, then [DONE].
@@ -568,28 +573,8 @@ fn long_prompts_read_beside_others_give_their_alone_text() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
-        let seed = seed.to_string();
-        let mut args = vec![
-            "generate",
-            "--checkpoint",
-            "run",
-            "--prompt",
-            prompt,
-            "--max-new-tokens",
-            "60",
-            "--temperature",
-            "0.8",
-            "--top-k",
-            "20",
-            "--seed",
-            &seed,
-            "--backend",
-            "fused",
-        ];
-        if *shift {
-            args.push("--context-shift");
-        }
-        let alone = ok(tinygpt(dir, &args));
+        let shift: &[&str] = if *shift { &["--context-shift"] } else { &[] };
+        let alone = generate_alone(dir, prompt, seed, shift);
         assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
     }
 }

@@ -1,7 +1,8 @@
 //! `cargo bench -p tinygpt-model`: one training step's forward + backward of nanoGPT's baby
 //! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends;
 //! and the fused decoder's batched decoding (a server's streams), 1 to 32 at once; and its
-//! reading of a whole-block prompt at shakespeare-char's size.
+//! reading of a whole-block prompt at shakespeare-char's size (one forward pass) and at GPT-2's
+//! (1,024 tokens, in chunks of `PREFILL_CHUNK`).
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -91,6 +92,25 @@ fn prefill(c: &mut Criterion) {
     let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
     let mut group = c.benchmark_group("gpt/shakespeare-char/fused-prefill");
     group.sample_size(20);
+    group.throughput(Throughput::Elements(prompt.len() as u64));
+    group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
+        b.iter(|| {
+            decoder.clear();
+            decoder.feed(&prompt).unwrap()
+        })
+    });
+    group.finish();
+    // GPT-2's shape (12 layers, 768 wide, 1,024 positions; a 65-token vocabulary).
+    let config = GptConfig::new(65)
+        .with_n_layer(12)
+        .with_n_head(12)
+        .with_n_embd(768)
+        .with_block_size(1024);
+    let model = config.init(&Device::flex()).unwrap();
+    let mut decoder = FusedDecoder::new(&model).unwrap();
+    let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
+    let mut group = c.benchmark_group("gpt/gpt2-size/fused-prefill");
+    group.sample_size(10);
     group.throughput(Throughput::Elements(prompt.len() as u64));
     group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
         b.iter(|| {

@@ -45,8 +45,8 @@ pub use config::{Activation, GptConfig};
 pub use continuation::{Continuation, Feed, Finish};
 pub use cpu::{
     AdamWSettings, FusedBatch, FusedCpu, FusedDecoder, FusedError, MomentState, MuonSettings,
-    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, TokenBatch, VelocityState,
-    fused_support,
+    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, PREFILL_CHUNK, TokenBatch,
+    VelocityState, fused_support,
 };
 pub use device_pick::{Pick, Picked};
 pub use draw::Sampled;

@@ -8,7 +8,7 @@ use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
     Continuation, Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError,
-    generate,
+    PREFILL_CHUNK, generate,
 };
 
 fn tokens(len: usize, vocab: usize) -> Vec<u32> {
@@ -231,6 +231,56 @@ fn a_batch_gives_each_stream_the_logits_it_gets_alone() {
                 );
                 assert_eq!(batch.cached(*s), alone[*s].cached());
             }
+        }
+    }
+}
+
+/// A prompt longer than [`PREFILL_CHUNK`], fed whole to a decoder alone, and fed to a stream of
+/// a batch a chunk a step while another stream decodes (as `serve` feeds prompts): after the
+/// last chunk the logits are the same bit for bit, and Burn's to float rounding; so are the
+/// logits of the tokens after it.
+#[test]
+fn a_long_prompt_fed_a_chunk_a_step_gives_what_it_gives_whole() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let small = GptConfig::new(13)
+        .with_block_size(2 * PREFILL_CHUNK + 40)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32);
+    let modern = small
+        .clone()
+        .with_position(Position::Rope)
+        .with_norm(Norm::Rms)
+        .with_qk_norm(true)
+        .with_mlp(Mlp::SwiGlu)
+        .with_n_kv_head(Some(1));
+    for config in [small, modern] {
+        let gpt = config.init(&device).unwrap();
+        let prompt = tokens(2 * PREFILL_CHUNK + 20, 13);
+        let mut alone = FusedDecoder::new(&gpt).unwrap();
+        let want = alone.feed(&prompt).unwrap();
+        let burn = burn_logits(&gpt, &prompt);
+        let scale = burn.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = want
+            .iter()
+            .zip(&burn)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff <= 1e-4 * scale, "{config:?}: {diff} vs {scale}");
+
+        let mut batch = FusedBatch::new(&gpt, 2).unwrap();
+        let other = tokens(8, 13);
+        let chunks: Vec<&[u32]> = prompt.chunks(PREFILL_CHUNK).collect();
+        for (k, chunk) in chunks.iter().enumerate() {
+            let logits = batch.step(&[(0, chunk), (1, &other[k..=k])]).unwrap();
+            if k + 1 == chunks.len() {
+                assert_eq!(&logits[..13], &want[..], "{config:?}");
+            }
+        }
+        for token in [1, 2, 3] {
+            let want = alone.feed(&[token]).unwrap();
+            let got = batch.step(&[(0, &[token])]).unwrap();
+            assert_eq!(got, &want[..], "{config:?}");
         }
     }
 }

@@ -121,7 +121,7 @@ pub(crate) fn forward(
 fast_math::vectorized! {
     /// Row `i` of `scores [rows, seq]`, the query at position `first + i`, becomes the softmax
     /// over keys `0..=first + i`, zeros after.
-    fn causal_softmax(scores: &mut [f32], seq: usize, first: usize) {
+    pub(super) fn causal_softmax(scores: &mut [f32], seq: usize, first: usize) {
         for (i, row) in scores.chunks_exact_mut(seq).enumerate() {
             let (visible, hidden) = row.split_at_mut(first + i + 1);
             let max = visible.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -8,11 +8,11 @@
 
 use std::sync::Arc;
 
-use super::attention::{self, Shape};
+use super::attention::{self, Shape, causal_softmax};
 use super::batch_decode::StreamCache;
 use super::block::{self, BlockActs, Ctx, Heads};
 use super::fast_math::{self, vectorized};
-use super::matmul::{dot, dot_lanes, rows_times_matrix};
+use super::matmul::{View, dot, dot_lanes, matmul_into, rows_times_matrix};
 use super::norm::{self, Normed};
 use super::params::Params;
 use super::{Dims, FusedError, rope, softcap};
@@ -21,6 +21,12 @@ use crate::generate::Decoder;
 use crate::gpt::Gpt;
 use crate::layout::ParamLayout;
 use tinygpt_attention::AttentionError;
+
+/// The most tokens of a prompt (or of a window rebuilt) one forward pass reads; longer ones go
+/// through in chunks of this many. A server decoding many streams feeds a long prompt a chunk a
+/// step, so the others wait one chunk's time between their tokens, not the whole prompt's; a
+/// chunk is long enough that its products run at the blocked kernels' speed.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// A [`Gpt`]'s weights read onto the host, and the keys and values of the tokens fed so far
 /// (one sequence). Gives the same logits as [`Gpt::forward`] to float rounding; the tests
@@ -145,8 +151,8 @@ impl FusedDecoder {
     }
 
     /// The forward pass of `tokens` at positions `len..len + rows`, appending their keys and
-    /// values to the cache; leaves the last row's logits in `self.logits`.
-    fn forward(&mut self, tokens: &[u32]) {
+    /// values to the cache; with `head`, leaves the last row's logits in `self.head.logits`.
+    fn forward(&mut self, tokens: &[u32], head: bool) {
         let d = self.dims;
         let (c, rows, past) = (d.width, tokens.len(), self.cache.len);
         self.x.resize(rows * c, 0.0);
@@ -155,6 +161,13 @@ impl FusedDecoder {
         // training kernel's blocked products, which keep its weights.
         let window = past == 0 && rows > 1;
         let att = if window { d.heads * rows * rows } else { 0 };
+        // Several rows after cached ones (a prompt's later chunks) attend through blocked
+        // products too, `[rows, past + rows]` scores at a time.
+        let chunk = past > 0 && rows > 1;
+        if chunk {
+            self.scores
+                .resize(self.scores.len().max(rows * (past + rows)), 0.0);
+        }
         self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             self.weights.embed(x, tok as usize, past + r);
@@ -177,16 +190,19 @@ impl FusedDecoder {
                     past,
                     dims: &d,
                 };
-                match window {
-                    true => attend_window(h, cache),
-                    false => attend_cached(h, cache, scores),
+                match (window, chunk) {
+                    (true, _) => attend_window(h, cache),
+                    (false, true) => attend_chunk(h, cache, scores),
+                    (false, false) => attend_cached(h, cache, scores),
                 }
             });
             std::mem::swap(&mut self.x, &mut self.next);
         }
         // Only the last row's next token is wanted.
-        let last = &self.x[(rows - 1) * c..rows * c];
-        self.head.forward(&self.dims, &self.weights, last);
+        if head {
+            let last = &self.x[(rows - 1) * c..rows * c];
+            self.head.forward(&self.dims, &self.weights, last);
+        }
         self.cache.len += rows;
     }
 
@@ -203,9 +219,15 @@ impl FusedDecoder {
         std::mem::swap(&mut self.cache, cache);
     }
 
-    /// [`Decoder::feed`] of tokens already checked: the logits after them.
+    /// [`Decoder::feed`] of tokens already checked: the logits after them. A feed longer than
+    /// [`PREFILL_CHUNK`] goes through in chunks of that many tokens from its start, so that
+    /// [`FusedBatch`](super::FusedBatch) can feed a long prompt a chunk a step beside other
+    /// streams and compute exactly what this does.
     pub(super) fn feed_checked(&mut self, tokens: &[u32]) -> &[f32] {
-        self.forward(tokens);
+        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            self.forward(chunk, i + 1 == chunks);
+        }
         &self.head.logits
     }
 
@@ -255,6 +277,30 @@ fn attend_window(h: Heads<'_>, mut cache: Cache<'_>) {
     attention::forward(h.y, h.att, h.qkv, &[], &mut [], shape);
 }
 
+/// Several rows after the cached ones, through blocked products: per head, the scores
+/// `[rows, past + rows]` of the rows' queries against every key so far, a causal softmax (row
+/// `i` sees keys `0..=past + i`), then the weighted values.
+fn attend_chunk(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
+    cache.append(h.qkv);
+    let d = cache.dims;
+    let (c, kv, stride) = (d.width, d.kv_width(), d.qkv_width());
+    let rows = h.qkv.len() / stride;
+    let keys = cache.past + rows;
+    let dh = d.d_head();
+    let scale = 1.0 / (dh as f32).sqrt();
+    let scores = &mut scores[..rows * keys];
+    for head in 0..d.heads {
+        let g = head / (d.heads / d.kv_heads);
+        let q = View::strided(&h.qkv[head * dh..], rows, dh, stride);
+        let k = View::strided(&cache.keys[g * dh..], keys, dh, kv);
+        let v = View::strided(&cache.values[g * dh..], keys, dh, kv);
+        matmul_into(scores, keys, q, k.t(), scale, false);
+        causal_softmax(scores, keys, cache.past);
+        let weights = View::strided(scores, rows, keys, keys);
+        matmul_into(&mut h.y[head * dh..], c, weights, v, 1.0, false);
+    }
+}
+
 /// Rows after the cached ones: each query row attends to the cached keys and values up to and
 /// including its own.
 fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
@@ -300,8 +346,7 @@ impl Decoder for FusedDecoder {
         if tokens.is_empty() {
             return Err(AttentionError::EmptySequence.into());
         }
-        self.forward(tokens);
-        Ok(self.head.logits.clone())
+        Ok(self.feed_checked(tokens).to_vec())
     }
 }
 

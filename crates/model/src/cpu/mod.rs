@@ -55,7 +55,7 @@ use crate::parts::{Mlp, Norm, Position};
 use adamw::Moments;
 pub use adamw::{AdamWSettings, MomentState};
 pub use batch_decode::FusedBatch;
-pub use decode::FusedDecoder;
+pub use decode::{FusedDecoder, PREFILL_CHUNK};
 pub use muon::{
     MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, VelocityState,
 };

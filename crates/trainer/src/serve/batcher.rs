@@ -2,9 +2,11 @@
 //! one batch ([`FusedBatch`]), a row each, one token per row a step. A request joins at the
 //! next step (its prompt fed whole beside the others' tokens) and leaves when it ends; each
 //! keeps its own sampler, seed, penalties, stop sequences and window ([`Continuation`]), and its
-//! tokens are those it gets alone. A step reads prompts (and windows rebuilt) of at most a
-//! block's worth of tokens in all, beyond the first: a burst of new requests joins over a few
-//! steps instead of holding every running stream's next token for all of their prompts.
+//! tokens are those it gets alone. A step reads at most [`PREFILL_CHUNK`] tokens of prompts
+//! (and windows rebuilt) beyond its first, a longer prompt a chunk a step (the fused decoder
+//! alone reads it in the same chunks, so its tokens stay the same): new requests, one after
+//! another in the order they came, join without holding every running stream's next token for
+//! all of their prompts.
 //!
 //! Clients are decoupled from decoding: a request's events go to its own bounded channel with
 //! `try_send`, never waiting; what the channel cannot take waits in the request's outbox, and
@@ -18,7 +20,9 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::Instant;
 
-use tinygpt_model::{Continuation, Finish, FusedBatch, GenerateOptions};
+use std::ops::Range;
+
+use tinygpt_model::{Continuation, Finish, FusedBatch, GenerateOptions, PREFILL_CHUNK};
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
@@ -133,6 +137,9 @@ struct Choice<'t> {
     index: usize,
     /// Whether its first feed went in (on a cache emptied for it).
     started: bool,
+    /// What is left of a feed longer than a chunk (a prompt, a window), read before the next
+    /// token is sampled.
+    feeding: Option<Range<usize>>,
     c: Continuation,
     text: TextStream<'t>,
     pending: Vec<TokenLogprob>,
@@ -223,6 +230,7 @@ impl<'t> Live<'t> {
                     self.running = Some(Choice {
                         index,
                         started: false,
+                        feeding: None,
                         c,
                         text: TextStream::new(tokenizer),
                         pending: Vec::new(),
@@ -234,16 +242,16 @@ impl<'t> Live<'t> {
         self.running.as_mut()
     }
 
-    /// The running choice's tokens from `from` on: what it feeds this step.
-    fn tokens_from(&self, from: usize) -> &[u32] {
-        self.running.as_ref().map_or(&[], |c| &c.c.tokens()[from..])
+    /// The running choice's tokens `range`: what it feeds this step.
+    fn tokens_in(&self, range: Range<usize>) -> &[u32] {
+        self.running.as_ref().map_or(&[], |c| &c.c.tokens()[range])
     }
 
     /// Takes the logits after this request's feed: the sampled token becomes events; an ended
-    /// choice its finish.
+    /// choice its finish. Logits after part of a feed are not a next token's.
     fn accept(&mut self, logits: &[f32], tokenizer: &Tokenizer, stats: &Stats) {
         let logprobs = self.job.logprobs;
-        let Some(choice) = self.running.as_mut() else {
+        let Some(choice) = self.running.as_mut().filter(|c| c.feeding.is_none()) else {
             return;
         };
         let ready = match choice.c.accept(logits) {
@@ -328,13 +336,23 @@ fn step<'t>(
     tokenizer: &'t Tokenizer,
     stats: &Stats,
 ) {
-    // (request, where its feed starts in its tokens)
-    let mut fed: Vec<(usize, usize)> = Vec::new();
-    // Tokens of prompts and windows read this step: the first always, more while they fit in a
-    // block. Requests passed over go first at the next step.
-    let (budget, mut read) = (batch.block_size(), 0);
+    // (request, the tokens it feeds)
+    let mut fed: Vec<(usize, Range<usize>)> = Vec::new();
+    // Tokens of prompts and windows read this step: the first chunk always, more while they fit
+    // in a chunk. A prompt under way goes on first (so the first to come is the first to be
+    // answered), then the requests passed over longest, then the others as they came.
+    let (budget, mut read) = (PREFILL_CHUNK, 0);
     let mut order: Vec<usize> = (0..live.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(live[i].passed_over));
+    order.sort_by_key(|&i| {
+        let under_way = live[i]
+            .running
+            .as_ref()
+            .is_some_and(|c| c.feeding.is_some());
+        (
+            std::cmp::Reverse(under_way),
+            std::cmp::Reverse(live[i].passed_over),
+        )
+    });
     for i in order {
         let l = &mut live[i];
         if l.events.is_closed() {
@@ -353,19 +371,30 @@ fn step<'t>(
             batch.clear(stream);
             choice.started = true;
         }
-        // Asked again next step, the feed is the same (the cache stays as this leaves it).
-        let feed = choice.c.feed(batch.cached(stream));
-        if feed.clear {
-            batch.clear(stream);
-        }
-        let len = choice.c.tokens().len() - feed.from;
+        let under_way = choice.feeding.is_some();
+        let rest = match choice.feeding.take() {
+            Some(rest) => rest,
+            None => {
+                let feed = choice.c.feed(batch.cached(stream));
+                if feed.clear {
+                    batch.clear(stream);
+                }
+                feed.from..choice.c.tokens().len()
+            }
+        };
+        let len = rest.len().min(PREFILL_CHUNK);
         if len > 1 && read > 0 && read + len > budget {
+            // A prompt under way waits as it is; one not begun is asked for again (the same feed:
+            // the cache stays as this leaves it).
+            choice.feeding = under_way.then_some(rest);
             l.passed_over += 1;
             continue;
         }
+        let end = rest.start + len;
+        choice.feeding = (end < rest.end).then_some(end..rest.end);
         read += if len > 1 { len } else { 0 };
         l.passed_over = 0;
-        fed.push((i, feed.from));
+        fed.push((i, rest.start..end));
     }
     stats.batch.store(fed.len() as u64, Ordering::Relaxed);
     if fed.is_empty() {
@@ -377,20 +406,21 @@ fn step<'t>(
     }
     let feeds: Vec<(usize, &[u32])> = fed
         .iter()
-        .map(|&(i, from)| (live[i].stream, live[i].tokens_from(from)))
+        .map(|(i, range)| (live[*i].stream, live[*i].tokens_in(range.clone())))
         .collect();
     let vocab = batch.vocab_size();
     let tokens = tokenizer.vocab_size().min(vocab);
     match batch.step(&feeds) {
         Ok(logits) => {
-            for (row, &(i, _)) in fed.iter().enumerate() {
+            for (row, (i, _)) in fed.iter().enumerate() {
+                let i = *i;
                 let logits = &logits[row * vocab..row * vocab + tokens];
                 live[i].accept(logits, tokenizer, stats);
             }
         }
         Err(e) => {
-            for &(i, _) in &fed {
-                live[i].fail(e.to_string(), stats);
+            for (i, _) in &fed {
+                live[*i].fail(e.to_string(), stats);
             }
         }
     }

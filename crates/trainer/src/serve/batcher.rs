@@ -242,6 +242,56 @@ impl<'t> Live<'t> {
         self.running.as_mut()
     }
 
+    /// The tokens this request feeds this step, if it goes on: its next token, or the next
+    /// chunk of its prompt (or window) while `read`, the prompt tokens the step reads so far,
+    /// leaves room for it within a chunk (the first such feed always goes).
+    fn next_feed(
+        &mut self,
+        batch: &mut FusedBatch,
+        tokenizer: &'t Tokenizer,
+        stats: &Stats,
+        read: &mut usize,
+    ) -> Option<Range<usize>> {
+        if self.events.is_closed() {
+            self.end = Some(End::Gone);
+            return None;
+        }
+        if !self.flush() || self.end.is_some() {
+            return None;
+        }
+        let stream = self.stream;
+        let choice = self.choice(batch, tokenizer, stats)?;
+        // A choice starts from an empty cache (the stream held someone else's).
+        if !choice.started {
+            batch.clear(stream);
+            choice.started = true;
+        }
+        let under_way = choice.feeding.is_some();
+        let rest = match choice.feeding.take() {
+            Some(rest) => rest,
+            None => {
+                let feed = choice.c.feed(batch.cached(stream));
+                if feed.clear {
+                    batch.clear(stream);
+                }
+                feed.from..choice.c.tokens().len()
+            }
+        };
+        let len = rest.len().min(PREFILL_CHUNK);
+        if len > 1 && *read > 0 && *read + len > PREFILL_CHUNK {
+            // A prompt under way waits as it is; one not begun is asked for again (the same
+            // feed: the cache stays as this leaves it).
+            choice.feeding = under_way.then_some(rest);
+            self.passed_over += 1;
+            return None;
+        }
+        let end = rest.start + len;
+        choice.feeding = (end < rest.end).then_some(end..rest.end);
+        *read += if len > 1 { len } else { 0 };
+        self.passed_over = 0;
+        Some(rest.start..end)
+    }
+
     /// The running choice's tokens `range`: what it feeds this step.
     fn tokens_in(&self, range: Range<usize>) -> &[u32] {
         self.running.as_ref().map_or(&[], |c| &c.c.tokens()[range])
@@ -341,60 +391,20 @@ fn step<'t>(
     // Tokens of prompts and windows read this step: the first chunk always, more while they fit
     // in a chunk. A prompt under way goes on first (so the first to come is the first to be
     // answered), then the requests passed over longest, then the others as they came.
-    let (budget, mut read) = (PREFILL_CHUNK, 0);
     let mut order: Vec<usize> = (0..live.len()).collect();
     order.sort_by_key(|&i| {
-        let under_way = live[i]
-            .running
-            .as_ref()
-            .is_some_and(|c| c.feeding.is_some());
+        let l = &live[i];
+        let under_way = l.running.as_ref().is_some_and(|c| c.feeding.is_some());
         (
             std::cmp::Reverse(under_way),
-            std::cmp::Reverse(live[i].passed_over),
+            std::cmp::Reverse(l.passed_over),
         )
     });
+    let mut read = 0;
     for i in order {
-        let l = &mut live[i];
-        if l.events.is_closed() {
-            l.end = Some(End::Gone);
-            continue;
+        if let Some(range) = live[i].next_feed(batch, tokenizer, stats, &mut read) {
+            fed.push((i, range));
         }
-        if !l.flush() || l.end.is_some() {
-            continue;
-        }
-        let stream = l.stream;
-        let Some(choice) = l.choice(batch, tokenizer, stats) else {
-            continue;
-        };
-        // A choice starts from an empty cache (the stream held someone else's).
-        if !choice.started {
-            batch.clear(stream);
-            choice.started = true;
-        }
-        let under_way = choice.feeding.is_some();
-        let rest = match choice.feeding.take() {
-            Some(rest) => rest,
-            None => {
-                let feed = choice.c.feed(batch.cached(stream));
-                if feed.clear {
-                    batch.clear(stream);
-                }
-                feed.from..choice.c.tokens().len()
-            }
-        };
-        let len = rest.len().min(PREFILL_CHUNK);
-        if len > 1 && read > 0 && read + len > budget {
-            // A prompt under way waits as it is; one not begun is asked for again (the same feed:
-            // the cache stays as this leaves it).
-            choice.feeding = under_way.then_some(rest);
-            l.passed_over += 1;
-            continue;
-        }
-        let end = rest.start + len;
-        choice.feeding = (end < rest.end).then_some(end..rest.end);
-        read += if len > 1 { len } else { 0 };
-        l.passed_over = 0;
-        fed.push((i, rest.start..end));
     }
     stats.batch.store(fed.len() as u64, Ordering::Relaxed);
     if fed.is_empty() {

@@ -83,42 +83,34 @@ fn batched_decoding(c: &mut Criterion) {
     group.finish();
 }
 
-/// Tokens per second of a prompt of a whole block (256) read by the fused decoder at
-/// shakespeare-char's size (10.7M parameters), in one forward pass.
+/// Tokens per second of a prompt of a whole block read by the fused decoder: 256 tokens at
+/// shakespeare-char's size (10.7M parameters, one forward pass), and 1,024 at GPT-2's shape
+/// (12 layers, 768 wide; a 65-token vocabulary), in chunks of `PREFILL_CHUNK`.
 fn prefill(c: &mut Criterion) {
-    let config = GptConfig::shakespeare_char(65);
-    let model = config.init(&Device::flex()).unwrap();
-    let mut decoder = FusedDecoder::new(&model).unwrap();
-    let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
-    let mut group = c.benchmark_group("gpt/shakespeare-char/fused-prefill");
-    group.sample_size(20);
-    group.throughput(Throughput::Elements(prompt.len() as u64));
-    group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
-        b.iter(|| {
-            decoder.clear();
-            decoder.feed(&prompt).unwrap()
-        })
-    });
-    group.finish();
-    // GPT-2's shape (12 layers, 768 wide, 1,024 positions; a 65-token vocabulary).
-    let config = GptConfig::new(65)
+    let gpt2 = GptConfig::new(65)
         .with_n_layer(12)
         .with_n_head(12)
         .with_n_embd(768)
         .with_block_size(1024);
-    let model = config.init(&Device::flex()).unwrap();
-    let mut decoder = FusedDecoder::new(&model).unwrap();
-    let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
-    let mut group = c.benchmark_group("gpt/gpt2-size/fused-prefill");
-    group.sample_size(10);
-    group.throughput(Throughput::Elements(prompt.len() as u64));
-    group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
-        b.iter(|| {
-            decoder.clear();
-            decoder.feed(&prompt).unwrap()
-        })
-    });
-    group.finish();
+    let sizes = [
+        ("shakespeare-char", GptConfig::shakespeare_char(65), 20),
+        ("gpt2-size", gpt2, 10),
+    ];
+    for (name, config, samples) in sizes {
+        let model = config.init(&Device::flex()).unwrap();
+        let mut decoder = FusedDecoder::new(&model).unwrap();
+        let prompt: Vec<u32> = (0..config.block_size as u32).map(|i| i * 7 % 65).collect();
+        let mut group = c.benchmark_group(format!("gpt/{name}/fused-prefill"));
+        group.sample_size(samples);
+        group.throughput(Throughput::Elements(prompt.len() as u64));
+        group.bench_function(BenchmarkId::from_parameter(prompt.len()), |b| {
+            b.iter(|| {
+                decoder.clear();
+                decoder.feed(&prompt).unwrap()
+            })
+        });
+        group.finish();
+    }
 }
 
 criterion_group!(benches, bench, batched_decoding, prefill);

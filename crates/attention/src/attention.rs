@@ -11,7 +11,7 @@ use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention};
 use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
-use crate::mask::{causal_mask_with_offset, mask_then_softmax};
+use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
 use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
 
@@ -52,6 +52,15 @@ pub struct CausalSelfAttention {
     /// QK-norm's ε, when queries and keys are normalised ([`crate::qk_norm`]).
     #[module(skip)]
     pub qk_norm_eps: Option<f64>,
+}
+
+/// Where the rows of an input sit in their sequences.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// Every sequence's tokens at positions `offset..offset + seq`.
+    From(usize),
+    /// One token per sequence, sequence `r`'s at `positions[r]`.
+    Rows(&'a [usize]),
 }
 
 /// Queries, keys and values, each `[batch, heads, seq, d_head]`.
@@ -116,7 +125,7 @@ impl CausalSelfAttention {
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
-        let heads = self.heads(x, 0);
+        let heads = self.heads(x, At::From(0));
         // The flash kernels read each query head's key/value head in place; the other paths
         // take them repeated.
         let y = if self.use_flash(&heads, key_padding.is_some()) {
@@ -151,7 +160,8 @@ impl CausalSelfAttention {
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         let mask = self.mask(batch, seq, 0, seq, key_padding);
-        let (y, weights) = self.explicit(self.grouped(self.heads(x, 0)), Some(mask), padded);
+        let (y, weights) =
+            self.explicit(self.grouped(self.heads(x, At::From(0))), Some(mask), padded);
         Ok((self.merge_heads(y), weights))
     }
 
@@ -173,7 +183,7 @@ impl CausalSelfAttention {
             return Err(AttentionError::CacheBatchMismatch { cached, got: batch });
         }
         // The cache holds the key/value heads, rotated: a group's copies are made per call.
-        let Heads { q, k, v } = self.heads(x, past);
+        let Heads { q, k, v } = self.heads(x, At::From(past));
         let (k, v) = cache.append(k, v)?;
         let keys = k.dims()[2];
         let heads = self.grouped(Heads { q, k, v });
@@ -186,6 +196,59 @@ impl CausalSelfAttention {
             self.explicit(heads, mask, false).0
         };
         Ok(self.merge_heads(y))
+    }
+
+    /// Continuous batching's step: the next token of each of `rows` sequences of different
+    /// lengths, `x` `[rows, 1, d_model]`, row `r` following the tokens `caches[r]` holds (each
+    /// cache one sequence's; either layout). Each row's key and value join its own cache; the
+    /// rows' keys are stacked to the longest and each query sees its own row's only, the
+    /// others' hidden like padding ([`lengths_mask`](crate::mask::lengths_mask)). Returns
+    /// `[rows, 1, d_model]`: row `r` is what [`forward_cached`](Self::forward_cached) gives that
+    /// sequence alone, up to float rounding (the products have other shapes).
+    ///
+    /// The weights are read once for all rows: at one token a sequence is a matrix-vector
+    /// product that waits on memory, and a batch of them is a matrix product that does not.
+    pub fn forward_rows(
+        &self,
+        x: Tensor<3>,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor<3>, AttentionError> {
+        let [rows, new, _] = x.dims();
+        if new != 1 {
+            return Err(AttentionError::RowTokens { got: new });
+        }
+        if caches.len() != rows || caches.iter().any(|c| c.batch().is_some_and(|b| b != 1)) {
+            return Err(AttentionError::RowCaches {
+                rows,
+                caches: caches.len(),
+            });
+        }
+        let positions: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+        let longest = positions.iter().max().map_or(0, |&p| p + 1);
+        self.check_input(&x, longest - 1)?;
+        // Fixed caches keep their whole capacity, so every step runs the same shapes (what a
+        // GPU compiles and tunes for); growing ones stack to the longest row.
+        let keys = caches
+            .iter()
+            .filter_map(|c| c.capacity())
+            .fold(longest, usize::max);
+        let Heads { q, k, v } = self.heads(x, At::Rows(&positions));
+        let (mut stacked_keys, mut stacked_values) = (Vec::new(), Vec::new());
+        for (r, cache) in caches.iter_mut().enumerate() {
+            let (k, v) = cache.append(k.clone().narrow(0, r, 1), v.clone().narrow(0, r, 1))?;
+            stacked_keys.push(stacked(k, keys));
+            stacked_values.push(stacked(v, keys));
+        }
+        let lengths: Vec<usize> = positions.iter().map(|p| p + 1).collect();
+        let mask = lengths_mask(&lengths, keys, &q.device())
+            .reshape([rows, 1, 1, keys])
+            .expand([rows, self.n_heads, 1, keys]);
+        let heads = self.grouped(Heads {
+            q,
+            k: Tensor::cat(stacked_keys, 0),
+            v: Tensor::cat(stacked_values, 0),
+        });
+        Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
     }
 
     fn check_input(&self, x: &Tensor<3>, past: usize) -> Result<[usize; 3], AttentionError> {
@@ -238,10 +301,10 @@ impl CausalSelfAttention {
         }
     }
 
-    /// `[batch, seq, d_model]` at positions `offset..offset + seq` -> queries
+    /// `[batch, seq, d_model]` at positions `at` -> queries
     /// `[batch, n_heads, seq, d_head]`, keys and values `[batch, n_kv_heads, seq, d_head]`;
     /// queries and keys normalised (QK-norm) and then rotated (RoPE) when the layer does so.
-    fn heads(&self, x: Tensor<3>, offset: usize) -> Heads {
+    fn heads(&self, x: Tensor<3>, at: At) -> Heads {
         let [batch, seq, d_model] = x.dims();
         let (heads, kv) = (self.n_heads, self.n_kv_heads);
         let d_head = d_model / heads;
@@ -259,7 +322,10 @@ impl CausalSelfAttention {
             k = rms_norm_heads(k, eps);
         }
         if let Some(base) = self.rope_base {
-            let rows = RopeRows::new(offset, seq, d_head, base, &q.device());
+            let rows = match at {
+                At::From(offset) => RopeRows::new(offset, seq, d_head, base, &q.device()),
+                At::Rows(positions) => RopeRows::at(positions, d_head, base, &q.device()),
+            };
             q = rows.apply(q);
             k = rows.apply(k);
         }
@@ -341,6 +407,20 @@ impl CausalSelfAttention {
             .forward(weights.clone().cast(dtype))
             .matmul(v);
         (y, weights)
+    }
+}
+
+/// One sequence's keys (or values) `[1, heads, n, d_head]`, `n` its length or a fixed cache's
+/// capacity, as `[1, heads, keys, d_head]`: cut, or filled with zeros (hidden keys), to `keys`.
+fn stacked(t: Tensor<4>, keys: usize) -> Tensor<4> {
+    let [one, heads, n, d_head] = t.dims();
+    match n >= keys {
+        true => t.narrow(2, 0, keys),
+        false => {
+            let zeros =
+                Tensor::<4>::zeros([one, heads, keys - n, d_head], &t.device()).cast(t.dtype());
+            Tensor::cat(vec![t, zeros], 2)
+        }
     }
 }
 

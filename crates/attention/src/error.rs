@@ -41,4 +41,8 @@ pub enum AttentionError {
     },
     #[error("key/value cache holds batch {cached}, input has batch {got}")]
     CacheBatchMismatch { cached: usize, got: usize },
+    #[error("a batch of {rows} rows needs one cache of one sequence per row, got {caches}")]
+    RowCaches { rows: usize, caches: usize },
+    #[error("each row of a batched step feeds one token, got {got}")]
+    RowTokens { got: usize },
 }

@@ -65,6 +65,11 @@ impl KvCache {
         }
     }
 
+    /// The fixed layout's rows, `None` for a growing cache.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
     /// Batch size of the cached tokens, if any.
     pub(crate) fn batch(&self) -> Option<usize> {
         match self.len {

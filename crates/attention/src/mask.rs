@@ -24,11 +24,16 @@
 //! neighbours (`0 · inf`). In a probe under Burn's autodiff, `-inf` scores gave a `NaN` loss within
 //! 30 optimisation steps. `-1e9` has the same effect on the weights and keeps every number finite.
 //!
+//! Decoding many sequences at once (a server's requests, one row each) meets a third mask:
+//! the rows have different lengths, so their keys are stacked to the longest and each row's
+//! keys past its own length are hidden ([`lengths_mask`]), exactly as padding is. A row then
+//! attends to its own tokens only and gets what it would get alone.
+//!
 //! A common trap: `tril(scores)` followed by "fill every zero with -inf" also hides a
 //! *visible* score that happens to be exactly 0. Build the mask from positions, never from values.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 /// The value hidden scores are filled with before the softmax (seed: `masked_fill(mask, -1e9)`).
 pub const MASKED_SCORE: f32 = -1e9;
@@ -54,6 +59,20 @@ pub fn causal_mask_with_offset(
     // Burn's `tril_mask` is `false` on the lower triangle shifted right by `past` and `true`
     // elsewhere: `true` exactly where `j - i > past`.
     Tensor::<2, Bool>::tril_mask([queries, keys], past as i64, device)
+}
+
+/// The keys each row of a batch may not see when the rows hold `lengths[r]` tokens each,
+/// stacked to `keys` (at least the longest): `true` where `j >= lengths[r]`, the key padding of
+/// sequences of different lengths. A query that is row `r`'s newest token sees all its row's
+/// keys, so no causal part is needed.
+///
+/// Shape: `[lengths.len(), keys]`.
+pub fn lengths_mask(lengths: &[usize], keys: usize, device: &Device) -> Tensor<2, Bool> {
+    let hidden: Vec<bool> = lengths
+        .iter()
+        .flat_map(|&len| (0..keys).map(move |j| j >= len))
+        .collect();
+    Tensor::from_data(TensorData::new(hidden, [lengths.len(), keys]), device)
 }
 
 /// `torch.tril(torch.ones(t, t))`: ones on and below the diagonal, zeros above; the weights a

@@ -128,6 +128,25 @@ impl RopeRows {
         }
     }
 
+    /// The rotation of one row per sequence of a batch, sequence `r`'s at `positions[r]`
+    /// (continuous batching: the sequences have different lengths): `[rows, 1, 1, d_head]`
+    /// tensors, applied to `[rows, heads, 1, d_head]`.
+    pub fn at(positions: &[usize], d_head: usize, base: f64, device: &Device) -> Self {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for &p in positions {
+            let (c, s) = angles(p..p + 1, d_head, base);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let shape = [positions.len(), 1, 1, d_head];
+        let rows =
+            |values: Vec<f32>| Tensor::<4>::from_data(TensorData::new(values, shape), device);
+        Self {
+            cos: rows(cos),
+            sin: rows(sin),
+        }
+    }
+
     /// `x` `[batch, heads, seq, d_head]`, rotated: `x·cos + rotate_half(x)·sin`.
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         let dtype = x.dtype();

@@ -1,12 +1,16 @@
 //! `cargo bench -p tinygpt-model`: one training step's forward + backward of nanoGPT's baby
 //! model (batch 12, block 64), and KV-cached sampling, on the flex and ndarray CPU backends;
-//! and the fused decoder's batched decoding (a server's streams), 1 to 32 at once; and its
+//! and batched decoding (a server's streams), 1 to 32 at once, on the fused decoder and on
+//! Burn's (flex); and the fused decoder's
 //! reading of a whole-block prompt at shakespeare-char's size (one forward pass) and at GPT-2's
 //! (1,024 tokens, in chunks of `PREFILL_CHUNK`).
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tinygpt_model::{Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptConfig, cross_entropy};
+use tinygpt_model::{
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig,
+    cross_entropy,
+};
 
 #[allow(deprecated)] // burn-ndarray is deprecated upstream; still one of tinygpt's backends.
 fn backends() -> [(&'static str, Device); 2] {
@@ -56,31 +60,42 @@ fn bench(c: &mut Criterion) {
 }
 
 /// Tokens per second of `streams` streams decoded together, one token each a step, over the
-/// first half of the block (each step attends to the stream's cache so far).
+/// first half of the block (each step attends to the stream's cache so far), on the fused
+/// decoder and on Burn's tensor ops (flex).
 fn batched_decoding(c: &mut Criterion) {
     let config = GptConfig::baby(65);
     let model = config.init(&Device::flex()).unwrap();
-    let steps = config.block_size / 2;
-    let mut group = c.benchmark_group("gpt/baby/fused-batch-decode");
-    for streams in [1, 8, 32] {
-        let mut batch = FusedBatch::new(&model, streams).unwrap();
-        let tokens: Vec<[u32; 1]> = (0..streams).map(|s| [(s % 65) as u32]).collect();
-        group.throughput(Throughput::Elements((streams * steps) as u64));
-        group.bench_function(BenchmarkId::from_parameter(streams), |b| {
-            b.iter(|| {
-                (0..streams).for_each(|s| batch.clear(s));
-                for _ in 0..steps {
-                    let feeds: Vec<(usize, &[u32])> = tokens
-                        .iter()
-                        .enumerate()
-                        .map(|(s, t)| (s, &t[..]))
-                        .collect();
-                    batch.step(&feeds).unwrap();
-                }
-            })
-        });
+    for engine in ["fused", "flex"] {
+        let mut group = c.benchmark_group(format!("gpt/baby/{engine}-batch-decode"));
+        for streams in [1, 8, 32] {
+            let mut batch: Box<dyn BatchDecoder> = match engine {
+                "fused" => Box::new(FusedBatch::new(&model, streams).unwrap()),
+                _ => Box::new(GptBatch::new(&model, streams)),
+            };
+            group.throughput(Throughput::Elements(
+                (streams * config.block_size / 2) as u64,
+            ));
+            group.bench_function(BenchmarkId::from_parameter(streams), |b| {
+                b.iter(|| decode_half_a_block(&mut *batch))
+            });
+        }
+        group.finish();
     }
-    group.finish();
+}
+
+/// Every stream of `batch` from empty to half its block, a token a step.
+fn decode_half_a_block(batch: &mut dyn BatchDecoder) {
+    let streams = batch.streams();
+    let tokens: Vec<[u32; 1]> = (0..streams).map(|s| [(s % 65) as u32]).collect();
+    (0..streams).for_each(|s| batch.clear(s));
+    for _ in 0..batch.block_size() / 2 {
+        let feeds: Vec<(usize, &[u32])> = tokens
+            .iter()
+            .enumerate()
+            .map(|(s, t)| (s, &t[..]))
+            .collect();
+        batch.step(&feeds).unwrap();
+    }
 }
 
 /// Tokens per second of a prompt of a whole block read by the fused decoder: 256 tokens at

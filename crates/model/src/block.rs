@@ -105,6 +105,17 @@ impl Block {
         Ok(self.feed_forward(residual(x, a)))
     }
 
+    /// Continuous batching's step, one token a row (see
+    /// [`CausalSelfAttention::forward_rows`]): `[rows, 1, n_embd] -> [rows, 1, n_embd]`.
+    pub fn forward_rows(
+        &self,
+        x: Tensor<3>,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
+        let a = self.attn.forward_rows(self.attn_input(x.clone()), caches)?;
+        Ok(self.feed_forward(residual(x, a)))
+    }
+
     /// Like [`forward`](Self::forward), also returning the attention weights
     /// `[batch, heads, seq, seq]`.
     pub fn forward_with_weights(

@@ -3,7 +3,7 @@
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{Bool, Device, FloatDType, Int, Tensor};
+use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 use tinygpt_attention::{AttentionKernel, KvCache};
 
 use crate::block::{Block, linear, norm};
@@ -176,6 +176,43 @@ impl Gpt {
         Ok(self.head(x))
     }
 
+    /// Continuous batching's step: the next token of each of `tokens.len()` sequences of
+    /// different lengths, `tokens[r]` following the tokens `caches[r]` (that sequence's caches,
+    /// one per layer) hold. Returns the logits `[rows, vocab_size]` of the token after each;
+    /// row `r` is what [`forward_cached`](Self::forward_cached) gives that sequence alone, up to
+    /// float rounding ([`CausalSelfAttention::forward_rows`](tinygpt_attention::CausalSelfAttention::forward_rows)).
+    pub fn forward_rows(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut [KvCache]],
+    ) -> Result<Tensor<2>, ModelError> {
+        let rows = tokens.len();
+        let positions: Vec<i64> = caches
+            .iter()
+            .map(|c| c.first().map_or(0, KvCache::len) as i64)
+            .collect();
+        if let Some(&longest) = positions.iter().max()
+            && longest as usize >= self.block_size()
+        {
+            return Err(tinygpt_attention::AttentionError::SequenceTooLong {
+                len: longest as usize + 1,
+                max: self.block_size(),
+            }
+            .into());
+        }
+        let device = self.wte.weight.device();
+        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
+        let ids = Tensor::from_data(TensorData::new(ids, [rows, 1]), &device);
+        let positions = Tensor::from_data(TensorData::new(positions, [rows, 1]), &device);
+        let mut x = self.embed_at(ids, positions);
+        for (l, block) in self.h.iter().enumerate() {
+            let mut layer: Vec<&mut KvCache> = caches.iter_mut().map(|c| &mut c[l]).collect();
+            x = block.forward_rows(x, &mut layer)?;
+        }
+        let vocab = self.vocab_size();
+        Ok(self.head(x).reshape([rows, vocab]))
+    }
+
     /// Empty caches, one per layer, for [`forward_cached`](Self::forward_cached).
     pub fn new_caches(&self) -> Vec<KvCache> {
         vec![KvCache::new(); self.h.len()]
@@ -189,7 +226,7 @@ impl Gpt {
 
     /// Token + position embeddings for tokens at positions `past..past + seq`.
     fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
-        let [batch, seq] = tokens.dims();
+        let seq = tokens.dims()[1];
         if past + seq > self.block_size() {
             return Err(tinygpt_attention::AttentionError::SequenceTooLong {
                 len: past + seq,
@@ -198,18 +235,25 @@ impl Gpt {
             .into());
         }
         let device = tokens.device();
+        let positions =
+            Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
+        Ok(self.embed_at(tokens, positions))
+    }
+
+    /// Token + position embeddings of `tokens` `[batch, seq]` at `positions` (`[batch, seq]`,
+    /// or `[1, seq]` for every sequence alike): `[batch, seq, n_embd]`.
+    fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
+        let [batch, seq] = tokens.dims();
         let n_embd = self.wte.weight.dims()[1];
         let x = self.wte.forward(tokens);
         // Rotary positions enter inside attention, not here.
         let x = match (&self.wpe, self.config.position) {
             (Some(wpe), Position::Learned) => {
-                let positions = Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device)
-                    .reshape([1, seq]);
                 x + wpe.forward(positions).expand([batch, seq, n_embd])
             }
             (_, Position::Learned | Position::Rope | Position::None) => x,
         };
-        Ok(self.drop.forward(x))
+        self.drop.forward(x)
     }
 
     /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.

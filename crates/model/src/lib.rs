@@ -20,6 +20,7 @@
 //!   top-k, top-p, repetition penalty, stop sequences, streamed through a callback, with a KV
 //!   cache.
 
+mod batch;
 mod block;
 mod clip;
 mod config;
@@ -39,6 +40,7 @@ mod parameters;
 pub mod parts;
 mod sampler;
 
+pub use batch::{BatchDecoder, GptBatch};
 pub use block::{Block, Mlp};
 pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
 pub use config::{Activation, GptConfig};

@@ -4,18 +4,12 @@
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::seeded;
+use common::{configs, seeded, tokens};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    Continuation, Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError,
-    PREFILL_CHUNK, generate,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, PREFILL_CHUNK,
+    generate,
 };
-
-fn tokens(len: usize, vocab: usize) -> Vec<u32> {
-    (0..len as u64)
-        .map(|i| ((i * 2654435761) >> 7) as u32 % vocab as u32)
-        .collect()
-}
 
 /// The last position's logits of `Gpt::forward` over `context`.
 fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
@@ -31,62 +25,6 @@ fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
         .into_data()
         .try_to_vec::<f32>()
         .unwrap()
-}
-
-/// Every config the decoder must cover: biases on and off, tied and untied heads, head sizes
-/// under and over the 16-lane dot product, widths that are not a multiple of 4, and each newer
-/// part (RMSNorm with and without gain, no norm, ReLU², SwiGLU, a soft-cap, rotary positions,
-/// no positions, QK-norm, grouped and multi-query heads) and Llama's and nanochat's
-/// combinations of them.
-fn configs() -> Vec<GptConfig> {
-    let small = || {
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(3)
-            .with_n_embd(30)
-    };
-    let modern = GptConfig::modern(13);
-    vec![
-        small().with_norm(Norm::Rms),
-        small().with_norm(Norm::RmsUnit).with_mlp(Mlp::Relu2),
-        small().with_mlp(Mlp::GeluTanh),
-        GptConfig::minimal(13).with_block_size(24),
-        small().with_norm(Norm::None).with_logit_softcap(2.0),
-        small().with_position(Position::Rope).with_qk_norm(true),
-        small().with_position(Position::None),
-        small().with_mlp(Mlp::SwiGlu).with_n_kv_head(Some(1)),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(6)
-            .with_n_kv_head(Some(2))
-            .with_n_embd(48)
-            .with_position(Position::Rope)
-            .with_norm(Norm::Rms)
-            .with_mlp(Mlp::SwiGlu)
-            .with_bias(false),
-        small()
-            .with_position(modern.position)
-            .with_norm(modern.norm)
-            .with_qk_norm(true)
-            .with_mlp(modern.mlp)
-            .with_bias(false)
-            .with_tie_embeddings(false)
-            .with_logit_softcap(modern.logit_softcap),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(3)
-            .with_n_embd(30),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(2)
-            .with_n_embd(72)
-            .with_bias(false)
-            .with_tie_embeddings(false),
-    ]
 }
 
 /// A prompt fed at once (a whole window), then three tokens after it (several rows behind a
@@ -184,57 +122,6 @@ fn bad_inputs_are_errors() {
     assert_eq!(decoder.cached(), 20);
 }
 
-/// Streams decoded together in a [`FusedBatch`] get, at every step, exactly (bit for bit) the
-/// logits each gets alone in a [`FusedDecoder`] fed the same: streams join late, one starts from
-/// a one-token prompt, one is cleared and rebuilt from a window while the others decode.
-#[test]
-fn a_batch_gives_each_stream_the_logits_it_gets_alone() {
-    let _seeded = seeded();
-    let device = Device::flex();
-    for config in configs() {
-        let gpt = config.init(&device).unwrap();
-        let vocab = config.vocab_size;
-        let mut batch = FusedBatch::new(&gpt, 3).unwrap();
-        let mut alone: Vec<FusedDecoder> =
-            (0..3).map(|_| FusedDecoder::new(&gpt).unwrap()).collect();
-        let text: Vec<Vec<u32>> = (0..3)
-            .map(|s| tokens(config.block_size + 7 * s, vocab)[7 * s..].to_vec())
-            .collect();
-        // (step, stream, tokens fed): each stream's first feed is its prompt.
-        let mut at = [0usize; 3];
-        for step in 0..14 {
-            let mut feeds: Vec<(usize, Vec<u32>)> = Vec::new();
-            for (s, (joins, prompt)) in [(0, 5), (2, 1), (3, 7)].into_iter().enumerate() {
-                if step < joins {
-                    continue;
-                }
-                let n = if step == joins { prompt } else { 1 };
-                if s == 1 && step == 9 {
-                    // A rebuild: the cache emptied, the last 4 tokens fed again as a window.
-                    batch.clear(1);
-                    alone[1].clear();
-                    feeds.push((1, text[1][at[1] - 3..=at[1]].to_vec()));
-                    at[1] += 1;
-                    continue;
-                }
-                feeds.push((s, text[s][at[s]..at[s] + n].to_vec()));
-                at[s] += n;
-            }
-            let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
-            let logits = batch.step(&refs).unwrap().to_vec();
-            for (i, (s, fed)) in feeds.iter().enumerate() {
-                let want = alone[*s].feed(fed).unwrap();
-                assert_eq!(
-                    &logits[i * vocab..(i + 1) * vocab],
-                    &want[..],
-                    "{config:?}: step {step}, stream {s}"
-                );
-                assert_eq!(batch.cached(*s), alone[*s].cached());
-            }
-        }
-    }
-}
-
 /// A prompt longer than [`PREFILL_CHUNK`], fed whole to a decoder alone, and fed to a stream of
 /// a batch a chunk a step while another stream decodes (as `serve` feeds prompts): after the
 /// last chunk the logits are the same bit for bit, and Burn's to float rounding; so are the
@@ -283,74 +170,4 @@ fn a_long_prompt_fed_a_chunk_a_step_gives_what_it_gives_whole() {
             assert_eq!(got, &want[..], "{config:?}");
         }
     }
-}
-
-/// Generations advanced step by step through one batch ([`Continuation`]) write the tokens
-/// `generate` writes for each alone, with the same seeds: sampling, penalties, a stop sequence,
-/// and the window sliding past `block_size` (exactly, and with the context shift).
-#[test]
-fn batched_generations_write_what_each_writes_alone() {
-    let _seeded = seeded();
-    let config = GptConfig::new(13)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32);
-    let gpt = config.init(&Device::flex()).unwrap();
-    // Two runs may end at a stop sequence; the other two write 40 tokens, past the window.
-    let options = |seed: u64, shift: bool, stop: Vec<Vec<u32>>| GenerateOptions {
-        max_new_tokens: 40,
-        temperature: 1.0,
-        top_k: Some(8),
-        seed,
-        context_shift: shift,
-        frequency_penalty: 0.3,
-        stop,
-        ..GenerateOptions::default()
-    };
-    let runs: Vec<(Vec<u32>, GenerateOptions)> = (0..4)
-        .map(|i| {
-            let stop = if i < 2 { vec![vec![3, 4]] } else { Vec::new() };
-            (tokens(3 + 4 * i, 13), options(i as u64, i % 2 == 1, stop))
-        })
-        .collect();
-    let want: Vec<Vec<u32>> = runs
-        .iter()
-        .map(|(prompt, o)| {
-            generate(&mut FusedDecoder::new(&gpt).unwrap(), prompt, o, |_| {}).unwrap()
-        })
-        .collect();
-    let mut batch = FusedBatch::new(&gpt, runs.len()).unwrap();
-    let mut live: Vec<(usize, Continuation)> = runs
-        .iter()
-        .enumerate()
-        .map(|(s, (prompt, o))| (s, Continuation::new(prompt, o, 16, 13).unwrap()))
-        .collect();
-    let mut got = vec![Vec::new(); runs.len()];
-    while !live.is_empty() {
-        let feeds: Vec<(usize, Vec<u32>)> = live
-            .iter_mut()
-            .map(|(s, c)| {
-                let feed = c.feed(batch.cached(*s));
-                if feed.clear {
-                    batch.clear(*s);
-                }
-                (*s, c.tokens()[feed.from..].to_vec())
-            })
-            .collect();
-        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
-        let logits = batch.step(&refs).unwrap().to_vec();
-        for (i, (_, c)) in live.iter_mut().enumerate() {
-            c.accept(&logits[i * 13..(i + 1) * 13]).unwrap();
-        }
-        live.retain_mut(|(s, c)| {
-            if c.finished().is_none() {
-                return true;
-            }
-            got[*s] = c.sampled().iter().map(|t| t.id).collect();
-            false
-        });
-    }
-    assert_eq!(got, want);
-    assert!(want[2..].iter().all(|w| w.len() == 40));
 }

@@ -3,7 +3,9 @@
 //! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
 use anyhow::Result;
-use tinygpt_model::{Decoder, FusedDecoder, Gpt, ModelError, Pick, Picked};
+use tinygpt_model::{
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, Pick, Picked,
+};
 
 use crate::backend::{EngineKind, Placement};
 use crate::config::{OptimizerKind, TrainDType};
@@ -38,6 +40,19 @@ pub fn decoder_for<'a>(
         EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
     };
     Ok(unpadded(inner, tokens))
+}
+
+/// A decoder of `streams` sequences at once (a server's requests) for `model` on the engine
+/// `kind`: the fused CPU decoder's batch, or Burn's on the model's device.
+pub fn batch_decoder<'a>(
+    kind: EngineKind,
+    model: &'a Gpt,
+    streams: usize,
+) -> Result<Box<dyn BatchDecoder + 'a>> {
+    Ok(match kind {
+        EngineKind::Fused => Box::new(FusedBatch::new(model, streams)?),
+        EngineKind::Autodiff | EngineKind::Device => Box::new(GptBatch::new(model, streams)),
+    })
 }
 
 /// `inner`, giving logits of the tokenizer's `tokens` ids only (a padded vocabulary's extra

@@ -2,6 +2,7 @@
 //!
 //! Each check is a function of a `Device`; `backend_tests!` runs it once per backend.
 
+mod batched;
 mod newer;
 mod seeds;
 
@@ -574,6 +575,11 @@ macro_rules! backend_tests {
             $(#[$attr])?
             fn too_long_is_an_error() {
                 run(super::too_long_is_an_error)
+            }
+            #[test]
+            $(#[$attr])?
+            fn rows_decode_as_each_alone() {
+                run(super::batched::rows_decode_as_each_alone)
             }
         }
     };

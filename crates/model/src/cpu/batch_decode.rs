@@ -12,9 +12,9 @@
 use super::block::{self, BlockActs, Ctx, Heads};
 use super::decode::{FusedDecoder, HeadRows, attend};
 use super::{Dims, FusedError};
+use crate::batch::check_feeds;
 use crate::error::ModelError;
 use crate::gpt::Gpt;
-use tinygpt_attention::AttentionError;
 
 /// One stream's KV cache: per block, keys and values `[block_size, kv_width]`, rows `0..len`
 /// filled.
@@ -134,31 +134,14 @@ impl FusedBatch {
 
     fn check(&self, feeds: &[(usize, &[u32])]) -> Result<(), ModelError> {
         let d = self.dims();
-        let mut seen = vec![false; self.streams.len()];
-        for &(stream, tokens) in feeds {
-            assert!(
-                stream < seen.len() && !std::mem::replace(&mut seen[stream], true),
-                "stream {stream} fed twice in a step, or not a stream of this batch"
-            );
-            if tokens.is_empty() {
-                return Err(AttentionError::EmptySequence.into());
-            }
-            if let Some(&id) = tokens.iter().find(|&&id| id as usize >= d.vocab) {
-                return Err(ModelError::TokenOutOfRange {
-                    id: id.into(),
-                    vocab_size: d.vocab,
-                });
-            }
-            let len = self.streams[stream].len + tokens.len();
-            if len > d.block_size {
-                return Err(AttentionError::SequenceTooLong {
-                    len,
-                    max: d.block_size,
-                }
-                .into());
-            }
-        }
-        Ok(())
+        let streams = self.streams.len();
+        check_feeds(
+            feeds,
+            |s| self.streams[s].len,
+            streams,
+            d.vocab,
+            d.block_size,
+        )
     }
 
     /// The forward pass of one token of each stream in `rows.stream` (at `rows.position`),

@@ -9,7 +9,7 @@ use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::chat::{ChatTemplate, TemplateFile};
 use tinygpt::run::checkpoint::Which;
-use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, batched, serve};
+use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, serve};
 
 /// Serve a trained run over HTTP: an OpenAI-compatible completions API and a playground.
 ///
@@ -37,12 +37,12 @@ pub struct Args {
     /// variable TINYGPT_API_KEY, which other users of the machine cannot read from `ps`).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Worker threads (default: one per core). On the fused CPU decoder each decodes up to
-    /// --max-batch requests at once in one batch; on the other backends one at a time.
+    /// Worker threads (default: one per core), each decoding up to --max-batch requests at
+    /// once in one batch.
     #[arg(long, value_name = "N")]
     max_concurrent: Option<usize>,
-    /// Requests each worker decodes together, a row each, one token a step (the fused CPU
-    /// decoder; each row needs a KV cache of the model's block_size, checked at start).
+    /// Requests each worker decodes together, a row each, one token a step (each row needs a
+    /// KV cache of the model's block_size where the model runs, checked at start).
     #[arg(long, value_name = "N", default_value_t = 16)]
     max_batch: usize,
     /// Requests that may wait for a free generation slot; beyond them, 429.
@@ -137,13 +137,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tokenizer: run.tokenizer,
     };
     let workers = options.max_concurrent;
-    let at_once = match batched(&model)? {
-        true => format!(
-            "{workers} workers, each a batch of up to {}",
-            options.max_batch
-        ),
-        false => format!("{workers} at once"),
-    };
+    let at_once = format!(
+        "{workers} workers, each a batch of up to {}",
+        options.max_batch
+    );
     let chat = options.chat_template.describe();
     serve(name.clone(), model, options, |addr| {
         println!(

@@ -1,6 +1,7 @@
-//! Continuous batching on the fused CPU decoder: a worker decodes every request it holds in
-//! one batch ([`FusedBatch`]), a row each, one token per row a step. A request joins at the
-//! next step (its prompt fed whole beside the others' tokens) and leaves when it ends; each
+//! Continuous batching: a worker decodes every request it holds in one batch
+//! ([`BatchDecoder`]: the fused CPU decoder's, or Burn's on the model's device), a row each,
+//! one token per row a step. A request joins at the next step (its prompt fed beside the
+//! others' tokens) and leaves when it ends; each
 //! keeps its own sampler, seed, penalties, stop sequences and window ([`Continuation`]), and its
 //! tokens are those it gets alone. A step reads at most [`PREFILL_CHUNK`] tokens of prompts
 //! (and windows rebuilt) beyond its first, a longer prompt a chunk a step (the fused decoder
@@ -22,20 +23,28 @@ use std::time::Instant;
 
 use std::ops::Range;
 
-use tinygpt_model::{Continuation, Finish, FusedBatch, GenerateOptions, PREFILL_CHUNK};
+use tinygpt_model::{BatchDecoder, Continuation, Finish, GenerateOptions, PREFILL_CHUNK};
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
 use super::pool::{Job, Model};
 use super::stats::Stats;
+use crate::backend::EngineKind;
 use crate::data::tokenizer::{TextStream, Tokenizer};
-use crate::decoder::unpadded;
+use crate::decoder::{batch_decoder, unpadded};
 
 /// One worker: a batch of `max_batch` streams, and requests taken from `jobs` while it has room.
-pub(super) fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats, max_batch: usize) {
-    let Ok(mut batch) = FusedBatch::new(&model.gpt, max_batch) else {
+pub(super) fn work(
+    model: &Model,
+    engine: EngineKind,
+    jobs: &Mutex<Receiver<Job>>,
+    stats: &Stats,
+    max_batch: usize,
+) {
+    let Ok(mut batch) = batch_decoder(engine, &model.gpt, max_batch) else {
         return; // `Pool::start` built one already: this does not happen.
     };
+    let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();
     loop {
@@ -57,7 +66,7 @@ pub(super) fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats, ma
             }
         }
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            step(&mut batch, &mut live, &model.tokenizer, stats)
+            step(batch, &mut live, &model.tokenizer, stats)
         }));
         if stepped.is_err() {
             // A bug in tinygpt: the requests in the batch fail, the batch starts over empty.
@@ -198,7 +207,7 @@ impl<'t> Live<'t> {
     /// the request has no more choices.
     fn choice(
         &mut self,
-        batch: &mut FusedBatch,
+        batch: &mut dyn BatchDecoder,
         tokenizer: &'t Tokenizer,
         stats: &Stats,
     ) -> Option<&mut Choice<'t>> {
@@ -247,7 +256,7 @@ impl<'t> Live<'t> {
     /// leaves room for it within a chunk (the first such feed always goes).
     fn next_feed(
         &mut self,
-        batch: &mut FusedBatch,
+        batch: &mut dyn BatchDecoder,
         tokenizer: &'t Tokenizer,
         stats: &Stats,
         read: &mut usize,
@@ -381,7 +390,7 @@ fn finished(index: usize, tokens: usize, c: &Continuation) -> Event {
 /// One step: every request that can go on (its client keeping up) is fed its next token, or
 /// its prompt, in one batch; each row's logits go back to its request.
 fn step<'t>(
-    batch: &mut FusedBatch,
+    batch: &mut dyn BatchDecoder,
     live: &mut [Live<'t>],
     tokenizer: &'t Tokenizer,
     stats: &Stats,

@@ -4,9 +4,9 @@
 //! Requests arrive on tokio's threads (axum: [`routes`], [`completions`], [`chat`],
 //! [`tokenize`], [`attention`]); requests are checked field by field ([`fields`]). The model
 //! runs only on a fixed pool of worker threads ([`pool`]), fed from a bounded queue: when the
-//! queue is full a request gets 429 at once instead of waiting without bound. On the fused CPU
-//! decoder a worker decodes many requests in one batch ([`batcher`]); elsewhere one at a time
-//! ([`generation`]). Answers go back whole or streamed ([`reply`]). A client that
+//! queue is full a request gets 429 at once instead of waiting without bound. A worker decodes
+//! many requests in one batch ([`batcher`]; what a request asks for and gets: [`generation`]).
+//! Answers go back whole or streamed ([`reply`]). A client that
 //! disconnects drops its event channel, and its generation stops at the next token.
 
 mod api;
@@ -36,7 +36,7 @@ use anyhow::{Context, Result, bail};
 
 pub use connections::ConnectionLimits;
 pub(crate) use playground::file as compiled_file;
-pub use pool::{Model, Stats, batched};
+pub use pool::{Model, Stats};
 pub(crate) use routes::{bearer_token, key_matches};
 
 use crate::chat::{ChatTemplate, Message};
@@ -51,7 +51,7 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Worker threads (each with its own KV caches).
     pub max_concurrent: usize,
-    /// Requests each worker decodes at once in one batch, on the fused CPU decoder.
+    /// Requests each worker decodes at once in one batch.
     pub max_batch: usize,
     /// Requests that may wait for a worker; beyond that, 429.
     pub queue: usize,

@@ -1,13 +1,13 @@
-//! The generation workers: a fixed number of threads fed from a bounded queue. On the fused
-//! CPU decoder each worker decodes up to `max_batch` requests in one batch ([`batcher`]);
-//! on Burn's backends each runs one generation at a time with its own KV cache. The async
-//! request handlers never run the model: they hand a [`Job`] over and await its events.
+//! The generation workers: a fixed number of threads fed from a bounded queue, each decoding up
+//! to `max_batch` requests in one batch ([`batcher`]), on the fused CPU decoder or on Burn's
+//! backends. The async request handlers never run the model: they hand a [`Job`] over and
+//! await its events.
 //!
 //! [`batcher`]: super::batcher
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -16,13 +16,13 @@ use tinygpt_model::Gpt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::batcher;
-use super::generation::{self, Event, Generation};
+use super::generation::{Event, Generation};
 pub use super::stats::Stats;
 use crate::attention_maps::AttentionMaps;
 use crate::backend::{EngineKind, Placement};
 use crate::config::{OptimizerKind, TrainDType};
 use crate::data::tokenizer::Tokenizer;
-use crate::decoder::decoder;
+use crate::decoder::batch_decoder;
 use crate::train::memory::human;
 
 /// What the workers need of the model: its weights, where they live, its tokenizer.
@@ -74,15 +74,9 @@ impl Pool {
     ) -> Result<Self> {
         // A decoder the engine cannot build (an explicit `--backend fused` on a model it does
         // not implement) is an error now, not in every worker.
-        drop(decoder(
-            &model.placement,
-            &model.gpt,
-            model.tokenizer.vocab_size(),
-        )?);
-        let batched = batched(&model)?;
-        if batched {
-            check_memory(&model, workers, max_batch)?;
-        }
+        let engine = engine(&model)?;
+        drop(batch_decoder(engine, &model.gpt, 1)?);
+        check_memory(&model, engine, workers, max_batch)?;
         let (sender, receiver) = sync_channel(queue);
         let receiver = Arc::new(Mutex::new(receiver));
         let stats = Arc::new(Stats::default());
@@ -91,10 +85,7 @@ impl Pool {
                 let (model, receiver, stats) = (model.clone(), receiver.clone(), stats.clone());
                 std::thread::Builder::new()
                     .name(format!("generate-{i}"))
-                    .spawn(move || match batched {
-                        true => batcher::work(&model, &receiver, &stats, max_batch),
-                        false => work(&model, &receiver, &stats),
-                    })
+                    .spawn(move || batcher::work(&model, engine, &receiver, &stats, max_batch))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self {
@@ -138,45 +129,26 @@ impl Pool {
     }
 }
 
-/// One worker: a decoder of its own, reused for every job it takes.
-fn work(model: &Model, jobs: &Mutex<Receiver<Job>>, stats: &Stats) {
-    let vocab = model.tokenizer.vocab_size();
-    let Ok(mut decoder) = decoder(&model.placement, &model.gpt, vocab) else {
-        return; // `Pool::start` built one already: this does not happen.
-    };
-    loop {
-        let job = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
-        let Ok(job) = job else {
-            return; // The queue is closed: the server is stopping.
-        };
-        stats.queued.fetch_sub(1, Ordering::SeqCst);
-        stats.active.fetch_add(1, Ordering::SeqCst);
-        match job {
-            Job::Complete { generation, events } => {
-                generation::run(&mut *decoder, &model.tokenizer, &generation, &events, stats)
-            }
-            attention @ Job::Attention { .. } => run_attention(model, attention),
-        }
-        stats.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Whether `model`'s workers batch: where the fused CPU decoder samples from it.
-pub fn batched(model: &Model) -> Result<bool> {
+/// The engine `model`'s workers decode on.
+pub fn engine(model: &Model) -> Result<EngineKind> {
     let config = model.gpt.config();
     let (engine, _) = model
         .placement
         .engine_for(config, TrainDType::F32, OptimizerKind::AdamW)?;
-    Ok(engine == EngineKind::Fused)
+    Ok(engine)
 }
 
-/// Refuses batches the machine cannot hold: each worker reads the weights onto the host and
-/// keeps a KV cache of the model's block_size for each of its rows.
-fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
+/// Refuses batches the machine cannot hold: each row keeps a KV cache of the model's
+/// block_size where the model runs, and each worker of the fused decoder reads the weights onto
+/// the host (Burn's workers share the model's).
+fn check_memory(model: &Model, engine: EngineKind, workers: usize, max_batch: usize) -> Result<()> {
     let row = model.gpt.config().kv_cache_bytes() as u64;
-    let weights = (model.gpt.num_params() * 4) as u64;
+    let weights = match engine {
+        EngineKind::Fused => (model.gpt.num_params() * 4) as u64,
+        EngineKind::Autodiff | EngineKind::Device => 0,
+    };
     let need = workers as u64 * (max_batch as u64 * row + weights);
-    match crate::backend::host::available_bytes() {
+    match model.placement.available_memory() {
         Some(available) if need > available => bail!(
             "--max-batch {max_batch} on {workers} workers needs {} ({} of KV cache a row, {} \
              of weights a worker); {} is available: lower --max-batch or --max-concurrent",

@@ -27,6 +27,17 @@ fn trained(dir: &Path) {
 /// What `tinygpt generate` writes alone on the fused decoder for `prompt`: 60 tokens sampled at
 /// temperature 0.8 from the top 20 with `seed`, as the tests' requests ask.
 fn generate_alone(dir: &Path, prompt: &str, seed: usize, extra: &[&str]) -> String {
+    generate_alone_on(dir, "fused", prompt, seed, extra)
+}
+
+/// [`generate_alone`] on `backend`.
+fn generate_alone_on(
+    dir: &Path,
+    backend: &str,
+    prompt: &str,
+    seed: usize,
+    extra: &[&str],
+) -> String {
     let seed = seed.to_string();
     let args = [
         "generate",
@@ -43,7 +54,7 @@ fn generate_alone(dir: &Path, prompt: &str, seed: usize, extra: &[&str]) -> Stri
         "--seed",
         &seed,
         "--backend",
-        "fused",
+        backend,
     ];
     ok(tinygpt(dir, &[&args[..], extra].concat()))
 }
@@ -579,6 +590,46 @@ fn long_prompts_read_beside_others_give_their_alone_text() {
         let alone = generate_alone(dir, prompt, seed, shift);
         assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
     }
+}
+
+/// On Burn's backend (flex) one worker decodes requests streamed at once in one batch too
+/// (Burn's tensor ops, a row each): each text, past block_size exactly and with the context
+/// shift, is what `tinygpt generate --backend flex` writes alone.
+#[test]
+fn burn_backend_batches_and_each_gets_its_alone_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let server = Server::start(dir, "run", &["--backend", "flex", "--max-concurrent", "1"]);
+    let cases: Vec<(String, bool)> = ["Of", "Of Man", "And", "Th", "O", "Sing, heav"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.to_string(), i % 2 == 1))
+        .collect();
+    let request = |(prompt, shift): &(String, bool), seed: usize| {
+        json!({"prompt": prompt, "max_tokens": 60, "temperature": 0.8, "top_k": 20,
+               "seed": seed, "stream": true, "context_shift": shift})
+    };
+    let streamed: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(seed, case)| {
+                let server = &server;
+                scope.spawn(move || server.stream(&request(case, seed)).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
+        assert_eq!(text.chars().count(), 60, "seed {seed}");
+        let shift: &[&str] = if *shift { &["--context-shift"] } else { &[] };
+        let alone = generate_alone_on(dir, "flex", prompt, seed, shift);
+        assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
+    }
+    let health = server.health();
+    assert_eq!(health["max_batch"], 16, "{health}");
+    assert_eq!(health["stats"]["completed"], 6, "{health}");
 }
 
 /// The attention route: the causal rows of every layer and head, each summing to 1; one layer

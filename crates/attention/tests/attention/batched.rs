@@ -1,0 +1,82 @@
+//! Continuous batching: one new token for each of several sequences of different lengths, in
+//! one call, each row attending to its own cache only.
+
+use super::*;
+
+/// Rows of sequences 0, 1, 6 and 10 tokens long (growing and fixed caches mixed) decoded in
+/// one [`CausalSelfAttention::forward_rows`] call, twice, give each sequence's outputs of one
+/// whole pass: the shorter rows' missing keys are hidden, the rows' keys never mix.
+pub(super) fn rows_decode_as_each_alone(device: &Device) {
+    let (d, max_seq) = (16, 12);
+    let layers = [
+        config(d, 4, max_seq).init(device).unwrap(),
+        config(d, 4, max_seq)
+            .with_n_kv_heads(Some(2))
+            .with_rope_base(Some(500.0))
+            .with_qk_norm_eps(Some(1e-6))
+            .init(device)
+            .unwrap(),
+    ];
+    let lengths = [6, 0, 10, 1];
+    for layer in &layers {
+        let xs: Vec<Tensor<3>> = lengths
+            .iter()
+            .map(|&n| random([1, n + 2, d], device))
+            .collect();
+        let mut caches: Vec<KvCache> = (0..lengths.len())
+            .map(|i| match i % 2 {
+                0 => KvCache::new(),
+                _ => KvCache::with_capacity(max_seq),
+            })
+            .collect();
+        for ((x, &n), cache) in xs.iter().zip(&lengths).zip(&mut caches) {
+            if n > 0 {
+                layer
+                    .forward_cached(x.clone().narrow(1, 0, n), cache)
+                    .unwrap();
+            }
+        }
+        for step in 0..2 {
+            let rows: Vec<Tensor<3>> = xs
+                .iter()
+                .zip(&lengths)
+                .map(|(x, &n)| x.clone().narrow(1, n + step, 1))
+                .collect();
+            let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+            let got = layer.forward_rows(Tensor::cat(rows, 0), &mut refs).unwrap();
+            for (r, (x, &n)) in xs.iter().zip(&lengths).enumerate() {
+                let whole = layer.forward(x.clone(), None).unwrap();
+                assert_close(
+                    &values(got.clone().narrow(0, r, 1)),
+                    &values(whole.narrow(1, n + step, 1)),
+                    1e-5,
+                    &format!("row {r} (of {} tokens), step {step}", n + step + 1),
+                );
+                assert_eq!(caches[r].len(), n + step + 1, "row {r}'s cache grew by one");
+            }
+        }
+    }
+    let layer = &layers[1];
+    let mut one = KvCache::new();
+    let two = random([1, 2, d], device);
+    assert_eq!(
+        layer
+            .forward_rows(two.clone(), &mut [&mut one])
+            .unwrap_err(),
+        AttentionError::RowTokens { got: 2 }
+    );
+    assert_eq!(
+        layer
+            .forward_rows(random([2, 1, d], device), &mut [&mut one])
+            .unwrap_err(),
+        AttentionError::RowCaches { rows: 2, caches: 1 }
+    );
+    let mut full = KvCache::new();
+    layer
+        .forward_cached(random([1, max_seq, d], device), &mut full)
+        .unwrap();
+    assert!(matches!(
+        layer.forward_rows(random([1, 1, d], device), &mut [&mut full]),
+        Err(AttentionError::SequenceTooLong { len: 13, max: 12 })
+    ));
+}

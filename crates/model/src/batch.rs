@@ -99,7 +99,8 @@ pub(crate) fn check_feeds(
 /// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a
 /// [`KvCache`] per layer per stream (of fixed capacity on a GPU, as [`Gpt::decoder`] keeps
 /// them). The single tokens of a step go through [`Gpt::forward_rows`] together; a longer
-/// feed through [`Gpt::forward_cached`] on its stream's caches, as alone. The step's logits come
+/// feed (or a step's only single token) through [`Gpt::forward_cached`] on its stream's
+/// caches, as alone. The step's logits come
 /// to the host, where each request samples its own way.
 pub struct GptBatch<'a> {
     gpt: &'a Gpt,
@@ -168,9 +169,11 @@ impl BatchDecoder for GptBatch<'_> {
         check_feeds(feeds, |s| self.cached(s), self.streams(), vocab, block)?;
         self.out.resize(feeds.len() * vocab, 0.0);
         let mut singles: Vec<(usize, usize, u32)> = Vec::new(); // (feed, stream, token)
+        // One single token goes the way it goes alone: a row of its own needs no mask.
+        let rows = feeds.iter().filter(|(_, t)| t.len() == 1).count();
         for (i, &(stream, tokens)) in feeds.iter().enumerate() {
             match tokens {
-                [token] => singles.push((i, stream, *token)),
+                [token] if rows > 1 => singles.push((i, stream, *token)),
                 _ => {
                     let logits = self.feed_one(stream, tokens)?;
                     self.out[i * vocab..(i + 1) * vocab].copy_from_slice(&logits);

@@ -37,8 +37,8 @@ pub struct Args {
     /// variable TINYGPT_API_KEY, which other users of the machine cannot read from `ps`).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Worker threads (default: one per core), each decoding up to --max-batch requests at
-    /// once in one batch.
+    /// Worker threads (default: one per core on the CPU, one on a GPU), each decoding up to
+    /// --max-batch requests at once in one batch.
     #[arg(long, value_name = "N")]
     max_concurrent: Option<usize>,
     /// Requests each worker decodes together, a row each, one token a step (each row needs a
@@ -106,9 +106,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .ok()
                 .filter(|k| !k.is_empty())
         }),
-        max_concurrent: args
-            .max_concurrent
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        max_concurrent: args.max_concurrent.unwrap_or(1),
         max_batch: args.max_batch,
         queue: args.queue,
         max_tokens: args.max_tokens,
@@ -126,6 +124,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     options.validate()?;
     let (run, placement, gpt, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    // On the CPU a worker a core; a GPU takes one batch, from one worker.
+    if args.max_concurrent.is_none() && placement.on_host() {
+        options.max_concurrent = std::thread::available_parallelism().map_or(1, |n| n.get());
+    }
     options.chat_template = ChatTemplate::new(template_file, &run.config.chat)?;
     let name = run
         .dir
@@ -137,10 +139,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tokenizer: run.tokenizer,
     };
     let workers = options.max_concurrent;
-    let at_once = format!(
-        "{workers} workers, each a batch of up to {}",
-        options.max_batch
-    );
+    let at_once = match workers {
+        1 => format!("1 worker, a batch of up to {}", options.max_batch),
+        n => format!("{n} workers, each a batch of up to {}", options.max_batch),
+    };
     let chat = options.chat_template.describe();
     serve(name.clone(), model, options, |addr| {
         println!(

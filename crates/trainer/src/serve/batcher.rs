@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::Instant;
@@ -33,14 +33,57 @@ use crate::backend::EngineKind;
 use crate::data::tokenizer::{TextStream, Tokenizer};
 use crate::decoder::{batch_decoder, unpadded};
 
-/// One worker: a batch of `max_batch` streams, and requests taken from `jobs` while it has room.
-pub(super) fn work(
-    model: &Model,
-    engine: EngineKind,
-    jobs: &Mutex<Receiver<Job>>,
-    stats: &Stats,
+/// The receiving end of the job queue, which the workers share, and how many requests each
+/// worker holds.
+pub(super) struct Jobs {
+    receiver: Mutex<Receiver<Job>>,
+    held: Vec<AtomicUsize>,
+    /// Requests a worker decodes at once.
     max_batch: usize,
-) {
+}
+
+impl Jobs {
+    pub(super) fn new(receiver: Receiver<Job>, workers: usize, max_batch: usize) -> Self {
+        Self {
+            receiver: Mutex::new(receiver),
+            held: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
+            max_batch,
+        }
+    }
+
+    /// The next job for `worker`, which holds `held` requests: waited for when it holds none;
+    /// else one queued now, and only when no other worker holds fewer (an idle one waits on the
+    /// queue): the requests spread over the workers, and so over the cores.
+    fn take(&self, worker: usize, held: usize) -> Taken {
+        self.held[worker].store(held, Ordering::SeqCst);
+        let got = match held {
+            0 => self
+                .receiver
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .recv()
+                .map_err(|_| TryRecvError::Disconnected),
+            _ if self.held.iter().any(|h| h.load(Ordering::SeqCst) < held) => {
+                Err(TryRecvError::Empty)
+            }
+            _ => match self.receiver.try_lock() {
+                Ok(queue) => queue.try_recv(),
+                Err(TryLockError::Poisoned(p)) => p.into_inner().try_recv(),
+                Err(TryLockError::WouldBlock) => Err(TryRecvError::Empty),
+            },
+        };
+        match got {
+            Ok(job) => Taken::Job(job),
+            Err(TryRecvError::Empty) => Taken::Nothing,
+            Err(TryRecvError::Disconnected) => Taken::Closed,
+        }
+    }
+}
+
+/// Worker `worker`: a batch of `max_batch` streams, and requests taken from `jobs` while it has
+/// room.
+pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize, stats: &Stats) {
+    let max_batch = jobs.max_batch;
     let Ok(mut batch) = batch_decoder(engine, &model.gpt, max_batch) else {
         return; // `Pool::start` built one already: this does not happen.
     };
@@ -49,7 +92,7 @@ pub(super) fn work(
     let mut free: Vec<usize> = (0..max_batch).rev().collect();
     loop {
         while let Some(&stream) = free.last() {
-            match take(jobs, live.is_empty()) {
+            match jobs.take(worker, live.len()) {
                 Taken::Job(Job::Complete { generation, events }) => {
                     stats.queued.fetch_sub(1, Ordering::SeqCst);
                     stats.active.fetch_add(1, Ordering::SeqCst);
@@ -92,28 +135,6 @@ enum Taken {
     Job(Job),
     Nothing,
     Closed,
-}
-
-/// The next job: waited for when the worker is idle; else only one queued now, and only when
-/// no idle worker is waiting on the queue (it takes the job instead of this busy one).
-fn take(jobs: &Mutex<Receiver<Job>>, idle: bool) -> Taken {
-    let got = match idle {
-        true => jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .recv()
-            .map_err(|_| TryRecvError::Disconnected),
-        false => match jobs.try_lock() {
-            Ok(queue) => queue.try_recv(),
-            Err(TryLockError::Poisoned(p)) => p.into_inner().try_recv(),
-            Err(TryLockError::WouldBlock) => Err(TryRecvError::Empty),
-        },
-    };
-    match got {
-        Ok(job) => Taken::Job(job),
-        Err(TryRecvError::Empty) => Taken::Nothing,
-        Err(TryRecvError::Disconnected) => Taken::Closed,
-    }
 }
 
 /// One request in the batch.

@@ -78,14 +78,14 @@ impl Pool {
         drop(batch_decoder(engine, &model.gpt, 1)?);
         check_memory(&model, engine, workers, max_batch)?;
         let (sender, receiver) = sync_channel(queue);
-        let receiver = Arc::new(Mutex::new(receiver));
+        let jobs = Arc::new(batcher::Jobs::new(receiver, workers, max_batch));
         let stats = Arc::new(Stats::default());
         let handles = (0..workers)
             .map(|i| {
-                let (model, receiver, stats) = (model.clone(), receiver.clone(), stats.clone());
+                let (model, jobs, stats) = (model.clone(), jobs.clone(), stats.clone());
                 std::thread::Builder::new()
                     .name(format!("generate-{i}"))
-                    .spawn(move || batcher::work(&model, engine, &receiver, &stats, max_batch))
+                    .spawn(move || batcher::work(&model, engine, &jobs, i, &stats))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self {

@@ -10,8 +10,7 @@ use serde::Serialize;
 pub struct Stats {
     /// Generations running now.
     pub active: AtomicU64,
-    /// Rows in the batch decoded last (continuous batching on the fused CPU decoder; 0 with
-    /// one generation per worker on the other engines).
+    /// Rows in the step decoded last (continuous batching: the requests a worker fed at once).
     pub batch: AtomicU64,
     /// Jobs waiting for a worker.
     pub queued: AtomicU64,

@@ -147,22 +147,7 @@ pub(super) fn forward(
 ) {
     let d = ctx.dims;
     let (rows, c, hidden) = (a.ln_1_rstd.len(), d.width, d.hidden);
-    let ln_1 = Normed {
-        out: &mut a.ln_1,
-        mean: &mut a.ln_1_mean,
-        rstd: &mut a.ln_1_rstd,
-    };
-    norm::forward(d.norm, ln_1, x, &p.ln_1_gamma, &p.ln_1_beta, d.epsilon);
-    ctx.linear(
-        &mut a.qkv,
-        &a.ln_1,
-        &p.c_attn_w,
-        &p.c_attn_b,
-        rows,
-        c,
-        d.qkv_width(),
-    );
-    positions_forward(a, ctx);
+    queries_keys_values(p, a, x, ctx);
     attend(Heads {
         qkv: &a.qkv,
         y: &mut a.y,
@@ -194,6 +179,29 @@ pub(super) fn forward(
     ctx.linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
+}
+
+/// The start of [`forward`]: the rows' queries, keys and values (`ln_1`, the projection,
+/// QK-norm and the rotation) in `a.qkv` `[rows, qkv_width]`.
+pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32], ctx: Ctx<'_>) {
+    let d = ctx.dims;
+    let (rows, c) = (a.ln_1_rstd.len(), d.width);
+    let ln_1 = Normed {
+        out: &mut a.ln_1,
+        mean: &mut a.ln_1_mean,
+        rstd: &mut a.ln_1_rstd,
+    };
+    norm::forward(d.norm, ln_1, x, &p.ln_1_gamma, &p.ln_1_beta, d.epsilon);
+    ctx.linear(
+        &mut a.qkv,
+        &a.ln_1,
+        &p.c_attn_w,
+        &p.c_attn_b,
+        rows,
+        c,
+        d.qkv_width(),
+    );
+    positions_forward(a, ctx);
 }
 
 /// QK-norm, then the rotation, on the queries and keys of every row of `a.qkv` (the first

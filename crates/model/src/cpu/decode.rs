@@ -172,7 +172,12 @@ impl FusedDecoder {
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             self.weights.embed(x, tok as usize, past + r);
         }
-        for l in 0..self.weights.blocks.len() {
+        let blocks = self.weights.blocks.len();
+        for l in 0..blocks {
+            if l + 1 == blocks && rows > 1 {
+                self.last_block(past, rows, head);
+                break;
+            }
             let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
             let scores = &mut self.scores;
             let p = &self.weights.blocks[l];
@@ -198,12 +203,53 @@ impl FusedDecoder {
             });
             std::mem::swap(&mut self.x, &mut self.next);
         }
-        // Only the last row's next token is wanted.
-        if head {
-            let last = &self.x[(rows - 1) * c..rows * c];
-            self.head.forward(&self.dims, &self.weights, last);
+        if head && rows == 1 {
+            self.head.forward(&self.dims, &self.weights, &self.x);
         }
         self.cache.len += rows;
+    }
+
+    /// The last block of a feed of `rows` (> 1) rows after `past` cached ones, its input in
+    /// `self.x`. Later tokens attend to every row's keys and values, so all are cached; but
+    /// only the last row's output is wanted (its logits, with `head`; none for a prompt's chunk
+    /// before the last), so attention, projection and MLP run for that row alone, as a token
+    /// after the cache: a block's work saved for every other row.
+    fn last_block(&mut self, past: usize, rows: usize, head: bool) {
+        let d = self.dims;
+        let l = self.weights.blocks.len() - 1;
+        let p = &self.weights.blocks[l];
+        let ctx = |first: usize, period: usize| Ctx {
+            dims: &d,
+            rope: &self.rope,
+            first,
+            period,
+            streams: None,
+        };
+        block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
+        let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
+        let mut cache = Cache {
+            keys,
+            values,
+            past,
+            dims: &d,
+        };
+        cache.append(&self.acts.qkv[..rows * d.qkv_width()]);
+        if !head {
+            return;
+        }
+        // The last row attends with the keys and values cached above, its own among them, so
+        // the cache holds the same numbers whether this feed's logits are wanted or not (a
+        // prompt fed whole, or a chunk at a time).
+        let (c, kv, visible) = (d.width, d.kv_width(), past + rows);
+        let last = &self.x[(rows - 1) * c..];
+        self.acts.resize(1, &d, 0, false);
+        let scores = &mut self.scores[..visible];
+        let out = &mut self.next[..c];
+        block::forward(p, &mut self.acts, last, out, ctx(past + rows - 1, 1), |h| {
+            let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
+            attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
+        });
+        self.head.forward(&d, &self.weights, &self.next[..c]);
     }
 
     /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.

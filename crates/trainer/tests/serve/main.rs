@@ -570,6 +570,18 @@ fn long_prompts_read_beside_others_give_their_alone_text() {
             (prompt, i % 2 == 1)
         })
         .collect();
+    each_streamed_at_once_is_alone(&server, dir, "fused", &cases);
+}
+
+/// Streams every `(prompt, context_shift)` of `cases` at once (seed: its index; 60 tokens at
+/// temperature 0.8 from the top 20), and checks each text is what `tinygpt generate` writes
+/// alone on `backend`.
+fn each_streamed_at_once_is_alone(
+    server: &Server,
+    dir: &Path,
+    backend: &str,
+    cases: &[(String, bool)],
+) {
     let request = |(prompt, shift): &(String, bool), seed: usize| {
         json!({"prompt": prompt, "max_tokens": 60, "temperature": 0.8, "top_k": 20,
                "seed": seed, "stream": true, "context_shift": shift})
@@ -578,16 +590,14 @@ fn long_prompts_read_beside_others_give_their_alone_text() {
         let handles: Vec<_> = cases
             .iter()
             .enumerate()
-            .map(|(seed, case)| {
-                let server = &server;
-                scope.spawn(move || server.stream(&request(case, seed)).0)
-            })
+            .map(|(seed, case)| scope.spawn(move || server.stream(&request(case, seed)).0))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
+        assert_eq!(text.chars().count(), 60, "seed {seed}");
         let shift: &[&str] = if *shift { &["--context-shift"] } else { &[] };
-        let alone = generate_alone(dir, prompt, seed, shift);
+        let alone = generate_alone_on(dir, backend, prompt, seed, shift);
         assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
     }
 }
@@ -606,27 +616,7 @@ fn burn_backend_batches_and_each_gets_its_alone_text() {
         .enumerate()
         .map(|(i, p)| (p.to_string(), i % 2 == 1))
         .collect();
-    let request = |(prompt, shift): &(String, bool), seed: usize| {
-        json!({"prompt": prompt, "max_tokens": 60, "temperature": 0.8, "top_k": 20,
-               "seed": seed, "stream": true, "context_shift": shift})
-    };
-    let streamed: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = cases
-            .iter()
-            .enumerate()
-            .map(|(seed, case)| {
-                let server = &server;
-                scope.spawn(move || server.stream(&request(case, seed)).0)
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
-        assert_eq!(text.chars().count(), 60, "seed {seed}");
-        let shift: &[&str] = if *shift { &["--context-shift"] } else { &[] };
-        let alone = generate_alone_on(dir, "flex", prompt, seed, shift);
-        assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");
-    }
+    each_streamed_at_once_is_alone(&server, dir, "flex", &cases);
     let health = server.health();
     assert_eq!(health["max_batch"], 16, "{health}");
     assert_eq!(health["stats"]["completed"], 6, "{health}");

@@ -595,7 +595,6 @@ fn each_streamed_at_once_is_alone(
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (seed, ((prompt, shift), text)) in cases.iter().zip(&streamed).enumerate() {
-        assert_eq!(text.chars().count(), 60, "seed {seed}");
         let shift: &[&str] = if *shift { &["--context-shift"] } else { &[] };
         let alone = generate_alone_on(dir, backend, prompt, seed, shift);
         assert_eq!(alone, format!("{prompt}{text}\n"), "seed {seed}");

@@ -201,7 +201,8 @@ impl CausalSelfAttention {
     /// Continuous batching's step: the next token of each of `rows` sequences of different
     /// lengths, `x` `[rows, 1, d_model]`, row `r` following the tokens `caches[r]` holds (each
     /// cache one sequence's; either layout). Each row's key and value join its own cache; the
-    /// rows' keys are stacked to the longest and each query sees its own row's only, the
+    /// rows' keys are stacked (to the longest row, or a fixed cache's capacity) and each query
+    /// sees its own row's only, the
     /// others' hidden like padding ([`lengths_mask`](crate::mask::lengths_mask)). Returns
     /// `[rows, 1, d_model]`: row `r` is what [`forward_cached`](Self::forward_cached) gives that
     /// sequence alone, up to float rounding (the products have other shapes).
@@ -214,6 +215,9 @@ impl CausalSelfAttention {
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor<3>, AttentionError> {
         let [rows, new, _] = x.dims();
+        if rows == 0 {
+            return Err(AttentionError::EmptySequence);
+        }
         if new != 1 {
             return Err(AttentionError::RowTokens { got: new });
         }

@@ -7,12 +7,11 @@
 //! alone is a matrix-vector product that waits on memory). A longer feed goes through the
 //! stream's caches as it would alone.
 
-use burn::tensor::{Tensor, TensorData};
 use tinygpt_attention::{AttentionError, KvCache};
 
 use crate::cpu::FusedBatch;
 use crate::error::ModelError;
-use crate::generate::Decoder;
+use crate::generate::{Decoder, host_values};
 use crate::gpt::Gpt;
 
 /// A model decoding `streams()` sequences at once, each with its own cache.
@@ -128,20 +127,9 @@ impl<'a> GptBatch<'a> {
 
     /// The logits `[vocab]` after stream `stream`'s `tokens`, fed through its caches.
     fn feed_one(&mut self, stream: usize, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
-        let device = self.gpt.wte.weight.device();
-        let ids = Tensor::from_data(TensorData::new(ids, [1, tokens.len()]), &device);
-        let logits = self.gpt.forward_cached(ids, &mut self.streams[stream])?;
-        let [_, seq, vocab] = logits.dims();
-        Ok(host(logits.narrow(1, seq - 1, 1).reshape([vocab])))
+        let logits = self.gpt.next_logits(tokens, &mut self.streams[stream])?;
+        Ok(host_values(logits))
     }
-}
-
-/// A tensor's values on the host.
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .try_to_vec_as::<f32>()
-        .expect("logits convert to f32")
 }
 
 impl BatchDecoder for GptBatch<'_> {
@@ -183,7 +171,7 @@ impl BatchDecoder for GptBatch<'_> {
         if !singles.is_empty() {
             let tokens: Vec<u32> = singles.iter().map(|&(_, _, t)| t).collect();
             let mut caches = rows_of(&mut self.streams, singles.iter().map(|&(_, s, _)| s));
-            let logits = host(self.gpt.forward_rows(&tokens, &mut caches)?);
+            let logits = host_values(self.gpt.forward_rows(&tokens, &mut caches)?);
             for (r, &(i, _, _)) in singles.iter().enumerate() {
                 let row = &logits[r * vocab..(r + 1) * vocab];
                 self.out[i * vocab..(i + 1) * vocab].copy_from_slice(row);

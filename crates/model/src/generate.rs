@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use tinygpt_attention::KvCache;
 
 use crate::continuation::Continuation;
@@ -198,18 +198,6 @@ struct GptDecoder<'a> {
     on_gpu: bool,
 }
 
-impl GptDecoder<'_> {
-    /// Runs `tokens` through the caches: the logits `[1, tokens, vocab_size]`.
-    fn logits(&mut self, tokens: &[u32]) -> Result<Tensor<3>, ModelError> {
-        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
-        let ids = Tensor::from_data(
-            TensorData::new(ids, [1, tokens.len()]),
-            &self.gpt.wte.weight.device(),
-        );
-        self.gpt.forward_cached(ids, &mut self.caches)
-    }
-}
-
 impl Decoder for GptDecoder<'_> {
     fn block_size(&self) -> usize {
         self.gpt.block_size()
@@ -230,11 +218,7 @@ impl Decoder for GptDecoder<'_> {
     /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
     /// are in range.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let logits = last_row(self.logits(tokens)?);
-        Ok(logits
-            .into_data()
-            .try_to_vec_as::<f32>()
-            .expect("logits convert to f32"))
+        Ok(host_values(self.gpt.next_logits(tokens, &mut self.caches)?))
     }
 
     fn picks_on_device(&self) -> bool {
@@ -242,16 +226,16 @@ impl Decoder for GptDecoder<'_> {
     }
 
     fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
-        Ok(pick.on_device(last_row(self.logits(tokens)?)))
+        Ok(pick.on_device(self.gpt.next_logits(tokens, &mut self.caches)?))
     }
 }
 
-/// The last position's logits of `[1, seq, vocab]`: `[vocab]`.
-fn last_row(logits: Tensor<3>) -> Tensor<1> {
-    let [_, seq, vocab] = logits.dims();
+/// Logits read back to the host.
+pub(crate) fn host_values<const D: usize>(logits: Tensor<D>) -> Vec<f32> {
     logits
-        .slice([0..1, seq - 1..seq, 0..vocab])
-        .reshape([vocab])
+        .into_data()
+        .try_to_vec_as::<f32>()
+        .expect("logits convert to f32")
 }
 
 #[cfg(test)]

@@ -201,16 +201,33 @@ impl Gpt {
             .into());
         }
         let device = self.wte.weight.device();
-        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
-        let ids = Tensor::from_data(TensorData::new(ids, [rows, 1]), &device);
         let positions = Tensor::from_data(TensorData::new(positions, [rows, 1]), &device);
-        let mut x = self.embed_at(ids, positions);
+        let mut x = self.embed_at(self.ids(tokens, [rows, 1]), positions);
         for (l, block) in self.h.iter().enumerate() {
             let mut layer: Vec<&mut KvCache> = caches.iter_mut().map(|c| &mut c[l]).collect();
             x = block.forward_rows(x, &mut layer)?;
         }
         let vocab = self.vocab_size();
         Ok(self.head(x).reshape([rows, vocab]))
+    }
+
+    /// The logits `[vocab_size]` of the token after `tokens`, fed through `caches` (one
+    /// sequence's) after the tokens they hold: [`forward_cached`](Self::forward_cached)'s last
+    /// position.
+    pub(crate) fn next_logits(
+        &self,
+        tokens: &[u32],
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<1>, ModelError> {
+        let logits = self.forward_cached(self.ids(tokens, [1, tokens.len()]), caches)?;
+        let [_, seq, vocab] = logits.dims();
+        Ok(logits.narrow(1, seq - 1, 1).reshape([vocab]))
+    }
+
+    /// `tokens` as ids of `shape` on the model's device.
+    fn ids(&self, tokens: &[u32], shape: [usize; 2]) -> Tensor<2, Int> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
+        Tensor::from_data(TensorData::new(ids, shape), &self.wte.weight.device())
     }
 
     /// Empty caches, one per layer, for [`forward_cached`](Self::forward_cached).

@@ -71,6 +71,12 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
             .unwrap_err(),
         AttentionError::RowCaches { rows: 2, caches: 1 }
     );
+    assert_eq!(
+        layer
+            .forward_rows(random([0, 1, d], device), &mut [])
+            .unwrap_err(),
+        AttentionError::EmptySequence
+    );
     let mut full = KvCache::new();
     layer
         .forward_cached(random([1, max_seq, d], device), &mut full)

@@ -28,7 +28,7 @@ cp "$target/release/tinygpt" "$out/tinygpt"
 strip "$out/tinygpt"
 # LLVM is linked in statically: xz packs the binary to about a fifth; gpu-run.sh unpacks it.
 xz -9 -T0 "$out/tinygpt"
-cp scripts/gpu-run.sh "$out/gpu-run.sh"
+cp scripts/gpu-run.sh scripts/gpu-first-light.sh "$out/"
 cp "$corpus" "$out/tinyshakespeare.txt"
 cp "$torch_gpt" "$out/torch_gpt.py"
 du -sh "$out" "$out/tinygpt.xz"

@@ -4,16 +4,20 @@
 # the PyTorch reference GPT on the same GPU (eager float32, and nanoGPT's settings: bf16
 # autocast + TF32 + torch.compile), then one table of ratios. One program at a time.
 #
-#   ./gpu-run.sh [iters] [backends]        # defaults: 50 iterations, "cuda wgpu"
+#   ./gpu-run.sh [iters] [backends]        # defaults: 50 iterations, "cuda cuda:bf16 wgpu"
+#                                          # (BACKEND:DTYPE sets train.dtype)
+#   KERNELS=1 ./gpu-run.sh                 # also `bench --kernels` at shakespeare-char's size
+#   CONFIGS="shakespeare-char baby"        # the configs and their order (default: baby first)
 #   FULL=1 ./gpu-run.sh                    # also the full 5000-step shakespeare-char run (on the
-#                                          # first backend; MAX_TIME=9m to split it, then RESUME=1)
+#                                          # first BACKEND[:DTYPE]; MAX_TIME=9m to split it, then RESUME=1)
 #
 # RESULTS: where the JSON lines go (default ./results.jsonl). PYTHON: a Python with torch.
 set -uo pipefail
 cd "$(dirname "$0")"
 iters="${1:-50}"
-backends="${2:-cuda wgpu}"
-first="${backends%% *}"
+backends="${2:-cuda cuda:bf16 wgpu}"
+first_item="${backends%% *}"
+first="${first_item%%:*}"
 python="${PYTHON:-python3}"
 results="${RESULTS:-results.jsonl}"
 : > "$results"
@@ -28,13 +32,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # What the CUDA build loads at run time: the driver library, and libdevice from the toolkit.
 ls /usr/lib/x86_64-linux-gnu/libcuda.so* /usr/local/cuda/nvvm/libdevice/libdevice.10.bc 2>&1 | sed 's/^/cuda: /'
 
-# The step-0 loss on each backend against the fused CPU engine's, from the same seed.
-for backend in fused $backends; do
-  rm -rf "/tmp/tinygpt-step0-$backend"
-  ./tinygpt train --config baby --data tinyshakespeare.txt --backend "$backend" --max-iters 0 \
-    --set train.eval_iters=20 --out "/tmp/tinygpt-step0-$backend" 2>&1 | grep -E "^(step 0|tinygpt: error)" \
-    | sed "s/^/step-0 $backend: /"
-done
+# Every program has a time limit (STEP_TIMEOUT seconds, default 180), so one that hangs does not
+# take the rest with it. The step-0 losses against the fused engine: gpu-first-light.sh.
+limit() { timeout -k 5 "${STEP_TIMEOUT:-180}" "$@"; }
+# BACKEND[:DTYPE] -> the bench's arguments.
+bench_args() {
+  local backend="${1%%:*}" dtype=""
+  [ "$1" != "$backend" ] && dtype="${1#*:}"
+  echo "--backend $backend${dtype:+ --set train.dtype=$dtype}"
+}
 
 model_args() {
   case "$1" in
@@ -44,20 +50,29 @@ model_args() {
 }
 tag() { sed "s/^{/{\"who\": \"$1\", \"config\": \"$2\", /"; }
 
-for config in baby shakespeare-char; do
+for config in ${CONFIGS:-baby shakespeare-char}; do
   echo "== $config"
   for backend in $backends; do
-    ./tinygpt bench --config "$config" --backend "$backend" --iters "$iters" --warmup 10 \
-      --sample-tokens 200 --json | tag "tinygpt-$backend" "$config" | tee -a "$results"
+    # shellcheck disable=SC2046
+    limit ./tinygpt bench --config "$config" $(bench_args "$backend") --iters "$iters" --warmup 10 \
+      --sample-tokens 200 --json | tag "tinygpt-${backend/:/-}" "$config" | tee -a "$results"
   done
   # shellcheck disable=SC2046
-  "$python" torch_gpt.py train --data tinyshakespeare.txt $(model_args "$config") --device cuda \
+  limit "$python" torch_gpt.py train --data tinyshakespeare.txt $(model_args "$config") --device cuda \
     --iters "$iters" --eval-iters 1 --sample-tokens 200 | tag "torch-f32" "$config" | tee -a "$results"
   # shellcheck disable=SC2046
-  "$python" torch_gpt.py train --data tinyshakespeare.txt $(model_args "$config") --device cuda \
+  limit "$python" torch_gpt.py train --data tinyshakespeare.txt $(model_args "$config") --device cuda \
     --dtype bfloat16 --tf32 --compile --iters "$iters" --eval-iters 1 --sample-tokens 200 \
     | tag "torch-bf16-compile" "$config" | tee -a "$results"
 done
+
+if [ -n "${KERNELS:-}" ]; then
+  echo "== kernels of a shakespeare-char step on $first, f32 and bf16"
+  for dtype in f32 bf16; do
+    limit ./tinygpt bench --config shakespeare-char --backend "$first" --set "train.dtype=$dtype" \
+      --iters 3 --warmup 3 --sample-tokens 1 --kernels 2
+  done
+fi
 
 if [ -n "${FULL:-}" ]; then
   echo "== shakespeare-char, 5000 steps on $first"
@@ -69,11 +84,12 @@ if [ -n "${FULL:-}" ]; then
     resume=(--config shakespeare-char --data tinyshakespeare.txt --out "$run")
   fi
   start=$(date +%s.%N)
-  ./tinygpt train "${resume[@]}" --backend "$first" ${MAX_TIME:+--max-time "$MAX_TIME"} \
+  # shellcheck disable=SC2046
+  ./tinygpt train "${resume[@]}" $(bench_args "$first_item") ${MAX_TIME:+--max-time "$MAX_TIME"} \
     | grep -E "^(training|resuming|step [0-9]+:|done|time limit)"
   end=$(date +%s.%N)
   ./tinygpt eval --checkpoint "$run" --backend "$first"
-  echo "{\"who\": \"tinygpt-$first\", \"config\": \"shakespeare-char\", \"phase\": \"full\", \"wall_s\": $(echo "$end - $start" | bc)}" | tee -a "$results"
+  echo "{\"who\": \"tinygpt-$first\", \"config\": \"shakespeare-char\", \"phase\": \"full\", \"wall_s\": $(awk "BEGIN{print $end - $start}")}" | tee -a "$results"
 fi
 
 "$python" - "$results" <<'PY'
@@ -92,6 +108,6 @@ for c in ["baby", "shakespeare-char"]:
         b = get("torch-bf16-compile", c, "train", "tokens_per_s")
         s = get("torch-f32", c, "sample", "tokens_per_s")
         ratio = lambda x: f"{g['train_tokens_per_s'] / x:.2f}x" if x else "-"
-        print(f"| {c} | {g['backend']} | {g['train_tokens_per_s']:.0f} | {f or '-'} | {ratio(f)} | {b or '-'} | {ratio(b)} | "
+        print(f"| {c} | {g['who'][len('tinygpt-'):]} | {g['train_tokens_per_s']:.0f} | {f or '-'} | {ratio(f)} | {b or '-'} | {ratio(b)} | "
               f"{g.get('sample_tokens_per_s', 0):.0f} / {s or '-'} |")
 PY

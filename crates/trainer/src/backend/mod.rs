@@ -7,6 +7,7 @@
 
 pub mod cuda;
 pub mod host;
+pub mod kernels;
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
@@ -167,6 +168,7 @@ impl Backend {
     /// The device and engine this backend means on this machine; a GPU backend without its
     /// device is an error.
     pub fn placement(self) -> Result<Placement> {
+        kernels::keep_between_runs();
         let fused = (Device::flex(), EngineKind::Fused, Memory::Host);
         let mut note = None;
         let (device, engine, memory) = match self {

@@ -109,5 +109,5 @@ for c in ["baby", "shakespeare-char"]:
         s = get("torch-f32", c, "sample", "tokens_per_s")
         ratio = lambda x: f"{g['train_tokens_per_s'] / x:.2f}x" if x else "-"
         print(f"| {c} | {g['who'][len('tinygpt-'):]} | {g['train_tokens_per_s']:.0f} | {f or '-'} | {ratio(f)} | {b or '-'} | {ratio(b)} | "
-              f"{g.get('sample_tokens_per_s', 0):.0f} / {s or '-'} |")
+              f"{g.get('sample_tokens_per_s', 0):.0f} (first pass {g.get('first_sample_tokens_per_s', 0):.0f}) / {s or '-'} |")
 PY

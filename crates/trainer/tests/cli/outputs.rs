@@ -619,3 +619,51 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
         assert_eq!(greedy(&back), greedy(run), "{run}");
     }
 }
+
+/// `bench --json`: one line per config and backend with the step's and sampling's figures;
+/// sampling is timed on a second pass of the same generation, with the first pass beside it.
+#[test]
+fn bench_reports_its_figures_as_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ok(tinygpt(
+        tmp.path(),
+        &[
+            "bench",
+            "--config",
+            "baby",
+            "--backend",
+            "fused",
+            "--backend",
+            "flex",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--sample-tokens",
+            "30",
+            "--json",
+        ],
+    ));
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let backends: Vec<&str> = rows
+        .iter()
+        .map(|r| r["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(backends, ["fused", "flex"]);
+    for row in &rows {
+        assert_eq!(row["config"], "baby");
+        assert_eq!(row["sample_tokens"], 30, "{row}");
+        for key in [
+            "ms_per_iter",
+            "train_tokens_per_s",
+            "sample_tokens_per_s",
+            "first_sample_tokens_per_s",
+        ] {
+            let value = row[key].as_f64().unwrap_or(f64::NAN);
+            assert!(value.is_finite() && value > 0.0, "{key} = {value} in {row}");
+        }
+    }
+}

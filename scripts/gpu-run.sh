@@ -75,7 +75,7 @@ if [ -n "${KERNELS:-}" ]; then
 fi
 
 if [ -n "${FULL:-}" ]; then
-  echo "== shakespeare-char, 5000 steps on $first"
+  echo "== shakespeare-char, 5000 steps on $first_item"
   run=/tmp/tinygpt-sc
   if [ -n "${RESUME:-}" ]; then
     resume=(--resume --out "$run")
@@ -89,7 +89,7 @@ if [ -n "${FULL:-}" ]; then
     | grep -E "^(training|resuming|step [0-9]+:|done|time limit)"
   end=$(date +%s.%N)
   ./tinygpt eval --checkpoint "$run" --backend "$first"
-  echo "{\"who\": \"tinygpt-$first\", \"config\": \"shakespeare-char\", \"phase\": \"full\", \"wall_s\": $(awk "BEGIN{print $end - $start}")}" | tee -a "$results"
+  echo "{\"who\": \"tinygpt-${first_item/:/-}\", \"config\": \"shakespeare-char\", \"phase\": \"full\", \"wall_s\": $(awk "BEGIN{print $end - $start}")}" | tee -a "$results"
 fi
 
 "$python" - "$results" <<'PY'

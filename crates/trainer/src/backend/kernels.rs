@@ -5,17 +5,19 @@
 //! (autotune). Done again in every process, that is a minute or more before the first training
 //! steps of a small model: a `tinygpt bench` of 3 baby steps and 60 sampled tokens took 99.8 s on
 //! lavapipe with nothing kept and 13.3 s the second time, and on an H100 a 7-step bf16 benchmark
-//! took 97 s for 31-ms steps (docs/perf.md). So the autotune results, and on CUDA the compiled
-//! kernels (PTX; wgpu hands its WGSL to the driver on every run), are kept in the user's cache
-//! directory: `$XDG_CACHE_HOME/cubecl`, else `~/.cache/cubecl`.
+//! took 97 s for 31-ms steps (docs/perf.md). So builds with the `kernel-cache` feature (which
+//! `cuda` turns on) keep the autotune results, and on CUDA the compiled kernels (PTX; wgpu hands
+//! its WGSL to the driver on every run), in the user's cache directory: `$XDG_CACHE_HOME/cubecl`,
+//! else `~/.cache/cubecl`. The default build leaves the cache out: it is Burn's `persistence`,
+//! an embedded SQL database that costs minutes of every cold build.
 
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
 
 /// Installs CubeCL's configuration before any GPU device opens: a `cubecl.toml` (or
 /// `burn.toml`'s `[cubecl]` section) in the working directory or above and the `CUBECL_*`
-/// variables, as CubeCL reads them itself, with the compiled-kernel cache turned on and, where
-/// the configuration leaves the place to CubeCL's default (the `target/` of an enclosing Cargo
-/// project), the user's cache directory instead. A configuration already loaded stays as it is.
+/// variables, as CubeCL reads them itself, with (in `kernel-cache` builds) the compiled-kernel
+/// cache turned on and, where the configuration leaves the place to CubeCL's default (the
+/// `target/` of an enclosing Cargo project), the user's cache directory instead. A configuration already loaded stays as it is.
 pub fn keep_between_runs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -26,7 +28,10 @@ pub fn keep_between_runs() {
 /// The configuration [`keep_between_runs`] installs.
 fn config() -> CubeClRuntimeConfig {
     let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
-    config.compilation.cache = true;
+    #[cfg(feature = "kernel-cache")]
+    {
+        config.compilation.cache = true;
+    }
     if matches!(config.environment.path, CacheConfig::Target) {
         config.environment.path = CacheConfig::Global;
     }
@@ -42,6 +47,7 @@ mod tests {
     #[test]
     fn kernels_are_kept_in_the_user_cache() {
         let config = config();
+        #[cfg(feature = "kernel-cache")]
         assert!(config.compilation.cache);
         assert!(matches!(config.environment.path, CacheConfig::Global));
         assert!(config.environment.path.root().ends_with("cubecl"));

@@ -42,8 +42,8 @@ fn config() -> CubeClRuntimeConfig {
 mod tests {
     use super::*;
 
-    /// Compiled kernels are kept, in the user's cache rather than a Cargo project's `target/`
-    /// (the tests run inside one).
+    /// What is kept goes to the user's cache rather than a Cargo project's `target/` (the tests
+    /// run inside one), and `kernel-cache` builds keep the compiled kernels.
     #[test]
     fn kernels_are_kept_in_the_user_cache() {
         let config = config();

@@ -1,63 +1,54 @@
 //! # tinygpt-model: the GPT
 //!
-//! nanoGPT's architecture on Burn: token + learned position embeddings, `n_layer` pre-LayerNorm
-//! blocks of [causal self-attention](tinygpt_attention) and a GELU MLP on residual branches, a
-//! final LayerNorm, and a linear LM head (optionally tied to the token embedding). Initialised as
-//! GPT-2: weights ~ N(0, 0.02), residual projections ~ N(0, 0.02/√(2·n_layer)), biases 0.
+//! A decoder-only transformer on Burn, in the parts of nanoGPT (learned positions, LayerNorm, a
+//! GELU MLP, GPT-2's initialisation) and of the models since (rotary positions, RMSNorm,
+//! QK-norm, grouped key/value heads, ReLU² and SwiGLU MLPs, a logit soft-cap, zero-initialised
+//! projections), each chosen in [`GptConfig`]. The crate is in rooms, each a module whose doc
+//! says what it owns and what it may import; lower rooms never import higher ones:
 //!
-//! - [`GptConfig`] with presets [`GptConfig::baby`], [`GptConfig::shakespeare_char`] and the
-//!   bare [`GptConfig::minimal`];
-//! - [`Gpt::forward`]: `[batch, seq]` token ids to `[batch, seq, vocab]` logits;
-//! - [`cross_entropy`] with [`IGNORE_INDEX`] = -1, PyTorch's `ignore_index` semantics;
-//! - [`gpu`]: LayerNorm and the cross-entropy as fused CubeCL kernels with their backward,
-//!   which the model takes on a GPU;
-//! - [`FusedCpu`]: the same loss and gradients by hand-written, fused CPU kernels (AVX-512
-//!   matmuls, the batch split over threads), tested against Burn's autodiff, for the configs
-//!   [`fused_support`] allows;
-//! - [`parameter_table`]: every parameter under Burn's and nanoGPT's names, in one order, and
-//!   [`ParamLayout`]: the present ones end to end, the flat layout every optimizer works on;
-//! - [`generate`] ([`Gpt::generate`] on Burn, or [`FusedDecoder`] on the CPU): temperature,
-//!   top-k, top-p, repetition penalty, stop sequences, streamed through a callback, with a KV
-//!   cache.
+//! 1. **`arch`**: what the model is, with no Burn in it: [`GptConfig`] with its presets
+//!    ([`GptConfig::baby`], [`GptConfig::shakespeare_char`], [`GptConfig::modern`],
+//!    [`GptConfig::minimal`]), its [`parts`], and [`parameter_table`]: every parameter under
+//!    Burn's and nanoGPT's names.
+//! 2. **`sample`**: how a next token is chosen, for every engine: [`GenerateOptions`]
+//!    (temperature, top-k, top-p, repetition penalty, stop sequences), [`generate`] and
+//!    [`score`] over any [`Decoder`], and the [`BatchDecoder`] a server drives.
+//! 3. **`optim`**: [`ParamLayout`], the one flat layout of the parameters every optimizer
+//!    works on, the optimizers' settings and state, gradient clipping.
+//! 4. **[`gpu`]**: LayerNorm, RMSNorm, the cross-entropy and AdamW as CubeCL kernels with their
+//!    backward, which the model takes on a GPU.
+//! 5. **`nn`**: the Burn modules: [`Gpt::forward`] (`[batch, seq]` token ids to
+//!    `[batch, seq, vocab]` logits), [`Block`], [`FeedForward`], [`Normalization`],
+//!    [`cross_entropy`] with [`IGNORE_INDEX`] = -1 (PyTorch's `ignore_index`), and a [`Gpt`] as a
+//!    [`Decoder`] ([`Gpt::decoder`]) and a [`BatchDecoder`] ([`GptBatch`]).
+//! 6. **`cpu`**: the fused CPU engine: [`FusedCpu`], the same loss and gradients by
+//!    hand-written kernels (tested against Burn's autodiff), and [`FusedDecoder`] /
+//!    [`FusedBatch`], decoding with a KV cache.
+//!
+//! Everything a user of the crate needs is re-exported here; the rooms themselves are private.
 
-mod batch;
-mod block;
-mod clip;
-mod config;
-mod continuation;
+mod arch;
 mod cpu;
-mod device_pick;
-mod draw;
 mod error;
-mod generate;
-mod gpt;
 pub mod gpu;
-mod layout;
-mod loss;
-pub mod norm;
-mod options;
-mod parameters;
-pub mod parts;
-mod sampler;
+mod nn;
+mod optim;
+mod sample;
 
-pub use batch::{BatchDecoder, GptBatch};
-pub use block::{Block, Mlp};
-pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
-pub use config::{Activation, GptConfig};
-pub use continuation::{Continuation, Feed, Finish};
-pub use cpu::{
-    AdamWSettings, FusedBatch, FusedCpu, FusedDecoder, FusedError, MomentState, MuonSettings,
-    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, PREFILL_CHUNK, TokenBatch,
-    VelocityState, fused_support,
-};
-pub use device_pick::{Pick, Picked};
-pub use draw::Sampled;
+pub use arch::parts;
+pub use arch::{BlockSlot, GptConfig, ParamName, Slot, parameter_table};
+pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use generate::{Decoder, generate, generate_cancellable, score};
-pub use gpt::Gpt;
-pub use layout::{LayoutEntry, LayoutError, ParamLayout};
-pub use loss::{
-    IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
+pub use nn::{
+    Block, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
+    cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm,
 };
-pub use options::GenerateOptions;
-pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
+pub use optim::{
+    AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, MomentState, MuonSettings,
+    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, ParamLayout, VelocityState,
+    clip_factor, clip_factor_on_device,
+};
+pub use sample::{
+    BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Sampled,
+    generate, generate_cancellable, score,
+};

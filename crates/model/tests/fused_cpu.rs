@@ -148,7 +148,8 @@ fn loss_and_gradients_match_burn_autodiff() {
     check_against_burn(small().with_layer_norm_eps(1e-3), batch, 2);
 }
 
-/// Each newer part on its own, then Llama's and nanochat's combinations (the `modern` preset's parts at this
+/// Every variant of every part on its own (the variants from the types, so a new one is checked
+/// here too), then Llama's and nanochat's combinations (the `modern` preset's parts at this
 /// size): the fused loss and every gradient equal Burn autodiff's. Output projections keep
 /// GPT-2's init here (zero ones would leave most gradients trivially zero); the init computes
 /// nothing the engine runs.
@@ -158,22 +159,26 @@ fn each_newer_part_matches_burn_autodiff() {
     let (inputs, targets) = (tokens(3 * 16, 13, 1), tokens(3 * 16, 13, 2));
     let batch = token_batch(&inputs, &targets, 3, 16);
     let modern = GptConfig::modern(13);
-    for config in [
-        small().with_norm(Norm::Rms),
-        small().with_norm(Norm::RmsUnit),
-        small().with_norm(Norm::None),
-        small().with_mlp(Mlp::Relu2),
-        small().with_mlp(Mlp::GeluTanh),
-        small().with_mlp(Mlp::None),
+    let each_part = (Norm::all()
+        .filter(|&n| n != Norm::default())
+        .map(|n| small().with_norm(n)))
+    .chain(
+        Mlp::all()
+            .filter(|&m| m != Mlp::default())
+            .map(|m| small().with_mlp(m)),
+    )
+    .chain(
+        Position::all()
+            .filter(|&p| p != Position::default())
+            .map(|p| small().with_position(p)),
+    );
+    for config in each_part.chain([
         // The attention lessons' bare model: no norm, no MLP, one head.
         GptConfig::minimal(13).with_block_size(16).with_n_embd(24),
         // A tight cap, so tanh bends the logits.
         small().with_logit_softcap(0.5),
-        small().with_position(Position::Rope),
         small().with_position(Position::Rope).with_rope_theta(100.0),
-        small().with_position(Position::None),
         small().with_qk_norm(true),
-        small().with_mlp(Mlp::SwiGlu),
         small().with_mlp(Mlp::SwiGlu).with_mlp_hidden(Some(24)),
         // Grouped-query heads (4 over 2) and multi-query heads with rotary positions and
         // QK-norm: each key/value head's gradient gathers its whole group's.
@@ -198,11 +203,13 @@ fn each_newer_part_matches_burn_autodiff() {
             .with_bias(modern.bias)
             .with_tie_embeddings(modern.tie_embeddings)
             .with_logit_softcap(modern.logit_softcap),
-    ] {
+    ]) {
         check_against_burn(config, batch, 2);
     }
     // The zero init trains the same kernels: the step's loss is Burn's.
-    check_against_burn(small().with_proj_init(ProjInit::Zero), batch, 2);
+    for init in ProjInit::all().filter(|&i| i != ProjInit::default()) {
+        check_against_burn(small().with_proj_init(init), batch, 2);
+    }
 }
 
 /// Burn's record does not hold the config, and the modules' fields are public: a model can come

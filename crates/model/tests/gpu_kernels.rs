@@ -171,7 +171,7 @@ fn the_fused_rms_norm_is_the_burn_ops() {
                 let y = match fused {
                     true => rms_norm(x.clone(), g.clone(), 1e-5),
                     false => {
-                        let y = tinygpt_model::norm::rms_norm(
+                        let y = tinygpt_model::rms_norm(
                             x.clone().reshape([1, rows, channels]),
                             g.clone(),
                             1e-5,

@@ -11,8 +11,7 @@ use crate::backend::{EngineKind, Placement};
 use crate::config::{OptimizerKind, TrainDType};
 
 /// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
-/// [`Placement::engine_for`] picks the fused engine (an explicit `fused` on a model it does not
-/// implement is an error), Burn on the model's device otherwise. A model whose vocabulary is
+/// [`Placement::engine_for`] picks the fused engine, Burn on the model's device otherwise. A model whose vocabulary is
 /// padded past the tokenizer's `tokens` ids only ever gives logits (and so samples) of real
 /// tokens.
 pub fn decoder<'a>(
@@ -22,7 +21,7 @@ pub fn decoder<'a>(
 ) -> Result<Box<dyn Decoder + 'a>> {
     decoder_for(
         placement
-            .engine_for(model.config(), TrainDType::F32, OptimizerKind::AdamW)?
+            .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
             .0,
         model,
         tokens,

@@ -12,11 +12,13 @@
 //! run: they differ only in how the heads attend (whole causal sequences, or new rows against a
 //! KV cache), which they pass in. A block feature is written here once.
 
-use super::attention::{self, Shape};
-use super::matmul::{View, linear, matmul, rows_times_matrix};
-use super::norm::{self, Normed};
+use super::dims::Dims;
+use super::kernels::attention::{self, Shape};
+use super::kernels::matmul::{View, linear, matmul, rows_times_matrix};
+use super::kernels::norm::{self, Normed};
+use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
 use super::params::BlockParams;
-use super::{Act, Dims, gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
+use crate::arch::Mlp;
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
 #[derive(Debug, Default)]
@@ -81,7 +83,7 @@ impl BlockActs {
         size(&mut self.attn_mask, masks);
         size(
             &mut self.mlp_mask,
-            if d.activation.is_some() { masks } else { 0 },
+            if d.mlp == Mlp::None { 0 } else { masks },
         );
     }
 }
@@ -157,10 +159,16 @@ pub(super) fn forward(
     ctx.linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
-    let Some(activation) = d.activation else {
-        // No MLP: the block ends after attention.
-        out.copy_from_slice(&a.mid);
-        return;
+    let activation: fn(&mut [f32], &[f32], usize) = match d.mlp {
+        Mlp::Gelu => |act, fc, _| gelu::forward(act, fc),
+        Mlp::GeluTanh => |act, fc, _| gelu_tanh::forward(act, fc),
+        Mlp::Relu2 => |act, fc, _| relu2::forward(act, fc),
+        Mlp::SwiGlu => swiglu::forward,
+        Mlp::None => {
+            // No MLP: the block ends after attention.
+            out.copy_from_slice(&a.mid);
+            return;
+        }
     };
     let ln_2 = Normed {
         out: &mut a.ln_2,
@@ -170,12 +178,7 @@ pub(super) fn forward(
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
     let fc = d.fc_width;
     ctx.linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
-    match activation {
-        Act::Gelu => gelu::forward(&mut a.act, &a.fc),
-        Act::GeluTanh => gelu_tanh::forward(&mut a.act, &a.fc),
-        Act::Relu2 => relu2::forward(&mut a.act, &a.fc),
-        Act::SwiGlu => swiglu::forward(&mut a.act, &a.fc, hidden),
-    }
+    activation(&mut a.act, &a.fc, hidden);
     ctx.linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
@@ -267,9 +270,7 @@ pub(super) fn backward(
 ) {
     let d = ctx.dims;
     let (rows, c) = (a.ln_1_rstd.len(), shape.width);
-    if let Some(activation) = d.activation {
-        mlp_backward(p, g, a, d_resid, s, activation, d);
-    }
+    mlp_backward(p, g, a, d_resid, s, d);
     // mid = x + dropout(attention(ln_1(x)) · W + b)
     masked(&mut s.d_branch, d_resid, &a.attn_mask);
     let d_y = &mut s.d_wide[..rows * c];
@@ -317,18 +318,28 @@ pub(super) fn backward(
     );
 }
 
+/// An activation's backward that turns the output's gradient into the input's where it lies.
+type InPlace = fn(&mut [f32], &[f32]);
+
 /// The MLP branch's backward: `d_resid` holds the gradient of the block's output `out = mid +
-/// dropout(act(ln_2(mid) · W_fc + b) · W_proj + b)` and is left holding that of `mid`.
-#[allow(clippy::too_many_arguments)]
+/// dropout(act(ln_2(mid) · W_fc + b) · W_proj + b)` and is left holding that of `mid`; without
+/// an MLP, `out = mid` and it is left as it is.
 fn mlp_backward(
     p: &BlockParams,
     g: &mut BlockParams,
     a: &BlockActs,
     d_resid: &mut [f32],
     s: &mut Scratch,
-    activation: Act,
     d: &Dims,
 ) {
+    // The activation's backward in place, or (SwiGLU) into the pre-activation's beside it.
+    let in_place: Option<InPlace> = match d.mlp {
+        Mlp::Gelu => Some(gelu::backward_in_place),
+        Mlp::GeluTanh => Some(gelu_tanh::backward_in_place),
+        Mlp::Relu2 => Some(relu2::backward_in_place),
+        Mlp::SwiGlu => None,
+        Mlp::None => return,
+    };
     let (rows, c, hidden) = (a.ln_1_rstd.len(), d.width, d.hidden);
     masked(&mut s.d_branch, d_resid, &a.mlp_mask);
     // The activation's gradient, then (SwiGLU) the pre-activation's beside it.
@@ -343,20 +354,12 @@ fn mlp_backward(
         &p.mlp_proj_w,
         dims,
     );
-    let d_fc: &[f32] = match activation {
-        Act::Gelu => {
-            gelu::backward_in_place(d_act, &a.fc);
+    let d_fc: &[f32] = match in_place {
+        Some(backward) => {
+            backward(d_act, &a.fc);
             d_act
         }
-        Act::GeluTanh => {
-            gelu_tanh::backward_in_place(d_act, &a.fc);
-            d_act
-        }
-        Act::Relu2 => {
-            relu2::backward_in_place(d_act, &a.fc);
-            d_act
-        }
-        Act::SwiGlu => {
+        None => {
             let d_fc = &mut d_fc[..rows * 2 * hidden];
             swiglu::backward(d_fc, d_act, &a.fc, hidden);
             d_fc

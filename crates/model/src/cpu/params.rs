@@ -10,16 +10,18 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::gpt::Gpt;
-use crate::layout::ParamLayout;
-use crate::parameters::{BlockSlot, Slot, parameters_by_path};
+use crate::arch::{BlockSlot, Slot};
+use crate::nn::Gpt;
+use crate::nn::by_path::parameters_by_path;
+use crate::optim::ParamLayout;
 
-/// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias).
+/// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias,
+/// no gain for `rms_unit`, no shift for RMSNorm, no MLP for `mlp = "none"`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BlockParams {
     pub ln_1_gamma: Vec<f32>,
     pub ln_1_beta: Vec<f32>,
-    /// `[width, 3·width]`.
+    /// `[width, qkv_width]` (`3·width` without grouped heads).
     pub c_attn_w: Vec<f32>,
     pub c_attn_b: Vec<f32>,
     /// `[width, width]`.
@@ -27,7 +29,7 @@ pub(crate) struct BlockParams {
     pub attn_proj_b: Vec<f32>,
     pub ln_2_gamma: Vec<f32>,
     pub ln_2_beta: Vec<f32>,
-    /// `[width, hidden]`.
+    /// `[width, fc_width]` (`hidden`, or `2·hidden` for SwiGLU's gate and up).
     pub c_fc_w: Vec<f32>,
     pub c_fc_b: Vec<f32>,
     /// `[hidden, width]`.

@@ -16,8 +16,8 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::empty_like;
-use crate::AdamWSettings;
+use super::cube::empty_like;
+use crate::optim::AdamWSettings;
 
 /// Units per cube.
 const THREADS: u32 = 256;

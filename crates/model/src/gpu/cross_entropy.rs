@@ -25,7 +25,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::{cube_count, empty_like};
+use super::cube::{cube_count, empty_like};
 
 /// Units per cube of the row kernel (a power of two).
 const THREADS: usize = 128;
@@ -100,7 +100,7 @@ pub fn cross_entropy_parts(
 mod kernels {
     use cubecl::prelude::*;
 
-    use super::super::{cube_max, cube_sum};
+    use crate::gpu::cube::{cube_max, cube_sum};
 
     /// Forward: one cube per row of `logits` `[rows, vocab]`.
     #[cube(launch)]

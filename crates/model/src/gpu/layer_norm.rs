@@ -33,7 +33,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::{cube_count, empty_like};
+use super::cube::{cube_count, empty_like};
 
 /// Units per cube of the row kernels (a power of two: the reduction halves it).
 const THREADS: usize = 128;
@@ -169,7 +169,7 @@ pub fn layer_norm_parts(
 mod kernels {
     use cubecl::prelude::*;
 
-    use super::super::cube_sum;
+    use crate::gpu::cube::cube_sum;
 
     /// Forward: one cube per row of `x` `[rows, C]`.
     #[cube(launch)]

@@ -92,11 +92,11 @@ pub fn tokens(len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Every config the decoder must cover: biases on and off, tied and untied heads, head sizes
-/// under and over the 16-lane dot product, widths that are not a multiple of 4, and each newer
-/// part (RMSNorm with and without gain, no norm, ReLU², SwiGLU, a soft-cap, rotary positions,
-/// no positions, QK-norm, grouped and multi-query heads) and Llama's and nanochat's
-/// combinations of them.
+/// Every config the decoder must cover: every variant of every part (from the types, so a new
+/// one is decoded too), each part's variants paired differently with the others', then biases
+/// on and off, tied and untied heads, head sizes under and over the 16-lane dot product, widths
+/// that are not a multiple of 4, a soft-cap, QK-norm, grouped and multi-query heads, and
+/// Llama's and nanochat's combinations.
 #[allow(dead_code)] // Not every test file decodes.
 pub fn configs() -> Vec<GptConfig> {
     let small = || {
@@ -107,44 +107,49 @@ pub fn configs() -> Vec<GptConfig> {
             .with_n_embd(30)
     };
     let modern = GptConfig::modern(13);
-    vec![
-        small().with_norm(Norm::Rms),
-        small().with_norm(Norm::RmsUnit).with_mlp(Mlp::Relu2),
-        small().with_mlp(Mlp::GeluTanh),
-        GptConfig::minimal(13).with_block_size(24),
-        small().with_norm(Norm::None).with_logit_softcap(2.0),
-        small().with_position(Position::Rope).with_qk_norm(true),
-        small().with_position(Position::None),
-        small().with_mlp(Mlp::SwiGlu).with_n_kv_head(Some(1)),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(6)
-            .with_n_kv_head(Some(2))
-            .with_n_embd(48)
-            .with_position(Position::Rope)
-            .with_norm(Norm::Rms)
-            .with_mlp(Mlp::SwiGlu)
-            .with_bias(false),
+    let (norms, mlps, positions): (Vec<Norm>, Vec<Mlp>, Vec<Position>) = (
+        Norm::all().collect(),
+        Mlp::all().collect(),
+        Position::all().collect(),
+    );
+    let every = norms.len().max(mlps.len()).max(positions.len());
+    let each_part = (0..every).map(|i| {
         small()
-            .with_position(modern.position)
-            .with_norm(modern.norm)
-            .with_qk_norm(true)
-            .with_mlp(modern.mlp)
-            .with_bias(false)
-            .with_tie_embeddings(false)
-            .with_logit_softcap(modern.logit_softcap),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(3)
-            .with_n_embd(30),
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(2)
-            .with_n_embd(72)
-            .with_bias(false)
-            .with_tie_embeddings(false),
-    ]
+            .with_norm(norms[i % norms.len()])
+            .with_mlp(mlps[i % mlps.len()])
+            .with_position(positions[i % positions.len()])
+    });
+    each_part
+        .chain([
+            GptConfig::minimal(13).with_block_size(24),
+            small().with_norm(Norm::None).with_logit_softcap(2.0),
+            small().with_position(Position::Rope).with_qk_norm(true),
+            small().with_mlp(Mlp::SwiGlu).with_n_kv_head(Some(1)),
+            GptConfig::new(13)
+                .with_block_size(24)
+                .with_n_layer(2)
+                .with_n_head(6)
+                .with_n_kv_head(Some(2))
+                .with_n_embd(48)
+                .with_position(Position::Rope)
+                .with_norm(Norm::Rms)
+                .with_mlp(Mlp::SwiGlu)
+                .with_bias(false),
+            small()
+                .with_position(modern.position)
+                .with_norm(modern.norm)
+                .with_qk_norm(true)
+                .with_mlp(modern.mlp)
+                .with_bias(false)
+                .with_tie_embeddings(false)
+                .with_logit_softcap(modern.logit_softcap),
+            GptConfig::new(13)
+                .with_block_size(24)
+                .with_n_layer(2)
+                .with_n_head(2)
+                .with_n_embd(72)
+                .with_bias(false)
+                .with_tie_embeddings(false),
+        ])
+        .collect()
 }

@@ -3,7 +3,7 @@
 //! A backend name is a shorthand for two settings, a [`Placement`]: the Burn device (Burn 0.22's
 //! run-time `Device`) and the [`EngineKind`] that trains on it (Burn's autodiff on the host or on
 //! a device, or tinygpt's fused CPU engine). [`Placement::engine_for`] is the one place that
-//! decides, for a given model, which engine runs.
+//! decides, for a step's dtype and optimizer, which engine runs.
 
 pub mod cuda;
 pub mod host;
@@ -11,7 +11,6 @@ pub mod kernels;
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
-use tinygpt_model::{GptConfig, fused_support};
 
 use crate::config::{OptimizerKind, TrainDType};
 
@@ -19,7 +18,7 @@ use crate::config::{OptimizerKind, TrainDType};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// A CUDA GPU when tinygpt is built with CUDA and one answers; else a GPU through wgpu;
-    /// else `fused` (or flex for a model the fused engine does not implement).
+    /// else `fused` (or flex for a step the fused engine does not run: not f32).
     Auto,
     /// tinygpt's fused CPU engine for training steps, loss estimates and sampling (hand-written
     /// forward and backward, AVX-512 matmuls when the CPU has them, every core); the other
@@ -57,7 +56,7 @@ pub struct Placement {
     pub device_name: &'static str,
     /// The engine this backend trains with.
     pub engine: EngineKind,
-    /// With [`EngineKind::Fused`]: whether a model the fused engine does not implement is an
+    /// With [`EngineKind::Fused`]: whether a step the fused engine does not run (not f32) is an
     /// error (`--backend fused`), rather than trained by Burn's autodiff on flex (`auto`).
     pub strict: bool,
     pub memory: Memory,
@@ -93,21 +92,20 @@ impl Placement {
         }
     }
 
-    /// The engine for a model of `config` here: the one place that decides it (the memory
-    /// estimate, training and sampling all ask). With `auto`, a model the fused engine does not
-    /// implement trains on Burn's autodiff and the note says why; an explicit `fused` refuses
-    /// it.
+    /// The engine for a model here: the one place that decides it (the memory estimate,
+    /// training and sampling all ask). The fused engine implements every architecture; with
+    /// `auto`, a step it cannot run (not f32) trains on Burn's autodiff and the note says why,
+    /// and an explicit `fused` refuses it.
     ///
     /// `dtype` is the training step's: the fused engine computes in f32 only, and a device
     /// without `dtype`'s arithmetic is an error that names what has it.
     pub fn engine_for(
         &self,
-        config: &GptConfig,
         dtype: TrainDType,
         optimizer: OptimizerKind,
     ) -> Result<(EngineKind, Option<String>)> {
         let support = match dtype {
-            TrainDType::F32 => fused_support(config).map_err(|e| e.to_string()),
+            TrainDType::F32 => Ok(()),
             _ => Err(format!(
                 "the fused CPU engine computes in f32 only, not train.dtype = \"{}\"",
                 dtype.name()
@@ -169,40 +167,34 @@ impl Backend {
     /// device is an error.
     pub fn placement(self) -> Result<Placement> {
         kernels::keep_between_runs();
-        let fused = (Device::flex(), EngineKind::Fused, Memory::Host);
+        // The device, its name, the engine, and what says how much memory the device has.
+        let fused = (Device::flex(), "flex", EngineKind::Fused, Memory::Host);
         let mut note = None;
-        let (device, engine, memory) = match self {
+        let (device, device_name, engine, memory) = match self {
             Self::Fused => fused,
-            Self::Flex => (Device::flex(), EngineKind::Autodiff, Memory::Host),
-            Self::Ndarray => (ndarray(), EngineKind::Autodiff, Memory::Host),
+            Self::Flex => (Device::flex(), "flex", EngineKind::Autodiff, Memory::Host),
+            Self::Ndarray => (ndarray(), "ndarray", EngineKind::Autodiff, Memory::Host),
             Self::Wgpu => match wgpu_devices().into_iter().next() {
-                Some(device) => (device, EngineKind::Device, Memory::Unreported),
+                Some(device) => (device, "wgpu", EngineKind::Device, Memory::Unreported),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Cuda => (cuda::device()?, EngineKind::Device, Memory::Cuda),
+            Self::Cuda => (cuda::device()?, "cuda", EngineKind::Device, Memory::Cuda),
             Self::Auto => match cuda::device() {
-                Ok(device) => (device, EngineKind::Device, Memory::Cuda),
+                Ok(device) => (device, "cuda", EngineKind::Device, Memory::Cuda),
                 Err(why) => {
                     // A GPU that is there but cannot run is worth a word; no driver is not.
                     if why == cuda::Unavailable::NoLibdevice {
                         note = Some(format!("{why}; auto takes the next backend"));
                     }
                     match physical_gpu() {
-                        Some(gpu) => (gpu, EngineKind::Device, Memory::Unreported),
+                        Some(gpu) => (gpu, "wgpu", EngineKind::Device, Memory::Unreported),
                         None => fused,
                     }
                 }
             },
-        };
-        // Memory tells the backends apart: only the CUDA one is Cuda, only wgpu's Unreported.
-        let device_name = match memory {
-            Memory::Cuda => "cuda",
-            Memory::Unreported => "wgpu",
-            Memory::Host if self == Self::Ndarray => "ndarray",
-            Memory::Host => "flex",
         };
         Ok(Placement {
             device,

@@ -9,7 +9,7 @@ use anyhow::{Result, anyhow};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 
-use super::Message;
+use super::message::Message;
 
 const NAME: &str = "chat_template";
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
-use super::Message;
+use super::message::Message;
 
 /// Other fields (OpenAI's `name`, `weight`, an `id`) are let through unread.
 #[derive(Deserialize)]

@@ -10,7 +10,8 @@
 
 use anyhow::{Result, bail};
 
-use super::{ChatTemplate, Message};
+use super::message::Message;
+use super::template::ChatTemplate;
 use crate::data::tokenizer::Tokenizer;
 
 /// A rendered conversation: `ids[i]`, and whether training is taught to write it.
@@ -100,7 +101,7 @@ impl ChatTemplate {
 mod tests {
     use super::*;
     use crate::chat::{ChatSection, TemplateFile, Transcript};
-    use crate::config::TokenizerKind;
+    use crate::data::tokenizer::TokenizerKind;
 
     fn m(role: &str, content: &str) -> Message {
         Message::new(role, content)

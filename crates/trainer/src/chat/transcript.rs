@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::Message;
+use super::message::Message;
 
 /// How a conversation becomes a prompt. The defaults are a plain transcript.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -42,7 +42,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     let maps = AttentionMaps::compute(&model, &run.tokenizer, &args.prompt, &placement.device)?;
     let (layers, heads) = (run.config.model.n_layer, run.config.model.n_head);
     for (what, value, count) in [

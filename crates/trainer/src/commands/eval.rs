@@ -29,7 +29,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, state) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let (run, placement, model, state) =
+        super::load::load(&args.checkpoint, args.which, args.backend)?;
     let device = placement.device;
     let (split, source) = split(&run, args.data.as_ref())?;
     let block_size = run.config.model.block_size;

@@ -131,7 +131,7 @@ fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
     let prompt_ids = tokenizer

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
+use tinygpt::backend::EngineKind;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
 
@@ -68,20 +69,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
         integrity(&last)
     );
     // Where `auto` trains it on a machine without a GPU.
-    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(
-        &gpt,
-        run.config.train.dtype,
-        run.config.train.optimizer,
-    )?;
-    let fused = engine == tinygpt::backend::EngineKind::Fused;
-    let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, fused);
+    let (engine, _) = tinygpt::backend::Placement::cpu()
+        .engine_for(run.config.train.dtype, run.config.train.optimizer)?;
+    let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, engine);
+    let on = match engine {
+        EngineKind::Fused => "fused engine",
+        EngineKind::Autodiff | EngineKind::Device => "flex",
+    };
     println!(
         "engine: {} on flex (how auto trains it without a GPU)",
         engine.name()
     );
     println!(
-        "memory to train on the CPU ({}): ~{}{}",
-        if fused { "fused engine" } else { "flex" },
+        "memory to train on the CPU ({on}): ~{}{}",
         estimate.describe(),
         tinygpt::backend::host::available_bytes().map_or(String::new(), |a| format!(
             " ({} available now)",

@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (_, placement, model, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let (_, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     let device = placement.device;
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;

@@ -7,6 +7,7 @@ mod export;
 mod generate;
 mod import;
 mod info;
+mod load;
 mod logits;
 mod params;
 mod prepare;
@@ -14,14 +15,10 @@ mod serve;
 mod train;
 mod watch;
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tinygpt::backend::{Backend, Placement};
-use tinygpt::run::checkpoint::{Run, TrainState, Which};
-use tinygpt_model::Gpt;
 
 #[derive(Parser)]
 #[command(
@@ -69,20 +66,4 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve(args) => serve::run(args),
         Command::Watch(args) => watch::run(args),
     }
-}
-
-/// The run in `checkpoint`, where `backend` places it, and the `which` weights on that device:
-/// what the commands that read a run's weights start from.
-fn load(
-    checkpoint: &Path,
-    which: Which,
-    backend: Backend,
-) -> Result<(Run, Placement, Gpt, TrainState)> {
-    let run = Run::open(checkpoint)?;
-    let placement = backend.placement()?;
-    if let Some(note) = &placement.note {
-        eprintln!("note: {note}");
-    }
-    let (model, state) = run.load_model(which, &placement.device)?;
-    Ok((run, placement, model, state))
 }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
+use tinygpt::backend::EngineKind;
 use tinygpt::config::TrainDType;
 use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
@@ -62,18 +63,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
-    let (engine, _) = tinygpt::backend::Placement::cpu().engine_for(
-        &config,
-        TrainDType::F32,
-        Default::default(),
-    )?;
-    let fused = engine == tinygpt::backend::EngineKind::Fused;
+    let (engine, _) =
+        tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, Default::default())?;
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let on = match engine {
+        EngineKind::Fused => "fused engine",
+        EngineKind::Autodiff | EngineKind::Device => "flex",
+    };
     println!(
-        "memory to train with batch {} on the CPU ({}): ~{}",
+        "memory to train with batch {} on the CPU ({on}): ~{}",
         args.batch_size,
-        if fused { "fused engine" } else { "flex" },
-        memory::Estimate::for_model(&config, args.batch_size, threads, fused).describe()
+        memory::Estimate::for_model(&config, args.batch_size, threads, engine).describe()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -7,13 +7,13 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use tinygpt::chat::{ChatSection, jsonl};
-use tinygpt::config::TokenizerKind;
 use tinygpt::data::corpus::BPE_SAMPLE_BYTES;
 use tinygpt::data::prepare::{
     self, ConversationOptions, DEFAULT_INCLUDE, Phases, PrepareOptions, Prepared, TokenizerSource,
     ValSplit,
 };
 use tinygpt::data::tokenizer::Tokenizer;
+use tinygpt::data::tokenizer::TokenizerKind;
 use tinygpt::data::tokens::Width;
 
 /// Tokenize a corpus once into train.bin / val.bin (nanoGPT's layout), for corpora of any size.

@@ -123,7 +123,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         chat_template: ChatTemplate::Transcript(Default::default()),
     };
     options.validate()?;
-    let (run, placement, gpt, _) = super::load(&args.checkpoint, args.which, args.backend)?;
+    let (run, placement, gpt, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     // On the CPU a worker a core; a GPU takes one batch, from one worker.
     if args.max_concurrent.is_none() && placement.on_host() {
         options.max_concurrent = std::thread::available_parallelism().map_or(1, |n| n.get());

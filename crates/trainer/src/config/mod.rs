@@ -13,6 +13,7 @@ use tinygpt_attention::AttentionKernel;
 use tinygpt_model::GptConfig;
 
 use crate::chat::ChatSection;
+use crate::data::tokenizer::TokenizerKind;
 
 /// The name by which configs refer to the corpus built into the binary ([`presets`] holds it).
 pub const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
@@ -61,23 +62,6 @@ impl Default for DataSection {
             batching: Batching::Packed,
             separator: "\n\n".into(),
             val_fraction: 0.1,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenizerKind {
-    Char,
-    Bpe,
-}
-
-impl TokenizerKind {
-    /// The name as TOML spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Char => "char",
-            Self::Bpe => "bpe",
         }
     }
 }

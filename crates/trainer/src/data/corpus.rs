@@ -73,7 +73,7 @@ pub fn for_new_run(
     if let Some(fraction) = prepared.meta.val_fraction {
         d.val_fraction = fraction;
     }
-    if d.tokenizer == crate::config::TokenizerKind::Bpe {
+    if d.tokenizer == crate::data::tokenizer::TokenizerKind::Bpe {
         d.bpe_vocab_size = prepared.meta.vocab_size;
     }
     let chat = std::mem::take(&mut config.chat);

@@ -339,7 +339,7 @@ pub fn mix(seed: u64, step: usize, stream: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TokenizerKind;
+    use crate::data::tokenizer::TokenizerKind;
 
     fn dataset(text: &str, batching: Batching, block_size: usize) -> Result<Dataset> {
         let tokenizer = Tokenizer::train(TokenizerKind::Char, text, 0)?;

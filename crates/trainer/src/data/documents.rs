@@ -155,7 +155,7 @@ pub fn val_start(offsets: &[u64], val_fraction: f64) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TokenizerKind;
+    use crate::data::tokenizer::TokenizerKind;
     use crate::data::tokenizer::special;
 
     #[test]

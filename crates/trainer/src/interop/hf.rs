@@ -20,7 +20,7 @@ use super::foreign::{
     ForeignTensors, LM_HEAD, Layout, NamedTensor, TensorTable, burn_tensors, transpose,
     write_safetensors,
 };
-use super::{Imported, create_run, hf_run_config};
+use super::run::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
 use crate::run::checkpoint::{Run, Which, refuse_existing};

@@ -19,7 +19,7 @@ use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
 
 use super::foreign::{Foreign, NamedTensor, read_safetensors, transpose, write_safetensors};
-use super::{Imported, create_run, hf_run_config};
+use super::run::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 
 /// The `LlamaConfig` fields that shape the computation, with transformers' defaults.

@@ -17,41 +17,17 @@ pub mod foreign;
 pub mod hf;
 pub mod llama;
 pub mod nanogpt;
+mod run;
 pub mod sidecar;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use tinygpt_model::{Gpt, GptConfig};
 
+pub use run::{ImportOptions, Imported};
 pub use sidecar::{export, sidecar_path};
 
-use crate::config::RunConfig;
-use crate::data::tokenizer::Tokenizer;
-use crate::run::checkpoint::{self, Run, TrainState, Which};
-
-/// What `tinygpt import` reads.
-#[derive(Debug, Clone, Default)]
-pub struct ImportOptions {
-    /// A nanoGPT `ckpt.pt`, a Hugging Face directory, or an exported `.safetensors` file.
-    pub from: PathBuf,
-    /// nanoGPT's `meta.pkl` (char vocabularies).
-    pub meta: Option<PathBuf>,
-    /// A Hugging Face `tokenizer.json` (GPT-2's BPE for nanoGPT checkpoints trained on it).
-    pub tokenizer: Option<PathBuf>,
-    /// The context of an imported Llama-family model (`None`: its own, up to
-    /// [`llama::DEFAULT_BLOCK`]).
-    pub block_size: Option<usize>,
-}
-
-/// What was imported, for the command's report.
-pub struct Imported {
-    pub format: &'static str,
-    pub config: RunConfig,
-    pub vocab_size: usize,
-    /// Anything the user should know (padding, training progress in the source).
-    pub notes: Vec<String>,
-}
+use crate::run::checkpoint::{self};
 
 /// Imports `options.from` into a new run directory `out`: `best` and `last` both hold the
 /// imported weights, with no optimizer state.
@@ -109,65 +85,4 @@ fn hf_config(dir: &Path) -> Result<serde_json::Value> {
         )
     })?;
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{} is invalid ({e})", path.display()))
-}
-
-/// The run config of an imported model: its architecture `model` (from the source's own
-/// config), `rows` embedding rows, `tokenizer`, and tinygpt's defaults for the rest. Fewer tokens
-/// than rows is a padded vocabulary (`model.vocab_size`, and a note saying so), more is an error;
-/// both name `source`, the file the architecture comes from.
-fn imported_config(
-    model: GptConfig,
-    tokenizer: &Tokenizer,
-    rows: usize,
-    source: &Path,
-) -> Result<(RunConfig, Option<String>)> {
-    let tokens = tokenizer.vocab_size();
-    if tokens > rows {
-        bail!(
-            "the tokenizer has {tokens} tokens but {} has only {rows} embedding rows: they do \
-             not belong together",
-            source.display()
-        );
-    }
-    let padded = rows > tokens;
-    let mut config = RunConfig {
-        model: model.with_vocab_size(if padded { rows } else { 0 }),
-        ..RunConfig::default()
-    };
-    config.data.tokenizer = tokenizer.kind_setting();
-    config
-        .validate()
-        .with_context(|| format!("{}", source.display()))?;
-    let note = padded.then(|| {
-        format!(
-            "the model's vocabulary is padded to {rows} rows; the tokenizer has {tokens} tokens"
-        )
-    });
-    Ok((config, note))
-}
-
-/// [`imported_config`] for the Hugging Face directory `dir` (whose `config.json` is `config`),
-/// with its chat template, end-of-turn tokens and notes.
-fn hf_run_config(
-    model: GptConfig,
-    tokenizer: &Tokenizer,
-    rows: usize,
-    dir: &Path,
-    config: &serde_json::Value,
-) -> Result<(RunConfig, Vec<String>)> {
-    let (mut run_config, note) = imported_config(model, tokenizer, rows, &dir.join("config.json"))?;
-    let (chat, mut notes) = chat_files::read(dir, config, tokenizer)?;
-    run_config.chat = chat;
-    notes.splice(0..0, note);
-    Ok((run_config, notes))
-}
-
-/// Creates the run directory `out` holding `model` as both checkpoints.
-fn create_run(out: &Path, config: RunConfig, tokenizer: Tokenizer, model: &Gpt) -> Result<()> {
-    let state = TrainState::default();
-    Run::create(out, config, tokenizer, |run| {
-        run.save(Which::Best, model, None, &state)?;
-        run.save(Which::Last, model, None, &state)
-    })?;
-    Ok(())
 }

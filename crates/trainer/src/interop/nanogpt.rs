@@ -13,7 +13,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use pytorch_reader::{PickleValue, PytorchReader};
 
 use super::foreign::{ForeignTensors, Layout};
-use super::{ImportOptions, Imported, create_run, imported_config, sidecar::char_tokenizer};
+use super::run::{ImportOptions, Imported, create_run, imported_config};
+use super::sidecar::char_tokenizer;
 use crate::data::tokenizer::Tokenizer;
 use tinygpt_model::GptConfig;
 

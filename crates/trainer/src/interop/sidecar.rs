@@ -15,11 +15,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
+use tinygpt_model::GptConfig;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
-use tinygpt_model::{Activation, GptConfig};
 
 use super::foreign::{ForeignTensors, Layout, burn_tensors, present, transpose, write_safetensors};
-use super::{Imported, imported_config};
+use super::run::{Imported, create_run, imported_config};
 use crate::chat::ChatSection;
 use crate::data::tokenizer::Tokenizer;
 use crate::run::checkpoint::{Run, Which};
@@ -58,7 +58,8 @@ struct NanoGptConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mlp: Option<Mlp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    activation: Option<Activation>,
+    /// The MLP's nonlinearity, under the name of its part (`gelu_tanh`, ...).
+    activation: Option<Mlp>,
     /// 0 (absent in older sidecars) = none.
     #[serde(default)]
     logit_softcap: f64,
@@ -161,10 +162,8 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         logit_softcap: c.logit_softcap,
         mlp: match (c.mlp, c.activation) {
             (Some(mlp), _) => mlp,
-            (None, Some(Activation::GeluTanh)) => Mlp::GeluTanh,
-            (None, Some(Activation::Relu2)) => Mlp::Relu2,
-            (None, Some(Activation::SwiGlu)) => Mlp::SwiGlu,
-            (None, Some(Activation::Gelu) | None) => Mlp::Gelu,
+            (None, Some(activation)) => activation,
+            (None, None) => Mlp::Gelu,
         },
         rope_theta: c.rope_theta,
         n_kv_head: c.n_kv_head,
@@ -182,7 +181,7 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         .with_context(|| sidecar_path(from).display().to_string())?;
     let vocab_size = c.vocab_size;
     let model = file.model(&config, vocab_size, Layout::Linear)?;
-    super::create_run(out, config.clone(), tokenizer, &model)?;
+    create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
         format: "tinygpt export (safetensors + sidecar)",
         config,

@@ -27,7 +27,7 @@ use tinygpt_model::{BatchDecoder, Continuation, Finish, GenerateOptions, PREFILL
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
-use super::pool::{Job, Model};
+use super::job::{Job, Model};
 use super::stats::Stats;
 use crate::backend::EngineKind;
 use crate::data::tokenizer::{TextStream, Tokenizer};
@@ -101,7 +101,7 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
                 }
                 Taken::Job(attention @ Job::Attention { .. }) => {
                     stats.queued.fetch_sub(1, Ordering::SeqCst);
-                    super::pool::run_attention(model, attention);
+                    super::job::run_attention(model, attention);
                 }
                 Taken::Nothing => break,
                 Taken::Closed if live.is_empty() => return,

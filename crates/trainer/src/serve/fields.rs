@@ -138,16 +138,23 @@ impl SamplerFields {
         };
         options.validate().map_err(|e| {
             let param = match e {
-                GenerateError::Temperature(_) => "temperature",
-                GenerateError::TopP(_) => "top_p",
-                GenerateError::TopK => "top_k",
-                GenerateError::RepetitionPenalty(_) => "repetition_penalty",
-                GenerateError::FrequencyPenalty(_) => "frequency_penalty",
-                GenerateError::PresencePenalty(_) => "presence_penalty",
-                GenerateError::LogitBias { .. } => "logit_bias",
-                _ => "stop",
+                GenerateError::Temperature(_) => Some("temperature"),
+                GenerateError::TopP(_) => Some("top_p"),
+                GenerateError::TopK => Some("top_k"),
+                GenerateError::RepetitionPenalty(_) => Some("repetition_penalty"),
+                GenerateError::FrequencyPenalty(_) => Some("frequency_penalty"),
+                GenerateError::PresencePenalty(_) => Some("presence_penalty"),
+                GenerateError::LogitBias { .. } => Some("logit_bias"),
+                GenerateError::EmptyStop => Some("stop"),
+                // Not about an option: no field to name.
+                GenerateError::EmptyPrompt
+                | GenerateError::NonFiniteLogits { .. }
+                | GenerateError::Model(_) => None,
             };
-            ApiError::invalid(param, e.to_string())
+            match param {
+                Some(param) => ApiError::invalid(param, e.to_string()),
+                None => ApiError::new(axum::http::StatusCode::BAD_REQUEST, e.to_string()),
+            }
         })?;
         Ok(options)
     }

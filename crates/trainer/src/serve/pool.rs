@@ -5,48 +5,19 @@
 //!
 //! [`batcher`]: super::batcher
 
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use anyhow::{Result, bail};
-use tinygpt_model::Gpt;
-use tokio::sync::{mpsc, oneshot};
 
 use super::batcher;
-use super::generation::{Event, Generation};
+pub use super::job::{Job, Model};
 pub use super::stats::Stats;
-use crate::attention_maps::AttentionMaps;
-use crate::backend::{EngineKind, Placement};
+use crate::backend::EngineKind;
 use crate::config::{OptimizerKind, TrainDType};
-use crate::data::tokenizer::Tokenizer;
-use crate::decoder::batch_decoder;
 use crate::train::memory::human;
-
-/// What the workers need of the model: its weights, where they live, its tokenizer.
-pub struct Model {
-    pub gpt: Gpt,
-    pub placement: Placement,
-    pub tokenizer: Tokenizer,
-}
-
-/// Work for a generation thread.
-pub enum Job {
-    Complete {
-        generation: Generation,
-        /// Text as it is generated, then [`Event::Finished`] per choice; closed when the job
-        /// ends. Bounded: a client that reads slowly holds its generation back instead of
-        /// piling text up in memory. Dropping the receiver (a client that went away) cancels
-        /// the generation at its next token.
-        events: mpsc::Sender<Event>,
-    },
-    Attention {
-        ids: Vec<u32>,
-        reply: oneshot::Sender<Result<AttentionMaps>>,
-    },
-}
 
 /// Why a job was not taken.
 pub enum Refused {
@@ -72,10 +43,7 @@ impl Pool {
         max_batch: usize,
         queue: usize,
     ) -> Result<Self> {
-        // A decoder the engine cannot build (an explicit `--backend fused` on a model it does
-        // not implement) is an error now, not in every worker.
         let engine = engine(&model)?;
-        drop(batch_decoder(engine, &model.gpt, 1)?);
         check_memory(&model, engine, workers, max_batch)?;
         let (sender, receiver) = sync_channel(queue);
         let jobs = Arc::new(batcher::Jobs::new(receiver, workers, max_batch));
@@ -131,10 +99,9 @@ impl Pool {
 
 /// The engine `model`'s workers decode on.
 pub fn engine(model: &Model) -> Result<EngineKind> {
-    let config = model.gpt.config();
     let (engine, _) = model
         .placement
-        .engine_for(config, TrainDType::F32, OptimizerKind::AdamW)?;
+        .engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
     Ok(engine)
 }
 
@@ -159,16 +126,4 @@ fn check_memory(model: &Model, engine: EngineKind, workers: usize, max_batch: us
         ),
         _ => Ok(()),
     }
-}
-
-/// Answers an attention job (other jobs are left alone).
-pub(super) fn run_attention(model: &Model, job: Job) {
-    let Job::Attention { ids, reply } = job else {
-        return;
-    };
-    let maps = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        AttentionMaps::of_tokens(&model.gpt, &model.tokenizer, &ids, &model.placement.device)
-    }))
-    .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error computing attention")));
-    let _ = reply.send(maps);
 }

@@ -9,8 +9,8 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 
-use super::ServeOptions;
 use super::api::ApiError;
+use super::options::ServeOptions;
 use super::pool::{Job, Model, Pool, Refused};
 use crate::data::tokenizer::Tokenizer;
 

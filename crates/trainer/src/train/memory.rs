@@ -6,6 +6,7 @@ use anyhow::{Result, bail};
 use tinygpt_model::GptConfig;
 use tinygpt_model::parts::Mlp;
 
+use crate::backend::EngineKind;
 use crate::config::RunConfig;
 
 /// Bytes of one f32.
@@ -37,30 +38,39 @@ pub struct Estimate {
 const OVERHEAD: u64 = 100 << 20;
 
 impl Estimate {
-    /// For training `config` with a vocabulary of `vocab_size` on the fused CPU engine
-    /// (`fused`) or Burn's autodiff.
-    pub fn training(config: &RunConfig, vocab_size: usize, fused: bool) -> Self {
+    /// For training `config` with a vocabulary of `vocab_size` on `engine`.
+    pub fn training(config: &RunConfig, vocab_size: usize, engine: EngineKind) -> Self {
         let gpt = config.gpt(vocab_size);
-        Self::for_model(&gpt, config.train.batch_size, config.workers(), fused)
+        Self::for_model(&gpt, config.train.batch_size, config.workers(), engine)
     }
 
     /// For training a model of `gpt`'s shape on micro-batches of `batch_size` sequences, the
     /// fused engine on `threads` threads.
-    pub fn for_model(gpt: &GptConfig, batch_size: usize, threads: usize, fused: bool) -> Self {
+    pub fn for_model(
+        gpt: &GptConfig,
+        batch_size: usize,
+        threads: usize,
+        engine: EngineKind,
+    ) -> Self {
         let params = gpt.num_params();
         let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
         let per_token = activation_floats_per_token(gpt);
-        // Burn's graph keeps more intermediates than the fused engine's hand-picked set (scores
-        // before and after masking and softmax, GELU's inputs): about twice as many.
-        let activations = if fused { per_token } else { 2 * per_token };
-        let copies = |n: u64| params.saturating_mul(n * F32);
         // The fused engine splits a batch's sequences among its threads, each with its own
         // gradient buffer.
         let working = threads.clamp(1, batch_size.max(1)) as u64;
+        // Activations per token, then copies of the parameters held as weights, optimizer state
+        // and gradients. Burn's graph keeps more intermediates than the fused engine's
+        // hand-picked set (scores before and after masking and softmax, GELU's inputs): about
+        // twice as many.
+        let (activations, weights, optimizer, gradients) = match engine {
+            EngineKind::Fused => (per_token, 4, 6, 1 + working),
+            EngineKind::Autodiff | EngineKind::Device => (2 * per_token, 2, 2, 2),
+        };
+        let copies = |n: u64| params.saturating_mul(n * F32);
         Self {
-            weights: copies(if fused { 4 } else { 2 }),
-            optimizer: copies(if fused { 6 } else { 2 }),
-            gradients: copies(if fused { 1 + working } else { 2 }),
+            weights: copies(weights),
+            optimizer: copies(optimizer),
+            gradients: copies(gradients),
             activations: tokens.saturating_mul(activations).saturating_mul(F32),
             overhead: OVERHEAD,
         }
@@ -169,23 +179,24 @@ mod tests {
     #[test]
     fn the_estimate_grows_with_the_model_and_the_batch() {
         let config = ConfigSource::Preset("baby").load(&[]).unwrap();
-        let small = Estimate::training(&config, 65, true);
+        let small = Estimate::training(&config, 65, EngineKind::Fused);
         let params = config.gpt(65).num_params();
         assert_eq!(small.weights, 4 * 4 * params);
         // One gradient buffer per thread at work, and the step's sum.
-        let threads = |n: usize| Estimate::for_model(&config.gpt(65), 12, n, true).gradients;
+        let threads =
+            |n: usize| Estimate::for_model(&config.gpt(65), 12, n, EngineKind::Fused).gradients;
         assert_eq!((threads(1), threads(2)), (2 * 4 * params, 3 * 4 * params));
         assert_eq!(
-            Estimate::for_model(&config.gpt(65), 1, 4, true).gradients,
+            Estimate::for_model(&config.gpt(65), 1, 4, EngineKind::Fused).gradients,
             2 * 4 * params
         );
         let bigger_batch = ConfigSource::Preset("baby")
             .load(&["train.batch_size=24".into()])
             .unwrap();
-        let big = Estimate::training(&bigger_batch, 65, true);
+        let big = Estimate::training(&bigger_batch, 65, EngineKind::Fused);
         assert_eq!(big.activations, 2 * small.activations);
         assert_eq!(big.weights, small.weights);
-        assert!(Estimate::training(&config, 65, false).total() > small.total());
+        assert!(Estimate::training(&config, 65, EngineKind::Autodiff).total() > small.total());
     }
 
     #[test]
@@ -193,7 +204,7 @@ mod tests {
         let config = ConfigSource::Preset("baby")
             .load(&["model.n_embd=65536".into(), "model.n_head=1".into()])
             .unwrap();
-        let estimate = Estimate::training(&config, 65, true);
+        let estimate = Estimate::training(&config, 65, EngineKind::Fused);
         assert!(estimate.total() > 500 << 30, "{}", estimate.describe());
         if available_bytes().is_some() {
             let err = estimate

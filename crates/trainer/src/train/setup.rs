@@ -74,9 +74,8 @@ impl Trainer {
         };
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = record::sample_prompt(config, tokenizer, &data)?;
-        let gpt = config.gpt(tokenizer.vocab_size());
         let (kind, engine_note) =
-            placement.engine_for(&gpt, config.train.dtype, config.train.optimizer)?;
+            placement.engine_for(config.train.dtype, config.train.optimizer)?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let config = config.clone();
@@ -268,7 +267,7 @@ fn memory_check(
     kind: EngineKind,
     placement: &Placement,
 ) -> Result<memory::Estimate> {
-    let estimate = memory::Estimate::training(config, vocab_size, kind == EngineKind::Fused);
+    let estimate = memory::Estimate::training(config, vocab_size, kind);
     let memory = match placement.on_host() {
         true => "memory",
         false => "GPU memory",

@@ -16,6 +16,7 @@
 
 pub mod mask;
 pub mod render;
+mod store;
 
 use anyhow::{Result, bail};
 use tinygpt_model::IGNORE_INDEX;
@@ -23,17 +24,7 @@ use tinygpt_model::IGNORE_INDEX;
 use crate::chat::jsonl::Numbered;
 use crate::chat::{ChatTemplate, Taught};
 use crate::data::tokenizer::Tokenizer;
-use crate::data::tokens::Tokens;
-use mask::Mask;
-
-/// A split's conversations end to end: ids `[tokens]`, taught marks `[tokens]`, and where each
-/// conversation starts, then the end `[conversations + 1]`.
-#[derive(Clone)]
-pub struct Store {
-    pub ids: Tokens,
-    pub taught: Mask,
-    pub offsets: Vec<u64>,
-}
+pub use store::Store;
 
 /// The conversations of a split that fit a block size: each cut to at most `block_size + 1`
 /// tokens, those with nothing taught within that left out.
@@ -241,7 +232,7 @@ pub fn batch(rows: &[Taught]) -> (Vec<i64>, Vec<i64>, usize) {
 mod tests {
     use super::*;
     use crate::chat::{Message, Transcript};
-    use crate::config::TokenizerKind;
+    use crate::data::tokenizer::TokenizerKind;
 
     fn conversations(n: usize) -> Vec<Numbered> {
         (0..n)

@@ -5,11 +5,11 @@
 
 use anyhow::{Context, Result};
 
-use super::Store;
 use super::mask::Mask;
+use super::store::Store;
 use crate::chat::jsonl::Numbered;
 use crate::chat::{ChatTemplate, Taught};
-use crate::config::TokenizerKind;
+use crate::data::tokenizer::TokenizerKind;
 use crate::data::tokenizer::{Tokenizer, special};
 use crate::data::tokens::Tokens;
 

@@ -21,14 +21,17 @@ use super::format::{
     ConversationsMeta, InputMeta, Meta, TOKENIZER, TRAIN, TRAIN_DOCS, TRAIN_TAUGHT, VAL, VAL_DOCS,
     VAL_TAUGHT,
 };
-use super::{Phases, TokenizerSource, ValSplit, bar, verify};
+use super::hold_out::ValSplit;
+use super::options::TokenizerSource;
+use super::phases::{Phases, bar, finish};
+use super::verify;
 use crate::chat::jsonl::{self, Numbered};
 use crate::chat::{ChatSection, ChatTemplate};
 use crate::checksum::hex;
-use crate::config::TokenizerKind;
 use crate::data::conversations::render::{self, Rendered};
 use crate::data::conversations::val_count;
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer::TokenizerKind;
 use crate::data::tokens::Width;
 
 /// What to prepare.
@@ -105,7 +108,7 @@ pub fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, P
     crate::fs::write_atomic(&dir.join(TOKENIZER), tokenizer.to_json()?.as_bytes())?;
     let split = (&options.chat, &options.val);
     let meta = meta(split, &tokenizer, &sources, scan, [train, val], dir)?;
-    super::finish(dir, meta, [started, scanned, learned])
+    finish(dir, meta, [started, scanned, learned])
 }
 
 /// `meta.json` for the conversations of `sources` rendered with `chat`, split by `val` into

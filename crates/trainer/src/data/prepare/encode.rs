@@ -8,9 +8,9 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::bar;
 use super::chunks::{Chunks, Cut};
 use super::format::{TRAIN, TRAIN_DOCS, VAL, VAL_DOCS};
+use super::phases::bar;
 use super::sources::Source;
 use crate::checksum::hex;
 use crate::data::tokenizer::{Encoder, Tokenizer};

@@ -21,11 +21,11 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::chat::ChatSection;
-use crate::config::TokenizerKind;
 use crate::data::conversations::mask::Mask;
 use crate::data::conversations::{self, Conversations, Store, Summary};
 use crate::data::documents::Documents;
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer::TokenizerKind;
 use crate::data::tokens::{Tokens, Width};
 
 pub const TRAIN: &str = "train.bin";

@@ -20,16 +20,17 @@ mod conversations;
 mod encode;
 mod format;
 mod hold_out;
+mod options;
+mod phases;
 mod scan;
 mod sources;
 mod verify;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use chunks::Cut;
 use encode::{encode_all, write_documents};
@@ -37,8 +38,8 @@ use hold_out::split_val;
 use scan::{Scan, check_covered, scan};
 use sources::{Source, remove_copies, sources};
 
-use crate::config::TokenizerKind;
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer::TokenizerKind;
 use crate::data::tokens::Width;
 
 pub use conversations::ConversationOptions;
@@ -47,52 +48,11 @@ pub use format::{
     VAL, VAL_DOCS, VAL_TAUGHT,
 };
 pub use hold_out::ValSplit;
+pub use options::{PrepareOptions, TokenizerSource};
+pub use phases::Phases;
+use phases::finish;
 pub use sources::{DEFAULT_INCLUDE, matches, unchanged};
 pub use verify::{Verification, Verified, verify};
-
-/// The tokenizer: one to learn from the corpus, or one given (a run's, when it is resumed).
-pub enum TokenizerSource {
-    Learn {
-        kind: TokenizerKind,
-        bpe_vocab_size: usize,
-        /// BPE learns from evenly spaced chunks of the corpus adding up to about this much.
-        bpe_sample_bytes: u64,
-    },
-    Given(Tokenizer),
-}
-
-/// What to prepare.
-pub struct PrepareOptions {
-    /// Files, folders, `-` (standard input) or a built-in corpus name.
-    pub inputs: Vec<PathBuf>,
-    /// Patterns (`*` = any characters) a file inside a folder must match; files named directly
-    /// are always taken.
-    pub include: Vec<String>,
-    pub tokenizer: TokenizerSource,
-    pub val: ValSplit,
-    /// Skip (and list) files that are not UTF-8 text instead of stopping.
-    pub skip_invalid: bool,
-    /// Documents are separated by this: each is encoded on its own (the separator and the
-    /// newlines around a document dropped) and where each starts is written, for `documents`
-    /// batching.
-    pub separator: Option<String>,
-    /// Show progress bars (on a terminal).
-    pub progress: bool,
-    /// [`prepare`] only: on Ctrl-C, SIGTERM or SIGHUP, remove what was written and exit 130
-    /// (installs the process's signal handler: for the `prepare` command).
-    pub exit_on_signal: bool,
-}
-
-/// Wall time of each pass of a prepare.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Phases {
-    /// Reading, checking and hashing the inputs (and sampling them for BPE).
-    pub scan: Duration,
-    /// Learning the tokenizer (BPE's merges; the char table is free).
-    pub learn: Duration,
-    /// Encoding the inputs and writing the token files.
-    pub encode: Duration,
-}
 
 /// Prepares `options` into the new directory `out` (built under a temporary name beside it and
 /// renamed when complete; an existing non-empty `out` is refused).
@@ -197,23 +157,6 @@ pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases
     finish(dir, meta, [started, scanned, learned])
 }
 
-/// Writes `meta.json` last (what is there is complete once it is), and the passes' times from
-/// when the work `started`, the inputs were `scanned` and the tokenizer `learned`.
-fn finish(
-    dir: &Path,
-    meta: Meta,
-    [started, scanned, learned]: [Instant; 3],
-) -> Result<(Meta, Phases)> {
-    let text = serde_json::to_string_pretty(&meta)?;
-    crate::fs::write_atomic(&dir.join(META), text.as_bytes())?;
-    let phases = Phases {
-        scan: scanned - started,
-        learn: learned - scanned,
-        encode: learned.elapsed(),
-    };
-    Ok((meta, phases))
-}
-
 /// The inputs (copied into `dir` where they cannot be read twice) and what a first pass over
 /// them found; an empty corpus, or characters a given tokenizer lacks, are errors.
 fn scan_inputs(options: &PrepareOptions, dir: &Path) -> Result<(Vec<Source>, Scan)> {
@@ -307,20 +250,4 @@ fn learn(source: TokenizerSource, scan: &Scan) -> Result<Tokenizer> {
             ..
         } => Tokenizer::train_bpe(&scan.sample, bpe_vocab_size)?,
     })
-}
-
-/// A bytes progress bar with MB/s and ETA, shown on a terminal only.
-fn bar(show: bool, total: u64, what: &str) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} {bar:30} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta}",
-        )
-        .expect("a valid template"),
-    );
-    bar.set_message(what.to_string());
-    bar
 }

@@ -7,11 +7,12 @@ use anyhow::{Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::chunks::{CHUNK, Chunks, Cut};
+use super::options::{PrepareOptions, TokenizerSource};
+use super::phases::bar;
 use super::sources::Source;
-use super::{PrepareOptions, TokenizerSource, bar};
 use crate::checksum::hex;
-use crate::config::TokenizerKind;
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer::TokenizerKind;
 
 /// A given char tokenizer must have every character of the corpus: the error lists those it
 /// lacks.

@@ -7,7 +7,6 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
 use super::Tokenizer;
-use super::special::Special;
 
 impl Tokenizer {
     /// A Hugging Face `tokenizer.json` file. One that spells a char vocabulary (as
@@ -122,21 +121,4 @@ fn char_vocabulary(tokenizer: &tokenizers::Tokenizer) -> Option<(Vec<char>, Vec<
     }
     let itos = itos.into_iter().collect::<Option<Vec<char>>>()?;
     Some((itos, specials.into_iter().map(|(_, s)| s).collect()))
-}
-
-/// The special tokens of a Hugging Face tokenizer (its `added_tokens` marked `special`), by id.
-pub(super) fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
-    let mut specials: Vec<Special> = tokenizer
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, t)| t.special)
-        .map(|(id, t)| Special {
-            text: t.content,
-            id,
-            lstrip: t.lstrip,
-            rstrip: t.rstrip,
-        })
-        .collect();
-    specials.sort_by_key(|s| s.id);
-    specials
 }

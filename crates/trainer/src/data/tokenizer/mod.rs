@@ -11,9 +11,26 @@ use std::ops::Deref;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::config::TokenizerKind;
 use crate::data::byte_level_bpe::{self, BpeEncoder};
 use special::{Piece, Special};
+
+/// Which tokenizer a run trains (`data.tokenizer`): characters or byte-level BPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerKind {
+    Char,
+    Bpe,
+}
+
+impl TokenizerKind {
+    /// The name as TOML spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Char => "char",
+            Self::Bpe => "bpe",
+        }
+    }
+}
 
 /// A trained tokenizer.
 pub enum Tokenizer {
@@ -116,7 +133,7 @@ impl Tokenizer {
     /// `hf` as a tokenizer whose plain [`encode`](Self::encode) never gives a special token.
     fn bpe(mut hf: tokenizers::Tokenizer) -> Self {
         hf.set_encode_special_tokens(true);
-        let specials = hf_json::specials_of(&hf);
+        let specials = special::specials_of(&hf);
         Self::Bpe(Box::new(Bpe { hf, specials }))
     }
 

@@ -107,6 +107,23 @@ pub fn pieces<'a>(text: &'a str, specials: &[Special]) -> Vec<Piece<'a>> {
     }
 }
 
+/// The special tokens of a Hugging Face tokenizer (its `added_tokens` marked `special`), by id.
+pub fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
+    let mut specials: Vec<Special> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, t)| Special {
+            text: t.content,
+            id,
+            lstrip: t.lstrip,
+            rstrip: t.rstrip,
+        })
+        .collect();
+    specials.sort_by_key(|s| s.id);
+    specials
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,7 +101,7 @@ pub fn open(
     threads: usize,
     dtype: TrainDType,
 ) -> Result<(Box<dyn Engine>, Option<String>)> {
-    let (kind, note) = placement.engine_for(model.config(), dtype, optimizer.rule.kind())?;
+    let (kind, note) = placement.engine_for(dtype, optimizer.rule.kind())?;
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;

@@ -1,0 +1,442 @@
+//! [`FusedDecoder`]: sampling's forward pass on the CPU, with a KV cache, by the same kernels as
+//! the fused training step.
+//!
+//! Sampling feeds one token at a time, so every product is a vector times a matrix: Burn pays a
+//! kernel launch, an allocation and a tensor op's bookkeeping for each of the ~20 ops per layer,
+//! which costs more than the arithmetic at the baby size. Here a token is one pass over the
+//! weights with no allocation.
+
+use std::sync::Arc;
+
+use tinygpt_attention::AttentionError;
+
+use super::cache::StreamCache;
+use crate::cpu::block::{self, BlockActs, Ctx, Heads};
+use crate::cpu::dims::Dims;
+use crate::cpu::error::FusedError;
+use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
+use crate::cpu::kernels::fast_math::{self, vectorized};
+use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into, rows_times_matrix};
+use crate::cpu::kernels::norm::{self, Normed};
+use crate::cpu::kernels::{rope, softcap};
+use crate::cpu::params::Params;
+use crate::error::ModelError;
+use crate::nn::Gpt;
+use crate::optim::ParamLayout;
+use crate::sample::Decoder;
+
+/// The most tokens of a prompt (or of a window rebuilt) one forward pass reads; longer ones go
+/// through in chunks of this many. A server decoding many streams feeds a long prompt a chunk a
+/// step, so the others wait one chunk's time between their tokens, not the whole prompt's; a
+/// chunk is long enough that its products run at the blocked kernels' speed.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// A [`Gpt`]'s weights read onto the host, and the keys and values of the tokens fed so far
+/// (one sequence). Gives the same logits as [`Gpt::forward`] to float rounding; the tests
+/// check it.
+///
+/// ```text
+/// let mut decoder = FusedDecoder::new(&model)?;
+/// let tokens = tinygpt_model::generate(&mut decoder, &prompt, &options, |id| print(id))?;
+/// ```
+#[derive(Debug)]
+pub struct FusedDecoder {
+    dims: Dims,
+    weights: Params,
+    /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
+    /// heads); rows `0..len` are filled.
+    cache: StreamCache,
+    /// The residual stream of the rows being fed `[rows, width]`, into and out of a block.
+    x: Vec<f32>,
+    next: Vec<f32>,
+    /// A block's activations for those rows (the training step's, without dropout).
+    acts: BlockActs,
+    /// Rotary positions' tables (empty without them).
+    rope: rope::Tables,
+    /// One row of attention scores.
+    scores: Vec<f32>,
+    /// The final norm and head of the last row, and its logits.
+    head: HeadRows,
+}
+
+/// The final norm and the LM head of rows that each want the logits of their next token,
+/// computed row by row as one stream alone (so [`FusedDecoder`]'s last row and
+/// [`FusedBatch`](super::FusedBatch)'s rows give the same numbers), and their scratch.
+#[derive(Debug, Default)]
+pub(crate) struct HeadRows {
+    ln_f: Vec<f32>,
+    mean: Vec<f32>,
+    rstd: Vec<f32>,
+    /// `[rows, vocab]`.
+    pub logits: Vec<f32>,
+    /// The soft-cap's `tanh` values of the logits (kept only because the kernel writes them).
+    capped: Vec<f32>,
+}
+
+impl HeadRows {
+    /// The logits `[rows, vocab]` of the rows of `x` (`[rows, width]`), in `self.logits`.
+    pub(crate) fn forward(&mut self, d: &Dims, w: &Params, x: &[f32]) {
+        let c = d.width;
+        let n = x.len() / c;
+        self.ln_f.resize(n * c, 0.0);
+        self.mean.resize(n, 0.0);
+        self.rstd.resize(n, 0.0);
+        for (i, x) in x.chunks_exact(c).enumerate() {
+            let ln_f = Normed {
+                out: &mut self.ln_f[i * c..(i + 1) * c],
+                mean: &mut self.mean[i..i + 1],
+                rstd: &mut self.rstd[i..i + 1],
+            };
+            norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+        }
+        self.logits.resize(n * d.vocab, 0.0);
+        if w.lm_head.is_empty() {
+            let rows = self
+                .logits
+                .chunks_exact_mut(d.vocab)
+                .zip(self.ln_f.chunks_exact(c));
+            for (logits, h) in rows {
+                for (logit, row) in logits.iter_mut().zip(w.wte.chunks_exact(c)) {
+                    *logit = dot(h, row);
+                }
+            }
+        } else {
+            rows_times_matrix(&mut self.logits, &self.ln_f, &w.lm_head, &[], c);
+        }
+        if d.softcap > 0.0 {
+            self.capped.resize(self.logits.len(), 0.0);
+            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
+        }
+    }
+}
+
+impl FusedDecoder {
+    /// Reads `gpt`'s sizes and weights (dropout is off while sampling).
+    pub fn new(gpt: &Gpt) -> Result<Self, FusedError> {
+        let dims = Dims::of(gpt)?;
+        let cache = vec![0.0; dims.block_size * dims.kv_width()];
+        Ok(Self {
+            dims,
+            weights: Params::read(gpt, Arc::new(ParamLayout::of(gpt))),
+            cache: StreamCache {
+                keys: vec![cache.clone(); gpt.h.len()],
+                values: vec![cache; gpt.h.len()],
+                len: 0,
+            },
+            x: Vec::new(),
+            next: Vec::new(),
+            acts: BlockActs::default(),
+            rope: match dims.rope {
+                Some(base) => rope::Tables::new(dims.block_size, dims.d_head(), base),
+                None => rope::Tables::default(),
+            },
+            scores: vec![0.0; dims.block_size],
+            head: HeadRows::default(),
+        })
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.dims.vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id: id.into(),
+                vocab_size: self.dims.vocab,
+            });
+        }
+        let len = self.cache.len + tokens.len();
+        if len > self.dims.block_size {
+            return Err(AttentionError::SequenceTooLong {
+                len,
+                max: self.dims.block_size,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The forward pass of `tokens` at positions `len..len + rows`, appending their keys and
+    /// values to the cache; with `head`, leaves the last row's logits in `self.head.logits`.
+    fn forward(&mut self, tokens: &[u32], head: bool) {
+        let d = self.dims;
+        let (c, rows, past) = (d.width, tokens.len(), self.cache.len);
+        self.x.resize(rows * c, 0.0);
+        self.next.resize(rows * c, 0.0);
+        // A whole window (a prompt, or the rebuild after the window slid) goes through the
+        // training kernel's blocked products, which keep its weights.
+        let window = past == 0 && rows > 1;
+        let att = if window { d.heads * rows * rows } else { 0 };
+        // Several rows after cached ones (a prompt's later chunks) attend through blocked
+        // products too, `[rows, past + rows]` scores at a time.
+        let chunk = past > 0 && rows > 1;
+        if chunk {
+            self.scores
+                .resize(self.scores.len().max(rows * (past + rows)), 0.0);
+        }
+        self.acts.resize(rows, &d, att, false);
+        for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
+            self.weights.embed(x, tok as usize, past + r);
+        }
+        let blocks = self.weights.blocks.len();
+        for l in 0..blocks {
+            if l + 1 == blocks && rows > 1 {
+                self.last_block(past, rows, head);
+                break;
+            }
+            let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
+            let scores = &mut self.scores;
+            let p = &self.weights.blocks[l];
+            let ctx = Ctx {
+                dims: &d,
+                rope: &self.rope,
+                first: past,
+                period: rows,
+                streams: None,
+            };
+            block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
+                let cache = Cache {
+                    keys,
+                    values,
+                    past,
+                    dims: &d,
+                };
+                match (window, chunk) {
+                    (true, _) => attend_window(h, cache),
+                    (false, true) => attend_chunk(h, cache, scores),
+                    (false, false) => attend_cached(h, cache, scores),
+                }
+            });
+            std::mem::swap(&mut self.x, &mut self.next);
+        }
+        if head && rows == 1 {
+            self.head.forward(&self.dims, &self.weights, &self.x);
+        }
+        self.cache.len += rows;
+    }
+
+    /// The last block of a feed of `rows` (> 1) rows after `past` cached ones, its input in
+    /// `self.x`. Later tokens attend to every row's keys and values, so all are cached; but
+    /// only the last row's output is wanted (its logits, with `head`; none for a prompt's chunk
+    /// before the last), so attention, projection and MLP run for that row alone, as a token
+    /// after the cache: a block's work saved for every other row.
+    fn last_block(&mut self, past: usize, rows: usize, head: bool) {
+        let d = self.dims;
+        let l = self.weights.blocks.len() - 1;
+        let p = &self.weights.blocks[l];
+        let ctx = |first: usize, period: usize| Ctx {
+            dims: &d,
+            rope: &self.rope,
+            first,
+            period,
+            streams: None,
+        };
+        block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
+        let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
+        let mut cache = Cache {
+            keys,
+            values,
+            past,
+            dims: &d,
+        };
+        cache.append(&self.acts.qkv[..rows * d.qkv_width()]);
+        if !head {
+            return;
+        }
+        // The last row attends with the keys and values cached above, its own among them, so
+        // the cache holds the same numbers whether this feed's logits are wanted or not (a
+        // prompt fed whole, or a chunk at a time).
+        let (c, kv, visible) = (d.width, d.kv_width(), past + rows);
+        let last = &self.x[(rows - 1) * c..];
+        self.acts.resize(1, &d, 0, false);
+        let scores = &mut self.scores[..visible];
+        let out = &mut self.next[..c];
+        block::forward(p, &mut self.acts, last, out, ctx(past + rows - 1, 1), |h| {
+            let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
+            attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
+        });
+        self.head.forward(&d, &self.weights, &self.next[..c]);
+    }
+
+    /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.
+    pub(crate) fn empty_cache(&self) -> StreamCache {
+        StreamCache {
+            len: 0,
+            ..self.cache.clone()
+        }
+    }
+
+    /// Puts `cache` in place of this decoder's own (and its own in `cache`).
+    pub(crate) fn swap_cache(&mut self, cache: &mut StreamCache) {
+        std::mem::swap(&mut self.cache, cache);
+    }
+
+    /// [`Decoder::feed`] of tokens already checked: the logits after them. A feed longer than
+    /// [`PREFILL_CHUNK`] goes through in chunks of that many tokens from its start, so that
+    /// [`FusedBatch`](super::FusedBatch) can feed a long prompt a chunk a step beside other
+    /// streams and compute exactly what this does.
+    pub(crate) fn feed_checked(&mut self, tokens: &[u32]) -> &[f32] {
+        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            self.forward(chunk, i + 1 == chunks);
+        }
+        &self.head.logits
+    }
+
+    pub(crate) fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    /// The sizes, the weights and the rotary tables.
+    pub(crate) fn parts(&self) -> (&Dims, &Params, &rope::Tables) {
+        (&self.dims, &self.weights, &self.rope)
+    }
+}
+
+/// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
+/// were filled before the rows being fed.
+struct Cache<'a> {
+    keys: &'a mut [f32],
+    values: &'a mut [f32],
+    past: usize,
+    dims: &'a Dims,
+}
+
+impl Cache<'_> {
+    /// Appends the keys and values of `qkv`'s rows (`[rows, qkv_width]`) after the cached ones.
+    fn append(&mut self, qkv: &[f32]) {
+        let (c, kv) = (self.dims.width, self.dims.kv_width());
+        for (r, qkv) in qkv.chunks_exact(self.dims.qkv_width()).enumerate() {
+            let at = (self.past + r) * kv..(self.past + r + 1) * kv;
+            self.keys[at.clone()].copy_from_slice(&qkv[c..c + kv]);
+            self.values[at].copy_from_slice(&qkv[c + kv..]);
+        }
+    }
+}
+
+/// A whole window from position 0: the training step's blocked causal attention; its keys and
+/// values are cached.
+fn attend_window(h: Heads<'_>, mut cache: Cache<'_>) {
+    cache.append(h.qkv);
+    let d = cache.dims;
+    let shape = Shape {
+        seqs: 1,
+        seq: h.qkv.len() / d.qkv_width(),
+        width: d.width,
+        heads: d.heads,
+        kv_heads: d.kv_heads,
+    };
+    attention::forward(h.y, h.att, h.qkv, &[], &mut [], shape);
+}
+
+/// Several rows after the cached ones, through blocked products: per head, the scores
+/// `[rows, past + rows]` of the rows' queries against every key so far, a causal softmax (row
+/// `i` sees keys `0..=past + i`), then the weighted values.
+fn attend_chunk(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
+    cache.append(h.qkv);
+    let d = cache.dims;
+    let (c, kv, stride) = (d.width, d.kv_width(), d.qkv_width());
+    let rows = h.qkv.len() / stride;
+    let keys = cache.past + rows;
+    let dh = d.d_head();
+    let scale = 1.0 / (dh as f32).sqrt();
+    let scores = &mut scores[..rows * keys];
+    for head in 0..d.heads {
+        let g = head / (d.heads / d.kv_heads);
+        let q = View::strided(&h.qkv[head * dh..], rows, dh, stride);
+        let k = View::strided(&cache.keys[g * dh..], keys, dh, kv);
+        let v = View::strided(&cache.values[g * dh..], keys, dh, kv);
+        matmul_into(scores, keys, q, k.t(), scale, false);
+        causal_softmax(scores, keys, cache.past);
+        let weights = View::strided(scores, rows, keys, keys);
+        matmul_into(&mut h.y[head * dh..], c, weights, v, 1.0, false);
+    }
+}
+
+/// Rows after the cached ones: each query row attends to the cached keys and values up to and
+/// including its own.
+fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
+    cache.append(h.qkv);
+    let d = cache.dims;
+    let (c, kv) = (d.width, d.kv_width());
+    let rows =
+        h.y.chunks_exact_mut(c)
+            .zip(h.qkv.chunks_exact(d.qkv_width()));
+    for (r, (y, qkv)) in rows.enumerate() {
+        let visible = cache.past + r + 1;
+        let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
+        attend(
+            y,
+            &qkv[..c],
+            keys,
+            values,
+            &mut scores[..visible],
+            d.kv_heads,
+        );
+    }
+}
+
+impl Decoder for FusedDecoder {
+    fn block_size(&self) -> usize {
+        self.dims.block_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.dims.vocab
+    }
+
+    fn cached(&self) -> usize {
+        self.cache.len
+    }
+
+    fn clear(&mut self) {
+        self.cache.len = 0;
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.check(tokens)?;
+        if tokens.is_empty() {
+            return Err(AttentionError::EmptySequence.into());
+        }
+        Ok(self.feed_checked(tokens).to_vec())
+    }
+}
+
+vectorized! {
+    /// One query row's attention over the `visible` cached keys and values, head by head:
+    /// `y [width] = softmax(q·Kᵀ/√d) · V` with `q [width]`, `keys`, `values [visible,
+    /// kv_width]`; query head `h` reads key/value head `h / (heads / kv_heads)`. The cache holds
+    /// only visible tokens, so no causal mask is needed.
+    pub(crate) fn attend(
+        y: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        kv_heads: usize,
+    ) {
+        let visible = scores.len();
+        let kv_width = keys.len() / visible;
+        let d = kv_width / kv_heads;
+        let heads = q.len() / d;
+        let scale = 1.0 / (d as f32).sqrt();
+        for h in 0..heads {
+            let head = h * d..(h + 1) * d;
+            let g = h / (heads / kv_heads);
+            let kv_head = g * d..(g + 1) * d;
+            let q = &q[head.clone()];
+            for (s, k) in scores.iter_mut().zip(keys.chunks_exact(kv_width)) {
+                *s = dot_lanes(q, &k[kv_head.clone()]) * scale;
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in scores.iter_mut() {
+                *s = fast_math::exp(*s - max);
+                total += *s;
+            }
+            let y = &mut y[head.clone()];
+            y.fill(0.0);
+            for (&s, v) in scores.iter().zip(values.chunks_exact(kv_width)) {
+                let p = s / total;
+                y.iter_mut().zip(&v[kv_head.clone()]).for_each(|(y, v)| *y += p * v);
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The fused engine's kernels: one file per op family, forward and backward side by side, on
+//! flat `f32` slices. They know nothing of models: [`super::block`] composes them into a block,
+//! `train/` and `decode/` run the blocks. A kernel imports only other kernels.
+
+pub(crate) mod attention;
+pub(crate) mod cross_entropy;
+pub(crate) mod dropout;
+pub(crate) mod fast_math;
+pub(crate) mod gelu;
+pub(crate) mod gelu_tanh;
+pub(crate) mod layer_norm;
+pub(crate) mod matmul;
+pub(crate) mod norm;
+pub(crate) mod qk_norm;
+pub(crate) mod relu2;
+pub(crate) mod rms_norm;
+pub(crate) mod rope;
+pub(crate) mod softcap;
+pub(crate) mod swiglu;

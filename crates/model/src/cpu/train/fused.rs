@@ -1,0 +1,262 @@
+//! [`FusedCpu`]: the training step's facade, what the trainer holds: the weights, gradients
+//! and optimizer state as flat buffers, the threads' workspaces, and AdamW. Muon's methods are
+//! in `fused_muon.rs`.
+
+use std::sync::Arc;
+
+use burn::optim::GradientsParams;
+
+use super::adamw::Moments;
+use super::muon::Velocities;
+use super::workspace::{Job, TokenBatch, Workspace};
+use crate::cpu::dims::Dims;
+use crate::cpu::error::FusedError;
+use crate::cpu::params::Params;
+use crate::error::ModelError;
+use crate::nn::{Gpt, IGNORE_INDEX, kept_targets};
+use crate::optim::{AdamWSettings, MomentState, ParamLayout, clip_factor};
+
+/// Computes loss and gradients of a [`Gpt`] on the CPU with fused, hand-written kernels, on
+/// `threads` threads. Create it once and reuse it: its buffers are kept between calls.
+///
+/// ```text
+/// let mut fused = FusedCpu::new(&model, 2)?;
+/// fused.read_weights(&model);                 // after every optimizer step
+/// let loss = fused.accumulate(batch, 1.0, Some(seed))?;
+/// let grads = fused.take_gradients(&model);   // Burn GradientsParams for the optimizer
+/// ```
+///
+/// or, keeping the weights and AdamW's moments here between steps (no copies to and from Burn):
+///
+/// ```text
+/// fused.accumulate(batch, 1.0, Some(seed))?;
+/// fused.adamw_step(lr, &settings);
+/// let model = fused.write_weights(model);     // when Burn needs them: checkpoints, sampling
+/// let state = fused.adamw_state();            // the optimizer's state, as Burn's AdamW keeps it
+/// ```
+#[derive(Debug)]
+pub struct FusedCpu {
+    pub(crate) dims: Dims,
+    /// The weights, laid out by the model's [`ParamLayout`]; the gradients and moments follow
+    /// the same layout.
+    pub(crate) weights: Params,
+    pub(crate) grads: Params,
+    /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
+    pub(crate) moments: Option<Moments>,
+    /// Muon's momentum for the matrices it updates, from [`FusedCpu::use_muon`].
+    pub(crate) muon: Option<Velocities>,
+    pub(crate) work: Vec<Workspace>,
+}
+
+impl FusedCpu {
+    /// Reads `gpt`'s sizes and weights. `threads` (≥ 1) is how many groups a batch is split into;
+    /// results are reproducible for a given value.
+    pub fn new(gpt: &Gpt, threads: usize) -> Result<Self, FusedError> {
+        let dims = Dims::of(gpt)?;
+        let weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
+        let mut grads = Params::default();
+        grads.zero_like(&weights);
+        let work = (0..threads.max(1)).map(|_| Workspace::default()).collect();
+        Ok(Self {
+            dims,
+            weights,
+            grads,
+            moments: None,
+            muon: None,
+            work,
+        })
+    }
+
+    /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.
+    pub fn read_weights(&mut self, gpt: &Gpt) {
+        self.weights = Params::read(gpt, self.weights.shared_layout());
+    }
+
+    /// `gpt` (the model this was created from, or one with the same parameter ids) with the
+    /// weights held here.
+    pub fn write_weights(&self, gpt: Gpt) -> Gpt {
+        self.weights.write(gpt)
+    }
+
+    /// One AdamW step on the held weights along the held gradients (Burn's `AdamW` arithmetic,
+    /// bit for bit), then the gradients are reset to zero.
+    pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
+        let weights = &mut self.weights;
+        let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
+        moments.step(weights, &self.grads, settings, lr);
+        self.grads.zero_like(&self.weights);
+    }
+
+    /// AdamW's state of every parameter it updates (all but Muon's matrices; empty before the
+    /// first step), in the layout's order.
+    pub fn adamw_state(&self) -> Vec<MomentState> {
+        let Some(moments) = &self.moments else {
+            return Vec::new();
+        };
+        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
+        let entries = self.weights.layout().entries();
+        entries
+            .iter()
+            .zip(&moments.time)
+            .enumerate()
+            .filter(|(i, _)| !muon(*i))
+            .map(|(_, (entry, &time))| MomentState {
+                id: entry.id,
+                shape: entry.shape.clone(),
+                time,
+                moment_1: moments.m.slot(entry.slot).to_vec(),
+                moment_2: moments.v.slot(entry.slot).to_vec(),
+            })
+            .collect()
+    }
+
+    /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter
+    /// AdamW updates (all but Muon's matrices, after [`use_muon`](Self::use_muon)), or none. A
+    /// state that does not fit is refused, and what was held stays.
+    pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
+        let layout = self.weights.layout();
+        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
+        let ordered = layout
+            .gather_where(states, |i| !muon(i))
+            .map_err(|e| FusedError::OptimizerState(e.to_string()))?;
+        if ordered.is_empty() {
+            self.moments = None;
+            return Ok(());
+        }
+        // Muon's matrices keep zero moments, never stepped.
+        let mut moments = Moments::zeros(&self.weights);
+        for ((entry, state), time) in layout.entries().iter().zip(ordered).zip(&mut moments.time) {
+            if let Some(state) = state {
+                *moments.m.slot_mut(entry.slot) = state.moment_1;
+                *moments.v.slot_mut(entry.slot) = state.moment_2;
+                *time = state.time;
+            }
+        }
+        self.moments = Some(moments);
+        Ok(())
+    }
+
+    /// The mean loss over the kept targets of `batch`, without gradients or dropout (evaluation).
+    pub fn loss(&mut self, batch: TokenBatch<'_>) -> Result<f64, FusedError> {
+        self.run(batch, None, None)
+    }
+
+    /// Adds `scale ×` the gradients of `batch`'s mean loss to those held (e.g. `scale` =
+    /// 1/grad_accum) and returns the mean loss. `dropout_seed`: `None` turns dropout off; with a
+    /// seed, each sequence's masks depend only on the seed and its index in the batch.
+    pub fn accumulate(
+        &mut self,
+        batch: TokenBatch<'_>,
+        scale: f32,
+        dropout_seed: Option<u64>,
+    ) -> Result<f64, FusedError> {
+        self.run(batch, Some(scale), dropout_seed)
+    }
+
+    /// Scales the held gradients by `min(1, max_norm / (‖g‖ + 1e-6))`, ‖g‖ the norm of all of
+    /// them together (PyTorch's `clip_grad_norm_`), and returns ‖g‖.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        let norm = self.grads.norm();
+        let factor = clip_factor(norm, max_norm);
+        if factor < 1.0 {
+            self.grads.scale(factor as f32);
+        }
+        norm
+    }
+
+    /// Drops the gradients accumulated so far (a step whose update is skipped).
+    pub fn discard_gradients(&mut self) {
+        self.grads.zero_like(&self.weights);
+    }
+
+    /// The gradients accumulated since the last call, as Burn gradients of `gpt`'s parameters;
+    /// the held gradients are reset to zero.
+    pub fn take_gradients(&mut self, gpt: &Gpt) -> GradientsParams {
+        let grads = self.grads.to_gradients(gpt);
+        let weights = &self.weights;
+        self.grads.zero_like(weights);
+        grads
+    }
+
+    fn run(
+        &mut self,
+        batch: TokenBatch<'_>,
+        scale: Option<f32>,
+        dropout_seed: Option<u64>,
+    ) -> Result<f64, FusedError> {
+        self.check(&batch)?;
+        let kept = kept_targets(batch.targets)?;
+        let grad_scale = scale.map(|s| s / kept as f32);
+        let dropout = dropout_seed.filter(|_| self.dims.dropout > 0.0 && scale.is_some());
+        let groups = self.work.len().min(batch.batch);
+        let (dims, weights) = (self.dims, &self.weights);
+        // Contiguous groups of sequences, the first ones one longer when it does not divide.
+        let mut jobs = Vec::with_capacity(groups);
+        let mut first = 0;
+        for (g, work) in self.work.iter_mut().take(groups).enumerate() {
+            let seqs = batch.batch / groups + usize::from(g < batch.batch % groups);
+            jobs.push(Job {
+                work,
+                first,
+                seqs,
+                batch: &batch,
+            });
+            first += seqs;
+        }
+        let sums: Vec<f64> = std::thread::scope(|scope| {
+            let mut jobs = jobs.into_iter();
+            let here = jobs.next().expect("at least one sequence");
+            let handles: Vec<_> = jobs
+                .map(|job| scope.spawn(move || job.run(dims, weights, grad_scale, dropout)))
+                .collect();
+            let mut sums = vec![here.run(dims, weights, grad_scale, dropout)];
+            sums.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker panicked")),
+            );
+            sums
+        });
+        if grad_scale.is_some() {
+            for work in &self.work[..groups] {
+                self.grads.add(&work.grads);
+            }
+        }
+        Ok(sums.iter().sum::<f64>() / kept as f64)
+    }
+
+    fn check(&self, batch: &TokenBatch<'_>) -> Result<(), FusedError> {
+        let cells = batch.batch * batch.seq;
+        if batch.inputs.len() != cells || batch.targets.len() != cells || cells == 0 {
+            return Err(FusedError::BatchShape {
+                inputs: batch.inputs.len(),
+                targets: batch.targets.len(),
+                batch: batch.batch,
+                seq: batch.seq,
+            });
+        }
+        if batch.seq > self.dims.block_size {
+            return Err(ModelError::Attention(
+                tinygpt_attention::AttentionError::SequenceTooLong {
+                    len: batch.seq,
+                    max: self.dims.block_size,
+                },
+            )
+            .into());
+        }
+        let vocab = self.dims.vocab as i64;
+        let bad_input = batch.inputs.iter().find(|&&id| !(0..vocab).contains(&id));
+        let bad_target = batch
+            .targets
+            .iter()
+            .find(|&&id| id != IGNORE_INDEX && !(0..vocab).contains(&id));
+        if let Some(&id) = bad_input.or(bad_target) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab_size: self.dims.vocab,
+            }
+            .into());
+        }
+        Ok(())
+    }
+}

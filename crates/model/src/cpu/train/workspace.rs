@@ -1,0 +1,279 @@
+//! A batch on the host ([`TokenBatch`]) and one thread's part of a step: its activation buffers, kept between calls, and the forward and
+//! backward passes over them, layer by layer.
+
+use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
+use crate::cpu::dims::Dims;
+use crate::cpu::kernels::attention::{self, Shape};
+use crate::cpu::kernels::dropout::Rng;
+use crate::cpu::kernels::matmul::{View, matmul};
+use crate::cpu::kernels::norm::{self, Normed};
+use crate::cpu::kernels::{cross_entropy, rope, softcap};
+use crate::cpu::params::Params;
+
+/// A batch on the host: `inputs` and `targets` are `[batch, seq]` row-major; targets may be
+/// [`IGNORE_INDEX`].
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBatch<'a> {
+    pub inputs: &'a [i64],
+    pub targets: &'a [i64],
+    pub batch: usize,
+    pub seq: usize,
+}
+
+/// One thread's share of a batch.
+pub(crate) struct Job<'a> {
+    pub work: &'a mut Workspace,
+    /// Its sequences: `seqs` of them from index `first` of `batch`.
+    pub first: usize,
+    pub seqs: usize,
+    pub batch: &'a TokenBatch<'a>,
+}
+
+impl Job<'_> {
+    /// Forward, loss and (with `grad_scale`) backward over the share; returns its summed loss.
+    pub(crate) fn run(
+        self,
+        dims: Dims,
+        w: &Params,
+        grad_scale: Option<f32>,
+        dropout: Option<u64>,
+    ) -> f64 {
+        let seq = self.batch.seq;
+        let rows = self.first * seq..(self.first + self.seqs) * seq;
+        let inputs = &self.batch.inputs[rows.clone()];
+        let targets = &self.batch.targets[rows];
+        let work = self.work;
+        work.prepare(
+            dims,
+            w,
+            self.seqs,
+            seq,
+            grad_scale.is_some(),
+            dropout.is_some(),
+        );
+        if let Some(seed) = dropout {
+            work.draw_masks(seed, self.first, dims.dropout);
+        }
+        work.forward(w, inputs, &dims);
+        let loss = cross_entropy::forward(&mut work.logits, targets, grad_scale);
+        if grad_scale.is_some() {
+            work.backward(w, inputs, &dims);
+        }
+        loss
+    }
+}
+
+/// Buffers of one thread, reused from call to call (resizing keeps their allocations).
+#[derive(Debug, Default)]
+pub(crate) struct Workspace {
+    seqs: usize,
+    seq: usize,
+    width: usize,
+    heads: usize,
+    kv_heads: usize,
+    /// Rotary positions' tables for the model's context (empty without them).
+    rope: rope::Tables,
+    /// `resid[0]` is the embedding, `resid[l + 1]` block `l`'s output; `[rows, width]` each.
+    resid: Vec<Vec<f32>>,
+    emb_mask: Vec<f32>,
+    blocks: Vec<BlockActs>,
+    ln_f: Vec<f32>,
+    ln_f_mean: Vec<f32>,
+    ln_f_rstd: Vec<f32>,
+    /// Logits `[rows, vocab]`; the loss's gradient after the cross-entropy.
+    logits: Vec<f32>,
+    /// With a soft-cap: `tanh(raw logits / cap)`, `[rows, vocab]`.
+    capped: Vec<f32>,
+    /// Backward: the residual gradient `[rows, width]`, and the blocks' scratch (whose
+    /// attention maps the forward uses too).
+    d_resid: Vec<f32>,
+    scratch: Scratch,
+    pub grads: Params,
+}
+
+fn size(buf: &mut Vec<f32>, len: usize) {
+    buf.resize(len, 0.0);
+}
+
+impl Workspace {
+    fn prepare(&mut self, d: Dims, w: &Params, seqs: usize, seq: usize, grad: bool, drop: bool) {
+        let (rows, c) = (seqs * seq, d.width);
+        self.seqs = seqs;
+        self.seq = seq;
+        self.width = c;
+        self.heads = d.heads;
+        self.kv_heads = d.kv_heads;
+        if let Some(base) = d.rope
+            && self.rope.is_empty()
+        {
+            self.rope = rope::Tables::new(d.block_size, d.d_head(), base);
+        }
+        self.resid.resize_with(w.blocks.len() + 1, Vec::new);
+        self.resid.iter_mut().for_each(|r| size(r, rows * c));
+        self.blocks.resize_with(w.blocks.len(), Default::default);
+        size(&mut self.emb_mask, if drop { rows * c } else { 0 });
+        let att = seqs * d.heads * seq * seq;
+        for a in &mut self.blocks {
+            a.resize(rows, &d, att, drop);
+        }
+        size(&mut self.ln_f, rows * c);
+        size(&mut self.ln_f_mean, rows);
+        size(&mut self.ln_f_rstd, rows);
+        size(&mut self.logits, rows * d.vocab);
+        let capped = if d.softcap > 0.0 { rows * d.vocab } else { 0 };
+        size(&mut self.capped, capped);
+        size(&mut self.scratch.maps, 2 * seq * seq);
+        if grad {
+            size(&mut self.d_resid, rows * c);
+            size(&mut self.scratch.d_branch, rows * c);
+            // The MLP's activation gradient, and for SwiGLU its pre-activation's beside it.
+            let mlp = match d.fc_width == d.hidden {
+                true => d.hidden,
+                false => d.hidden + d.fc_width,
+            };
+            size(&mut self.scratch.d_wide, rows * mlp.max(c));
+            size(&mut self.scratch.d_qkv, rows * d.qkv_width());
+            self.grads.zero_like(w);
+        }
+    }
+
+    /// Dropout masks for every site, per sequence (numbered from `first` in the whole batch).
+    fn draw_masks(&mut self, seed: u64, first: usize, p: f32) {
+        let seqs = self.seqs;
+        let mut sites = vec![&mut self.emb_mask];
+        for a in &mut self.blocks {
+            sites.extend([&mut a.att_mask, &mut a.attn_mask, &mut a.mlp_mask]);
+        }
+        for (site, mask) in sites.into_iter().enumerate() {
+            let per_seq = mask.len() / seqs;
+            for (s, chunk) in mask.chunks_exact_mut(per_seq).enumerate() {
+                Rng::new(seed, (first + s) as u64, site as u64).fill_mask(chunk, p);
+            }
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            seqs: self.seqs,
+            seq: self.seq,
+            width: self.width,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+        }
+    }
+
+    fn forward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
+        let (c, seq, shape) = (self.width, self.seq, self.shape());
+        // Token (+ position) embeddings.
+        for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
+            w.embed(row, tok as usize, r % seq);
+        }
+        apply_mask(&mut self.resid[0], &self.emb_mask);
+        let ctx = Ctx {
+            dims: d,
+            rope: &self.rope,
+            first: 0,
+            period: seq,
+            streams: None,
+        };
+        let maps = &mut self.scratch.maps;
+        for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
+            let (before, after) = self.resid.split_at_mut(l + 1);
+            block::forward(p, a, &before[l], &mut after[0], ctx, |h| {
+                attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
+            });
+        }
+        let x = self.resid.last().expect("embedding at least");
+        let ln_f = Normed {
+            out: &mut self.ln_f,
+            mean: &mut self.ln_f_mean,
+            rstd: &mut self.ln_f_rstd,
+        };
+        norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+        let rows = x.len() / c;
+        let h = View::new(&self.ln_f, rows, c);
+        if w.lm_head.is_empty() {
+            let vocab = w.wte.len() / c;
+            matmul(&mut self.logits, h, View::new(&w.wte, vocab, c).t(), false);
+        } else {
+            let vocab = w.lm_head.len() / c;
+            matmul(&mut self.logits, h, View::new(&w.lm_head, c, vocab), false);
+        }
+        if d.softcap > 0.0 {
+            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
+        }
+    }
+
+    /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`.
+    fn backward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
+        let (c, seq, shape) = (self.width, self.seq, self.shape());
+        let rows = self.ln_f.len() / c;
+        if d.softcap > 0.0 {
+            softcap::backward_in_place(&mut self.logits, &self.capped);
+        }
+        let g = &mut self.grads;
+        let dlogits = &self.logits;
+        let vocab = dlogits.len() / rows;
+        let dl = View::new(dlogits, rows, vocab);
+        let h = View::new(&self.ln_f, rows, c);
+        let d_branch = &mut self.scratch.d_branch;
+        if w.lm_head.is_empty() {
+            matmul(d_branch, dl, View::new(&w.wte, vocab, c), false);
+            matmul(&mut g.wte, dl.t(), h, true);
+        } else {
+            matmul(d_branch, dl, View::new(&w.lm_head, c, vocab).t(), false);
+            matmul(&mut g.lm_head, h.t(), dl, true);
+        }
+        self.d_resid.fill(0.0);
+        let x = self.resid.last().expect("embedding at least");
+        let stats = (&self.ln_f_mean[..], &self.ln_f_rstd[..]);
+        let (dgamma, dbeta) = (&mut g.ln_f_gamma, &mut g.ln_f_beta);
+        let dout = &self.scratch.d_branch;
+        norm::backward(
+            d.norm,
+            &mut self.d_resid,
+            dgamma,
+            dbeta,
+            dout,
+            x,
+            stats,
+            &w.ln_f_gamma,
+        );
+        let ctx = Ctx {
+            dims: d,
+            rope: &self.rope,
+            first: 0,
+            period: seq,
+            streams: None,
+        };
+        for l in (0..w.blocks.len()).rev() {
+            let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);
+            let x = &self.resid[l];
+            block::backward(
+                p,
+                gb,
+                a,
+                x,
+                &mut self.d_resid,
+                &mut self.scratch,
+                shape,
+                ctx,
+            );
+        }
+        apply_mask(&mut self.d_resid, &self.emb_mask);
+        for (r, (dx, &tok)) in self.d_resid.chunks_exact(c).zip(inputs).enumerate() {
+            let te = tok as usize * c;
+            g.wte[te..te + c]
+                .iter_mut()
+                .zip(dx)
+                .for_each(|(g, d)| *g += d);
+            if !g.wpe.is_empty() {
+                let pe = (r % seq) * c;
+                g.wpe[pe..pe + c]
+                    .iter_mut()
+                    .zip(dx)
+                    .for_each(|(g, d)| *g += d);
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! A [`Gpt`] as a [`Decoder`] (one sequence) and as a [`BatchDecoder`] (a server's streams),
+//! with Burn's tensor ops on the model's device.
+
+use burn::tensor::Tensor;
+use tinygpt_attention::KvCache;
+
+use super::gpt::Gpt;
+use crate::error::{GenerateError, ModelError};
+use crate::sample::{BatchDecoder, Decoder, GenerateOptions, Pick, Picked, check_feeds, generate};
+
+impl Gpt {
+    /// [`generate`] from this model, on its device: [`Gpt::decoder`].
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: impl FnMut(u32),
+    ) -> Result<Vec<u32>, GenerateError> {
+        generate(&mut self.decoder(), prompt, options, on_token)
+    }
+
+    /// A [`Decoder`] that runs this model with Burn's tensor ops on its device, a [`KvCache`] per
+    /// layer. On a GPU (wgpu, CUDA) the caches have a fixed capacity of `block_size`, so every
+    /// token runs the same kernels, and tokens are picked on the device
+    /// ([`Decoder::picks_on_device`]).
+    pub fn decoder(&self) -> impl Decoder + '_ {
+        let on_gpu = tinygpt_attention::flash::is_cube_device(&self.wte.weight.device());
+        GptDecoder {
+            gpt: self,
+            caches: match on_gpu {
+                true => self.new_fixed_caches(),
+                false => self.new_caches(),
+            },
+            on_gpu,
+        }
+    }
+}
+
+/// A [`Gpt`] and its per-layer KV caches.
+struct GptDecoder<'a> {
+    gpt: &'a Gpt,
+    caches: Vec<KvCache>,
+    on_gpu: bool,
+}
+
+impl Decoder for GptDecoder<'_> {
+    fn block_size(&self) -> usize {
+        self.gpt.block_size()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.gpt.vocab_size()
+    }
+
+    fn cached(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::len)
+    }
+
+    fn clear(&mut self) {
+        self.caches.iter_mut().for_each(KvCache::clear);
+    }
+
+    /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
+    /// are in range.
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        Ok(host_values(self.gpt.next_logits(tokens, &mut self.caches)?))
+    }
+
+    fn picks_on_device(&self) -> bool {
+        self.on_gpu
+    }
+
+    fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
+        Ok(pick.on_device(self.gpt.next_logits(tokens, &mut self.caches)?))
+    }
+}
+
+/// Logits read back to the host.
+pub(crate) fn host_values<const D: usize>(logits: Tensor<D>) -> Vec<f32> {
+    logits
+        .into_data()
+        .try_to_vec_as::<f32>()
+        .expect("logits convert to f32")
+}
+
+/// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a
+/// [`KvCache`] per layer per stream (of fixed capacity on a GPU, as [`Gpt::decoder`] keeps
+/// them). The single tokens of a step go through [`Gpt::forward_rows`] together; a longer
+/// feed (or a step's only single token) through [`Gpt::forward_cached`] on its stream's
+/// caches, as alone. The step's logits come
+/// to the host, where each request samples its own way.
+pub struct GptBatch<'a> {
+    gpt: &'a Gpt,
+    /// `[stream][layer]`.
+    streams: Vec<Vec<KvCache>>,
+    single: Box<dyn Decoder + 'a>,
+    out: Vec<f32>,
+}
+
+impl<'a> GptBatch<'a> {
+    /// `gpt` and `streams` empty streams.
+    pub fn new(gpt: &'a Gpt, streams: usize) -> Self {
+        let on_gpu = tinygpt_attention::flash::is_cube_device(&gpt.wte.weight.device());
+        let caches = match on_gpu {
+            true => gpt.new_fixed_caches(),
+            false => gpt.new_caches(),
+        };
+        Self {
+            gpt,
+            streams: vec![caches; streams],
+            single: Box::new(gpt.decoder()),
+            out: Vec::new(),
+        }
+    }
+
+    /// The logits `[vocab]` after stream `stream`'s `tokens`, fed through its caches.
+    fn feed_one(&mut self, stream: usize, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let logits = self.gpt.next_logits(tokens, &mut self.streams[stream])?;
+        Ok(host_values(logits))
+    }
+}
+
+impl BatchDecoder for GptBatch<'_> {
+    fn streams(&self) -> usize {
+        self.streams.len()
+    }
+    fn block_size(&self) -> usize {
+        self.gpt.block_size()
+    }
+    fn vocab_size(&self) -> usize {
+        self.gpt.vocab_size()
+    }
+    fn cached(&self, stream: usize) -> usize {
+        self.streams[stream].first().map_or(0, KvCache::len)
+    }
+    fn clear(&mut self, stream: usize) {
+        self.streams[stream].iter_mut().for_each(KvCache::clear);
+    }
+    fn alone(&mut self) -> &mut dyn Decoder {
+        &mut *self.single
+    }
+
+    fn step(&mut self, feeds: &[(usize, &[u32])]) -> Result<&[f32], ModelError> {
+        let (vocab, block) = (self.vocab_size(), self.block_size());
+        check_feeds(feeds, |s| self.cached(s), self.streams(), vocab, block)?;
+        self.out.resize(feeds.len() * vocab, 0.0);
+        let mut singles: Vec<(usize, usize, u32)> = Vec::new(); // (feed, stream, token)
+        // One single token goes the way it goes alone: a row of its own needs no mask.
+        let rows = feeds.iter().filter(|(_, t)| t.len() == 1).count();
+        for (i, &(stream, tokens)) in feeds.iter().enumerate() {
+            match tokens {
+                [token] if rows > 1 => singles.push((i, stream, *token)),
+                _ => {
+                    let logits = self.feed_one(stream, tokens)?;
+                    self.out[i * vocab..(i + 1) * vocab].copy_from_slice(&logits);
+                }
+            }
+        }
+        if !singles.is_empty() {
+            let tokens: Vec<u32> = singles.iter().map(|&(_, _, t)| t).collect();
+            let mut caches = rows_of(&mut self.streams, singles.iter().map(|&(_, s, _)| s));
+            let logits = host_values(self.gpt.forward_rows(&tokens, &mut caches)?);
+            for (r, &(i, _, _)) in singles.iter().enumerate() {
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                self.out[i * vocab..(i + 1) * vocab].copy_from_slice(row);
+            }
+        }
+        Ok(&self.out)
+    }
+}
+
+/// The caches of `rows` (distinct streams), in that order.
+fn rows_of(streams: &mut [Vec<KvCache>], rows: impl Iterator<Item = usize>) -> Vec<&mut [KvCache]> {
+    let mut slots: Vec<Option<&mut [KvCache]>> =
+        streams.iter_mut().map(|c| Some(c.as_mut_slice())).collect();
+    rows.map(|s| slots[s].take().expect("each stream fed once a step"))
+        .collect()
+}

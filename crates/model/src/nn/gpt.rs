@@ -1,0 +1,349 @@
+//! [`Gpt`]: embeddings, blocks, final norm, LM head.
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
+use burn::tensor::module::linear as linear_op;
+use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
+use tinygpt_attention::{AttentionKernel, KvCache};
+
+use crate::arch::GptConfig;
+use crate::arch::Position;
+use crate::error::{GptConfigError, ModelError};
+use crate::nn::block::{Block, linear, norm};
+use crate::nn::norm::Normalization;
+
+/// The language model [`GptConfig`] describes (nanoGPT's `GPT`, in whichever parts the config
+/// names).
+#[derive(Module, Debug)]
+pub struct Gpt {
+    /// Token embedding `[vocab_size, n_embd]`; also the LM head when tied.
+    pub wte: Embedding,
+    /// Learned position embedding `[block_size, n_embd]` (`position = "learned"`).
+    pub wpe: Option<Embedding>,
+    pub drop: Dropout,
+    pub h: Vec<Block>,
+    /// The norm before the head.
+    pub ln_f: Option<Normalization>,
+    /// Untied LM head `[n_embd, vocab_size]`, no bias; `None` when tied to `wte`.
+    pub lm_head: Option<Linear>,
+    /// The architecture this model was built from: what the fused CPU engine checks before it
+    /// runs it, and what export writes. Burn's record does not hold it, so it is set once, by
+    /// [`GptConfig::init`], and read through [`Gpt::config`]; a record of another architecture
+    /// loaded into the model is caught by [`Gpt::check_config`].
+    #[module(skip)]
+    config: GptConfig,
+}
+
+impl GptConfig {
+    /// Validates the config and creates the model on `device`: weights ~ N(0, 0.02), the
+    /// projections onto the residual stream as `proj_init` says (GPT-2's `0.02/√(2·n_layer)`,
+    /// or zero), biases 0, norms' gains 1.
+    pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
+        self.validate()?;
+        if self.vocab_size == 0 {
+            return Err(GptConfigError::Zero { name: "vocab_size" });
+        }
+        Gpt::init(self, device)
+    }
+}
+
+impl Gpt {
+    pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
+        let embedding = |n: usize| Embedding {
+            weight: Initializer::Normal {
+                mean: 0.0,
+                std: 0.02,
+            }
+            .init([n, config.n_embd], device),
+        };
+        let h = (0..config.n_layer)
+            .map(|_| Block::init(config, device))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            wte: embedding(config.vocab_size),
+            wpe: match config.position {
+                Position::Learned => Some(embedding(config.block_size)),
+                Position::Rope | Position::None => None,
+            },
+            drop: DropoutConfig::new(config.dropout).init(),
+            h,
+            ln_f: Normalization::init(config, device),
+            lm_head: (!config.tie_embeddings)
+                .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
+            config: config.clone(),
+        })
+    }
+
+    /// This model with every block's attention computed by `kernel` (the same numbers; see
+    /// [`AttentionKernel`]). How, not what: it is the run's choice, not the architecture's,
+    /// and models start with [`AttentionKernel::Auto`].
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        for block in &mut self.h {
+            block.attn.kernel = kernel;
+        }
+        self
+    }
+
+    /// The architecture this model was built from.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// Number of distinct tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// The context length.
+    pub fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    /// Next-token logits: `tokens [batch, seq] Int -> [batch, seq, vocab_size]`.
+    ///
+    /// Token ids must be in `0..vocab_size`: check ids that do not come from the model's own
+    /// tokenizer with [`check_tokens`](Self::check_tokens) on the host first. The forward pass
+    /// itself never reads back from the device, so a GPU step does not stall on it.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, ModelError> {
+        self.forward_padded(tokens, None)
+    }
+
+    /// [`forward`](Self::forward) with a key-padding mask `[batch, seq]` (`true` = padding).
+    pub fn forward_padded(
+        &self,
+        tokens: Tensor<2, Int>,
+        key_padding: Option<Tensor<2, Bool>>,
+    ) -> Result<Tensor<3>, ModelError> {
+        let mut x = self.embed(tokens, 0)?;
+        for block in &self.h {
+            x = block.forward(x, key_padding.clone())?;
+        }
+        Ok(self.head(x))
+    }
+
+    /// Logits and every layer's attention weights (`[batch, heads, seq, seq]` each), computed by
+    /// the same attention code that trains.
+    pub fn forward_with_attention(
+        &self,
+        tokens: Tensor<2, Int>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
+        let mut x = self.embed(tokens, 0)?;
+        let mut maps = Vec::with_capacity(self.h.len());
+        for block in &self.h {
+            let (y, weights) = block.forward_with_weights(x)?;
+            x = y;
+            maps.push(weights);
+        }
+        Ok((self.head(x), maps))
+    }
+
+    /// Incremental forward for sampling: `tokens [batch, new]` follow the `caches[0].len()`
+    /// tokens already cached (one [`KvCache`] per layer). Returns `[batch, new, vocab_size]`.
+    /// Token ids as in [`forward`](Self::forward).
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<2, Int>,
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<3>, ModelError> {
+        let past = caches.first().map_or(0, KvCache::len);
+        let mut x = self.embed(tokens, past)?;
+        for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
+            x = block.forward_cached(x, cache)?;
+        }
+        Ok(self.head(x))
+    }
+
+    /// Continuous batching's step: the next token of each of `tokens.len()` sequences of
+    /// different lengths, `tokens[r]` following the tokens `caches[r]` (that sequence's caches,
+    /// one per layer) hold. Returns the logits `[rows, vocab_size]` of the token after each;
+    /// row `r` is what [`forward_cached`](Self::forward_cached) gives that sequence alone, up to
+    /// float rounding ([`CausalSelfAttention::forward_rows`](tinygpt_attention::CausalSelfAttention::forward_rows)).
+    pub fn forward_rows(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut [KvCache]],
+    ) -> Result<Tensor<2>, ModelError> {
+        let rows = tokens.len();
+        let positions: Vec<i64> = caches
+            .iter()
+            .map(|c| c.first().map_or(0, KvCache::len) as i64)
+            .collect();
+        if let Some(&longest) = positions.iter().max()
+            && longest as usize >= self.block_size()
+        {
+            return Err(tinygpt_attention::AttentionError::SequenceTooLong {
+                len: longest as usize + 1,
+                max: self.block_size(),
+            }
+            .into());
+        }
+        let device = self.wte.weight.device();
+        let positions = Tensor::from_data(TensorData::new(positions, [rows, 1]), &device);
+        let mut x = self.embed_at(self.ids(tokens, [rows, 1]), positions);
+        for (l, block) in self.h.iter().enumerate() {
+            let mut layer: Vec<&mut KvCache> = caches.iter_mut().map(|c| &mut c[l]).collect();
+            x = block.forward_rows(x, &mut layer)?;
+        }
+        let vocab = self.vocab_size();
+        Ok(self.head(x).reshape([rows, vocab]))
+    }
+
+    /// The logits `[vocab_size]` of the token after `tokens`, fed through `caches` (one
+    /// sequence's) after the tokens they hold: [`forward_cached`](Self::forward_cached)'s last
+    /// position.
+    pub(crate) fn next_logits(
+        &self,
+        tokens: &[u32],
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<1>, ModelError> {
+        let logits = self.forward_cached(self.ids(tokens, [1, tokens.len()]), caches)?;
+        let [_, seq, vocab] = logits.dims();
+        Ok(logits.narrow(1, seq - 1, 1).reshape([vocab]))
+    }
+
+    /// `tokens` as ids of `shape` on the model's device.
+    fn ids(&self, tokens: &[u32], shape: [usize; 2]) -> Tensor<2, Int> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
+        Tensor::from_data(TensorData::new(ids, shape), &self.wte.weight.device())
+    }
+
+    /// Empty caches, one per layer, for [`forward_cached`](Self::forward_cached).
+    pub fn new_caches(&self) -> Vec<KvCache> {
+        vec![KvCache::new(); self.h.len()]
+    }
+
+    /// Empty caches of `block_size` rows, one per layer: every token then runs the same tensor
+    /// shapes ([`KvCache::with_capacity`]), what a GPU wants.
+    pub fn new_fixed_caches(&self) -> Vec<KvCache> {
+        vec![KvCache::with_capacity(self.block_size()); self.h.len()]
+    }
+
+    /// Token + position embeddings for tokens at positions `past..past + seq`.
+    fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
+        let seq = tokens.dims()[1];
+        if past + seq > self.block_size() {
+            return Err(tinygpt_attention::AttentionError::SequenceTooLong {
+                len: past + seq,
+                max: self.block_size(),
+            }
+            .into());
+        }
+        let device = tokens.device();
+        let positions =
+            Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
+        Ok(self.embed_at(tokens, positions))
+    }
+
+    /// Token + position embeddings of `tokens` `[batch, seq]` at `positions` (`[batch, seq]`,
+    /// or `[1, seq]` for every sequence alike): `[batch, seq, n_embd]`.
+    fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
+        let [batch, seq] = tokens.dims();
+        let n_embd = self.wte.weight.dims()[1];
+        let x = self.wte.forward(tokens);
+        // Rotary positions enter inside attention, not here.
+        let x = match (&self.wpe, self.config.position) {
+            (Some(wpe), Position::Learned) => {
+                x + wpe.forward(positions).expand([batch, seq, n_embd])
+            }
+            (_, Position::Learned | Position::Rope | Position::None) => x,
+        };
+        self.drop.forward(x)
+    }
+
+    /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.
+    /// Runs on the host, where a batch is built, so the forward pass never waits for the device.
+    pub fn check_tokens(&self, ids: &[i64]) -> Result<(), ModelError> {
+        let vocab_size = self.vocab_size();
+        match ids
+            .iter()
+            .find(|&&id| !(0..vocab_size as i64).contains(&id))
+        {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    /// Final norm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
+    /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs,
+    /// soft-capped when the config says so.
+    fn head(&self, x: Tensor<3>) -> Tensor<3> {
+        let dtype = x.dtype();
+        let x = norm(&self.ln_f, x);
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(x.cast(head.weight.dtype())),
+            // Tied: logits = x · wteᵀ, the embedding read backwards.
+            None => linear_op(x, self.wte.weight.val().transpose(), None),
+        };
+        let logits = logits.cast(dtype);
+        let cap = self.config.logit_softcap;
+        if cap > 0.0 {
+            logits.div_scalar(cap).tanh().mul_scalar(cap)
+        } else {
+            logits
+        }
+    }
+
+    /// This model for a mixed-precision step in `dtype` (bf16 or f16), nanoGPT's autocast:
+    /// every linear layer's weight and bias (the LM head's too, tied or not) becomes a cast of
+    /// the f32 parameter, so the matmuls and the activations between them run in `dtype`, and
+    /// the gradients flow back through the casts to the f32 parameters, which AdamW updates.
+    /// Embeddings, the residual stream, LayerNorms, the attention softmax and the logits stay
+    /// f32. Take gradients with respect to `self`, not the returned model; f32 returns a clone.
+    pub fn autocast(&self, dtype: FloatDType) -> Gpt {
+        let mut model = self.clone();
+        if dtype == FloatDType::F32 {
+            return model;
+        }
+        let cast = |linear: &Linear| Linear {
+            weight: linear.weight.clone().map(|w| w.cast(dtype)),
+            bias: linear.bias.clone().map(|b| b.map(|b| b.cast(dtype))),
+        };
+        for block in &mut model.h {
+            block.attn.c_attn = cast(&block.attn.c_attn);
+            block.attn.c_proj = cast(&block.attn.c_proj);
+            if let Some(mlp) = &mut block.mlp {
+                mlp.c_fc = cast(&mlp.c_fc);
+                mlp.c_proj = cast(&mlp.c_proj);
+            }
+        }
+        model.lm_head = Some(match &self.lm_head {
+            Some(head) => cast(head),
+            None => Linear {
+                // Not `Param::from_tensor`: that would mark the cast, a graph node, as a leaf.
+                weight: Param::initialized(
+                    ParamId::new(),
+                    self.wte.weight.val().transpose().cast(dtype),
+                ),
+                bias: None,
+            },
+        });
+        model
+    }
+
+    /// Parameters, counting a tied matrix once.
+    pub fn num_params(&self) -> usize {
+        Module::num_params(self)
+    }
+
+    /// Parameters without the position embedding: the figure nanoGPT prints ("0.80M").
+    pub fn num_params_non_embedding(&self) -> usize {
+        let wpe = self.wpe.as_ref();
+        self.num_params() - wpe.map_or(0, |wpe| wpe.weight.shape().num_elements())
+    }
+
+    /// The parameters weight decay applies to: every 2-D weight (linear layers and embeddings),
+    /// as nanoGPT's `configure_optimizers`; biases and norm gains are left alone.
+    pub fn decayed_param_ids(&self) -> Vec<ParamId> {
+        struct Matrices(Vec<ParamId>);
+        impl ModuleVisitor for Matrices {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if D >= 2 {
+                    self.0.push(param.id);
+                }
+            }
+        }
+        let mut visitor = Matrices(Vec::new());
+        self.visit(&mut visitor);
+        visitor.0
+    }
+}

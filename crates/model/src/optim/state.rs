@@ -1,0 +1,67 @@
+//! What the optimizers are told and what they keep, as Burn's optimizers and records hold it:
+//! AdamW's and Muon's settings, and each parameter's state in the per-parameter form Burn's
+//! record keeps (the engines hold it flat, in a [`ParamLayout`](super::ParamLayout)'s order).
+
+use burn::module::ParamId;
+
+/// AdamW's settings, as Burn's `AdamWConfig` takes them, and which parameters decay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamWSettings {
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub epsilon: f32,
+    pub weight_decay: f32,
+    /// The parameters weight decay applies to (nanoGPT: the matrices); the others get none.
+    pub decayed: Vec<ParamId>,
+}
+
+/// One parameter's AdamW state, as Burn keeps it: steps taken and the two moments (flat).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MomentState {
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+    pub time: usize,
+    pub moment_1: Vec<f32>,
+    pub moment_2: Vec<f32>,
+}
+
+/// Muon's settings: its learning rate relative to the schedule's, its momentum warm-up and
+/// weight decay. The trainer's `[train]` `muon_*` keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MuonSettings {
+    /// Muon's learning rate over the schedule's (`muon_learning_rate / learning_rate`): the
+    /// schedule moves both groups together.
+    pub lr_ratio: f64,
+    pub momentum: f64,
+    pub momentum_start: f64,
+    /// Steps over which the momentum goes from `momentum_start` to `momentum`; 0 = none.
+    pub warmup: usize,
+    /// Decoupled weight decay, `w ← w·(1 − lr·decay)` at Muon's learning rate.
+    pub weight_decay: f64,
+}
+
+impl MuonSettings {
+    /// The momentum of the update after `step` earlier ones: linear warm-up, then constant.
+    pub fn momentum_at(&self, step: u64) -> f64 {
+        let done = match self.warmup {
+            0 => 1.0,
+            w => (step as f64 / w as f64).min(1.0),
+        };
+        self.momentum_start + done * (self.momentum - self.momentum_start)
+    }
+}
+
+/// Newton–Schulz's coefficients, steps and normalisation floor (Burn's and Keller Jordan's).
+pub const NEWTON_SCHULZ: (f32, f32, f32) = (3.4445, -4.775, 2.0315);
+pub const NEWTON_SCHULZ_STEPS: usize = 5;
+pub const NEWTON_SCHULZ_EPSILON: f32 = 1e-7;
+
+/// One matrix's Muon state, as Burn's optimizer record keeps it: the momentum buffer (flat, in
+/// the parameter's shape) and the updates taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VelocityState {
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+    pub step: u64,
+    pub velocity: Vec<f32>,
+}

@@ -55,6 +55,8 @@ pub enum GenerateError {
     Temperature(f32),
     #[error("`top_p` must be in (0, 1], got {0}")]
     TopP(f32),
+    #[error("`min_p` must be in [0, 1] (0 = off), got {0}")]
+    MinP(f32),
     #[error("`top_k` must be at least 1")]
     TopK,
     #[error("`repetition_penalty` must be > 0 (1 = off), got {0}")]

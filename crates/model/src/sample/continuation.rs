@@ -6,11 +6,11 @@
 
 use std::ops::Range;
 
+use super::device_pick::{Pick, Picked};
+use super::draw::Sampled;
+use super::options::GenerateOptions;
+use super::sampler::Sampler;
 use crate::error::GenerateError;
-use crate::sample::GenerateOptions;
-use crate::sample::draw::Sampled;
-use crate::sample::sampler::Sampler;
-use crate::sample::{Pick, Picked};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

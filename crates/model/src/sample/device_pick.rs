@@ -8,7 +8,7 @@
 
 use burn::tensor::{Int, Tensor};
 
-use crate::sample::draw::{Sampled, draw_from};
+use super::draw::{Sampled, draw_from};
 
 /// What a decoder needs to pick one token on its device: the sampler's settings and this
 /// token's random draw.

@@ -15,6 +15,10 @@ pub struct GenerateOptions {
     /// Nucleus sampling: only among the most likely tokens whose probabilities add up to `top_p`
     /// (1 = off).
     pub top_p: f32,
+    /// Min-p sampling (llama.cpp, vLLM, Hugging Face's `min_p`): only among the tokens whose
+    /// probability is at least `min_p` times the most likely one's, so the cut follows the
+    /// model's confidence (0 = off).
+    pub min_p: f32,
     /// Divides positive (multiplies negative) logits of tokens already in the context, as in
     /// CTRL and Hugging Face; 1 = off.
     pub repetition_penalty: f32,
@@ -50,6 +54,7 @@ impl Default for GenerateOptions {
             temperature: 0.8,
             top_k: Some(200),
             top_p: 1.0,
+            min_p: 0.0,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
@@ -71,6 +76,9 @@ impl GenerateOptions {
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(GenerateError::TopP(self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(GenerateError::MinP(self.min_p));
         }
         if self.top_k == Some(0) {
             return Err(GenerateError::TopK);

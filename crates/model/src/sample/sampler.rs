@@ -5,9 +5,9 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::sample::GenerateOptions;
-use crate::sample::Pick;
-use crate::sample::draw::{Sampled, argmax, draw, weights};
+use super::device_pick::Pick;
+use super::draw::{Sampled, argmax, draw, weights};
+use super::options::GenerateOptions;
 
 /// The sampling state of one generation: its random numbers and how often each token has been
 /// generated so far (what the frequency and presence penalties count).
@@ -28,7 +28,7 @@ impl Sampler {
 
     /// This token's [`Pick`] for a decoder that picks on its device, drawing its random number:
     /// `None` (and nothing drawn) where the options ask for what only the host sampler does
-    /// (penalties, biases, top-p, alternatives' log-probabilities). Then [`Self::record`] the
+    /// (penalties, biases, top-p, min-p, alternatives' log-probabilities). Then [`Self::record`] the
     /// token.
     pub fn device_pick(&mut self, vocab: usize) -> Option<Pick> {
         let o = &self.options;
@@ -37,6 +37,7 @@ impl Sampler {
             || o.presence_penalty != 0.0
             || !o.logit_bias.is_empty()
             || o.top_p < 1.0
+            || o.min_p > 0.0
             || o.top_logprobs > 0;
         if host_only {
             return None;
@@ -103,13 +104,22 @@ fn penalise(logits: &mut [f32], context: &[u32], counts: &[u32], o: &GenerateOpt
     }
 }
 
-/// Temperature, top-k and top-p over `logits`, then one draw from `rng` (or the most likely
-/// token at temperature 0).
+/// Temperature, top-k, min-p and top-p over `logits`, then one draw from `rng` (or the most
+/// likely token at temperature 0).
 fn pick(logits: Vec<f32>, o: &GenerateOptions, rng: &mut StdRng) -> u32 {
     if o.temperature == 0.0 {
         return argmax(&logits);
     }
     let mut weights = weights(&logits, o.temperature, o.top_k);
+    if o.min_p > 0.0 {
+        // The most likely token's weight is exp(0) = 1, so a token's weight is its
+        // probability relative to the most likely one's.
+        let floor = o.min_p as f64;
+        weights
+            .iter_mut()
+            .filter(|w| **w < floor)
+            .for_each(|w| *w = 0.0);
+    }
     if o.top_p < 1.0 {
         nucleus(&mut weights, o.top_p as f64);
     }
@@ -197,6 +207,42 @@ mod tests {
         }
         assert_eq!((seen[1], seen[3]), (0, 0), "{seen:?}");
         assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
+    }
+
+    /// Min-p keeps the tokens at least `min_p` as likely as the best (at temperature 1, the
+    /// probability ratio of logits `l` and `max` is `exp(l - max)`): here ratios 1, 0.61, 0.37
+    /// and 0.14 with `min_p` 0.5 keep the first two, and a device pick is refused (the device
+    /// pick does not implement it).
+    #[test]
+    fn min_p_never_samples_below_its_share_of_the_best() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let o = GenerateOptions {
+            top_k: None,
+            min_p: 0.5,
+            temperature: 1.0,
+            ..opts()
+        };
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            seen[sample(vec![2.0, 1.5, 1.0, 0.0], &[], &o, &mut rng) as usize] += 1;
+        }
+        assert_eq!((seen[2], seen[3]), (0, 0), "{seen:?}");
+        assert!(seen[0] > 150 && seen[1] > 80, "{seen:?}");
+        let without = GenerateOptions {
+            min_p: 0.0,
+            ..o.clone()
+        };
+        let mut all = [0usize; 4];
+        for _ in 0..400 {
+            all[sample(vec![2.0, 1.5, 1.0, 0.0], &[], &without, &mut rng) as usize] += 1;
+        }
+        assert!(all[2] > 0 && all[3] > 0, "{all:?}");
+        assert!(Sampler::new(&o, 4).device_pick(4).is_none());
+        let bad = GenerateOptions {
+            min_p: 1.5,
+            ..opts()
+        };
+        assert_eq!(bad.validate(), Err(crate::error::GenerateError::MinP(1.5)));
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct Args {
     /// Nucleus sampling: the most likely tokens covering probability P (1 = off).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Only tokens at least P times as likely as the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Penalise tokens already in the context (1 = off).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
@@ -89,6 +92,7 @@ impl Args {
             temperature: self.temperature,
             top_k: (self.top_k > 0).then_some(self.top_k),
             top_p: self.top_p,
+            min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,

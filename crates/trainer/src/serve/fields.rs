@@ -40,6 +40,9 @@ pub struct SamplerFields {
     pub _user: Option<String>,
     /// tinygpt: sample among the k most likely tokens only.
     pub top_k: Option<usize>,
+    /// vLLM's and llama.cpp's: only tokens at least this likely relative to the most likely
+    /// (0 = off).
+    pub min_p: Option<f32>,
     /// tinygpt: penalise tokens already in the context (1 = off).
     pub repetition_penalty: Option<f32>,
     /// tinygpt: past block_size, refill the cache from the last half block (faster, not
@@ -62,6 +65,7 @@ pub const SAMPLER_FIELDS: &[&str] = &[
     "model",
     "user",
     "top_k",
+    "min_p",
     "repetition_penalty",
     "context_shift",
 ];
@@ -126,6 +130,7 @@ impl SamplerFields {
             temperature: self.temperature.unwrap_or(1.0),
             top_k: self.top_k.filter(|&k| k > 0),
             top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
@@ -140,6 +145,7 @@ impl SamplerFields {
             let param = match e {
                 GenerateError::Temperature(_) => Some("temperature"),
                 GenerateError::TopP(_) => Some("top_p"),
+                GenerateError::MinP(_) => Some("min_p"),
                 GenerateError::TopK => Some("top_k"),
                 GenerateError::RepetitionPenalty(_) => Some("repetition_penalty"),
                 GenerateError::FrequencyPenalty(_) => Some("frequency_penalty"),

@@ -162,8 +162,8 @@ fn finite(logits: Vec<f32>, position: usize) -> Result<Vec<f32>, GenerateError> 
 
 #[cfg(test)]
 mod tests {
-    use crate::sample::continuation::held_back;
     use super::*;
+    use crate::sample::continuation::held_back;
 
     fn opts() -> GenerateOptions {
         GenerateOptions::default()

@@ -330,7 +330,7 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
         let inputs = Tensor::<2, Int>::from_data(TensorData::new(tokens.clone(), [3, 16]), device);
         let t = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [48]), device);
         let logits = model.forward(inputs).unwrap().reshape([48, 37]);
-        let loss = tinygpt_model::cross_entropy_counted(logits, t, kept).unwrap();
+        let loss = tinygpt_model::cross_entropy_counted(logits, t, kept, model.kernels()).unwrap();
         let value = read(loss.clone())[0];
         let grads = loss.backward();
         results.push((value, gradients(model, &grads)));

@@ -12,6 +12,7 @@ use anyhow::Result;
 use burn::module::Module;
 use rand::RngExt;
 use serde::Serialize;
+use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{GenerateOptions, generate};
 
 use crate::backend::{Backend, Placement, describe};
@@ -94,7 +95,10 @@ fn bench_one(
 ) -> Result<BenchResult> {
     reset_peak_rss();
     let placement = backend.placement()?;
-    let on_gpu = tinygpt_attention::flash::is_cube_device(&placement.device);
+    let on_gpu = match Kernels::for_device(&placement.device) {
+        Kernels::Cube => true,
+        Kernels::Burn => false,
+    };
     if args.kernel_steps > 0 && !on_gpu {
         anyhow::bail!(
             "--kernels profiles the kernels of a GPU backend (wgpu or cuda), not {}",

@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 use burn::tensor::Device;
-use tinygpt_model::{Gpt, IGNORE_INDEX, cross_entropy};
+use tinygpt_model::{Gpt, IGNORE_INDEX, cross_entropy_counted};
 
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Split, sweep};
@@ -44,7 +44,10 @@ pub fn evaluate(
         let (inputs, targets) = batch.to_device(device);
         let logits = model.forward(inputs)?;
         let [b, s, v] = logits.dims();
-        let loss = cross_entropy(logits.reshape([b * s, v]), targets)?.into_scalar::<f32>() as f64;
+        let kept = batch.kept_targets()?;
+        let loss =
+            cross_entropy_counted(logits.reshape([b * s, v]), targets, kept, model.kernels())?
+                .into_scalar::<f32>() as f64;
         if !loss.is_finite() {
             bail!(
                 "the loss is {loss} after {tokens} tokens: the model's outputs are not finite \

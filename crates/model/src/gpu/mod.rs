@@ -12,9 +12,10 @@
 //!   one more, never materialising the softmax;
 //! - [`adamw`]: AdamW over every parameter, held end to end in flat buffers, in one launch.
 //!
-//! The model uses the norms and the loss on CubeCL devices (wgpu, cuda) for f32 tensors
-//! ([`supported`]), the trainer the third; the CPU backends keep Burn's ops. Each is tested
-//! equal to the Burn ops it replaces (forward and gradients) on lavapipe.
+//! Which the model runs is [`Kernels`], decided once where a model is built, from its device
+//! ([`Kernels::for_device`]), and handed down to the norms and read by the loss, the decoders
+//! and the trainer's AdamW; the CPU backends keep Burn's ops. Each kernel is tested equal to
+//! the Burn ops it replaces (forward and gradients) on lavapipe.
 
 mod adamw;
 mod cross_entropy;
@@ -33,11 +34,37 @@ pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};
 
-/// Whether the fused kernels run for tensors of `dtype` on `device`: a CubeCL device and f32
-/// (mixed precision keeps LayerNorm and the loss in f32), unless the environment variable
-/// `TINYGPT_BURN_OPS` is set, which keeps Burn's ops everywhere (to compare the two).
-pub fn supported(device: &Device, dtype: DType) -> bool {
-    static BURN_OPS: OnceLock<bool> = OnceLock::new();
-    let burn_ops = *BURN_OPS.get_or_init(|| std::env::var_os("TINYGPT_BURN_OPS").is_some());
-    !burn_ops && tinygpt_attention::flash::is_cube_device(device) && dtype == DType::F32
+/// Which kernels a model's memory-bound ops (the norms, the loss, AdamW) run, and how it
+/// decodes: chosen once, where the model is built, and carried by the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// Burn's tensor ops (the CPU backends); a decoder's caches grow with the sequence and the
+    /// next token is picked on the host.
+    Burn,
+    /// These CubeCL kernels (a GPU: wgpu, cuda) for f32 tensors; a decoder's caches have a
+    /// fixed capacity, so every token runs the same kernels, and tokens are picked on the device.
+    Cube,
+}
+
+impl Kernels {
+    /// The kernels for a model on `device`: [`Kernels::Cube`] on a CubeCL device, unless the
+    /// environment variable `TINYGPT_BURN_OPS` is set, which keeps Burn's ops everywhere (to
+    /// compare the two). The one place that asks what a device is.
+    pub fn for_device(device: &Device) -> Self {
+        static BURN_OPS: OnceLock<bool> = OnceLock::new();
+        let burn_ops = *BURN_OPS.get_or_init(|| std::env::var_os("TINYGPT_BURN_OPS").is_some());
+        match !burn_ops && tinygpt_attention::flash::is_cube_device(device) {
+            true => Self::Cube,
+            false => Self::Burn,
+        }
+    }
+
+    /// Whether the fused kernels run for tensors of `dtype`: with [`Kernels::Cube`], f32 ones
+    /// (mixed precision keeps the norms and the loss in f32).
+    pub fn fuse(self, dtype: DType) -> bool {
+        match self {
+            Self::Cube => dtype == DType::F32,
+            Self::Burn => false,
+        }
+    }
 }

@@ -9,6 +9,7 @@ use tinygpt_attention::{CausalSelfAttention, KvCache};
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
 use crate::error::GptConfigError;
+use crate::gpu::Kernels;
 
 /// The feed-forward sublayer, whichever [`Mlp`] part the config names: `n_embd -> mlp_width`
 /// (`4·n_embd`), the activation, `mlp_width -> n_embd`, dropout (GPT-2's with GELU). SwiGLU's
@@ -84,12 +85,16 @@ pub(crate) fn linear(d_in: usize, d_out: usize, std: f64, bias: bool, device: &D
 }
 
 impl Block {
-    pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
+    pub(crate) fn init(
+        config: &GptConfig,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self, GptConfigError> {
         let attn = config.attention().init(device)?;
         Ok(Self {
-            ln_1: Normalization::init(config, device),
+            ln_1: Normalization::init(config, device, kernels),
             attn,
-            ln_2: Normalization::init(config, device),
+            ln_2: Normalization::init(config, device, kernels),
             mlp: FeedForward::init(config, device),
         })
     }

@@ -6,6 +6,7 @@ use tinygpt_attention::KvCache;
 
 use super::gpt::Gpt;
 use crate::error::{GenerateError, ModelError};
+use crate::gpu::Kernels;
 use crate::sample::{BatchDecoder, Decoder, GenerateOptions, Pick, Picked, check_feeds, generate};
 
 impl Gpt {
@@ -20,11 +21,14 @@ impl Gpt {
     }
 
     /// A [`Decoder`] that runs this model with Burn's tensor ops on its device, a [`KvCache`] per
-    /// layer. On a GPU (wgpu, CUDA) the caches have a fixed capacity of `block_size`, so every
-    /// token runs the same kernels, and tokens are picked on the device
+    /// layer. With [`Kernels::Cube`] (a GPU: wgpu, CUDA) the caches have a fixed capacity of
+    /// `block_size`, so every token runs the same kernels, and tokens are picked on the device
     /// ([`Decoder::picks_on_device`]).
     pub fn decoder(&self) -> impl Decoder + '_ {
-        let on_gpu = tinygpt_attention::flash::is_cube_device(&self.wte.weight.device());
+        let on_gpu = match self.kernels() {
+            Kernels::Cube => true,
+            Kernels::Burn => false,
+        };
         GptDecoder {
             gpt: self,
             caches: match on_gpu {
@@ -84,8 +88,8 @@ pub(crate) fn host_values<const D: usize>(logits: Tensor<D>) -> Vec<f32> {
 }
 
 /// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a
-/// [`KvCache`] per layer per stream (of fixed capacity on a GPU, as [`Gpt::decoder`] keeps
-/// them). The single tokens of a step go through [`Gpt::forward_rows`] together; a longer
+/// [`KvCache`] per layer per stream (of fixed capacity with [`Kernels::Cube`], as
+/// [`Gpt::decoder`] keeps them). The single tokens of a step go through [`Gpt::forward_rows`] together; a longer
 /// feed (or a step's only single token) through [`Gpt::forward_cached`] on its stream's
 /// caches, as alone. The step's logits come
 /// to the host, where each request samples its own way.
@@ -100,10 +104,9 @@ pub struct GptBatch<'a> {
 impl<'a> GptBatch<'a> {
     /// `gpt` and `streams` empty streams.
     pub fn new(gpt: &'a Gpt, streams: usize) -> Self {
-        let on_gpu = tinygpt_attention::flash::is_cube_device(&gpt.wte.weight.device());
-        let caches = match on_gpu {
-            true => gpt.new_fixed_caches(),
-            false => gpt.new_caches(),
+        let caches = match gpt.kernels() {
+            Kernels::Cube => gpt.new_fixed_caches(),
+            Kernels::Burn => gpt.new_caches(),
         };
         Self {
             gpt,

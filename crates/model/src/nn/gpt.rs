@@ -9,6 +9,7 @@ use tinygpt_attention::{AttentionKernel, KvCache};
 use crate::arch::GptConfig;
 use crate::arch::Position;
 use crate::error::{GptConfigError, ModelError};
+use crate::gpu::Kernels;
 use crate::nn::block::{Block, linear, norm};
 use crate::nn::norm::Normalization;
 
@@ -32,12 +33,18 @@ pub struct Gpt {
     /// loaded into the model is caught by [`Gpt::check_config`].
     #[module(skip)]
     config: GptConfig,
+    /// Which kernels the norms, the loss and the trainer's AdamW run, and how the decoders
+    /// decode: decided once, from the device, by [`GptConfig::init`] ([`Kernels::for_device`]),
+    /// or by the caller ([`Gpt::with_kernels`]); read through [`Gpt::kernels`].
+    #[module(skip)]
+    kernels: Kernels,
 }
 
 impl GptConfig {
     /// Validates the config and creates the model on `device`: weights ~ N(0, 0.02), the
     /// projections onto the residual stream as `proj_init` says (GPT-2's `0.02/√(2·n_layer)`,
-    /// or zero), biases 0, norms' gains 1.
+    /// or zero), biases 0, norms' gains 1; running the device's [`Kernels`]
+    /// ([`Kernels::for_device`]).
     pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
         self.validate()?;
         if self.vocab_size == 0 {
@@ -56,8 +63,9 @@ impl Gpt {
             }
             .init([n, config.n_embd], device),
         };
+        let kernels = Kernels::for_device(device);
         let h = (0..config.n_layer)
-            .map(|_| Block::init(config, device))
+            .map(|_| Block::init(config, device, kernels))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             wte: embedding(config.vocab_size),
@@ -67,11 +75,28 @@ impl Gpt {
             },
             drop: DropoutConfig::new(config.dropout).init(),
             h,
-            ln_f: Normalization::init(config, device),
+            ln_f: Normalization::init(config, device, kernels),
             lm_head: (!config.tie_embeddings)
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
             config: config.clone(),
+            kernels,
         })
+    }
+
+    /// This model running `kernels` (the same numbers to float rounding): for a caller that
+    /// decides otherwise than [`Kernels::for_device`], e.g. to compare the two.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        let norms = self.h.iter_mut().flat_map(|b| [&mut b.ln_1, &mut b.ln_2]);
+        for norm in norms.chain([&mut self.ln_f]).flatten() {
+            norm.set_kernels(kernels);
+        }
+        self
+    }
+
+    /// The kernels this model runs.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
     }
 
     /// This model with every block's attention computed by `kernel` (the same numbers; see

@@ -4,6 +4,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 
 use crate::error::LossError;
+use crate::gpu::{self, Kernels};
 
 /// Targets equal to this are skipped by [`cross_entropy`] (nanoGPT and PyTorch's examples use -1).
 pub const IGNORE_INDEX: i64 = -1;
@@ -17,7 +18,8 @@ pub const IGNORE_INDEX: i64 = -1;
 ///
 /// Burn's `CrossEntropyLoss` takes pad tokens as `usize` ids, so it cannot express -1; and a -1
 /// must never reach `gather`. Ignored targets are replaced by 0 before the gather and their
-/// log-probabilities multiplied by 0 after it.
+/// log-probabilities multiplied by 0 after it. Computed by Burn's ops on any device: a model's
+/// training and evaluation take [`cross_entropy_counted`] with the model's [`Kernels`].
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tensor<1>, LossError> {
     // One host read for the count; training knows it on the host and calls the counted form.
     let kept = targets
@@ -27,15 +29,18 @@ pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tenso
         .int()
         .sum()
         .into_scalar::<i64>();
-    cross_entropy_counted(logits, targets, kept as usize)
+    cross_entropy_counted(logits, targets, kept as usize, Kernels::Burn)
 }
 
 /// [`cross_entropy`] when the number of kept targets is already known on the host (counted
-/// where the batch was built, see [`kept_targets`]): no read back from the device.
+/// where the batch was built, see [`kept_targets`]): no read back from the device. With
+/// [`Kernels::Cube`] (a model's [`Gpt::kernels`](crate::Gpt::kernels) on a GPU) and f32 logits,
+/// the fused kernel ([`gpu::cross_entropy`]) computes it.
 pub fn cross_entropy_counted(
     logits: Tensor<2>,
     targets: Tensor<1, Int>,
     kept: usize,
+    kernels: Kernels,
 ) -> Result<Tensor<1>, LossError> {
     let [n, _] = logits.dims();
     let [count] = targets.dims();
@@ -50,8 +55,8 @@ pub fn cross_entropy_counted(
             ignore_index: IGNORE_INDEX,
         });
     }
-    if crate::gpu::supported(&logits.device(), logits.dtype()) {
-        return Ok(crate::gpu::cross_entropy(logits, targets, kept));
+    if kernels.fuse(logits.dtype()) {
+        return Ok(gpu::cross_entropy(logits, targets, kept));
     }
     Ok(cross_entropy_ops(logits, targets, kept))
 }

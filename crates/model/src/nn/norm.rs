@@ -12,7 +12,7 @@ use burn::tensor::{DType, Device, FloatDType, Tensor};
 
 use crate::arch::GptConfig;
 use crate::arch::Norm;
-use crate::gpu;
+use crate::gpu::{self, Kernels};
 
 /// One normalisation over the channels of `[batch, seq, n_embd]`; see [`Norm`] for each kind's
 /// formula.
@@ -28,11 +28,15 @@ pub struct Normalization {
     kind: Norm,
     #[module(skip)]
     epsilon: f64,
+    /// The model's kernels ([`Kernels`]), handed down by [`Gpt`](crate::Gpt).
+    #[module(skip)]
+    kernels: Kernels,
 }
 
 impl Normalization {
-    /// The norm `config` asks for on `device` (gain 1, shift 0); `None` for [`Norm::None`].
-    pub(crate) fn init(config: &GptConfig, device: &Device) -> Option<Self> {
+    /// The norm `config` asks for on `device` (gain 1, shift 0), running `kernels`; `None` for
+    /// [`Norm::None`].
+    pub(crate) fn init(config: &GptConfig, device: &Device, kernels: Kernels) -> Option<Self> {
         let c = config.n_embd;
         let ones = || Some(Initializer::Ones.init([c], device));
         let (gamma, beta) = match config.norm {
@@ -49,11 +53,17 @@ impl Normalization {
             beta,
             kind: config.norm,
             epsilon: config.layer_norm_eps,
+            kernels,
         })
     }
 
+    /// This norm running `kernels`.
+    pub(crate) fn set_kernels(&mut self, kernels: Kernels) {
+        self.kernels = kernels;
+    }
+
     /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`, in the input's dtype. LayerNorm and
-    /// RMSNorm run tinygpt's fused kernels on a GPU (f32) and Burn's ops elsewhere (LayerNorm
+    /// RMSNorm run tinygpt's fused kernels with [`Kernels::Cube`] (f32) and Burn's ops elsewhere (LayerNorm
     /// exactly what Burn's `LayerNorm` module computes; RMSNorm [`rms_norm`]).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [_, _, c] = x.dims();
@@ -65,7 +75,7 @@ impl Normalization {
         match self.kind {
             Norm::Layer => {
                 let (gamma, beta) = (gamma(), self.beta.as_ref().map(Param::val));
-                if gpu::supported(&device, x.dtype()) {
+                if self.kernels.fuse(x.dtype()) {
                     return gpu::layer_norm(x, gamma, beta, self.epsilon);
                 }
                 // Burn's LayerNorm widens f16 to f32 for its statistics, and so does this.
@@ -85,7 +95,7 @@ impl Normalization {
             }
             Norm::Rms | Norm::RmsUnit => {
                 let gamma = self.gamma.as_ref().map(Param::val);
-                match gpu::supported(&device, x.dtype()) {
+                match self.kernels.fuse(x.dtype()) {
                     true => gpu::rms_norm(x, gamma, self.epsilon),
                     false => rms_norm(x, gamma, self.epsilon),
                 }

@@ -81,7 +81,7 @@ impl DeviceAdamW {
             moment_2: flat(moment_2),
             decay: flat(decay),
             time: Tensor::from_data(TensorData::new(time, [1]), device),
-            kernel: tinygpt_model::gpu::supported(device, DType::F32),
+            kernel: model.kernels().fuse(DType::F32),
             layout,
         })
     }

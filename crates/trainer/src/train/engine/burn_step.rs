@@ -142,6 +142,7 @@ fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> 
         logits.reshape([b * s, v]),
         targets,
         kept,
+        model.kernels(),
     )?)
 }
 

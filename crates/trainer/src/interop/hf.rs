@@ -161,9 +161,10 @@ fn weights_in(dir: &Path) -> Result<ForeignTensors> {
 /// complete or not at all. Returns the architecture written.
 pub fn export(run: &Run, which: Which, out: &Path) -> Result<&'static str> {
     let gpt = run.config.gpt(run.tokenizer.vocab_size());
-    let llama = match (expressible(&gpt), super::llama::expressible(&gpt)) {
-        (Ok(()), _) => false,
-        (Err(_), Ok(())) => true,
+    // GPT-2's activation name, or `None` for the Llama format.
+    let gpt2 = match (expressible(&gpt), super::llama::expressible(&gpt)) {
+        (Ok(activation), _) => Some(activation),
+        (Err(_), Ok(())) => None,
         (Err(gpt2), Err(llama)) => bail!(
             "the Hugging Face GPT-2 format cannot express a model {gpt2}, nor the Llama format \
              one {llama}; export it with --format nanogpt (tinygpt's safetensors + sidecar), \
@@ -174,12 +175,12 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<&'static str> {
     let temp = temp_beside(out, "export")?;
     let (model, _) = run.load_model(which, &burn::tensor::Device::flex())?;
     let tensors = burn_tensors(&model)?;
-    let (exported, config_json) = match llama {
-        false => (
+    let (exported, config_json) = match gpt2 {
+        Some(activation) => (
             gpt2_tensors(&gpt, &tensors),
-            config_json(&gpt, &run.tokenizer)?,
+            config_json(&gpt, activation, &run.tokenizer)?,
         ),
-        true => (
+        None => (
             super::llama::tensors(&gpt, &tensors)?,
             super::llama::config_json(&gpt, &run.tokenizer)?,
         ),
@@ -187,10 +188,9 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<&'static str> {
     write_dir(&temp, &exported, &config_json, run)?;
     std::fs::rename(temp.keep(), out)
         .with_context(|| format!("cannot create {}", out.display()))?;
-    Ok(if llama {
-        "LlamaForCausalLM"
-    } else {
-        "GPT2LMHeadModel"
+    Ok(match gpt2 {
+        Some(_) => "GPT2LMHeadModel",
+        None => "LlamaForCausalLM",
     })
 }
 
@@ -252,10 +252,11 @@ fn write_dir(
     }
 }
 
-/// Whether `GPT2LMHeadModel` computes what a model of `config` computes, or the part it lacks
+/// Whether `GPT2LMHeadModel` computes what a model of `config` computes: its
+/// `activation_function` (`gelu`, `gelu_new`) if so, else the part it lacks
 /// (`"with RMSNorm (…)"`). An exhaustive destructuring, so a new part of the architecture does
 /// not compile until this format says what it does with it.
-fn expressible(config: &GptConfig) -> Result<(), String> {
+fn expressible(config: &GptConfig) -> Result<&'static str, String> {
     let GptConfig {
         vocab_size: _,
         block_size: _,
@@ -305,24 +306,18 @@ fn expressible(config: &GptConfig) -> Result<(), String> {
         Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
     }
     match mlp {
-        // `gelu` and `gelu_new`.
-        Mlp::Gelu | Mlp::GeluTanh => {}
-        Mlp::Relu2 => return refuse("with a ReLU² MLP (GPT-2's is GELU)"),
-        Mlp::SwiGlu => return refuse("with a SwiGLU MLP (GPT-2's is GELU)"),
-        Mlp::None => return refuse("without the MLP (`model.mlp = \"none\"`)"),
+        // GPT-2's `activation_function`.
+        Mlp::Gelu => Ok("gelu"),
+        Mlp::GeluTanh => Ok("gelu_new"),
+        Mlp::Relu2 => refuse("with a ReLU² MLP (GPT-2's is GELU)"),
+        Mlp::SwiGlu => refuse("with a SwiGLU MLP (GPT-2's is GELU)"),
+        Mlp::None => refuse("without the MLP (`model.mlp = \"none\"`)"),
     }
-    Ok(())
 }
 
-/// `config.json` for `GPT2LMHeadModel`, of the model `m` (its `vocab_size` resolved).
-fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String> {
-    let activation = match m.mlp {
-        Mlp::Gelu => "gelu",
-        Mlp::GeluTanh => "gelu_new",
-        Mlp::Relu2 | Mlp::SwiGlu | Mlp::None => {
-            bail!("the Hugging Face GPT-2 format has only GELU MLPs")
-        }
-    };
+/// `config.json` for `GPT2LMHeadModel`, of the model `m` (its `vocab_size` resolved) whose
+/// MLP is GPT-2's `activation` ([`expressible`] said which).
+fn config_json(m: &GptConfig, activation: &str, tokenizer: &Tokenizer) -> Result<String> {
     // GPT-2's end-of-text token (char runs made before special tokens have none).
     let eos = tokenizer.end_of_text();
     let config = serde_json::json!({

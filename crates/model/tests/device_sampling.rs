@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use common::seeded;
+use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
     Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled, generate_cancellable,
 };
@@ -106,7 +107,13 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
         .with_n_head(3)
         .with_n_embd(30);
     let gpt = config.init(&Device::flex()).unwrap();
-    let on_gpu = gpt.clone().to_device(&wgpu);
+    // Moved after it was built, a model keeps the kernels of the device it was built on:
+    // decided again for the GPU.
+    let on_gpu = gpt
+        .clone()
+        .to_device(&wgpu)
+        .with_kernels(Kernels::for_device(&wgpu));
+    assert_eq!(on_gpu.kernels(), Kernels::Cube);
     let long = 3 * config.block_size;
     let options = |temperature: f32, top_k: Option<usize>, top_logprobs: usize| GenerateOptions {
         temperature,

@@ -84,7 +84,9 @@ impl Gpt {
     }
 
     /// This model running `kernels` (the same numbers to float rounding): for a caller that
-    /// decides otherwise than [`Kernels::for_device`], e.g. to compare the two.
+    /// decides otherwise than [`Kernels::for_device`], e.g. to compare the two, or that moved
+    /// the model to another device with Burn's `to_device` (a moved model keeps the kernels of
+    /// the device it was built on: `with_kernels(Kernels::for_device(device))`).
     pub fn with_kernels(mut self, kernels: Kernels) -> Self {
         self.kernels = kernels;
         let norms = self.h.iter_mut().flat_map(|b| [&mut b.ln_1, &mut b.ln_2]);

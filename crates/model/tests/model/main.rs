@@ -10,6 +10,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use common::seeded;
 use std::ops::ControlFlow;
+use tinygpt_model::gpu::Kernels;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 
 use tinygpt_model::{
@@ -447,7 +448,11 @@ fn wgpu_matches_flex() {
     let model = GptConfig::baby(65).with_n_layer(2).init(&flex).unwrap();
     let tokens = random_tokens(2, 33, 65, &flex);
     let on_flex = values(lm_loss(&model, tokens.clone()))[0];
-    let on_wgpu = values(lm_loss(&model.to_device(&wgpu), tokens.to_device(&wgpu)))[0];
+    // Moved, the model is told the GPU's kernels (the fused norms run on wgpu).
+    let moved = model
+        .to_device(&wgpu)
+        .with_kernels(Kernels::for_device(&wgpu));
+    let on_wgpu = values(lm_loss(&moved, tokens.to_device(&wgpu)))[0];
     assert!(
         (on_flex - on_wgpu).abs() < 1e-4,
         "flex {on_flex} vs wgpu {on_wgpu}"

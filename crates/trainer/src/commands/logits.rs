@@ -39,7 +39,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .clone()
                 .slice([0..1, 0..seq - 1])
                 .reshape([seq - 1, vocab]);
-            tinygpt_model::cross_entropy(head, targets).map(|l| l.into_scalar::<f32>())
+            // Every target is a token (none ignored): `seq - 1` of them.
+            tinygpt_model::cross_entropy_counted(head, targets, seq - 1, model.kernels())
+                .map(|l| l.into_scalar::<f32>())
         })
         .transpose()?;
     let values = logits

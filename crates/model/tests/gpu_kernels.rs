@@ -144,7 +144,7 @@ fn the_fused_layer_norm_is_burns() {
 }
 
 /// RMSNorm is the LayerNorm kernels uncentred: equal to the Burn ops of
-/// [`tinygpt_model::norm::rms_norm`] under autodiff, forward and gradients, with and without the
+/// [`tinygpt_model::rms_norm`] under autodiff, forward and gradients, with and without the
 /// gain; called directly, its statistics are a zero mean and `1/√(mean(x²) + ε)`.
 #[test]
 #[cfg_attr(

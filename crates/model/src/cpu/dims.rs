@@ -21,7 +21,7 @@ pub(crate) struct Dims {
     pub dropout: f32,
     /// The norms' ε, `layer_norm_eps` in f32 (the kernels' precision).
     pub epsilon: f32,
-    /// The parts the kernels pick between ([`fused_support`] has refused the others).
+    /// The parts the kernels pick between (each implemented: see `implemented`).
     pub norm: Norm,
     /// The MLP part (its activation, or none: the blocks have no MLP).
     pub mlp: Mlp,

@@ -193,6 +193,15 @@ mod tests {
         }
     }
 
+    /// How often each of four tokens is drawn in 400 draws from `logits`.
+    fn counts(logits: &[f32; 4], o: &GenerateOptions, rng: &mut StdRng) -> [usize; 4] {
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            seen[sample(logits.to_vec(), &[], o, rng) as usize] += 1;
+        }
+        seen
+    }
+
     #[test]
     fn top_k_never_samples_outside_the_k_best() {
         let mut rng = StdRng::seed_from_u64(3);
@@ -201,10 +210,7 @@ mod tests {
             temperature: 10.0,
             ..opts()
         };
-        let mut seen = [0usize; 4];
-        for _ in 0..400 {
-            seen[sample(vec![1.0, 0.0, 1.1, 0.9], &[], &o, &mut rng) as usize] += 1;
-        }
+        let seen = counts(&[1.0, 0.0, 1.1, 0.9], &o, &mut rng);
         assert_eq!((seen[1], seen[3]), (0, 0), "{seen:?}");
         assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
     }
@@ -222,20 +228,15 @@ mod tests {
             temperature: 1.0,
             ..opts()
         };
-        let mut seen = [0usize; 4];
-        for _ in 0..400 {
-            seen[sample(vec![2.0, 1.5, 1.0, 0.0], &[], &o, &mut rng) as usize] += 1;
-        }
+        let logits = [2.0, 1.5, 1.0, 0.0];
+        let seen = counts(&logits, &o, &mut rng);
         assert_eq!((seen[2], seen[3]), (0, 0), "{seen:?}");
         assert!(seen[0] > 150 && seen[1] > 80, "{seen:?}");
         let without = GenerateOptions {
             min_p: 0.0,
             ..o.clone()
         };
-        let mut all = [0usize; 4];
-        for _ in 0..400 {
-            all[sample(vec![2.0, 1.5, 1.0, 0.0], &[], &without, &mut rng) as usize] += 1;
-        }
+        let all = counts(&logits, &without, &mut rng);
         assert!(all[2] > 0 && all[3] > 0, "{all:?}");
         assert!(Sampler::new(&o, 4).device_pick(4).is_none());
         let bad = GenerateOptions {

@@ -160,6 +160,14 @@ impl EngineKind {
             Self::Device => "device",
         }
     }
+
+    /// What `info` and `params` call where `auto` trains on a machine without a GPU.
+    pub fn on_the_cpu(self) -> &'static str {
+        match self {
+            Self::Fused => "fused engine",
+            Self::Autodiff | Self::Device => "flex",
+        }
+    }
 }
 
 impl Backend {

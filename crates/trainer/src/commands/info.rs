@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::backend::EngineKind;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
 
@@ -72,10 +71,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (engine, _) = tinygpt::backend::Placement::cpu()
         .engine_for(run.config.train.dtype, run.config.train.optimizer)?;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, engine);
-    let on = match engine {
-        EngineKind::Fused => "fused engine",
-        EngineKind::Autodiff | EngineKind::Device => "flex",
-    };
+    let on = engine.on_the_cpu();
     println!(
         "engine: {} on flex (how auto trains it without a GPU)",
         engine.name()

@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::backend::EngineKind;
 use tinygpt::config::TrainDType;
 use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
@@ -66,10 +65,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (engine, _) =
         tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, Default::default())?;
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let on = match engine {
-        EngineKind::Fused => "fused engine",
-        EngineKind::Autodiff | EngineKind::Device => "flex",
-    };
+    let on = engine.on_the_cpu();
     println!(
         "memory to train with batch {} on the CPU ({on}): ~{}",
         args.batch_size,

@@ -14,6 +14,7 @@ use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
 use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
+use crate::step::StepAt;
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
 ///
@@ -61,6 +62,8 @@ enum At<'a> {
     From(usize),
     /// One token per sequence, sequence `r`'s at `positions[r]`.
     Rows(&'a [usize]),
+    /// A decode step's rows, their rotation already on the device.
+    Step(&'a StepAt),
 }
 
 /// Queries, keys and values, each `[batch, heads, seq, d_head]`.
@@ -198,6 +201,45 @@ impl CausalSelfAttention {
         Ok(self.merge_heads(y))
     }
 
+    /// The decode step: `x` `[rows, 1, d_model]`, row `r` the token at `at`'s position `r` of
+    /// its own sequence, whose keys and values `cache` holds in its row `r` (a fixed cache of
+    /// the tables' capacity, [`KvCache::with_capacity`]). Writes each row's key and value at its
+    /// position and returns `[rows, 1, d_model]`: row `r` is what
+    /// [`forward_cached`](Self::forward_cached) gives that sequence, up to float rounding.
+    pub fn forward_step(
+        &self,
+        x: Tensor<3>,
+        at: &StepAt,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, AttentionError> {
+        let [rows, new, _] = x.dims();
+        if new != 1 {
+            return Err(AttentionError::RowTokens { got: new });
+        }
+        if rows != at.rows() {
+            return Err(AttentionError::RowCaches {
+                rows,
+                caches: at.rows(),
+            });
+        }
+        let capacity = at.hidden().dims()[3];
+        if cache.capacity() != Some(capacity) {
+            return Err(AttentionError::StepCache {
+                capacity: cache.capacity(),
+                expected: capacity,
+            });
+        }
+        if self.rope_base.is_some() && at.rope().is_none() {
+            return Err(AttentionError::StepRope);
+        }
+        self.check_input(&x, at.host().iter().max().map_or(0, |&p| p))?;
+        let Heads { q, k, v } = self.heads(x, At::Step(at));
+        let (k, v) = cache.write_at(k, v, &at.positions(), at.host())?;
+        let heads = self.grouped(Heads { q, k, v });
+        let mask = at.hidden().expand([rows, self.n_heads, 1, capacity]);
+        Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
+    }
+
     /// Continuous batching's step: the next token of each of `rows` sequences of different
     /// lengths, `x` `[rows, 1, d_model]`, row `r` following the tokens `caches[r]` holds (each
     /// cache one sequence's; either layout). Each row's key and value join its own cache; the
@@ -329,6 +371,8 @@ impl CausalSelfAttention {
             let rows = match at {
                 At::From(offset) => RopeRows::new(offset, seq, d_head, base, &q.device()),
                 At::Rows(positions) => RopeRows::at(positions, d_head, base, &q.device()),
+                // forward_step checked that the step's tables rotate.
+                At::Step(step) => step.rope().cloned().expect("a rotating step"),
             };
             q = rows.apply(q);
             k = rows.apply(k);

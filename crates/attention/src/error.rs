@@ -45,4 +45,11 @@ pub enum AttentionError {
     RowCaches { rows: usize, caches: usize },
     #[error("each row of a batched step feeds one token, got {got}")]
     RowTokens { got: usize },
+    #[error("a decode step writes a fixed cache of {expected} rows, got {capacity:?}")]
+    StepCache {
+        capacity: Option<usize>,
+        expected: usize,
+    },
+    #[error("the decode step's tables were made without the layer's rotary positions")]
+    StepRope,
 }

@@ -65,6 +65,14 @@ impl KvCache {
         }
     }
 
+    /// Records that the cache now holds `len` tokens, written on the device by a step this cache
+    /// did not see (a GPU graph replaying the step writes the rows in place); at most the
+    /// capacity of a fixed cache, which is the only kind a step writes.
+    pub fn mark_written(&mut self, len: usize) {
+        debug_assert!(self.capacity.is_some_and(|c| len <= c));
+        self.len = len;
+    }
+
     /// The fixed layout's rows, `None` for a growing cache.
     pub fn capacity(&self) -> Option<usize> {
         self.capacity
@@ -114,6 +122,18 @@ impl KvCache {
         self.keys = Some(keys.clone());
         self.values = Some(values.clone());
         Ok((keys, values))
+    }
+
+    /// The buffers, taken out (a write then owns them alone and may write them in place).
+    pub(crate) fn take_buffers(&mut self) -> (Option<Tensor<4>>, Option<Tensor<4>>) {
+        (self.keys.take(), self.values.take())
+    }
+
+    /// The buffers after a write, holding `len` tokens.
+    pub(crate) fn set_buffers(&mut self, keys: Tensor<4>, values: Tensor<4>, len: usize) {
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.len = len;
     }
 
     /// `rows` `[batch, heads, new, d_head]` written at rows `len..len + new` of the fixed

@@ -22,7 +22,9 @@
 //! - [`CausalSelfAttention`], a Burn [`Module`](burn::module::Module) made by
 //!   [`CausalSelfAttentionConfig::init`]: multi-head, optional key-padding mask, dropout on the
 //!   attention weights during training, weights returned for inspection
-//!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`].
+//!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`],
+//!   and the decode step a GPU records and replays ([`CausalSelfAttention::forward_step`]: the
+//!   position a device tensor, the mask, rotation and cache row derived from it; `step.rs`).
 //! - Three implementations of the core ([`AttentionKernel`]): the explicit one written out as
 //!   above, Burn's scaled dot-product attention op (`sdpa`), and on GPUs [`flash`]: the same
 //!   attention in one kernel that never writes the `[seq, seq]` weights to memory, with its own
@@ -46,8 +48,10 @@ mod kv_cache;
 pub mod mask;
 pub mod qk_norm;
 pub mod rope;
+mod step;
 
 pub use attention::CausalSelfAttention;
 pub use config::{AttentionKernel, CausalSelfAttentionConfig};
 pub use error::{AttentionConfigError, AttentionError};
 pub use kv_cache::KvCache;
+pub use step::{StepAt, StepTables};

@@ -110,12 +110,19 @@ pub fn angles(positions: Range<usize>, d_head: usize, base: f64) -> (Vec<f32>, V
 /// `[1, 1, seq, d_head]` tensors on `device`, computed once and applied to the queries and the
 /// keys alike ([`RopeRows::apply`]). Cheaper than keeping [`RopeTables`] for the whole context
 /// when the rows are few, and no more than the attention that follows when they are many.
+#[derive(Debug, Clone)]
 pub struct RopeRows {
     cos: Tensor<4>,
     sin: Tensor<4>,
 }
 
 impl RopeRows {
+    /// Rows already made, `cos` and `sin` `[rows, 1, 1, d_head]` (a decode step selects them
+    /// from [`RopeTables`] on the device).
+    pub(crate) fn from_rows(cos: Tensor<4>, sin: Tensor<4>) -> Self {
+        Self { cos, sin }
+    }
+
     /// The rows of `d_head`-wide (even) heads with base `base`.
     pub fn new(offset: usize, seq: usize, d_head: usize, base: f64, device: &Device) -> Self {
         let (cos, sin) = angles(offset..offset + seq, d_head, base);

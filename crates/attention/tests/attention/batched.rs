@@ -86,3 +86,92 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
         Err(AttentionError::SequenceTooLong { len: 13, max: 12 })
     ));
 }
+
+/// The decode step ([`CausalSelfAttention::forward_step`], positions on the device): rows of
+/// sequences 3, 7 and 12 tokens long fed token by token through one fixed cache holding all
+/// rows; a row that has ended feeds its last token again at its last position (rewriting its
+/// own cache row with the same key), so the rows sit at different positions. Every row's output
+/// at every step is what one whole pass gives at that position, with rotary positions, QK-norm
+/// and grouped heads too; and a step after a prompt fed the usual way continues it.
+pub(super) fn steps_decode_as_each_alone(device: &Device) {
+    let (d, max_seq) = (16, 12);
+    let layers = [
+        config(d, 4, max_seq).init(device).unwrap(),
+        config(d, 4, max_seq)
+            .with_n_kv_heads(Some(2))
+            .with_rope_base(Some(500.0))
+            .with_qk_norm_eps(Some(1e-6))
+            .init(device)
+            .unwrap(),
+    ];
+    let lengths = [3, 7, 12];
+    for layer in &layers {
+        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+        let xs: Vec<Tensor<3>> = lengths.iter().map(|&n| random([1, n, d], device)).collect();
+        let wholes: Vec<Tensor<3>> = xs
+            .iter()
+            .map(|x| layer.forward(x.clone(), None).unwrap())
+            .collect();
+        let mut cache = KvCache::with_capacity(max_seq);
+        for step in 0..max_seq {
+            let positions: Vec<usize> = lengths.iter().map(|&n| step.min(n - 1)).collect();
+            let rows: Vec<Tensor<3>> = xs
+                .iter()
+                .zip(&positions)
+                .map(|(x, &p)| x.clone().narrow(1, p, 1))
+                .collect();
+            let at = StepAt::new(&tables, &positions).unwrap();
+            let got = layer
+                .forward_step(Tensor::cat(rows, 0), &at, &mut cache)
+                .unwrap();
+            for (r, &p) in positions.iter().enumerate() {
+                assert_close(
+                    &values(got.clone().narrow(0, r, 1)),
+                    &values(wholes[r].clone().narrow(1, p, 1)),
+                    1e-5,
+                    &format!("row {r} at position {p}"),
+                );
+            }
+        }
+        // One sequence: its prompt through forward_cached, the next token through the step.
+        let mut one = KvCache::with_capacity(max_seq);
+        layer
+            .forward_cached(xs[1].clone().narrow(1, 0, 5), &mut one)
+            .unwrap();
+        let at = StepAt::new(&tables, &[5]).unwrap();
+        let got = layer
+            .forward_step(xs[1].clone().narrow(1, 5, 1), &at, &mut one)
+            .unwrap();
+        assert_close(
+            &values(got),
+            &values(wholes[1].clone().narrow(1, 5, 1)),
+            1e-5,
+            "a step after a prompt",
+        );
+        assert_eq!(one.len(), 6);
+    }
+    let layer = &layers[1];
+    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+    assert_eq!(
+        StepAt::new(&tables, &[max_seq]).unwrap_err(),
+        AttentionError::SequenceTooLong { len: 13, max: 12 }
+    );
+    let at = StepAt::new(&tables, &[0]).unwrap();
+    let x = random([1, 1, d], device);
+    assert_eq!(
+        layer
+            .forward_step(x.clone(), &at, &mut KvCache::new())
+            .unwrap_err(),
+        AttentionError::StepCache {
+            capacity: None,
+            expected: 12
+        }
+    );
+    let unrotated = StepAt::new(&StepTables::new(max_seq, d / 4, None, device), &[0]).unwrap();
+    assert_eq!(
+        layer
+            .forward_step(x, &unrotated, &mut KvCache::with_capacity(max_seq))
+            .unwrap_err(),
+        AttentionError::StepRope
+    );
+}

@@ -14,7 +14,7 @@ use tinygpt_attention::mask::{
 };
 use tinygpt_attention::{
     AttentionConfigError, AttentionError, AttentionKernel, CausalSelfAttention,
-    CausalSelfAttentionConfig, KvCache,
+    CausalSelfAttentionConfig, KvCache, StepAt, StepTables,
 };
 
 // ---------------------------------------------------------------- helpers
@@ -580,6 +580,11 @@ macro_rules! backend_tests {
             $(#[$attr])?
             fn rows_decode_as_each_alone() {
                 run(super::batched::rows_decode_as_each_alone)
+            }
+            #[test]
+            $(#[$attr])?
+            fn steps_decode_as_each_alone() {
+                run(super::batched::steps_decode_as_each_alone)
             }
         }
     };

@@ -1,0 +1,184 @@
+//! The decode step a GPU runs for every new token: one token per row, and everything that
+//! changes from one token to the next (its position, the cache row it writes, the keys it may
+//! see, its rotation) a device tensor, never a number in a kernel's launch.
+//!
+//! [`CausalSelfAttention::forward_cached`](crate::CausalSelfAttention::forward_cached) with a
+//! fixed cache already runs the same shapes for every token, but the position still reaches
+//! the kernels as launch arguments: the row a cache write starts at, the causal mask built
+//! for it, the rotation angles computed on the host and uploaded. Here the host hands over the
+//! positions once per token ([`StepAt::new`]) and the device derives the rest from them:
+//!
+//! ```text
+//! hidden[r, j] = j > position[r]                   compare with 0..capacity   [rows, 1, 1, capacity]
+//! cos, sin     = tables[position[r]]               select                     [rows, 1, 1, d_head]
+//! cache[r, :, position[r], :] = k[r]               scatter along the rows     [rows, kv, capacity, d_head]
+//! ```
+//!
+//! So a step's launches are the same, argument for argument, at every position: what a
+//! captured GPU graph can replay, with only the contents of the position buffer changing. Each
+//! row is its own sequence (a server's streams); one stream is `rows = 1`.
+
+use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
+
+use crate::error::AttentionError;
+use crate::kv_cache::KvCache;
+use crate::rope::{RopeRows, RopeTables};
+
+/// What every step of a layer stack shares, made once per decoder: the key positions
+/// `0..capacity` to compare with, and the rotation tables when the layers rotate.
+#[derive(Debug, Clone)]
+pub struct StepTables {
+    /// `[capacity]`: `0, 1, …, capacity - 1`.
+    keys: Tensor<1, Int>,
+    rope: Option<RopeTables>,
+}
+
+impl StepTables {
+    /// Tables for caches of `capacity` rows and heads `d_head` wide, with rotary base
+    /// `rope_base` when the layers rotate (a layer's [`CausalSelfAttention::rope_base`]).
+    pub fn new(capacity: usize, d_head: usize, rope_base: Option<f64>, device: &Device) -> Self {
+        Self {
+            keys: Tensor::arange(0..capacity as i64, device),
+            // The base and head size were validated when the layer was built.
+            rope: rope_base.map(|base| {
+                RopeTables::new(capacity, d_head, base, device).expect("a layer's rotary settings")
+            }),
+        }
+    }
+
+    /// Rows of the caches the steps write.
+    pub fn capacity(&self) -> usize {
+        self.keys.dims()[0]
+    }
+}
+
+/// Where this step's rows are, as device tensors every layer reads: the positions, the keys
+/// each row may not see, and the rotation of each row.
+#[derive(Debug, Clone)]
+pub struct StepAt {
+    /// `[rows]`.
+    positions: Tensor<1, Int>,
+    /// `[rows, 1, 1, capacity]`, `true` past each row's position.
+    hidden: Tensor<4, Bool>,
+    rope: Option<RopeRows>,
+    /// The positions on the host, for the caches' lengths.
+    host: Vec<usize>,
+}
+
+impl StepAt {
+    /// Row `r`'s new token at `positions[r]` (below the tables' capacity): one upload, then
+    /// the mask and the rotation derived on the device.
+    pub fn new(tables: &StepTables, positions: &[usize]) -> Result<Self, AttentionError> {
+        let ids: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+        let device = tables.keys.device();
+        let at = Tensor::<1, Int>::from_data(TensorData::new(ids, [positions.len()]), &device);
+        Self::on_device(tables, at, positions)
+    }
+
+    /// The same from positions already on the device, `[rows]` (a buffer a captured step reads;
+    /// `host` holds the same numbers, for the checks and the caches' lengths).
+    pub fn on_device(
+        tables: &StepTables,
+        at: Tensor<1, Int>,
+        host: &[usize],
+    ) -> Result<Self, AttentionError> {
+        let capacity = tables.capacity();
+        if let Some(&p) = host.iter().find(|&&p| p >= capacity) {
+            return Err(AttentionError::SequenceTooLong {
+                len: p + 1,
+                max: capacity,
+            });
+        }
+        if host.is_empty() {
+            return Err(AttentionError::EmptySequence);
+        }
+        let rows = host.len();
+        let hidden = tables
+            .keys
+            .clone()
+            .reshape([1, capacity])
+            .expand([rows, capacity])
+            .greater(at.clone().reshape([rows, 1]).expand([rows, capacity]))
+            .reshape([rows, 1, 1, capacity]);
+        let rope = tables.rope.as_ref().map(|t| {
+            let d_head = t.cos.dims()[1];
+            let row = |table: &Tensor<2>| {
+                table
+                    .clone()
+                    .select(0, at.clone())
+                    .reshape([rows, 1, 1, d_head])
+            };
+            RopeRows::from_rows(row(&t.cos), row(&t.sin))
+        });
+        Ok(Self {
+            positions: at,
+            hidden,
+            rope,
+            host: host.to_vec(),
+        })
+    }
+
+    /// Rows of the step.
+    pub fn rows(&self) -> usize {
+        self.host.len()
+    }
+
+    /// `[rows]` on the device.
+    pub fn positions(&self) -> Tensor<1, Int> {
+        self.positions.clone()
+    }
+
+    pub(crate) fn rope(&self) -> Option<&RopeRows> {
+        self.rope.as_ref()
+    }
+
+    /// `[rows, 1, 1, capacity]`: `true` past each row's position.
+    pub(crate) fn hidden(&self) -> Tensor<4, Bool> {
+        self.hidden.clone()
+    }
+
+    /// The positions on the host.
+    pub(crate) fn host(&self) -> &[usize] {
+        &self.host
+    }
+}
+
+impl KvCache {
+    /// Writes `keys` and `values` `[rows, kv_heads, 1, d_head]` at row `r`'s position
+    /// `positions[r]` (`[rows]` on the device; `host` the same positions) of this fixed cache,
+    /// in place, and returns the whole buffers `[rows, kv_heads, capacity, d_head]`. The cache's
+    /// length becomes the last position + 1 (one sequence: `rows = 1`).
+    pub(crate) fn write_at(
+        &mut self,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        positions: &Tensor<1, Int>,
+        host: &[usize],
+    ) -> Result<(Tensor<4>, Tensor<4>), AttentionError> {
+        let [rows, heads, _, d_head] = keys.dims();
+        let capacity = self.capacity().unwrap_or(0);
+        if let Some(cached) = self.batch()
+            && cached != rows
+        {
+            return Err(AttentionError::CacheBatchMismatch { cached, got: rows });
+        }
+        let index = positions
+            .clone()
+            .reshape([rows, 1, 1, 1])
+            .expand([rows, heads, 1, d_head]);
+        let full = [rows, heads, capacity, d_head];
+        let write = |buffer: Option<Tensor<4>>, rows: Tensor<4>| {
+            let buffer = match buffer {
+                Some(buffer) if buffer.dims() == full => buffer,
+                _ => Tensor::<4>::zeros(full, &rows.device()).cast(rows.dtype()),
+            };
+            buffer.scatter(2, index.clone(), rows, IndexingUpdateOp::Assign)
+        };
+        let (old_keys, old_values) = self.take_buffers();
+        let keys = write(old_keys, keys);
+        let values = write(old_values, values);
+        let len = host.iter().max().map_or(0, |&p| p + 1);
+        self.set_buffers(keys.clone(), values.clone(), len);
+        Ok((keys, values))
+    }
+}

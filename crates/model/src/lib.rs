@@ -40,7 +40,7 @@ pub use arch::{BlockSlot, GptConfig, ParamName, Slot, parameter_table};
 pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use nn::{
-    Block, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
+    Block, DecodeStep, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
     cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm,
 };
 pub use optim::{
@@ -50,5 +50,5 @@ pub use optim::{
 };
 pub use sample::{
     BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Sampled,
-    generate, generate_cancellable, score,
+    generate, generate_cancellable, host_reads, score,
 };

@@ -11,7 +11,8 @@ use burn::tensor::{Device, Tensor, TensorData};
 use common::seeded;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled, generate_cancellable,
+    DecodeStep, Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled,
+    generate_cancellable,
 };
 
 /// Uniform numbers in [0, 1) from a fixed-seed xorshift: the same on every run.
@@ -156,6 +157,66 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
                 "{what}: {g:?} vs {w:?}"
             );
             assert_eq!(g.top.len(), options.top_logprobs);
+        }
+    }
+}
+
+/// Every way a decoder on a GPU feeds a new token ([`DecodeStep`]: through `forward_cached`,
+/// the step with its position in a buffer, the step and pick recorded and replayed) gives the
+/// fused CPU decoder's tokens and log-probabilities, for the classic parts and the `modern`
+/// preset's (rotary positions, RMSNorm, QK-norm, ReLU², soft-capped logits, untied head), over
+/// 3 × block_size tokens: within the first window and after it slides.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn every_decode_step_gives_the_fused_decoders_tokens() {
+    let wgpu = common::wgpu_device();
+    let _seeded = seeded();
+    let small = || {
+        GptConfig::new(13)
+            .with_block_size(24)
+            .with_n_layer(2)
+            .with_n_head(3)
+            .with_n_embd(30)
+    };
+    let modern = GptConfig::modern(13);
+    let modern_parts = small()
+        .with_position(modern.position)
+        .with_norm(modern.norm)
+        .with_qk_norm(true)
+        .with_mlp(modern.mlp)
+        .with_bias(false)
+        .with_tie_embeddings(false)
+        .with_logit_softcap(modern.logit_softcap);
+    for config in [small(), modern_parts] {
+        let gpt = config.init(&Device::flex()).unwrap();
+        let on_gpu = gpt
+            .clone()
+            .to_device(&wgpu)
+            .with_kernels(Kernels::for_device(&wgpu));
+        let long = 3 * config.block_size;
+        for (temperature, top_k) in [(0.0, None), (1.0, None), (0.8, Some(4))] {
+            let options = GenerateOptions {
+                temperature,
+                top_k,
+                max_new_tokens: long,
+                ..Default::default()
+            };
+            let want = sample(&mut FusedDecoder::new(&gpt).unwrap(), &options);
+            for step in [DecodeStep::Forward, DecodeStep::Step, DecodeStep::Captured] {
+                let got = sample(&mut on_gpu.decoder_with(step), &options);
+                let what = format!("{step:?}, temperature {temperature}, top_k {top_k:?}");
+                assert_eq!(got.len(), long, "{what}");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.id, w.id, "{what}: token {i}");
+                    assert!(
+                        (g.logprob - w.logprob).abs() < 1e-4,
+                        "{what}: {g:?} vs {w:?}"
+                    );
+                }
+            }
         }
     }
 }

@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
-use tinygpt_attention::{CausalSelfAttention, KvCache};
+use tinygpt_attention::{CausalSelfAttention, KvCache, StepAt};
 
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
@@ -130,6 +130,20 @@ impl Block {
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
         let a = self.attn.forward_rows(self.attn_input(x.clone()), caches)?;
+        Ok(self.feed_forward(residual(x, a)))
+    }
+
+    /// The decode step, one token a row, positions on the device (see
+    /// [`CausalSelfAttention::forward_step`]): `[rows, 1, n_embd] -> [rows, 1, n_embd]`.
+    pub fn forward_step(
+        &self,
+        x: Tensor<3>,
+        at: &StepAt,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
+        let a = self
+            .attn
+            .forward_step(self.attn_input(x.clone()), at, cache)?;
         Ok(self.feed_forward(residual(x, a)))
     }
 

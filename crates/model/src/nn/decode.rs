@@ -1,13 +1,19 @@
 //! A [`Gpt`] as a [`Decoder`] (one sequence) and as a [`BatchDecoder`] (a server's streams),
 //! with Burn's tensor ops on the model's device.
 
-use burn::tensor::Tensor;
-use tinygpt_attention::KvCache;
+use std::cell::RefCell;
+use std::rc::Rc;
 
+use burn::tensor::Tensor;
+use tinygpt_attention::{KvCache, StepAt, StepTables};
+
+use super::captured::CapturedStep;
 use super::gpt::Gpt;
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
-use crate::sample::{BatchDecoder, Decoder, GenerateOptions, Pick, Picked, check_feeds, generate};
+use crate::sample::{
+    BatchDecoder, Decoder, GenerateOptions, Pick, Picked, check_feeds, generate, read_f32,
+};
 
 impl Gpt {
     /// [`generate`] from this model, on its device: [`Gpt::decoder`].
@@ -24,27 +30,91 @@ impl Gpt {
     /// layer. With [`Kernels::Cube`] (a GPU: wgpu, CUDA) the caches have a fixed capacity of
     /// `block_size`, so every token runs the same kernels, and tokens are picked on the device
     /// ([`Decoder::picks_on_device`]).
+    ///
+    /// On a GPU each new token after the prompt goes through [`Gpt::forward_step`] and the
+    /// pick, recorded once and replayed ([`DecodeStep::Captured`]; `TINYGPT_DECODE_STEP=step`
+    /// or `=0` chooses another way, to measure one against the other); a longer feed (the
+    /// prompt, a window rebuilt past the block) through [`Gpt::forward_cached`] into the same
+    /// caches.
     pub fn decoder(&self) -> impl Decoder + '_ {
+        self.decoder_with(DecodeStep::from_env())
+    }
+
+    /// [`decoder`](Self::decoder) feeding single tokens on a GPU the way `step` says (on a CPU
+    /// there is one way).
+    pub fn decoder_with(&self, step: DecodeStep) -> impl Decoder + '_ {
         let on_gpu = match self.kernels() {
             Kernels::Cube => true,
             Kernels::Burn => false,
         };
+        let caches = match on_gpu {
+            true => self.new_fixed_caches(),
+            false => self.new_caches(),
+        };
         GptDecoder {
             gpt: self,
-            caches: match on_gpu {
-                true => self.new_fixed_caches(),
-                false => self.new_caches(),
-            },
+            caches: Rc::new(RefCell::new(caches)),
+            step: on_gpu.then(|| (step, self.step_tables())),
+            captured: None,
             on_gpu,
         }
     }
 }
 
-/// A [`Gpt`] and its per-layer KV caches.
+/// How a decoder on a GPU feeds one new token (longer feeds always go through
+/// [`Gpt::forward_cached`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeStep {
+    /// [`Gpt::forward_cached`], as longer feeds: the position reaches the kernels as launch
+    /// arguments.
+    Forward,
+    /// [`Gpt::forward_step`]: the same launches at every position, the position in a buffer.
+    Step,
+    /// The step and the pick recorded once and replayed for every token: on CUDA one graph
+    /// launch per token (shakespeare-char's size on an H100: 769 tokens/s against the step's
+    /// 194, docs/perf.md).
+    Captured,
+}
+
+impl DecodeStep {
+    /// `TINYGPT_DECODE_STEP`: `0` is [`Forward`](Self::Forward), `step`
+    /// [`Step`](Self::Step), anything else or nothing [`Captured`](Self::Captured).
+    pub fn from_env() -> Self {
+        match std::env::var("TINYGPT_DECODE_STEP").as_deref() {
+            Ok("0") => Self::Forward,
+            Ok("step") => Self::Step,
+            _ => Self::Captured,
+        }
+    }
+}
+
+/// A [`Gpt`] and its per-layer KV caches (shared with a recorded step, which writes them too).
 struct GptDecoder<'a> {
     gpt: &'a Gpt,
-    caches: Vec<KvCache>,
+    caches: Rc<RefCell<Vec<KvCache>>>,
+    /// On a GPU: how single tokens are fed, and the step's tables.
+    step: Option<(DecodeStep, StepTables)>,
+    captured: Option<CapturedStep<'a>>,
     on_gpu: bool,
+}
+
+impl GptDecoder<'_> {
+    /// The logits `[vocab]` after `tokens`, fed through the caches.
+    fn logits(&mut self, tokens: &[u32]) -> Result<Tensor<1>, ModelError> {
+        let past = self.cached();
+        let caches = &mut self.caches.borrow_mut();
+        match (&self.step, tokens) {
+            (Some((DecodeStep::Step | DecodeStep::Captured, tables)), &[token])
+                if past < self.gpt.block_size() =>
+            {
+                let at = StepAt::new(tables, &[past])?;
+                let ids = self.gpt.ids(&[token], [1, 1]);
+                let logits = self.gpt.forward_step(ids, &at, caches)?;
+                Ok(logits.reshape([self.gpt.vocab_size()]))
+            }
+            _ => self.gpt.next_logits(tokens, caches),
+        }
+    }
 }
 
 impl Decoder for GptDecoder<'_> {
@@ -57,17 +127,17 @@ impl Decoder for GptDecoder<'_> {
     }
 
     fn cached(&self) -> usize {
-        self.caches.first().map_or(0, KvCache::len)
+        self.caches.borrow().first().map_or(0, KvCache::len)
     }
 
     fn clear(&mut self) {
-        self.caches.iter_mut().for_each(KvCache::clear);
+        self.caches.borrow_mut().iter_mut().for_each(KvCache::clear);
     }
 
     /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
     /// are in range.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        Ok(host_values(self.gpt.next_logits(tokens, &mut self.caches)?))
+        Ok(host_values(self.logits(tokens)?))
     }
 
     fn picks_on_device(&self) -> bool {
@@ -75,16 +145,25 @@ impl Decoder for GptDecoder<'_> {
     }
 
     fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
-        Ok(pick.on_device(self.gpt.next_logits(tokens, &mut self.caches)?))
+        let past = self.cached();
+        match (&self.step, tokens) {
+            (Some((DecodeStep::Captured, tables)), &[token]) if past < self.gpt.block_size() => {
+                if !self.captured.as_ref().is_some_and(|c| c.picks_like(pick)) {
+                    let (tables, caches) = (tables.clone(), self.caches.clone());
+                    let step = CapturedStep::record(self.gpt, tables, caches, token, past, pick)?;
+                    self.captured = Some(step);
+                }
+                let captured = self.captured.as_mut().expect("recorded above");
+                Ok(captured.step(token, past, pick, &self.caches))
+            }
+            _ => Ok(pick.on_device(self.logits(tokens)?)),
+        }
     }
 }
 
-/// Logits read back to the host.
+/// Logits read back to the host (counted: [`host_reads`](crate::sample::host_reads)).
 pub(crate) fn host_values<const D: usize>(logits: Tensor<D>) -> Vec<f32> {
-    logits
-        .into_data()
-        .try_to_vec_as::<f32>()
-        .expect("logits convert to f32")
+    read_f32(logits)
 }
 
 /// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a

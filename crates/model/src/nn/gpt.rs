@@ -4,7 +4,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
-use tinygpt_attention::{AttentionKernel, KvCache};
+use tinygpt_attention::{AttentionKernel, KvCache, StepAt, StepTables};
 
 use crate::arch::GptConfig;
 use crate::arch::Position;
@@ -228,8 +228,42 @@ impl Gpt {
         Ok(logits.narrow(1, seq - 1, 1).reshape([vocab]))
     }
 
+    /// The decode step a GPU runs per token ([`StepAt`]): `tokens` `[rows, 1]`, row `r` the
+    /// next token of the sequence whose keys and values `caches` (one fixed cache per layer,
+    /// [`new_fixed_caches`](Self::new_fixed_caches), holding `rows` sequences) keep in their row
+    /// `r`, at `at`'s position `r`. Returns the logits `[rows, vocab_size]`: row `r` is what
+    /// [`forward_cached`](Self::forward_cached) gives that sequence, up to float rounding. The
+    /// launches are the same at every position: nothing in them depends on it.
+    pub fn forward_step(
+        &self,
+        tokens: Tensor<2, Int>,
+        at: &StepAt,
+        caches: &mut [KvCache],
+    ) -> Result<Tensor<2>, ModelError> {
+        let rows = at.rows();
+        let mut x = self.embed_at(tokens, at.positions().reshape([rows, 1]));
+        for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
+            x = block.forward_step(x, at, cache)?;
+        }
+        let vocab = self.vocab_size();
+        Ok(self.head(x).reshape([rows, vocab]))
+    }
+
+    /// The tables every [`forward_step`](Self::forward_step) of this model reads, made once per
+    /// decoder: key positions `0..block_size` and, with rotary positions, the rotations.
+    pub fn step_tables(&self) -> StepTables {
+        let rope_base = self.h.first().and_then(|block| block.attn.rope_base);
+        let d_head = self.config.n_embd / self.config.n_head;
+        StepTables::new(
+            self.block_size(),
+            d_head,
+            rope_base,
+            &self.wte.weight.device(),
+        )
+    }
+
     /// `tokens` as ids of `shape` on the model's device.
-    fn ids(&self, tokens: &[u32], shape: [usize; 2]) -> Tensor<2, Int> {
+    pub(crate) fn ids(&self, tokens: &[u32], shape: [usize; 2]) -> Tensor<2, Int> {
         let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
         Tensor::from_data(TensorData::new(ids, shape), &self.wte.weight.device())
     }

@@ -13,13 +13,14 @@
 
 mod block;
 pub(crate) mod by_path;
+mod captured;
 mod decode;
 mod gpt;
 mod loss;
 pub(crate) mod norm;
 
 pub use block::{Block, FeedForward};
-pub use decode::GptBatch;
+pub use decode::{DecodeStep, GptBatch};
 pub use gpt::Gpt;
 pub use loss::{
     IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,

@@ -9,6 +9,7 @@
 use burn::tensor::{Int, Tensor};
 
 use super::draw::{Sampled, draw_from};
+use super::reads::read_f32;
 
 /// What a decoder needs to pick one token on its device: the sampler's settings and this
 /// token's random draw.
@@ -63,21 +64,34 @@ impl Pick {
     /// The pick over device `logits` `[width]` (`width >= vocab`): tensor ops on their device,
     /// one read of three numbers (id, log-probability, sum of the logits).
     pub fn on_device(&self, logits: Tensor<1>) -> Picked {
+        Self::read(self.on_device_unread(logits, None))
+    }
+
+    /// [`on_device`](Self::on_device)'s three numbers `[3]`, left on the device. The draw is
+    /// `uniform` `[1]` when given (a device buffer: a captured step's launches must not hold
+    /// it), else [`Pick::uniform`].
+    pub(crate) fn on_device_unread(
+        &self,
+        logits: Tensor<1>,
+        uniform: Option<Tensor<1>>,
+    ) -> Tensor<1> {
         let vocab = self.vocab;
         let raw = logits.narrow(0, 0, vocab);
         let max = raw.clone().max();
         let log_z = max.clone() + (raw.clone() - max.expand([vocab])).exp().sum().log();
         let id = match self.temperature {
             0.0 => raw.clone().argmax(0),
-            _ => self.draw(raw.clone()),
+            _ => self.draw(raw.clone(), uniform),
         };
         let logprob = raw.clone().select(0, id.clone()) - log_z;
         // A NaN or infinite logit anywhere makes the sum non-finite.
         let sum = raw.sum();
-        let read = Tensor::cat(vec![id.float(), logprob, sum], 0)
-            .into_data()
-            .try_to_vec_as::<f32>()
-            .expect("the pick reads back as f32");
+        Tensor::cat(vec![id.float(), logprob, sum], 0)
+    }
+
+    /// The pick from [`on_device_unread`](Self::on_device_unread)'s numbers, read to the host.
+    pub(crate) fn read(unread: Tensor<1>) -> Picked {
+        let read = read_f32(unread);
         Picked {
             id: read[0] as u32,
             logprob: read[1],
@@ -86,7 +100,7 @@ impl Pick {
     }
 
     /// Temperature, top-k and the draw over `logits` `[vocab]`: the id `[1]`.
-    fn draw(&self, logits: Tensor<1>) -> Tensor<1, Int> {
+    fn draw(&self, logits: Tensor<1>, uniform: Option<Tensor<1>>) -> Tensor<1, Int> {
         let vocab = self.vocab;
         let mut logits = logits;
         if let Some(k) = self.top_k.filter(|&k| k < vocab) {
@@ -102,7 +116,10 @@ impl Pick {
         let weights = ((logits - max) / self.temperature as f64).exp();
         let running = weights.cumsum(0);
         let total = running.clone().narrow(0, vocab - 1, 1).expand([vocab]);
-        let target = total.clone() * self.uniform;
+        let target = match uniform {
+            Some(uniform) => total.clone() * uniform.expand([vocab]),
+            None => total.clone() * self.uniform,
+        };
         // The first id whose running sum passes the target is the number of ids before it. Ids
         // whose running sum already is the total never count: a target rounded up to the total
         // still picks a token of non-zero weight.

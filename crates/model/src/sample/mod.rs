@@ -15,6 +15,7 @@ mod decoder;
 mod device_pick;
 mod draw;
 mod options;
+mod reads;
 mod sampler;
 
 pub use batch::BatchDecoder;
@@ -24,3 +25,5 @@ pub use decoder::{Decoder, generate, generate_cancellable, score};
 pub use device_pick::{Pick, Picked};
 pub use draw::Sampled;
 pub use options::GenerateOptions;
+pub use reads::host_reads;
+pub(crate) use reads::read_f32;

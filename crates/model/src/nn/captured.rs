@@ -1,0 +1,124 @@
+//! The decode step recorded once and replayed for every token: on CUDA one graph launch in place
+//! of the step's few hundred kernel launches; on other backends the step simply runs again
+//! (Burn's [`capture`]).
+//!
+//! A replay reruns the recorded launches on the buffers the recording used, so everything a
+//! token changes lives in fixed device buffers that the host refreshes in place before each
+//! replay: the token, its position and the sampler's draw ([`Inputs`]). The rest the step
+//! derives on the device from them ([`Gpt::forward_step`]): the mask, the rotation, the cache
+//! row it writes (in place, into the caches every other feed of the decoder also writes). The
+//! pick's settings (temperature, top-k) are in the recorded launches: another pick records again.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use burn::tensor::{Graph, Int, Tensor, TensorData, capture};
+use tinygpt_attention::{KvCache, StepAt, StepTables};
+
+use super::gpt::Gpt;
+use crate::error::ModelError;
+use crate::sample::{Pick, Picked};
+
+/// The buffers a replay reads.
+struct Inputs {
+    /// `[1, 1]`: the token fed.
+    token: Tensor<2, Int>,
+    /// `[1]`: its position.
+    position: Tensor<1, Int>,
+    /// `[1]`: the draw in `[0, 1)`.
+    uniform: Tensor<1>,
+    /// The position on the host: a backend without graphs runs the step again, which checks it.
+    host: usize,
+}
+
+/// The step, as the closure [`capture`] records.
+type Step<'a> = Box<dyn FnMut() -> Tensor<1> + 'a>;
+
+/// One stream's decode step with its pick, recorded.
+pub(crate) struct CapturedStep<'a> {
+    graph: Graph<Tensor<1>, Step<'a>>,
+    inputs: Rc<RefCell<Inputs>>,
+    /// The pick it was recorded for (the draw aside).
+    pick: Pick,
+}
+
+impl<'a> CapturedStep<'a> {
+    /// Records `gpt`'s step over `caches` (fixed, one sequence) and `pick`'s rule, for `token`
+    /// at `position`. Recording runs the step a few times at that position (warm-up): each run
+    /// writes the same cache row with the same key and value. Nothing is computed for the
+    /// caller until [`step`](Self::step).
+    pub(crate) fn record(
+        gpt: &'a Gpt,
+        tables: StepTables,
+        caches: Rc<RefCell<Vec<KvCache>>>,
+        token: u32,
+        position: usize,
+        pick: &Pick,
+    ) -> Result<Self, ModelError> {
+        let device = gpt.wte.weight.device();
+        let inputs = Rc::new(RefCell::new(Inputs {
+            token: gpt.ids(&[token], [1, 1]),
+            position: Tensor::from_data(TensorData::new(vec![position as i64], [1]), &device),
+            uniform: Tensor::from_data(TensorData::new(vec![pick.uniform as f32], [1]), &device),
+            host: position,
+        }));
+        // The step's checks run here, outside the recording, where an error is a value.
+        StepAt::new(&tables, &[position])?;
+        let (vocab, rule, read) = (gpt.vocab_size(), *pick, inputs.clone());
+        let step: Step<'a> = Box::new(move || {
+            let inputs = read.borrow();
+            let at = StepAt::on_device(&tables, inputs.position.clone(), &[inputs.host])
+                .expect("a position checked before the step");
+            let logits = gpt
+                .forward_step(inputs.token.clone(), &at, &mut caches.borrow_mut())
+                .expect("a step checked before it was recorded");
+            rule.on_device_unread(logits.reshape([vocab]), Some(inputs.uniform.clone()))
+        });
+        Ok(Self {
+            graph: capture(&device, step),
+            inputs,
+            pick: *pick,
+        })
+    }
+
+    /// Whether this recording picks as `pick` does (its draw aside).
+    pub(crate) fn picks_like(&self, pick: &Pick) -> bool {
+        let settings = |p: &Pick| (p.temperature.to_bits(), p.top_k, p.vocab);
+        settings(&self.pick) == settings(pick)
+    }
+
+    /// `token` at `position` (below the caches' capacity, checked by the caller) picked with
+    /// `pick`'s draw: the inputs written in place, one replay, one read. `caches` are the
+    /// recorded ones, which learn their new length here.
+    pub(crate) fn step(
+        &mut self,
+        token: u32,
+        position: usize,
+        pick: &Pick,
+        caches: &RefCell<Vec<KvCache>>,
+    ) -> Picked {
+        {
+            let mut inputs = self.inputs.borrow_mut();
+            let device = inputs.token.device();
+            let id =
+                Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), &device);
+            let at =
+                Tensor::<1, Int>::from_data(TensorData::new(vec![position as i64], [1]), &device);
+            let draw =
+                Tensor::<1>::from_data(TensorData::new(vec![pick.uniform as f32], [1]), &device);
+            // Each buffer is held here alone, so the writes land in it, not in a copy.
+            inputs.token = inputs.token.extract().slice_assign([0..1, 0..1], id);
+            inputs.position = inputs.position.extract().slice_assign(0..1, at);
+            inputs.uniform = inputs.uniform.extract().slice_assign(0..1, draw);
+            inputs.host = position;
+        }
+        // Safety: every buffer the recording touched is alive (the inputs and caches behind
+        // their `Rc`s, the model's parameters borrowed for 'a), and the refreshes above and the
+        // read below are issued from this thread, on the stream the graph was recorded on.
+        let out = unsafe { self.graph.replay() }.clone();
+        for cache in caches.borrow_mut().iter_mut() {
+            cache.mark_written(position + 1);
+        }
+        Pick::read(out)
+    }
+}

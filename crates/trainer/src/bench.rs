@@ -22,6 +22,7 @@ use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
 use crate::decoder::decoder;
 use crate::profile::{KernelProfile, profile, table};
+use crate::token_cost::{self, TokenCost};
 use crate::train::engine::{self, Engine};
 use crate::train::optim::{Optimizer, optimizer};
 use crate::train::session::train_step;
@@ -36,13 +37,18 @@ pub struct BenchResult {
     pub batch: usize,
     pub block: usize,
     pub iters: usize,
-    pub ms_per_iter: f64,
-    pub train_tokens_per_s: f64,
+    /// `None` with `--iters 0` (sampling only), as `train_tokens_per_s`.
+    pub ms_per_iter: Option<f64>,
+    pub train_tokens_per_s: Option<f64>,
     pub sample_tokens: usize,
     pub sample_tokens_per_s: f64,
     /// The same generation's first pass, untimed in `sample_tokens_per_s`: on a GPU it
     /// includes compiling and tuning the kernels sampling needs.
     pub first_sample_tokens_per_s: f64,
+    /// What a sampled token cost after warm-up, counted on a third pass (GPU backends only):
+    /// kernels launched and compiled, host reads.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub sample_cost: Option<SampleCost>,
     /// Whether sampling used [`GenerateOptions::context_shift`].
     pub context_shift: bool,
     pub peak_rss_mib: Option<f64>,
@@ -58,6 +64,7 @@ pub struct BenchArgs {
     /// Configs by name or path.
     pub configs: Vec<String>,
     pub backends: Vec<Backend>,
+    /// Timed training steps; 0 = none (sampling only).
     pub iters: usize,
     pub warmup: usize,
     pub sample_tokens: usize,
@@ -72,9 +79,6 @@ pub struct BenchArgs {
 
 /// Every config on every backend, each result reported as soon as it is measured.
 pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<()> {
-    if args.iters == 0 {
-        anyhow::bail!("--iters must be at least 1");
-    }
     for name in &args.configs {
         let config = ConfigSource::parse(name).load(&args.overrides)?;
         for &backend in &args.backends {
@@ -125,7 +129,7 @@ fn bench_one(
     };
     let t = &config.train;
     let tokens = (t.batch_size * config.model.block_size * t.grad_accum) as f64;
-    let (sampled, [first_seconds, sample_seconds]) = sampling(engine.as_mut(), &placement, args)?;
+    let sampled = sampling(engine.as_mut(), &placement, args, on_gpu)?;
     Ok(BenchResult {
         config: name.to_string(),
         backend: backend.name().to_string(),
@@ -134,11 +138,12 @@ fn bench_one(
         batch: t.batch_size * t.grad_accum,
         block: config.model.block_size,
         iters: args.iters,
-        ms_per_iter: seconds * 1e3,
-        train_tokens_per_s: tokens / seconds,
-        sample_tokens: sampled,
-        sample_tokens_per_s: sampled as f64 / sample_seconds,
-        first_sample_tokens_per_s: sampled as f64 / first_seconds,
+        ms_per_iter: seconds.map(|s| s * 1e3),
+        train_tokens_per_s: seconds.map(|s| tokens / s),
+        sample_tokens: sampled.tokens,
+        sample_tokens_per_s: sampled.tokens as f64 / sampled.seconds,
+        first_sample_tokens_per_s: sampled.tokens as f64 / sampled.first_seconds,
+        sample_cost: sampled.cost.map(SampleCost::from),
         context_shift: args.context_shift,
         peak_rss_mib: peak_rss_mib(),
         dtype: t.dtype.name().to_string(),
@@ -160,14 +165,18 @@ pub(crate) fn random_tokens(config: &RunConfig) -> Dataset {
     }
 }
 
-/// The median of `iters` real training steps after `warmup`, in seconds. Each step's loss is
-/// read, so a GPU step is timed to its end (training itself reads it at log intervals only).
+/// The median of `iters` real training steps after `warmup`, in seconds (`None` without
+/// any: no step runs). Each step's loss is read, so a GPU step is timed to its end (training
+/// itself reads it at log intervals only).
 fn median_step(
     engine: &mut dyn Engine,
     data: &Dataset,
     config: &RunConfig,
     args: &BenchArgs,
-) -> Result<f64> {
+) -> Result<Option<f64>> {
+    if args.iters == 0 {
+        return Ok(None);
+    }
     let mut times = Vec::with_capacity(args.iters);
     for step in 0..args.warmup + args.iters {
         let start = Instant::now();
@@ -181,16 +190,28 @@ fn median_step(
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(Some(times[times.len() / 2]))
 }
 
-/// Tokens sampled with the KV cache from a one-token prompt, and the seconds the first and the
-/// second pass took.
+/// A sampling measurement: the tokens of one pass, the seconds of the first and second pass,
+/// and (on a GPU) what a token of a third pass cost.
+struct Sampling {
+    tokens: usize,
+    first_seconds: f64,
+    seconds: f64,
+    cost: Option<TokenCost>,
+}
+
+/// Samples with the KV cache from a one-token prompt, the same generation three times: a GPU
+/// backend compiles and tunes kernels as new cases come (past the block, the window's rebuild
+/// is one), a cost of the first pass only; the second is timed; the third, on a GPU, counted
+/// (counting launches costs time of its own).
 fn sampling(
     engine: &mut dyn Engine,
     placement: &Placement,
     args: &BenchArgs,
-) -> Result<(usize, [f64; 2])> {
+    on_gpu: bool,
+) -> Result<Sampling> {
     let inference = engine.model()?.valid();
     let options = GenerateOptions {
         max_new_tokens: args.sample_tokens,
@@ -200,16 +221,41 @@ fn sampling(
         ..GenerateOptions::default()
     };
     let mut decoder = decoder(placement, &inference, inference.vocab_size())?;
-    // Two passes of the same generation: a GPU backend compiles and tunes kernels as new cases
-    // come (past the block, the window's rebuild is one), a cost of the first pass only.
     let mut pass = || -> Result<(usize, f64)> {
         let start = Instant::now();
         let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
         Ok((sampled, start.elapsed().as_secs_f64()))
     };
-    let (_, first) = pass()?;
-    let (sampled, second) = pass()?;
-    Ok((sampled, [first, second]))
+    let ((_, first_seconds), warm) = token_cost::warm_up(&mut pass)?;
+    let (tokens, seconds) = pass()?;
+    let cost = match on_gpu {
+        true => Some(token_cost::count(&warm, || Ok(pass()?.0))?),
+        false => None,
+    };
+    Ok(Sampling {
+        tokens,
+        first_seconds,
+        seconds,
+        cost,
+    })
+}
+
+/// [`TokenCost`] under `bench`'s JSON names.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SampleCost {
+    pub sample_launches_per_token: f64,
+    pub sample_compiles_after_warmup: usize,
+    pub sample_host_reads_per_token: f64,
+}
+
+impl From<TokenCost> for SampleCost {
+    fn from(cost: TokenCost) -> Self {
+        Self {
+            sample_launches_per_token: cost.launches_per_token,
+            sample_compiles_after_warmup: cost.compiles_after_warmup,
+            sample_host_reads_per_token: cost.host_reads_per_token,
+        }
+    }
 }
 
 /// Prints a table header for [`row`].
@@ -228,20 +274,31 @@ pub fn header() -> String {
     )
 }
 
-/// A result as a table row, followed by its kernel profile when there is one.
+/// A result as a table row, followed by what a sampled token costs and the kernel profile
+/// where there are.
 pub fn row(r: &BenchResult) -> String {
-    let line = format!(
-        "{:<17} {:<8} {:<5} {:>9} {:>12.1} {:>14.0} {:>16.0} {:>16.0} {:>14}",
+    let mut line = format!(
+        "{:<17} {:<8} {:<5} {:>9} {:>12} {:>14} {:>16.0} {:>16.0} {:>14}",
         r.config,
         r.backend,
         r.dtype,
         r.params,
-        r.ms_per_iter,
-        r.train_tokens_per_s,
+        r.ms_per_iter.map_or("-".into(), |ms| format!("{ms:.1}")),
+        r.train_tokens_per_s
+            .map_or("-".into(), |t| format!("{t:.0}")),
         r.sample_tokens_per_s,
         r.first_sample_tokens_per_s,
         r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}"))
     );
+    if let Some(cost) = &r.sample_cost {
+        line.push_str(&format!(
+            "\n  per sampled token: {:.1} kernel launches, {:.2} host reads; \
+             {} kernels compiled after warm-up",
+            cost.sample_launches_per_token,
+            cost.sample_host_reads_per_token,
+            cost.sample_compiles_after_warmup
+        ));
+    }
     match &r.kernels {
         Some(kernels) => format!("{line}\n{}", table(kernels)),
         None => line,

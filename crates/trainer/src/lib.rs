@@ -13,7 +13,8 @@
 //! run/       the run directory: checkpoints, checksums, the writer's lock, metrics, journal
 //! decoder.rs the decoder that generate, serve and bench sample with
 //! eval.rs, attention_maps.rs   losses over whole splits; attention maps
-//! bench.rs, profile.rs  speed and memory; the kernels a GPU step launches
+//! bench.rs, profile.rs, token_cost.rs  speed and memory; the kernels a GPU step launches,
+//!            what a sampled token costs a GPU
 //! interop/   nanoGPT and Hugging Face models in and out
 //! chat/      conversations as a model's text: its chat template (Jinja or a transcript)
 //! serve/     the HTTP API and playground over a trained run
@@ -40,5 +41,6 @@ pub mod profile;
 pub mod progress;
 pub mod run;
 pub mod serve;
+pub mod token_cost;
 pub mod train;
 pub mod watch;

@@ -9,8 +9,11 @@ use tinygpt::bench::{self, BenchArgs};
 /// Measure training and sampling speed and peak memory (table, or JSON lines).
 ///
 /// Training: the median of --iters real training steps (forward, backward, clipping, AdamW)
-/// after --warmup, on random tokens. Sampling: --sample-tokens from a one-token prompt with
-/// the KV cache (past block_size, nanoGPT's sliding window unless --context-shift). Run nothing else meanwhile: on a small machine contention distorts timings.
+/// after --warmup, on random tokens (--iters 0: none, sampling only). Sampling: --sample-tokens from a one-token prompt with
+/// the KV cache (past block_size, nanoGPT's sliding window unless --context-shift), timed on
+/// its second pass; on a GPU backend a third pass counts what a token costs (kernel launches,
+/// host reads, kernels compiled after the first pass). Run nothing else meanwhile: on a small
+/// machine contention distorts timings.
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu\n  tinygpt bench --config shakespeare-char --backend cuda --set train.dtype=bf16 --kernels"

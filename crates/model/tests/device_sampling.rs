@@ -174,23 +174,7 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
 fn every_decode_step_gives_the_fused_decoders_tokens() {
     let wgpu = common::wgpu_device();
     let _seeded = seeded();
-    let small = || {
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(3)
-            .with_n_embd(30)
-    };
-    let modern = GptConfig::modern(13);
-    let modern_parts = small()
-        .with_position(modern.position)
-        .with_norm(modern.norm)
-        .with_qk_norm(true)
-        .with_mlp(modern.mlp)
-        .with_bias(false)
-        .with_tie_embeddings(false)
-        .with_logit_softcap(modern.logit_softcap);
-    for config in [small(), modern_parts] {
+    for config in [common::small(), common::modern_parts()] {
         let gpt = config.init(&Device::flex()).unwrap();
         let on_gpu = gpt
             .clone()

@@ -3,12 +3,9 @@
 
 use super::*;
 
-/// Rows of sequences 0, 1, 6 and 10 tokens long (growing and fixed caches mixed) decoded in
-/// one [`CausalSelfAttention::forward_rows`] call, twice, give each sequence's outputs of one
-/// whole pass: the shorter rows' missing keys are hidden, the rows' keys never mix.
-pub(super) fn rows_decode_as_each_alone(device: &Device) {
-    let (d, max_seq) = (16, 12);
-    let layers = [
+/// A plain layer of 4 heads, and one with grouped heads, rotary positions and QK-norm.
+fn two_layers(d: usize, max_seq: usize, device: &Device) -> [CausalSelfAttention; 2] {
+    [
         config(d, 4, max_seq).init(device).unwrap(),
         config(d, 4, max_seq)
             .with_n_kv_heads(Some(2))
@@ -16,7 +13,15 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
             .with_qk_norm_eps(Some(1e-6))
             .init(device)
             .unwrap(),
-    ];
+    ]
+}
+
+/// Rows of sequences 0, 1, 6 and 10 tokens long (growing and fixed caches mixed) decoded in
+/// one [`CausalSelfAttention::forward_rows`] call, twice, give each sequence's outputs of one
+/// whole pass: the shorter rows' missing keys are hidden, the rows' keys never mix.
+pub(super) fn rows_decode_as_each_alone(device: &Device) {
+    let (d, max_seq) = (16, 12);
+    let layers = two_layers(d, max_seq, device);
     let lengths = [6, 0, 10, 1];
     for layer in &layers {
         let xs: Vec<Tensor<3>> = lengths
@@ -95,15 +100,7 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
 /// and grouped heads too; and a step after a prompt fed the usual way continues it.
 pub(super) fn steps_decode_as_each_alone(device: &Device) {
     let (d, max_seq) = (16, 12);
-    let layers = [
-        config(d, 4, max_seq).init(device).unwrap(),
-        config(d, 4, max_seq)
-            .with_n_kv_heads(Some(2))
-            .with_rope_base(Some(500.0))
-            .with_qk_norm_eps(Some(1e-6))
-            .init(device)
-            .unwrap(),
-    ];
+    let layers = two_layers(d, max_seq, device);
     let lengths = [3, 7, 12];
     for layer in &layers {
         let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);

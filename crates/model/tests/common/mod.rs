@@ -92,6 +92,31 @@ pub fn tokens(len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A small model of the classic parts (GPT-2's): 2 layers, 3 heads, 30 wide, block 24, vocab 13.
+#[allow(dead_code)] // Not every test file decodes.
+pub fn small() -> GptConfig {
+    GptConfig::new(13)
+        .with_block_size(24)
+        .with_n_layer(2)
+        .with_n_head(3)
+        .with_n_embd(30)
+}
+
+/// [`small`] with the `modern` preset's parts: rotary positions, RMSNorm, QK-norm, its MLP,
+/// no biases, an untied head, soft-capped logits.
+#[allow(dead_code)] // Not every test file decodes.
+pub fn modern_parts() -> GptConfig {
+    let modern = GptConfig::modern(13);
+    small()
+        .with_position(modern.position)
+        .with_norm(modern.norm)
+        .with_qk_norm(true)
+        .with_mlp(modern.mlp)
+        .with_bias(false)
+        .with_tie_embeddings(false)
+        .with_logit_softcap(modern.logit_softcap)
+}
+
 /// Every config the decoder must cover: every variant of every part (from the types, so a new
 /// one is decoded too), each part's variants paired differently with the others', then biases
 /// on and off, tied and untied heads, head sizes under and over the 16-lane dot product, widths
@@ -99,14 +124,6 @@ pub fn tokens(len: usize, vocab: usize) -> Vec<u32> {
 /// Llama's and nanochat's combinations.
 #[allow(dead_code)] // Not every test file decodes.
 pub fn configs() -> Vec<GptConfig> {
-    let small = || {
-        GptConfig::new(13)
-            .with_block_size(24)
-            .with_n_layer(2)
-            .with_n_head(3)
-            .with_n_embd(30)
-    };
-    let modern = GptConfig::modern(13);
     let (norms, mlps, positions): (Vec<Norm>, Vec<Mlp>, Vec<Position>) = (
         Norm::all().collect(),
         Mlp::all().collect(),
@@ -135,14 +152,7 @@ pub fn configs() -> Vec<GptConfig> {
                 .with_norm(Norm::Rms)
                 .with_mlp(Mlp::SwiGlu)
                 .with_bias(false),
-            small()
-                .with_position(modern.position)
-                .with_norm(modern.norm)
-                .with_qk_norm(true)
-                .with_mlp(modern.mlp)
-                .with_bias(false)
-                .with_tie_embeddings(false)
-                .with_logit_softcap(modern.logit_softcap),
+            modern_parts(),
             GptConfig::new(13)
                 .with_block_size(24)
                 .with_n_layer(2)

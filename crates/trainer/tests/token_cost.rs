@@ -1,8 +1,13 @@
 //! What a sampled token costs a GPU, as `tinygpt bench` counts it: on wgpu (lavapipe in CI),
-//! after a few tokens of warm-up, `Gpt`'s decoder samples 100 more without compiling a kernel
-//! and with one host read per token; a decoder whose KV cache grows with every token (new
-//! shapes each time) is caught compiling. One test, so no other test's kernels run meanwhile:
+//! after a warm-up, `Gpt`'s decoder samples 100 more tokens with one host read per token and
+//! (nearly) no kernel compiled; a decoder whose KV cache grows with every token (new shapes
+//! each time) is caught compiling dozens. One test, so no other test's kernels run meanwhile:
 //! the counts are the whole process's.
+//!
+//! "Nearly": Burn's kernel fusion chooses its fused kernels as the operations stream in, and
+//! once in a while, depending on timing, picks a variant it had not used before (one kernel in
+//! one CI run of 100 tokens, none in ten runs here; the growing caches' count moves by one the
+//! same way). Two are allowed; a cache that re-shapes per token compiles about two dozen.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt::backend::Backend;
@@ -11,6 +16,8 @@ use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{DecodeStep, Decoder, Gpt, GptConfig, Pick};
 
 const VOCAB: usize = 40;
+/// Tokens sampled before the counted 100 (the block is 128: no window rebuild).
+const WARM_UP: usize = 16;
 
 /// The pick for token `i`: sampled at temperature 0.8 with a draw that varies.
 fn pick(i: usize) -> Pick {
@@ -55,13 +62,14 @@ fn after_warm_up_a_gpu_token_compiles_nothing_and_reads_the_host_once() {
     for way in [DecodeStep::Step, DecodeStep::Captured] {
         let mut decoder = gpt.decoder_with(way);
         let mut step = |token: u32, pick: &Pick| decoder.feed_and_pick(&[token], pick).unwrap().id;
-        let (token, warm) = warm_up(|| Ok(sample(0..4, 1, &mut step))).unwrap();
+        let (token, warm) = warm_up(|| Ok(sample(0..WARM_UP, 1, &mut step))).unwrap();
         let cost = count(&warm, || {
-            sample(4..104, token, &mut step);
+            sample(WARM_UP..WARM_UP + 100, token, &mut step);
             Ok(100)
         })
         .unwrap();
-        assert_eq!(cost.compiles_after_warmup, 0, "{way:?}: {cost:?}");
+        eprintln!("{way:?}: {cost:?}");
+        assert!(cost.compiles_after_warmup <= 2, "{way:?}: {cost:?}");
         assert_eq!(cost.host_reads_per_token, 1.0, "{way:?}: {cost:?}");
         assert!(cost.launches_per_token >= 1.0, "{way:?}: {cost:?}");
     }
@@ -69,13 +77,14 @@ fn after_warm_up_a_gpu_token_compiles_nothing_and_reads_the_host_once() {
     // The same tokens through caches that grow: every token's attention has a new length.
     let mut caches = gpt.new_caches();
     let mut step = |token: u32, pick: &Pick| growing_step(&gpt, &device, &mut caches, token, pick);
-    let (token, warm) = warm_up(|| Ok(sample(0..4, 1, &mut step))).unwrap();
+    let (token, warm) = warm_up(|| Ok(sample(0..WARM_UP, 1, &mut step))).unwrap();
     let grown = count(&warm, || {
-        sample(4..104, token, &mut step);
+        sample(WARM_UP..WARM_UP + 100, token, &mut step);
         Ok(100)
     })
     .unwrap();
-    assert!(grown.compiles_after_warmup > 0, "{grown:?}");
+    eprintln!("growing caches: {grown:?}");
+    assert!(grown.compiles_after_warmup >= 10, "{grown:?}");
 }
 
 /// One token through `gpt` with growing caches, picked on the device.

@@ -433,8 +433,11 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
         train_step(burn.as_mut(), &data, &config, step).unwrap();
         train_step(fused.as_mut(), &data, &config, step).unwrap();
         if step == 0 {
-            // One update: Muon's, matrix by matrix, to 1e-5 of its size; AdamW's as the AdamW
-            // tests hold it (near-zero gradients make its first step sign-like).
+            // One update: Muon's, matrix by matrix, to 2e-5 of its size; AdamW's as the AdamW
+            // tests hold it (near-zero gradients make its first step sign-like). Newton-Schulz's
+            // five products summed in two orders (the engine's own matmuls, flex's gemm over its
+            // threads) once differed by 1.05e-5 of the update in CI: rounding, not the formula,
+            // which a wrong step would miss by the update's whole size.
             let (b, f) = (weights(burn.as_mut()), weights(fused.as_mut()));
             for (((b, f), w), &muon) in b.iter().zip(&f).zip(&start).zip(&muon) {
                 let size = b
@@ -443,7 +446,7 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
                     .map(|(b, w)| (b - w).abs())
                     .fold(0.0, f32::max);
                 let diff = max_difference(std::slice::from_ref(b), std::slice::from_ref(f));
-                let bound = if muon { 1e-5 * size } else { 2e-6 };
+                let bound = if muon { 2e-5 * size } else { 2e-6 };
                 assert!(
                     diff <= bound,
                     "update differs by {diff} of {size} (Muon: {muon})"

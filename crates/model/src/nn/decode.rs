@@ -137,7 +137,7 @@ impl Decoder for GptDecoder<'_> {
     /// Ids are not range-checked on the device: [`generate`] checked the prompt, and sampled ids
     /// are in range.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        Ok(host_values(self.logits(tokens)?))
+        Ok(read_f32(self.logits(tokens)?))
     }
 
     fn picks_on_device(&self) -> bool {
@@ -159,11 +159,6 @@ impl Decoder for GptDecoder<'_> {
             _ => Ok(pick.on_device(self.logits(tokens)?)),
         }
     }
-}
-
-/// Logits read back to the host (counted: [`host_reads`](crate::sample::host_reads)).
-pub(crate) fn host_values<const D: usize>(logits: Tensor<D>) -> Vec<f32> {
-    read_f32(logits)
 }
 
 /// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a
@@ -198,7 +193,7 @@ impl<'a> GptBatch<'a> {
     /// The logits `[vocab]` after stream `stream`'s `tokens`, fed through its caches.
     fn feed_one(&mut self, stream: usize, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         let logits = self.gpt.next_logits(tokens, &mut self.streams[stream])?;
-        Ok(host_values(logits))
+        Ok(read_f32(logits))
     }
 }
 
@@ -241,7 +236,7 @@ impl BatchDecoder for GptBatch<'_> {
         if !singles.is_empty() {
             let tokens: Vec<u32> = singles.iter().map(|&(_, _, t)| t).collect();
             let mut caches = rows_of(&mut self.streams, singles.iter().map(|&(_, s, _)| s));
-            let logits = host_values(self.gpt.forward_rows(&tokens, &mut caches)?);
+            let logits = read_f32(self.gpt.forward_rows(&tokens, &mut caches)?);
             for (r, &(i, _, _)) in singles.iter().enumerate() {
                 let row = &logits[r * vocab..(r + 1) * vocab];
                 self.out[i * vocab..(i + 1) * vocab].copy_from_slice(row);

@@ -20,7 +20,8 @@ enum Need {
     Wgpu,
     /// Chromium for the browser tests (`TINYGPT_CHROMIUM`, or `chromium` on the PATH).
     Chromium,
-    /// A Python with `openai` and `langchain_openai` (`TINYGPT_CLIENTS_PYTHON`, or `python3`).
+    /// A Python with `openai`, `langchain_openai` and `gguf` (`TINYGPT_CLIENTS_PYTHON`, or
+    /// `python3`).
     ClientPython,
 }
 
@@ -133,7 +134,7 @@ fn chromium() -> Option<PathBuf> {
 fn client_python() -> Option<String> {
     let python = std::env::var("TINYGPT_CLIENTS_PYTHON").unwrap_or_else(|_| "python3".into());
     std::process::Command::new(&python)
-        .args(["-c", "import openai, langchain_openai"])
+        .args(["-c", "import openai, langchain_openai, gguf"])
         .output()
         .is_ok_and(|out| out.status.success())
         .then_some(python)

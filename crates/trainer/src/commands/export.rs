@@ -1,10 +1,10 @@
-//! `tinygpt export`: a run's weights for PyTorch or Hugging Face.
+//! `tinygpt export`: a run's weights for PyTorch, Hugging Face or llama.cpp.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
-use tinygpt::interop;
+use anyhow::{Result, bail};
+use tinygpt::interop::{self, gguf};
 use tinygpt::run::checkpoint::{Run, Which};
 
 /// Write a run's weights for other tools.
@@ -12,19 +12,27 @@ use tinygpt::run::checkpoint::{Run, Which};
 /// --format nanogpt writes FILE.safetensors (nanoGPT's parameter names, PyTorch's [out, in]
 /// layout) and FILE.json (nanoGPT's config and tokenizer maps). --format hf writes a directory
 /// that transformers loads with GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained
-/// (char vocabularies included).
+/// (char vocabularies included). --format gguf writes FILE.gguf for llama.cpp, Ollama and LM
+/// Studio (GPT-2-shaped models, as llama.cpp's gpt2 architecture, with the tokenizer and chat
+/// template), its matrices as --dtype says.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors\n  \
-    tinygpt export --checkpoint runs/default --format hf --out hf-model")]
+    tinygpt export --checkpoint runs/default --format hf --out hf-model\n  \
+    tinygpt export --checkpoint runs/default --format gguf --dtype q8_0 --out model.gguf")]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Nanogpt)]
     format: Format,
-    /// The file (nanogpt) or directory (hf) to write.
+    /// The file (nanogpt, gguf) or directory (hf) to write.
     #[arg(long, value_name = "PATH")]
     out: PathBuf,
+    /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0 is llama.cpp's
+    /// 8-bit blocks (a quarter of f32's bytes); matrices whose rows are not a multiple of 32
+    /// long stay f16. [default: f32]
+    #[arg(long, value_enum)]
+    dtype: Option<gguf::Dtype>,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
 }
@@ -36,9 +44,14 @@ enum Format {
     /// A Hugging Face directory: GPT-2 (`GPT2LMHeadModel`) for GPT-2's parts, Llama
     /// (`LlamaForCausalLM`) for rotary positions, RMSNorm and SwiGLU.
     Hf,
+    /// GGUF for llama.cpp, Ollama and LM Studio.
+    Gguf,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if args.dtype.is_some() && !matches!(args.format, Format::Gguf) {
+        bail!("--dtype goes with --format gguf (the other formats keep f32)");
+    }
     let run = Run::open(&args.checkpoint)?;
     match args.format {
         Format::Nanogpt => {
@@ -54,6 +67,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             println!(
                 "wrote {} (Hugging Face {architecture}: config.json, model.safetensors, \
                  tokenizer.json)",
+                args.out.display()
+            );
+        }
+        Format::Gguf => {
+            let dtype = args.dtype.unwrap_or(gguf::Dtype::F32);
+            let written = gguf::export(&run, args.which, dtype, &args.out)?;
+            println!(
+                "wrote {} (GGUF, llama.cpp's {}: {} tensors, {:.1} MB); run it with \
+                 llama-cli -m {}",
+                args.out.display(),
+                written.architecture,
+                written.tensors,
+                written.bytes as f64 / 1e6,
                 args.out.display()
             );
         }

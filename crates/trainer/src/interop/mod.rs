@@ -7,6 +7,7 @@
 //! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, TinyLlama),
 //!   read and written.
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
+//! - [`gguf`]: llama.cpp's GGUF, written (GPT-2-shaped models as its `gpt2` architecture).
 //!
 //! All three name tensors as nanoGPT does; [`weights`] maps those names onto the model crate's
 //! parameter table and checks every shape against the model the imported config describes.
@@ -14,6 +15,7 @@
 
 mod chat_files;
 pub mod foreign;
+pub mod gguf;
 pub mod hf;
 pub mod llama;
 pub mod nanogpt;

@@ -1,0 +1,515 @@
+//! The GGUF container, version 3, as llama.cpp's `gguf.cpp` and `gguf-py` read and write it:
+//!
+//! ```text
+//! "GGUF" | version u32 = 3 | tensor count u64 | metadata count u64
+//! metadata:  key (u64 length + UTF-8) | value type u32 | value
+//! tensors:   name | dims u32 | ne[0..dims] u64 (ne[0] the innermost, contiguous one)
+//!            | type u32 | offset u64 (from the start of the data, a multiple of the alignment)
+//! padding to `general.alignment` (32 unless the file says otherwise), then the data
+//! ```
+//!
+//! Everything little-endian. A tensor `[rows, cols]` in row-major order (PyTorch's `[out, in]`
+//! weight) has `ne = [cols, rows]`. Reading checks every length against the bytes that are
+//! there, so a truncated or corrupt file is an error naming what and where, never a panic or an
+//! allocation the file's numbers ask for.
+
+use anyhow::{Result, anyhow, bail, ensure};
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const VERSION: u32 = 3;
+/// `general.alignment` when a file does not set it.
+pub const DEFAULT_ALIGNMENT: usize = 32;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    /// Elements of one type (nested arrays are allowed by the format, not written here).
+    Array(Vec<Value>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl Value {
+    /// The type id the format gives this value.
+    fn type_id(&self) -> u32 {
+        match self {
+            Value::U8(_) => 0,
+            Value::I8(_) => 1,
+            Value::U16(_) => 2,
+            Value::I16(_) => 3,
+            Value::U32(_) => 4,
+            Value::I32(_) => 5,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::Str(_) => 8,
+            Value::Array(_) => 9,
+            Value::U64(_) => 10,
+            Value::I64(_) => 11,
+            Value::F64(_) => 12,
+        }
+    }
+
+    /// An unsigned integer of any width, as llama.cpp accepts for counts and ids.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v.into()),
+            Value::U16(v) => Some(v.into()),
+            Value::U32(v) => Some(v.into()),
+            Value::U64(v) => Some(v),
+            Value::I8(v) => u64::try_from(v).ok(),
+            Value::I16(v) => u64::try_from(v).ok(),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v.into()),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// How a tensor's elements are stored: the ggml types tinygpt reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorType {
+    F32,
+    F16,
+    Q8_0,
+    BF16,
+}
+
+impl TensorType {
+    const ALL: [TensorType; 4] = [
+        TensorType::F32,
+        TensorType::F16,
+        TensorType::Q8_0,
+        TensorType::BF16,
+    ];
+
+    pub fn id(self) -> u32 {
+        match self {
+            TensorType::F32 => 0,
+            TensorType::F16 => 1,
+            TensorType::Q8_0 => 8,
+            TensorType::BF16 => 30,
+        }
+    }
+
+    /// ggml's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::F32 => "F32",
+            TensorType::F16 => "F16",
+            TensorType::Q8_0 => "Q8_0",
+            TensorType::BF16 => "BF16",
+        }
+    }
+
+    /// Elements per block and bytes per block (ggml's `blck_size`, `type_size`).
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            TensorType::F32 => (1, 4),
+            TensorType::F16 | TensorType::BF16 => (1, 2),
+            TensorType::Q8_0 => (32, 34),
+        }
+    }
+
+    fn from_id(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// The bytes of a tensor of `ne` elements per row and `rows` rows, or why it cannot be.
+    pub fn bytes(self, ne: &[u64]) -> Result<usize> {
+        let (block, size) = self.block();
+        let row = *ne
+            .first()
+            .ok_or_else(|| anyhow!("a tensor without dimensions"))?;
+        ensure!(
+            row.is_multiple_of(block as u64),
+            "{} rows of {row} values: {} stores whole blocks of {block}",
+            self.name(),
+            self.name()
+        );
+        let elements = ne
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| anyhow!("a tensor of {ne:?} elements overflows"))?;
+        (elements / block as u64)
+            .checked_mul(size as u64)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| anyhow!("a tensor of {ne:?} elements is too large"))
+    }
+}
+
+/// One tensor: its name, `ne` (innermost first), storage type and bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub ne: Vec<u64>,
+    pub kind: TensorType,
+    pub data: Vec<u8>,
+}
+
+/// A whole GGUF file in memory: metadata in file order, then tensors in file order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Gguf {
+    pub metadata: Vec<(String, Value)>,
+    pub tensors: Vec<Tensor>,
+}
+
+impl Gguf {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    fn alignment(&self) -> Result<usize> {
+        match self.get("general.alignment") {
+            None => Ok(DEFAULT_ALIGNMENT),
+            Some(v) => match v.as_u64() {
+                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => Ok(a as usize),
+                _ => bail!("general.alignment {v:?} is not a power of two"),
+            },
+        }
+    }
+
+    /// The file's bytes. Fails only on a tensor whose bytes disagree with its type and shape.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let align = self.alignment()?;
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            put_str(&mut out, key);
+            out.extend_from_slice(&value.type_id().to_le_bytes());
+            put_value(&mut out, value);
+        }
+        let mut offset = 0usize;
+        for t in &self.tensors {
+            let expected = t.kind.bytes(&t.ne)?;
+            ensure!(
+                expected == t.data.len(),
+                "tensor {}: {} bytes for {} {:?}, which takes {expected}",
+                t.name,
+                t.data.len(),
+                t.kind.name(),
+                t.ne
+            );
+            put_str(&mut out, &t.name);
+            out.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.kind.id().to_le_bytes());
+            out.extend_from_slice(&(offset as u64).to_le_bytes());
+            offset += t.data.len().next_multiple_of(align);
+        }
+        out.resize(out.len().next_multiple_of(align), 0);
+        for t in &self.tensors {
+            out.extend_from_slice(&t.data);
+            out.resize(out.len().next_multiple_of(align), 0);
+        }
+        Ok(out)
+    }
+
+    /// Reads a whole file, checking every length and offset against `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut r = Reader { bytes, at: 0 };
+        let magic = r.take(4, "the magic number")?;
+        ensure!(
+            magic == MAGIC,
+            "not a GGUF file (it starts with {magic:02x?}, not \"GGUF\")"
+        );
+        let version = r.u32("the version")?;
+        ensure!(
+            version == 2 || version == VERSION,
+            "GGUF version {version}: tinygpt reads versions 2 and 3"
+        );
+        let tensors = r.u64("the tensor count")?;
+        let kvs = r.u64("the metadata count")?;
+        let mut file = Gguf::default();
+        for i in 0..kvs {
+            let key = r.string(&format!("metadata key {i}"))?;
+            let kind = r.u32(&format!("the type of {key}"))?;
+            let value = r.value(kind, &key, 0)?;
+            file.metadata.push((key, value));
+        }
+        let mut infos = Vec::new();
+        for i in 0..tensors {
+            let name = r.string(&format!("the name of tensor {i}"))?;
+            let dims = r.u32(&format!("the dimensions of {name}"))?;
+            ensure!(
+                (1..=4).contains(&dims),
+                "tensor {name} has {dims} dimensions (GGUF has 1 to 4)"
+            );
+            let ne = (0..dims)
+                .map(|_| r.u64(&format!("the shape of {name}")))
+                .collect::<Result<Vec<_>>>()?;
+            let id = r.u32(&format!("the type of {name}"))?;
+            let kind = TensorType::from_id(id).ok_or_else(|| {
+                anyhow!("tensor {name} is of ggml type {id}, which tinygpt does not read")
+            })?;
+            let offset = r.u64(&format!("the offset of {name}"))?;
+            infos.push((name, ne, kind, offset));
+        }
+        let align = file.alignment()?;
+        let data = r.at.next_multiple_of(align);
+        for (name, ne, kind, offset) in infos {
+            let size = kind.bytes(&ne).map_err(|e| anyhow!("tensor {name}: {e}"))?;
+            ensure!(
+                offset.is_multiple_of(align as u64),
+                "tensor {name} starts at {offset}, not a multiple of the alignment {align}"
+            );
+            let start = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(data))
+                .filter(|&s| s.checked_add(size).is_some_and(|end| end <= bytes.len()))
+                .ok_or_else(|| {
+                    anyhow!(
+                        "tensor {name} ({} {ne:?}, {size} bytes at {offset}) lies past the end \
+                         of the file ({} bytes): truncated?",
+                        kind.name(),
+                        bytes.len()
+                    )
+                })?;
+            let data = bytes[start..start + size].to_vec();
+            file.tensors.push(Tensor {
+                name,
+                ne,
+                kind,
+                data,
+            });
+        }
+        Ok(file)
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::U8(v) => out.push(*v),
+        Value::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::Bool(v) => out.push(u8::from(*v)),
+        Value::Str(s) => put_str(out, s),
+        Value::Array(items) => {
+            // An empty array has no element to take the type from: the only ones tinygpt
+            // writes are string arrays (a char vocabulary's merges when it is all ASCII).
+            let kind = items.first().map_or(8, Value::type_id);
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for item in items {
+                put_value(out, item);
+            }
+        }
+        Value::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Value::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// A cursor over a file's bytes whose every read says what it was reading when it fails.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end = end.ok_or_else(|| {
+            anyhow!(
+                "the file ends at byte {} inside {what} (truncated?)",
+                self.bytes.len()
+            )
+        })?;
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("N bytes"))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        let len = usize::try_from(len).map_err(|_| anyhow!("{what}: a length of {len}"))?;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| anyhow!("{what} is not UTF-8"))
+    }
+
+    fn value(&mut self, kind: u32, key: &str, depth: usize) -> Result<Value> {
+        Ok(match kind {
+            0 => Value::U8(self.array::<1>(key)?[0]),
+            1 => Value::I8(i8::from_le_bytes(self.array(key)?)),
+            2 => Value::U16(u16::from_le_bytes(self.array(key)?)),
+            3 => Value::I16(i16::from_le_bytes(self.array(key)?)),
+            4 => Value::U32(self.u32(key)?),
+            5 => Value::I32(i32::from_le_bytes(self.array(key)?)),
+            6 => Value::F32(f32::from_le_bytes(self.array(key)?)),
+            7 => match self.array::<1>(key)?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => bail!("{key}: {b} is not a boolean"),
+            },
+            8 => Value::Str(self.string(key)?),
+            9 => {
+                ensure!(depth < 4, "{key}: arrays nested too deep");
+                let inner = self.u32(key)?;
+                let n = self.u64(key)?;
+                // Each element takes at least a byte: a count beyond the bytes left is corrupt,
+                // and refusing it here keeps a bad count from asking for memory.
+                ensure!(
+                    n <= (self.bytes.len() - self.at) as u64,
+                    "{key}: an array of {n} elements in a file with {} bytes left",
+                    self.bytes.len() - self.at
+                );
+                let items = (0..n)
+                    .map(|_| self.value(inner, key, depth + 1))
+                    .collect::<Result<Vec<_>>>()?;
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64(key)?),
+            11 => Value::I64(i64::from_le_bytes(self.array(key)?)),
+            12 => Value::F64(f64::from_le_bytes(self.array(key)?)),
+            other => bail!("{key}: metadata type {other} is not a GGUF type"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Gguf {
+        Gguf {
+            metadata: vec![
+                ("general.architecture".into(), Value::Str("gpt2".into())),
+                ("gpt2.block_count".into(), Value::U32(2)),
+                ("gpt2.attention.layer_norm_epsilon".into(), Value::F32(1e-5)),
+                ("flag".into(), Value::Bool(true)),
+                (
+                    "tokenizer.ggml.tokens".into(),
+                    Value::Array(vec![Value::Str("a".into()), Value::Str("Ġb".into())]),
+                ),
+                ("big".into(), Value::I64(-3)),
+            ],
+            tensors: vec![
+                Tensor {
+                    name: "w".into(),
+                    ne: vec![3, 2],
+                    kind: TensorType::F32,
+                    data: (0..24).collect(),
+                },
+                Tensor {
+                    name: "q".into(),
+                    ne: vec![32, 1],
+                    kind: TensorType::Q8_0,
+                    data: vec![7; 34],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_file_reads_back_as_written() {
+        let bytes = sample().to_bytes().unwrap();
+        assert_eq!(&bytes[..4], b"GGUF");
+        assert_eq!(Gguf::from_bytes(&bytes).unwrap(), sample());
+        // Tensor data starts aligned, and each tensor's bytes too.
+        let file = Gguf::from_bytes(&bytes).unwrap();
+        assert_eq!(file.tensor("q").unwrap().data, vec![7; 34]);
+        assert_eq!(bytes.len() % DEFAULT_ALIGNMENT, 0);
+    }
+
+    #[test]
+    fn a_tensor_of_the_wrong_size_is_not_written() {
+        let mut file = sample();
+        file.tensors[1].data.pop();
+        let e = file.to_bytes().unwrap_err().to_string();
+        assert!(e.contains("tensor q: 33 bytes"), "{e}");
+        file.tensors[1].ne = vec![31, 1];
+        assert!(file.to_bytes().is_err());
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = sample().to_bytes().unwrap();
+        // The last tensor's padding is not needed to read it.
+        let needed = bytes.len() - (DEFAULT_ALIGNMENT - 34 % DEFAULT_ALIGNMENT);
+        for len in 0..needed {
+            assert!(Gguf::from_bytes(&bytes[..len]).is_err(), "read {len} bytes");
+        }
+        let e = Gguf::from_bytes(b"GGUG\x03\0\0\0").unwrap_err().to_string();
+        assert!(e.contains("not a GGUF file"), "{e}");
+        let mut v4 = bytes.clone();
+        v4[4] = 4;
+        let e = Gguf::from_bytes(&v4).unwrap_err().to_string();
+        assert!(e.contains("GGUF version 4"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// Any byte changed, anywhere, gives a file or an error: never a panic, never an
+        /// allocation a corrupt count asks for.
+        #[test]
+        fn mutated_files_never_panic(at in 0usize..4096, value: u8, cut in 0usize..4096) {
+            let mut bytes = sample().to_bytes().unwrap();
+            let at = at % bytes.len();
+            bytes[at] = value;
+            bytes.truncate(bytes.len() - cut % 64);
+            let _ = Gguf::from_bytes(&bytes);
+        }
+    }
+}

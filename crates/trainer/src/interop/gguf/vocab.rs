@@ -1,0 +1,200 @@
+//! A run's tokenizer as GGUF's `tokenizer.*` metadata, in the form llama.cpp's byte-level BPE
+//! (`tokenizer.ggml.model = "gpt2"`) tokenizes exactly as tinygpt does.
+//!
+//! Byte-level BPE spells every token in GPT-2's byte alphabet (each byte one printable
+//! character: a space is `Ġ`, a newline `Ċ`) and builds tokens from bytes by its merges, so a
+//! byte-level vocabulary goes over as it is. A char vocabulary becomes one too: each character
+//! is the token of its UTF-8 bytes, and a character of several bytes gets the merges that join
+//! them left to right (`Ã` + `©` → `Ã©`, which is `é`). No merge joins two characters, since
+//! every merge's left side is an unfinished character and UTF-8 lets no character start inside
+//! another; so llama.cpp cuts text into exactly tinygpt's characters. Special tokens are
+//! control tokens, matched in text only where the caller asks for special tokens, as in tinygpt.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value as Json;
+
+use super::file::Value;
+use crate::data::tokenizer::Tokenizer;
+
+/// llama.cpp's token types (`llama_token_type`).
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const UNUSED: i32 = 5;
+
+/// GPT-2's byte alphabet: the printable character that stands for each byte.
+pub fn byte_alphabet() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for (b, slot) in table.iter_mut().enumerate() {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        let code = match printable {
+            true => b as u32,
+            false => {
+                extra += 1;
+                255 + extra
+            }
+        };
+        *slot = char::from_u32(code).expect("below the surrogates");
+    }
+    table
+}
+
+/// `text`'s bytes in the byte alphabet.
+fn byte_level(text: &str, alphabet: &[char; 256]) -> String {
+    text.bytes().map(|b| alphabet[b as usize]).collect()
+}
+
+/// The `tokenizer.*` entries for `tokenizer`, with `rows` tokens (the model's embedding rows,
+/// at least the tokenizer's; rows past it are unused tokens) and the chat template `template`.
+pub fn metadata(
+    tokenizer: &Tokenizer,
+    rows: usize,
+    template: Option<&str>,
+) -> Result<Vec<(String, Value)>> {
+    let (mut tokens, merges) = match tokenizer.chars() {
+        Some(chars) => char_tokens(chars),
+        None => bpe_tokens(tokenizer)?,
+    };
+    let mut types = vec![NORMAL; tokens.len()];
+    for special in tokenizer.specials() {
+        let id = special.id as usize;
+        if id >= tokens.len() {
+            tokens.resize(id + 1, None);
+            types.resize(id + 1, NORMAL);
+        }
+        tokens[id] = Some(special.text.clone());
+        types[id] = CONTROL;
+    }
+    if tokens.len() > rows {
+        bail!(
+            "the tokenizer has {} tokens but the model {rows} embedding rows",
+            tokens.len()
+        );
+    }
+    tokens.resize(rows, None);
+    types.resize(rows, NORMAL);
+    let tokens: Vec<Value> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(id, t)| {
+            Value::Str(t.unwrap_or_else(|| {
+                types[id] = UNUSED;
+                format!("[unused{id}]")
+            }))
+        })
+        .collect();
+    let mut out = vec![
+        ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::Str("gpt-2".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.into_iter().map(Value::Str).collect()),
+        ),
+    ];
+    if let Some(bos) = tokenizer.start_of_text() {
+        out.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(bos)));
+    }
+    if let Some(eos) = tokenizer.end_of_text() {
+        out.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)));
+    }
+    // tinygpt starts a prompt with nothing but the prompt's own tokens.
+    out.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    if let Some(template) = template.filter(|t| !t.is_empty()) {
+        out.push((
+            "tokenizer.chat_template".into(),
+            Value::Str(template.into()),
+        ));
+    }
+    Ok(out)
+}
+
+/// A char vocabulary's tokens by id (each character's bytes in the byte alphabet) and the
+/// merges that build its characters of several bytes, shortest prefix first.
+fn char_tokens(chars: &[char]) -> (Vec<Option<String>>, Vec<String>) {
+    let alphabet = byte_alphabet();
+    let mut merges = Vec::new();
+    let mut seen = BTreeSet::new();
+    let tokens = chars
+        .iter()
+        .map(|c| {
+            let token = byte_level(&c.to_string(), &alphabet);
+            let pieces: Vec<char> = token.chars().collect();
+            for end in 1..pieces.len() {
+                let left: String = pieces[..end].iter().collect();
+                let merge = format!("{left} {}", pieces[end]);
+                if seen.insert(merge.clone()) {
+                    merges.push(merge);
+                }
+            }
+            Some(token)
+        })
+        .collect();
+    (tokens, merges)
+}
+
+/// A byte-level BPE tokenizer's tokens by id and merges in rank order, from its Hugging Face
+/// form.
+fn bpe_tokens(tokenizer: &Tokenizer) -> Result<(Vec<Option<String>>, Vec<String>)> {
+    let json: Json = serde_json::from_str(&tokenizer.to_hf_json()?)?;
+    let model = json
+        .get("model")
+        .filter(|m| m["type"] == "BPE")
+        .ok_or_else(|| anyhow!("the run's tokenizer is not byte-level BPE"))?;
+    let vocab = model["vocab"]
+        .as_object()
+        .context("the tokenizer has no vocabulary")?;
+    let mut tokens = vec![None; vocab.len()];
+    for (text, id) in vocab {
+        let id = id.as_u64().context("a token id that is not a number")? as usize;
+        if id >= tokens.len() {
+            tokens.resize(id + 1, None);
+        }
+        tokens[id] = Some(text.clone());
+    }
+    let merges = model["merges"]
+        .as_array()
+        .context("the tokenizer has no merges")?
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => Ok(s.clone()),
+            Json::Array(pair) => match (pair.first(), pair.get(1)) {
+                (Some(Json::String(a)), Some(Json::String(b))) => Ok(format!("{a} {b}")),
+                _ => bail!("a merge that is not two tokens: {m}"),
+            },
+            _ => bail!("a merge that is not two tokens: {m}"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((tokens, merges))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_alphabet_is_gpt2s() {
+        let a = byte_alphabet();
+        assert_eq!(
+            (a[b' ' as usize], a[b'\n' as usize], a[b'A' as usize]),
+            ('Ġ', 'Ċ', 'A')
+        );
+        assert_eq!((a[0], a[0xC3], a[0xA9]), ('Ā', 'Ã', '©'));
+        assert_eq!(a.iter().collect::<BTreeSet<_>>().len(), 256);
+    }
+
+    #[test]
+    fn multi_byte_characters_get_their_merges() {
+        let (tokens, merges) = char_tokens(&['\n', 'a', 'é', '—', '–']);
+        let tokens: Vec<String> = tokens.into_iter().map(Option::unwrap).collect();
+        assert_eq!(tokens, ["Ċ", "a", "Ã©", "âĢĶ", "âĢĵ"]);
+        // The shared first merge of the two dashes is written once.
+        assert_eq!(merges, ["Ã ©", "â Ģ", "âĢ Ķ", "âĢ ĵ"]);
+    }
+}

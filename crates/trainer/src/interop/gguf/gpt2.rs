@@ -7,7 +7,8 @@ use anyhow::{Result, anyhow};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{BlockSlot, Gpt, GptConfig, Slot, parameter_table};
 
-use super::{Dtype, Tensor, Value, tensor};
+use super::file::{Tensor, Value};
+use super::store::{Dtype, tensor};
 use crate::interop::foreign::{burn_tensors, transpose};
 
 /// Whether llama.cpp's `gpt2` computes what a model of `config` computes; else the part it

@@ -5,6 +5,7 @@
 //! - [`quant`]: f32 values as F32, F16, BF16 and ggml's `Q8_0` blocks, and back.
 //! - [`vocab`]: the run's tokenizer as `tokenizer.*` metadata (byte-level BPE, char vocabularies
 //!   included).
+//! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //!
 //! The container is small enough to own: reading it checks every count, length and offset
@@ -14,6 +15,7 @@
 pub mod file;
 mod gpt2;
 pub mod quant;
+mod store;
 pub mod vocab;
 
 use std::path::Path;
@@ -21,42 +23,10 @@ use std::path::Path;
 use anyhow::{Result, bail};
 
 pub use file::{Gguf, Tensor, TensorType, Value};
+pub use store::Dtype;
 
 use super::chat_files;
 use crate::run::checkpoint::{Run, Which};
-
-/// How an export stores the model's matrices (vectors, norms and biases stay f32, as
-/// llama.cpp's converter keeps them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Dtype {
-    F32,
-    F16,
-    /// ggml's 8-bit blocks of 32 with an f16 scale each; a matrix whose rows are not a
-    /// multiple of 32 long stays f16.
-    #[value(name = "q8_0")]
-    Q8_0,
-}
-
-impl Dtype {
-    /// The storage of a tensor whose rows hold `ne0` values, `dims` dimensions in all.
-    fn storage(self, ne0: u64, dims: usize) -> TensorType {
-        match (self, dims) {
-            (_, 1) | (Dtype::F32, _) => TensorType::F32,
-            (Dtype::F16, _) => TensorType::F16,
-            (Dtype::Q8_0, _) if ne0.is_multiple_of(quant::Q8_0_BLOCK as u64) => TensorType::Q8_0,
-            (Dtype::Q8_0, _) => TensorType::F16,
-        }
-    }
-
-    /// `general.file_type` (llama.cpp's `llama_ftype`).
-    fn file_type(self) -> u32 {
-        match self {
-            Dtype::F32 => 0,
-            Dtype::F16 => 1,
-            Dtype::Q8_0 => 7,
-        }
-    }
-}
 
 /// What an export wrote, for the user.
 pub struct Written {
@@ -113,17 +83,4 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         tensors: gguf.tensors.len(),
         bytes: bytes.len(),
     })
-}
-
-/// A tensor named `name` of row-major `shape` (`[rows, cols]`, PyTorch's order) and f32
-/// `values`, stored as `dtype` says for its shape.
-fn tensor(name: String, shape: &[usize], values: &[f32], dtype: Dtype) -> Tensor {
-    let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-    let kind = dtype.storage(ne[0], ne.len());
-    Tensor {
-        name,
-        data: quant::encode(values, kind),
-        ne,
-        kind,
-    }
 }

@@ -48,7 +48,7 @@ pub struct BenchResult {
     /// What a sampled token cost after warm-up, counted on a third pass (GPU backends only):
     /// kernels launched and compiled, host reads.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub sample_cost: Option<SampleCost>,
+    pub sample_cost: Option<TokenCost>,
     /// Whether sampling used [`GenerateOptions::context_shift`].
     pub context_shift: bool,
     pub peak_rss_mib: Option<f64>,
@@ -143,7 +143,7 @@ fn bench_one(
         sample_tokens: sampled.tokens,
         sample_tokens_per_s: sampled.tokens as f64 / sampled.seconds,
         first_sample_tokens_per_s: sampled.tokens as f64 / sampled.first_seconds,
-        sample_cost: sampled.cost.map(SampleCost::from),
+        sample_cost: sampled.cost,
         context_shift: args.context_shift,
         peak_rss_mib: peak_rss_mib(),
         dtype: t.dtype.name().to_string(),
@@ -240,24 +240,6 @@ fn sampling(
     })
 }
 
-/// [`TokenCost`] under `bench`'s JSON names.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct SampleCost {
-    pub sample_launches_per_token: f64,
-    pub sample_compiles_after_warmup: usize,
-    pub sample_host_reads_per_token: f64,
-}
-
-impl From<TokenCost> for SampleCost {
-    fn from(cost: TokenCost) -> Self {
-        Self {
-            sample_launches_per_token: cost.launches_per_token,
-            sample_compiles_after_warmup: cost.compiles_after_warmup,
-            sample_host_reads_per_token: cost.host_reads_per_token,
-        }
-    }
-}
-
 /// Prints a table header for [`row`].
 pub fn header() -> String {
     format!(
@@ -294,9 +276,7 @@ pub fn row(r: &BenchResult) -> String {
         line.push_str(&format!(
             "\n  per sampled token: {:.1} kernel launches, {:.2} host reads; \
              {} kernels compiled after warm-up",
-            cost.sample_launches_per_token,
-            cost.sample_host_reads_per_token,
-            cost.sample_compiles_after_warmup
+            cost.launches_per_token, cost.host_reads_per_token, cost.compiles_after_warmup
         ));
     }
     match &r.kernels {

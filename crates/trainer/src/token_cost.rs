@@ -20,13 +20,16 @@ use cubecl::launched::LaunchedKernels;
 use cubecl::logging::{LaunchObservation, LaunchObserver};
 use serde::Serialize;
 
-/// Per sampled token, after warm-up.
+/// Per sampled token, after warm-up; serialised under `tinygpt bench --json`'s names.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TokenCost {
+    #[serde(rename = "sample_launches_per_token")]
     pub launches_per_token: f64,
     /// Kernels launched in the counted pass that the warm-up pass never launched: each one was
     /// compiled (or loaded and tuned) while sampling.
+    #[serde(rename = "sample_compiles_after_warmup")]
     pub compiles_after_warmup: usize,
+    #[serde(rename = "sample_host_reads_per_token")]
     pub host_reads_per_token: f64,
 }
 

@@ -256,7 +256,7 @@ fn write_dir(
 /// `activation_function` (`gelu`, `gelu_new`) if so, else the part it lacks
 /// (`"with RMSNorm (…)"`). An exhaustive destructuring, so a new part of the architecture does
 /// not compile until this format says what it does with it.
-fn expressible(config: &GptConfig) -> Result<&'static str, String> {
+pub(crate) fn expressible(config: &GptConfig) -> Result<&'static str, String> {
     let GptConfig {
         vocab_size: _,
         block_size: _,

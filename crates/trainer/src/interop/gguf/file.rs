@@ -74,14 +74,6 @@ impl Value {
         }
     }
 
-    pub fn as_f64(&self) -> Option<f64> {
-        match *self {
-            Value::F32(v) => Some(v.into()),
-            Value::F64(v) => Some(v),
-            _ => self.as_u64().map(|v| v as f64),
-        }
-    }
-
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::Str(s) => Some(s),

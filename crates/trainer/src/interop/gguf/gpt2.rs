@@ -4,83 +4,28 @@
 //! head is tied, as llama.cpp's converter writes it.
 
 use anyhow::{Result, anyhow};
-use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{BlockSlot, Gpt, GptConfig, Slot, parameter_table};
 
-use super::file::{Tensor, Value};
+use super::file::{Tensor, TensorType, Value};
+use super::quant;
 use super::store::{Dtype, tensor};
 use crate::interop::foreign::{burn_tensors, transpose};
+use crate::interop::hf;
 
 /// Whether llama.cpp's `gpt2` computes what a model of `config` computes; else the part it
-/// lacks and the setting that a model it computes is trained with. An exhaustive
-/// destructuring: a new part of the architecture does not compile until this says what it
-/// does with it.
+/// lacks and the setting a model it computes is trained with. What Hugging Face's GPT-2 holds
+/// ([`hf::expressible`], which matches on every part of the architecture), less the exact
+/// GELU: llama.cpp's `gpt2` computes GELU with tanh's approximation only.
 pub fn expressible(config: &GptConfig) -> Result<(), String> {
-    let GptConfig {
-        vocab_size: _,
-        block_size: _,
-        n_layer: _,
-        n_head: _,
-        n_embd: _,
-        dropout: _,
-        // Absent biases are written as zeros; a tied head as a copy of the embedding.
-        bias: _,
-        tie_embeddings: _,
-        position,
-        norm,
-        mlp,
-        layer_norm_eps: _,
-        logit_softcap,
-        mlp_hidden: _,
-        // How the weights started, not what they compute.
-        proj_init: _,
-        // Read only with rotary positions, refused below.
-        rope_theta: _,
-        n_kv_head,
-        qk_norm,
-    } = config;
-    let refuse = |part: &str| Err(part.to_string());
-    match position {
-        Position::Learned => {}
-        Position::Rope => {
-            return refuse(
-                "with rotary positions (gpt2's are learned; --format hf writes this model as \
-                 Llama)",
-            );
-        }
-        Position::None => return refuse("without positions (`model.position = \"none\"`)"),
-    }
-    if n_kv_head.is_some_and(|kv| kv != config.n_head) {
-        return refuse("with grouped-query attention (`model.n_kv_head`)");
-    }
-    if *qk_norm {
-        return refuse("with QK-norm (`model.qk_norm`; train with --set model.qk_norm=false)");
-    }
-    if *logit_softcap > 0.0 {
-        return refuse(&format!(
-            "with soft-capped logits (`model.logit_softcap = {logit_softcap}`; train with --set \
-             model.logit_softcap=0)"
-        ));
-    }
-    match norm {
-        Norm::Layer => {}
-        Norm::Rms | Norm::RmsUnit => {
-            return refuse(
-                "with RMSNorm (gpt2 normalises with LayerNorm; train with --set \
-                 model.norm=\"layer\")",
-            );
-        }
-        Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
-    }
-    match mlp {
-        Mlp::GeluTanh => Ok(()),
-        Mlp::Gelu => refuse(
-            "whose GELU is exact (erf): llama.cpp computes it with tanh's approximation; \
-             train with --set model.mlp=\"gelu_tanh\" for a model it computes exactly",
-        ),
-        Mlp::Relu2 => refuse("with a ReLU² MLP (train with --set model.mlp=\"gelu_tanh\")"),
-        Mlp::SwiGlu => refuse("with a SwiGLU MLP (train with --set model.mlp=\"gelu_tanh\")"),
-        Mlp::None => refuse("without the MLP (`model.mlp = \"none\"`)"),
+    let hint = "train with GPT-2's parts (learned positions, LayerNorm) and --set \
+                model.mlp=\"gelu_tanh\"";
+    match hf::expressible(config) {
+        Ok("gelu_new") => Ok(()),
+        Ok(_) => Err(format!(
+            "whose GELU is exact (erf), which llama.cpp approximates with tanh: {hint} for a \
+             model it computes exactly"
+        )),
+        Err(part) => Err(format!("{part}: {hint}")),
     }
 }
 
@@ -154,10 +99,7 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
             true => transpose(shape, bytes),
             false => (shape.clone(), bytes.clone()),
         };
-        let values: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let values = quant::decode(&bytes, TensorType::F32)?;
         out.push(tensor(name(param.slot), &shape, &values, dtype));
     }
     if config.tie_embeddings {

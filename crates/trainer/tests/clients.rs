@@ -16,20 +16,6 @@ use common::server::Server;
 use common::*;
 use serde_json::{Value, json};
 
-/// The Python with the client libraries that the build found (`crates/test-needs.rs`). The test
-/// is ignored on a machine without one (never under CI), so reaching here without one is a
-/// failure.
-fn python() -> String {
-    match env!("TINYGPT_TEST_CLIENT_PYTHON") {
-        "" => panic!(
-            "no Python with openai and langchain_openai when the tests were built (set \
-             TINYGPT_CLIENTS_PYTHON to a Python with tests/clients/requirements.txt installed, \
-             then rebuild)"
-        ),
-        python => python.to_string(),
-    }
-}
-
 fn post(server: &Server, path: &str, body: Value) -> Value {
     let (status, value) = server.post_json(path, &body);
     assert_eq!(status, 200, "{path} {body}: {value}");
@@ -42,7 +28,7 @@ fn post(server: &Server, path: &str, body: Value) -> Value {
     ignore = "no Python with openai and langchain_openai (see TINYGPT_CLIENTS_PYTHON), then rebuild"
 )]
 fn openai_sdk_and_langchain_work_unchanged() {
-    let python = python();
+    let python = client_python();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     ok(train(
@@ -145,7 +131,7 @@ fn openai_sdk_and_langchain_work_unchanged() {
     ignore = "no Python with openai and langchain_openai (see TINYGPT_CLIENTS_PYTHON), then rebuild"
 )]
 fn the_sdk_chats_with_a_model_fine_tuned_on_conversations() {
-    let python = python();
+    let python = client_python();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let held_out = shout_runs(dir);

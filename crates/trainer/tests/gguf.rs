@@ -183,20 +183,9 @@ fn check_stored(kind: TensorType, dtype: &str, ne: &[u64], data: &[u8], exact: &
     }
 }
 
-/// The client Python (with llama.cpp's `gguf` package) that the build found.
-fn python() -> String {
-    match env!("TINYGPT_TEST_CLIENT_PYTHON") {
-        "" => panic!(
-            "no Python with gguf when the tests were built (set TINYGPT_CLIENTS_PYTHON to a \
-             Python with tests/clients/requirements.txt installed, then rebuild)"
-        ),
-        python => python.to_string(),
-    }
-}
-
 fn check_script(args: &[&str], dir: &Path) -> Vec<Json> {
     let script = manifest_dir().join("tests/gguf_check.py");
-    let out = Command::new(python())
+    let out = Command::new(client_python())
         .arg(script)
         .args(args)
         .current_dir(dir)

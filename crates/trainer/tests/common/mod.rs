@@ -34,6 +34,20 @@ pub fn manifest_dir() -> PathBuf {
     )
 }
 
+/// The Python with `tests/clients/requirements.txt` (the client libraries, llama.cpp's `gguf`)
+/// that the build found (`crates/test-needs.rs`). The tests that use it are ignored on a machine
+/// without one (never under CI), so reaching here without one is a failure.
+pub fn client_python() -> String {
+    match env!("TINYGPT_TEST_CLIENT_PYTHON") {
+        "" => panic!(
+            "no Python with openai, langchain_openai and gguf when the tests were built (set \
+             TINYGPT_CLIENTS_PYTHON to a Python with tests/clients/requirements.txt installed, \
+             then rebuild)"
+        ),
+        python => python.to_string(),
+    }
+}
+
 pub fn corpus() -> PathBuf {
     manifest_dir().join("../../data/paradise-lost.txt")
 }

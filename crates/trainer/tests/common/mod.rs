@@ -222,6 +222,26 @@ pub fn assert_scores_match_eval(dir: &Path, text: &str, logprobs: &[f64]) {
     assert!((mean - loss).abs() < 2e-4, "scores {mean} vs eval {loss}");
 }
 
+/// The `modern` preset's parts (nanochat's), as settings.
+pub const MODERN: &[&str] = &[
+    "--set",
+    "model.position=\"rope\"",
+    "--set",
+    "model.norm=\"rms_unit\"",
+    "--set",
+    "model.qk_norm=true",
+    "--set",
+    "model.mlp=\"relu2\"",
+    "--set",
+    "model.bias=false",
+    "--set",
+    "model.tie_embeddings=false",
+    "--set",
+    "model.logit_softcap=15",
+    "--set",
+    "model.proj_init=\"zero\"",
+];
+
 /// Llama's parts: rotary positions, RMSNorm with gain, SwiGLU, one key/value head.
 pub const LLAMA: &[&str] = &[
     "--set",

@@ -1,5 +1,5 @@
-//! `tinygpt export --format gguf`: a trained run written as llama.cpp's `gpt2` architecture in
-//! f32, f16 and q8_0, read back by tinygpt's reader and by llama.cpp's own Python reader
+//! `tinygpt export --format gguf`: a trained run written as llama.cpp's `gpt2` or `llama`
+//! architecture in f32, f16 and q8_0, read back by tinygpt's reader and by llama.cpp's own Python reader
 //! (`gguf`, in the client Python), whose quantizer the q8_0 blocks equal bit for bit.
 
 mod common;
@@ -154,6 +154,92 @@ fn a_run_exports_as_llama_cpps_gpt2() {
     }
 }
 
+/// Llama's parts with one key/value head of two, as llama.cpp's `llama`: the tensors of the
+/// Hugging Face export under llama.cpp's names, queries and keys with each head's rows
+/// interleaved (row `i` of half `h` at `2i + h`: llama.cpp rotates neighbours, tinygpt the
+/// halves), and the heads and rotary settings in the metadata.
+#[test]
+fn a_llama_shaped_run_exports_as_llama_cpps_llama() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let theta = ["--set", "model.rope_theta=5000"];
+    trained(dir, &[LLAMA, &theta].concat());
+    let log = ok(export(dir, "gguf", None, "m.gguf"));
+    assert!(log.contains("llama.cpp's llama"), "{log}");
+    ok(export(dir, "hf", None, "hf"));
+    let bytes = std::fs::read(dir.join("hf/model.safetensors")).unwrap();
+    let hf = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let file = read(&dir.join("m.gguf"));
+    let get = |key: &str| file.get(key).unwrap_or_else(|| panic!("no {key}"));
+    assert_eq!(get("general.architecture").as_str(), Some("llama"));
+    for (key, want) in [
+        ("llama.attention.head_count", 2),
+        ("llama.attention.head_count_kv", 1),
+        ("llama.rope.dimension_count", 16),
+        ("llama.embedding_length", 32),
+        ("llama.context_length", 16),
+    ] {
+        assert_eq!(get(key).as_u64(), Some(want), "{key}");
+    }
+    assert_eq!(get("llama.rope.freq_base"), &Value::F32(5000.0));
+    // Tied: no `output.weight`, llama.cpp reads the embedding for it.
+    assert!(file.tensor("output.weight").is_none());
+    let names = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        (
+            "model.layers.0.input_layernorm.weight",
+            "blk.0.attn_norm.weight",
+        ),
+        (
+            "model.layers.0.post_attention_layernorm.weight",
+            "blk.0.ffn_norm.weight",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "blk.0.attn_q.weight",
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight",
+            "blk.0.attn_k.weight",
+        ),
+        (
+            "model.layers.0.self_attn.v_proj.weight",
+            "blk.0.attn_v.weight",
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight",
+            "blk.0.attn_output.weight",
+        ),
+        (
+            "model.layers.0.mlp.gate_proj.weight",
+            "blk.0.ffn_gate.weight",
+        ),
+        ("model.layers.0.mlp.up_proj.weight", "blk.0.ffn_up.weight"),
+        (
+            "model.layers.0.mlp.down_proj.weight",
+            "blk.0.ffn_down.weight",
+        ),
+    ];
+    assert_eq!(file.tensors.len(), names.len());
+    for (theirs, ours) in names {
+        let want = floats(hf.tensor(theirs).unwrap().data());
+        let got = floats(&file.tensor(ours).unwrap().data);
+        let rotary = ours.ends_with("attn_q.weight") || ours.ends_with("attn_k.weight");
+        if !rotary {
+            assert_eq!(got, want, "{ours}");
+            continue;
+        }
+        // 32 values a row, heads of 16 rows.
+        for (row, values) in got.chunks(32).enumerate() {
+            let (head, at) = (row / 16, row % 16);
+            let from = head * 16 + (at % 2) * 8 + at / 2;
+            assert_eq!(values, &want[from * 32..from * 32 + 32], "{ours} row {row}");
+        }
+        assert_ne!(got, want, "{ours} is reordered");
+    }
+}
+
 /// A tensor stored as `kind` under `--dtype dtype` holds `exact` as that storage rounds it.
 fn check_stored(kind: TensorType, dtype: &str, ne: &[u64], data: &[u8], exact: &[f32], name: &str) {
     let want = match (ne.len(), dtype, ne[0] % 32) {
@@ -276,4 +362,13 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_written() {
     std::fs::write(dir.join("m.gguf"), b"mine").unwrap();
     fails(export(dir, "gguf", Some("q8_0"), "m.gguf"), "exists");
     assert_eq!(std::fs::read(dir.join("m.gguf")).unwrap(), b"mine");
+    // The `modern` preset's parts: rotary, so what llama.cpp's `llama` lacks is named.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, MODERN);
+    fails(
+        export(dir, "gguf", None, "m.gguf"),
+        "llama cannot compute a model with",
+    );
+    assert!(!dir.join("m.gguf").exists());
 }

@@ -13,8 +13,8 @@ use tinygpt::run::checkpoint::{Run, Which};
 /// layout) and FILE.json (nanoGPT's config and tokenizer maps). --format hf writes a directory
 /// that transformers loads with GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained
 /// (char vocabularies included). --format gguf writes FILE.gguf for llama.cpp, Ollama and LM
-/// Studio (GPT-2-shaped models, as llama.cpp's gpt2 architecture, with the tokenizer and chat
-/// template), its matrices as --dtype says.
+/// Studio (GPT-2-shaped models as llama.cpp's gpt2 architecture, rotary + RMSNorm + SwiGLU
+/// models as its llama, with the tokenizer and chat template), its matrices as --dtype says.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors\n  \

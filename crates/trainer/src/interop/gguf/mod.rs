@@ -7,6 +7,7 @@
 //!   included).
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
+//! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
 //!
 //! The container is small enough to own: reading it checks every count, length and offset
 //! against the bytes there, which the Rust GGUF crates we read did not all promise for files
@@ -14,6 +15,7 @@
 
 pub mod file;
 mod gpt2;
+mod llama;
 pub mod quant;
 mod store;
 pub mod vocab;
@@ -27,6 +29,8 @@ pub use store::Dtype;
 
 use super::chat_files;
 use crate::run::checkpoint::{Run, Which};
+use tinygpt_model::GptConfig;
+use tinygpt_model::parts::Position;
 
 /// What an export wrote, for the user.
 pub struct Written {
@@ -35,16 +39,49 @@ pub struct Written {
     pub bytes: usize,
 }
 
+/// The llama.cpp architectures an export writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// GPT-2's parts: learned positions, LayerNorm, a GELU (tanh) MLP.
+    Gpt2,
+    /// Llama's parts: rotary positions, RMSNorm, SwiGLU, grouped-query attention.
+    Llama,
+}
+
+impl Architecture {
+    /// `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Gpt2 => "gpt2",
+            Architecture::Llama => "llama",
+        }
+    }
+
+    /// The architecture that computes a model of `config` exactly, or one line saying which
+    /// part none does and how to train a model that exports. A model with learned positions
+    /// is told what `gpt2` lacks; any other what `llama` lacks.
+    pub fn of(config: &GptConfig) -> Result<Architecture> {
+        let (gpt2, llama) = (gpt2::expressible(config), llama::expressible(config));
+        match (gpt2, llama, config.position) {
+            (Ok(()), _, _) => Ok(Architecture::Gpt2),
+            (_, Ok(()), _) => Ok(Architecture::Llama),
+            (Err(part), _, Position::Learned) => bail!(
+                "GGUF export writes llama.cpp's gpt2 or llama architecture; gpt2 cannot compute \
+                 a model {part}"
+            ),
+            (_, Err(part), _) => bail!(
+                "GGUF export writes llama.cpp's gpt2 or llama architecture; llama cannot \
+                 compute a model {part}"
+            ),
+        }
+    }
+}
+
 /// Writes the run's `which` weights to the new file `out` as `dtype`. Refuses, before writing
 /// anything, a model llama.cpp cannot compute exactly, and an `out` that exists.
 pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Written> {
     let config = run.config.gpt(run.tokenizer.vocab_size());
-    gpt2::expressible(&config).map_err(|part| {
-        anyhow::anyhow!(
-            "GGUF export writes llama.cpp's gpt2 architecture, which cannot compute a model \
-             {part}"
-        )
-    })?;
+    let architecture = Architecture::of(&config)?;
     if out.exists() {
         bail!(
             "{} exists; choose another --out (export never overwrites a file)",
@@ -59,16 +96,22 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "tinygpt".into());
-    let mut metadata = gpt2::hparams(&config, &name, dtype);
+    let (mut metadata, tensors) = match architecture {
+        Architecture::Gpt2 => (
+            gpt2::hparams(&config, &name, dtype),
+            gpt2::tensors(&config, &model, dtype)?,
+        ),
+        Architecture::Llama => (
+            llama::hparams(&config, &name, dtype),
+            llama::tensors(&config, &model, dtype)?,
+        ),
+    };
     metadata.extend(vocab::metadata(
         &run.tokenizer,
         config.vocab_size,
         template,
     )?);
-    let mut gguf = Gguf {
-        metadata,
-        tensors: gpt2::tensors(&config, &model, dtype)?,
-    };
+    let mut gguf = Gguf { metadata, tensors };
     if let Some(eot) = generation["eos_token_id"].as_u64() {
         let eot = u32::try_from(eot)?;
         if Some(eot) != run.tokenizer.end_of_text() {
@@ -79,7 +122,7 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;
     Ok(Written {
-        architecture: "gpt2",
+        architecture: architecture.name(),
         tensors: gguf.tensors.len(),
         bytes: bytes.len(),
     })

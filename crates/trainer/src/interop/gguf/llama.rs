@@ -1,0 +1,151 @@
+//! Rotary + RMSNorm + SwiGLU models (grouped-query attention included) as llama.cpp's `llama`
+//! architecture (its `llm_build_llama`): Hugging Face's `LlamaForCausalLM` tensors
+//! ([`hf_llama::tensors`]) under llama.cpp's names, with the query and key rows reordered for
+//! llama.cpp's rotary layout, as its converter reorders them.
+//!
+//! Why the reorder: tinygpt (like Hugging Face) rotates the pairs `(i, i + d/2)` of each head
+//! (`rotate_half`); llama.cpp's `llama` rotates the neighbours `(2i, 2i + 1)`. Moving row
+//! `i` of each head's half `h` to `2i + h` makes llama.cpp's pairs the rows tinygpt paired, so
+//! the scores `q·k` (sums over all rows) are the same numbers.
+
+use anyhow::{Result, anyhow};
+use tinygpt_model::{Gpt, GptConfig};
+
+use super::file::{Tensor, TensorType, Value};
+use super::quant;
+use super::store::{Dtype, tensor};
+use crate::interop::foreign::burn_tensors;
+use crate::interop::llama as hf_llama;
+
+/// Whether llama.cpp's `llama` computes what a model of `config` computes; else the part it
+/// lacks and the settings a model it computes is trained with.
+pub fn expressible(config: &GptConfig) -> Result<(), String> {
+    hf_llama::expressible(config).map_err(|part| {
+        format!(
+            "{part}: train with Llama's parts (--set model.position=\"rope\" --set \
+             model.norm=\"rms\" --set model.mlp=\"swiglu\", no QK-norm or logit soft-cap)"
+        )
+    })
+}
+
+/// `general.*` and `llama.*` metadata of a model of `config` called `name`.
+pub fn hparams(config: &GptConfig, name: &str, dtype: Dtype) -> Vec<(String, Value)> {
+    let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
+    vec![
+        ("general.architecture".into(), Value::Str("llama".into())),
+        ("general.name".into(), Value::Str(name.into())),
+        ("general.file_type".into(), Value::U32(dtype.file_type())),
+        ("general.quantization_version".into(), Value::U32(2)),
+        ("llama.vocab_size".into(), u32_of(config.vocab_size)),
+        ("llama.context_length".into(), u32_of(config.block_size)),
+        ("llama.embedding_length".into(), u32_of(config.n_embd)),
+        (
+            "llama.feed_forward_length".into(),
+            u32_of(config.mlp_width()),
+        ),
+        ("llama.block_count".into(), u32_of(config.n_layer)),
+        ("llama.attention.head_count".into(), u32_of(config.n_head)),
+        (
+            "llama.attention.head_count_kv".into(),
+            u32_of(config.kv_heads()),
+        ),
+        (
+            "llama.rope.dimension_count".into(),
+            u32_of(config.head_size()),
+        ),
+        (
+            "llama.rope.freq_base".into(),
+            Value::F32(config.rope_theta as f32),
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            Value::F32(config.layer_norm_eps as f32),
+        ),
+    ]
+}
+
+/// llama.cpp's name for a `LlamaForCausalLM` tensor, and the heads to reorder its rows by
+/// (queries and keys), if any.
+fn name(hf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
+    let whole = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(name) = whole {
+        return Some((name.into(), None));
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let (module, kind) = part.rsplit_once('.')?;
+    let (ours, heads) = match module {
+        "input_layernorm" => ("attn_norm", None),
+        "post_attention_layernorm" => ("ffn_norm", None),
+        "self_attn.q_proj" => ("attn_q", Some(config.n_head)),
+        "self_attn.k_proj" => ("attn_k", Some(config.kv_heads())),
+        "self_attn.v_proj" => ("attn_v", None),
+        "self_attn.o_proj" => ("attn_output", None),
+        "mlp.gate_proj" => ("ffn_gate", None),
+        "mlp.up_proj" => ("ffn_up", None),
+        "mlp.down_proj" => ("ffn_down", None),
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{ours}.{kind}"), heads))
+}
+
+/// The rows of a query or key projection (`[heads * d, ...]`, each row `width` values) in
+/// llama.cpp's rotary layout: within each head, row `h * d/2 + i` moves to `2i + h`.
+fn interleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
+    let d = values.len() / width / heads;
+    let mut out = vec![0.0; values.len()];
+    for head in 0..heads {
+        for half in 0..2 {
+            for i in 0..d / 2 {
+                let from = (head * d + half * d / 2 + i) * width;
+                let to = (head * d + 2 * i + half) * width;
+                out[to..to + width].copy_from_slice(&values[from..from + width]);
+            }
+        }
+    }
+    out
+}
+
+/// The model's tensors in llama.cpp's names and PyTorch's `[out, in]` order; a tied head is
+/// left out (llama.cpp then reads `token_embd.weight` for it).
+pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for (hf, shape, bytes) in hf_llama::tensors(config, &burn_tensors(model)?)? {
+        let (name, heads) =
+            name(&hf, config).ok_or_else(|| anyhow!("no llama.cpp name for `{hf}`"))?;
+        let mut values = quant::decode(&bytes, TensorType::F32)?;
+        if let Some(heads) = heads {
+            let width = shape.iter().skip(1).product::<usize>().max(1);
+            values = interleave(&values, heads, width);
+        }
+        out.push(tensor(name, &shape, &values, dtype));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rotating neighbours of the reordered rows is rotating tinygpt's `(i, i + d/2)` pairs.
+    #[test]
+    fn interleave_pairs_each_heads_halves_as_neighbours() {
+        // Two heads of d = 4, one value per row: head 0 rows 0..4, head 1 rows 4..8.
+        let rows: Vec<f32> = (0..8).map(|r| r as f32).collect();
+        assert_eq!(
+            interleave(&rows, 2, 1),
+            [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]
+        );
+        // Rows of two values move whole.
+        let rows: Vec<f32> = (0..8).map(|r| r as f32).collect();
+        assert_eq!(
+            interleave(&rows, 1, 2),
+            [0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]
+        );
+    }
+}

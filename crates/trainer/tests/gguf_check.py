@@ -7,7 +7,11 @@ With --requantize F32_FILE Q_FILE..., also checks each quantized tensor of the Q
 gguf-py's own quantizer run on the F32 file's values (`gguf.quants.quantize`, bit-exact with
 ggml's reference C quantizer): prints the names that differ (none, for a correct writer).
 
+With --dequantize FILE, prints each tensor of FILE as gguf-py dequantizes it (its numpy
+port of ggml's `dequantize_row_*`), as f32 values: {name: [values]}.
+
 Usage: gguf_check.py FILE... | gguf_check.py --requantize F32_FILE Q_FILE...
+       | gguf_check.py --dequantize FILE
 """
 
 import hashlib
@@ -16,7 +20,7 @@ import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
 
 def value(field):
@@ -64,8 +68,19 @@ def requantize(f32_path, paths):
     print(json.dumps({"checked": checked, "differ": differ}))
 
 
+def dequantized(path):
+    out = {}
+    for t in GGUFReader(path).tensors:
+        values = dequantize(np.array(t.data), t.tensor_type).astype(np.float32)
+        out[t.name] = [float(v) for v in values.reshape(-1)]
+    print(json.dumps(out))
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--dequantize":
+        dequantized(args[1])
+        return
     if args and args[0] == "--requantize":
         requantize(args[1], args[2:])
         return

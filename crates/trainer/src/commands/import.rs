@@ -12,27 +12,30 @@ use tinygpt::interop::{self, ImportOptions};
 /// FROM is nanoGPT's ckpt.pt (with --meta for char vocabularies, or --tokenizer for GPT-2's
 /// BPE), a Hugging Face GPT-2 directory (config.json, model.safetensors or pytorch_model.bin,
 /// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, TinyLlama;
-/// model.safetensors or its shards), or a .safetensors file written by `tinygpt export --format
-/// nanogpt`. The run can then be sampled, evaluated, exported, or fine-tuned with
-/// `train --init-from`.
+/// model.safetensors or its shards), a GGUF file of llama.cpp's gpt2 or llama architecture (F32,
+/// F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K, dequantised to f32; byte-level BPE tokenizers, or
+/// --tokenizer), or a .safetensors file written by `tinygpt export --format nanogpt`. The run
+/// can then be sampled, evaluated, exported, or fine-tuned with `train --init-from`.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt import --from out-shakespeare-char/ckpt.pt --meta data/shakespeare_char/meta.pkl --out runs/nanogpt\n  \
     tinygpt import --from ./gpt2 --out runs/gpt2\n  \
     tinygpt import --from ./SmolLM2-135M --block-size 1024 --out runs/smollm2\n  \
+    tinygpt import --from model-q8_0.gguf --out runs/from-gguf\n  \
     tinygpt import --from model.safetensors --out runs/imported")]
 pub struct Args {
-    /// nanoGPT's ckpt.pt, a Hugging Face GPT-2 directory, or an exported .safetensors file.
+    /// nanoGPT's ckpt.pt, a Hugging Face GPT-2 or Llama directory, a .gguf file, or an
+    /// exported .safetensors file.
     #[arg(long, value_name = "FILE|DIR")]
     from: PathBuf,
     /// nanoGPT's meta.pkl (its char vocabulary), for a ckpt.pt.
     #[arg(long, value_name = "FILE")]
     meta: Option<PathBuf>,
     /// A Hugging Face tokenizer.json: for a ckpt.pt trained on GPT-2's BPE, or to replace a
-    /// directory's own.
+    /// directory's or GGUF file's own.
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
-    /// The context of a Llama-family model, in tokens (default: its max_position_embeddings, up
+    /// The context of a Llama-family model (directory or GGUF), in tokens (default: its own, up
     /// to 2048).
     #[arg(long, value_name = "N")]
     block_size: Option<usize>,

@@ -24,15 +24,6 @@ pub(super) fn read(
         None => json!({}),
     };
     let mut notes = Vec::new();
-    let token = |key: &str| match &tokenizer_config[key] {
-        Value::String(s) => s.clone(),
-        Value::Object(o) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .into(),
-        _ => String::new(),
-    };
     let template = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
         Ok(text) => text,
         Err(_) => template_of(&tokenizer_config["chat_template"], &mut notes),
@@ -45,18 +36,43 @@ pub(super) fn read(
         Some(ids) if !ids.is_null() => ids.clone(),
         _ => config["eos_token_id"].clone(),
     };
+    let (chat, more) = section(template, &tokenizer_config, &eos, tokenizer);
+    notes.extend(more);
+    Ok((chat, notes))
+}
+
+/// The run's `[chat]` from a chat `template`, the `bos_token` and `eos_token` of
+/// `tokenizer_config` (strings, or objects with a `content`), and the end-of-turn ids `eos`
+/// (one id or a list); notes for the user. A template that does not compile or render here is
+/// left out with a note.
+pub(super) fn section(
+    template: String,
+    tokenizer_config: &Value,
+    eos: &Value,
+    tokenizer: &Tokenizer,
+) -> (ChatSection, Vec<String>) {
+    let mut notes = Vec::new();
+    let token = |key: &str| match &tokenizer_config[key] {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .into(),
+        _ => String::new(),
+    };
     let chat = ChatSection {
         template,
         bos_token: token("bos_token"),
         eos_token: token("eos_token"),
-        stop: stop_tokens(&eos, tokenizer, &mut notes),
+        stop: stop_tokens(eos, tokenizer, &mut notes),
     };
     if let Err(e) = usable(&chat, tokenizer) {
         notes.push(format!(
             "its chat template is not kept ({e:#}): serve writes conversations as a plain \
              transcript (--chat-template FILE gives one)"
         ));
-        return Ok((ChatSection::default(), notes));
+        return (ChatSection::default(), notes);
     }
     notes.push(match chat.stops().as_slice() {
         [] => "chat template kept; it names no end-of-turn token, so a reply ends at max_tokens \
@@ -64,7 +80,7 @@ pub(super) fn read(
             .into(),
         stops => format!("chat template kept; a reply ends at {}", stops.join(" or ")),
     });
-    Ok((chat, notes))
+    (chat, notes)
 }
 
 /// The template compiles, writes a one-message conversation, and the tokenizer encodes that.

@@ -315,7 +315,10 @@ fn sources(slot: Slot) -> (Vec<String>, bool) {
 
 /// A model of `gpt` holding the Llama tensors: every present slot filled from its sources (each
 /// shape checked), and no tensor left over.
-fn build(gpt: &GptConfig, mut tensors: BTreeMap<String, Foreign>) -> Result<tinygpt_model::Gpt> {
+pub(super) fn build(
+    gpt: &GptConfig,
+    mut tensors: BTreeMap<String, Foreign>,
+) -> Result<tinygpt_model::Gpt> {
     let mut model = gpt.init(&burn::tensor::Device::flex())?;
     let mut out = Vec::new();
     for name in parameter_table(gpt).into_iter().filter(|p| p.present) {

@@ -7,7 +7,7 @@
 //! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, TinyLlama),
 //!   read and written.
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
-//! - [`gguf`]: llama.cpp's GGUF, written (GPT-2-shaped models as its `gpt2` architecture).
+//! - [`gguf`]: llama.cpp's GGUF (its `gpt2` and `llama` architectures), read and written.
 //!
 //! All three name tensors as nanoGPT does; [`weights`] maps those names onto the model crate's
 //! parameter table and checks every shape against the model the imported config describes.
@@ -55,8 +55,11 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
         }
         return hf::import(from, config, options.tokenizer.as_deref(), out);
     }
+    if from.extension().is_some_and(|e| e == "gguf") || is_gguf(from) {
+        return gguf::import(from, options, out);
+    }
     if options.block_size.is_some() {
-        bail!("--block-size goes with a Llama-family directory");
+        bail!("--block-size goes with a Llama-family directory or a GGUF file");
     }
     if from.extension().is_some_and(|e| e == "safetensors") {
         if !sidecar_path(from).exists() {
@@ -75,6 +78,15 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
         return sidecar::import(from, out);
     }
     nanogpt::import(from, options, out)
+}
+
+/// Whether the file `path` starts with GGUF's magic number.
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"GGUF")
 }
 
 /// The `config.json` of the Hugging Face directory `dir`, as JSON.

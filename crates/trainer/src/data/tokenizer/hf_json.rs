@@ -16,14 +16,24 @@ impl Tokenizer {
             .with_context(|| format!("cannot read {}", path.display()))?;
         // JSON first: `tokenizers` panics on a syntax error inside `decoder` when it parses
         // the text itself.
-        let tokenizer = serde_json::from_str(&text)
-            .and_then(serde_json::from_value::<tokenizers::Tokenizer>)
-            .map_err(|e| {
-                anyhow!(
-                    "{} is not a Hugging Face tokenizer.json ({e})",
-                    path.display()
-                )
-            })?;
+        let json = serde_json::from_str(&text).map_err(|e| {
+            anyhow!(
+                "{} is not a Hugging Face tokenizer.json ({e})",
+                path.display()
+            )
+        })?;
+        Self::from_hf_value(json).map_err(|e| {
+            anyhow!(
+                "{} is not a Hugging Face tokenizer.json ({e})",
+                path.display()
+            )
+        })
+    }
+
+    /// A Hugging Face `tokenizer.json`, already parsed as JSON.
+    pub fn from_hf_value(json: Value) -> Result<Self> {
+        let tokenizer =
+            serde_json::from_value::<tokenizers::Tokenizer>(json).map_err(|e| anyhow!("{e}"))?;
         Ok(match char_vocabulary(&tokenizer) {
             Some((itos, specials)) => Self::from_chars(itos, specials),
             None => Self::bpe(tokenizer),

@@ -89,20 +89,32 @@ impl Value {
     }
 }
 
-/// How a tensor's elements are stored: the ggml types tinygpt reads and writes.
+/// How a tensor's elements are stored: the ggml types tinygpt reads (all of them) and writes
+/// (F32, F16, BF16, Q8_0). Named as ggml names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum TensorType {
     F32,
     F16,
+    /// 32 values: an f16 scale and 32 four-bit values.
+    Q4_0,
     Q8_0,
+    /// 256 values in 8 groups of 32: f16 scale and minimum, six-bit group scales and minimums,
+    /// four-bit values.
+    Q4_K,
+    /// 256 values in 16 groups of 16: an f16 scale, eight-bit group scales, six-bit values.
+    Q6_K,
     BF16,
 }
 
 impl TensorType {
-    const ALL: [TensorType; 4] = [
+    const ALL: [TensorType; 7] = [
         TensorType::F32,
         TensorType::F16,
+        TensorType::Q4_0,
         TensorType::Q8_0,
+        TensorType::Q4_K,
+        TensorType::Q6_K,
         TensorType::BF16,
     ];
 
@@ -110,7 +122,10 @@ impl TensorType {
         match self {
             TensorType::F32 => 0,
             TensorType::F16 => 1,
+            TensorType::Q4_0 => 2,
             TensorType::Q8_0 => 8,
+            TensorType::Q4_K => 12,
+            TensorType::Q6_K => 14,
             TensorType::BF16 => 30,
         }
     }
@@ -120,7 +135,10 @@ impl TensorType {
         match self {
             TensorType::F32 => "F32",
             TensorType::F16 => "F16",
+            TensorType::Q4_0 => "Q4_0",
             TensorType::Q8_0 => "Q8_0",
+            TensorType::Q4_K => "Q4_K",
+            TensorType::Q6_K => "Q6_K",
             TensorType::BF16 => "BF16",
         }
     }
@@ -130,7 +148,10 @@ impl TensorType {
         match self {
             TensorType::F32 => (1, 4),
             TensorType::F16 | TensorType::BF16 => (1, 2),
+            TensorType::Q4_0 => (32, 18),
             TensorType::Q8_0 => (32, 34),
+            TensorType::Q4_K => (256, 144),
+            TensorType::Q6_K => (256, 210),
         }
     }
 

@@ -50,7 +50,7 @@ pub fn hparams(config: &GptConfig, name: &str, dtype: Dtype) -> Vec<(String, Val
 }
 
 /// llama.cpp's name for the tensor in `slot`.
-fn name(slot: Slot) -> String {
+pub fn name(slot: Slot) -> String {
     match slot {
         Slot::TokenEmbedding => "token_embd.weight".into(),
         Slot::PositionEmbedding => "position_embd.weight".into(),
@@ -88,7 +88,12 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
             // LayerNorm shift), zeros as wide as that layer's output.
             if param.slot != Slot::LmHead {
                 let width = param.slot.shape(config)[0];
-                out.push(tensor(name(param.slot), &[width], &vec![0.0; width], dtype));
+                out.push(tensor(
+                    name(param.slot),
+                    &[width],
+                    &vec![0.0; width],
+                    dtype,
+                )?);
             }
             continue;
         }
@@ -100,7 +105,7 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
             false => (shape.clone(), bytes.clone()),
         };
         let values = quant::decode(&bytes, TensorType::F32)?;
-        out.push(tensor(name(param.slot), &shape, &values, dtype));
+        out.push(tensor(name(param.slot), &shape, &values, dtype)?);
     }
     if config.tie_embeddings {
         let mut head = out[0].clone();

@@ -64,34 +64,61 @@ pub fn hparams(config: &GptConfig, name: &str, dtype: Dtype) -> Vec<(String, Val
     ]
 }
 
-/// llama.cpp's name for a `LlamaForCausalLM` tensor, and the heads to reorder its rows by
-/// (queries and keys), if any.
-fn name(hf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
-    let whole = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
+/// Whole-model tensors: (llama.cpp's name, Hugging Face's).
+const WHOLE: [(&str, &str); 3] = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// A block's modules: (llama.cpp's name, Hugging Face's under `model.layers.N.`).
+const BLOCK: [(&str, &str); 9] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The heads whose rows a module's rotary layout reorders (queries and keys), if any.
+fn rotary_heads(module: &str, config: &GptConfig) -> Option<usize> {
+    match module {
+        "attn_q" => Some(config.n_head),
+        "attn_k" => Some(config.kv_heads()),
         _ => None,
-    };
-    if let Some(name) = whole {
-        return Some((name.into(), None));
     }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, part) = rest.split_once('.')?;
+}
+
+/// llama.cpp's name for a `LlamaForCausalLM` tensor, and the heads to reorder its rows by.
+fn name(hf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
+    if let Some((ours, _)) = WHOLE.iter().find(|(_, theirs)| *theirs == hf) {
+        return Some((ours.to_string(), None));
+    }
+    let (layer, part) = hf.strip_prefix("model.layers.")?.split_once('.')?;
     let (module, kind) = part.rsplit_once('.')?;
-    let (ours, heads) = match module {
-        "input_layernorm" => ("attn_norm", None),
-        "post_attention_layernorm" => ("ffn_norm", None),
-        "self_attn.q_proj" => ("attn_q", Some(config.n_head)),
-        "self_attn.k_proj" => ("attn_k", Some(config.kv_heads())),
-        "self_attn.v_proj" => ("attn_v", None),
-        "self_attn.o_proj" => ("attn_output", None),
-        "mlp.gate_proj" => ("ffn_gate", None),
-        "mlp.up_proj" => ("ffn_up", None),
-        "mlp.down_proj" => ("ffn_down", None),
-        _ => return None,
-    };
-    Some((format!("blk.{layer}.{ours}.{kind}"), heads))
+    let (ours, _) = BLOCK.iter().find(|(_, theirs)| *theirs == module)?;
+    Some((
+        format!("blk.{layer}.{ours}.{kind}"),
+        rotary_heads(ours, config),
+    ))
+}
+
+/// Hugging Face's name for a tensor of llama.cpp's `llama`, and the heads whose rows to put
+/// back in tinygpt's rotary layout; `None` for a tensor tinygpt has no place for.
+pub fn hf_name(gguf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
+    if let Some((_, theirs)) = WHOLE.iter().find(|(ours, _)| *ours == gguf) {
+        return Some((theirs.to_string(), None));
+    }
+    let (layer, part) = gguf.strip_prefix("blk.")?.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (module, kind) = part.rsplit_once('.')?;
+    let (ours, theirs) = BLOCK.iter().find(|(ours, _)| *ours == module)?;
+    let name = format!("model.layers.{layer}.{theirs}.{kind}");
+    Some((name, rotary_heads(ours, config)))
 }
 
 /// The rows of a query or key projection (`[heads * d, ...]`, each row `width` values) in
@@ -111,6 +138,22 @@ fn interleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
     out
 }
 
+/// [`interleave`] undone: row `2i + h` of each head back to `h * d/2 + i`.
+pub fn deinterleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
+    let d = values.len() / width / heads;
+    let mut out = vec![0.0; values.len()];
+    for head in 0..heads {
+        for half in 0..2 {
+            for i in 0..d / 2 {
+                let from = (head * d + 2 * i + half) * width;
+                let to = (head * d + half * d / 2 + i) * width;
+                out[to..to + width].copy_from_slice(&values[from..from + width]);
+            }
+        }
+    }
+    out
+}
+
 /// The model's tensors in llama.cpp's names and PyTorch's `[out, in]` order; a tied head is
 /// left out (llama.cpp then reads `token_embd.weight` for it).
 pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tensor>> {
@@ -123,7 +166,7 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
             let width = shape.iter().skip(1).product::<usize>().max(1);
             values = interleave(&values, heads, width);
         }
-        out.push(tensor(name, &shape, &values, dtype));
+        out.push(tensor(name, &shape, &values, dtype)?);
     }
     Ok(out)
 }

@@ -1,5 +1,5 @@
 //! GGUF, the file llama.cpp, Ollama and LM Studio run models from: `tinygpt export --format
-//! gguf` writes one.
+//! gguf` writes one, `tinygpt import --from FILE.gguf` reads one.
 //!
 //! - [`file`]: the container (metadata, tensor table, aligned data), written and read.
 //! - [`quant`]: f32 values as F32, F16, BF16 and ggml's `Q8_0` blocks, and back.
@@ -8,6 +8,7 @@
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
+//! - [`import`]: a `gpt2` or `llama` file as a run directory.
 //!
 //! The container is small enough to own: reading it checks every count, length and offset
 //! against the bytes there, which the Rust GGUF crates we read did not all promise for files
@@ -15,6 +16,7 @@
 
 pub mod file;
 mod gpt2;
+mod import;
 mod llama;
 pub mod quant;
 mod store;
@@ -25,6 +27,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 
 pub use file::{Gguf, Tensor, TensorType, Value};
+pub use import::import;
 pub use store::Dtype;
 
 use super::chat_files;

@@ -1,5 +1,8 @@
 //! f32 values to and from GGUF's storage types.
 //!
+//! Read: every type of [`TensorType`], each block dequantised as ggml's `dequantize_row_*`
+//! does it (the same f32 operations in the same order). Written: F32, F16, BF16 and `Q8_0`.
+//!
 //! `Q8_0` is ggml's block of 32 values: one f16 scale `d` then 32 signed bytes `q`, each value
 //! `q · d`. It is written bit for bit as ggml's reference quantiser (`quantize_row_q8_0_ref`)
 //! writes it: `d = max|x| / 127` in f32, rounded to f16 (nearest, ties to even); each
@@ -14,8 +17,8 @@ use super::file::TensorType;
 pub const Q8_0_BLOCK: usize = 32;
 
 /// `values` stored as `kind` (for `Q8_0`, their count a multiple of 32).
-pub fn encode(values: &[f32], kind: TensorType) -> Vec<u8> {
-    match kind {
+pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
+    Ok(match kind {
         TensorType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         TensorType::F16 => values
             .iter()
@@ -26,7 +29,10 @@ pub fn encode(values: &[f32], kind: TensorType) -> Vec<u8> {
             .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
             .collect(),
         TensorType::Q8_0 => values.chunks(Q8_0_BLOCK).flat_map(q8_0_block).collect(),
-    }
+        TensorType::Q4_0 | TensorType::Q4_K | TensorType::Q6_K => {
+            bail!("tinygpt reads {} but does not write it", kind.name())
+        }
+    })
 }
 
 /// One block of 32 values as `Q8_0`'s 34 bytes.
@@ -64,9 +70,73 @@ pub fn decode(bytes: &[u8], kind: TensorType) -> Result<Vec<f32>> {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 out.extend(b[2..].iter().map(|&q| f32::from(q as i8) * d));
             }
+            TensorType::Q4_0 => q4_0_block(b, &mut out),
+            TensorType::Q4_K => q4_k_block(b, &mut out),
+            TensorType::Q6_K => q6_k_block(b, &mut out),
         }
     }
     Ok(out)
+}
+
+fn half(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// ggml's `dequantize_row_q4_0`, one block: `d`, then 16 bytes whose low nibbles are values
+/// 0..16 and high nibbles 16..32, each `(nibble - 8) · d`.
+fn q4_0_block(b: &[u8], out: &mut Vec<f32>) {
+    let (d, qs) = (half(b, 0), &b[2..18]);
+    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
+    out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+}
+
+/// ggml's `get_scale_min_k4`: group `j`'s six-bit scale and minimum from the 12 packed bytes.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    match j < 4 {
+        true => (q[j] & 63, q[j + 4] & 63),
+        false => (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        ),
+    }
+}
+
+/// ggml's `dequantize_row_q4_K`, one block of 256: `d`, `dmin`, 12 bytes of group scales and
+/// minimums, 128 bytes of nibbles; each value `d·scale · nibble - dmin·min`.
+fn q4_k_block(b: &[u8], out: &mut Vec<f32>) {
+    let (d, min, scales, qs) = (half(b, 0), half(b, 2), &b[4..16], &b[16..144]);
+    for (chunk, q) in qs.chunks_exact(32).enumerate() {
+        let (sc, m) = scale_min_k4(2 * chunk, scales);
+        let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
+        let (sc, m) = scale_min_k4(2 * chunk + 1, scales);
+        let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
+        out.extend(q.iter().map(|&q| d1 * f32::from(q & 0x0F) - m1));
+        out.extend(q.iter().map(|&q| d2 * f32::from(q >> 4) - m2));
+    }
+}
+
+/// ggml's `dequantize_row_q6_K`, one block of 256: 128 bytes of low nibbles, 64 of high
+/// two-bit pairs, 16 signed group scales, `d`; each value `d · scale · (six bits - 32)`.
+fn q6_k_block(b: &[u8], out: &mut Vec<f32>) {
+    let d = half(b, 208);
+    let mut y = [0f32; 256];
+    for n in 0..2 {
+        let (ql, qh) = (&b[n * 64..n * 64 + 64], &b[128 + n * 32..128 + n * 32 + 32]);
+        let sc = |i: usize| f32::from(b[192 + n * 8 + i] as i8);
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            let y = &mut y[n * 128..];
+            y[l] = d * sc(is) * q1 as f32;
+            y[l + 32] = d * sc(is + 2) * q2 as f32;
+            y[l + 64] = d * sc(is + 4) * q3 as f32;
+            y[l + 96] = d * sc(is + 6) * q4 as f32;
+        }
+    }
+    out.extend_from_slice(&y);
 }
 
 #[cfg(test)]
@@ -80,7 +150,7 @@ mod tests {
         // A scale of exactly 1 (127 / 127), so each value's rounding is visible as such.
         let mut x = [0.0f32; 32];
         x[..7].copy_from_slice(&[127.0, -127.0, 0.5, -0.5, 2.5, -2.5, 1.49]);
-        let bytes = encode(&x, TensorType::Q8_0);
+        let bytes = encode(&x, TensorType::Q8_0).unwrap();
         assert_eq!(bytes.len(), 34);
         assert_eq!(f16::from_le_bytes([bytes[0], bytes[1]]), f16::ONE);
         let q: Vec<i8> = bytes[2..].iter().map(|&b| b as i8).collect();
@@ -91,7 +161,7 @@ mod tests {
         // A scale f16 cannot hold exactly: rounded to nearest, and the values divided by the
         // f32 scale, not the rounded one.
         let x: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.0173).collect();
-        let bytes = encode(&x, TensorType::Q8_0);
+        let bytes = encode(&x, TensorType::Q8_0).unwrap();
         let d = 16.0f32 * 0.0173 / 127.0;
         assert_eq!(f16::from_le_bytes([bytes[0], bytes[1]]), f16::from_f32(d));
         for (i, &v) in x.iter().enumerate() {
@@ -101,7 +171,7 @@ mod tests {
 
     #[test]
     fn an_all_zero_block_has_a_zero_scale() {
-        let bytes = encode(&[0.0; 32], TensorType::Q8_0);
+        let bytes = encode(&[0.0; 32], TensorType::Q8_0).unwrap();
         assert!(bytes.iter().all(|&b| b == 0));
     }
 
@@ -109,7 +179,7 @@ mod tests {
     fn float_types_round_trip() {
         let x = [0.1f32, -2.5, 65504.0, 1e-8];
         for kind in [TensorType::F32, TensorType::F16, TensorType::BF16] {
-            let back = decode(&encode(&x, kind), kind).unwrap();
+            let back = decode(&encode(&x, kind).unwrap(), kind).unwrap();
             for (a, b) in x.iter().zip(&back) {
                 let scale = match kind {
                     TensorType::F32 => 0.0,
@@ -120,5 +190,49 @@ mod tests {
             }
         }
         assert!(decode(&[0; 3], TensorType::F16).is_err());
+    }
+
+    /// One block of each read-only type, built by hand, against ggml's formulas worked out
+    /// here; `tests/gguf.rs` checks random blocks against llama.cpp's Python reader.
+    #[test]
+    fn q4_0_q4_k_and_q6_k_blocks_decode_as_ggml_does() {
+        let mut q4_0 = vec![0u8; 18];
+        q4_0[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        q4_0[2] = 0x8F; // value 0: 15 - 8; value 16: 8 - 8
+        q4_0[3] = 0x01; // value 1: 1 - 8; value 17: 0 - 8
+        let v = decode(&q4_0, TensorType::Q4_0).unwrap();
+        assert_eq!(
+            (v.len(), v[0], v[16], v[1], v[17]),
+            (32, 3.5, 0.0, -3.5, -4.0)
+        );
+        assert!(encode(&v, TensorType::Q4_0).is_err());
+
+        let mut q4_k = vec![0u8; 144];
+        q4_k[..2].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        q4_k[2..4].copy_from_slice(&f16::from_f32(2.0).to_le_bytes());
+        let scales = &mut q4_k[4..16];
+        scales[0] = 0b11_000011; // group 0: scale 3; its top bits are group 4's scale's
+        scales[4] = 0b01_000001; // group 0: minimum 1; its top bits are group 4's minimum's
+        scales[8] = 0x52; // group 4: scale 2 | 3 << 4 = 50, minimum 5 | 1 << 4 = 21
+        q4_k[16] = 0x74; // group 0 value 0: nibble 4; group 1 value 0: nibble 7
+        q4_k[16 + 64] = 0x0A; // group 4 value 0: nibble 10
+        let v = decode(&q4_k, TensorType::Q4_K).unwrap();
+        assert_eq!(v.len(), 256);
+        assert_eq!(v[0], 0.25 * 3.0 * 4.0 - 2.0 * 1.0);
+        assert_eq!(v[32], 0.0, "group 1: scale and minimum 0");
+        assert_eq!(v[128], 0.25 * 50.0 * 10.0 - 2.0 * 21.0);
+
+        let mut q6_k = vec![0u8; 210];
+        q6_k[208..].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        q6_k[192] = 3; // scale of values 0..16
+        q6_k[194] = (-2i8) as u8; // scale of values 32..48
+        q6_k[0] = 0x05; // value 0: low 5; value 64: low 0
+        q6_k[128] = 0b0000_1011; // value 0: high 3; value 32: high 2
+        q6_k[32] = 0x01; // value 32: low 1
+        let v = decode(&q6_k, TensorType::Q6_K).unwrap();
+        assert_eq!(v.len(), 256);
+        assert_eq!(v[0], 0.5 * 3.0 * ((5 | 3 << 4) - 32) as f32);
+        assert_eq!(v[32], 0.5 * -2.0 * ((1 | 2 << 4) - 32) as f32);
+        assert_eq!(v[64], 0.0, "scale 0");
     }
 }

@@ -1,5 +1,7 @@
 //! Which storage type each tensor of an export gets, as llama.cpp's converter decides it.
 
+use anyhow::Result;
+
 use super::file::{Tensor, TensorType};
 use super::quant;
 
@@ -38,13 +40,13 @@ impl Dtype {
 
 /// A tensor named `name` of row-major `shape` (`[rows, cols]`, PyTorch's order) and f32
 /// `values`, stored as `dtype` says for its shape.
-pub fn tensor(name: String, shape: &[usize], values: &[f32], dtype: Dtype) -> Tensor {
+pub fn tensor(name: String, shape: &[usize], values: &[f32], dtype: Dtype) -> Result<Tensor> {
     let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
     let kind = dtype.storage(ne[0], ne.len());
-    Tensor {
+    Ok(Tensor {
         name,
-        data: quant::encode(values, kind),
+        data: quant::encode(values, kind)?,
         ne,
         kind,
-    }
+    })
 }

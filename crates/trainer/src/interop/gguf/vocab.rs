@@ -9,19 +9,23 @@
 //! every merge's left side is an unfinished character and UTF-8 lets no character start inside
 //! another; so llama.cpp cuts text into exactly tinygpt's characters. Special tokens are
 //! control tokens, matched in text only where the caller asks for special tokens, as in tinygpt.
+//!
+//! Read back ([`tokenizer`]), byte-level BPE metadata becomes a Hugging Face tokenizer with the
+//! pre-tokenizer llama.cpp applies for the file's `tokenizer.ggml.pre`.
 
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result, anyhow, bail};
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 
-use super::file::Value;
+use super::file::{Gguf, Value};
 use crate::data::tokenizer::Tokenizer;
 
 /// llama.cpp's token types (`llama_token_type`).
 const NORMAL: i32 = 1;
 const CONTROL: i32 = 3;
 const UNUSED: i32 = 5;
+const USER_DEFINED: i32 = 4;
 
 /// GPT-2's byte alphabet: the printable character that stands for each byte.
 pub fn byte_alphabet() -> [char; 256] {
@@ -172,6 +176,171 @@ fn bpe_tokens(tokenizer: &Tokenizer) -> Result<(Vec<Option<String>>, Vec<String>
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((tokens, merges))
+}
+
+/// A vocabulary of single characters then control tokens (then unused rows), as
+/// [`char_tokens`] writes tinygpt's char vocabularies: the Hugging Face `tokenizer.json` that
+/// reads back as that char tokenizer. `None` for any other vocabulary.
+fn as_chars(tokens: &[String], types: &[i32]) -> Option<Json> {
+    let alphabet = byte_alphabet();
+    let byte_of = |c: char| alphabet.iter().position(|&a| a == c).map(|b| b as u8);
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    let end = types
+        .iter()
+        .rposition(|&t| t != UNUSED)
+        .map_or(0, |last| last + 1);
+    for (id, (token, &kind)) in tokens.iter().zip(types).take(end).enumerate() {
+        let text = match kind {
+            NORMAL if added.is_empty() => {
+                let bytes: Vec<u8> = token.chars().map(byte_of).collect::<Option<_>>()?;
+                let text = String::from_utf8(bytes).ok()?;
+                (text.chars().count() == 1).then_some(text)?
+            }
+            CONTROL => {
+                added.push(json!({
+                    "id": id, "content": token, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true,
+                }));
+                token.clone()
+            }
+            _ => return None,
+        };
+        if vocab.insert(text, id.into()).is_some() {
+            return None;
+        }
+    }
+    (vocab.len() > added.len()).then(|| {
+        json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": []},
+        })
+    })
+}
+
+/// The regular expression llama.cpp splits text by for each `tokenizer.ggml.pre` read here,
+/// written as Hugging Face's pre-tokenizer (the two cut text the same way).
+fn pre_tokenizer(pre: &str) -> Option<Json> {
+    let byte_level = |regex: bool| {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+               "use_regex": regex})
+    };
+    let split = |pattern: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+             "invert": false},
+            byte_level(false),
+        ]})
+    };
+    const LLAMA3: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| \
+                          ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    const QWEN2: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| \
+                         ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    Some(match pre {
+        // GPT-2's expression (`'s|'t|… ?\p{L}+| ?\p{N}+|…`), which ByteLevel applies itself.
+        "gpt-2" | "gpt2" => byte_level(true),
+        // Digits one by one, then GPT-2's expression.
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true),
+        ]}),
+        "llama-bpe" | "llama3" => split(LLAMA3),
+        "qwen2" => split(QWEN2),
+        _ => return None,
+    })
+}
+
+/// The tokenizer of a GGUF file's `tokenizer.*` metadata: byte-level BPE (`gpt2`) with a
+/// pre-tokenizer read here. Anything else is an error naming it, and the way around it.
+pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
+    let around = "pass --tokenizer with the model's Hugging Face tokenizer.json";
+    let text = |key: &str| gguf.get(key).and_then(Value::as_str);
+    match text("tokenizer.ggml.model") {
+        Some("gpt2") => {}
+        Some("llama") => bail!(
+            "its tokenizer is SentencePiece (tokenizer.ggml.model = \"llama\"), which tinygpt \
+             does not read from GGUF yet: {around}"
+        ),
+        Some(other) => bail!("tokenizer.ggml.model \"{other}\" is not byte-level BPE: {around}"),
+        None => bail!("it has no tokenizer (tokenizer.ggml.model): {around}"),
+    }
+    let pre = text("tokenizer.ggml.pre").unwrap_or("gpt-2");
+    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+        anyhow!(
+            "tokenizer.ggml.pre \"{pre}\" is not one tinygpt reads (gpt-2, smollm, llama-bpe, \
+             qwen2): {around}"
+        )
+    })?;
+    let strings = |key: &str| -> Result<Vec<String>> {
+        let items = gguf
+            .get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("{key} is missing"))?;
+        items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow!("{key} holds something other than strings"))
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = match gguf.get("tokenizer.ggml.merges") {
+        Some(_) => strings("tokenizer.ggml.merges")?,
+        None => Vec::new(),
+    };
+    let types: Vec<i32> = match gguf
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+    {
+        Some(items) => items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| i32::try_from(t).ok())
+                    .unwrap_or(NORMAL)
+            })
+            .collect(),
+        None => vec![NORMAL; tokens.len()],
+    };
+    if types.len() != tokens.len() {
+        bail!(
+            "tokenizer.ggml.token_type has {} entries for {} tokens",
+            types.len(),
+            tokens.len()
+        );
+    }
+    if pre == "gpt-2"
+        && let Some(chars) = as_chars(&tokens, &types)
+    {
+        return Tokenizer::from_hf_value(chars).context("its tokenizer metadata");
+    }
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, (token, &kind)) in tokens.iter().zip(&types).enumerate() {
+        if vocab.insert(token.clone(), id.into()).is_some() {
+            bail!("tokenizer.ggml.tokens holds {token:?} twice");
+        }
+        if kind == CONTROL || kind == USER_DEFINED {
+            added.push(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": kind == CONTROL,
+            }));
+        }
+    }
+    let hf = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": pre_tokenizer, "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                    "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    Tokenizer::from_hf_value(hf).context("its tokenizer metadata")
 }
 
 #[cfg(test)]

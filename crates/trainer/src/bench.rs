@@ -45,6 +45,9 @@ pub struct BenchResult {
     /// The same generation's first pass, untimed in `sample_tokens_per_s`: on a GPU it
     /// includes compiling and tuning the kernels sampling needs.
     pub first_sample_tokens_per_s: f64,
+    /// The prompt of `--prompt-tokens` (0: not timed), and how fast it was read.
+    pub prompt_tokens: usize,
+    pub prompt_tokens_per_s: Option<f64>,
     /// What a sampled token cost after warm-up, counted on a third pass (GPU backends only):
     /// kernels launched and compiled, host reads.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -68,6 +71,8 @@ pub struct BenchArgs {
     pub iters: usize,
     pub warmup: usize,
     pub sample_tokens: usize,
+    /// A prompt of this many tokens to time reading (0: none).
+    pub prompt_tokens: usize,
     /// Sample with the context shift instead of nanoGPT's exact sliding window.
     pub context_shift: bool,
     /// `section.key=value` overrides applied to every config (`train.dtype=bf16`).
@@ -109,6 +114,14 @@ fn bench_one(
             backend.name()
         );
     }
+    if args.prompt_tokens >= config.model.block_size {
+        anyhow::bail!(
+            "--prompt-tokens {} needs a context longer than the prompt: {name} has \
+             model.block_size = {}",
+            args.prompt_tokens,
+            config.model.block_size
+        );
+    }
     let data = random_tokens(config);
     let model = config
         .gpt(VOCAB)
@@ -143,6 +156,10 @@ fn bench_one(
         sample_tokens: sampled.tokens,
         sample_tokens_per_s: sampled.tokens as f64 / sampled.seconds,
         first_sample_tokens_per_s: sampled.tokens as f64 / sampled.first_seconds,
+        prompt_tokens: args.prompt_tokens,
+        prompt_tokens_per_s: sampled
+            .prompt_seconds
+            .map(|s| args.prompt_tokens as f64 / s),
         sample_cost: sampled.cost,
         context_shift: args.context_shift,
         peak_rss_mib: peak_rss_mib(),
@@ -199,6 +216,8 @@ struct Sampling {
     tokens: usize,
     first_seconds: f64,
     seconds: f64,
+    /// The second read of the `--prompt-tokens` prompt (and one token sampled after it).
+    prompt_seconds: Option<f64>,
     cost: Option<TokenCost>,
 }
 
@@ -232,12 +251,44 @@ fn sampling(
         true => Some(token_cost::count(&warm, || Ok(pass()?.0))?),
         false => None,
     };
+    let prompt_seconds = match args.prompt_tokens {
+        0 => None,
+        n => Some(read_prompt(
+            &mut *decoder,
+            n,
+            inference.vocab_size(),
+            &options,
+        )?),
+    };
     Ok(Sampling {
         tokens,
         first_seconds,
         seconds,
+        prompt_seconds,
         cost,
     })
+}
+
+/// Seconds to read an `n`-token prompt into the cache and sample one token after it, on the
+/// second of two passes (the first warms the kernels and buffers a prompt that long needs).
+fn read_prompt(
+    decoder: &mut dyn tinygpt_model::Decoder,
+    n: usize,
+    vocab: usize,
+    options: &GenerateOptions,
+) -> Result<f64> {
+    let prompt: Vec<u32> = (0..n).map(|i| ((i * 7919) % vocab) as u32).collect();
+    let options = GenerateOptions {
+        max_new_tokens: 1,
+        ..options.clone()
+    };
+    let mut seconds = 0.0;
+    for _ in 0..2 {
+        let start = Instant::now();
+        generate(decoder, &prompt, &options, |_| {})?;
+        seconds = start.elapsed().as_secs_f64();
+    }
+    Ok(seconds)
 }
 
 /// Prints a table header for [`row`].

@@ -12,8 +12,9 @@ use tinygpt::bench::{self, BenchArgs};
 /// after --warmup, on random tokens (--iters 0: none, sampling only). Sampling: --sample-tokens from a one-token prompt with
 /// the KV cache (past block_size, nanoGPT's sliding window unless --context-shift), timed on
 /// its second pass; on a GPU backend a third pass counts what a token costs (kernel launches,
-/// host reads, kernels compiled after the first pass). Run nothing else meanwhile: on a small
-/// machine contention distorts timings.
+/// host reads, kernels compiled after the first pass). Prompt: with --prompt-tokens P, a
+/// P-token prompt read into the KV cache (and one token sampled after it), timed on its second
+/// pass. Run nothing else meanwhile: on a small machine contention distorts timings.
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu\n  tinygpt bench --config shakespeare-char --backend cuda --set train.dtype=bf16 --kernels"
@@ -32,6 +33,9 @@ pub struct Args {
     warmup: usize,
     #[arg(long, default_value_t = 500)]
     sample_tokens: usize,
+    /// Also time reading a prompt of N tokens (llama-bench's pp512 is N = 512; 0 = not).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    prompt_tokens: usize,
     /// Sample with the context shift (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
@@ -59,6 +63,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         iters: args.iters,
         warmup: args.warmup,
         sample_tokens: args.sample_tokens,
+        prompt_tokens: args.prompt_tokens,
         context_shift: args.context_shift,
         overrides: args.overrides,
         kernel_steps: args.kernels,

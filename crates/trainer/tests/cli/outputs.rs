@@ -620,8 +620,9 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
     }
 }
 
-/// `bench --json`: one line per config and backend with the step's and sampling's figures;
-/// sampling is timed on a second pass of the same generation, with the first pass beside it.
+/// `bench --json`: one line per config and backend with the step's, sampling's and a prompt's
+/// figures; sampling is timed on a second pass of the same generation, with the first pass
+/// beside it. A prompt as long as the context is refused.
 #[test]
 fn bench_reports_its_figures_as_json() {
     let tmp = tempfile::tempdir().unwrap();
@@ -641,6 +642,8 @@ fn bench_reports_its_figures_as_json() {
             "1",
             "--sample-tokens",
             "30",
+            "--prompt-tokens",
+            "32",
             "--json",
         ],
     ));
@@ -656,14 +659,29 @@ fn bench_reports_its_figures_as_json() {
     for row in &rows {
         assert_eq!(row["config"], "baby");
         assert_eq!(row["sample_tokens"], 30, "{row}");
+        assert_eq!(row["prompt_tokens"], 32, "{row}");
         for key in [
             "ms_per_iter",
             "train_tokens_per_s",
             "sample_tokens_per_s",
             "first_sample_tokens_per_s",
+            "prompt_tokens_per_s",
         ] {
             let value = row[key].as_f64().unwrap_or(f64::NAN);
             assert!(value.is_finite() && value > 0.0, "{key} = {value} in {row}");
         }
     }
+    let long = [
+        "bench",
+        "--config",
+        "baby",
+        "--iters",
+        "0",
+        "--prompt-tokens",
+        "64",
+    ];
+    fails(
+        tinygpt(tmp.path(), &long),
+        "--prompt-tokens 64 needs a context longer",
+    );
 }

@@ -35,23 +35,6 @@ fn export(dir: &Path, run: &Path, dtype: &str, out: &str) {
     ok(tinygpt(dir, &args));
 }
 
-fn logits_json(dir: &Path, run: &Path, ids: &[u32]) -> String {
-    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-    let run = run.to_str().unwrap();
-    ok(tinygpt(
-        dir,
-        &[
-            "logits",
-            "--checkpoint",
-            run,
-            "--tokens",
-            &list.join(","),
-            "--backend",
-            "flex",
-        ],
-    ))
-}
-
 fn sha(path: &Path) -> String {
     format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()))
 }
@@ -76,7 +59,18 @@ fn an_exported_run_imports_as_the_same_model_and_exports_as_the_same_file() {
         let seen: Json =
             serde_json::from_str(&std::fs::read_to_string(source.join("llamacpp.json")).unwrap())
                 .unwrap();
-        let tokenizer = Run::open(&dir.join(name)).unwrap().tokenizer;
+        let imported = Run::open(&dir.join(name)).unwrap();
+        // A reply ends where the source's did (the end-of-turn token and EOS).
+        let source_run = Run::open(&source).unwrap();
+        assert_eq!(
+            imported.config.chat.stop, source_run.config.chat.stop,
+            "{name}"
+        );
+        assert_eq!(
+            imported.config.chat.template, source_run.config.chat.template,
+            "{name}"
+        );
+        let tokenizer = imported.tokenizer;
         for text in seen["texts"].as_array().unwrap() {
             let ids: Vec<u32> = serde_json::from_value(text["ids"].clone()).unwrap();
             let text = text["text"].as_str().unwrap();
@@ -87,9 +81,10 @@ fn an_exported_run_imports_as_the_same_model_and_exports_as_the_same_file() {
             );
         }
         let prompt: Vec<u32> = serde_json::from_value(seen["prompt"].clone()).unwrap();
+        let source_arg = source.to_str().unwrap();
         assert_eq!(
-            logits_json(dir, &dir.join(name), &prompt),
-            logits_json(dir, &source, &prompt),
+            logits(dir, name, &prompt, "flex"),
+            logits(dir, source_arg, &prompt, "flex"),
             "{name}"
         );
         export(dir, &dir.join(name), "f32", "second.gguf");

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::*;
 use serde::Deserialize;
@@ -23,7 +23,7 @@ struct LlamaCpp {
     eos: Option<u32>,
     texts: Vec<Text>,
     prompt: Vec<u32>,
-    logits: Vec<Vec<f32>>,
+    logits: Vec<Vec<f64>>,
     greedy: Vec<u32>,
 }
 
@@ -37,7 +37,7 @@ fn fixture(name: &str) -> PathBuf {
     manifest_dir().join("tests/fixtures/gguf").join(name)
 }
 
-fn check(name: &str, tolerance: f32) {
+fn check(name: &str, tolerance: f64) {
     let run = fixture(name);
     let run_arg = run.to_str().unwrap();
     let seen: LlamaCpp =
@@ -68,12 +68,12 @@ fn check(name: &str, tolerance: f32) {
         assert_eq!(ours, text.ids, "{name}: {:?}", text.text);
     }
     assert_eq!(seen.prompt, seen.texts[0].ids);
-    let ours = logits(dir, &run, &seen.prompt);
+    let ours = logits(dir, run_arg, &seen.prompt, "flex");
     assert_eq!(ours.len(), seen.logits.len());
     for (at, (a, b)) in ours.iter().zip(&seen.logits).enumerate() {
         assert_eq!(a.len(), b.len());
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
         assert!(
             worst <= tolerance * scale,
             "{name} position {at}: {worst} of {scale}"
@@ -101,25 +101,6 @@ fn check(name: &str, tolerance: f32) {
         .decode(&seen.greedy[..end.unwrap_or(seen.greedy.len())])
         .unwrap();
     assert_eq!(generated, format!("{prompt}{continuation}\n"), "{name}");
-}
-
-/// `tinygpt logits` of `ids`: `[tokens, vocab]`.
-fn logits(dir: &Path, run: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
-    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-    let out = ok(tinygpt(
-        dir,
-        &[
-            "logits",
-            "--checkpoint",
-            run.to_str().unwrap(),
-            "--tokens",
-            &list.join(","),
-            "--backend",
-            "flex",
-        ],
-    ));
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    serde_json::from_value(json["logits"].clone()).unwrap()
 }
 
 #[test]

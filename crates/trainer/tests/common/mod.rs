@@ -165,23 +165,26 @@ pub fn metrics(run: &Path) -> Vec<(usize, f64, f64)> {
         .collect()
 }
 
+/// `tinygpt logits` of `run` for `tokens`, on `backend`: `[tokens, vocab]`.
+pub fn logits(dir: &Path, run: &str, tokens: &[u32], backend: &str) -> Vec<Vec<f64>> {
+    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    let args = [
+        "logits",
+        "--checkpoint",
+        run,
+        "--tokens",
+        &list.join(","),
+        "--backend",
+        backend,
+    ];
+    let out = ok(tinygpt(dir, &args));
+    let value: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    serde_json::from_value(value["logits"].clone()).unwrap()
+}
+
 /// The log-softmax rows `tinygpt logits` prints for `ids`.
 pub fn log_softmax_rows(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
-    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-    let out = ok(tinygpt(
-        dir,
-        &[
-            "logits",
-            "--checkpoint",
-            "run",
-            "--tokens",
-            &list.join(","),
-            "--backend",
-            "fused",
-        ],
-    ));
-    let value: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    let rows: Vec<Vec<f64>> = serde_json::from_value(value["logits"].clone()).unwrap();
+    let rows = logits(dir, "run", ids, "fused");
     rows.into_iter()
         .map(|row| {
             let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);

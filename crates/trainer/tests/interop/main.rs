@@ -12,7 +12,7 @@ mod llama;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{LLAMA, corpus, fails, manifest_dir, ok, tinygpt, train};
+use common::{LLAMA, corpus, fails, logits, manifest_dir, ok, tinygpt, train};
 use tinygpt::run::checkpoint::Run;
 
 fn fixture(name: &str) -> PathBuf {
@@ -34,25 +34,6 @@ fn expected(dir: &str) -> Expected {
         tokens: serde_json::from_value(value["tokens"].clone()).unwrap(),
         logits: serde_json::from_value(value["logits"].clone()).unwrap(),
     }
-}
-
-/// `tinygpt logits` of `run` for `tokens`, on `backend`.
-fn logits(dir: &Path, run: &str, tokens: &[u32], backend: &str) -> Vec<Vec<f64>> {
-    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
-    let out = ok(tinygpt(
-        dir,
-        &[
-            "logits",
-            "--checkpoint",
-            run,
-            "--tokens",
-            &list.join(","),
-            "--backend",
-            backend,
-        ],
-    ));
-    let value: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    serde_json::from_value(value["logits"].clone()).unwrap()
 }
 
 /// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.

@@ -102,10 +102,11 @@ fn count(gguf: &Gguf, key: &str) -> Result<usize> {
         .ok_or_else(|| anyhow!("{key} is not a whole number ({value:?})"))
 }
 
-/// A real number of the metadata, if present.
+/// A real number of the metadata, if present; an f32 as the shortest decimal that reads back
+/// as it (1e-5, not 0.000009999999747), which the run's config then shows.
 fn real(gguf: &Gguf, key: &str) -> Option<f64> {
     match gguf.get(key)? {
-        Value::F32(v) => Some(f64::from(*v)),
+        Value::F32(v) => v.to_string().parse().ok(),
         Value::F64(v) => Some(*v),
         other => other.as_u64().map(|n| n as f64),
     }
@@ -230,7 +231,7 @@ fn llama_tensors(gguf: &Gguf, gpt: &GptConfig) -> Result<BTreeMap<String, Foreig
 }
 
 /// The run's `[chat]` from `tokenizer.chat_template`, its BOS and EOS tokens, and the
-/// end-of-turn id (`eot_token_id`, else `eos_token_id`); notes for the user.
+/// end-of-turn ids (`eot_token_id` and `eos_token_id`); notes for the user.
 fn chat(gguf: &Gguf, tokenizer: &Tokenizer) -> (crate::chat::ChatSection, Vec<String>) {
     let template = gguf
         .get("tokenizer.chat_template")
@@ -250,7 +251,11 @@ fn chat(gguf: &Gguf, tokenizer: &Tokenizer) -> (crate::chat::ChatSection, Vec<St
         "bos_token": text("tokenizer.ggml.bos_token_id"),
         "eos_token": text("tokenizer.ggml.eos_token_id"),
     });
-    let eos = id("tokenizer.ggml.eot_token_id").or_else(|| id("tokenizer.ggml.eos_token_id"));
-    let eos = eos.map_or(Json::Null, Json::from);
+    // A reply ends at the end-of-turn token or at EOS, as llama.cpp ends a generation.
+    let mut ends: Vec<u64> = Vec::new();
+    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eos_token_id"] {
+        ends.extend(id(key).filter(|id| !ends.contains(id)));
+    }
+    let eos = Json::from(ends);
     chat_files::section(template.into(), &tokenizer_config, &eos, tokenizer)
 }

@@ -115,12 +115,17 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         template,
     )?);
     let mut gguf = Gguf { metadata, tensors };
-    if let Some(eot) = generation["eos_token_id"].as_u64() {
-        let eot = u32::try_from(eot)?;
-        if Some(eot) != run.tokenizer.end_of_text() {
-            gguf.metadata
-                .push(("tokenizer.ggml.eot_token_id".into(), Value::U32(eot)));
-        }
+    // GGUF names one end-of-turn token besides EOS: the first stop token that is not EOS.
+    let stops: Vec<u64> = match &generation["eos_token_id"] {
+        serde_json::Value::Array(ids) => ids.iter().filter_map(|id| id.as_u64()).collect(),
+        one => one.as_u64().into_iter().collect(),
+    };
+    let eos = run.tokenizer.end_of_text().map(u64::from);
+    if let Some(&eot) = stops.iter().find(|&&id| Some(id) != eos) {
+        gguf.metadata.push((
+            "tokenizer.ggml.eot_token_id".into(),
+            Value::U32(u32::try_from(eot)?),
+        ));
     }
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;

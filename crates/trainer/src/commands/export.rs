@@ -74,13 +74,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let dtype = args.dtype.unwrap_or(gguf::Dtype::F32);
             let written = gguf::export(&run, args.which, dtype, &args.out)?;
             println!(
-                "wrote {} (GGUF, llama.cpp's {}: {} tensors, {:.1} MB); run it with \
-                 llama-cli -m {}",
+                "wrote {} (GGUF, llama.cpp's {}: {} tensors, {:.1} MB); run it with llama.cpp: \
+                 llama-completion -m {} -c {} -p \"...\" -n N (prompt and N within {} tokens)",
                 args.out.display(),
                 written.architecture,
                 written.tensors,
                 written.bytes as f64 / 1e6,
-                args.out.display()
+                args.out.display(),
+                run.config.model.block_size,
+                run.config.model.block_size,
             );
         }
     }

@@ -4,6 +4,7 @@
 mod bad_input;
 #[path = "../common/mod.rs"]
 mod common;
+mod exports;
 mod outputs;
 
 use std::io::{BufRead, BufReader};

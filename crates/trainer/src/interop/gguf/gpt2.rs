@@ -29,14 +29,10 @@ pub fn expressible(config: &GptConfig) -> Result<(), String> {
     }
 }
 
-/// `general.*` and `gpt2.*` metadata of a model of `config` called `name`.
-pub fn hparams(config: &GptConfig, name: &str, dtype: Dtype) -> Vec<(String, Value)> {
+/// `gpt2.*` metadata of a model of `config`.
+pub fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     vec![
-        ("general.architecture".into(), Value::Str("gpt2".into())),
-        ("general.name".into(), Value::Str(name.into())),
-        ("general.file_type".into(), Value::U32(dtype.file_type())),
-        ("general.quantization_version".into(), Value::U32(2)),
         ("gpt2.context_length".into(), u32_of(config.block_size)),
         ("gpt2.embedding_length".into(), u32_of(config.n_embd)),
         ("gpt2.feed_forward_length".into(), u32_of(config.fc_width())),

@@ -28,14 +28,10 @@ pub fn expressible(config: &GptConfig) -> Result<(), String> {
     })
 }
 
-/// `general.*` and `llama.*` metadata of a model of `config` called `name`.
-pub fn hparams(config: &GptConfig, name: &str, dtype: Dtype) -> Vec<(String, Value)> {
+/// `llama.*` metadata of a model of `config`.
+pub fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     vec![
-        ("general.architecture".into(), Value::Str("llama".into())),
-        ("general.name".into(), Value::Str(name.into())),
-        ("general.file_type".into(), Value::U32(dtype.file_type())),
-        ("general.quantization_version".into(), Value::U32(2)),
         ("llama.vocab_size".into(), u32_of(config.vocab_size)),
         ("llama.context_length".into(), u32_of(config.block_size)),
         ("llama.embedding_length".into(), u32_of(config.n_embd)),

@@ -99,15 +99,24 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "tinygpt".into());
-    let (mut metadata, tensors) = match architecture {
-        Architecture::Gpt2 => (
-            gpt2::hparams(&config, &name, dtype),
-            gpt2::tensors(&config, &model, dtype)?,
+    let mut metadata = vec![
+        (
+            "general.architecture".into(),
+            Value::Str(architecture.name().into()),
         ),
-        Architecture::Llama => (
-            llama::hparams(&config, &name, dtype),
-            llama::tensors(&config, &model, dtype)?,
-        ),
+        ("general.name".into(), Value::Str(name)),
+        ("general.file_type".into(), Value::U32(dtype.file_type())),
+        ("general.quantization_version".into(), Value::U32(2)),
+    ];
+    let tensors = match architecture {
+        Architecture::Gpt2 => {
+            metadata.extend(gpt2::hparams(&config));
+            gpt2::tensors(&config, &model, dtype)?
+        }
+        Architecture::Llama => {
+            metadata.extend(llama::hparams(&config));
+            llama::tensors(&config, &model, dtype)?
+        }
     };
     metadata.extend(vocab::metadata(
         &run.tokenizer,

@@ -37,7 +37,10 @@ mod sample;
 
 pub use arch::parts;
 pub use arch::{BlockSlot, GptConfig, ParamName, Slot, parameter_table};
-pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch};
+pub use cpu::{
+    FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch, WeightFormat,
+    weight_bytes_per_token,
+};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use nn::{
     Block, DecodeStep, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,

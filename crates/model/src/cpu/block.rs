@@ -16,8 +16,9 @@ use super::dims::Dims;
 use super::kernels::attention::{self, Shape};
 use super::kernels::matmul::{View, linear, matmul, rows_times_matrix};
 use super::kernels::norm::{self, Normed};
+use super::kernels::q8::{self, Q8Matrix};
 use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
-use super::params::BlockParams;
+use super::params::{BlockParams, QuantBlock};
 use crate::arch::Mlp;
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
@@ -108,13 +109,34 @@ pub(super) struct Ctx<'a> {
     pub first: usize,
     pub period: usize,
     pub streams: Option<&'a [usize]>,
+    /// The block's matrices in `Q8_0`, where the decoder keeps them so (`None`: all f32).
+    pub quant: Option<&'a QuantBlock>,
 }
 
-impl Ctx<'_> {
+/// A linear layer's weight `[n_in, n_out]` in f32, or its `Q8_0` rows.
+#[derive(Clone, Copy)]
+pub(super) enum Weight<'a> {
+    F32(&'a [f32]),
+    Q8(&'a Q8Matrix),
+}
+
+impl<'a> Ctx<'a> {
     fn position(&self, row: usize) -> usize {
         match self.streams {
             Some(positions) => positions[row],
             None => self.first + row % self.period,
+        }
+    }
+
+    /// The weight `f32` (`[n_in, n_out]`), or its `Q8_0` rows where the decoder keeps
+    /// `which` of them so.
+    fn weight<'w>(&self, f32: &'w [f32], which: fn(&QuantBlock) -> &Option<Q8Matrix>) -> Weight<'w>
+    where
+        'a: 'w,
+    {
+        match self.quant.and_then(|q| which(q).as_ref()) {
+            Some(q) => Weight::Q8(q),
+            None => Weight::F32(f32),
         }
     }
 
@@ -124,15 +146,18 @@ impl Ctx<'_> {
         &self,
         out: &mut [f32],
         x: &[f32],
-        w: &[f32],
+        w: Weight<'_>,
         b: &[f32],
         rows: usize,
         n_in: usize,
         n_out: usize,
     ) {
-        match self.streams {
-            Some(_) => rows_times_matrix(&mut out[..rows * n_out], &x[..rows * n_in], w, b, n_in),
-            None => linear(out, x, w, b, rows, n_in, n_out),
+        let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
+        match (w, self.streams) {
+            (Weight::Q8(w), Some(_)) => q8::linear_streams(out, x, w, b),
+            (Weight::Q8(w), None) => q8::linear(out, x, w, b),
+            (Weight::F32(w), Some(_)) => rows_times_matrix(out, x, w, b, n_in),
+            (Weight::F32(w), None) => linear(out, x, w, b, rows, n_in, n_out),
         }
     }
 }
@@ -156,7 +181,8 @@ pub(super) fn forward(
         att: &mut a.att,
         att_mask: &a.att_mask,
     });
-    ctx.linear(&mut a.mid, &a.y, &p.attn_proj_w, &p.attn_proj_b, rows, c, c);
+    let w = ctx.weight(&p.attn_proj_w, |q| &q.attn_proj);
+    ctx.linear(&mut a.mid, &a.y, w, &p.attn_proj_b, rows, c, c);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
     let activation: fn(&mut [f32], &[f32], usize) = match d.mlp {
@@ -177,9 +203,11 @@ pub(super) fn forward(
     };
     norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
     let fc = d.fc_width;
-    ctx.linear(&mut a.fc, &a.ln_2, &p.c_fc_w, &p.c_fc_b, rows, c, fc);
+    let w = ctx.weight(&p.c_fc_w, |q| &q.c_fc);
+    ctx.linear(&mut a.fc, &a.ln_2, w, &p.c_fc_b, rows, c, fc);
     activation(&mut a.act, &a.fc, hidden);
-    ctx.linear(out, &a.act, &p.mlp_proj_w, &p.mlp_proj_b, rows, hidden, c);
+    let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
+    ctx.linear(out, &a.act, w, &p.mlp_proj_b, rows, hidden, c);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
 }
@@ -198,7 +226,7 @@ pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32],
     ctx.linear(
         &mut a.qkv,
         &a.ln_1,
-        &p.c_attn_w,
+        ctx.weight(&p.c_attn_w, |q| &q.c_attn),
         &p.c_attn_b,
         rows,
         c,

@@ -33,6 +33,6 @@ mod kernels;
 mod params;
 mod train;
 
-pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK};
+pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
 pub use error::FusedError;
 pub use train::{FusedCpu, TokenBatch};

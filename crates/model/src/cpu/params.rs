@@ -10,6 +10,7 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::kernels::q8::Q8Matrix;
 use crate::arch::{BlockSlot, Slot};
 use crate::nn::Gpt;
 use crate::nn::by_path::parameters_by_path;
@@ -35,6 +36,15 @@ pub(crate) struct BlockParams {
     /// `[hidden, width]`.
     pub mlp_proj_w: Vec<f32>,
     pub mlp_proj_b: Vec<f32>,
+}
+
+/// One block's matrices in `Q8_0` (`None`: kept in f32).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QuantBlock {
+    pub c_attn: Option<Q8Matrix>,
+    pub attn_proj: Option<Q8Matrix>,
+    pub c_fc: Option<Q8Matrix>,
+    pub mlp_proj: Option<Q8Matrix>,
 }
 
 /// The field each of a block's slots is kept in: one exhaustive match each way (shared and

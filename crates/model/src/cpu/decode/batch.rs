@@ -11,6 +11,7 @@
 
 use super::cache::StreamCache;
 use super::decoder::{FusedDecoder, HeadRows, attend};
+use super::quant::WeightFormat;
 use crate::cpu::block::{self, BlockActs, Ctx, Heads};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
@@ -45,7 +46,16 @@ impl FusedBatch {
     /// `gpt`'s weights and `streams` empty caches (each `2 · n_layer · block_size · kv_width`
     /// floats).
     pub fn new(gpt: &Gpt, streams: usize) -> Result<Self, FusedError> {
-        let single = FusedDecoder::new(gpt)?;
+        Self::with_weights(gpt, streams, WeightFormat::F32)
+    }
+
+    /// [`FusedBatch::new`], the matrices kept in `format` (as [`FusedDecoder::with_weights`]).
+    pub fn with_weights(
+        gpt: &Gpt,
+        streams: usize,
+        format: WeightFormat,
+    ) -> Result<Self, FusedError> {
+        let single = FusedDecoder::with_weights(gpt, format)?;
         let empty = single.empty_cache();
         Ok(Self {
             single,
@@ -141,7 +151,7 @@ impl FusedBatch {
     /// appending their keys and values to the streams' caches; leaves their logits in
     /// `rows.head.logits` `[rows, vocab]`.
     fn forward_rows(&mut self, tokens: &[u32]) {
-        let (d, w, rope) = self.single.parts();
+        let (d, w, quant, rope) = self.single.parts();
         let (c, n) = (d.width, tokens.len());
         let r = &mut self.rows;
         r.x.resize(n * c, 0.0);
@@ -158,6 +168,7 @@ impl FusedBatch {
                 first: 0,
                 period: 1,
                 streams: Some(&r.position),
+                quant: quant.map(|q| &q.blocks[l]),
             };
             let (streams, scores) = (&mut self.streams, &mut r.scores);
             let (which, position) = (&r.stream, &r.position);
@@ -170,7 +181,8 @@ impl FusedBatch {
             self.streams[s].len += 1;
         }
         // The final norm and the LM head, row by row as `FusedDecoder` does its last row.
-        r.head.forward(d, w, &r.x);
+        r.head
+            .forward(d, w, quant.and_then(|q| q.head.as_ref()), &r.x, true);
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tinygpt_attention::AttentionError;
 
 use super::cache::StreamCache;
+use super::quant::{QuantWeights, WeightFormat};
 use crate::cpu::block::{self, BlockActs, Ctx, Heads};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
@@ -18,6 +19,7 @@ use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::fast_math::{self, vectorized};
 use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into, rows_times_matrix};
 use crate::cpu::kernels::norm::{self, Normed};
+use crate::cpu::kernels::q8::{self, Q8Matrix};
 use crate::cpu::kernels::{rope, softcap};
 use crate::cpu::params::Params;
 use crate::error::ModelError;
@@ -43,6 +45,8 @@ pub const PREFILL_CHUNK: usize = 256;
 pub struct FusedDecoder {
     dims: Dims,
     weights: Params,
+    /// The matrices kept as `Q8_0` (their f32 buffers in `weights` then empty).
+    quant: Option<QuantWeights>,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
     /// heads); rows `0..len` are filled.
     cache: StreamCache,
@@ -74,8 +78,16 @@ pub(crate) struct HeadRows {
 }
 
 impl HeadRows {
-    /// The logits `[rows, vocab]` of the rows of `x` (`[rows, width]`), in `self.logits`.
-    pub(crate) fn forward(&mut self, d: &Dims, w: &Params, x: &[f32]) {
+    /// The logits `[rows, vocab]` of the rows of `x` (`[rows, width]`), in `self.logits`; by
+    /// the head's `Q8_0` rows where the decoder keeps it so (each row alone with `streams`).
+    pub(crate) fn forward(
+        &mut self,
+        d: &Dims,
+        w: &Params,
+        head: Option<&Q8Matrix>,
+        x: &[f32],
+        streams: bool,
+    ) {
         let c = d.width;
         let n = x.len() / c;
         self.ln_f.resize(n * c, 0.0);
@@ -90,7 +102,12 @@ impl HeadRows {
             norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
         }
         self.logits.resize(n * d.vocab, 0.0);
-        if w.lm_head.is_empty() {
+        if let Some(head) = head {
+            match streams {
+                true => q8::linear_streams(&mut self.logits, &self.ln_f, head, &[]),
+                false => q8::linear(&mut self.logits, &self.ln_f, head, &[]),
+            }
+        } else if w.lm_head.is_empty() {
             let rows = self
                 .logits
                 .chunks_exact_mut(d.vocab)
@@ -113,11 +130,22 @@ impl HeadRows {
 impl FusedDecoder {
     /// Reads `gpt`'s sizes and weights (dropout is off while sampling).
     pub fn new(gpt: &Gpt) -> Result<Self, FusedError> {
+        Self::with_weights(gpt, WeightFormat::F32)
+    }
+
+    /// [`FusedDecoder::new`], the matrices kept in `format` (quantised once, here).
+    pub fn with_weights(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
         let dims = Dims::of(gpt)?;
         let cache = vec![0.0; dims.block_size * dims.kv_width()];
+        let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
+        let quant = match format {
+            WeightFormat::F32 => None,
+            WeightFormat::Q8_0 => Some(QuantWeights::take(&mut weights, &dims)),
+        };
         Ok(Self {
             dims,
-            weights: Params::read(gpt, Arc::new(ParamLayout::of(gpt))),
+            weights,
+            quant,
             cache: StreamCache {
                 keys: vec![cache.clone(); gpt.h.len()],
                 values: vec![cache; gpt.h.len()],
@@ -154,8 +182,8 @@ impl FusedDecoder {
     }
 
     /// The forward pass of `tokens` at positions `len..len + rows`, appending their keys and
-    /// values to the cache; with `head`, leaves the last row's logits in `self.head.logits`.
-    fn forward(&mut self, tokens: &[u32], head: bool) {
+    /// values to the cache; leaves the logits `head` asks for in `self.head.logits`.
+    fn forward(&mut self, tokens: &[u32], head: Head) {
         let d = self.dims;
         let (c, rows, past) = (d.width, tokens.len(), self.cache.len);
         self.x.resize(rows * c, 0.0);
@@ -177,8 +205,8 @@ impl FusedDecoder {
         }
         let blocks = self.weights.blocks.len();
         for l in 0..blocks {
-            if l + 1 == blocks && rows > 1 {
-                self.last_block(past, rows, head);
+            if l + 1 == blocks && rows > 1 && head != Head::All {
+                self.last_block(past, rows, head == Head::Last);
                 break;
             }
             let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
@@ -190,6 +218,7 @@ impl FusedDecoder {
                 first: past,
                 period: rows,
                 streams: None,
+                quant: self.quant.as_ref().map(|q| &q.blocks[l]),
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
                 let cache = Cache {
@@ -206,8 +235,10 @@ impl FusedDecoder {
             });
             std::mem::swap(&mut self.x, &mut self.next);
         }
-        if head && rows == 1 {
-            self.head.forward(&self.dims, &self.weights, &self.x);
+        if head == Head::All || (head == Head::Last && rows == 1) {
+            let q8 = self.quant.as_ref().and_then(|q| q.head.as_ref());
+            self.head
+                .forward(&self.dims, &self.weights, q8, &self.x, false);
         }
         self.cache.len += rows;
     }
@@ -221,12 +252,14 @@ impl FusedDecoder {
         let d = self.dims;
         let l = self.weights.blocks.len() - 1;
         let p = &self.weights.blocks[l];
+        let quant = self.quant.as_ref();
         let ctx = |first: usize, period: usize| Ctx {
             dims: &d,
             rope: &self.rope,
             first,
             period,
             streams: None,
+            quant: quant.map(|q| &q.blocks[l]),
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
         let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
@@ -252,7 +285,9 @@ impl FusedDecoder {
             let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
             attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
         });
-        self.head.forward(&d, &self.weights, &self.next[..c]);
+        let q8 = quant.and_then(|q| q.head.as_ref());
+        self.head
+            .forward(&d, &self.weights, q8, &self.next[..c], false);
     }
 
     /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.
@@ -275,19 +310,54 @@ impl FusedDecoder {
     pub(crate) fn feed_checked(&mut self, tokens: &[u32]) -> &[f32] {
         let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            self.forward(chunk, i + 1 == chunks);
+            let head = if i + 1 == chunks {
+                Head::Last
+            } else {
+                Head::None
+            };
+            self.forward(chunk, head);
         }
         &self.head.logits
+    }
+
+    /// Every row's logits of `tokens` read from an empty cache, as [`Gpt::forward`] gives a
+    /// window's: `each(row, logits [vocab])` in order (what `eval` scores; the window is left
+    /// cached).
+    pub fn window_logits(
+        &mut self,
+        tokens: &[u32],
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.clear();
+        self.check(tokens)?;
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            self.forward(chunk, Head::All);
+            let rows = self.head.logits.chunks_exact(self.dims.vocab);
+            rows.enumerate()
+                .for_each(|(r, logits)| each(i * PREFILL_CHUNK + r, logits));
+        }
+        Ok(())
     }
 
     pub(crate) fn dims(&self) -> &Dims {
         &self.dims
     }
 
-    /// The sizes, the weights and the rotary tables.
-    pub(crate) fn parts(&self) -> (&Dims, &Params, &rope::Tables) {
-        (&self.dims, &self.weights, &self.rope)
+    /// The sizes, the weights (and those kept as `Q8_0`) and the rotary tables.
+    pub(crate) fn parts(&self) -> (&Dims, &Params, Option<&QuantWeights>, &rope::Tables) {
+        (&self.dims, &self.weights, self.quant.as_ref(), &self.rope)
     }
+}
+
+/// Which logits a forward pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// None: a prompt's chunk before its last.
+    None,
+    /// The last row's: the next token's.
+    Last,
+    /// Every row's: a window scored.
+    All,
 }
 
 /// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows

@@ -7,6 +7,8 @@
 mod batch;
 mod cache;
 mod decoder;
+mod quant;
 
 pub use batch::FusedBatch;
 pub use decoder::{FusedDecoder, PREFILL_CHUNK};
+pub use quant::{WeightFormat, weight_bytes_per_token};

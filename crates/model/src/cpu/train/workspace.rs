@@ -175,6 +175,7 @@ impl Workspace {
             first: 0,
             period: seq,
             streams: None,
+            quant: None,
         };
         let maps = &mut self.scratch.maps;
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
@@ -245,6 +246,7 @@ impl Workspace {
             first: 0,
             period: seq,
             streams: None,
+            quant: None,
         };
         for l in (0..w.blocks.len()).rev() {
             let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);

@@ -1,0 +1,366 @@
+//! Int8 weights for decoding: GGUF's `Q8_0` (blocks of 32 signed bytes along a weight row, one
+//! f16 scale each: value = `q · d`), and the products of such rows with activations quantised
+//! the same way on the fly (per block of 32, an f32 scale).
+//!
+//! A token of decoding reads every weight once, so its time is the bytes read: 1.0625 bytes
+//! per weight here against f32's 4. The sum of a block is exact in integers; only the scales'
+//! products are float:
+//!
+//! ```text
+//! row · x = Σ_blocks (d_w · d_x) · Σ_{i<32} q_w[i] · q_x[i]
+//! ```
+//!
+//! [`dot_reference`] defines the numbers in plain Rust (eight lanes of four products, as the
+//! AVX2 instructions group them, and the lanes' sum in the order the vector code takes); the
+//! AVX2 kernel computes exactly the same floats, which the tests check bit for bit. A product
+//! of many rows (a prompt) instead multiplies the dequantised weights in f32 ([`GEMM_ROWS`]).
+
+use half::f16;
+
+use super::matmul::{View, matmul_into};
+
+/// Values per block.
+pub(crate) const BLOCK: usize = 32;
+
+/// A matrix `[rows, cols]` of `Q8_0` blocks along each row (`cols` a multiple of [`BLOCK`]):
+/// `q [rows · cols]` and the blocks' f16 scales `d [rows · cols / 32]`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Q8Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub q: Vec<i8>,
+    pub d: Vec<f16>,
+}
+
+impl Q8Matrix {
+    /// `values [rows, cols]` quantised row by row as ggml's reference quantiser does it
+    /// (`quantize_row_q8_0_ref`): `d = max|x| / 127` rounded to f16, `q = round(x / d)` with
+    /// `1 / d` taken from the f32 `d` (ties away from zero).
+    pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {
+        assert!(cols.is_multiple_of(BLOCK), "a Q8_0 row is whole blocks");
+        let rows = values.len() / cols;
+        let mut m = Self {
+            rows,
+            cols,
+            q: vec![0; values.len()],
+            d: vec![f16::ZERO; values.len() / BLOCK],
+        };
+        let blocks = values.chunks_exact(BLOCK).zip(m.q.chunks_exact_mut(BLOCK));
+        for ((x, q), d) in blocks.zip(&mut m.d) {
+            *d = f16::from_f32(quantize_block(x, q));
+        }
+        m
+    }
+
+    /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`: each
+    /// output's weights contiguous, as a row of GGUF's `[n_out, n_in]` tensors.
+    pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
+        let n_out = w.len() / n_in;
+        let mut t = vec![0.0; w.len()];
+        for (i, row) in w.chunks_exact(n_out).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                t[j * n_in + i] = v;
+            }
+        }
+        Self::from_rows(&t, n_in)
+    }
+}
+
+/// `x`'s 32 values as bytes in `q`, returning the scale `d = max|x| / 127` (0 for a zero block).
+fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        // |v · id| <= 127 up to `id`'s rounding, which `as` saturates.
+        *q = (v * id).round() as i8;
+    }
+    d
+}
+
+/// Activation rows quantised for the products: `q [rows · cols]`, f32 scales per block.
+#[derive(Debug, Default)]
+pub(crate) struct Q8Rows {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+}
+
+impl Q8Rows {
+    /// `x [rows, cols]` quantised block by block (f32 scales: the activations change every
+    /// token, so nothing is saved by rounding their scales to f16).
+    pub(crate) fn quantize(&mut self, x: &[f32]) {
+        self.q.resize(x.len(), 0);
+        self.d.resize(x.len() / BLOCK, 0.0);
+        let blocks = x.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK));
+        for ((x, q), d) in blocks.zip(&mut self.d) {
+            *d = quantize_block(x, q);
+        }
+    }
+}
+
+/// Below this many rows a product runs in int8; from it on (a prompt's chunk, a window
+/// scored) the weights are dequantised a panel at a time into the blocked f32 product, which
+/// on AVX2 does more multiply-adds per instruction than byte products do (those win only
+/// where the weights' bytes are the cost: a token at a time).
+pub(crate) const GEMM_ROWS: usize = 16;
+
+/// Output rows of the weight panel dequantised at a time: `[PANEL, cols]` f32 stays in L2.
+const PANEL: usize = 64;
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty = no bias). Under
+/// [`GEMM_ROWS`] rows, `x` is quantised (into this thread's scratch, so a token allocates
+/// nothing) and each row computed as it would be alone ([`rows_times`]); from it on, by
+/// f32 products of the dequantised weights.
+pub(crate) fn linear(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]) {
+    product(out, x, w, b, x.len() / w.cols < GEMM_ROWS);
+}
+
+/// [`linear`] of rows that are separate streams: each in int8, as it would be alone, however
+/// many there are.
+pub(crate) fn linear_streams(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]) {
+    product(out, x, w, b, true);
+}
+
+fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Q8Rows, Vec<f32>)> = std::cell::RefCell::default();
+    }
+    SCRATCH.with_borrow_mut(|(rows, panel)| {
+        if !int8 {
+            return dequantised(out, x, w, b, panel);
+        }
+        rows.quantize(x);
+        rows_times(out, rows, w, b);
+    });
+}
+
+/// [`linear`] for many rows: panels of [`PANEL`] weight rows dequantised into `panel`, each
+/// multiplied by all of `x` in f32.
+fn dequantised(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], panel: &mut Vec<f32>) {
+    let (k, n) = (w.cols, w.rows);
+    let rows = x.len() / k;
+    for j0 in (0..n).step_by(PANEL) {
+        let j1 = (j0 + PANEL).min(n);
+        panel.resize((j1 - j0) * k, 0.0);
+        let q = &w.q[j0 * k..j1 * k];
+        let d = &w.d[j0 * k / BLOCK..j1 * k / BLOCK];
+        let blocks = panel.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
+        for ((values, q), d) in blocks.zip(d) {
+            let d = d.to_f32();
+            values
+                .iter_mut()
+                .zip(q)
+                .for_each(|(v, &q)| *v = f32::from(q) * d);
+        }
+        let weights = View::new(panel, j1 - j0, k).t();
+        matmul_into(
+            &mut out[j0..],
+            n,
+            View::new(x, rows, k),
+            weights,
+            1.0,
+            false,
+        );
+    }
+    if !b.is_empty() {
+        out.chunks_exact_mut(n)
+            .for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+    }
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty = no bias), `x` already
+/// quantised: every row is computed as it would be alone. Each weight row goes past every
+/// activation row while it is in cache, so it is read from memory once for all of them. (A
+/// kernel of four weight rows at once, sharing each activation block's load, measured slower
+/// on AVX2: 22–25 tokens/s against 39–52 at SmolLM2-135M's shape.)
+pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
+    let (k, n) = (w.cols, w.rows);
+    let kb = k / BLOCK;
+    let rows = x.q.len() / k;
+    let dot = kernel();
+    for j in 0..n {
+        let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
+        let bias = b.get(j).copied().unwrap_or(0.0);
+        for r in 0..rows {
+            let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
+            out[r * n + j] = dot(wq, ws, xq, xd) + bias;
+        }
+    }
+}
+
+/// A weight row (`wq [k]`, its scales `ws [k / 32]`) times a quantised activation row.
+type Dot = fn(&[i8], &[f16], &[i8], &[f32]) -> f32;
+
+/// The fastest exact kernel this CPU runs (the feature check is a cached flag read).
+fn kernel() -> Dot {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the features the kernels are compiled for were just detected.
+        return |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) };
+    }
+    |wq, ws, xq, xd| {
+        let scales: Vec<f32> = ws.iter().map(|d| d.to_f32()).collect();
+        dot_reference(wq, &scales, xq, xd)
+    }
+}
+
+/// The numbers every kernel computes for a row: per block, eight lanes of four byte products
+/// each (lane `l` sums bytes `4l..4l + 4`, exact in `i32`), each lane's sum times the block's
+/// `d_w · d_x` added to the lane's running total by one fused multiply-add; then the lanes'
+/// totals summed as `((0+4) + (2+6)) + ((1+5) + (3+7))`.
+pub(crate) fn dot_reference(wq: &[i8], ws: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let blocks = wq.chunks_exact(BLOCK).zip(xq.chunks_exact(BLOCK));
+    for ((w, x), (&dw, &dx)) in blocks.zip(ws.iter().zip(xd)) {
+        let s = dw * dx;
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let sum: i32 = (4 * l..4 * l + 4)
+                .map(|i| i32::from(w[i]) * i32::from(x[i]))
+                .sum();
+            *acc = (sum as f32).mul_add(s, *acc);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::BLOCK;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_reference`] in AVX2: a block's 32 byte products by `maddubs` (unsigned
+    /// `|w|` times `x` carrying `w`'s sign; pairs of products, at most 2·128·127, fit `i16`)
+    /// and `madd` with ones into eight `i32` lanes; the weights' scales eight blocks at a time
+    /// by F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
+        let kb = ws.len();
+        assert!(wq.len() >= kb * BLOCK && xq.len() >= kb * BLOCK && xd.len() >= kb);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let mut scales = [0f32; 8];
+        for b0 in (0..kb).step_by(8) {
+            let n = (kb - b0).min(8);
+            match n {
+                // SAFETY: `ws[b0..b0 + 8]` is 16 bytes in bounds; `scales` 8 f32.
+                8 => unsafe {
+                    let bits = _mm_loadu_si128(ws.as_ptr().add(b0).cast());
+                    _mm256_storeu_ps(scales.as_mut_ptr(), _mm256_cvtph_ps(bits));
+                },
+                _ => scales
+                    .iter_mut()
+                    .zip(&ws[b0..])
+                    .for_each(|(s, d)| *s = d.to_f32()),
+            }
+            for b in b0..b0 + n {
+                // SAFETY: block `b` of both rows is in bounds (asserted above).
+                unsafe {
+                    let w = _mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast());
+                    let x = _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast());
+                    let pairs =
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                    let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    let s = _mm256_set1_ps(scales[b - b0] * *xd.get_unchecked(b));
+                    acc = _mm256_fmadd_ps(lanes, s, acc);
+                }
+            }
+        }
+        let half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len as u32)
+            .map(|i| ((i * 7919 + seed * 104729) % 251) as f32 / 50.0 - 2.5)
+            .collect()
+    }
+
+    /// The quantiser rounds as ggml's: the largest value maps to ±127, the scale is its f16.
+    #[test]
+    fn blocks_quantise_as_ggml_does() {
+        let mut x = values(32, 1);
+        x[5] = -3.0;
+        let m = Q8Matrix::from_rows(&x, 32);
+        assert_eq!(m.q[5], -127);
+        assert_eq!(m.d[0], f16::from_f32(3.0 / 127.0));
+        let id = 127.0 / 3.0;
+        for (q, v) in m.q.iter().zip(&x) {
+            assert_eq!(*q, (v * id).round() as i8);
+        }
+        assert!(
+            Q8Matrix::from_rows(&[0.0; 32], 32)
+                .d
+                .iter()
+                .all(|d| *d == f16::ZERO)
+        );
+    }
+
+    /// Every product `rows_times` gives (several activation rows, with a bias)
+    /// is bit for bit the reference's, and the integer sums are the plain ones: a product of
+    /// blocks of scale 1 is `Σ q_w q_x`.
+    #[test]
+    fn the_kernel_computes_the_reference_numbers() {
+        let (rows, k, n) = (3, 160, 9);
+        let w = Q8Matrix::from_columns(&values(k * n, 2), k);
+        let mut x = Q8Rows::default();
+        x.quantize(&values(rows * k, 3));
+        let b = values(n, 4);
+        let mut out = vec![0.0; rows * n];
+        rows_times(&mut out, &x, &w, &b);
+        let kb = k / BLOCK;
+        for r in 0..rows {
+            for j in 0..n {
+                let ws: Vec<f32> = w.d[j * kb..(j + 1) * kb]
+                    .iter()
+                    .map(|d| d.to_f32())
+                    .collect();
+                let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
+                let want = dot_reference(&w.q[j * k..(j + 1) * k], &ws, xq, xd) + b[j];
+                assert_eq!(
+                    out[r * n + j].to_bits(),
+                    want.to_bits(),
+                    "row {r}, output {j}"
+                );
+            }
+        }
+        // Bytes of ±127 and scale 1: the integer sum exactly.
+        let wq = vec![127i8; 64];
+        let xq: Vec<i8> = (0..64)
+            .map(|i| if i % 3 == 0 { -127 } else { 127 })
+            .collect();
+        let sum: i32 = wq.iter().zip(&xq).map(|(&a, &b)| a as i32 * b as i32).sum();
+        assert_eq!(kernel()(&wq, &[f16::ONE; 2], &xq, &[1.0; 2]), sum as f32);
+    }
+
+    /// Weights in Burn's `[n_in, n_out]` layout come out as rows of outputs, and the product is
+    /// close to f32's (within what 8 bits of each side allow) in int8 and in the dequantised
+    /// f32 product many rows take.
+    #[test]
+    fn products_are_close_to_f32() {
+        let (k, n) = (96, 70);
+        for rows in [2, GEMM_ROWS + 3] {
+            let (w, x, b) = (values(k * n, 4), values(rows * k, 5), values(n, 6));
+            let q = Q8Matrix::from_columns(&w, k);
+            let mut out = vec![0.0; rows * n];
+            linear(&mut out, &x, &q, &b);
+            for r in 0..rows {
+                for j in 0..n {
+                    let exact: f32 =
+                        (0..k).map(|i| x[r * k + i] * w[i * n + j]).sum::<f32>() + b[j];
+                    let scale: f32 = (0..k).map(|i| (x[r * k + i] * w[i * n + j]).abs()).sum();
+                    assert!((out[r * n + j] - exact).abs() < 0.02 * scale, "{r} {j}");
+                }
+            }
+        }
+    }
+}

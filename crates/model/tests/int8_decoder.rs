@@ -1,0 +1,189 @@
+//! The fused decoder with its matrices in `Q8_0` (`WeightFormat::Q8_0`): logits within a stated
+//! bound of f32's on every architecture, streams of a batch computed as alone, every row of a
+//! window scored as `Gpt::forward` scores it, and the bytes a token reads.
+
+mod common;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use common::{configs, seeded, tokens};
+use tinygpt_model::{
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, WeightFormat, generate,
+    weight_bytes_per_token,
+};
+
+/// Every decoder config at width 96 (whole blocks of 32 for every matrix), so each is
+/// quantised.
+fn int8_configs() -> Vec<GptConfig> {
+    configs()
+        .into_iter()
+        .map(|c| c.with_n_embd(96).with_block_size(40))
+        .collect()
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+/// After a prompt and each of 20 tokens, int8 logits are within 3% of the largest f32 logit
+/// (measured on these configs: 0.3% to 2.4%), and not equal to them (the matrices were quantised).
+#[test]
+fn int8_logits_stay_close_to_f32() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in int8_configs() {
+        let gpt = config.init(&device).unwrap();
+        let mut f32s = FusedDecoder::new(&gpt).unwrap();
+        let mut int8 = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
+        let stream = tokens(config.block_size, config.vocab_size);
+        let (mut fed, mut worst, mut differs) = (0, 0f32, false);
+        for step in [7].into_iter().chain(std::iter::repeat_n(1, 20)) {
+            let want = f32s.feed(&stream[fed..fed + step]).unwrap();
+            let got = int8.feed(&stream[fed..fed + step]).unwrap();
+            fed += step;
+            let diff = max_abs(
+                &got.iter()
+                    .zip(&want)
+                    .map(|(a, b)| a - b)
+                    .collect::<Vec<_>>(),
+            );
+            worst = worst.max(diff / max_abs(&want));
+            differs |= got != want;
+        }
+        assert!(worst < 0.03, "{config:?}: {worst} of the largest logit");
+        assert!(differs, "{config:?}: int8 gave f32's logits exactly");
+    }
+}
+
+/// Greedy decoding of a seeded model agrees with f32's for most tokens (random weights make the
+/// top two logits close far more often than a trained model's do; measured: all 30).
+#[test]
+fn greedy_int8_mostly_agrees_with_f32() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    let config = int8_configs().remove(0);
+    let gpt = config.init(&device).unwrap();
+    let options = GenerateOptions {
+        temperature: 0.0,
+        max_new_tokens: 30,
+        ..Default::default()
+    };
+    let mut f32s = FusedDecoder::new(&gpt).unwrap();
+    let mut int8 = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
+    let want = generate(&mut f32s, &[1, 2, 3], &options, |_| {}).unwrap();
+    let got = generate(&mut int8, &[1, 2, 3], &options, |_| {}).unwrap();
+    let same = want.iter().zip(&got).take_while(|(a, b)| a == b).count();
+    assert!(same >= 20, "only the first {same} of 30 tokens agree");
+}
+
+/// A batch's streams with int8 matrices: each stream's logits bit for bit those of a decoder
+/// alone, whatever else is in the step, however many streams step together (17: more than
+/// the rows from which a prompt's products go to f32).
+#[test]
+fn int8_streams_are_computed_as_alone() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in int8_configs() {
+        let gpt = config.init(&device).unwrap();
+        let mut batch = FusedBatch::with_weights(&gpt, 2, WeightFormat::Q8_0).unwrap();
+        let mut alone = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
+        let prompt = tokens(6, config.vocab_size);
+        let want = alone.feed(&prompt).unwrap();
+        let got = batch.step(&[(0, &prompt), (1, &prompt[..2])]).unwrap();
+        assert_eq!(&got[..config.vocab_size], &want[..], "{config:?}");
+        for token in [1, 5, 2] {
+            let want = alone.feed(&[token]).unwrap();
+            let got = batch.step(&[(1, &[token]), (0, &[token])]).unwrap();
+            let v = config.vocab_size;
+            assert_eq!(&got[v..2 * v], &want[..], "{config:?}");
+        }
+        let mut many = FusedBatch::with_weights(&gpt, 17, WeightFormat::Q8_0).unwrap();
+        let feeds: Vec<(usize, &[u32])> = (0..17).map(|s| (s, &prompt[..2])).collect();
+        many.step(&feeds).unwrap();
+        let feeds: Vec<(usize, &[u32])> = (0..17).map(|s| (s, &prompt[2..3])).collect();
+        let got = many.step(&feeds).unwrap();
+        alone.clear();
+        alone.feed(&prompt[..2]).unwrap();
+        let want = alone.feed(&prompt[2..3]).unwrap();
+        for s in 0..17 {
+            let v = config.vocab_size;
+            assert_eq!(&got[s * v..(s + 1) * v], &want[..], "{config:?} stream {s}");
+        }
+    }
+}
+
+/// Every row of a window scored by `window_logits` is `Gpt::forward`'s row (f32, to float
+/// rounding), and with int8 matrices within the same bound as a feed's.
+#[test]
+fn window_logits_are_every_rows_logits() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in int8_configs() {
+        let gpt = config.init(&device).unwrap();
+        let window = tokens(config.block_size, config.vocab_size);
+        let burn = forward(&gpt, &window);
+        for (format, bound) in [(WeightFormat::F32, 1e-4), (WeightFormat::Q8_0, 0.03)] {
+            let mut decoder = FusedDecoder::with_weights(&gpt, format).unwrap();
+            let mut rows = 0;
+            decoder
+                .window_logits(&window, |r, logits| {
+                    let want = &burn[r * config.vocab_size..(r + 1) * config.vocab_size];
+                    let diff = logits
+                        .iter()
+                        .zip(want)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff <= bound * max_abs(want),
+                        "{config:?} {format:?} row {r}"
+                    );
+                    rows += 1;
+                })
+                .unwrap();
+            assert_eq!(rows, window.len());
+        }
+    }
+}
+
+/// Every row's logits of `Gpt::forward` over `context`, `[seq, vocab]`.
+fn forward(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
+    let ids: Vec<i64> = context.iter().map(|&t| t.into()).collect();
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(ids, [1, context.len()]),
+        &gpt.wte.weight.device(),
+    );
+    gpt.forward(ids).unwrap().into_data().try_to_vec().unwrap()
+}
+
+/// The bytes a token reads: 4 a weight in f32; 34 per 32 in int8 where rows are whole blocks,
+/// f32 where not (width 30).
+#[test]
+fn bytes_per_token_count_the_matrices() {
+    let device = Device::flex();
+    // Width 96, 2 layers, hidden 384, vocab 13 tied; c_attn 96×288, proj 96×96, fc 96×384,
+    // mlp_proj 384×96, head 13×96.
+    let config = common::small().with_n_embd(96);
+    let gpt = config.init(&device).unwrap();
+    let weights = 2 * (96 * 288 + 96 * 96 + 96 * 384 + 384 * 96) + 13 * 96;
+    let f32s = weight_bytes_per_token(&gpt, WeightFormat::F32).unwrap();
+    assert_eq!(f32s, 4 * weights);
+    let int8 = weight_bytes_per_token(&gpt, WeightFormat::Q8_0).unwrap();
+    assert_eq!(int8, weights / 32 * 34);
+    let narrow = common::small().init(&device).unwrap();
+    assert_eq!(
+        weight_bytes_per_token(&narrow, WeightFormat::Q8_0).unwrap(),
+        weight_bytes_per_token(&narrow, WeightFormat::F32).unwrap()
+    );
+}
+
+/// The decoder's cache and positions are the same whatever its format: `Decoder`'s contract.
+#[test]
+fn int8_decoder_keeps_the_decoder_contract() {
+    let _seeded = seeded();
+    let gpt = int8_configs().remove(0).init(&Device::flex()).unwrap();
+    let mut int8 = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
+    int8.feed(&[1, 2, 3]).unwrap();
+    assert_eq!(int8.cached(), 3);
+    int8.clear();
+    let again = int8.feed(&[1, 2, 3]).unwrap();
+    let mut fresh = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
+    assert_eq!(again, fresh.feed(&[1, 2, 3]).unwrap());
+}

@@ -13,14 +13,14 @@ use burn::module::Module;
 use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{GenerateOptions, generate};
+use tinygpt_model::{GenerateOptions, generate, weight_bytes_per_token};
 
-use crate::backend::{Backend, Placement, describe};
-use crate::config::RunConfig;
+use crate::backend::{Backend, EngineKind, Placement, describe};
 use crate::config::presets::ConfigSource;
+use crate::config::{OptimizerKind, RunConfig, TrainDType};
 use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
-use crate::decoder::decoder;
+use crate::decoder::{Weights, decoder};
 use crate::profile::{KernelProfile, profile, table};
 use crate::token_cost::{self, TokenCost};
 use crate::train::engine::{self, Engine};
@@ -54,6 +54,10 @@ pub struct BenchResult {
     pub sample_cost: Option<TokenCost>,
     /// Whether sampling used [`GenerateOptions::context_shift`].
     pub context_shift: bool,
+    /// How sampling kept the matrices (`f32`, `q8_0`), and the bytes of them a token reads
+    /// (the fused decoder's: `None` on Burn's backends).
+    pub weights: String,
+    pub weight_bytes_per_token: Option<usize>,
     pub peak_rss_mib: Option<f64>,
     /// `train.dtype`.
     pub dtype: String,
@@ -75,6 +79,8 @@ pub struct BenchArgs {
     pub prompt_tokens: usize,
     /// Sample with the context shift instead of nanoGPT's exact sliding window.
     pub context_shift: bool,
+    /// How sampling keeps the matrices.
+    pub weights: Weights,
     /// `section.key=value` overrides applied to every config (`train.dtype=bf16`).
     pub overrides: Vec<String>,
     /// Steps to profile the kernel launches of after the timed ones; 0 = none. GPU backends
@@ -162,6 +168,8 @@ fn bench_one(
             .map(|s| args.prompt_tokens as f64 / s),
         sample_cost: sampled.cost,
         context_shift: args.context_shift,
+        weights: args.weights.name().to_string(),
+        weight_bytes_per_token: sampled.weight_bytes,
         peak_rss_mib: peak_rss_mib(),
         dtype: t.dtype.name().to_string(),
         kernels,
@@ -213,6 +221,8 @@ fn median_step(
 /// A sampling measurement: the tokens of one pass, the seconds of the first and second pass,
 /// and (on a GPU) what a token of a third pass cost.
 struct Sampling {
+    /// The bytes of matrices a token read (the fused decoder's).
+    weight_bytes: Option<usize>,
     tokens: usize,
     first_seconds: f64,
     seconds: f64,
@@ -239,7 +249,7 @@ fn sampling(
         context_shift: args.context_shift,
         ..GenerateOptions::default()
     };
-    let mut decoder = decoder(placement, &inference, inference.vocab_size())?;
+    let mut decoder = decoder(placement, &inference, inference.vocab_size(), args.weights)?;
     let mut pass = || -> Result<(usize, f64)> {
         let start = Instant::now();
         let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
@@ -260,7 +270,18 @@ fn sampling(
             &options,
         )?),
     };
+    let weight_bytes = match placement
+        .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
+        .0
+    {
+        EngineKind::Fused => Some(weight_bytes_per_token(
+            &inference,
+            args.weights.format(EngineKind::Fused)?,
+        )?),
+        EngineKind::Autodiff | EngineKind::Device => None,
+    };
     Ok(Sampling {
+        weight_bytes,
         tokens,
         first_seconds,
         seconds,
@@ -323,6 +344,12 @@ pub fn row(r: &BenchResult) -> String {
         r.first_sample_tokens_per_s,
         r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}"))
     );
+    if let (Some(bytes), "q8_0") = (r.weight_bytes_per_token, r.weights.as_str()) {
+        line.push_str(&format!(
+            "\n  sampled with q8_0 matrices: {:.1} MiB read a token",
+            bytes as f64 / (1 << 20) as f64
+        ));
+    }
     if let Some(cost) = &r.sample_cost {
         line.push_str(&format!(
             "\n  per sampled token: {:.1} kernel launches, {:.2} host reads; \

@@ -2,13 +2,50 @@
 //! placement's engine calls for (the fused CPU decoder, or Burn's on the model's device), and
 //! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, Pick, Picked,
+    WeightFormat,
 };
 
 use crate::backend::{EngineKind, Placement};
 use crate::config::{OptimizerKind, TrainDType};
+
+/// `--weights`: how sampling keeps the model's matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Weights {
+    /// As trained: 4 bytes a weight.
+    #[default]
+    F32,
+    /// int8 in blocks of 32 with a scale each (GGUF's Q8_0): about a quarter of the bytes a
+    /// token reads, for a little accuracy (see `eval --weights q8_0`); CPU only (the fused
+    /// decoder).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl Weights {
+    /// The name `--weights` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The fused decoder's format, on the engine `kind` (only the fused decoder quantises: on
+    /// any other, int8 is an error, never a silent f32).
+    pub fn format(self, kind: EngineKind) -> Result<WeightFormat> {
+        Ok(match (self, kind) {
+            (Self::F32, _) => WeightFormat::F32,
+            (Self::Q8_0, EngineKind::Fused) => WeightFormat::Q8_0,
+            (Self::Q8_0, EngineKind::Autodiff | EngineKind::Device) => bail!(
+                "--weights q8_0 runs on the fused CPU decoder only (--backend fused, or auto on \
+                 a machine without a GPU); this backend samples with f32 weights"
+            ),
+        })
+    }
+}
 
 /// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
 /// [`Placement::engine_for`] picks the fused engine, Burn on the model's device otherwise. A model whose vocabulary is
@@ -18,6 +55,7 @@ pub fn decoder<'a>(
     placement: &Placement,
     model: &'a Gpt,
     tokens: usize,
+    weights: Weights,
 ) -> Result<Box<dyn Decoder + 'a>> {
     decoder_for(
         placement
@@ -25,6 +63,7 @@ pub fn decoder<'a>(
             .0,
         model,
         tokens,
+        weights,
     )
 }
 
@@ -33,9 +72,11 @@ pub fn decoder_for<'a>(
     kind: EngineKind,
     model: &'a Gpt,
     tokens: usize,
+    weights: Weights,
 ) -> Result<Box<dyn Decoder + 'a>> {
+    let format = weights.format(kind)?;
     let inner: Box<dyn Decoder + 'a> = match kind {
-        EngineKind::Fused => Box::new(FusedDecoder::new(model)?),
+        EngineKind::Fused => Box::new(FusedDecoder::with_weights(model, format)?),
         EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
     };
     Ok(unpadded(inner, tokens))
@@ -47,9 +88,11 @@ pub fn batch_decoder<'a>(
     kind: EngineKind,
     model: &'a Gpt,
     streams: usize,
+    weights: Weights,
 ) -> Result<Box<dyn BatchDecoder + 'a>> {
+    let format = weights.format(kind)?;
     Ok(match kind {
-        EngineKind::Fused => Box::new(FusedBatch::new(model, streams)?),
+        EngineKind::Fused => Box::new(FusedBatch::with_weights(model, streams, format)?),
         EngineKind::Autodiff | EngineKind::Device => Box::new(GptBatch::new(model, streams)),
     })
 }

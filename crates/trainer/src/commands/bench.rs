@@ -1,6 +1,7 @@
 //! `tinygpt bench`: training and sampling speed and peak memory.
 
 use std::process::ExitCode;
+use tinygpt::decoder::Weights;
 
 use anyhow::Result;
 use tinygpt::backend::Backend;
@@ -39,6 +40,9 @@ pub struct Args {
     /// Sample with the context shift (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
+    /// Sample with the matrices kept as f32 or q8_0 (see `generate --weights`).
+    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    weights: Weights,
     /// Override a key of every config, `section.key=value` (e.g. `train.dtype=bf16`); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
@@ -65,6 +69,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         sample_tokens: args.sample_tokens,
         prompt_tokens: args.prompt_tokens,
         context_shift: args.context_shift,
+        weights: args.weights,
         overrides: args.overrides,
         kernel_steps: args.kernels,
     };

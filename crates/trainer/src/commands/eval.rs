@@ -6,9 +6,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use tinygpt::backend::{Backend, describe};
 use tinygpt::chat::{ChatTemplate, jsonl};
+use tinygpt::config::{OptimizerKind, TrainDType};
 use tinygpt::data::{self, Split, read_corpus};
 use tinygpt::data::{conversations, corpus};
-use tinygpt::eval::evaluate;
+use tinygpt::decoder::Weights;
+use tinygpt::eval::{evaluate, evaluate_decoded};
 use tinygpt::run::checkpoint::{Run, Which};
 
 /// Loss, bits per character (bits per byte for BPE) and perplexity.
@@ -26,15 +28,36 @@ pub struct Args {
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// Score with the model's matrices as sampling keeps them with `--weights q8_0` (int8,
+    /// on the fused CPU decoder), to measure what int8 costs; f32 scores with the model as
+    /// trained.
+    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    weights: Weights,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (run, placement, model, state) =
         super::load::load(&args.checkpoint, args.which, args.backend)?;
-    let device = placement.device;
+    let device = placement.device.clone();
     let (split, source) = split(&run, args.data.as_ref())?;
     let block_size = run.config.model.block_size;
-    let result = evaluate(&model, &run.tokenizer, &split, block_size, &device)?;
+    let (result, on) = match args.weights {
+        Weights::F32 => (
+            evaluate(&model, &run.tokenizer, &split, block_size, &device)?,
+            describe(&device),
+        ),
+        Weights::Q8_0 => {
+            let engine = placement
+                .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
+                .0;
+            let format = args.weights.format(engine)?;
+            let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, format)?;
+            (
+                result,
+                "the fused CPU decoder with q8_0 matrices".to_string(),
+            )
+        }
+    };
     println!(
         "{source} | {} weights (step {}) on {} | {} tokens | loss {:.4} | {:.4} bits per {} | perplexity {:.3}",
         match args.which {
@@ -42,7 +65,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Which::Last => "last",
         },
         state.step,
-        describe(&device),
+        on,
         result.tokens,
         result.loss,
         result.bits_per_unit,

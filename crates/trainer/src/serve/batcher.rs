@@ -84,7 +84,7 @@ impl Jobs {
 /// room.
 pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize, stats: &Stats) {
     let max_batch = jobs.max_batch;
-    let Ok(mut batch) = batch_decoder(engine, &model.gpt, max_batch) else {
+    let Ok(mut batch) = batch_decoder(engine, &model.gpt, max_batch, model.weights) else {
         return; // `Pool::start` built one already: this does not happen.
     };
     let batch = &mut *batch;

@@ -17,6 +17,8 @@ pub struct Model {
     pub gpt: Gpt,
     pub placement: Placement,
     pub tokenizer: Tokenizer,
+    /// How the decoder keeps the matrices (`--weights`).
+    pub weights: crate::decoder::Weights,
 }
 
 /// Work for a generation thread.

@@ -11,7 +11,7 @@ use crate::backend::EngineKind;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, Split};
-use crate::decoder::decoder_for;
+use crate::decoder::{Weights, decoder_for};
 use crate::run::journal::EvalLine;
 
 /// The most tokens of the prompt whose attention is recorded: a heatmap a person can read, and
@@ -100,7 +100,7 @@ impl Recording<'_> {
             return Ok(String::new());
         }
         let vocab = self.tokenizer.vocab_size();
-        let mut decoder = decoder_for(self.engine, self.model, vocab)?;
+        let mut decoder = decoder_for(self.engine, self.model, vocab, Weights::F32)?;
         let options = GenerateOptions {
             max_new_tokens: tokens,
             seed: self.config.train.seed,

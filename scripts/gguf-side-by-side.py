@@ -4,15 +4,18 @@
 For each shape (SmolLM2-135M's: 30 layers, width 576, 9 query and 3 key/value heads, SwiGLU
 1536, θ 100000, tied, 49,152 embedding rows; and the shakespeare-char preset's, with GELU's tanh
 form so that llama.cpp computes it), the script makes a run with random weights (one training
-step), exports it as f32 and q8_0 GGUF, imports the q8_0 file back (tinygpt decodes the
-dequantised weights in f32), and times:
+step), exports it as f32 and q8_0 GGUF, and times:
 
 - llama.cpp (llama-cpp-python, `n_threads` 2, its default f16 KV cache): a prompt
   of P tokens in one batch (prompt tokens/s), then N tokens one at a time (decode tokens/s,
   greedy), best of 3;
-- tinygpt (`--backend fused`, every core): `bench --iters 0 --prompt-tokens P --sample-tokens N`
-  on the run's config, and on the imported q8_0 run's (the same shape: its f32 decoding of the
-  dequantised weights costs what f32 does; the two rows show this machine's run-to-run spread).
+- tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
+  run's config, `--weights f32` and `--weights q8_0` (its decoding is one thread; a prompt's
+  products use every core);
+- the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
+  its own half), best of 3, so each decode figure can say what share of the ceiling it reads
+  (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied
+  models is the bytes a token reads to within the norms).
 
 The machine's other work distorts the figures: run nothing else meanwhile. Not for CI. From the repository root:
 
@@ -64,7 +67,6 @@ def make(tinygpt, corpus, name, work):
     for dtype in ["f32", "q8_0"]:
         run([tinygpt, "export", "--checkpoint", str(work / "run"), "--which", "last", "--format",
              "gguf", "--dtype", dtype, "--out", str(work / f"{dtype}.gguf")])
-    run([tinygpt, "import", "--from", str(work / "q8_0.gguf"), "--out", str(work / "deq")])
 
 
 def llama_cpp_speed(gguf, prompt_ids, new):
@@ -94,15 +96,30 @@ def llama_cpp_speed(gguf, prompt_ids, new):
     return best_pp, best_tg
 
 
-def tinygpt_speed(tinygpt, run_dir, n_prompt, new):
+def read_bandwidth(threads):
+    """GB/s of a read-only sum over 1 GiB of f32 split among `threads` threads, best of 3."""
+    from concurrent.futures import ThreadPoolExecutor
+    data = np.ones(1 << 28, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    best = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def tinygpt_speed(tinygpt, run_dir, n_prompt, new, weights):
     """`bench` on the run's config (its shape; bench's weights are random, which does not change
     the speed): a prompt of P tokens read, and N tokens sampled from a one-token prompt with the
     KV cache, each timed in the process on a second pass."""
     bench = run([tinygpt, "bench", "--config", str(run_dir / "config.toml"), "--backend",
                  "fused", "--iters", "0", "--sample-tokens", str(new), "--prompt-tokens",
-                 str(n_prompt), "--json"])
+                 str(n_prompt), "--weights", weights, "--json"])
     result = json.loads(bench.stdout.strip().splitlines()[-1])
-    return result["prompt_tokens_per_s"], result["sample_tokens_per_s"]
+    return (result["prompt_tokens_per_s"], result["sample_tokens_per_s"],
+            result["weight_bytes_per_token"])
 
 
 def main():
@@ -111,6 +128,10 @@ def main():
     parser.add_argument("--corpus", required=True, help="text to train the tokenizers on")
     parser.add_argument("--only", choices=sorted(SHAPES), action="append")
     args = parser.parse_args()
+    bandwidth = {t: read_bandwidth(t) for t in (1, 2)}
+    for t, gb_s in bandwidth.items():
+        print(json.dumps({"engine": "memory", "threads": t, "read_gb_s": round(gb_s, 1)}),
+              flush=True)
     rows = []
     for name in args.only or SHAPES:
         _, n_prompt, new = SHAPES[name]
@@ -123,16 +144,22 @@ def main():
                                     verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
             probe.close()
+            share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
             for dtype in ["f32", "q8_0"]:
-                pp, tg = llama_cpp_speed(work / f"{dtype}.gguf", ids, new)
+                gguf = work / f"{dtype}.gguf"
+                pp, tg = llama_cpp_speed(gguf, ids, new)
                 rows.append({"shape": name, "engine": "llama.cpp", "weights": dtype,
-                             "prompt_tokens": n_prompt, "prompt_tok_s": round(pp, 1),
-                             "new_tokens": new, "decode_tok_s": round(tg, 1)})
-            for label, run_dir in [("f32", work / "run"), ("q8_0 dequantised to f32", work / "deq")]:
-                pp, tg = tinygpt_speed(args.tinygpt, run_dir, n_prompt, new)
-                rows.append({"shape": name, "engine": "tinygpt", "weights": label,
-                             "prompt_tokens": n_prompt, "prompt_tok_s": round(pp, 1),
-                             "new_tokens": new, "decode_tok_s": round(tg, 1)})
+                             "threads": THREADS, "prompt_tokens": n_prompt,
+                             "prompt_tok_s": round(pp, 1), "new_tokens": new,
+                             "decode_tok_s": round(tg, 1), "bytes_per_token": gguf.stat().st_size,
+                             "share_of_read_ceiling": share(gguf.stat().st_size, tg, THREADS)})
+            for weights in ["f32", "q8_0"]:
+                pp, tg, size = tinygpt_speed(args.tinygpt, work / "run", n_prompt, new, weights)
+                rows.append({"shape": name, "engine": "tinygpt", "weights": weights,
+                             "threads": 1, "prompt_tokens": n_prompt,
+                             "prompt_tok_s": round(pp, 1), "new_tokens": new,
+                             "decode_tok_s": round(tg, 1), "bytes_per_token": size,
+                             "share_of_read_ceiling": share(size, tg, 1)})
             for row in rows[-4:]:
                 print(json.dumps(row), flush=True)
     return 0

@@ -39,7 +39,7 @@ pub use arch::parts;
 pub use arch::{BlockSlot, GptConfig, ParamName, Slot, parameter_table};
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch, WeightFormat,
-    weight_bytes_per_token,
+    q8_0_block, weight_bytes_per_token,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use nn::{

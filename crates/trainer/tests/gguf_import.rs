@@ -96,8 +96,9 @@ fn an_exported_run_imports_as_the_same_model_and_exports_as_the_same_file() {
     }
 }
 
-/// A q8_0 file imports dequantised: weights within half a quantisation step of the f32 ones,
-/// and the imported run samples, fine-tunes from its weights, and exports.
+/// A q8_0 file imports dequantised: weights within half a quantisation step of the f32 ones;
+/// quantised again (an export, or sampling with `--weights q8_0`) they are the file's bytes
+/// exactly; and the imported run samples, fine-tunes from its weights, and exports.
 #[test]
 fn a_quantised_llama_imports_samples_and_fine_tunes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -111,6 +112,14 @@ fn a_quantised_llama_imports_samples_and_fine_tunes() {
         let worst = x.iter().zip(y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(worst <= scale / 127.0, "{name}: {worst} of {scale}");
     }
+    // Imported under the source's name, which the file records as `general.name`.
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "q.gguf", "--out", "llama"],
+    ));
+    export(dir, &dir.join("llama"), "q8_0", "requantised.gguf");
+    let (first, again) = (dir.join("q.gguf"), dir.join("requantised.gguf"));
+    assert!(std::fs::read(first).unwrap() == std::fs::read(again).unwrap());
     let out = ok(tinygpt(
         dir,
         &[

@@ -111,6 +111,10 @@ pub(super) struct Ctx<'a> {
     pub streams: Option<&'a [usize]>,
     /// The block's matrices in `Q8_0`, where the decoder keeps them so (`None`: all f32).
     pub quant: Option<&'a QuantBlock>,
+    /// Every row of a `Q8_0` product in int8, as a token alone is computed, however many rows
+    /// (a window scored); otherwise many rows of one sequence (a prompt) take the dequantised
+    /// f32 product. Separate `streams` always are.
+    pub int8_rows: bool,
 }
 
 /// A linear layer's weight `[n_in, n_out]` in f32, or its `Q8_0` rows.
@@ -154,8 +158,10 @@ impl<'a> Ctx<'a> {
     ) {
         let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
         match (w, self.streams) {
-            (Weight::Q8(w), Some(_)) => q8::linear_streams(out, x, w, b),
-            (Weight::Q8(w), None) => q8::linear(out, x, w, b),
+            (Weight::Q8(w), _) if self.int8_rows || self.streams.is_some() => {
+                q8::linear_streams(out, x, w, b)
+            }
+            (Weight::Q8(w), _) => q8::linear(out, x, w, b),
             (Weight::F32(w), Some(_)) => rows_times_matrix(out, x, w, b, n_in),
             (Weight::F32(w), None) => linear(out, x, w, b, rows, n_in, n_out),
         }

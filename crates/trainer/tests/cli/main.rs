@@ -5,6 +5,7 @@ mod bad_input;
 #[path = "../common/mod.rs"]
 mod common;
 mod exports;
+mod int8;
 mod outputs;
 
 use std::io::{BufRead, BufReader};

@@ -169,6 +169,7 @@ impl FusedBatch {
                 period: 1,
                 streams: Some(&r.position),
                 quant: quant.map(|q| &q.blocks[l]),
+                int8_rows: true,
             };
             let (streams, scores) = (&mut self.streams, &mut r.scores);
             let (which, position) = (&r.stream, &r.position);

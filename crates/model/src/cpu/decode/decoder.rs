@@ -219,6 +219,7 @@ impl FusedDecoder {
                 period: rows,
                 streams: None,
                 quant: self.quant.as_ref().map(|q| &q.blocks[l]),
+                int8_rows: head == Head::All,
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
                 let cache = Cache {
@@ -237,8 +238,9 @@ impl FusedDecoder {
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
             let q8 = self.quant.as_ref().and_then(|q| q.head.as_ref());
+            let alone = head == Head::All;
             self.head
-                .forward(&self.dims, &self.weights, q8, &self.x, false);
+                .forward(&self.dims, &self.weights, q8, &self.x, alone);
         }
         self.cache.len += rows;
     }
@@ -260,6 +262,7 @@ impl FusedDecoder {
             period,
             streams: None,
             quant: quant.map(|q| &q.blocks[l]),
+            int8_rows: false,
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
         let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
@@ -322,7 +325,8 @@ impl FusedDecoder {
 
     /// Every row's logits of `tokens` read from an empty cache, as [`Gpt::forward`] gives a
     /// window's: `each(row, logits [vocab])` in order (what `eval` scores; the window is left
-    /// cached).
+    /// cached). With `Q8_0` matrices every row's products are int8, as a sampled token's are
+    /// (a prompt's many rows take the dequantised f32 product instead).
     pub fn window_logits(
         &mut self,
         tokens: &[u32],

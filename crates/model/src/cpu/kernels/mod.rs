@@ -11,7 +11,7 @@ pub(crate) mod gelu_tanh;
 pub(crate) mod layer_norm;
 pub(crate) mod matmul;
 pub(crate) mod norm;
-pub(crate) mod q8;
+pub mod q8;
 pub(crate) mod qk_norm;
 pub(crate) mod relu2;
 pub(crate) mod rms_norm;

@@ -20,7 +20,7 @@ use half::f16;
 use super::matmul::{View, matmul_into};
 
 /// Values per block.
-pub(crate) const BLOCK: usize = 32;
+pub const BLOCK: usize = 32;
 
 /// A matrix `[rows, cols]` of `Q8_0` blocks along each row (`cols` a multiple of [`BLOCK`]):
 /// `q [rows · cols]` and the blocks' f16 scales `d [rows · cols / 32]`.
@@ -64,6 +64,15 @@ impl Q8Matrix {
         }
         Self::from_rows(&t, n_in)
     }
+}
+
+/// One block of 32 values as GGUF's `Q8_0` stores it: its f16 scale and 32 bytes, rounded as
+/// ggml's reference quantiser rounds them (what `export --dtype q8_0` writes, and what the
+/// decoder quantises its weights with: the same bytes).
+pub fn q8_0_block(x: &[f32; BLOCK]) -> (f16, [i8; BLOCK]) {
+    let mut q = [0; BLOCK];
+    let d = quantize_block(x, &mut q);
+    (f16::from_f32(d), q)
 }
 
 /// `x`'s 32 values as bytes in `q`, returning the scale `d = max|x| / 127` (0 for a zero block).

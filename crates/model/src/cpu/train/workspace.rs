@@ -176,6 +176,7 @@ impl Workspace {
             period: seq,
             streams: None,
             quant: None,
+            int8_rows: false,
         };
         let maps = &mut self.scratch.maps;
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
@@ -247,6 +248,7 @@ impl Workspace {
             period: seq,
             streams: None,
             quant: None,
+            int8_rows: false,
         };
         for l in (0..w.blocks.len()).rev() {
             let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);

@@ -35,17 +35,15 @@ pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
     })
 }
 
-/// One block of 32 values as `Q8_0`'s 34 bytes.
+/// One block of 32 values as `Q8_0`'s 34 bytes (the quantiser the decoder's `--weights q8_0`
+/// uses too: a Q8_0 file imported and sampled in int8 has its own bytes back).
 fn q8_0_block(x: &[f32]) -> [u8; 34] {
-    debug_assert_eq!(x.len(), Q8_0_BLOCK);
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let x: &[f32; Q8_0_BLOCK] = x.try_into().expect("whole blocks");
+    let (d, q) = tinygpt_model::q8_0_block(x);
     let mut block = [0u8; 34];
-    block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-    for (q, &v) in block[2..].iter_mut().zip(x) {
-        // |v · id| <= 127 (up to rounding of `id`, which `as` saturates).
-        *q = ((v * id).round() as i8) as u8;
+    block[..2].copy_from_slice(&d.to_le_bytes());
+    for (b, q) in block[2..].iter_mut().zip(q) {
+        *b = q as u8;
     }
     block
 }

@@ -1,0 +1,118 @@
+//! `--weights q8_0`: a trained run sampled, scored and benchmarked with int8 matrices on the
+//! fused CPU decoder, close to f32; asked of another backend, one line and a non-zero exit.
+
+use super::common::*;
+
+/// The `loss N` field of an `eval` line.
+fn loss(eval: &str) -> f64 {
+    let part = eval
+        .split(" | ")
+        .find(|p| p.starts_with("loss "))
+        .unwrap_or_else(|| panic!("{eval}"));
+    part[5..].trim().parse().unwrap()
+}
+
+#[test]
+fn int8_weights_sample_score_and_bench_close_to_f32() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let extra = ["--max-iters", "40", "--set", "train.learning_rate=1e-2"];
+    ok(train(dir, "run", &extra));
+    let generate = |weights: &str| {
+        ok(tinygpt(
+            dir,
+            &[
+                "generate",
+                "--checkpoint",
+                "run",
+                "--prompt",
+                "Of Man",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "40",
+                "--backend",
+                "fused",
+                "--weights",
+                weights,
+            ],
+        ))
+    };
+    let (f32s, int8) = (generate("f32"), generate("q8_0"));
+    assert!(int8.starts_with("Of Man"), "{int8}");
+    assert_eq!(
+        int8.chars().count(),
+        f32s.chars().count(),
+        "{int8:?} vs {f32s:?}"
+    );
+
+    let eval = |weights: &str| {
+        ok(tinygpt(
+            dir,
+            &[
+                "eval",
+                "--checkpoint",
+                "run",
+                "--backend",
+                "fused",
+                "--weights",
+                weights,
+            ],
+        ))
+    };
+    let (f32_eval, int8_eval) = (eval("f32"), eval("q8_0"));
+    assert!(int8_eval.contains("q8_0"), "{int8_eval}");
+    let (a, b) = (loss(&f32_eval), loss(&int8_eval));
+    assert!(
+        (a - b).abs() < 0.02 * a,
+        "f32 {f32_eval} vs int8 {int8_eval}"
+    );
+
+    let bench = |weights: &str| -> serde_json::Value {
+        let out = ok(tinygpt(
+            dir,
+            &[
+                "bench",
+                "--config",
+                "baby",
+                "--iters",
+                "0",
+                "--sample-tokens",
+                "20",
+                "--json",
+                "--weights",
+                weights,
+            ],
+        ));
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    };
+    let (f32_bench, int8_bench) = (bench("f32"), bench("q8_0"));
+    assert_eq!(int8_bench["weights"], "q8_0");
+    let bytes = |v: &serde_json::Value| v["weight_bytes_per_token"].as_u64().unwrap();
+    // 34 bytes per 32 weights against 128.
+    assert_eq!(
+        bytes(&int8_bench) * 128,
+        bytes(&f32_bench) * 34,
+        "{int8_bench}"
+    );
+}
+
+#[test]
+fn int8_weights_elsewhere_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "run", &["--max-iters", "2"]));
+    let why = "--weights q8_0 runs on the fused CPU decoder only";
+    for command in ["generate", "eval", "serve"] {
+        let args = [
+            command,
+            "--checkpoint",
+            "run",
+            "--backend",
+            "flex",
+            "--weights",
+            "q8_0",
+        ];
+        fails(tinygpt(dir, &args), why);
+    }
+}

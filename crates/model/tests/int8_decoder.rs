@@ -187,3 +187,24 @@ fn int8_decoder_keeps_the_decoder_contract() {
     let mut fresh = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
     assert_eq!(again, fresh.feed(&[1, 2, 3]).unwrap());
 }
+
+/// A sequence's products split over threads give the same logits bit for bit as on one, f32
+/// and int8, through the window, the cached tokens and the head (tied and untied).
+#[test]
+fn threads_change_no_logit() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in int8_configs() {
+        let gpt = config.init(&device).unwrap();
+        let stream = tokens(12, config.vocab_size);
+        for format in [WeightFormat::F32, WeightFormat::Q8_0] {
+            let mut one = FusedDecoder::with_weights(&gpt, format).unwrap();
+            let mut three = FusedDecoder::with_weights(&gpt, format)
+                .unwrap()
+                .with_threads(3);
+            for step in [&stream[..5], &stream[5..6], &stream[6..7], &stream[7..12]] {
+                assert_eq!(three.feed(step).unwrap(), one.feed(step).unwrap());
+            }
+        }
+    }
+}

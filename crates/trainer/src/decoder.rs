@@ -76,7 +76,11 @@ pub fn decoder_for<'a>(
 ) -> Result<Box<dyn Decoder + 'a>> {
     let format = weights.format(kind)?;
     let inner: Box<dyn Decoder + 'a> = match kind {
-        EngineKind::Fused => Box::new(FusedDecoder::with_weights(model, format)?),
+        // One sequence's products split over every core (the same logits on any count).
+        EngineKind::Fused => Box::new(
+            FusedDecoder::with_weights(model, format)?
+                .with_threads(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        ),
         EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
     };
     Ok(unpadded(inner, tokens))

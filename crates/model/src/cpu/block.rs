@@ -13,8 +13,9 @@
 //! KV cache), which they pass in. A block feature is written here once.
 
 use super::dims::Dims;
+use super::helpers::{Helpers, split_columns};
 use super::kernels::attention::{self, Shape};
-use super::kernels::matmul::{View, linear, matmul, rows_times_matrix};
+use super::kernels::matmul::{View, linear, matmul, rows_times_matrix, vector_times_matrix};
 use super::kernels::norm::{self, Normed};
 use super::kernels::q8::{self, Q8Matrix};
 use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
@@ -115,6 +116,8 @@ pub(super) struct Ctx<'a> {
     /// (a window scored); otherwise many rows of one sequence (a prompt) take the dequantised
     /// f32 product. Separate `streams` always are.
     pub int8_rows: bool,
+    /// Threads a single row's products are split over (one sequence decoding), if any.
+    pub helpers: Option<&'a Helpers>,
 }
 
 /// A linear layer's weight `[n_in, n_out]` in f32, or its `Q8_0` rows.
@@ -157,6 +160,9 @@ impl<'a> Ctx<'a> {
         n_out: usize,
     ) {
         let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
+        if let Some(helpers) = self.helpers.filter(|h| rows == 1 && h.parts() > 1) {
+            return linear_split(out, x, w, b, helpers);
+        }
         match (w, self.streams) {
             (Weight::Q8(w), _) if self.int8_rows || self.streams.is_some() => {
                 q8::linear_streams(out, x, w, b)
@@ -165,6 +171,26 @@ impl<'a> Ctx<'a> {
             (Weight::F32(w), Some(_)) => rows_times_matrix(out, x, w, b, n_in),
             (Weight::F32(w), None) => linear(out, x, w, b, rows, n_in, n_out),
         }
+    }
+}
+
+/// One row's linear layer `out [n_out] = x [n_in] · w + b`, its outputs split over `helpers`'
+/// threads (each output computed as on one thread).
+pub(super) fn linear_split(
+    out: &mut [f32],
+    x: &[f32],
+    w: Weight<'_>,
+    b: &[f32],
+    helpers: &Helpers,
+) {
+    let n = out.len();
+    match w {
+        Weight::Q8(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q8::row_range(part, x, w, b, j0));
+        }),
+        Weight::F32(w) => split_columns(helpers, out, &|part, j0| {
+            vector_times_matrix(part, x, w, b, n, j0);
+        }),
     }
 }
 

@@ -29,6 +29,7 @@ mod block;
 mod decode;
 mod dims;
 mod error;
+mod helpers;
 mod kernels;
 mod params;
 mod train;

@@ -170,6 +170,7 @@ impl FusedBatch {
                 streams: Some(&r.position),
                 quant: quant.map(|q| &q.blocks[l]),
                 int8_rows: true,
+                helpers: None,
             };
             let (streams, scores) = (&mut self.streams, &mut r.scores);
             let (which, position) = (&r.stream, &r.position);
@@ -183,7 +184,7 @@ impl FusedBatch {
         }
         // The final norm and the LM head, row by row as `FusedDecoder` does its last row.
         r.head
-            .forward(d, w, quant.and_then(|q| q.head.as_ref()), &r.x, true);
+            .forward(d, w, quant.and_then(|q| q.head.as_ref()), &r.x, true, None);
     }
 }
 

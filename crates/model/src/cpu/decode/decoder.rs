@@ -12,9 +12,10 @@ use tinygpt_attention::AttentionError;
 
 use super::cache::StreamCache;
 use super::quant::{QuantWeights, WeightFormat};
-use crate::cpu::block::{self, BlockActs, Ctx, Heads};
+use crate::cpu::block::{self, BlockActs, Ctx, Heads, Weight, linear_split};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
+use crate::cpu::helpers::{Helpers, split_columns};
 use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::fast_math::{self, vectorized};
 use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into, rows_times_matrix};
@@ -47,6 +48,8 @@ pub struct FusedDecoder {
     weights: Params,
     /// The matrices kept as `Q8_0` (their f32 buffers in `weights` then empty).
     quant: Option<QuantWeights>,
+    /// Threads besides the caller's that share each token's products (none by default).
+    helpers: Helpers,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
     /// heads); rows `0..len` are filled.
     cache: StreamCache,
@@ -87,6 +90,7 @@ impl HeadRows {
         head: Option<&Q8Matrix>,
         x: &[f32],
         streams: bool,
+        helpers: Option<&Helpers>,
     ) {
         let c = d.width;
         let n = x.len() / c;
@@ -102,7 +106,20 @@ impl HeadRows {
             norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
         }
         self.logits.resize(n * d.vocab, 0.0);
-        if let Some(head) = head {
+        if let Some(helpers) = helpers.filter(|h| n == 1 && h.parts() > 1) {
+            let h = &self.ln_f[..c];
+            match (head, w.lm_head.is_empty()) {
+                (Some(q), _) => linear_split(&mut self.logits, h, Weight::Q8(q), &[], helpers),
+                (None, false) => {
+                    linear_split(&mut self.logits, h, Weight::F32(&w.lm_head), &[], helpers);
+                }
+                (None, true) => split_columns(helpers, &mut self.logits, &|part, j0| {
+                    for (logit, j) in part.iter_mut().zip(j0..) {
+                        *logit = dot(h, &w.wte[j * c..(j + 1) * c]);
+                    }
+                }),
+            }
+        } else if let Some(head) = head {
             match streams {
                 true => q8::linear_streams(&mut self.logits, &self.ln_f, head, &[]),
                 false => q8::linear(&mut self.logits, &self.ln_f, head, &[]),
@@ -146,6 +163,7 @@ impl FusedDecoder {
             dims,
             weights,
             quant,
+            helpers: Helpers::new(0),
             cache: StreamCache {
                 keys: vec![cache.clone(); gpt.h.len()],
                 values: vec![cache; gpt.h.len()],
@@ -161,6 +179,15 @@ impl FusedDecoder {
             scores: vec![0.0; dims.block_size],
             head: HeadRows::default(),
         })
+    }
+
+    /// Splits each token's products over `threads` threads (this one and `threads - 1` that
+    /// start now, spin briefly between products and park when decoding pauses): a sequence
+    /// decodes faster where one core cannot read the weights as fast as memory gives them.
+    /// The logits are the same bit for bit whatever the count.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.helpers = Helpers::new(threads.max(1) - 1);
+        self
     }
 
     fn check(&self, tokens: &[u32]) -> Result<(), ModelError> {
@@ -220,6 +247,7 @@ impl FusedDecoder {
                 streams: None,
                 quant: self.quant.as_ref().map(|q| &q.blocks[l]),
                 int8_rows: head == Head::All,
+                helpers: Some(&self.helpers),
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
                 let cache = Cache {
@@ -239,8 +267,14 @@ impl FusedDecoder {
         if head == Head::All || (head == Head::Last && rows == 1) {
             let q8 = self.quant.as_ref().and_then(|q| q.head.as_ref());
             let alone = head == Head::All;
-            self.head
-                .forward(&self.dims, &self.weights, q8, &self.x, alone);
+            self.head.forward(
+                &self.dims,
+                &self.weights,
+                q8,
+                &self.x,
+                alone,
+                Some(&self.helpers),
+            );
         }
         self.cache.len += rows;
     }
@@ -263,6 +297,7 @@ impl FusedDecoder {
             streams: None,
             quant: quant.map(|q| &q.blocks[l]),
             int8_rows: false,
+            helpers: Some(&self.helpers),
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
         let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
@@ -289,8 +324,14 @@ impl FusedDecoder {
             attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
         });
         let q8 = quant.and_then(|q| q.head.as_ref());
-        self.head
-            .forward(&d, &self.weights, q8, &self.next[..c], false);
+        self.head.forward(
+            &d,
+            &self.weights,
+            q8,
+            &self.next[..c],
+            false,
+            Some(&self.helpers),
+        );
     }
 
     /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.

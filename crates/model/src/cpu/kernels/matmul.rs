@@ -114,7 +114,7 @@ pub(crate) fn linear(
     n_out: usize,
 ) {
     if rows == 1 {
-        return vector_times_matrix(&mut out[..n_out], &x[..n_in], w, b);
+        return vector_times_matrix(&mut out[..n_out], &x[..n_in], w, b, n_out, 0);
     }
     let bias = !b.is_empty();
     if bias {
@@ -130,28 +130,34 @@ pub(crate) fn linear(
 }
 
 vectorized! {
-    /// `out [n] = x [k] · w [k, n] + b`: one token's linear layer while sampling. gemm's
-    /// one-row path packs `w` on every call; this reads it once, four rows at a time, each
-    /// added into `out` as a whole vector.
-    fn vector_times_matrix(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32]) {
-        let n = out.len();
+    /// Columns `j0..j0 + out.len()` of `x [k] · w [k, n] + b`: one token's linear layer while
+    /// sampling (all of it, or one thread's share). gemm's one-row path packs `w` on every
+    /// call; this reads it once, four rows at a time, each added into `out` as a whole vector.
+    pub(crate) fn vector_times_matrix(
+        out: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        n: usize,
+        j0: usize,
+    ) {
+        let m = out.len();
         if b.is_empty() {
             out.fill(0.0);
         } else {
-            out.copy_from_slice(b);
+            out.copy_from_slice(&b[j0..j0 + m]);
         }
-        let mut rows = w.chunks_exact(4 * n);
-        let mut xs = x.chunks_exact(4);
-        for (w4, x4) in (&mut rows).zip(&mut xs) {
-            let (w0, rest) = w4.split_at(n);
-            let (w1, rest) = rest.split_at(n);
-            let (w2, w3) = rest.split_at(n);
+        let row = |i: usize| &w[i * n + j0..i * n + j0 + m];
+        let k = x.len();
+        for i in (0..k - k % 4).step_by(4) {
+            let x4 = &x[i..i + 4];
+            let (w0, w1, w2, w3) = (row(i), row(i + 1), row(i + 2), row(i + 3));
             for ((((o, a), b), c), d) in out.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
                 *o += x4[0] * a + x4[1] * b + x4[2] * c + x4[3] * d;
             }
         }
-        for (&xi, row) in xs.remainder().iter().zip(rows.remainder().chunks_exact(n)) {
-            out.iter_mut().zip(row).for_each(|(o, w)| *o += xi * w);
+        for (i, &xi) in x.iter().enumerate().skip(k - k % 4) {
+            out.iter_mut().zip(row(i)).for_each(|(o, w)| *o += xi * w);
         }
     }
 }
@@ -300,10 +306,25 @@ mod tests {
             rows_times_matrix(&mut together, &x, &w, bias, k);
             for r in 0..rows {
                 let mut alone = vec![0.0; n];
-                vector_times_matrix(&mut alone, &x[r * k..(r + 1) * k], &w, bias);
+                vector_times_matrix(&mut alone, &x[r * k..(r + 1) * k], &w, bias, n, 0);
                 assert_eq!(&together[r * n..(r + 1) * n], &alone[..], "row {r}");
             }
         }
+    }
+
+    /// A token's product split by columns (as decoding threads split it) gives each column
+    /// bit for bit what the whole product gives it.
+    #[test]
+    fn column_ranges_are_the_whole_products_columns() {
+        let (k, n) = (19, 23);
+        let (x, w, b) = (values(k, 1), values(k * n, 2), values(n, 3));
+        let mut whole = vec![0.0; n];
+        vector_times_matrix(&mut whole, &x, &w, &b, n, 0);
+        let mut parts = vec![0.0; n];
+        let (left, right) = parts.split_at_mut(10);
+        vector_times_matrix(left, &x, &w, &b, n, 0);
+        vector_times_matrix(right, &x, &w, &b, n, 10);
+        assert_eq!(parts, whole);
     }
 
     #[test]

@@ -177,6 +177,29 @@ fn dequantised(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], panel: &mut 
     }
 }
 
+/// `f(x quantised)`, the quantised rows kept in this thread's scratch (a token allocates
+/// nothing).
+pub(crate) fn quantized<R>(x: &[f32], f: impl FnOnce(&Q8Rows) -> R) -> R {
+    thread_local! {
+        static ROWS: std::cell::RefCell<Q8Rows> = std::cell::RefCell::default();
+    }
+    ROWS.with_borrow_mut(|rows| {
+        rows.quantize(x);
+        f(rows)
+    })
+}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
+/// of a token's product, each output computed as [`rows_times`] computes it.
+pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32], j0: usize) {
+    let (k, kb) = (w.cols, w.cols / BLOCK);
+    let dot = kernel();
+    for (o, j) in out.iter_mut().zip(j0..) {
+        let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
+        *o = dot(wq, ws, &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
+    }
+}
+
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty = no bias), `x` already
 /// quantised: every row is computed as it would be alone. Each weight row goes past every
 /// activation row while it is in cache, so it is read from memory once for all of them. (A

@@ -177,6 +177,7 @@ impl Workspace {
             streams: None,
             quant: None,
             int8_rows: false,
+            helpers: None,
         };
         let maps = &mut self.scratch.maps;
         for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
@@ -249,6 +250,7 @@ impl Workspace {
             streams: None,
             quant: None,
             int8_rows: false,
+            helpers: None,
         };
         for l in (0..w.blocks.len()).rev() {
             let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);

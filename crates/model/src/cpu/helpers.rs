@@ -1,0 +1,174 @@
+//! [`Helpers`]: threads that share one sequence's matrix-vector products while it decodes.
+//!
+//! A token of one sequence is ~120 products of a few hundred microseconds or less each, back
+//! to back. Spawning threads per product (or waking a pool's sleeping ones) costs tens of
+//! microseconds each time; these threads stay, spin briefly for the next product, and park
+//! when decoding pauses, so a product is handed over in well under a microsecond while a
+//! sequence decodes and costs nothing while it does not.
+//!
+//! Each product is split by output columns, every output computed by the same code as on one
+//! thread: the numbers do not depend on the number of threads.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a helper spins for the next product before it parks.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A part of a product: `job(part)` for `part` in `0..parts`, the caller running part 0.
+type Job<'a> = &'a (dyn Fn(usize) + Sync);
+
+struct Shared {
+    /// The job being run (a `Job` with its lifetime erased: see [`Helpers::run`]).
+    job: std::sync::Mutex<Option<Job<'static>>>,
+    /// Products handed out so far; a helper runs each once.
+    posted: AtomicUsize,
+    /// Helpers done with the current product.
+    done: AtomicUsize,
+    panicked: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// `count` helper threads (none: every product on the caller's thread).
+pub(crate) struct Helpers {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Helpers({})", self.threads.len())
+    }
+}
+
+impl Helpers {
+    /// `count` helpers, started now.
+    pub(crate) fn new(count: usize) -> Self {
+        let shared = Arc::new(Shared {
+            job: std::sync::Mutex::new(None),
+            posted: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let threads = (0..count)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("decode-{}", i + 1))
+                    .spawn(move || help(&shared, i + 1))
+                    .expect("a decoding helper thread starts")
+            })
+            .collect();
+        Self { shared, threads }
+    }
+
+    /// Threads a product is split over: the helpers and the caller.
+    pub(crate) fn parts(&self) -> usize {
+        self.threads.len() + 1
+    }
+
+    /// Runs `job(0)` here and `job(1..parts)` on the helpers, returning when all are done.
+    pub(crate) fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        if self.threads.is_empty() {
+            return job(0);
+        }
+        let s = &self.shared;
+        // SAFETY: the job's borrows outlive every use of it: the helpers run it only between
+        // the post below and their `done` count, which this waits for before returning (even
+        // when `job(0)` panics: see `Wait`), and the slot is emptied before returning.
+        let erased: Job<'static> = unsafe { std::mem::transmute(job) };
+        *s.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(erased);
+        s.done.store(0, Ordering::SeqCst);
+        s.posted.fetch_add(1, Ordering::SeqCst);
+        self.threads.iter().for_each(|t| t.thread().unpark());
+        let _wait = Wait(self);
+        job(0);
+    }
+}
+
+/// Waits for the helpers' parts of the current product when dropped, so a product's borrows
+/// are never used after [`Helpers::run`] returns or unwinds.
+struct Wait<'a>(&'a Helpers);
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        let (s, helpers) = (&self.0.shared, self.0.threads.len());
+        while s.done.load(Ordering::SeqCst) < helpers {
+            std::hint::spin_loop();
+        }
+        *s.job.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if s.panicked.swap(false, Ordering::SeqCst) && !std::thread::panicking() {
+            panic!("a decoding helper thread panicked");
+        }
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// A helper's loop: wait for a product (spinning, then parked), run part `part` of it, count
+/// it done.
+fn help(s: &Shared, part: usize) {
+    let mut seen = 0;
+    loop {
+        let since = Instant::now();
+        while s.posted.load(Ordering::SeqCst) == seen {
+            if s.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            match since.elapsed() < SPIN {
+                true => std::hint::spin_loop(),
+                false => std::thread::park_timeout(Duration::from_millis(50)),
+            }
+        }
+        seen = s.posted.load(Ordering::SeqCst);
+        let job = *s.job.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(job) = job
+            && catch_unwind(AssertUnwindSafe(|| job(part))).is_err()
+        {
+            s.panicked.store(true, Ordering::SeqCst);
+        }
+        s.done.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// `out`'s pointer, shared by the parts of a product, each writing its own columns.
+struct Columns(*mut f32);
+
+// SAFETY: every part writes a range of columns no other part touches (see `split_columns`).
+unsafe impl Sync for Columns {}
+
+impl Columns {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `f(part, j0)` over [`Helpers::parts`] consecutive column ranges `j0..j0 + part.len()` of
+/// `out`, one on each thread: a product of one row split by outputs.
+pub(crate) fn split_columns(
+    helpers: &Helpers,
+    out: &mut [f32],
+    f: &(dyn Fn(&mut [f32], usize) + Sync),
+) {
+    let (n, parts) = (out.len(), helpers.parts());
+    let columns = Columns(out.as_mut_ptr());
+    helpers.run(&|p| {
+        let (j0, j1) = (n * p / parts, n * (p + 1) / parts);
+        // SAFETY: the ranges of the parts are disjoint and inside `out`, which stays borrowed
+        // mutably until every part is done (`run` returns only then).
+        let part = unsafe { std::slice::from_raw_parts_mut(columns.get().add(j0), j1 - j0) };
+        f(part, j0);
+    });
+}

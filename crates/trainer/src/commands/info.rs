@@ -7,6 +7,7 @@ use anyhow::Result;
 use burn::tensor::Device;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
+use tinygpt_model::{WeightFormat, weight_bytes_per_token};
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
@@ -84,6 +85,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             memory::human(a)
         ))
     );
+    // What a sampled token reads on the CPU: the decoding cost `--weights` changes.
+    let bytes = |format| weight_bytes_per_token(&model, format).map(|b| memory::human(b as u64));
+    if let (Ok(f32s), Ok(int8)) = (bytes(WeightFormat::F32), bytes(WeightFormat::Q8_0)) {
+        println!(
+            "sampling on the CPU reads {f32s} of matrices a token ({int8} with --weights q8_0)"
+        );
+    }
     println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
     print!("{}", run.config.to_toml());
     Ok(ExitCode::SUCCESS)

@@ -59,6 +59,8 @@ fn train_info_generate_eval() {
     assert!(info.contains("tokenizer: char, 71 tokens"), "{info}");
     assert!(info.contains("trained: 30 of 30 steps"), "{info}");
     assert!(info.contains("n_embd = 32"), "{info}");
+    assert!(info.contains("of matrices a token ("), "{info}");
+    assert!(info.contains("with --weights q8_0)"), "{info}");
 
     let generate_on = |seed: &str, backend: &str| {
         ok(tinygpt(

@@ -297,6 +297,8 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
             .position(|(k, _)| k == "gpt2.embedding_length")
             .unwrap(),
     );
+    let mut no_pre = file.clone();
+    no_pre.metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "truncated",
@@ -326,6 +328,11 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
                 Value::Str("deepseek-coder".into()),
             ),
             "tokenizer.ggml.pre \"deepseek-coder\" is not one tinygpt reads",
+        ),
+        (
+            "no-pre-tokenizer",
+            no_pre.to_bytes().unwrap(),
+            "names no pre-tokenizer (tokenizer.ggml.pre)",
         ),
         ("shape", tensor_too_small.to_bytes().unwrap(), "has shape"),
     ];

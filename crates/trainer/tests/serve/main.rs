@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod hostile;
+mod int8;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -268,7 +268,14 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
         Some(other) => bail!("tokenizer.ggml.model \"{other}\" is not byte-level BPE: {around}"),
         None => bail!("it has no tokenizer (tokenizer.ggml.model): {around}"),
     }
-    let pre = text("tokenizer.ggml.pre").unwrap_or("gpt-2");
+    // Without one, llama.cpp splits text by its "default" rule, unlike any read here: reading
+    // the file as gpt-2 would tokenize some texts differently from llama.cpp.
+    let pre = text("tokenizer.ggml.pre").ok_or_else(|| {
+        anyhow!(
+            "it names no pre-tokenizer (tokenizer.ggml.pre), so llama.cpp splits its text by a \
+             rule tinygpt does not read: {around}"
+        )
+    })?;
     let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
         anyhow!(
             "tokenizer.ggml.pre \"{pre}\" is not one tinygpt reads (gpt-2, smollm, llama-bpe, \

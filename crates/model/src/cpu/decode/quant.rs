@@ -21,16 +21,6 @@ pub enum WeightFormat {
     Q8_0,
 }
 
-impl WeightFormat {
-    /// The name users give it (`f32`, `q8_0`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Q8_0 => "q8_0",
-        }
-    }
-}
-
 /// Every block's matrices and the LM head in `Q8_0`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct QuantWeights {

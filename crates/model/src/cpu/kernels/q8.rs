@@ -132,15 +132,12 @@ pub(crate) fn linear_streams(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]
 
 fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
     thread_local! {
-        static SCRATCH: std::cell::RefCell<(Q8Rows, Vec<f32>)> = std::cell::RefCell::default();
+        static PANEL: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
     }
-    SCRATCH.with_borrow_mut(|(rows, panel)| {
-        if !int8 {
-            return dequantised(out, x, w, b, panel);
-        }
-        rows.quantize(x);
-        rows_times(out, rows, w, b);
-    });
+    match int8 {
+        true => quantized(x, |rows| rows_times(out, rows, w, b)),
+        false => PANEL.with_borrow_mut(|panel| dequantised(out, x, w, b, panel)),
+    }
 }
 
 /// [`linear`] for many rows: panels of [`PANEL`] weight rows dequantised into `panel`, each
@@ -233,21 +230,18 @@ fn kernel() -> Dot {
         // SAFETY: the features the kernels are compiled for were just detected.
         return |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) };
     }
-    |wq, ws, xq, xd| {
-        let scales: Vec<f32> = ws.iter().map(|d| d.to_f32()).collect();
-        dot_reference(wq, &scales, xq, xd)
-    }
+    dot_reference
 }
 
 /// The numbers every kernel computes for a row: per block, eight lanes of four byte products
 /// each (lane `l` sums bytes `4l..4l + 4`, exact in `i32`), each lane's sum times the block's
 /// `d_w · d_x` added to the lane's running total by one fused multiply-add; then the lanes'
 /// totals summed as `((0+4) + (2+6)) + ((1+5) + (3+7))`.
-pub(crate) fn dot_reference(wq: &[i8], ws: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
+pub(crate) fn dot_reference(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let blocks = wq.chunks_exact(BLOCK).zip(xq.chunks_exact(BLOCK));
     for ((w, x), (&dw, &dx)) in blocks.zip(ws.iter().zip(xd)) {
-        let s = dw * dx;
+        let s = dw.to_f32() * dx;
         for (l, acc) in acc.iter_mut().enumerate() {
             let sum: i32 = (4 * l..4 * l + 4)
                 .map(|i| i32::from(w[i]) * i32::from(x[i]))
@@ -352,12 +346,9 @@ mod tests {
         let kb = k / BLOCK;
         for r in 0..rows {
             for j in 0..n {
-                let ws: Vec<f32> = w.d[j * kb..(j + 1) * kb]
-                    .iter()
-                    .map(|d| d.to_f32())
-                    .collect();
+                let ws = &w.d[j * kb..(j + 1) * kb];
                 let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
-                let want = dot_reference(&w.q[j * k..(j + 1) * k], &ws, xq, xd) + b[j];
+                let want = dot_reference(&w.q[j * k..(j + 1) * k], ws, xq, xd) + b[j];
                 assert_eq!(
                     out[r * n + j].to_bits(),
                     want.to_bits(),

@@ -30,7 +30,8 @@ cp "$target/release/tinygpt" "$target/release/examples/serve_load" "$out/"
 strip "$out/tinygpt" "$out/serve_load"
 # LLVM is linked in statically: xz packs the binary to about a fifth; the scripts unpack it.
 xz -9 -T0 "$out/tinygpt" "$out/serve_load"
-cp scripts/gpu-run.sh scripts/gpu-first-light.sh scripts/gpu-sample.sh scripts/torch-sample.py "$out/"
+cp scripts/gpu-run.sh scripts/gpu-first-light.sh scripts/gpu-sample.sh scripts/gpu-serve.sh \
+  scripts/serve-check.py scripts/torch-sample.py "$out/"
 if [ -n "${RUN:-}" ]; then
   mkdir -p "$out/baby-run"
   for part in best config.toml tokenizer.json data; do

@@ -13,14 +13,16 @@ use burn::module::Module;
 use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{GenerateOptions, generate, weight_bytes_per_token};
+use tinygpt_model::{
+    BatchDecoder, Continuation, GenerateOptions, generate, weight_bytes_per_token,
+};
 
 use crate::backend::{Backend, EngineKind, Placement, describe};
 use crate::config::presets::ConfigSource;
 use crate::config::{OptimizerKind, RunConfig, TrainDType};
 use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
-use crate::decoder::{Weights, decoder};
+use crate::decoder::{Weights, batch_decoder, decoder};
 use crate::profile::{KernelProfile, profile, table};
 use crate::token_cost::{self, TokenCost};
 use crate::train::engine::{self, Engine};
@@ -41,6 +43,11 @@ pub struct BenchResult {
     pub ms_per_iter: Option<f64>,
     pub train_tokens_per_s: Option<f64>,
     pub sample_tokens: usize,
+    /// Sequences sampled at once (`--streams`); `sample_tokens_per_s` counts them all.
+    pub sample_streams: usize,
+    /// With `--streams` on a GPU: whether the step of all streams replayed as one device graph.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_graph: Option<bool>,
     pub sample_tokens_per_s: f64,
     /// The same generation's first pass, untimed in `sample_tokens_per_s`: on a GPU it
     /// includes compiling and tuning the kernels sampling needs.
@@ -79,6 +86,9 @@ pub struct BenchArgs {
     pub prompt_tokens: usize,
     /// Sample with the context shift instead of nanoGPT's exact sliding window.
     pub context_shift: bool,
+    /// Sequences sampled at once through the batch decoder `serve` uses (1: the decoder of
+    /// `generate`).
+    pub streams: usize,
     /// How sampling keeps the matrices.
     pub weights: Weights,
     /// `section.key=value` overrides applied to every config (`train.dtype=bf16`).
@@ -140,6 +150,10 @@ fn bench_one(
     let seconds = median_step(engine.as_mut(), &data, config, args)?;
     let kernels = match args.kernel_steps {
         0 => None,
+        // Sampling only: the kernels of sampled tokens.
+        steps if args.iters == 0 => {
+            Some(profile_sampling(engine.as_mut(), &placement, args, steps)?)
+        }
         steps => Some(profile(steps, |i| {
             let step = args.warmup + args.iters + i;
             train_step(engine.as_mut(), &data, config, step)?;
@@ -160,6 +174,8 @@ fn bench_one(
         ms_per_iter: seconds.map(|s| s * 1e3),
         train_tokens_per_s: seconds.map(|s| tokens / s),
         sample_tokens: sampled.tokens,
+        sample_streams: args.streams,
+        sample_graph: sampled.graph,
         sample_tokens_per_s: sampled.tokens as f64 / sampled.seconds,
         first_sample_tokens_per_s: sampled.tokens as f64 / sampled.first_seconds,
         prompt_tokens: args.prompt_tokens,
@@ -229,6 +245,8 @@ struct Sampling {
     /// The second read of the `--prompt-tokens` prompt (and one token sampled after it).
     prompt_seconds: Option<f64>,
     cost: Option<TokenCost>,
+    /// Whether the batch's step replayed as a graph (`--streams`).
+    graph: Option<bool>,
 }
 
 /// Samples with the KV cache from a one-token prompt, the same generation three times: a GPU
@@ -249,10 +267,18 @@ fn sampling(
         context_shift: args.context_shift,
         ..GenerateOptions::default()
     };
+    let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
     let mut decoder = decoder(placement, &inference, inference.vocab_size(), args.weights)?;
+    let mut batch = match args.streams {
+        1 => None,
+        n => Some(batch_decoder(kind, &inference, n, args.weights)?),
+    };
     let mut pass = || -> Result<(usize, f64)> {
         let start = Instant::now();
-        let sampled = generate(&mut *decoder, &[0], &options, |_| {})?.len();
+        let sampled = match batch.as_deref_mut() {
+            None => generate(&mut *decoder, &[0], &options, |_| {})?.len(),
+            Some(batch) => batched(batch, &options)?,
+        };
         Ok((sampled, start.elapsed().as_secs_f64()))
     };
     let ((_, first_seconds), warm) = token_cost::warm_up(&mut pass)?;
@@ -261,6 +287,7 @@ fn sampling(
         true => Some(token_cost::count(&warm, || Ok(pass()?.0))?),
         false => None,
     };
+    let graph = batch.as_ref().and_then(|b| b.replays_as_graph());
     let prompt_seconds = match args.prompt_tokens {
         0 => None,
         n => Some(read_prompt(
@@ -270,10 +297,7 @@ fn sampling(
             &options,
         )?),
     };
-    let weight_bytes = match placement
-        .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
-        .0
-    {
+    let weight_bytes = match kind {
         EngineKind::Fused => Some(weight_bytes_per_token(
             &inference,
             args.weights.format(EngineKind::Fused)?,
@@ -287,7 +311,75 @@ fn sampling(
         seconds,
         prompt_seconds,
         cost,
+        graph,
     })
+}
+
+/// The kernels of `steps` sampling steps (`--kernels` with `--iters 0`), each feeding one token
+/// to every stream (`--streams`) and reading the logits back, after the same steps once
+/// unobserved (their kernels compiled). A recorded step shows as the graph's launch:
+/// `TINYGPT_DECODE_STEP=step` shows the kernels inside it.
+fn profile_sampling(
+    engine: &mut dyn Engine,
+    placement: &Placement,
+    args: &BenchArgs,
+    steps: usize,
+) -> Result<KernelProfile> {
+    let inference = engine.model()?.valid();
+    let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
+    let mut batch = batch_decoder(kind, &inference, args.streams, args.weights)?;
+    let steps = steps.min(batch.block_size());
+    let mut run = |observed: bool| -> Result<Option<KernelProfile>> {
+        (0..batch.streams()).for_each(|s| batch.clear(s));
+        let mut step = |_| -> Result<()> {
+            let feeds: Vec<(usize, &[u32])> =
+                (0..batch.streams()).map(|s| (s, &[0u32][..])).collect();
+            batch.step(&feeds)?;
+            Ok(())
+        };
+        match observed {
+            false => (0..steps).try_for_each(&mut step).map(|()| None),
+            true => profile(steps, step).map(Some),
+        }
+    };
+    run(false)?;
+    Ok(run(true)?.expect("observed"))
+}
+
+/// One generation of `options` per stream of `batch`, each from a one-token prompt with a seed
+/// of its own, all stepped together as `serve` steps its requests: the tokens sampled in all.
+fn batched(batch: &mut dyn BatchDecoder, options: &GenerateOptions) -> Result<usize> {
+    let (block, vocab) = (batch.block_size(), batch.vocab_size());
+    let mut live = (0..batch.streams())
+        .map(|s| {
+            let options = GenerateOptions {
+                seed: options.seed + s as u64,
+                ..options.clone()
+            };
+            batch.clear(s);
+            Ok((s, Continuation::new(&[0], &options, block, vocab)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut sampled = 0;
+    while !live.is_empty() {
+        let feeds: Vec<(usize, Vec<u32>)> = live
+            .iter_mut()
+            .map(|(s, c)| {
+                let feed = c.feed(batch.cached(*s));
+                if feed.clear {
+                    batch.clear(*s);
+                }
+                (*s, c.tokens()[feed.from..].to_vec())
+            })
+            .collect();
+        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+        let logits = batch.step(&refs)?;
+        for (row, (_, c)) in live.iter_mut().enumerate() {
+            sampled += c.accept(&logits[row * vocab..(row + 1) * vocab])?.len();
+        }
+        live.retain(|(_, c)| c.finished().is_none());
+    }
+    Ok(sampled)
 }
 
 /// Seconds to read an `n`-token prompt into the cache and sample one token after it, on the
@@ -344,6 +436,17 @@ pub fn row(r: &BenchResult) -> String {
         r.first_sample_tokens_per_s,
         r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}"))
     );
+    if r.sample_streams > 1 {
+        line.push_str(&format!(
+            "\n  sampled {} streams at once (tok/s counts them all){}",
+            r.sample_streams,
+            match r.sample_graph {
+                Some(true) => ", their step replayed as one graph",
+                Some(false) => ", their step run launch by launch",
+                None => "",
+            }
+        ));
+    }
     if let (Some(bytes), "q8_0") = (r.weight_bytes_per_token, r.weights.as_str()) {
         line.push_str(&format!(
             "\n  sampled with q8_0 matrices: {:.1} MiB read a token",

@@ -9,6 +9,7 @@ use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use super::captured::CapturedStep;
 use super::gpt::Gpt;
+use super::rows::{FixedRows, RowsWay};
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
 use crate::sample::{
@@ -161,30 +162,47 @@ impl Decoder for GptDecoder<'_> {
     }
 }
 
-/// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device: a
-/// [`KvCache`] per layer per stream (of fixed capacity with [`Kernels::Cube`], as
-/// [`Gpt::decoder`] keeps them). The single tokens of a step go through [`Gpt::forward_rows`] together; a longer
-/// feed (or a step's only single token) through [`Gpt::forward_cached`] on its stream's
-/// caches, as alone. The step's logits come
-/// to the host, where each request samples its own way.
+/// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device.
+///
+/// On a GPU ([`Kernels::Cube`]) every stream is a row of one fixed cache per layer, and a
+/// step's single tokens go through one step of all rows whose kernels and buffers never change,
+/// recorded once and replayed (`rows.rs`; `TINYGPT_DECODE_STEP=step` runs it launch by launch,
+/// `=0` the way below); a longer feed goes through its row as through a cache of its own. On a
+/// CPU each stream has its [`KvCache`] per layer; the single tokens of a step go through
+/// [`Gpt::forward_rows`] together, a longer feed (or a step's only single token) through
+/// [`Gpt::forward_cached`] on its stream's caches, as alone. The step's logits come to the host
+/// in one read, where each request samples its own way.
 pub struct GptBatch<'a> {
     gpt: &'a Gpt,
-    /// `[stream][layer]`.
-    streams: Vec<Vec<KvCache>>,
+    layout: Layout<'a>,
     single: Box<dyn Decoder + 'a>,
     out: Vec<f32>,
+}
+
+/// Where a batch keeps its streams' keys and values.
+enum Layout<'a> {
+    /// `[stream][layer]`, a cache each.
+    Streams(Vec<Vec<KvCache>>),
+    /// Every stream a row of the same caches (boxed: it holds the recorded step).
+    Rows(Box<FixedRows<'a>>),
 }
 
 impl<'a> GptBatch<'a> {
     /// `gpt` and `streams` empty streams.
     pub fn new(gpt: &'a Gpt, streams: usize) -> Self {
-        let caches = match gpt.kernels() {
-            Kernels::Cube => gpt.new_fixed_caches(),
-            Kernels::Burn => gpt.new_caches(),
+        let way = match (gpt.kernels(), DecodeStep::from_env()) {
+            (Kernels::Burn, _) | (Kernels::Cube, DecodeStep::Forward) => None,
+            (Kernels::Cube, DecodeStep::Step) => Some(RowsWay::Step),
+            (Kernels::Cube, DecodeStep::Captured) => Some(RowsWay::Recorded),
+        };
+        let layout = match (way, gpt.kernels()) {
+            (Some(way), _) => Layout::Rows(Box::new(FixedRows::new(gpt, streams, way))),
+            (None, Kernels::Cube) => Layout::Streams(vec![gpt.new_fixed_caches(); streams]),
+            (None, Kernels::Burn) => Layout::Streams(vec![gpt.new_caches(); streams]),
         };
         Self {
             gpt,
-            streams: vec![caches; streams],
+            layout,
             single: Box::new(gpt.decoder()),
             out: Vec::new(),
         }
@@ -192,14 +210,39 @@ impl<'a> GptBatch<'a> {
 
     /// The logits `[vocab]` after stream `stream`'s `tokens`, fed through its caches.
     fn feed_one(&mut self, stream: usize, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let logits = self.gpt.next_logits(tokens, &mut self.streams[stream])?;
-        Ok(read_f32(logits))
+        match &mut self.layout {
+            Layout::Streams(streams) => {
+                let logits = self.gpt.next_logits(tokens, &mut streams[stream])?;
+                Ok(read_f32(logits))
+            }
+            Layout::Rows(rows) => rows.feed_one(stream, tokens),
+        }
+    }
+
+    /// The logits `[singles * vocab]` after each `(stream, token)`, in that order.
+    fn feed_singles(&mut self, singles: &[(usize, u32)]) -> Result<Vec<f32>, ModelError> {
+        match &mut self.layout {
+            Layout::Streams(streams) => {
+                let tokens: Vec<u32> = singles.iter().map(|&(_, t)| t).collect();
+                let mut caches = rows_of(streams, singles.iter().map(|&(s, _)| s));
+                Ok(read_f32(self.gpt.forward_rows(&tokens, &mut caches)?))
+            }
+            Layout::Rows(rows) => {
+                let all = rows.step(singles)?;
+                let vocab = self.gpt.vocab_size();
+                let row = |s: usize| &all[s * vocab..(s + 1) * vocab];
+                Ok(singles.iter().flat_map(|&(s, _)| row(s)).copied().collect())
+            }
+        }
     }
 }
 
 impl BatchDecoder for GptBatch<'_> {
     fn streams(&self) -> usize {
-        self.streams.len()
+        match &self.layout {
+            Layout::Streams(streams) => streams.len(),
+            Layout::Rows(rows) => rows.streams(),
+        }
     }
     fn block_size(&self) -> usize {
         self.gpt.block_size()
@@ -208,13 +251,25 @@ impl BatchDecoder for GptBatch<'_> {
         self.gpt.vocab_size()
     }
     fn cached(&self, stream: usize) -> usize {
-        self.streams[stream].first().map_or(0, KvCache::len)
+        match &self.layout {
+            Layout::Streams(streams) => streams[stream].first().map_or(0, KvCache::len),
+            Layout::Rows(rows) => rows.cached(stream),
+        }
     }
     fn clear(&mut self, stream: usize) {
-        self.streams[stream].iter_mut().for_each(KvCache::clear);
+        match &mut self.layout {
+            Layout::Streams(streams) => streams[stream].iter_mut().for_each(KvCache::clear),
+            Layout::Rows(rows) => rows.clear(stream),
+        }
     }
     fn alone(&mut self) -> &mut dyn Decoder {
         &mut *self.single
+    }
+    fn replays_as_graph(&self) -> Option<bool> {
+        match &self.layout {
+            Layout::Streams(_) => None,
+            Layout::Rows(rows) => rows.replays_as_graph(),
+        }
     }
 
     fn step(&mut self, feeds: &[(usize, &[u32])]) -> Result<&[f32], ModelError> {
@@ -222,11 +277,13 @@ impl BatchDecoder for GptBatch<'_> {
         check_feeds(feeds, |s| self.cached(s), self.streams(), vocab, block)?;
         self.out.resize(feeds.len() * vocab, 0.0);
         let mut singles: Vec<(usize, usize, u32)> = Vec::new(); // (feed, stream, token)
-        // One single token goes the way it goes alone: a row of its own needs no mask.
+        // On a CPU one single token goes the way it goes alone: a row of its own needs no
+        // mask. The rows of a GPU's step run whether fed or not.
         let rows = feeds.iter().filter(|(_, t)| t.len() == 1).count();
+        let together = matches!(self.layout, Layout::Rows(_)) || rows > 1;
         for (i, &(stream, tokens)) in feeds.iter().enumerate() {
             match tokens {
-                [token] if rows > 1 => singles.push((i, stream, *token)),
+                [token] if together => singles.push((i, stream, *token)),
                 _ => {
                     let logits = self.feed_one(stream, tokens)?;
                     self.out[i * vocab..(i + 1) * vocab].copy_from_slice(&logits);
@@ -234,9 +291,8 @@ impl BatchDecoder for GptBatch<'_> {
             }
         }
         if !singles.is_empty() {
-            let tokens: Vec<u32> = singles.iter().map(|&(_, _, t)| t).collect();
-            let mut caches = rows_of(&mut self.streams, singles.iter().map(|&(_, s, _)| s));
-            let logits = read_f32(self.gpt.forward_rows(&tokens, &mut caches)?);
+            let fed: Vec<(usize, u32)> = singles.iter().map(|&(_, s, t)| (s, t)).collect();
+            let logits = self.feed_singles(&fed)?;
             for (r, &(i, _, _)) in singles.iter().enumerate() {
                 let row = &logits[r * vocab..(r + 1) * vocab];
                 self.out[i * vocab..(i + 1) * vocab].copy_from_slice(row);

@@ -5,7 +5,7 @@
 //! names, the next-token loss with `ignore_index` ([`cross_entropy`]), each parameter by its Burn
 //! path (`by_path.rs`, from which [`ParamLayout::of`](crate::ParamLayout::of) reads a model), and
 //! a `Gpt` as a [`Decoder`](crate::Decoder) and a [`BatchDecoder`](crate::BatchDecoder)
-//! (`decode.rs`).
+//! (`decode.rs`; on a GPU the recorded steps of `captured.rs` and `rows.rs`).
 //!
 //! Built from [`crate::arch`]; may import `arch`, `sample` (the decoder traits it implements),
 //! `optim` (the layout it reads a model into) and `gpu` (the fused kernels it runs on a GPU);
@@ -18,6 +18,7 @@ mod decode;
 mod gpt;
 mod loss;
 pub(crate) mod norm;
+mod rows;
 
 pub use block::{Block, FeedForward};
 pub use decode::{DecodeStep, GptBatch};

@@ -32,6 +32,13 @@ pub trait BatchDecoder {
     /// positions after its cached ones, and returns the logits of the token after each feed's
     /// last, `[feeds, vocab_size]` in the feeds' order.
     fn step(&mut self, feeds: &[(usize, &[u32])]) -> Result<&[f32], ModelError>;
+
+    /// Once a step of single tokens has been recorded for replay (a GPU): whether the device
+    /// replays it as one graph (`true`: CUDA) or runs its launches again (`false`: a device,
+    /// or a recording, without graphs). `None` before, and where nothing is recorded.
+    fn replays_as_graph(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Refuses a step that cannot run: a stream fed twice or not in the batch (a bug: panics), an

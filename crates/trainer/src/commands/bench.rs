@@ -40,6 +40,10 @@ pub struct Args {
     /// Sample with the context shift (see `generate --context-shift`).
     #[arg(long)]
     context_shift: bool,
+    /// Sample N sequences at once, stepped together as `serve` steps its requests (tokens/s
+    /// counts them all).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    streams: u64,
     /// Sample with the matrices kept as f32 or q8_0 (see `generate --weights`).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
@@ -48,7 +52,8 @@ pub struct Args {
     overrides: Vec<String>,
     /// After the timed steps, count and time the kernels that N more steps launch, by kind
     /// (GPU backends: wgpu, cuda). Each launch is timed alone, so the times are each kernel's
-    /// own cost, not the pipelined step's.
+    /// own cost, not the pipelined step's. With --iters 0: the kernels of N sampling steps
+    /// (one token for each of --streams), of which a recorded step shows only its replay.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3", default_value_t = 0)]
     kernels: usize,
     /// JSON lines instead of a table.
@@ -69,6 +74,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         sample_tokens: args.sample_tokens,
         prompt_tokens: args.prompt_tokens,
         context_shift: args.context_shift,
+        streams: args.streams as usize,
         weights: args.weights,
         overrides: args.overrides,
         kernel_steps: args.kernels,

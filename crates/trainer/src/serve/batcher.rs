@@ -90,6 +90,7 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
     let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();
+    let mut told = false;
     loop {
         while let Some(&stream) = free.last() {
             match jobs.take(worker, live.len()) {
@@ -111,6 +112,10 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
             step(batch, &mut live, &model.tokenizer, stats)
         }));
+        if !told && let Some(graph) = batch.replays_as_graph() {
+            told = true;
+            eprintln!("serve: {}", replay_note(graph, max_batch));
+        }
         if stepped.is_err() {
             // A bug in tinygpt: the requests in the batch fail, the batch starts over empty.
             eprintln!("serve: internal error during generation (a bug in tinygpt)");
@@ -286,7 +291,11 @@ impl<'t> Live<'t> {
             self.end = Some(End::Gone);
             return None;
         }
-        if !self.flush() || self.end.is_some() {
+        if !self.flush() {
+            stats.client_stalls.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if self.end.is_some() {
             return None;
         }
         let stream = self.stream;
@@ -416,6 +425,7 @@ fn step<'t>(
     tokenizer: &'t Tokenizer,
     stats: &Stats,
 ) {
+    let begun = Instant::now();
     // (request, the tokens it feeds)
     let mut fed: Vec<(usize, Range<usize>)> = Vec::new();
     // Tokens of prompts and windows read this step: the first chunk always, more while they fit
@@ -450,7 +460,16 @@ fn step<'t>(
         .collect();
     let vocab = batch.vocab_size();
     let tokens = tokenizer.vocab_size().min(vocab);
-    match batch.step(&feeds) {
+    let model = Instant::now();
+    let stepped = batch.step(&feeds);
+    stats
+        .model_micros
+        .fetch_add(micros(model), Ordering::Relaxed);
+    stats.steps.fetch_add(1, Ordering::Relaxed);
+    stats
+        .rows_fed
+        .fetch_add(fed.len() as u64, Ordering::Relaxed);
+    match stepped {
         Ok(logits) => {
             for (row, (i, _)) in fed.iter().enumerate() {
                 let i = *i;
@@ -464,4 +483,23 @@ fn step<'t>(
             }
         }
     }
+    stats
+        .step_micros
+        .fetch_add(micros(begun), Ordering::Relaxed);
+}
+
+/// What the log says once a worker's step of single tokens is recorded.
+fn replay_note(graph: bool, rows: usize) -> String {
+    match graph {
+        true => format!("the decode step of {rows} rows is recorded: one graph launch a step"),
+        false => format!(
+            "the decode step of {rows} rows runs launch by launch (this device, or this \
+             recording, has no graph to replay)"
+        ),
+    }
+}
+
+/// Microseconds since `since`.
+fn micros(since: Instant) -> u64 {
+    since.elapsed().as_micros() as u64
 }

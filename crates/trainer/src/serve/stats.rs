@@ -23,6 +23,17 @@ pub struct Stats {
     pub failed: AtomicU64,
     /// Tokens generated, all requests together.
     pub tokens: AtomicU64,
+    /// Batch steps the workers ran (each feeds every request that can go on).
+    pub steps: AtomicU64,
+    /// Requests fed, all steps together: `rows_fed / steps` is the mean batch.
+    pub rows_fed: AtomicU64,
+    /// Times a request sat out a step because its client had not taken the tokens before.
+    pub client_stalls: AtomicU64,
+    /// Microseconds of the steps spent in the model (its batch step, logits read back)…
+    pub model_micros: AtomicU64,
+    /// …and in the whole step (choosing the feeds, sampling, the events to the clients): the
+    /// difference is the server's own work.
+    pub step_micros: AtomicU64,
     /// Connections open now.
     pub connections: AtomicU64,
     /// Connections closed at once because --max-connections were open.

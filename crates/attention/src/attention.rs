@@ -14,6 +14,7 @@ use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
 use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
+use crate::rows_linear;
 use crate::step::StepAt;
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
@@ -356,9 +357,7 @@ impl CausalSelfAttention {
         let d_head = d_model / heads;
         // Columns q | k | v, each head's `d_head` channels together: `heads + 2·kv` head-wide
         // column groups.
-        let qkv = self
-            .c_attn
-            .forward(x)
+        let qkv = rows_linear::linear(&self.c_attn, x)
             .reshape([batch, seq, heads + 2 * kv, d_head])
             .swap_dims(1, 2);
         let part = |from: usize, n: usize| qkv.clone().narrow(1, from, n);
@@ -398,7 +397,8 @@ impl CausalSelfAttention {
     fn merge_heads(&self, y: Tensor<4>) -> Tensor<3> {
         let [batch, heads, seq, d_head] = y.dims();
         let y = y.swap_dims(1, 2).reshape([batch, seq, heads * d_head]);
-        self.resid_dropout.forward(self.c_proj.forward(y))
+        self.resid_dropout
+            .forward(rows_linear::linear(&self.c_proj, y))
     }
 
     /// The hidden positions for `new` queries after `past` cached tokens among `keys` keys

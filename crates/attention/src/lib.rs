@@ -48,6 +48,7 @@ mod kv_cache;
 pub mod mask;
 pub mod qk_norm;
 pub mod rope;
+pub mod rows_linear;
 mod step;
 
 pub use attention::CausalSelfAttention;

@@ -4,6 +4,7 @@
 
 mod batched;
 mod newer;
+mod rows_linear;
 mod seeds;
 
 use burn::module::Module;

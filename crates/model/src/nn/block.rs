@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
-use tinygpt_attention::{CausalSelfAttention, KvCache, StepAt};
+use tinygpt_attention::{CausalSelfAttention, KvCache, StepAt, rows_linear};
 
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
@@ -43,7 +43,7 @@ impl FeedForward {
 
     /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self.c_fc.forward(x);
+        let h = rows_linear::linear(&self.c_fc, x);
         let h = match self.kind {
             Mlp::Gelu => gelu(h),
             Mlp::GeluTanh => gelu_approximate(h),
@@ -55,7 +55,7 @@ impl FeedForward {
             }
             Mlp::None => unreachable!("no FeedForward is built for mlp = \"none\""),
         };
-        self.dropout.forward(self.c_proj.forward(h))
+        self.dropout.forward(rows_linear::linear(&self.c_proj, h))
     }
 }
 

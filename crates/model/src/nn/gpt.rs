@@ -4,7 +4,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
-use tinygpt_attention::{AttentionKernel, KvCache, StepAt, StepTables};
+use tinygpt_attention::{AttentionKernel, KvCache, StepAt, StepTables, rows_linear};
 
 use crate::arch::GptConfig;
 use crate::arch::Position;
@@ -331,8 +331,11 @@ impl Gpt {
         let dtype = x.dtype();
         let x = norm(&self.ln_f, x);
         let logits = match &self.lm_head {
-            Some(head) => head.forward(x.cast(head.weight.dtype())),
+            Some(head) => rows_linear::linear(head, x.cast(head.weight.dtype())),
             // Tied: logits = x · wteᵀ, the embedding read backwards.
+            None if rows_linear::applies(&x) => {
+                rows_linear::product(x, self.wte.weight.val().transpose(), None)
+            }
             None => linear_op(x, self.wte.weight.val().transpose(), None),
         };
         let logits = logits.cast(dtype);

@@ -1,0 +1,202 @@
+//! # Decoding's products: a few rows times a weight matrix, in one kernel
+//!
+//! A decode step multiplies one token's activations (a row, or a handful of rows) by every
+//! weight matrix: `y = x W + b`, `x` `[rows, K]`, `W` `[K, N]`. That is a matrix-vector product,
+//! whose cost is reading `W` once; a general matrix-multiply kernel, tiled for large `rows`,
+//! spends most of its time on tiles that hold one useful row. Here each unit owns an output
+//! column `j` and a slice of `K`, keeps one running sum per row, and the cube adds the slices:
+//!
+//! ```text
+//! cube (32 columns × 8 slices of K):  unit (c, s) sums x[r, k]·W[k, j] for k = s, s+8, …  (each row r)
+//!                                     slice 0 adds the 8 partial sums, and b[j]
+//! ```
+//!
+//! Consecutive units read consecutive columns of `W`'s row `k` (one memory transaction per 32
+//! of them), and every weight is read once for all rows. Used where it pays: Burn's CubeCL
+//! devices outside autodiff, f32, at most [`MAX_ROWS`] rows ([`linear`]); everything else takes
+//! Burn's matmul. `TINYGPT_ROWS_LINEAR=0` turns it off (to measure one against the other).
+
+use std::sync::OnceLock;
+
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, backend_extension};
+use burn::nn::Linear;
+use burn::tensor::{DType, Shape, Tensor};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use cubecl::{CubeCount, CubeDim};
+
+use crate::flash::is_cube_device;
+
+/// The most rows the kernel takes (a running sum each per unit).
+pub const MAX_ROWS: usize = 4;
+/// Output columns per cube.
+const COLUMNS: usize = 32;
+/// Slices of `K` per cube.
+const SLICES: usize = 8;
+
+/// `x W + b` as a backend operation: `x` `[rows, K]` (`rows <= MAX_ROWS`), `W` `[K, N]` (any
+/// strides), `b` `[N]` -> `[rows, N]`. Inference only (no autodiff).
+#[backend_extension(Cube, Fusion)]
+pub trait RowsLinearBackend: Backend {
+    #[fusion(shape = out_shape(x, weight), dtype = x)]
+    fn rows_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self>;
+}
+
+fn out_shape(x: &Shape, weight: &Shape) -> Shape {
+    Shape::new([x[0], weight[1]])
+}
+
+/// `layer`'s `x W + b` for `x` `[.., K]`: by the rows kernel where it applies (see the module),
+/// else by `layer.forward`.
+pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+    let bias = layer.bias.as_ref().map(|b| b.val());
+    match applies(&x) {
+        true => product(x, layer.weight.val(), bias),
+        false => layer.forward(x),
+    }
+}
+
+/// Whether the kernel runs for `x` `[.., K]`: a CubeCL device outside autodiff, f32, at most
+/// [`MAX_ROWS`] rows.
+pub fn applies<const D: usize>(x: &Tensor<D>) -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("TINYGPT_ROWS_LINEAR").as_deref() == Ok("0"));
+    let dims = x.dims();
+    let rows: usize = dims[..D - 1].iter().product();
+    let device = x.device();
+    !off && rows <= MAX_ROWS
+        && x.dtype() == DType::F32
+        && !device.is_autodiff()
+        && is_cube_device(&device)
+}
+
+/// `x W (+ b)` by the kernel, for `x` `[.., K]` where [`applies`] and `W` `[K, N]` (a
+/// transposed view too: the tied LM head's `wteᵀ`).
+pub fn product<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+) -> Tensor<D> {
+    let mut dims = x.dims();
+    let [k, n] = weight.dims();
+    let rows = dims[..D - 1].iter().product();
+    // Without a bias the kernel is told so and reads none: any tensor holds the place.
+    let (bias, has_bias) = match bias {
+        Some(bias) => (bias.into_dispatch(), true),
+        None => (weight.clone().into_dispatch(), false),
+    };
+    let y = Dispatch::rows_linear(
+        x.reshape([rows, k]).into_dispatch(),
+        weight.into_dispatch(),
+        bias,
+        has_bias,
+    );
+    dims[D - 1] = n;
+    Tensor::<2>::from_dispatch(y).reshape(dims)
+}
+
+impl RowsLinearBackend for CubeBackend {
+    fn rows_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self> {
+        let x = into_contiguous(x);
+        let bias = match has_bias {
+            true => into_contiguous(bias),
+            false => bias,
+        };
+        let ([rows, _], [_, n]) = (x.shape().dims::<2>(), weight.shape().dims::<2>());
+        let out = empty_device_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([rows, n]),
+            x.dtype,
+        );
+        let client = x.client.clone();
+        let dtype = dtype_to_storage_type(x.dtype);
+        kernel::rows_linear_kernel::launch(
+            &client,
+            CubeCount::Static(n.div_ceil(COLUMNS) as u32, 1, 1),
+            CubeDim::new_2d(COLUMNS as u32, SLICES as u32),
+            x.into_tensor_arg(),
+            weight.into_tensor_arg(),
+            bias.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            rows,
+            has_bias,
+            dtype,
+        );
+        out
+    }
+}
+
+mod kernel {
+    use cubecl::prelude::*;
+
+    use super::{COLUMNS, SLICES};
+
+    /// `out = x W (+ b)`: `x` `[rows, K]` contiguous, `W` `[K, N]` by its strides, `b` `[N]`
+    /// (read only `has_bias`).
+    #[cube(launch)]
+    pub(super) fn rows_linear_kernel<F: Float>(
+        x: &Tensor<F>,
+        weight: &Tensor<F>,
+        bias: &Tensor<F>,
+        out: &mut Tensor<F>,
+        #[comptime] rows: usize,
+        #[comptime] has_bias: bool,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        let (k_len, n) = (weight.shape(0), weight.shape(1));
+        let (k_stride, n_stride) = (weight.stride(0), weight.stride(1));
+        let column = UNIT_POS_X as usize;
+        let slice = UNIT_POS_Y as usize;
+        let j = CUBE_POS_X as usize * COLUMNS + column;
+        let mut sums = Array::<F>::new(rows);
+        #[unroll]
+        for r in 0..rows {
+            sums[r] = F::new(0.0);
+        }
+        if j < n {
+            let mut k = slice;
+            while k < k_len {
+                let w = weight[k * k_stride + j * n_stride];
+                #[unroll]
+                for r in 0..rows {
+                    sums[r] += x[r * k_len + k] * w;
+                }
+                k += SLICES;
+            }
+        }
+        let mut partial = Shared::<[F]>::new_slice(SLICES * rows * COLUMNS);
+        #[unroll]
+        for r in 0..rows {
+            partial[(slice * rows + r) * COLUMNS + column] = sums[r];
+        }
+        sync_cube();
+        if slice == 0 && j < n {
+            #[unroll]
+            for r in 0..rows {
+                let mut sum = F::new(0.0);
+                if has_bias {
+                    sum = bias[j];
+                }
+                for s in 0..SLICES {
+                    sum += partial[(s * rows + r) * COLUMNS + column];
+                }
+                out[r * n + j] = sum;
+            }
+        }
+    }
+}

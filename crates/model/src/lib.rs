@@ -53,5 +53,5 @@ pub use optim::{
 };
 pub use sample::{
     BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Sampled,
-    generate, generate_cancellable, host_reads, score,
+    generate, generate_batch, generate_cancellable, host_reads, score,
 };

@@ -9,8 +9,8 @@ use burn::tensor::Device;
 use common::{configs, seeded, tokens};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, Continuation, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch,
-    GptConfig, generate,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig,
+    generate, generate_batch,
 };
 
 /// A generation to run: its prompt and its sampler's settings.
@@ -130,10 +130,10 @@ fn burn_batch_on(device: &Device, config: &GptConfig) {
     join_late_and_rebuild(&mut batch, &mut alone, config, &to_rounding);
 }
 
-/// Four generations of `config`'s model advanced step by step through `batch`
-/// ([`Continuation`]): sampling, penalties, a stop sequence, and the window sliding past
-/// `block_size` (exactly, and with the context shift). Returns each one's tokens, and the
-/// options `generate` alone needs to write them.
+/// Four generations of `batch`'s model stepped together ([`generate_batch`]): sampling,
+/// penalties, a stop sequence, and the window sliding past `block_size` (exactly, and with the
+/// context shift). Returns each one's tokens, and the options `generate` alone needs to write
+/// them.
 fn generations(batch: &mut dyn BatchDecoder) -> (Vec<Vec<u32>>, Vec<Run>) {
     let options = |seed: u64, shift: bool, stop: Vec<Vec<u32>>| GenerateOptions {
         max_new_tokens: 40,
@@ -151,38 +151,17 @@ fn generations(batch: &mut dyn BatchDecoder) -> (Vec<Vec<u32>>, Vec<Run>) {
             (tokens(3 + 4 * i, 13), options(i as u64, i % 2 == 1, stop))
         })
         .collect();
-    let (block, vocab) = (batch.block_size(), batch.vocab_size());
-    let mut live: Vec<(usize, Continuation)> = runs
-        .iter()
-        .enumerate()
-        .map(|(s, (prompt, o))| (s, Continuation::new(prompt, o, block, vocab).unwrap()))
-        .collect();
-    let mut got = vec![Vec::new(); runs.len()];
-    while !live.is_empty() {
-        let feeds: Vec<(usize, Vec<u32>)> = live
-            .iter_mut()
-            .map(|(s, c)| {
-                let feed = c.feed(batch.cached(*s));
-                if feed.clear {
-                    batch.clear(*s);
-                }
-                (*s, c.tokens()[feed.from..].to_vec())
-            })
-            .collect();
-        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
-        let logits = batch.step(&refs).unwrap().to_vec();
-        for (i, (_, c)) in live.iter_mut().enumerate() {
-            c.accept(&logits[i * vocab..(i + 1) * vocab]).unwrap();
-        }
-        live.retain_mut(|(s, c)| {
-            if c.finished().is_none() {
-                return true;
-            }
-            got[*s] = c.sampled().iter().map(|t| t.id).collect();
-            false
-        });
-    }
+    let got = generate_batch(batch, &runs).unwrap();
     (got, runs)
+}
+
+/// The model the generations run on: 13 tokens, a 16-token window (so they slide past it).
+fn small() -> GptConfig {
+    GptConfig::new(13)
+        .with_block_size(16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32)
 }
 
 /// Generations through one batch write the tokens `generate` writes for each alone, with the
@@ -190,12 +169,7 @@ fn generations(batch: &mut dyn BatchDecoder) -> (Vec<Vec<u32>>, Vec<Run>) {
 #[test]
 fn batched_generations_write_what_each_writes_alone() {
     let _seeded = seeded();
-    let config = GptConfig::new(13)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32);
-    let gpt = config.init(&Device::flex()).unwrap();
+    let gpt = small().init(&Device::flex()).unwrap();
     let (got, runs) = generations(&mut FusedBatch::new(&gpt, 4).unwrap());
     let alone = |decoder: &mut dyn Decoder, (prompt, o): &Run| {
         generate(decoder, prompt, o, |_| {}).unwrap()
@@ -226,12 +200,7 @@ fn batched_generations_write_what_each_writes_alone() {
 )]
 fn batched_generations_on_wgpu_write_what_each_writes_alone() {
     let _seeded = seeded();
-    let config = GptConfig::new(13)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32);
-    let gpt = config.init(&Device::flex()).unwrap();
+    let gpt = small().init(&Device::flex()).unwrap();
     let wgpu = common::wgpu_device();
     let on_wgpu = gpt
         .clone()

@@ -14,7 +14,7 @@ use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, Continuation, GenerateOptions, generate, weight_bytes_per_token,
+    BatchDecoder, GenerateOptions, generate, generate_batch, weight_bytes_per_token,
 };
 
 use crate::backend::{Backend, EngineKind, Placement, describe};
@@ -349,37 +349,19 @@ fn profile_sampling(
 /// One generation of `options` per stream of `batch`, each from a one-token prompt with a seed
 /// of its own, all stepped together as `serve` steps its requests: the tokens sampled in all.
 fn batched(batch: &mut dyn BatchDecoder, options: &GenerateOptions) -> Result<usize> {
-    let (block, vocab) = (batch.block_size(), batch.vocab_size());
-    let mut live = (0..batch.streams())
+    let runs: Vec<(Vec<u32>, GenerateOptions)> = (0..batch.streams())
         .map(|s| {
-            let options = GenerateOptions {
-                seed: options.seed + s as u64,
-                ..options.clone()
-            };
-            batch.clear(s);
-            Ok((s, Continuation::new(&[0], &options, block, vocab)?))
+            let seed = options.seed + s as u64;
+            (
+                vec![0],
+                GenerateOptions {
+                    seed,
+                    ..options.clone()
+                },
+            )
         })
-        .collect::<Result<Vec<_>>>()?;
-    let mut sampled = 0;
-    while !live.is_empty() {
-        let feeds: Vec<(usize, Vec<u32>)> = live
-            .iter_mut()
-            .map(|(s, c)| {
-                let feed = c.feed(batch.cached(*s));
-                if feed.clear {
-                    batch.clear(*s);
-                }
-                (*s, c.tokens()[feed.from..].to_vec())
-            })
-            .collect();
-        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
-        let logits = batch.step(&refs)?;
-        for (row, (_, c)) in live.iter_mut().enumerate() {
-            sampled += c.accept(&logits[row * vocab..(row + 1) * vocab])?.len();
-        }
-        live.retain(|(_, c)| c.finished().is_none());
-    }
-    Ok(sampled)
+        .collect();
+    Ok(generate_batch(batch, &runs)?.iter().map(Vec::len).sum())
 }
 
 /// Seconds to read an `n`-token prompt into the cache and sample one token after it, on the

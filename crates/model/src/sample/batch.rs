@@ -10,8 +10,10 @@
 
 use tinygpt_attention::AttentionError;
 
+use super::continuation::Continuation;
 use super::decoder::Decoder;
-use crate::error::ModelError;
+use super::options::GenerateOptions;
+use crate::error::{GenerateError, ModelError};
 
 /// A model decoding `streams()` sequences at once, each with its own cache.
 pub trait BatchDecoder {
@@ -39,6 +41,52 @@ pub trait BatchDecoder {
     fn replays_as_graph(&self) -> Option<bool> {
         None
     }
+}
+
+/// [`generate`](crate::generate) for many prompts at once: generation `i` of `runs` (a prompt
+/// and its options) decodes in stream `i` of `batch` (emptied first), every generation stepped
+/// together as a server steps its requests, until all have finished. Returns each one's tokens,
+/// without its prompt; each is what `generate` writes for it alone, up to the batch's rounding.
+///
+/// # Panics
+/// With more runs than `batch` has streams.
+pub fn generate_batch(
+    batch: &mut dyn BatchDecoder,
+    runs: &[(Vec<u32>, GenerateOptions)],
+) -> Result<Vec<Vec<u32>>, GenerateError> {
+    assert!(runs.len() <= batch.streams(), "a stream per generation");
+    let (block, vocab) = (batch.block_size(), batch.vocab_size());
+    let mut live = Vec::with_capacity(runs.len());
+    for (s, (prompt, options)) in runs.iter().enumerate() {
+        batch.clear(s);
+        live.push((s, Continuation::new(prompt, options, block, vocab)?));
+    }
+    let mut got = vec![Vec::new(); runs.len()];
+    while !live.is_empty() {
+        let feeds: Vec<(usize, Vec<u32>)> = live
+            .iter_mut()
+            .map(|(s, c)| {
+                let feed = c.feed(batch.cached(*s));
+                if feed.clear {
+                    batch.clear(*s);
+                }
+                (*s, c.tokens()[feed.from..].to_vec())
+            })
+            .collect();
+        let refs: Vec<(usize, &[u32])> = feeds.iter().map(|(s, t)| (*s, &t[..])).collect();
+        let logits = batch.step(&refs)?;
+        for (row, (_, c)) in live.iter_mut().enumerate() {
+            c.accept(&logits[row * vocab..(row + 1) * vocab])?;
+        }
+        live.retain_mut(|(s, c)| match c.finished() {
+            None => true,
+            Some(_) => {
+                got[*s] = c.sampled().iter().map(|t| t.id).collect();
+                false
+            }
+        });
+    }
+    Ok(got)
 }
 
 /// Refuses a step that cannot run: a stream fed twice or not in the batch (a bug: panics), an

@@ -18,8 +18,8 @@ mod options;
 mod reads;
 mod sampler;
 
-pub use batch::BatchDecoder;
 pub(crate) use batch::check_feeds;
+pub use batch::{BatchDecoder, generate_batch};
 pub use continuation::{Continuation, Feed, Finish};
 pub use decoder::{Decoder, generate, generate_cancellable, score};
 pub use device_pick::{Pick, Picked};

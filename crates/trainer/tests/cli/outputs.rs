@@ -321,3 +321,28 @@ fn bench_reports_its_figures_as_json() {
         "--prompt-tokens 64 needs a context longer",
     );
 }
+
+/// `bench --streams N`: N generations stepped together through the batch decoder `serve`
+/// uses, every stream's tokens counted; a CPU batch records no step (no `sample_graph`).
+#[test]
+fn bench_steps_streams_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "--config",
+        "baby",
+        "--iters",
+        "0",
+        "--sample-tokens",
+        "20",
+        "--streams",
+        "3",
+        "--json",
+    ];
+    let row: serde_json::Value =
+        serde_json::from_str(ok(tinygpt(tmp.path(), &args)).trim()).unwrap();
+    assert_eq!(row["sample_streams"], 3, "{row}");
+    assert_eq!(row["sample_tokens"], 60, "{row}");
+    assert!(row["sample_tokens_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row.get("sample_graph").is_none(), "{row}");
+}

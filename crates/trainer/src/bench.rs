@@ -329,21 +329,18 @@ fn profile_sampling(
     let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
     let mut batch = batch_decoder(kind, &inference, args.streams, args.weights)?;
     let steps = steps.min(batch.block_size());
-    let mut run = |observed: bool| -> Result<Option<KernelProfile>> {
-        (0..batch.streams()).for_each(|s| batch.clear(s));
-        let mut step = |_| -> Result<()> {
-            let feeds: Vec<(usize, &[u32])> =
-                (0..batch.streams()).map(|s| (s, &[0u32][..])).collect();
-            batch.step(&feeds)?;
-            Ok(())
-        };
-        match observed {
-            false => (0..steps).try_for_each(&mut step).map(|()| None),
-            true => profile(steps, step).map(Some),
-        }
-    };
-    run(false)?;
-    Ok(run(true)?.expect("observed"))
+    let batch = &mut *batch;
+    (0..batch.streams()).for_each(|s| batch.clear(s));
+    (0..steps).try_for_each(|_| one_token_each(batch))?;
+    (0..batch.streams()).for_each(|s| batch.clear(s));
+    profile(steps, |_| one_token_each(batch))
+}
+
+/// One step of `batch` feeding token 0 to every stream (the logits read back).
+fn one_token_each(batch: &mut dyn BatchDecoder) -> Result<()> {
+    let feeds: Vec<(usize, &[u32])> = (0..batch.streams()).map(|s| (s, &[0u32][..])).collect();
+    batch.step(&feeds)?;
+    Ok(())
 }
 
 /// One generation of `options` per stream of `batch`, each from a one-token prompt with a seed

@@ -99,17 +99,9 @@ impl<'a> CapturedStep<'a> {
     ) -> Picked {
         {
             let mut inputs = self.inputs.borrow_mut();
-            let device = inputs.token.device();
-            let id =
-                Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), &device);
-            let at =
-                Tensor::<1, Int>::from_data(TensorData::new(vec![position as i64], [1]), &device);
-            let draw =
-                Tensor::<1>::from_data(TensorData::new(vec![pick.uniform as f32], [1]), &device);
-            // Each buffer is held here alone, so the writes land in it, not in a copy.
-            inputs.token = inputs.token.extract().slice_assign([0..1, 0..1], id);
-            inputs.position = inputs.position.extract().slice_assign(0..1, at);
-            inputs.uniform = inputs.uniform.extract().slice_assign(0..1, draw);
+            refill(&mut inputs.token, vec![token as i64]);
+            refill(&mut inputs.position, vec![position as i64]);
+            refill(&mut inputs.uniform, vec![pick.uniform as f32]);
             inputs.host = position;
         }
         // Safety: every buffer the recording touched is alive (the inputs and caches behind
@@ -121,4 +113,18 @@ impl<'a> CapturedStep<'a> {
         }
         Pick::read(out)
     }
+}
+
+/// Writes `values` into `buffer`, a recorded step's input, in place: the buffer is taken out and
+/// held alone, so the write lands in it and not in a copy (a replay reads that buffer).
+pub(super) fn refill<const D: usize, K, E>(buffer: &mut Tensor<D, K>, values: Vec<E>)
+where
+    K: burn::tensor::kind::Basic,
+    E: burn::tensor::Element,
+{
+    let device = buffer.device();
+    let dims = buffer.dims();
+    let fresh = Tensor::<D, K>::from_data(TensorData::new(values, dims), &device);
+    let whole = dims.map(|d| 0..d);
+    *buffer = buffer.extract().slice_assign(whole, fresh);
 }

@@ -9,7 +9,7 @@ use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use super::captured::CapturedStep;
 use super::gpt::Gpt;
-use super::rows::{FixedRows, RowsWay};
+use super::rows::FixedRows;
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
 use crate::sample::{
@@ -190,15 +190,14 @@ enum Layout<'a> {
 impl<'a> GptBatch<'a> {
     /// `gpt` and `streams` empty streams.
     pub fn new(gpt: &'a Gpt, streams: usize) -> Self {
-        let way = match (gpt.kernels(), DecodeStep::from_env()) {
-            (Kernels::Burn, _) | (Kernels::Cube, DecodeStep::Forward) => None,
-            (Kernels::Cube, DecodeStep::Step) => Some(RowsWay::Step),
-            (Kernels::Cube, DecodeStep::Captured) => Some(RowsWay::Recorded),
-        };
-        let layout = match (way, gpt.kernels()) {
-            (Some(way), _) => Layout::Rows(Box::new(FixedRows::new(gpt, streams, way))),
-            (None, Kernels::Cube) => Layout::Streams(vec![gpt.new_fixed_caches(); streams]),
-            (None, Kernels::Burn) => Layout::Streams(vec![gpt.new_caches(); streams]),
+        let rows = |record| Layout::Rows(Box::new(FixedRows::new(gpt, streams, record)));
+        let layout = match (gpt.kernels(), DecodeStep::from_env()) {
+            (Kernels::Burn, _) => Layout::Streams(vec![gpt.new_caches(); streams]),
+            (Kernels::Cube, DecodeStep::Forward) => {
+                Layout::Streams(vec![gpt.new_fixed_caches(); streams])
+            }
+            (Kernels::Cube, DecodeStep::Step) => rows(false),
+            (Kernels::Cube, DecodeStep::Captured) => rows(true),
         };
         Self {
             gpt,

@@ -20,18 +20,10 @@ use std::rc::Rc;
 use burn::tensor::{Graph, Int, Tensor, TensorData, capture};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
+use super::captured::refill;
 use super::gpt::Gpt;
 use crate::error::ModelError;
 use crate::sample::read_f32;
-
-/// How the rows step runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RowsWay {
-    /// Launch by launch, every step.
-    Step,
-    /// Recorded at the first step and replayed.
-    Recorded,
-}
 
 /// Every stream a row of the same fixed caches.
 pub(crate) struct FixedRows<'a> {
@@ -41,19 +33,20 @@ pub(crate) struct FixedRows<'a> {
     /// Tokens each stream holds.
     lens: Vec<usize>,
     tables: StepTables,
-    way: RowsWay,
+    /// Whether the step is recorded at its first run and replayed (else run launch by launch).
+    record: bool,
     recorded: Option<RecordedRows<'a>>,
 }
 
 impl<'a> FixedRows<'a> {
-    /// `streams` empty streams of `gpt`.
-    pub(crate) fn new(gpt: &'a Gpt, streams: usize, way: RowsWay) -> Self {
+    /// `streams` empty streams of `gpt`, their step recorded and replayed if `record`.
+    pub(crate) fn new(gpt: &'a Gpt, streams: usize, record: bool) -> Self {
         Self {
             gpt,
             caches: Rc::new(RefCell::new(gpt.new_fixed_caches())),
             lens: vec![0; streams],
             tables: gpt.step_tables(),
-            way,
+            record,
             recorded: None,
         }
     }
@@ -102,21 +95,22 @@ impl<'a> FixedRows<'a> {
     /// by the caller), every other row sitting out: the logits of all rows,
     /// `[streams * vocab]`, in one read.
     pub(crate) fn step(&mut self, singles: &[(usize, u32)]) -> Result<Vec<f32>, ModelError> {
+        // A fed row's next position is its length (below block_size); a full row sitting
+        // out writes its last.
         let last = self.gpt.block_size() - 1;
+        let positions: Vec<usize> = self.lens.iter().map(|&l| l.min(last)).collect();
         let mut tokens = vec![0u32; self.streams()];
-        let mut positions: Vec<usize> = self.lens.iter().map(|&l| l.min(last)).collect();
         for &(stream, token) in singles {
             tokens[stream] = token;
-            positions[stream] = self.lens[stream];
         }
-        let logits = match self.way {
-            RowsWay::Step => {
+        let logits = match self.record {
+            false => {
                 let at = StepAt::new(&self.tables, &positions)?;
                 let ids = self.gpt.ids(&tokens, [tokens.len(), 1]);
                 self.gpt
                     .forward_step(ids, &at, &mut self.caches.borrow_mut())?
             }
-            RowsWay::Recorded => {
+            true => {
                 if self.recorded.is_none() {
                     let (tables, caches) = (self.tables.clone(), self.caches.clone());
                     let recorded =
@@ -192,15 +186,11 @@ impl<'a> RecordedRows<'a> {
     fn step(&mut self, tokens: &[u32], positions: &[usize]) -> Tensor<2> {
         {
             let mut inputs = self.inputs.borrow_mut();
-            let device = inputs.tokens.device();
-            let rows = tokens.len();
-            let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows, 1]), &device);
-            let at =
-                Tensor::<1, Int>::from_data(TensorData::new(as_i64(positions), [rows]), &device);
-            // Each buffer is held here alone, so the writes land in it, not in a copy.
-            inputs.tokens = inputs.tokens.extract().slice_assign([0..rows, 0..1], ids);
-            inputs.positions = inputs.positions.extract().slice_assign(0..rows, at);
+            refill(
+                &mut inputs.tokens,
+                tokens.iter().map(|&t| t as i64).collect(),
+            );
+            refill(&mut inputs.positions, as_i64(positions));
             inputs.host = positions.to_vec();
         }
         // Safety: every buffer the recording touched is alive (the inputs and caches behind

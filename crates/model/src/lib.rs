@@ -44,7 +44,7 @@ pub use cpu::{
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use nn::{
     Block, DecodeStep, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
-    cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm,
+    cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm, seeded,
 };
 pub use optim::{
     AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, MomentState, MuonSettings,

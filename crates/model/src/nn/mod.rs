@@ -19,6 +19,7 @@ mod gpt;
 mod loss;
 pub(crate) mod norm;
 mod rows;
+mod seeded;
 
 pub use block::{Block, FeedForward};
 pub use decode::{DecodeStep, GptBatch};
@@ -27,3 +28,4 @@ pub use loss::{
     IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
 };
 pub use norm::{Normalization, rms_norm};
+pub use seeded::seeded;

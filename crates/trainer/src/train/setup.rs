@@ -284,13 +284,16 @@ fn initial_model(
     device: &Device,
 ) -> Result<(Gpt, ModuleOptimizer)> {
     let cpu = Device::flex();
-    cpu.seed(mix(config.train.seed, 0, INIT_STREAM));
     let gpt = config.gpt(vocab_size);
-    let init = gpt.init(&cpu)?;
     let mut model = gpt
         .init(device)?
         .with_attention_kernel(config.train.attention_kernel);
-    crate::run::weights::copy_weights(&init, &mut model)?;
+    {
+        // Burn draws the weights at their first use: here, when they are copied.
+        let _streams = tinygpt_model::seeded(&cpu, mix(config.train.seed, 0, INIT_STREAM));
+        let init = gpt.init(&cpu)?;
+        crate::run::weights::copy_weights(&init, &mut model)?;
+    }
     let optim = optimizer(config, &model);
     Ok((model, optim))
 }

@@ -105,7 +105,9 @@ fn gradients(
 ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
     let (device, dtype) = (device.clone().autodiff(), precision.dtype);
     let loss_scale = precision.scale();
-    device.seed(dropout_seed);
+    // Held until the step's draws are made: another trainer in this process seeding at once
+    // would interleave its draws with these.
+    let _streams = tinygpt_model::seeded(&device, dropout_seed);
     // Flash attention's in-kernel dropout draws its masks from its own stream: seeded per step
     // too, so a resumed run drops the same weights.
     tinygpt_attention::flash::seed_dropout(dropout_seed);

@@ -316,9 +316,9 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
             "architecture \"mamba\" is not one tinygpt imports (gpt2, llama)",
         ),
         (
-            "sentencepiece",
+            "sentencepiece-without-scores",
             with(&file, "tokenizer.ggml.model", Value::Str("llama".into())),
-            "SentencePiece",
+            "its SentencePiece tokenizer has no tokenizer.ggml.scores",
         ),
         (
             "pre-tokenizer",

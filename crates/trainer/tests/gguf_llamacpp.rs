@@ -10,11 +10,12 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use tinygpt::data::tokenizer::TextStream;
 use tinygpt::run::checkpoint::Run;
 
 #[derive(Deserialize)]
@@ -39,7 +40,6 @@ fn fixture(name: &str) -> PathBuf {
 
 fn check(name: &str, tolerance: f64) {
     let run = fixture(name);
-    let run_arg = run.to_str().unwrap();
     let seen: LlamaCpp =
         serde_json::from_str(&std::fs::read_to_string(run.join("llamacpp.json")).unwrap()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -47,22 +47,33 @@ fn check(name: &str, tolerance: f64) {
     let args = [
         "export",
         "--checkpoint",
-        run_arg,
+        run.to_str().unwrap(),
         "--format",
         "gguf",
         "--out",
         "m.gguf",
     ];
     ok(tinygpt(dir, &args));
-    let sha = format!(
-        "{:x}",
-        Sha256::digest(std::fs::read(dir.join("m.gguf")).unwrap())
-    );
     assert_eq!(
-        sha, seen.gguf_sha256,
+        sha256(&dir.join("m.gguf")),
+        seen.gguf_sha256,
         "{name}: the export is not the file llama.cpp checked; run scripts/gguf-llamacpp.py"
     );
-    let tokenizer = Run::open(&run).unwrap().tokenizer;
+    compare(name, &run, &seen, tolerance);
+}
+
+fn sha256(file: &Path) -> String {
+    format!("{:x}", Sha256::digest(std::fs::read(file).unwrap()))
+}
+
+/// The run `run` tokenizes `seen`'s texts into llama.cpp's ids, computes the logits of the
+/// prompt to `tolerance` of each row's largest, and continues it greedily with llama.cpp's
+/// tokens.
+fn compare(name: &str, run: &Path, seen: &LlamaCpp, tolerance: f64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let run_arg = run.to_str().unwrap();
+    let tokenizer = Run::open(run).unwrap().tokenizer;
     for text in &seen.texts {
         let ours = tokenizer.encode_with_specials(&text.text).unwrap();
         assert_eq!(ours, text.ids, "{name}: {:?}", text.text);
@@ -91,15 +102,20 @@ fn check(name: &str, tolerance: f64) {
             "--temperature",
             "0",
             "--max-new-tokens",
-            "100",
+            &seen.greedy.len().to_string(),
             "--backend",
             "flex",
         ],
     ));
+    // llama.cpp's tokens as text, streamed after the prompt as `generate` streams its own (a
+    // SentencePiece decoder drops the space of a text's first token, not of a continuation's).
     let end = seen.greedy.iter().position(|&t| Some(t) == seen.eos);
-    let continuation = tokenizer
-        .decode(&seen.greedy[..end.unwrap_or(seen.greedy.len())])
-        .unwrap();
+    let mut stream = TextStream::after(&tokenizer, &seen.prompt);
+    let mut continuation = String::new();
+    for &id in &seen.greedy[..end.unwrap_or(seen.greedy.len())] {
+        continuation.extend(stream.push(id));
+    }
+    continuation.extend(stream.finish());
     assert_eq!(generated, format!("{prompt}{continuation}\n"), "{name}");
 }
 
@@ -116,4 +132,25 @@ fn a_bpe_gpt2_with_biases_computes_in_llama_cpp_what_it_computes_here() {
 #[test]
 fn a_llama_with_grouped_queries_computes_in_llama_cpp_what_it_computes_here() {
     check("llama", 1e-4);
+}
+
+/// A Llama GGUF with a SentencePiece vocabulary (byte fallback, control and user-defined
+/// tokens), made by `scripts/gguf-spm-fixture.py`: imported, it tokenizes, scores and continues
+/// as llama.cpp did.
+#[test]
+fn a_sentencepiece_llama_gguf_imports_to_what_llama_cpp_computes() {
+    let file = fixture("spm").join("model.gguf");
+    let seen: LlamaCpp = serde_json::from_str(
+        &std::fs::read_to_string(fixture("spm").join("llamacpp.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        sha256(&file),
+        seen.gguf_sha256,
+        "the file is not the one llama.cpp ran"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["import", "--from", file.to_str().unwrap(), "--out", "run"];
+    ok(tinygpt(tmp.path(), &args));
+    compare("spm", &tmp.path().join("run"), &seen, 1e-4);
 }

@@ -147,7 +147,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .context("--prompt")?;
     let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
-    let mut text = TextStream::new(tokenizer);
+    let mut text = TextStream::after(tokenizer, &prompt_ids);
     let mut decoder = decoder(&placement, &model, tokenizer.vocab_size(), args.weights)?;
     let written = write!(out, "{echo}");
     let mut write_error = written.err();

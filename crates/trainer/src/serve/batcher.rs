@@ -267,7 +267,7 @@ impl<'t> Live<'t> {
                         started: false,
                         feeding: None,
                         c,
-                        text: TextStream::new(tokenizer),
+                        text: TextStream::after(tokenizer, &spec.prompt),
                         pending: Vec::new(),
                     })
                 }

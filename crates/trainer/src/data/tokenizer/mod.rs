@@ -10,6 +10,7 @@ use std::ops::Deref;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
+use tokenizers::ModelWrapper;
 
 use crate::data::byte_level_bpe::{self, BpeEncoder};
 use special::{Piece, Special};
@@ -297,14 +298,26 @@ impl Tokenizer {
     }
 
     /// Units of text token `id` stands for: 1 character (char) or its bytes (byte-level BPE,
-    /// whose token strings spell one byte per character); none for a special token.
+    /// whose token strings spell one byte per character; SentencePiece's, where `▁` is a space
+    /// and `<0xE3>` one byte); none for a special token.
     pub fn units(&self, id: u32) -> usize {
         if self.specials().iter().any(|s| s.id == id) {
             return 0;
         }
-        match self {
-            Self::Char { .. } => 1,
-            Self::Bpe(t) => t.id_to_token(id).map_or(1, |s| s.chars().count()),
+        let Self::Bpe(t) = self else { return 1 };
+        let Some(token) = t.id_to_token(id) else {
+            return 1;
+        };
+        match t.get_model() {
+            ModelWrapper::BPE(bpe) if bpe.byte_fallback => {
+                let byte = token.len() == 6 && token.starts_with("<0x") && token.ends_with('>');
+                if byte {
+                    1
+                } else {
+                    token.replace('▁', " ").len()
+                }
+            }
+            _ => token.chars().count(),
         }
     }
 
@@ -377,36 +390,65 @@ fn encode_chars(stoi: &HashMap<char, u32>, ascii: &[u32; 128], text: &str) -> Re
 }
 
 /// Tokens to text as they come. Byte-level BPE tokens can end inside a character: tokens are
-/// held back until they decode cleanly, and only the held-back tail is decoded per token.
+/// held back until they decode cleanly, and only the held-back tail is decoded per token. Each
+/// is decoded after the tokens before it and only what it adds is given: a SentencePiece
+/// decoder drops the space a text starts with, so `▁the` alone is `the` but ` the` after a word.
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
+    /// The tokens whose text was given last (at first, the prompt's last token).
+    context: Vec<u32>,
     pending: Vec<u32>,
 }
 
 impl<'a> TextStream<'a> {
+    /// A stream of tokens that start a text.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self::after(tokenizer, &[])
+    }
+
+    /// A stream of tokens that continue `before` (a prompt's tokens).
+    pub fn after(tokenizer: &'a Tokenizer, before: &[u32]) -> Self {
         Self {
             tokenizer,
+            context: before.last().copied().into_iter().collect(),
             pending: Vec::new(),
+        }
+    }
+
+    /// The text of `pending` after `context`.
+    fn pending_text(&self) -> Option<String> {
+        let alone = || self.tokenizer.decode(&self.pending).ok();
+        if self.context.is_empty() {
+            return alone();
+        }
+        let before = self.tokenizer.decode(&self.context).ok()?;
+        let both = [&self.context[..], &self.pending[..]].concat();
+        let text = self.tokenizer.decode(&both).ok()?;
+        match text.strip_prefix(before.as_str()) {
+            Some(added) if !before.ends_with('\u{FFFD}') => Some(added.to_string()),
+            _ => alone(),
         }
     }
 
     /// The text that `id` completes, if any.
     pub fn push(&mut self, id: u32) -> Option<String> {
         self.pending.push(id);
-        let text = self.tokenizer.decode(&self.pending).ok()?;
+        let text = self.pending_text()?;
         if text.ends_with('\u{FFFD}') {
             return None;
         }
-        self.pending.clear();
+        self.context = std::mem::take(&mut self.pending);
         Some(text)
     }
 
     /// What is left at the end: the text of tokens that never completed a character (with
     /// U+FFFD for the missing bytes), if any.
     pub fn finish(&mut self) -> Option<String> {
-        let pending = std::mem::take(&mut self.pending);
-        (!pending.is_empty()).then(|| self.tokenizer.decode(&pending).unwrap_or_default())
+        (!self.pending.is_empty()).then(|| {
+            let text = self.pending_text().unwrap_or_default();
+            self.pending.clear();
+            text
+        })
     }
 }
 

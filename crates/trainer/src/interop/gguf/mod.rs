@@ -4,7 +4,7 @@
 //! - [`file`]: the container (metadata, tensor table, aligned data), written and read.
 //! - [`quant`]: f32 values as F32, F16, BF16 and ggml's `Q8_0` blocks, and back.
 //! - [`vocab`]: the run's tokenizer as `tokenizer.*` metadata (byte-level BPE, char vocabularies
-//!   included).
+//!   included); `spm`: a SentencePiece vocabulary read back as llama.cpp cuts text.
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
@@ -19,6 +19,7 @@ mod gpt2;
 mod import;
 mod llama;
 pub mod quant;
+mod spm;
 mod store;
 pub mod vocab;
 

@@ -22,10 +22,10 @@ use super::file::{Gguf, Value};
 use crate::data::tokenizer::Tokenizer;
 
 /// llama.cpp's token types (`llama_token_type`).
-const NORMAL: i32 = 1;
-const CONTROL: i32 = 3;
-const UNUSED: i32 = 5;
-const USER_DEFINED: i32 = 4;
+pub(super) const NORMAL: i32 = 1;
+pub(super) const CONTROL: i32 = 3;
+pub(super) const UNUSED: i32 = 5;
+pub(super) const USER_DEFINED: i32 = 4;
 
 /// GPT-2's byte alphabet: the printable character that stands for each byte.
 pub fn byte_alphabet() -> [char; 256] {
@@ -223,6 +223,46 @@ fn as_chars(tokens: &[String], types: &[i32]) -> Option<Json> {
     })
 }
 
+/// The strings of the metadata array `key`.
+fn strings(gguf: &Gguf, key: &str) -> Result<Vec<String>> {
+    let items = gguf
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("{key} is missing"))?;
+    items
+        .iter()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect::<Option<_>>()
+        .ok_or_else(|| anyhow!("{key} holds something other than strings"))
+}
+
+/// The vocabulary's tokens by id and their llama.cpp types (normal where the file gives none).
+pub(super) fn token_list(gguf: &Gguf) -> Result<(Vec<String>, Vec<i32>)> {
+    let tokens = strings(gguf, "tokenizer.ggml.tokens")?;
+    let types: Vec<i32> = match gguf
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+    {
+        Some(items) => items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| i32::try_from(t).ok())
+                    .unwrap_or(NORMAL)
+            })
+            .collect(),
+        None => vec![NORMAL; tokens.len()],
+    };
+    if types.len() != tokens.len() {
+        bail!(
+            "tokenizer.ggml.token_type has {} entries for {} tokens",
+            types.len(),
+            tokens.len()
+        );
+    }
+    Ok((tokens, types))
+}
+
 /// The regular expression llama.cpp splits text by for each `tokenizer.ggml.pre` read here,
 /// written as Hugging Face's pre-tokenizer (the two cut text the same way).
 fn pre_tokenizer(pre: &str) -> Option<Json> {
@@ -261,10 +301,7 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
     let text = |key: &str| gguf.get(key).and_then(Value::as_str);
     match text("tokenizer.ggml.model") {
         Some("gpt2") => {}
-        Some("llama") => bail!(
-            "its tokenizer is SentencePiece (tokenizer.ggml.model = \"llama\"), which tinygpt \
-             does not read from GGUF yet: {around}"
-        ),
+        Some("llama") => return super::spm::tokenizer(gguf),
         Some(other) => bail!("tokenizer.ggml.model \"{other}\" is not byte-level BPE: {around}"),
         None => bail!("it has no tokenizer (tokenizer.ggml.model): {around}"),
     }
@@ -282,43 +319,11 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
              qwen2): {around}"
         )
     })?;
-    let strings = |key: &str| -> Result<Vec<String>> {
-        let items = gguf
-            .get(key)
-            .and_then(Value::as_array)
-            .ok_or_else(|| anyhow!("{key} is missing"))?;
-        items
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| anyhow!("{key} holds something other than strings"))
-    };
-    let tokens = strings("tokenizer.ggml.tokens")?;
+    let (tokens, types) = token_list(gguf)?;
     let merges = match gguf.get("tokenizer.ggml.merges") {
-        Some(_) => strings("tokenizer.ggml.merges")?,
+        Some(_) => strings(gguf, "tokenizer.ggml.merges")?,
         None => Vec::new(),
     };
-    let types: Vec<i32> = match gguf
-        .get("tokenizer.ggml.token_type")
-        .and_then(Value::as_array)
-    {
-        Some(items) => items
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|t| i32::try_from(t).ok())
-                    .unwrap_or(NORMAL)
-            })
-            .collect(),
-        None => vec![NORMAL; tokens.len()],
-    };
-    if types.len() != tokens.len() {
-        bail!(
-            "tokenizer.ggml.token_type has {} entries for {} tokens",
-            types.len(),
-            tokens.len()
-        );
-    }
     if pre == "gpt-2"
         && let Some(chars) = as_chars(&tokens, &types)
     {

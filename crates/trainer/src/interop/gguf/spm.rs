@@ -1,0 +1,285 @@
+//! A SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2's, TinyLlama's) read
+//! back as the Hugging Face tokenizer that cuts text as llama.cpp does.
+//!
+//! llama.cpp writes a space as `▁`, puts one in front of the text and after each special token
+//! (`tokenizer.ggml.add_space_prefix`, on unless the file says otherwise), starts from the
+//! text's characters and, again and again, joins the two neighbours that make the token of the
+//! highest score (the leftmost pair where two tie); a character that is no token goes in as its
+//! UTF-8 bytes, the tokens `<0x00>`..`<0xFF>`. That is byte-pair encoding whose merges are
+//! ranked by the score of the token they make, with byte fallback: Hugging Face's BPE with
+//! those merges, the `▁` written by its normalizer (on each piece of text between special
+//! tokens, as llama.cpp does), as transformers converts a Llama tokenizer. The one thing ranks
+//! cannot say is two different tokens of the same score, which llama.cpp joins leftmost first:
+//! such a file is refused.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value as Json, json};
+
+use super::file::{Gguf, Value};
+use super::vocab::{CONTROL, NORMAL, USER_DEFINED, token_list};
+use crate::data::tokenizer::Tokenizer;
+
+/// llama.cpp's token type of `<unk>`.
+const UNKNOWN: i32 = 2;
+
+/// The tokenizer of a GGUF file whose `tokenizer.ggml.model` is `llama`.
+pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
+    let (tokens, types) = token_list(gguf)?;
+    let scores = scores(gguf, tokens.len())?;
+    let mut ids = HashMap::with_capacity(tokens.len());
+    for (id, token) in tokens.iter().enumerate() {
+        if ids.insert(token.as_str(), id).is_some() {
+            bail!("tokenizer.ggml.tokens holds {token:?} twice");
+        }
+    }
+    let merges = merges(&tokens, &types, &scores, &ids)?;
+    let added: Vec<Json> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, kind))| [CONTROL, UNKNOWN, USER_DEFINED].contains(kind))
+        .map(|(id, (token, &kind))| {
+            // User-defined tokens are read out of any text, as llama.cpp reads them.
+            json!({"id": id, "content": token, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": kind != USER_DEFINED})
+        })
+        .collect();
+    let unknown = match gguf.get("tokenizer.ggml.unknown_token_id") {
+        Some(id) => id.as_u64().and_then(|id| tokens.get(id as usize)),
+        None => tokens
+            .iter()
+            .zip(&types)
+            .find(|(_, k)| **k == UNKNOWN)
+            .map(|(t, _)| t),
+    };
+    let space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+    let prefix = !matches!(
+        gguf.get("tokenizer.ggml.add_space_prefix"),
+        Some(Value::Bool(false))
+    );
+    let normalizer = match prefix {
+        true => json!({"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"}, space,
+        ]}),
+        false => space,
+    };
+    let vocab: serde_json::Map<String, Json> = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), id.into()))
+        .collect();
+    let hf = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": null, "post_processor": null,
+        // The space put in front of the text comes off again; `▁` is a space, byte tokens
+        // bytes.
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": usize::from(prefix), "stop": 0},
+        ]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unknown,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    Tokenizer::from_hf_value(hf).context("its SentencePiece tokenizer")
+}
+
+/// `tokenizer.ggml.scores`, one per token.
+fn scores(gguf: &Gguf, count: usize) -> Result<Vec<f32>> {
+    let key = "tokenizer.ggml.scores";
+    let items = gguf.get(key).and_then(Value::as_array).ok_or_else(|| {
+        anyhow!("its SentencePiece tokenizer has no {key}, which order its merges")
+    })?;
+    let scores = items
+        .iter()
+        .map(|v| match v {
+            Value::F32(s) if s.is_finite() => Some(*s),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| anyhow!("{key} holds something other than finite f32 numbers"))?;
+    if scores.len() != count {
+        bail!("{key} has {} entries for {count} tokens", scores.len());
+    }
+    Ok(scores)
+}
+
+/// Every pair of tokens that joins into a token, as `[left, right]`, ranked as llama.cpp joins
+/// them: the higher the joined token's score, the earlier (pairs that make the same token in
+/// the order of their ids). Only normal and user-defined tokens join or are joined: control,
+/// byte and unknown tokens never come out of text's characters.
+fn merges(
+    tokens: &[String],
+    types: &[i32],
+    scores: &[f32],
+    ids: &HashMap<&str, usize>,
+) -> Result<Vec<Json>> {
+    let joins = |id: usize| [NORMAL, USER_DEFINED].contains(&types[id]);
+    let piece = |text: &str| ids.get(text).copied().filter(|&id| joins(id));
+    let mut pairs = Vec::new();
+    let mut made_by_score: HashMap<u32, usize> = HashMap::new();
+    for (id, token) in tokens.iter().enumerate().filter(|(id, _)| joins(*id)) {
+        let mut made = false;
+        for (cut, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(cut);
+            if let (Some(l), Some(r)) = (piece(left), piece(right)) {
+                pairs.push((scores[id], l, r));
+                made = true;
+            }
+        }
+        if made && let Some(other) = made_by_score.insert(scores[id].to_bits(), id) {
+            bail!(
+                "its SentencePiece tokens {:?} and {:?} share the score {}: llama.cpp joins such \
+                 tokens leftmost first, which tinygpt's tokenizer cannot do; pass --tokenizer \
+                 with the model's Hugging Face tokenizer.json",
+                tokens[other],
+                token,
+                scores[id]
+            );
+        }
+    }
+    pairs.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    Ok(pairs
+        .into_iter()
+        .map(|(_, l, r)| json!([tokens[l], tokens[r]]))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::tokenizer::TextStream;
+
+    /// A SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the byte tokens, then `pieces`
+    /// (text, score) as normal tokens and `<|user|>` as a user-defined one.
+    fn vocabulary(pieces: &[(&str, f32)]) -> Gguf {
+        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+        let mut types = vec![UNKNOWN, CONTROL, CONTROL];
+        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        types.extend([6; 256]);
+        tokens.extend(pieces.iter().map(|(t, _)| t.to_string()));
+        types.extend(pieces.iter().map(|_| NORMAL));
+        tokens.push("<|user|>".into());
+        types.push(USER_DEFINED);
+        let mut scores = vec![0.0; 259];
+        scores.extend(pieces.iter().map(|(_, s)| *s));
+        scores.push(0.0);
+        let array = |v: Vec<Value>| Value::Array(v);
+        Gguf {
+            metadata: vec![
+                ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
+                (
+                    "tokenizer.ggml.tokens".into(),
+                    array(tokens.into_iter().map(Value::Str).collect()),
+                ),
+                (
+                    "tokenizer.ggml.token_type".into(),
+                    array(types.into_iter().map(Value::I32).collect()),
+                ),
+                (
+                    "tokenizer.ggml.scores".into(),
+                    array(scores.into_iter().map(Value::F32).collect()),
+                ),
+            ],
+            tensors: Vec::new(),
+        }
+    }
+
+    const PIECES: [(&str, f32); 9] = [
+        ("▁t", -1.0),
+        ("he", -2.0),
+        ("▁the", -3.0),
+        ("▁", -10.0),
+        ("t", -11.0),
+        ("h", -12.0),
+        ("e", -13.0),
+        ("n", -14.0),
+        ("▁then", -4.0),
+    ];
+
+    /// The id [`vocabulary`] gives a byte token, a piece of [`PIECES`] or `<|user|>`.
+    fn id(text: &str) -> u32 {
+        match text.strip_prefix("<0x") {
+            Some(hex) => 3 + u32::from_str_radix(&hex[..2], 16).unwrap(),
+            None if text == "<|user|>" => 259 + PIECES.len() as u32,
+            None => 259 + PIECES.iter().position(|(t, _)| *t == text).unwrap() as u32,
+        }
+    }
+
+    #[test]
+    fn the_highest_scored_join_goes_first_and_unknown_characters_go_as_bytes() {
+        let t = tokenizer(&vocabulary(&PIECES)).unwrap();
+        // "▁the": ▁t (-1) before he (-2), then ▁t + he = ▁the.
+        assert_eq!(t.encode("the").unwrap(), [id("▁the")]);
+        assert_eq!(
+            t.encode("then the").unwrap(),
+            [id("▁then"), id("▁the")],
+            "a space is ▁, and the text starts with one"
+        );
+        // é is no token: its two UTF-8 bytes.
+        assert_eq!(
+            t.encode("té").unwrap(),
+            [id("▁t"), id("<0xC3>"), id("<0xA9>")]
+        );
+        // After a special or user-defined token the text starts with a space again.
+        assert_eq!(
+            t.encode_with_specials("the</s>the<|user|>the").unwrap(),
+            [id("▁the"), 2, id("▁the"), id("<|user|>"), id("▁the")]
+        );
+        assert_eq!(t.decode(&t.encode("then té").unwrap()).unwrap(), "then té");
+        // Bytes of text per token, for losses per byte: `▁` is a space.
+        let units: Vec<usize> = ["▁the", "<0xC3>", "e", "</s>"]
+            .map(|s| t.units(if s == "</s>" { 2 } else { id(s) }))
+            .into();
+        assert_eq!(units, [4, 1, 1, 0]);
+    }
+
+    #[test]
+    fn a_stream_gives_a_continuations_spaces() {
+        let t = tokenizer(&vocabulary(&PIECES)).unwrap();
+        let prompt = t.encode("then").unwrap();
+        let mut stream = TextStream::after(&t, &prompt);
+        let mut text = String::new();
+        for id in t.encode("the té").unwrap() {
+            text.extend(stream.push(id));
+        }
+        text.extend(stream.finish());
+        // Alone, "▁the" decodes to "the": the space a text starts with is dropped.
+        assert_eq!(text, " the té");
+        let mut alone = TextStream::new(&t);
+        let first: String = t
+            .encode("the")
+            .unwrap()
+            .into_iter()
+            .filter_map(|id| alone.push(id))
+            .collect();
+        assert_eq!(first, "the");
+    }
+
+    #[test]
+    fn without_a_space_prefix_none_is_written_or_dropped() {
+        let mut gguf = vocabulary(&PIECES);
+        let key = "tokenizer.ggml.add_space_prefix";
+        gguf.metadata.push((key.into(), Value::Bool(false)));
+        let t = tokenizer(&gguf).unwrap();
+        assert_eq!(t.encode("the").unwrap(), [id("t"), id("he")]);
+        assert_eq!(t.decode(&t.encode(" the").unwrap()).unwrap(), " the");
+    }
+
+    #[test]
+    fn tied_scores_and_missing_scores_are_refused() {
+        let mut pieces = PIECES;
+        pieces[1].1 = -1.0; // "he" ties "▁t".
+        let err = tokenizer(&vocabulary(&pieces)).err().unwrap().to_string();
+        assert!(err.contains("share the score"), "{err}");
+        let mut gguf = vocabulary(&PIECES);
+        gguf.metadata.retain(|(k, _)| k != "tokenizer.ggml.scores");
+        let err = tokenizer(&gguf).err().unwrap().to_string();
+        assert!(err.contains("tokenizer.ggml.scores"), "{err}");
+    }
+}

@@ -372,3 +372,49 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_written() {
     );
     assert!(!dir.join("m.gguf").exists());
 }
+
+/// A gain-less RMSNorm (the `modern` preset's) is Llama's RMSNorm with gains of one: a
+/// Llama-shaped run with it exports with every norm's gains 1, and the file imports back to the
+/// run's logits.
+#[test]
+fn a_gain_less_rms_norm_exports_as_gains_of_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(
+        dir,
+        &[LLAMA, &["--set", "model.norm=\"rms_unit\""]].concat(),
+    );
+    ok(export(dir, "gguf", None, "m.gguf"));
+    let file = read(&dir.join("m.gguf"));
+    let norms: Vec<_> = file
+        .tensors
+        .iter()
+        .filter(|t| t.name.ends_with("norm.weight"))
+        .collect();
+    assert_eq!(norms.len(), 3, "two per block and the final one");
+    for t in norms {
+        assert_eq!(floats(&t.data), vec![1.0; 32], "{}", t.name);
+    }
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "m.gguf", "--out", "back"],
+    ));
+    let logits = |run: &str, which: &str| {
+        let args = [
+            "logits",
+            "--checkpoint",
+            run,
+            "--which",
+            which,
+            "--tokens",
+            "3,1,4,1,5",
+        ];
+        let out = ok(tinygpt(dir, &args));
+        let value: Json = serde_json::from_str(out.trim()).unwrap();
+        serde_json::from_value::<Vec<Vec<f32>>>(value["logits"].clone()).unwrap()
+    };
+    let (ours, back) = (logits("run", "last"), logits("back", "best"));
+    for (a, b) in ours.iter().flatten().zip(back.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{a} vs {b}");
+    }
+}

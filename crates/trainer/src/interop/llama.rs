@@ -405,9 +405,9 @@ pub(super) fn expressible(config: &GptConfig) -> Result<(), String> {
         Position::None => return refuse("without positions (`model.position = \"none\"`)"),
     }
     match norm {
-        Norm::Rms => {}
+        // A gain-less RMSNorm is Llama's with gains of one (written so).
+        Norm::Rms | Norm::RmsUnit => {}
         Norm::Layer => return refuse("with LayerNorm (Llama normalises with RMSNorm)"),
-        Norm::RmsUnit => return refuse("with gain-less RMSNorm (Llama's has a gain)"),
         Norm::None => return refuse("without normalisation (`model.norm = \"none\"`)"),
     }
     match mlp {
@@ -434,7 +434,24 @@ pub(super) fn tensors(
     burn: &super::foreign::TensorTable,
 ) -> Result<Vec<NamedTensor>> {
     let mut out = Vec::new();
-    for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
+    for name in parameter_table(gpt) {
+        let gain = matches!(
+            name.slot,
+            Slot::FinalNormGain | Slot::Block(_, BlockSlot::Ln1Gain | BlockSlot::Ln2Gain)
+        );
+        if !name.present {
+            // A gain-less RMSNorm's gains, ones: the same norm in Llama's form.
+            if gain && gpt.norm == Norm::RmsUnit {
+                let ones = 1f32.to_le_bytes().repeat(gpt.n_embd);
+                out.extend(
+                    sources(name.slot)
+                        .0
+                        .into_iter()
+                        .map(|n| (n, vec![gpt.n_embd], ones.clone())),
+                );
+            }
+            continue;
+        }
         let (shape, bytes) = burn
             .get(&name.burn)
             .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;

@@ -23,7 +23,9 @@ pub fn expressible(config: &GptConfig) -> Result<(), String> {
     hf_llama::expressible(config).map_err(|part| {
         format!(
             "{part}: train with Llama's parts (--set model.position=\"rope\" --set \
-             model.norm=\"rms\" --set model.mlp=\"swiglu\", no QK-norm or logit soft-cap)"
+             model.norm=\"rms\" --set model.mlp=\"swiglu\", no QK-norm or logit soft-cap; \
+             from the modern preset: --set model.mlp=\"swiglu\" --set model.qk_norm=false \
+             --set model.logit_softcap=0)"
         )
     })
 }

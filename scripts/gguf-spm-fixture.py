@@ -19,6 +19,7 @@ Not for CI (llama-cpp-python compiles llama.cpp). From the repository root:
 
 import collections
 import hashlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ import llama_cpp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# What llama.cpp computes from a file, as the other GGUF fixtures record it.
+_spec = importlib.util.spec_from_file_location("gguf_llamacpp",
+                                               Path(__file__).with_name("gguf-llamacpp.py"))
+gguf_llamacpp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gguf_llamacpp)
 OUT = ROOT / "crates/trainer/tests/fixtures/gguf/spm"
 MERGES = 200
 # Characters the vocabulary leaves out, so that they go through the byte tokens.
@@ -131,30 +137,12 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "model.gguf"
     write(path)
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=CONTEXT, n_threads=2,
-                          seed=0, verbose=False, type_k=0, type_v=0)
-    texts = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)}
-             for t in TEXTS]
-    prompt = texts[0]["ids"]
-    assert len(prompt) + GREEDY <= CONTEXT, len(prompt)
-    llm.reset()
-    llm.eval(prompt)
-    logits = np.asarray(llm.scores[: len(prompt)], dtype=np.float32)
-    greedy = []
-    for _ in range(GREEDY):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        greedy.append(token)
-        if token == 2:
-            break
-        llm.eval([token])
-    rows = [[float(f"{v:.9g}") for v in row] for row in logits]
+    out = gguf_llamacpp.llama_cpp_outputs(path, 2, TEXTS, GREEDY, CONTEXT)
     out = {"gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-           "llama_cpp_python": llama_cpp.__version__, "eos": 2, "texts": texts,
-           "prompt": prompt, "logits": rows, "greedy": greedy,
-           "greedy_text": llm.detokenize(greedy).decode("utf-8", "replace")}
+           "llama_cpp_python": llama_cpp.__version__, "eos": 2, **out}
     (OUT / "llamacpp.json").write_text(json.dumps(out, ensure_ascii=False) + "\n")
-    print(f"{len(out['prompt'])} prompt tokens, ids {[t['ids'] for t in texts]}, "
-          f"greedy {greedy}", file=sys.stderr)
+    print(f"{len(out['prompt'])} prompt tokens, ids {[t['ids'] for t in out['texts']]}, "
+          f"greedy {out['greedy']}", file=sys.stderr)
     return 0
 
 

@@ -282,4 +282,45 @@ mod tests {
         let err = tokenizer(&gguf).err().unwrap().to_string();
         assert!(err.contains("tokenizer.ggml.scores"), "{err}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// Any vocabulary (any types and scores) reads as a tokenizer or as an error, never a
+        /// panic; a tokenizer read encodes and decodes any text.
+        #[test]
+        fn any_vocabulary_reads_or_is_refused(
+            pieces in proptest::collection::btree_map("[▁abé<>/]{1,4}", (-100_000i32..0, 0i32..8), 0..40),
+            unknown in 0u64..50,
+            text in "[ abé\n<>/s]{0,24}",
+        ) {
+            let mut gguf = vocabulary(&[]);
+            let list = |key: &str, gguf: &mut Gguf, extra: Vec<Value>| {
+                if let Some((_, Value::Array(items))) =
+                    gguf.metadata.iter_mut().find(|(k, _)| k == key)
+                {
+                    items.extend(extra);
+                }
+            };
+            list("tokenizer.ggml.tokens", &mut gguf,
+                 pieces.keys().map(|t| Value::Str(t.clone())).collect());
+            list("tokenizer.ggml.scores", &mut gguf,
+                 pieces.values().map(|(s, _)| Value::F32(*s as f32)).collect());
+            list("tokenizer.ggml.token_type", &mut gguf,
+                 pieces.values().map(|(_, k)| Value::I32(*k)).collect());
+            gguf.metadata.push(("tokenizer.ggml.unknown_token_id".into(), Value::U64(unknown)));
+            let read = tokenizer(&gguf);
+            if let Err(e) = &read {
+                // Tokens may repeat the fixed ones (`<s>`) or tie, nothing else.
+                let e = e.to_string();
+                proptest::prop_assert!(e.contains("twice") || e.contains("share the score"), "{e}");
+            }
+            if let Ok(t) = read {
+                let ids = t.encode_with_specials(&text).unwrap();
+                let _ = t.decode(&ids);
+                for id in ids {
+                    let _ = t.units(id);
+                }
+            }
+        }
+    }
 }

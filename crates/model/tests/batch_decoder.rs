@@ -6,7 +6,7 @@ mod common;
 
 use burn::module::Module;
 use burn::tensor::Device;
-use common::{configs, seeded, tokens};
+use common::{configs, seeded, sliding, tokens};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig,
@@ -155,21 +155,12 @@ fn generations(batch: &mut dyn BatchDecoder) -> (Vec<Vec<u32>>, Vec<Run>) {
     (got, runs)
 }
 
-/// The model the generations run on: 13 tokens, a 16-token window (so they slide past it).
-fn small() -> GptConfig {
-    GptConfig::new(13)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32)
-}
-
 /// Generations through one batch write the tokens `generate` writes for each alone, with the
 /// same seeds: on the fused decoder and on Burn's.
 #[test]
 fn batched_generations_write_what_each_writes_alone() {
     let _seeded = seeded();
-    let gpt = small().init(&Device::flex()).unwrap();
+    let gpt = sliding().init(&Device::flex()).unwrap();
     let (got, runs) = generations(&mut FusedBatch::new(&gpt, 4).unwrap());
     let alone = |decoder: &mut dyn Decoder, (prompt, o): &Run| {
         generate(decoder, prompt, o, |_| {}).unwrap()
@@ -200,7 +191,7 @@ fn batched_generations_write_what_each_writes_alone() {
 )]
 fn batched_generations_on_wgpu_write_what_each_writes_alone() {
     let _seeded = seeded();
-    let gpt = small().init(&Device::flex()).unwrap();
+    let gpt = sliding().init(&Device::flex()).unwrap();
     let wgpu = common::wgpu_device();
     let on_wgpu = gpt
         .clone()

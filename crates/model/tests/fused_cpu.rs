@@ -7,7 +7,7 @@ mod common;
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::seeded;
+use common::{seeded, sliding};
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError,
@@ -122,30 +122,22 @@ impl CountTensors for Gpt {
     }
 }
 
-fn small() -> GptConfig {
-    GptConfig::new(13)
-        .with_block_size(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_n_embd(32)
-}
-
 #[test]
 fn loss_and_gradients_match_burn_autodiff() {
     let _seeded = seeded();
     let (inputs, targets) = (tokens(3 * 16, 13, 1), tokens(3 * 16, 13, 2));
     let batch = token_batch(&inputs, &targets, 3, 16);
-    check_against_burn(small(), batch, 1);
+    check_against_burn(sliding(), batch, 1);
     // The batch split over threads (3 sequences on 2 threads: 2 + 1).
-    check_against_burn(small(), batch, 2);
+    check_against_burn(sliding(), batch, 2);
     // No biases, untied head (nanoGPT's shakespeare-char model has no biases).
     check_against_burn(
-        small().with_bias(false).with_tie_embeddings(false),
+        sliding().with_bias(false).with_tie_embeddings(false),
         batch,
         3,
     );
     // Another LayerNorm ε: the kernels take the config's.
-    check_against_burn(small().with_layer_norm_eps(1e-3), batch, 2);
+    check_against_burn(sliding().with_layer_norm_eps(1e-3), batch, 2);
 }
 
 /// Every variant of every part on its own (the variants from the types, so a new one is checked
@@ -161,41 +153,43 @@ fn each_newer_part_matches_burn_autodiff() {
     let modern = GptConfig::modern(13);
     let each_part = (Norm::all()
         .filter(|&n| n != Norm::default())
-        .map(|n| small().with_norm(n)))
+        .map(|n| sliding().with_norm(n)))
     .chain(
         Mlp::all()
             .filter(|&m| m != Mlp::default())
-            .map(|m| small().with_mlp(m)),
+            .map(|m| sliding().with_mlp(m)),
     )
     .chain(
         Position::all()
             .filter(|&p| p != Position::default())
-            .map(|p| small().with_position(p)),
+            .map(|p| sliding().with_position(p)),
     );
     for config in each_part.chain([
         // The attention lessons' bare model: no norm, no MLP, one head.
         GptConfig::minimal(13).with_block_size(16).with_n_embd(24),
         // A tight cap, so tanh bends the logits.
-        small().with_logit_softcap(0.5),
-        small().with_position(Position::Rope).with_rope_theta(100.0),
-        small().with_qk_norm(true),
-        small().with_mlp(Mlp::SwiGlu).with_mlp_hidden(Some(24)),
+        sliding().with_logit_softcap(0.5),
+        sliding()
+            .with_position(Position::Rope)
+            .with_rope_theta(100.0),
+        sliding().with_qk_norm(true),
+        sliding().with_mlp(Mlp::SwiGlu).with_mlp_hidden(Some(24)),
         // Grouped-query heads (4 over 2) and multi-query heads with rotary positions and
         // QK-norm: each key/value head's gradient gathers its whole group's.
-        small().with_n_head(4).with_n_kv_head(Some(2)),
-        small()
+        sliding().with_n_head(4).with_n_kv_head(Some(2)),
+        sliding()
             .with_n_kv_head(Some(1))
             .with_position(Position::Rope)
             .with_qk_norm(true),
         // Llama's parts: rotary positions, RMSNorm with gain, SwiGLU, grouped heads, no biases.
-        small()
+        sliding()
             .with_n_head(4)
             .with_n_kv_head(Some(2))
             .with_position(Position::Rope)
             .with_norm(Norm::Rms)
             .with_mlp(Mlp::SwiGlu)
             .with_bias(false),
-        small()
+        sliding()
             .with_position(modern.position)
             .with_norm(modern.norm)
             .with_qk_norm(modern.qk_norm)
@@ -208,7 +202,7 @@ fn each_newer_part_matches_burn_autodiff() {
     }
     // The zero init trains the same kernels: the step's loss is Burn's.
     for init in ProjInit::all().filter(|&i| i != ProjInit::default()) {
-        check_against_burn(small().with_proj_init(init), batch, 2);
+        check_against_burn(sliding().with_proj_init(init), batch, 2);
     }
 }
 
@@ -219,9 +213,9 @@ fn each_newer_part_matches_burn_autodiff() {
 #[test]
 fn weights_that_do_not_fit_the_config_are_refused() {
     let _seeded = seeded();
-    let model = model(&small());
+    let model = model(&sliding());
     assert_eq!(model.check_config(), Ok(()));
-    let wider = small().with_n_embd(48).init(&Device::flex()).unwrap();
+    let wider = sliding().with_n_embd(48).init(&Device::flex()).unwrap();
     let mut mixed = model.clone();
     mixed.wte = wider.wte.clone();
     let err = mixed.check_config().unwrap_err();
@@ -236,7 +230,7 @@ fn weights_that_do_not_fit_the_config_are_refused() {
     ));
     assert!(FusedDecoder::new(&mixed).is_err());
     // A head the tied config does not have.
-    let untied = small()
+    let untied = sliding()
         .with_tie_embeddings(false)
         .init(&Device::flex())
         .unwrap();
@@ -261,14 +255,14 @@ fn shorter_sequences_and_padding_match_burn() {
         *t = IGNORE_INDEX;
     }
     let batch = token_batch(&inputs, &targets, 2, seq);
-    check_against_burn(small(), batch, 2);
+    check_against_burn(sliding(), batch, 2);
 }
 
 #[test]
 fn long_sequences_span_several_query_blocks() {
     let _seeded = seeded();
     // 150 tokens: query blocks of 64, 64 and 22 rows, each seeing a different number of keys.
-    let config = small()
+    let config = sliding()
         .with_block_size(160)
         .with_n_layer(1)
         .with_dropout(0.0);
@@ -281,7 +275,7 @@ fn long_sequences_span_several_query_blocks() {
 #[test]
 fn gradients_accumulate_and_reset() {
     let _seeded = seeded();
-    let gpt = model(&small());
+    let gpt = model(&sliding());
     let (inputs, targets) = (tokens(2 * 16, 13, 5), tokens(2 * 16, 13, 6));
     let batch = token_batch(&inputs, &targets, 2, 16);
     let mut fused = FusedCpu::new(&gpt, 2).unwrap();
@@ -307,7 +301,7 @@ fn dropout_loss(gpt: &Gpt, batch: TokenBatch<'_>, seed: u64, threads: usize) -> 
 #[test]
 fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly() {
     let _seeded = seeded();
-    let config = small().with_dropout(0.3).with_n_layer(1);
+    let config = sliding().with_dropout(0.3).with_n_layer(1);
     let gpt = model(&config);
     let (inputs, targets) = (tokens(4 * 16, 13, 7), tokens(4 * 16, 13, 8));
     let batch = token_batch(&inputs, &targets, 4, 16);
@@ -350,7 +344,7 @@ fn dropout_is_reproducible_independent_of_threads_and_differentiated_correctly()
 #[test]
 fn bad_batches_are_errors() {
     let _seeded = seeded();
-    let gpt = model(&small());
+    let gpt = model(&sliding());
     let mut fused = FusedCpu::new(&gpt, 2).unwrap();
     let ok = tokens(16, 13, 1);
     let batch =
@@ -386,7 +380,7 @@ fn bad_batches_are_errors() {
 #[test]
 fn clipping_scales_to_the_global_norm() {
     let _seeded = seeded();
-    let gpt = model(&small());
+    let gpt = model(&sliding());
     let (inputs, targets) = (tokens(2 * 16, 13, 11), tokens(2 * 16, 13, 12));
     let batch = token_batch(&inputs, &targets, 2, 16);
     let (_, want) = burn_reference(&gpt, &batch);
@@ -456,7 +450,7 @@ fn assert_same_weights(a: &Gpt, b: &Gpt, context: &str) {
 #[test]
 fn adamw_on_the_buffers_equals_burns_adamw() {
     let _seeded = seeded();
-    let gpt = model(&small().with_tie_embeddings(false));
+    let gpt = model(&sliding().with_tie_embeddings(false));
     let decayed = gpt.decayed_param_ids();
     let settings = AdamWSettings {
         beta_1: 0.9,

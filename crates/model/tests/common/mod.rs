@@ -163,3 +163,14 @@ pub fn configs() -> Vec<GptConfig> {
         ])
         .collect()
 }
+
+/// A small model: 13 tokens, a 16-token window (so generations slide past it), 2 layers of 2
+/// heads, `n_embd` 32.
+#[allow(dead_code)] // Not every test file builds it.
+pub fn sliding() -> GptConfig {
+    GptConfig::new(13)
+        .with_block_size(16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32)
+}

@@ -25,8 +25,7 @@ use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::nn::Linear;
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::CubeBackend;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use cubecl::{CubeCount, CubeDim};
 
 use crate::flash::is_cube_device;
@@ -111,13 +110,11 @@ impl RowsLinearBackend for CubeBackend {
         bias: FloatTensor<Self>,
         has_bias: bool,
     ) -> FloatTensor<Self> {
-        let x = into_contiguous(x);
-        let bias = match has_bias {
-            true => into_contiguous(bias),
-            false => bias,
-        };
         let ([rows, _], [_, n]) = (x.shape().dims::<2>(), weight.shape().dims::<2>());
-        let out = empty_device_dtype(
+        // Row-major without padding, as the callers reshape it: a plain empty tensor may get
+        // rows padded to an aligned pitch (CUDA does), which the kernel's indexing by strides
+        // would honour but a caller's reshape then copies.
+        let out = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([rows, n]),
@@ -146,8 +143,9 @@ mod kernel {
 
     use super::{COLUMNS, SLICES};
 
-    /// `out = x W (+ b)`: `x` `[rows, K]` contiguous, `W` `[K, N]` by its strides, `b` `[N]`
-    /// (read only `has_bias`).
+    /// `out = x W (+ b)`: `x` `[rows, K]`, `W` `[K, N]`, `b` `[N]` (read only `has_bias`),
+    /// `out` `[rows, N]`, each read and written by its strides (a row may be padded to an
+    /// aligned pitch: CUDA pads, and a kernel that assumed `r * K` read other rows there).
     #[cube(launch)]
     pub(super) fn rows_linear_kernel<F: Float>(
         x: &Tensor<F>,
@@ -160,6 +158,7 @@ mod kernel {
     ) {
         let (k_len, n) = (weight.shape(0), weight.shape(1));
         let (k_stride, n_stride) = (weight.stride(0), weight.stride(1));
+        let (x_row, x_col) = (x.stride(0), x.stride(1));
         let column = UNIT_POS_X as usize;
         let slice = UNIT_POS_Y as usize;
         let j = CUBE_POS_X as usize * COLUMNS + column;
@@ -174,7 +173,7 @@ mod kernel {
                 let w = weight[k * k_stride + j * n_stride];
                 #[unroll]
                 for r in 0..rows {
-                    sums[r] += x[r * k_len + k] * w;
+                    sums[r] += x[r * x_row + k * x_col] * w;
                 }
                 k += SLICES;
             }
@@ -186,16 +185,17 @@ mod kernel {
         }
         sync_cube();
         if slice == 0 && j < n {
+            let (out_row, out_col) = (out.stride(0), out.stride(1));
             #[unroll]
             for r in 0..rows {
                 let mut sum = F::new(0.0);
                 if has_bias {
-                    sum = bias[j];
+                    sum = bias[j * bias.stride(0)];
                 }
                 for s in 0..SLICES {
                     sum += partial[(s * rows + r) * COLUMNS + column];
                 }
-                out[r * n + j] = sum;
+                out[r * out_row + j * out_col] = sum;
             }
         }
     }

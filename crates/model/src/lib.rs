@@ -52,6 +52,6 @@ pub use optim::{
     clip_factor, clip_factor_on_device,
 };
 pub use sample::{
-    BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Sampled,
-    generate, generate_batch, generate_cancellable, host_reads, score,
+    BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Replay,
+    Sampled, generate, generate_batch, generate_cancellable, host_reads, score,
 };

@@ -9,7 +9,7 @@ use burn::tensor::Device;
 use common::{configs, seeded, sliding, tokens};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig, Replay,
     generate, generate_batch,
 };
 
@@ -181,7 +181,8 @@ fn batched_generations_write_what_each_writes_alone() {
 }
 
 /// The same on wgpu, where every stream is a row of one cache per layer and each step feeds
-/// all rows at once (the rows with nothing to feed sit out): each generation writes the tokens
+/// all rows at once (the rows with nothing to feed sit out), recorded once and replayed: each
+/// generation writes the tokens
 /// the fused decoder writes for it alone (the same weights; the logits differ by rounding only,
 /// which these draws do not straddle).
 #[test]
@@ -198,7 +199,18 @@ fn batched_generations_on_wgpu_write_what_each_writes_alone() {
         .to_device(&wgpu)
         .with_kernels(Kernels::for_device(&wgpu));
     assert_eq!(on_wgpu.kernels(), Kernels::Cube);
-    let (got, runs) = generations(&mut GptBatch::new(&on_wgpu, 4));
+    // As `serve` runs it: on a worker thread, on a copy of the weights of its own; the step of
+    // all rows is recorded there and replays as one graph.
+    let (got, runs, replays) = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let own = on_wgpu.copied_here();
+            let mut batch = GptBatch::new(&own, 4);
+            let (got, runs) = generations(&mut batch);
+            (got, runs, batch.replays())
+        });
+        worker.join().unwrap()
+    });
+    assert_eq!(replays, Some(Replay::Graph));
     let want: Vec<Vec<u32>> = runs
         .iter()
         .map(|(prompt, o)| {

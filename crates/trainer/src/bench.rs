@@ -14,7 +14,7 @@ use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, GenerateOptions, generate, generate_batch, weight_bytes_per_token,
+    BatchDecoder, GenerateOptions, Replay, generate, generate_batch, weight_bytes_per_token,
 };
 
 use crate::backend::{Backend, EngineKind, Placement, describe};
@@ -45,9 +45,13 @@ pub struct BenchResult {
     pub sample_tokens: usize,
     /// Sequences sampled at once (`--streams`); `sample_tokens_per_s` counts them all.
     pub sample_streams: usize,
-    /// With `--streams` on a GPU: whether the step of all streams replayed as one device graph.
+    /// On a GPU: whether the recorded sampling step (of all streams, with `--streams`) replayed
+    /// as one device graph.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sample_graph: Option<bool>,
+    /// Why it did not (the device's refusal, in its words).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_graph_refused: Option<String>,
     pub sample_tokens_per_s: f64,
     /// The same generation's first pass, untimed in `sample_tokens_per_s`: on a GPU it
     /// includes compiling and tuning the kernels sampling needs.
@@ -175,7 +179,11 @@ fn bench_one(
         train_tokens_per_s: seconds.map(|s| tokens / s),
         sample_tokens: sampled.tokens,
         sample_streams: args.streams,
-        sample_graph: sampled.graph,
+        sample_graph: sampled.graph.as_ref().map(|r| *r == Replay::Graph),
+        sample_graph_refused: match sampled.graph {
+            Some(Replay::Rerun { why }) => Some(why),
+            _ => None,
+        },
         sample_tokens_per_s: sampled.tokens as f64 / sampled.seconds,
         first_sample_tokens_per_s: sampled.tokens as f64 / sampled.first_seconds,
         prompt_tokens: args.prompt_tokens,
@@ -246,7 +254,7 @@ struct Sampling {
     prompt_seconds: Option<f64>,
     cost: Option<TokenCost>,
     /// Whether the batch's step replayed as a graph (`--streams`).
-    graph: Option<bool>,
+    graph: Option<Replay>,
 }
 
 /// Samples with the KV cache from a one-token prompt, the same generation three times: a GPU
@@ -287,7 +295,10 @@ fn sampling(
         true => Some(token_cost::count(&warm, || Ok(pass()?.0))?),
         false => None,
     };
-    let graph = batch.as_ref().and_then(|b| b.replays_as_graph());
+    let graph = match &batch {
+        Some(batch) => batch.replays(),
+        None => decoder.replays(),
+    };
     let prompt_seconds = match args.prompt_tokens {
         0 => None,
         n => Some(read_prompt(
@@ -417,14 +428,17 @@ pub fn row(r: &BenchResult) -> String {
     );
     if r.sample_streams > 1 {
         line.push_str(&format!(
-            "\n  sampled {} streams at once (tok/s counts them all){}",
-            r.sample_streams,
-            match r.sample_graph {
-                Some(true) => ", their step replayed as one graph",
-                Some(false) => ", their step run launch by launch",
-                None => "",
-            }
+            "\n  sampled {} streams at once (tok/s counts them all)",
+            r.sample_streams
         ));
+    }
+    match (r.sample_graph, &r.sample_graph_refused) {
+        (Some(true), _) => line.push_str("\n  the sampling step replayed as one graph"),
+        (Some(false), Some(why)) => line.push_str(&format!(
+            "\n  the sampling step ran launch by launch: {why}"
+        )),
+        (Some(false), None) => line.push_str("\n  the sampling step ran launch by launch"),
+        (None, _) => {}
     }
     if let (Some(bytes), "q8_0") = (r.weight_bytes_per_token, r.weights.as_str()) {
         line.push_str(&format!(

@@ -1,6 +1,6 @@
 //! The decode step recorded once and replayed for every token: on CUDA one graph launch in place
 //! of the step's few hundred kernel launches; on other backends the step simply runs again
-//! (Burn's [`capture`]).
+//! ([`record`]).
 //!
 //! A replay reruns the recorded launches on the buffers the recording used, so everything a
 //! token changes lives in fixed device buffers that the host refreshes in place before each
@@ -12,12 +12,13 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use burn::tensor::{Graph, Int, Tensor, TensorData, capture};
+use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use super::gpt::Gpt;
+use super::record::{Recorded, record};
 use crate::error::ModelError;
-use crate::sample::{Pick, Picked};
+use crate::sample::{Pick, Picked, Replay};
 
 /// The buffers a replay reads.
 struct Inputs {
@@ -36,7 +37,7 @@ type Step<'a> = Box<dyn FnMut() -> Tensor<1> + 'a>;
 
 /// One stream's decode step with its pick, recorded.
 pub(crate) struct CapturedStep<'a> {
-    graph: Graph<Tensor<1>, Step<'a>>,
+    graph: Recorded<Tensor<1>, Step<'a>>,
     inputs: Rc<RefCell<Inputs>>,
     /// The pick it was recorded for (the draw aside).
     pick: Pick,
@@ -75,10 +76,15 @@ impl<'a> CapturedStep<'a> {
             rule.on_device_unread(logits.reshape([vocab]), Some(inputs.uniform.clone()))
         });
         Ok(Self {
-            graph: capture(&device, step),
+            graph: record(&device, step),
             inputs,
             pick: *pick,
         })
+    }
+
+    /// Whether it replays as one graph, and if not, why.
+    pub(crate) fn replays(&self) -> &Replay {
+        self.graph.replays()
     }
 
     /// Whether this recording picks as `pick` does (its draw aside).

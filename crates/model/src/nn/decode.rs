@@ -13,7 +13,7 @@ use super::rows::FixedRows;
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
 use crate::sample::{
-    BatchDecoder, Decoder, GenerateOptions, Pick, Picked, check_feeds, generate, read_f32,
+    BatchDecoder, Decoder, GenerateOptions, Pick, Picked, Replay, check_feeds, generate, read_f32,
 };
 
 impl Gpt {
@@ -160,6 +160,10 @@ impl Decoder for GptDecoder<'_> {
             _ => Ok(pick.on_device(self.logits(tokens)?)),
         }
     }
+
+    fn replays(&self) -> Option<Replay> {
+        self.captured.as_ref().map(|c| c.replays().clone())
+    }
 }
 
 /// A [`Gpt`] decoding many streams at once with Burn's tensor ops, on its device.
@@ -264,10 +268,10 @@ impl BatchDecoder for GptBatch<'_> {
     fn alone(&mut self) -> &mut dyn Decoder {
         &mut *self.single
     }
-    fn replays_as_graph(&self) -> Option<bool> {
+    fn replays(&self) -> Option<Replay> {
         match &self.layout {
             Layout::Streams(_) => None,
-            Layout::Rows(rows) => rows.replays_as_graph(),
+            Layout::Rows(rows) => rows.replays(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! [`Gpt`]: embeddings, blocks, final norm, LM head.
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
@@ -99,6 +99,28 @@ impl Gpt {
     /// The kernels this model runs.
     pub fn kernels(&self) -> Kernels {
         self.kernels
+    }
+
+    /// A copy of this model whose parameters are new buffers, written by the calling thread.
+    ///
+    /// On CUDA each thread issues its work on a stream of its own, and a decode step recorded
+    /// as a graph on one thread cannot read buffers that another thread's stream wrote: the
+    /// wait for that stream inside the recording invalidates it
+    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, met by `serve`, whose worker decoded on the
+    /// weights the main thread loaded, and so ran its step launch by launch). A thread that
+    /// records its steps decodes on a copy of its own. Costs one read and one write of the
+    /// weights.
+    pub fn copied_here(&self) -> Gpt {
+        struct Copy;
+        impl ModuleMapper for Copy {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let (id, value, mapper) = param.consume();
+                let device = value.device();
+                let copy = Tensor::from_data(value.into_data(), &device);
+                Param::from_mapped_value(id, copy, mapper)
+            }
+        }
+        self.clone().map(&mut Copy)
     }
 
     /// This model with every block's attention computed by `kernel` (the same numbers; see

@@ -18,6 +18,7 @@ mod decode;
 mod gpt;
 mod loss;
 pub(crate) mod norm;
+mod record;
 mod rows;
 mod seeded;
 

@@ -1,7 +1,7 @@
 //! A server's streams on a GPU: every stream a row of one fixed cache per layer
 //! (`[streams, kv_heads, block_size, d_head]`), and one step that feeds every row a token at
 //! once, with the same kernels and buffers every time. On CUDA it is recorded once and
-//! replayed (one graph launch a step, [`capture`]); elsewhere it simply runs again.
+//! replayed (one graph launch a step, [`record`]); elsewhere it simply runs again.
 //!
 //! A row with nothing to feed this step (a stalled client, a free slot, a prompt going in
 //! through its own feed) is not cut out, which would change the shapes: it is fed token 0 at its
@@ -17,13 +17,14 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use burn::tensor::{Graph, Int, Tensor, TensorData, capture};
+use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use super::captured::refill;
 use super::gpt::Gpt;
+use super::record::{Recorded, record};
 use crate::error::ModelError;
-use crate::sample::read_f32;
+use crate::sample::{Replay, read_f32};
 
 /// Every stream a row of the same fixed caches.
 pub(crate) struct FixedRows<'a> {
@@ -51,9 +52,10 @@ impl<'a> FixedRows<'a> {
         }
     }
 
-    /// Whether the recorded step replays as one device graph; `None` before it is recorded.
-    pub(crate) fn replays_as_graph(&self) -> Option<bool> {
-        self.recorded.as_ref().map(|r| r.graph.is_hardware())
+    /// Whether the recorded step replays as one device graph, and if not why; `None` before it
+    /// is recorded.
+    pub(crate) fn replays(&self) -> Option<Replay> {
+        self.recorded.as_ref().map(|r| r.graph.replays().clone())
     }
 
     pub(crate) fn streams(&self) -> usize {
@@ -144,7 +146,7 @@ type Step<'a> = Box<dyn FnMut() -> Tensor<2> + 'a>;
 
 /// The rows step, recorded.
 struct RecordedRows<'a> {
-    graph: Graph<Tensor<2>, Step<'a>>,
+    graph: Recorded<Tensor<2>, Step<'a>>,
     inputs: Rc<RefCell<RowInputs>>,
 }
 
@@ -177,7 +179,7 @@ impl<'a> RecordedRows<'a> {
                 .expect("a step checked before it was recorded")
         });
         Ok(Self {
-            graph: capture(&device, step),
+            graph: record(&device, step),
             inputs,
         })
     }

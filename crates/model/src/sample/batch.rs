@@ -15,6 +15,16 @@ use super::decoder::Decoder;
 use super::options::GenerateOptions;
 use crate::error::{GenerateError, ModelError};
 
+/// How a recorded step runs again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// One device graph: every launch of the closure in one.
+    Graph,
+    /// The closure runs again, launch by launch: `why` the device made no graph of it (a
+    /// backend without graphs, or a recording it refused).
+    Rerun { why: String },
+}
+
 /// A model decoding `streams()` sequences at once, each with its own cache.
 pub trait BatchDecoder {
     /// How many streams it holds.
@@ -36,9 +46,9 @@ pub trait BatchDecoder {
     fn step(&mut self, feeds: &[(usize, &[u32])]) -> Result<&[f32], ModelError>;
 
     /// Once a step of single tokens has been recorded for replay (a GPU): whether the device
-    /// replays it as one graph (`true`: CUDA) or runs its launches again (`false`: a device,
-    /// or a recording, without graphs). `None` before, and where nothing is recorded.
-    fn replays_as_graph(&self) -> Option<bool> {
+    /// replays it as one graph, or runs its launches again and why (a device without graphs,
+    /// or a recording the device refused). `None` before, and where nothing is recorded.
+    fn replays(&self) -> Option<Replay> {
         None
     }
 }

@@ -3,6 +3,7 @@
 
 use std::ops::ControlFlow;
 
+use super::batch::Replay;
 use super::continuation::Continuation;
 use super::device_pick::{Pick, Picked};
 use super::draw::Sampled;
@@ -40,6 +41,13 @@ pub trait Decoder {
     fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
         Ok(pick.on_host(&self.feed(tokens)?))
     }
+
+    /// Once its step of one token has been recorded for replay (a GPU): whether the device
+    /// replays it as one graph, or runs its launches again and why. `None` before, and where
+    /// nothing is recorded.
+    fn replays(&self) -> Option<Replay> {
+        None
+    }
 }
 
 /// A decoder lent out is a decoder.
@@ -64,6 +72,9 @@ impl<D: Decoder + ?Sized> Decoder for &mut D {
     }
     fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
         (**self).feed_and_pick(tokens, pick)
+    }
+    fn replays(&self) -> Option<Replay> {
+        (**self).replays()
     }
 }
 

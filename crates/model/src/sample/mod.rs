@@ -19,7 +19,7 @@ mod reads;
 mod sampler;
 
 pub(crate) use batch::check_feeds;
-pub use batch::{BatchDecoder, generate_batch};
+pub use batch::{BatchDecoder, Replay, generate_batch};
 pub use continuation::{Continuation, Feed, Finish};
 pub use decoder::{Decoder, generate, generate_cancellable, score};
 pub use device_pick::{Pick, Picked};

@@ -23,7 +23,8 @@ use std::time::Instant;
 
 use std::ops::Range;
 
-use tinygpt_model::{BatchDecoder, Continuation, Finish, GenerateOptions, PREFILL_CHUNK};
+use tinygpt_model::gpu::Kernels;
+use tinygpt_model::{BatchDecoder, Continuation, Finish, GenerateOptions, PREFILL_CHUNK, Replay};
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
@@ -84,13 +85,23 @@ impl Jobs {
 /// room.
 pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize, stats: &Stats) {
     let max_batch = jobs.max_batch;
-    let Ok(mut batch) = batch_decoder(engine, &model.gpt, max_batch, model.weights) else {
+    // On a GPU the step of all rows is recorded as a graph, which reads only buffers of this
+    // thread's stream: the worker decodes on weights of its own (`Gpt::copied_here`).
+    let own;
+    let gpt = match (engine, model.gpt.kernels()) {
+        (EngineKind::Autodiff | EngineKind::Device, Kernels::Cube) => {
+            own = model.gpt.copied_here();
+            &own
+        }
+        (EngineKind::Fused, _) | (_, Kernels::Burn) => &model.gpt,
+    };
+    let Ok(mut batch) = batch_decoder(engine, gpt, max_batch, model.weights) else {
         return; // `Pool::start` built one already: this does not happen.
     };
     let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();
-    let mut told = false;
+    let mut told: Option<Replay> = None;
     loop {
         while let Some(&stream) = free.last() {
             match jobs.take(worker, live.len()) {
@@ -112,9 +123,12 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
             step(batch, &mut live, &model.tokenizer, stats)
         }));
-        if !told && let Some(graph) = batch.replays_as_graph() {
-            told = true;
-            eprintln!("serve: {}", replay_note(graph, max_batch));
+        // Said when the step is recorded, and again if a later recording replays otherwise.
+        if let Some(now) = batch.replays()
+            && told.as_ref() != Some(&now)
+        {
+            eprintln!("serve: {}", replay_note(&now, max_batch));
+            told = Some(now);
         }
         if stepped.is_err() {
             // A bug in tinygpt: the requests in the batch fail, the batch starts over empty.
@@ -489,13 +503,14 @@ fn step<'t>(
 }
 
 /// What the log says once a worker's step of single tokens is recorded.
-fn replay_note(graph: bool, rows: usize) -> String {
+fn replay_note(graph: &Replay, rows: usize) -> String {
     match graph {
-        true => format!("the decode step of {rows} rows is recorded: one graph launch a step"),
-        false => format!(
-            "the decode step of {rows} rows runs launch by launch (this device, or this \
-             recording, has no graph to replay)"
-        ),
+        Replay::Graph => {
+            format!("the decode step of {rows} rows is recorded: one graph launch a step")
+        }
+        Replay::Rerun { why } => {
+            format!("the decode step of {rows} rows runs launch by launch: {why}")
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! Text read in chunks of about a megabyte, each cut only where the tokenizer would cut too (at
-//! a character for `char`; for BPE before a whitespace that follows a non-whitespace character,
-//! where its pre-tokenizer always splits; after a separator for documents), so encoding chunk by
-//! chunk gives exactly the tokens of encoding the whole text at once.
+//! a character for `char`; for byte-level BPE before a whitespace that follows a
+//! non-whitespace character, where its pre-tokenizer always splits; for SentencePiece-style BPE
+//! at a single space between words, which is not encoded; after a separator for documents), so
+//! encoding chunk by chunk gives exactly the tokens of encoding the whole text at once.
 
 use std::io::Read;
 
@@ -21,6 +22,11 @@ pub(super) enum Cut {
     /// Before a whitespace that follows a non-whitespace character: byte-level BPE's
     /// pre-tokenizer always splits there.
     BeforeWord,
+    /// Before a single space between two non-whitespace characters, the space left out of the
+    /// next chunk's encoding: a tokenizer that puts `▁` before its text (SentencePiece's way:
+    /// Llama 2, TinyLlama, Mistral) gives that chunk back the `▁` the space was in the whole
+    /// text, where encoding it too would give a second one.
+    BetweenWords,
     /// Right after a separator: documents are encoded one by one.
     AfterSeparator(String),
 }
@@ -30,8 +36,20 @@ impl Cut {
     pub(super) fn new(tokenizer: &Tokenizer, separator: Option<&str>) -> Self {
         match (separator, tokenizer) {
             (Some(separator), _) => Self::AfterSeparator(separator.to_string()),
+            (None, Tokenizer::Bpe(_)) if prepends_space(tokenizer) => Self::BetweenWords,
             (None, Tokenizer::Bpe(_)) => Self::BeforeWord,
             (None, Tokenizer::Char { .. }) => Self::Anywhere,
+        }
+    }
+
+    /// The part of `chunk` to encode: all of it, but a chunk after a [`Cut::BetweenWords`]
+    /// cut (not the `first` of its text) leaves out the space it starts with.
+    pub(super) fn to_encode<'t>(&self, chunk: &'t str, first: bool) -> &'t str {
+        match self {
+            Self::BetweenWords if !first => chunk.strip_prefix(' ').unwrap_or(chunk),
+            Self::Anywhere | Self::BeforeWord | Self::BetweenWords | Self::AfterSeparator(_) => {
+                chunk
+            }
         }
     }
 
@@ -56,6 +74,7 @@ impl Cut {
         match self {
             Self::Anywhere => Some(text.len()),
             Self::BeforeWord => word_cut(text),
+            Self::BetweenWords => space_cut(text),
             // Matches found left to right from the chunk's start (itself right after a match),
             // as `str::split` over the whole text finds them.
             Self::AfterSeparator(separator) => text
@@ -156,6 +175,32 @@ pub(super) fn word_cut(text: &str) -> Option<usize> {
     None
 }
 
+/// The last byte offset in `text` of a single space between two non-whitespace characters.
+pub(super) fn space_cut(text: &str) -> Option<usize> {
+    let mut chars = text.char_indices().rev().peekable();
+    let mut after: Option<char> = None;
+    while let Some((at, c)) = chars.next() {
+        let before = chars.peek().map(|&(_, b)| b);
+        let word = |c: Option<char>| c.is_some_and(|c| !c.is_whitespace());
+        if c == ' ' && word(before) && word(after) {
+            return Some(at);
+        }
+        after = Some(c);
+    }
+    None
+}
+
+/// Whether `tokenizer` puts `▁` before the text it encodes, so that `a b` is `a` then `b`
+/// each encoded alone (SentencePiece's way); byte-level BPE encodes `b` alone without the
+/// space it has after `a`.
+fn prepends_space(tokenizer: &Tokenizer) -> bool {
+    let encode = |text: &str| tokenizer.encode(text).ok();
+    match (encode("a b"), encode("a"), encode("b")) {
+        (Some(both), Some(a), Some(b)) => both == [a, b].concat(),
+        _ => false,
+    }
+}
+
 /// Reads until `buf` is full or the reader ends; returns the bytes read.
 pub(super) fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize> {
     let mut filled = 0;
@@ -183,7 +228,7 @@ mod tests {
         let text = "Of Man's first disobedience, and the fruit\n\n\nOf that forbidden tree "
             .repeat(40_000);
         let separator = Cut::AfterSeparator("\n\n".into());
-        for cut in [Cut::Anywhere, Cut::BeforeWord, separator] {
+        for cut in [Cut::Anywhere, Cut::BeforeWord, Cut::BetweenWords, separator] {
             let pieces = chunks(&text, cut.clone());
             assert!(pieces.len() > 2, "{}", pieces.len());
             assert_eq!(pieces.concat(), text);
@@ -192,6 +237,10 @@ mod tests {
                     Cut::Anywhere => {}
                     Cut::BeforeWord => {
                         assert!(piece.starts_with(char::is_whitespace), "{:?}", &piece[..10])
+                    }
+                    Cut::BetweenWords => {
+                        let word = |c: Option<char>| c.is_some_and(|c| !c.is_whitespace());
+                        assert!(piece.starts_with(' ') && word(piece[1..].chars().next()));
                     }
                     // "\n\n\n" is cut after its first two newlines, as `split` cuts it.
                     Cut::AfterSeparator(_) => {
@@ -202,6 +251,40 @@ mod tests {
         }
         assert_eq!(word_cut("ab  cd"), Some(2));
         assert_eq!(word_cut("   "), None);
+        assert_eq!(space_cut("a b  c\nd"), Some(1), "two spaces and a newline: no cut");
+        assert_eq!(space_cut("é b"), Some(2));
+        assert_eq!(space_cut("ab "), None);
+    }
+
+    /// A SentencePiece tokenizer (the GGUF fixture's, checked against llama.cpp) puts `▁`
+    /// before its text: its chunks are cut between words and encode, the space left out, to
+    /// the whole text's tokens (encoding the space too gives a second `▁`); a byte-level BPE
+    /// is cut before words and encodes each chunk whole.
+    #[test]
+    fn a_sentencepiece_text_encodes_chunk_by_chunk_as_whole() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gguf/spm/model.gguf");
+        let gguf = crate::interop::gguf::file::Gguf::from_bytes(&std::fs::read(path).unwrap());
+        let spm = crate::interop::gguf::spm::tokenizer(&gguf.unwrap()).unwrap();
+        let text = "Of Man's first  disobedience, and the fruit\n\tOf that forbidden tree, \
+                    whose mortal tast Brought Death into the World, and all our woe. Ἐν ἀρχῇ";
+        let cut = Cut::new(&spm, None);
+        assert!(matches!(cut, Cut::BetweenWords));
+        // Cut at every place the cut allows.
+        let mut pieces = vec![text];
+        while let Some(at) = cut.last_in(pieces[0]) {
+            let (head, tail) = pieces[0].split_at(at);
+            pieces.splice(0..1, [head, tail]);
+        }
+        assert!(pieces.len() > 20, "{}", pieces.len());
+        let by_chunks: Vec<u32> = (pieces.iter().enumerate())
+            .flat_map(|(i, piece)| spm.encode(cut.to_encode(piece, i == 0)).unwrap())
+            .collect();
+        assert_eq!(by_chunks, spm.encode(text).unwrap());
+        let whole_chunks: Vec<u32> = pieces.iter().flat_map(|p| spm.encode(p).unwrap()).collect();
+        assert_ne!(whole_chunks, by_chunks, "the spaces encoded too");
+
+        let bpe = Tokenizer::train_bpe(&[text], 300).unwrap();
+        assert!(matches!(Cut::new(&bpe, None), Cut::BeforeWord));
     }
 
     #[test]

@@ -53,12 +53,15 @@ pub(super) fn encode_all(
     for &(source, scanned) in sources {
         let mut chunks = Chunks::new(source.open()?, cut.clone());
         let mut hasher = Sha256::new();
+        let mut first = true;
         loop {
+            // Each chunk, and whether it is the first of its text ([`Cut::to_encode`]).
             let mut batch = Vec::with_capacity(threads);
             while batch.len() < threads
                 && let Some(chunk) = chunks.next_chunk()?
             {
-                batch.push(chunk);
+                batch.push((chunk, first));
+                first = false;
             }
             if batch.is_empty() {
                 break;
@@ -67,12 +70,12 @@ pub(super) fn encode_all(
             // while the others encode.
             let encoded = std::thread::scope(|scope| {
                 scope.spawn(|| {
-                    batch.iter().for_each(|c| hasher.update(c.as_bytes()));
+                    batch.iter().for_each(|(c, _)| hasher.update(c.as_bytes()));
                     out.hash_written();
                 });
                 encode_batch(&batch, &mut encoders, width, cut)
             });
-            for (chunk, result) in batch.iter().zip(encoded) {
+            for ((chunk, _), result) in batch.iter().zip(encoded) {
                 let encoded = result.with_context(|| format!("corpus {}", source.name))?;
                 out.write(source.val, encoded).with_context(|| {
                     format!("cannot write the token files in {}", dir.display())
@@ -101,9 +104,10 @@ pub(super) fn encode_all(
     })
 }
 
-/// Each chunk of `batch` encoded on a thread of its own, with one of `encoders`.
+/// Each chunk of `batch` (and whether it is its text's first) encoded on a thread of its own,
+/// with one of `encoders`.
 fn encode_batch(
-    batch: &[String],
+    batch: &[(String, bool)],
     encoders: &mut [Encoder<'_>],
     width: Width,
     cut: &Cut,
@@ -112,7 +116,10 @@ fn encode_batch(
         let handles: Vec<_> = batch
             .iter()
             .zip(encoders)
-            .map(|(chunk, encoder)| scope.spawn(move || encode_chunk(chunk, encoder, width, cut)))
+            .map(|((chunk, first), encoder)| {
+                let chunk = cut.to_encode(chunk, *first);
+                scope.spawn(move || encode_chunk(chunk, encoder, width, cut))
+            })
             .collect();
         handles
             .into_iter()

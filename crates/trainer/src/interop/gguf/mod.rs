@@ -19,7 +19,7 @@ mod gpt2;
 mod import;
 mod llama;
 pub mod quant;
-mod spm;
+pub(crate) mod spm;
 mod store;
 pub mod vocab;
 

@@ -21,7 +21,15 @@
 # single  one stream: greedy tokens on the GPU against the fused decoder's, and `bench
 #         --iters 0` at shakespeare-char's size, each with the rows kernel for decoding's
 #         products and without (TINYGPT_ROWS_LINEAR=0), then its kernels launch by launch
+# short   greedy tokens of the baby run after prompts of 1 to 6 tokens (1 to 4 rows go through
+#         the rows kernel), on the GPU with the rows kernel and without, against the fused
+#         decoder's
 # train   the shakespeare-char and baby training steps, flash attention against explicit
+# torch   PyTorch beside it (torch-sample.py: a static KV cache, eager and torch.compile'd), one
+#         stream at shakespeare-char's size, f32 (TORCH_MORE=1: bf16 too)
+#
+# KERNELS=0 skips the launch-by-launch kernel listings of `rows` and `single`, NSYS=0 the
+# Nsight Systems run of `single`: the figures alone, in less time.
 set -uo pipefail
 cd "$(dirname "$0")"
 results="${RESULTS:-serve.jsonl}"
@@ -57,7 +65,14 @@ serve_up() {
   for _ in $(seq 240); do curl -sf http://127.0.0.1:$port/health >/dev/null && return 0; sleep 0.5; done
   echo "server did not come up:"; tail -5 /tmp/serve.log; return 1
 }
-serve_down() { kill -INT "$server" 2>/dev/null; wait "$server" 2>/dev/null; tail -2 /tmp/serve.log; }
+serve_down() {
+  kill -INT "$server" 2>/dev/null
+  wait "$server" 2>/dev/null
+  # What the server said of its step (recorded as a graph, or launch by launch and why).
+  grep '^serve:' /tmp/serve.log | head -5
+  tail -2 /tmp/serve.log
+}
+kernels() { [ "${KERNELS:-1}" != 0 ]; }
 load() { # load TAG MAX_TOKENS
   step 150 ./serve_load --url http://127.0.0.1:$port --prompt "ROMEO:" --max-tokens "$2" \
     --clients 32 --requests 1 | grep '^{' | tag "$1"
@@ -79,12 +94,13 @@ if has check || has load; then
 fi
 
 if has rows; then
-  for config in shakespeare-char baby; do
+  for config in ${ROWS_CONFIGS:-shakespeare-char baby}; do
     echo "== [$(elapsed) s] bench: 32 streams stepped together, $config, no HTTP"
     step 120 ./tinygpt bench --config $config --backend "$backend" --iters 0 --sample-tokens 200 \
       --streams 32 --json | grep '^{' | tag "rows-$config-32"
   done
   for streams in 32 1; do
+    kernels || break
     echo "== [$(elapsed) s] the kernels of a sampling step launch by launch, $streams streams"
     step 120 env TINYGPT_DECODE_STEP=step ./tinygpt bench --config shakespeare-char \
       --backend "$backend" --iters 0 --sample-tokens 20 --streams $streams --kernels 20
@@ -123,11 +139,13 @@ if has single; then
       --backend "$backend" --iters 0 --sample-tokens 255 --json | grep '^{' \
       | tag "single-capture-rows-linear-$rows_linear"
   done
-  echo "== [$(elapsed) s] the kernels of one stream's step, launch by launch"
-  step 120 env TINYGPT_DECODE_STEP=step ./tinygpt bench --config shakespeare-char \
+  kernels && echo "== [$(elapsed) s] the kernels of one stream's step, launch by launch"
+  kernels && step 120 env TINYGPT_DECODE_STEP=step ./tinygpt bench --config shakespeare-char \
     --backend "$backend" --iters 0 --sample-tokens 20 --kernels 20 | grep -v "^config"
   nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [ -n "$nsys" ] && [ "$backend" = cuda ]; then
+  if [ "${NSYS:-1}" = 0 ]; then
+    :
+  elif [ -n "$nsys" ] && [ "$backend" = cuda ]; then
     echo "== [$(elapsed) s] the same under Nsight Systems: the kernels inside the replayed graph"
     step 150 "$nsys" profile --cuda-graph-trace=node --trace=cuda -o /tmp/single -f true \
       ./tinygpt bench --config shakespeare-char --backend cuda --iters 0 --sample-tokens 255 \
@@ -141,6 +159,22 @@ if has single; then
   fi
 fi
 
+if has short; then
+  echo "== [$(elapsed) s] short prompts: greedy tokens on $backend against fused"
+  for prompt in K KI KIN KING "KING " ROMEO; do
+    ./tinygpt generate --checkpoint baby-run --backend fused --prompt "$prompt" \
+      --max-new-tokens 40 --temperature 0 >/tmp/fused.txt 2>/dev/null
+    for rows_linear in 1 0; do
+      TINYGPT_ROWS_LINEAR=$rows_linear timeout -k 5 120 ./tinygpt generate --checkpoint baby-run \
+        --backend "$backend" --prompt "$prompt" --max-new-tokens 40 --temperature 0 \
+        >/tmp/gpu.txt 2>/dev/null
+      cmp -s /tmp/gpu.txt /tmp/fused.txt && echo "'$prompt', rows kernel $rows_linear: same" \
+        || echo "'$prompt', rows kernel $rows_linear: DIFFERS: $(head -c 50 /tmp/gpu.txt | tr '\n' '|')" \
+          "(fused: $(head -c 50 /tmp/fused.txt | tr '\n' '|'))"
+    done
+  done
+fi
+
 if has train && [ "$(elapsed)" -gt "${TRAIN_AFTER:-1000}" ]; then
   echo "== [$(elapsed) s] training steps skipped: past TRAIN_AFTER seconds"
 elif has train; then
@@ -151,6 +185,16 @@ elif has train; then
         --sample-tokens 0 --set train.attention_kernel=$kernel --json \
         | grep '^{' | tag "train-$config-$kernel"
     done
+  done
+fi
+if has torch; then
+  large="--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --no-bias"
+  for case in "float32:" "float32:--compile" ${TORCH_MORE:+"bfloat16:" "bfloat16:--compile"}; do
+    IFS=: read -r dtype compile <<<"$case"
+    echo "== [$(elapsed) s] PyTorch, static KV cache, shakespeare-char's size, $dtype $compile"
+    # shellcheck disable=SC2086
+    step 120 "$python" torch-sample.py --torch-gpt torch_gpt.py --device cuda --tokens 500 $large \
+      --dtype "$dtype" $compile | grep '^{' | tag "torch-shakespeare-char-$dtype${compile:+-compiled}"
   done
 fi
 echo "== done after $(elapsed) s"

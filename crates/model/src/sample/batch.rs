@@ -11,19 +11,9 @@
 use tinygpt_attention::AttentionError;
 
 use super::continuation::Continuation;
-use super::decoder::Decoder;
+use super::decoder::{Decoder, Replay};
 use super::options::GenerateOptions;
 use crate::error::{GenerateError, ModelError};
-
-/// How a recorded step runs again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Replay {
-    /// One device graph: every launch of the closure in one.
-    Graph,
-    /// The closure runs again, launch by launch: `why` the device made no graph of it (a
-    /// backend without graphs, or a recording it refused).
-    Rerun { why: String },
-}
 
 /// A model decoding `streams()` sequences at once, each with its own cache.
 pub trait BatchDecoder {

@@ -3,12 +3,21 @@
 
 use std::ops::ControlFlow;
 
-use super::batch::Replay;
 use super::continuation::Continuation;
 use super::device_pick::{Pick, Picked};
 use super::draw::Sampled;
 use super::options::GenerateOptions;
 use crate::error::{GenerateError, ModelError};
+
+/// How a recorded step runs again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// One device graph: every launch of the closure in one.
+    Graph,
+    /// The closure runs again, launch by launch: `why` the device made no graph of it (a
+    /// backend without graphs, or a recording it refused).
+    Rerun { why: String },
+}
 
 /// A model [`generate`] can sample from: it keeps the keys and values of the tokens fed so far
 /// (a KV cache of one sequence) and gives the logits of the token after them.

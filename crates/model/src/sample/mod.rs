@@ -19,9 +19,9 @@ mod reads;
 mod sampler;
 
 pub(crate) use batch::check_feeds;
-pub use batch::{BatchDecoder, Replay, generate_batch};
+pub use batch::{BatchDecoder, generate_batch};
 pub use continuation::{Continuation, Feed, Finish};
-pub use decoder::{Decoder, generate, generate_cancellable, score};
+pub use decoder::{Decoder, Replay, generate, generate_cancellable, score};
 pub use device_pick::{Pick, Picked};
 pub use draw::Sampled;
 pub use options::GenerateOptions;

@@ -251,7 +251,11 @@ mod tests {
         }
         assert_eq!(word_cut("ab  cd"), Some(2));
         assert_eq!(word_cut("   "), None);
-        assert_eq!(space_cut("a b  c\nd"), Some(1), "two spaces and a newline: no cut");
+        assert_eq!(
+            space_cut("a b  c\nd"),
+            Some(1),
+            "two spaces and a newline: no cut"
+        );
         assert_eq!(space_cut("é b"), Some(2));
         assert_eq!(space_cut("ab "), None);
     }
@@ -262,7 +266,10 @@ mod tests {
     /// is cut before words and encodes each chunk whole.
     #[test]
     fn a_sentencepiece_text_encodes_chunk_by_chunk_as_whole() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gguf/spm/model.gguf");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gguf/spm/model.gguf"
+        );
         let gguf = crate::interop::gguf::file::Gguf::from_bytes(&std::fs::read(path).unwrap());
         let spm = crate::interop::gguf::spm::tokenizer(&gguf.unwrap()).unwrap();
         let text = "Of Man's first  disobedience, and the fruit\n\tOf that forbidden tree, \

@@ -101,7 +101,7 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
     let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();
-    let mut told: Option<Replay> = None;
+    let mut told = false;
     loop {
         while let Some(&stream) = free.last() {
             match jobs.take(worker, live.len()) {
@@ -123,12 +123,10 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
             step(batch, &mut live, &model.tokenizer, stats)
         }));
-        // Said when the step is recorded, and again if a later recording replays otherwise.
-        if let Some(now) = batch.replays()
-            && told.as_ref() != Some(&now)
-        {
-            eprintln!("serve: {}", replay_note(&now, max_batch));
-            told = Some(now);
+        // Said once, when the step is recorded (it replays the same way from then on).
+        if !told && let Some(replay) = batch.replays() {
+            told = true;
+            eprintln!("serve: {}", replay_note(&replay, max_batch));
         }
         if stepped.is_err() {
             // A bug in tinygpt: the requests in the batch fail, the batch starts over empty.

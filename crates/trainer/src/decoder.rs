@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, Pick, Picked,
-    WeightFormat,
+    Replay, WeightFormat,
 };
 
 use crate::backend::{EngineKind, Placement};
@@ -141,5 +141,8 @@ impl Decoder for Unpadded<'_> {
     /// `pick.vocab` is this decoder's `vocab_size`: the padding rows are never candidates.
     fn feed_and_pick(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picked, ModelError> {
         self.inner.feed_and_pick(tokens, pick)
+    }
+    fn replays(&self) -> Option<Replay> {
+        self.inner.replays()
     }
 }

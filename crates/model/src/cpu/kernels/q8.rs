@@ -11,9 +11,13 @@
 //! ```
 //!
 //! [`dot_reference`] defines the numbers in plain Rust (eight lanes of four products, as the
-//! AVX2 instructions group them, and the lanes' sum in the order the vector code takes); the
-//! AVX2 kernel computes exactly the same floats, which the tests check bit for bit. A product
-//! of many rows (a prompt) instead multiplies the dequantised weights in f32 ([`GEMM_ROWS`]).
+//! vector instructions group them, four sets of lanes for consecutive blocks, and the sums in
+//! the order the vector code takes). Two kernels compute exactly the same floats, which the
+//! tests check bit for bit: AVX-512 VNNI (`dpbusd`: a block pair's 64 byte products into
+//! sixteen `i32` lanes in one instruction, without AVX2's `i16` step) and AVX2 (`maddubs` +
+//! `madd`), chosen once at run time. CPUs with AVX-VNNI but no AVX-512
+//! (Intel's client cores) take the AVX2 kernel. A product of many rows (a prompt) instead
+//! multiplies the dequantised weights in f32 ([`GEMM_ROWS`]).
 
 use half::f16;
 
@@ -130,7 +134,9 @@ pub(crate) fn linear_streams(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]
     product(out, x, w, b, true);
 }
 
-fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` in int8 (each row as it would be alone)
+/// or, `int8` false, by f32 products of the dequantised weights.
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
     thread_local! {
         static PANEL: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
     }
@@ -220,36 +226,57 @@ pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
 /// A weight row (`wq [k]`, its scales `ws [k / 32]`) times a quantised activation row.
 type Dot = fn(&[i8], &[f16], &[i8], &[f32]) -> f32;
 
-/// The fastest exact kernel this CPU runs (the feature check is a cached flag read).
+/// The fastest exact kernel this CPU runs, chosen once.
 fn kernel() -> Dot {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-    {
-        // SAFETY: the features the kernels are compiled for were just detected.
-        return |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) };
-    }
-    dot_reference
+    static FASTEST: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
+    *FASTEST.get_or_init(|| kernels()[0].1)
 }
 
-/// The numbers every kernel computes for a row: per block, eight lanes of four byte products
-/// each (lane `l` sums bytes `4l..4l + 4`, exact in `i32`), each lane's sum times the block's
-/// `d_w · d_x` added to the lane's running total by one fused multiply-add; then the lanes'
-/// totals summed as `((0+4) + (2+6)) + ((1+5) + (3+7))`.
+/// Every kernel this CPU runs, fastest first, by name; the last is the reference. Each
+/// computes the same floats bit for bit.
+pub(crate) fn kernels() -> Vec<(&'static str, Dot)> {
+    let mut found: Vec<(&'static str, Dot)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+            // SAFETY: the features the kernel is compiled for were just detected.
+            found.push(("avx512-vnni", |wq, ws, xq, xd| unsafe {
+                avx512::dot(wq, ws, xq, xd)
+            }));
+        }
+        if avx2 {
+            // SAFETY: as above.
+            found.push(("avx2", |wq, ws, xq, xd| unsafe {
+                avx2::dot(wq, ws, xq, xd)
+            }));
+        }
+    }
+    found.push(("reference", dot_reference));
+    found
+}
+
+/// The numbers every kernel computes for a row. A block's 32 byte products make eight lanes
+/// of four (lane `l` sums bytes `4l..4l + 4`, exact in `i32`); the lane sums of block `b` go,
+/// times the block's `d_w · d_x`, into accumulator set `b mod 4` by one fused multiply-add
+/// each (four sets so that consecutive blocks do not wait on each other's addition). At the
+/// end, lane `l` is `(set0 + set2) + (set1 + set3)`, and the lanes are summed as
+/// `((0+4) + (2+6)) + ((1+5) + (3+7))`.
 pub(crate) fn dot_reference(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut sets = [[0f32; 8]; 4];
     let blocks = wq.chunks_exact(BLOCK).zip(xq.chunks_exact(BLOCK));
-    for ((w, x), (&dw, &dx)) in blocks.zip(ws.iter().zip(xd)) {
+    for (b, ((w, x), (&dw, &dx))) in blocks.zip(ws.iter().zip(xd)).enumerate() {
         let s = dw.to_f32() * dx;
-        for (l, acc) in acc.iter_mut().enumerate() {
+        for (l, acc) in sets[b % 4].iter_mut().enumerate() {
             let sum: i32 = (4 * l..4 * l + 4)
                 .map(|i| i32::from(w[i]) * i32::from(x[i]))
                 .sum();
             *acc = (sum as f32).mul_add(s, *acc);
         }
     }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+    let lane = |l: usize| (sets[0][l] + sets[2][l]) + (sets[1][l] + sets[3][l]);
+    ((lane(0) + lane(4)) + (lane(2) + lane(6))) + ((lane(1) + lane(5)) + (lane(3) + lane(7)))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -258,16 +285,28 @@ mod avx2 {
     use half::f16;
     use std::arch::x86_64::*;
 
-    /// [`super::dot_reference`] in AVX2: a block's 32 byte products by `maddubs` (unsigned
-    /// `|w|` times `x` carrying `w`'s sign; pairs of products, at most 2·128·127, fit `i16`)
-    /// and `madd` with ones into eight `i32` lanes; the weights' scales eight blocks at a time
-    /// by F16C.
+    /// Block `b`'s eight lane sums as floats: its 32 byte products by `maddubs` (unsigned `|w|`
+    /// times `x` carrying `w`'s sign; pairs of products, at most 2·128·127, fit `i16`) and
+    /// `madd` with ones into eight `i32` lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(wq: &[i8], xq: &[i8], b: usize) -> __m256 {
+        // SAFETY: the caller keeps block `b` of both rows in bounds.
+        unsafe {
+            let w = _mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast());
+            let x = _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast());
+            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+
+    /// [`super::dot_reference`] in AVX2: four accumulator registers (the sets), the weights'
+    /// scales eight blocks at a time by F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
         let kb = ws.len();
         assert!(wq.len() >= kb * BLOCK && xq.len() >= kb * BLOCK && xd.len() >= kb);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
+        let mut sets = [_mm256_setzero_ps(); 4];
         let mut scales = [0f32; 8];
         for b0 in (0..kb).step_by(8) {
             let n = (kb - b0).min(8);
@@ -282,19 +321,124 @@ mod avx2 {
                     .zip(&ws[b0..])
                     .for_each(|(s, d)| *s = d.to_f32()),
             }
-            for b in b0..b0 + n {
-                // SAFETY: block `b` of both rows is in bounds (asserted above).
-                unsafe {
-                    let w = _mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast());
-                    let x = _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast());
-                    let pairs =
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-                    let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                    let s = _mm256_set1_ps(scales[b - b0] * *xd.get_unchecked(b));
-                    acc = _mm256_fmadd_ps(lanes, s, acc);
+            // `b0` is a multiple of 8, so local block `i` goes to set `i mod 4`. Every set is
+            // named by a constant so that the four stay in registers.
+            // SAFETY (both closures' callers): block `b0 + i < kb` is in bounds (asserted).
+            let step = |i: usize, set: __m256| unsafe {
+                let s = _mm256_set1_ps(scales[i] * *xd.get_unchecked(b0 + i));
+                _mm256_fmadd_ps(lanes(wq, xq, b0 + i), s, set)
+            };
+            let mut i = 0;
+            while i + 4 <= n {
+                sets = [
+                    step(i, sets[0]),
+                    step(i + 1, sets[1]),
+                    step(i + 2, sets[2]),
+                    step(i + 3, sets[3]),
+                ];
+                i += 4;
+            }
+            let rest = n - i;
+            if rest > 0 {
+                sets[0] = step(i, sets[0]);
+            }
+            if rest > 1 {
+                sets[1] = step(i + 1, sets[1]);
+            }
+            if rest > 2 {
+                sets[2] = step(i + 2, sets[2]);
+            }
+        }
+        let acc = _mm256_add_ps(
+            _mm256_add_ps(sets[0], sets[2]),
+            _mm256_add_ps(sets[1], sets[3]),
+        );
+        let half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::BLOCK;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
+    /// upper eight zero): `dpbusd` sums four products of unsigned `|w|` and `x` carrying `w`'s
+    /// sign into each `i32` lane in one instruction, without the `i16` step of AVX2.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn lanes(wq: &[i8], xq: &[i8], b: usize, two: bool) -> __m512 {
+        // SAFETY: the caller keeps the blocks read in bounds.
+        unsafe {
+            let (w, x) = match two {
+                true => (
+                    _mm512_loadu_si512(wq.as_ptr().add(b * BLOCK).cast()),
+                    _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
+                ),
+                false => (
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast())),
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast())),
+                ),
+            };
+            let negative = _mm512_movepi8_mask(w);
+            let x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), x);
+            _mm512_cvtepi32_ps(sums)
+        }
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: two blocks per register, so one register
+    /// holds sets 0 and 1 (blocks `4i`, `4i + 1`) and another sets 2 and 3; the scales of
+    /// sixteen blocks converted and multiplied at once, each pair's picked by a permute.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
+        let kb = ws.len();
+        assert!(wq.len() >= kb * BLOCK && xq.len() >= kb * BLOCK && xd.len() >= kb);
+        let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        for b0 in (0..kb).step_by(16) {
+            let n = (kb - b0).min(16);
+            let mask = ((1u32 << n) - 1) as u16;
+            // SAFETY: the masked loads read `ws`/`xd[b0..b0 + n]`, in bounds; the blocks below
+            // are `< kb`.
+            unsafe {
+                let dw =
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws.as_ptr().add(b0).cast()));
+                let dx = _mm512_maskz_loadu_ps(mask, xd.as_ptr().add(b0));
+                let scales = _mm512_mul_ps(dw, dx);
+                let scale = |i: usize| {
+                    _mm512_permutexvar_ps(
+                        _mm512_add_epi32(pick, _mm512_set1_epi32(i as i32)),
+                        scales,
+                    )
+                };
+                // `b0` is a multiple of 16: local pairs at 0, 4, 8, 12 are sets 0/1, those at
+                // 2, 6, 10, 14 sets 2/3. A lone last block leaves the upper lanes +0, which
+                // adds nothing.
+                let step = |i: usize, two: bool, set: __m512| {
+                    _mm512_fmadd_ps(lanes(wq, xq, b0 + i, two), scale(i), set)
+                };
+                let mut i = 0;
+                while i + 4 <= n {
+                    low = step(i, true, low);
+                    high = step(i + 2, true, high);
+                    i += 4;
+                }
+                let rest = n - i;
+                if rest > 0 {
+                    low = step(i, rest > 1, low);
+                }
+                if rest > 2 {
+                    high = step(i + 2, false, high);
                 }
             }
         }
+        let sets = _mm512_add_ps(low, high);
+        let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sets), 1));
+        let acc = _mm256_add_ps(_mm512_castps512_ps256(sets), upper);
         let half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
         let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
         _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)))
@@ -363,6 +507,26 @@ mod tests {
             .collect();
         let sum: i32 = wq.iter().zip(&xq).map(|(&a, &b)| a as i32 * b as i32).sum();
         assert_eq!(kernel()(&wq, &[f16::ONE; 2], &xq, &[1.0; 2]), sum as f32);
+    }
+
+    /// Every kernel this CPU has computes the reference's float bit for bit, for rows of any
+    /// number of blocks (each kernel's tails: 1 to 3 blocks past its groups of 4, 8 or 16),
+    /// and with the extreme bytes GGUF files may hold (-128 in weights).
+    #[test]
+    fn every_kernel_gives_the_reference_bits() {
+        for kb in [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 18, 19, 33, 48] {
+            let k = kb * BLOCK;
+            let mut w = Q8Matrix::from_rows(&values(k, kb as u32), k);
+            w.q[0] = -128;
+            w.q[k - 1] = -128;
+            let mut x = Q8Rows::default();
+            x.quantize(&values(k, 7 + kb as u32));
+            let want = dot_reference(&w.q, &w.d, &x.q, &x.d);
+            for (name, dot) in kernels() {
+                let got = dot(&w.q, &w.d, &x.q, &x.d);
+                assert_eq!(got.to_bits(), want.to_bits(), "{name}, {kb} blocks");
+            }
+        }
     }
 
     /// Weights in Burn's `[n_in, n_out]` layout come out as rows of outputs, and the product is

@@ -13,7 +13,7 @@
 //! KV cache), which they pass in. A block feature is written here once.
 
 use super::dims::Dims;
-use super::helpers::{Helpers, split_columns};
+use super::helpers::{Helpers, split_columns, split_rows};
 use super::kernels::attention::{self, Shape};
 use super::kernels::matmul::{View, linear, matmul, rows_times_matrix, vector_times_matrix};
 use super::kernels::norm::{self, Normed};
@@ -99,6 +99,11 @@ pub(super) struct Heads<'a> {
     pub att_mask: &'a [f32],
 }
 
+/// From this many rows (a prompt's chunk) a product with helpers is split by rows: each thread
+/// multiplies its rows by all the weights, which fewer rows could not pay for (every thread
+/// reads every weight).
+const SPLIT_ROWS: usize = 16;
+
 /// What a block computes with besides its weights: the model's sizes and parts, the rotary
 /// tables, and where its rows sit (row `r` at position `first + r % period`: whole sequences in
 /// training, the rows after the cache in decoding; or, with `streams`, each row a stream of its
@@ -147,7 +152,8 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// A linear layer over the rows; separate streams each as if alone.
+    /// A linear layer over the rows; separate streams each as if alone. With helpers, one
+    /// row's outputs are split over the threads, and [`SPLIT_ROWS`] or more rows by rows.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -160,16 +166,46 @@ impl<'a> Ctx<'a> {
         n_out: usize,
     ) {
         let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
-        if let Some(helpers) = self.helpers.filter(|h| rows == 1 && h.parts() > 1) {
-            return linear_split(out, x, w, b, helpers);
-        }
-        match (w, self.streams) {
-            (Weight::Q8(w), _) if self.int8_rows || self.streams.is_some() => {
-                q8::linear_streams(out, x, w, b)
+        let helpers = self.helpers.filter(|h| h.parts() > 1);
+        match helpers {
+            Some(helpers) if rows == 1 => linear_split(out, x, w, b, helpers),
+            Some(helpers) if rows >= SPLIT_ROWS => {
+                let int8 = self.int8(w, rows);
+                split_rows(helpers, out, n_out, &|part, r0| {
+                    let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
+                    self.product(part, x, w, b, int8, n_in);
+                });
             }
-            (Weight::Q8(w), _) => q8::linear(out, x, w, b),
+            _ => self.product(out, x, w, b, self.int8(w, rows), n_in),
+        }
+    }
+
+    /// Whether a product of `rows` rows with `Q8_0` weights `w` runs in int8 (a token, separate
+    /// streams, rows scored as tokens alone) or as f32 products of the dequantised weights (a
+    /// prompt's chunk): decided on the whole product, so a thread's share of its rows is
+    /// computed as the whole would be.
+    fn int8(&self, w: Weight<'_>, rows: usize) -> bool {
+        matches!(w, Weight::Q8(_))
+            && (self.int8_rows || self.streams.is_some() || rows < q8::GEMM_ROWS)
+    }
+
+    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread (`int8`: see [`Self::int8`]).
+    fn product(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: Weight<'_>,
+        b: &[f32],
+        int8: bool,
+        n_in: usize,
+    ) {
+        match (w, self.streams) {
+            (Weight::Q8(w), _) => q8::product(out, x, w, b, int8),
             (Weight::F32(w), Some(_)) => rows_times_matrix(out, x, w, b, n_in),
-            (Weight::F32(w), None) => linear(out, x, w, b, rows, n_in, n_out),
+            (Weight::F32(w), None) => {
+                let (rows, n_out) = (x.len() / n_in, w.len() / n_in);
+                linear(out, x, w, b, rows, n_in, n_out);
+            }
         }
     }
 }

@@ -6,8 +6,9 @@
 //! when decoding pauses, so a product is handed over in well under a microsecond while a
 //! sequence decodes and costs nothing while it does not.
 //!
-//! Each product is split by output columns, every output computed by the same code as on one
-//! thread: the numbers do not depend on the number of threads.
+//! A token's product is split by output columns, a prompt's (many rows) by rows; every output
+//! is computed by the same code as on one thread: the numbers do not depend on the number of
+//! threads.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -143,10 +144,10 @@ fn help(s: &Shared, part: usize) {
     }
 }
 
-/// `out`'s pointer, shared by the parts of a product, each writing its own columns.
+/// `out`'s pointer, shared by the parts of a product, each writing its own range.
 struct Columns(*mut f32);
 
-// SAFETY: every part writes a range of columns no other part touches (see `split_columns`).
+// SAFETY: every part writes a range no other part touches (see `split_columns`, `split_rows`).
 unsafe impl Sync for Columns {}
 
 impl Columns {
@@ -170,5 +171,29 @@ pub(crate) fn split_columns(
         // mutably until every part is done (`run` returns only then).
         let part = unsafe { std::slice::from_raw_parts_mut(columns.get().add(j0), j1 - j0) };
         f(part, j0);
+    });
+}
+
+/// `f(part, r0)` over [`Helpers::parts`] consecutive ranges of whole rows of `out` (rows of
+/// `row_len` values; `part` holds rows `r0..`), one on each thread: a product of many rows
+/// (a prompt's chunk) split by rows. A thread left without rows does nothing.
+pub(crate) fn split_rows(
+    helpers: &Helpers,
+    out: &mut [f32],
+    row_len: usize,
+    f: &(dyn Fn(&mut [f32], usize) + Sync),
+) {
+    let (rows, parts) = (out.len() / row_len, helpers.parts());
+    let start = Columns(out.as_mut_ptr());
+    helpers.run(&|p| {
+        let (r0, r1) = (rows * p / parts, rows * (p + 1) / parts);
+        if r1 > r0 {
+            // SAFETY: the parts' rows are disjoint and inside `out`, which stays borrowed
+            // mutably until every part is done (`run` returns only then).
+            let part = unsafe {
+                std::slice::from_raw_parts_mut(start.get().add(r0 * row_len), (r1 - r0) * row_len)
+            };
+            f(part, r0);
+        }
     });
 }

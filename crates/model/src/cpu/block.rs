@@ -15,11 +15,12 @@
 use super::dims::Dims;
 use super::helpers::{Helpers, split_columns, split_rows};
 use super::kernels::attention::{self, Shape};
-use super::kernels::matmul::{View, linear, matmul, rows_times_matrix, vector_times_matrix};
+use super::kernels::matmul::{View, linear, matmul};
 use super::kernels::norm::{self, Normed};
 use super::kernels::q8::{self, Q8Matrix};
+use super::kernels::rows::{self, F32Rows};
 use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
-use super::params::{BlockParams, QuantBlock};
+use super::params::{BlockParams, RowBlock, RowMatrix};
 use crate::arch::Mlp;
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
@@ -115,21 +116,34 @@ pub(super) struct Ctx<'a> {
     pub first: usize,
     pub period: usize,
     pub streams: Option<&'a [usize]>,
-    /// The block's matrices in `Q8_0`, where the decoder keeps them so (`None`: all f32).
-    pub quant: Option<&'a QuantBlock>,
-    /// Every row of a `Q8_0` product in int8, as a token alone is computed, however many rows
-    /// (a window scored); otherwise many rows of one sequence (a prompt) take the dequantised
-    /// f32 product. Separate `streams` always are.
+    /// The block's matrices as the decoder keeps them, as rows (`None`: training's layout).
+    pub matrices: Option<&'a RowBlock>,
+    /// Every row of a product by rows computed as a token alone is, however many rows (a
+    /// window scored); otherwise many rows of one sequence (a prompt) take a blocked f32
+    /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
     pub int8_rows: bool,
     /// Threads a single row's products are split over (one sequence decoding), if any.
     pub helpers: Option<&'a Helpers>,
 }
 
-/// A linear layer's weight `[n_in, n_out]` in f32, or its `Q8_0` rows.
+/// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
+/// of outputs in int8 or f32.
 #[derive(Clone, Copy)]
 pub(super) enum Weight<'a> {
     F32(&'a [f32]),
     Q8(&'a Q8Matrix),
+    Rows(&'a F32Rows),
+}
+
+impl<'a> Weight<'a> {
+    /// The decoder's `m`, or `f32` (training's layout) where it keeps none.
+    pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a [f32]) -> Self {
+        match m {
+            Some(RowMatrix::Q8(q)) => Weight::Q8(q),
+            Some(RowMatrix::F32(r)) => Weight::Rows(r),
+            None => Weight::F32(f32),
+        }
+    }
 }
 
 impl<'a> Ctx<'a> {
@@ -140,16 +154,13 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The weight `f32` (`[n_in, n_out]`), or its `Q8_0` rows where the decoder keeps
-    /// `which` of them so.
-    fn weight<'w>(&self, f32: &'w [f32], which: fn(&QuantBlock) -> &Option<Q8Matrix>) -> Weight<'w>
+    /// The weight `f32` (`[n_in, n_out]`), or its rows where the decoder keeps `which` of
+    /// them so.
+    fn weight<'w>(&self, f32: &'w [f32], which: fn(&RowBlock) -> &Option<RowMatrix>) -> Weight<'w>
     where
         'a: 'w,
     {
-        match self.quant.and_then(|q| which(q).as_ref()) {
-            Some(q) => Weight::Q8(q),
-            None => Weight::F32(f32),
-        }
+        Weight::of(self.matrices.and_then(|q| which(q).as_ref()), f32)
     }
 
     /// A linear layer over the rows; separate streams each as if alone. With helpers, one
@@ -170,41 +181,49 @@ impl<'a> Ctx<'a> {
         match helpers {
             Some(helpers) if rows == 1 => linear_split(out, x, w, b, helpers),
             Some(helpers) if rows >= SPLIT_ROWS => {
-                let int8 = self.int8(w, rows);
+                let per_row = self.per_row(w, rows);
                 split_rows(helpers, out, n_out, &|part, r0| {
                     let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
-                    self.product(part, x, w, b, int8, n_in);
+                    self.product(part, x, w, b, per_row, n_in);
                 });
             }
-            _ => self.product(out, x, w, b, self.int8(w, rows), n_in),
+            _ => self.product(out, x, w, b, self.per_row(w, rows), n_in),
         }
     }
 
-    /// Whether a product of `rows` rows with `Q8_0` weights `w` runs in int8 (a token, separate
-    /// streams, rows scored as tokens alone) or as f32 products of the dequantised weights (a
-    /// prompt's chunk): decided on the whole product, so a thread's share of its rows is
-    /// computed as the whole would be.
-    fn int8(&self, w: Weight<'_>, rows: usize) -> bool {
-        matches!(w, Weight::Q8(_))
+    /// Whether a product of `rows` rows with weights kept as rows runs row by row (a token,
+    /// separate streams, rows scored as tokens alone; in int8 for `Q8_0`) or as one blocked f32
+    /// product (a prompt's chunk; of the dequantised weights for `Q8_0`): decided on the whole
+    /// product, so a thread's share of its rows is computed as the whole would be.
+    fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
+        matches!(w, Weight::Q8(_) | Weight::Rows(_))
             && (self.int8_rows || self.streams.is_some() || rows < q8::GEMM_ROWS)
     }
 
-    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread (`int8`: see [`Self::int8`]).
+    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread (`per_row`: see
+    /// [`Self::per_row`]).
     fn product(
         &self,
         out: &mut [f32],
         x: &[f32],
         w: Weight<'_>,
         b: &[f32],
-        int8: bool,
+        per_row: bool,
         n_in: usize,
     ) {
         match (w, self.streams) {
-            (Weight::Q8(w), _) => q8::product(out, x, w, b, int8),
-            (Weight::F32(w), Some(_)) => rows_times_matrix(out, x, w, b, n_in),
-            (Weight::F32(w), None) => {
+            (Weight::Q8(w), _) => q8::product(out, x, w, b, per_row),
+            (Weight::Rows(w), _) => rows::product(out, x, w, b, per_row),
+            // Training's layout (the decoder keeps its matrices as rows): streams one by one.
+            (Weight::F32(w), streams) => {
                 let (rows, n_out) = (x.len() / n_in, w.len() / n_in);
-                linear(out, x, w, b, rows, n_in, n_out);
+                match streams {
+                    Some(_) => {
+                        let rows = out.chunks_exact_mut(n_out).zip(x.chunks_exact(n_in));
+                        rows.for_each(|(out, x)| linear(out, x, w, b, 1, n_in, n_out));
+                    }
+                    None => linear(out, x, w, b, rows, n_in, n_out),
+                }
             }
         }
     }
@@ -219,14 +238,15 @@ pub(super) fn linear_split(
     b: &[f32],
     helpers: &Helpers,
 ) {
-    let n = out.len();
     match w {
         Weight::Q8(w) => q8::quantized(x, |x| {
             split_columns(helpers, out, &|part, j0| q8::row_range(part, x, w, b, j0));
         }),
-        Weight::F32(w) => split_columns(helpers, out, &|part, j0| {
-            vector_times_matrix(part, x, w, b, n, j0);
+        Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
+            rows::row_range(part, x, w, b, j0);
         }),
+        // Training's layout (the decoder keeps its matrices as rows): on this thread.
+        Weight::F32(w) => linear(out, x, w, b, 1, x.len(), out.len()),
     }
 }
 

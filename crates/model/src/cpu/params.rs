@@ -11,6 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::kernels::q8::Q8Matrix;
+use super::kernels::rows::F32Rows;
 use crate::arch::{BlockSlot, Slot};
 use crate::nn::Gpt;
 use crate::nn::by_path::parameters_by_path;
@@ -38,13 +39,21 @@ pub(crate) struct BlockParams {
     pub mlp_proj_b: Vec<f32>,
 }
 
-/// One block's matrices in `Q8_0` (`None`: kept in f32).
+/// A matrix as the decoder keeps it: rows of outputs, each output's weights contiguous
+/// (`[n_out, n_in]`, as GGUF stores them), in int8 or f32.
+#[derive(Debug, Clone)]
+pub(crate) enum RowMatrix {
+    Q8(Q8Matrix),
+    F32(F32Rows),
+}
+
+/// One block's matrices as the decoder keeps them (`None`: in [`BlockParams`]' f32 layout).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct QuantBlock {
-    pub c_attn: Option<Q8Matrix>,
-    pub attn_proj: Option<Q8Matrix>,
-    pub c_fc: Option<Q8Matrix>,
-    pub mlp_proj: Option<Q8Matrix>,
+pub(crate) struct RowBlock {
+    pub c_attn: Option<RowMatrix>,
+    pub attn_proj: Option<RowMatrix>,
+    pub c_fc: Option<RowMatrix>,
+    pub mlp_proj: Option<RowMatrix>,
 }
 
 /// The field each of a block's slots is kept in: one exhaustive match each way (shared and

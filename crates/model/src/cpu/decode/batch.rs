@@ -4,8 +4,8 @@
 //! a matrix-vector product that waits on memory).
 //!
 //! Each row is computed exactly as [`FusedDecoder`] computes that stream alone (the same sums
-//! in the same order: [`rows_times_matrix`](crate::cpu::kernels::matmul::rows_times_matrix), row-wise norms,
-//! attention over the stream's own cache), and a window (a prompt, a rebuild after the window
+//! in the same order: each output one dot product of its weight row, in f32 or int8; row-wise
+//! norms; attention over the stream's own cache), and a window (a prompt, a rebuild after the window
 //! slid) goes through `FusedDecoder` itself: a stream's logits, and so its tokens, do not depend
 //! on what else is in the batch. The tests check equality bit for bit.
 
@@ -151,7 +151,7 @@ impl FusedBatch {
     /// appending their keys and values to the streams' caches; leaves their logits in
     /// `rows.head.logits` `[rows, vocab]`.
     fn forward_rows(&mut self, tokens: &[u32]) {
-        let (d, w, quant, rope) = self.single.parts();
+        let (d, w, matrices, rope) = self.single.parts();
         let (c, n) = (d.width, tokens.len());
         let r = &mut self.rows;
         r.x.resize(n * c, 0.0);
@@ -168,7 +168,7 @@ impl FusedBatch {
                 first: 0,
                 period: 1,
                 streams: Some(&r.position),
-                quant: quant.map(|q| &q.blocks[l]),
+                matrices: Some(&matrices.blocks[l]),
                 int8_rows: true,
                 helpers: None,
             };
@@ -184,7 +184,7 @@ impl FusedBatch {
         }
         // The final norm and the LM head, row by row as `FusedDecoder` does its last row.
         r.head
-            .forward(d, w, quant.and_then(|q| q.head.as_ref()), &r.x, true, None);
+            .forward(d, w, matrices.head.as_ref(), &r.x, true, None);
     }
 }
 

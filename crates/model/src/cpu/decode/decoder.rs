@@ -11,18 +11,19 @@ use std::sync::Arc;
 use tinygpt_attention::AttentionError;
 
 use super::cache::StreamCache;
-use super::quant::{QuantWeights, WeightFormat};
+use super::quant::{RowWeights, WeightFormat};
 use crate::cpu::block::{self, BlockActs, Ctx, Heads, Weight, linear_split};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::helpers::{Helpers, split_columns};
 use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::fast_math::{self, vectorized};
-use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into, rows_times_matrix};
+use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into};
 use crate::cpu::kernels::norm::{self, Normed};
-use crate::cpu::kernels::q8::{self, Q8Matrix};
+use crate::cpu::kernels::q8;
+use crate::cpu::kernels::rows;
 use crate::cpu::kernels::{rope, softcap};
-use crate::cpu::params::Params;
+use crate::cpu::params::{Params, RowMatrix};
 use crate::error::ModelError;
 use crate::nn::Gpt;
 use crate::optim::ParamLayout;
@@ -46,8 +47,8 @@ pub const PREFILL_CHUNK: usize = 256;
 pub struct FusedDecoder {
     dims: Dims,
     weights: Params,
-    /// The matrices kept as `Q8_0` (their f32 buffers in `weights` then empty).
-    quant: Option<QuantWeights>,
+    /// The matrices as rows, in f32 or `Q8_0` (their buffers in `weights` then empty).
+    matrices: RowWeights,
     /// Threads besides the caller's that share each token's products (none by default).
     helpers: Helpers,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
@@ -82,12 +83,13 @@ pub(crate) struct HeadRows {
 
 impl HeadRows {
     /// The logits `[rows, vocab]` of the rows of `x` (`[rows, width]`), in `self.logits`; by
-    /// the head's `Q8_0` rows where the decoder keeps it so (each row alone with `streams`).
+    /// the head's rows, or with `head` `None` the embedding's (a tied head: the decoder keeps
+    /// every untied head as rows). Each row alone with `streams`.
     pub(crate) fn forward(
         &mut self,
         d: &Dims,
         w: &Params,
-        head: Option<&Q8Matrix>,
+        head: Option<&RowMatrix>,
         x: &[f32],
         streams: bool,
         helpers: Option<&Helpers>,
@@ -108,23 +110,24 @@ impl HeadRows {
         self.logits.resize(n * d.vocab, 0.0);
         if let Some(helpers) = helpers.filter(|h| n == 1 && h.parts() > 1) {
             let h = &self.ln_f[..c];
-            match (head, w.lm_head.is_empty()) {
-                (Some(q), _) => linear_split(&mut self.logits, h, Weight::Q8(q), &[], helpers),
-                (None, false) => {
-                    linear_split(&mut self.logits, h, Weight::F32(&w.lm_head), &[], helpers);
+            match head {
+                Some(_) => {
+                    let weight = Weight::of(head, &w.lm_head);
+                    linear_split(&mut self.logits, h, weight, &[], helpers);
                 }
-                (None, true) => split_columns(helpers, &mut self.logits, &|part, j0| {
+                None => split_columns(helpers, &mut self.logits, &|part, j0| {
                     for (logit, j) in part.iter_mut().zip(j0..) {
                         *logit = dot(h, &w.wte[j * c..(j + 1) * c]);
                     }
                 }),
             }
         } else if let Some(head) = head {
-            match streams {
-                true => q8::linear_streams(&mut self.logits, &self.ln_f, head, &[]),
-                false => q8::linear(&mut self.logits, &self.ln_f, head, &[]),
+            let (logits, x) = (&mut self.logits, &self.ln_f);
+            match head {
+                RowMatrix::Q8(q) => q8::product(logits, x, q, &[], streams || n < q8::GEMM_ROWS),
+                RowMatrix::F32(r) => rows::product(logits, x, r, &[], streams || n < q8::GEMM_ROWS),
             }
-        } else if w.lm_head.is_empty() {
+        } else {
             let rows = self
                 .logits
                 .chunks_exact_mut(d.vocab)
@@ -134,8 +137,6 @@ impl HeadRows {
                     *logit = dot(h, row);
                 }
             }
-        } else {
-            rows_times_matrix(&mut self.logits, &self.ln_f, &w.lm_head, &[], c);
         }
         if d.softcap > 0.0 {
             self.capped.resize(self.logits.len(), 0.0);
@@ -155,14 +156,11 @@ impl FusedDecoder {
         let dims = Dims::of(gpt)?;
         let cache = vec![0.0; dims.block_size * dims.kv_width()];
         let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
-        let quant = match format {
-            WeightFormat::F32 => None,
-            WeightFormat::Q8_0 => Some(QuantWeights::take(&mut weights, &dims)),
-        };
+        let matrices = RowWeights::take(&mut weights, &dims, format);
         Ok(Self {
             dims,
             weights,
-            quant,
+            matrices,
             helpers: Helpers::new(0),
             cache: StreamCache {
                 keys: vec![cache.clone(); gpt.h.len()],
@@ -245,7 +243,7 @@ impl FusedDecoder {
                 first: past,
                 period: rows,
                 streams: None,
-                quant: self.quant.as_ref().map(|q| &q.blocks[l]),
+                matrices: Some(&self.matrices.blocks[l]),
                 int8_rows: head == Head::All,
                 helpers: Some(&self.helpers),
             };
@@ -265,7 +263,7 @@ impl FusedDecoder {
             std::mem::swap(&mut self.x, &mut self.next);
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
-            let q8 = self.quant.as_ref().and_then(|q| q.head.as_ref());
+            let q8 = self.matrices.head.as_ref();
             let alone = head == Head::All;
             self.head.forward(
                 &self.dims,
@@ -288,14 +286,14 @@ impl FusedDecoder {
         let d = self.dims;
         let l = self.weights.blocks.len() - 1;
         let p = &self.weights.blocks[l];
-        let quant = self.quant.as_ref();
+        let matrices = &self.matrices;
         let ctx = |first: usize, period: usize| Ctx {
             dims: &d,
             rope: &self.rope,
             first,
             period,
             streams: None,
-            quant: quant.map(|q| &q.blocks[l]),
+            matrices: Some(&matrices.blocks[l]),
             int8_rows: false,
             helpers: Some(&self.helpers),
         };
@@ -323,7 +321,7 @@ impl FusedDecoder {
             let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
             attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
         });
-        let q8 = quant.and_then(|q| q.head.as_ref());
+        let q8 = matrices.head.as_ref();
         self.head.forward(
             &d,
             &self.weights,
@@ -389,8 +387,8 @@ impl FusedDecoder {
     }
 
     /// The sizes, the weights (and those kept as `Q8_0`) and the rotary tables.
-    pub(crate) fn parts(&self) -> (&Dims, &Params, Option<&QuantWeights>, &rope::Tables) {
-        (&self.dims, &self.weights, self.quant.as_ref(), &self.rope)
+    pub(crate) fn parts(&self) -> (&Dims, &Params, &RowWeights, &rope::Tables) {
+        (&self.dims, &self.weights, &self.matrices, &self.rope)
     }
 }
 

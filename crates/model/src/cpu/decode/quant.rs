@@ -1,12 +1,14 @@
-//! The decoder's weights as int8 (`Q8_0`): each block's four matrices and the LM head, quantised
-//! once when the decoder is made. Embeddings, norms, biases and the KV cache stay f32; a
-//! matrix whose rows are not whole blocks of 32 stays f32 too (as llama.cpp keeps it).
+//! The decoder's matrices: each block's four and the LM head laid out as rows of outputs once,
+//! when the decoder is made, in f32 or int8 (`Q8_0`, quantised then). Embeddings, norms,
+//! biases and the KV cache stay f32; a matrix whose rows are not whole blocks of 32 stays f32
+//! too (as llama.cpp keeps it). A tied head stays the embedding's rows, which it already is.
 
 use crate::arch::Mlp;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
-use crate::cpu::params::{BlockParams, Params, QuantBlock};
+use crate::cpu::kernels::rows::F32Rows;
+use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
 use crate::nn::Gpt;
 
 /// How the fused decoder keeps the weights of its matrix products.
@@ -21,38 +23,46 @@ pub enum WeightFormat {
     Q8_0,
 }
 
-/// Every block's matrices and the LM head in `Q8_0`.
+/// Every block's matrices and the LM head as rows.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct QuantWeights {
-    pub blocks: Vec<QuantBlock>,
-    pub head: Option<Q8Matrix>,
+pub(crate) struct RowWeights {
+    pub blocks: Vec<RowBlock>,
+    /// `None`: a tied head (the embedding's rows, in f32) or an untied one kept in
+    /// [`Params`]' layout.
+    pub head: Option<RowMatrix>,
 }
 
-/// `w [n_in, n_out]` as `Q8_0` rows when `n_in` is whole blocks, its f32 buffer then freed.
-fn take(w: &mut Vec<f32>, n_in: usize) -> Option<Q8Matrix> {
-    if w.is_empty() || !n_in.is_multiple_of(BLOCK) {
+/// `w [n_in, n_out]` as rows in `format` (`Q8_0` only when `n_in` is whole blocks; f32 rows
+/// otherwise), its buffer in [`Params`] then freed.
+fn take(w: &mut Vec<f32>, n_in: usize, format: WeightFormat) -> Option<RowMatrix> {
+    if w.is_empty() {
         return None;
     }
-    let q = Q8Matrix::from_columns(w, n_in);
+    let rows = match format {
+        WeightFormat::Q8_0 if n_in.is_multiple_of(BLOCK) => {
+            RowMatrix::Q8(Q8Matrix::from_columns(w, n_in))
+        }
+        WeightFormat::F32 | WeightFormat::Q8_0 => RowMatrix::F32(F32Rows::from_columns(w, n_in)),
+    };
     *w = Vec::new();
-    Some(q)
+    Some(rows)
 }
 
-impl QuantWeights {
-    /// Quantises `w`'s matrices, leaving f32 only what stays f32 (the tied embedding is kept:
-    /// the embedding lookup reads it).
-    pub(crate) fn take(w: &mut Params, d: &Dims) -> Self {
+impl RowWeights {
+    /// `w`'s matrices as rows in `format`, leaving in `w` only what stays in its layout (the
+    /// embedding: its lookup reads it, and a tied head uses its rows).
+    pub(crate) fn take(w: &mut Params, d: &Dims, format: WeightFormat) -> Self {
         let c = d.width;
-        let block = |p: &mut BlockParams| QuantBlock {
-            c_attn: take(&mut p.c_attn_w, c),
-            attn_proj: take(&mut p.attn_proj_w, c),
-            c_fc: take(&mut p.c_fc_w, c),
-            mlp_proj: take(&mut p.mlp_proj_w, d.hidden),
+        let block = |p: &mut BlockParams| RowBlock {
+            c_attn: take(&mut p.c_attn_w, c, format),
+            attn_proj: take(&mut p.attn_proj_w, c, format),
+            c_fc: take(&mut p.c_fc_w, c, format),
+            mlp_proj: take(&mut p.mlp_proj_w, d.hidden, format),
         };
-        let head = match (w.lm_head.is_empty(), c.is_multiple_of(BLOCK)) {
-            (_, false) => None,
-            (true, true) => Some(Q8Matrix::from_rows(&w.wte, c)),
-            (false, true) => take(&mut w.lm_head, c),
+        let head = match (w.lm_head.is_empty(), format, c.is_multiple_of(BLOCK)) {
+            (true, WeightFormat::Q8_0, true) => Some(RowMatrix::Q8(Q8Matrix::from_rows(&w.wte, c))),
+            (true, _, _) => None,
+            (false, _, _) => take(&mut w.lm_head, c, format),
         };
         Self {
             blocks: w.blocks.iter_mut().map(block).collect(),

@@ -130,9 +130,9 @@ pub(crate) fn linear(
 }
 
 vectorized! {
-    /// Columns `j0..j0 + out.len()` of `x [k] · w [k, n] + b`: one token's linear layer while
-    /// sampling (all of it, or one thread's share). gemm's one-row path packs `w` on every
-    /// call; this reads it once, four rows at a time, each added into `out` as a whole vector.
+    /// Columns `j0..j0 + out.len()` of `x [k] · w [k, n] + b`: one row's linear layer in
+    /// training's layout. gemm's one-row path packs `w` on every call; this reads it once,
+    /// four rows at a time, each added into `out` as a whole vector.
     pub(crate) fn vector_times_matrix(
         out: &mut [f32],
         x: &[f32],
@@ -158,43 +158,6 @@ vectorized! {
         }
         for (i, &xi) in x.iter().enumerate().skip(k - k % 4) {
             out.iter_mut().zip(row(i)).for_each(|(o, w)| *o += xi * w);
-        }
-    }
-}
-
-vectorized! {
-    /// `out [rows, n] = x [rows, k] · w [k, n] + b` for rows that are separate streams
-    /// (batched decoding): each row is computed exactly as [`vector_times_matrix`] computes it
-    /// alone, the same sums in the same order, so a row never depends on its neighbours; `w`
-    /// is read once for all of them, four of its rows at a time.
-    pub(crate) fn rows_times_matrix(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32], k: usize) {
-        let n = w.len() / k;
-        for row in out.chunks_exact_mut(n) {
-            if b.is_empty() {
-                row.fill(0.0);
-            } else {
-                row.copy_from_slice(b);
-            }
-        }
-        let mut w_rows = w.chunks_exact(4 * n);
-        let mut at = 0;
-        for w4 in &mut w_rows {
-            let (w0, rest) = w4.split_at(n);
-            let (w1, rest) = rest.split_at(n);
-            let (w2, w3) = rest.split_at(n);
-            for (out, x) in out.chunks_exact_mut(n).zip(x.chunks_exact(k)) {
-                let x4 = &x[at..at + 4];
-                for ((((o, a), b), c), d) in out.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
-                    *o += x4[0] * a + x4[1] * b + x4[2] * c + x4[3] * d;
-                }
-            }
-            at += 4;
-        }
-        for (i, row) in w_rows.remainder().chunks_exact(n).enumerate() {
-            for (out, x) in out.chunks_exact_mut(n).zip(x.chunks_exact(k)) {
-                let xi = x[at + i];
-                out.iter_mut().zip(row).for_each(|(o, w)| *o += xi * w);
-            }
         }
     }
 }
@@ -293,38 +256,6 @@ mod tests {
                 assert!((out[i * (n + 5) + j] - 0.5 * want[i * n + j]).abs() < 1e-4);
             }
         }
-    }
-
-    /// Each row of `rows_times_matrix` is bit for bit what `vector_times_matrix` gives that row
-    /// alone (`k` not a multiple of 4: the remainder rows of `w` too), with and without a bias.
-    #[test]
-    fn rows_are_computed_as_alone() {
-        let (rows, k, n) = (5, 19, 23);
-        let (x, w, b) = (values(rows * k, 1), values(k * n, 2), values(n, 3));
-        for bias in [&b[..], &[]] {
-            let mut together = vec![0.0; rows * n];
-            rows_times_matrix(&mut together, &x, &w, bias, k);
-            for r in 0..rows {
-                let mut alone = vec![0.0; n];
-                vector_times_matrix(&mut alone, &x[r * k..(r + 1) * k], &w, bias, n, 0);
-                assert_eq!(&together[r * n..(r + 1) * n], &alone[..], "row {r}");
-            }
-        }
-    }
-
-    /// A token's product split by columns (as decoding threads split it) gives each column
-    /// bit for bit what the whole product gives it.
-    #[test]
-    fn column_ranges_are_the_whole_products_columns() {
-        let (k, n) = (19, 23);
-        let (x, w, b) = (values(k, 1), values(k * n, 2), values(n, 3));
-        let mut whole = vec![0.0; n];
-        vector_times_matrix(&mut whole, &x, &w, &b, n, 0);
-        let mut parts = vec![0.0; n];
-        let (left, right) = parts.split_at_mut(10);
-        vector_times_matrix(left, &x, &w, &b, n, 0);
-        vector_times_matrix(right, &x, &w, &b, n, 10);
-        assert_eq!(parts, whole);
     }
 
     #[test]

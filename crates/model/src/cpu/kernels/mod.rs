@@ -16,5 +16,6 @@ pub(crate) mod qk_norm;
 pub(crate) mod relu2;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;
+pub(crate) mod rows;
 pub(crate) mod softcap;
 pub(crate) mod swiglu;

@@ -120,20 +120,6 @@ pub(crate) const GEMM_ROWS: usize = 16;
 /// Output rows of the weight panel dequantised at a time: `[PANEL, cols]` f32 stays in L2.
 const PANEL: usize = 64;
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty = no bias). Under
-/// [`GEMM_ROWS`] rows, `x` is quantised (into this thread's scratch, so a token allocates
-/// nothing) and each row computed as it would be alone ([`rows_times`]); from it on, by
-/// f32 products of the dequantised weights.
-pub(crate) fn linear(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]) {
-    product(out, x, w, b, x.len() / w.cols < GEMM_ROWS);
-}
-
-/// [`linear`] of rows that are separate streams: each in int8, as it would be alone, however
-/// many there are.
-pub(crate) fn linear_streams(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32]) {
-    product(out, x, w, b, true);
-}
-
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` in int8 (each row as it would be alone)
 /// or, `int8` false, by f32 products of the dequantised weights.
 pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
@@ -539,7 +525,7 @@ mod tests {
             let (w, x, b) = (values(k * n, 4), values(rows * k, 5), values(n, 6));
             let q = Q8Matrix::from_columns(&w, k);
             let mut out = vec![0.0; rows * n];
-            linear(&mut out, &x, &q, &b);
+            product(&mut out, &x, &q, &b, rows < GEMM_ROWS);
             for r in 0..rows {
                 for j in 0..n {
                     let exact: f32 =

@@ -175,7 +175,7 @@ impl Workspace {
             first: 0,
             period: seq,
             streams: None,
-            quant: None,
+            matrices: None,
             int8_rows: false,
             helpers: None,
         };
@@ -248,7 +248,7 @@ impl Workspace {
             first: 0,
             period: seq,
             streams: None,
-            quant: None,
+            matrices: None,
             int8_rows: false,
             helpers: None,
         };

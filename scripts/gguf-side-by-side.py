@@ -11,7 +11,7 @@ step), exports it as f32 and q8_0 GGUF, and times:
   greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
   run's config, `--weights f32` and `--weights q8_0` (a token's products split over every
-  core; a prompt's products run on one thread);
+  core by outputs, a prompt's by rows);
 - the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
   its own half), best of 3, so each decode figure can say what share of the ceiling it reads
   (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied

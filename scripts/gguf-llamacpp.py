@@ -79,14 +79,15 @@ def train(tinygpt: str, name: str, work: Path) -> None:
 
 def llama_cpp_outputs(gguf: Path, eos: int | None, texts: list[str] = TEXTS,
                       steps: int = GREEDY, context: int = 160) -> dict:
-    """llama.cpp's ids of `texts` (special tokens parsed, no BOS), the logits of the first and
-    its greedy continuation of `steps` tokens (or up to `eos`), within `context` positions."""
+    """llama.cpp's ids of `texts` (special tokens parsed, no BOS), the logits of the first as
+    llama.cpp starts a prompt (after BOS where the file's `add_bos_token` says so) and its
+    greedy continuation of `steps` tokens (or up to `eos`), within `context` positions."""
     # type_k/type_v 0 = GGML_TYPE_F32: llama.cpp's default f16 KV cache rounds keys and values.
     llm = llama_cpp.Llama(model_path=str(gguf), logits_all=True, n_ctx=256, n_threads=2,
                           seed=0, verbose=False, type_k=0, type_v=0)
     texts = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)}
              for t in texts]
-    prompt = texts[0]["ids"]
+    prompt = llm.tokenize(texts[0]["text"].encode(), add_bos=True, special=True)
     # Within the context, where tinygpt's generate computes what llama.cpp does (past it,
     # tinygpt slides its window and llama.cpp stops).
     assert len(prompt) + steps <= context, len(prompt)

@@ -142,9 +142,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
-    let prompt_ids = tokenizer
-        .encode_with_specials(&prompt)
-        .context("--prompt")?;
+    // A chat template writes the conversation's start itself (transformers adds nothing to a
+    // rendered conversation); a plain prompt starts as the model's tokenizer starts a text.
+    let prompt_ids = match args.chat {
+        true => tokenizer.encode_with_specials(&prompt),
+        false => tokenizer.encode_prompt(&prompt),
+    }
+    .context("--prompt")?;
     let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::after(tokenizer, &prompt_ids);
@@ -159,6 +163,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             write_error = Some(e);
         }
     })?;
+    // Tokens that never completed a character (the sample stopped inside one) are printed as
+    // U+FFFD, as a decoder shows them, not dropped.
+    if let Some(rest) = text.finish()
+        && write_error.is_none()
+    {
+        write_error = out.write_all(rest.as_bytes()).err();
+    }
     match write_error {
         // A closed pipe (`| head`) ends the output quietly, as Unix tools do.
         Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::api::{ApiError, AttentionRequest, AttentionResponse, json, parse};
 use super::pool::Job;
-use super::state::{Shared, State, body, encode, submit};
+use super::state::{Shared, State, body, encode_prompt, submit};
 use crate::attention_maps::AttentionMaps;
 
 pub(super) async fn attention(
@@ -77,7 +77,7 @@ fn attention_ids(state: &State, request: &AttentionRequest) -> Result<(Vec<u32>,
             ));
         }
     }
-    let mut ids = encode(state.tokenizer(), &request.prompt, "prompt")?;
+    let mut ids = encode_prompt(state.tokenizer(), &request.prompt, "prompt")?;
     let block = state.block_size();
     let truncated = match request.truncate {
         true => ids.len().saturating_sub(block),

@@ -15,7 +15,7 @@ use super::fields::{MAX_CHOICES, Refusal, SAMPLER_FIELDS, SamplerFields, parse_c
 use super::generation::{ChoiceSpec, Generation, TokenLogprob};
 use super::pool::Job;
 use super::reply::{EVENTS_IN_FLIGHT, Framing, Head, collect, frame, sse};
-use super::state::{Shared, State, body, encode, now, submit};
+use super::state::{Shared, State, body, encode_prompt, now, submit};
 
 /// `POST /v1/completions`, OpenAI's fields (the sampler's are in [`SamplerFields`]).
 #[derive(Debug, Deserialize)]
@@ -171,10 +171,10 @@ fn max_tokens(state: &State, asked: Option<usize>, echo: bool) -> Result<usize, 
 fn prompt_ids(state: &State, prompt: Prompt) -> Result<Vec<Vec<u32>>, ApiError> {
     let tokenizer = state.tokenizer();
     let prompts = match prompt {
-        Prompt::Text(text) => vec![encode(tokenizer, &text, "prompt")?],
+        Prompt::Text(text) => vec![encode_prompt(tokenizer, &text, "prompt")?],
         Prompt::Texts(texts) => texts
             .iter()
-            .map(|text| encode(tokenizer, text, "prompt"))
+            .map(|text| encode_prompt(tokenizer, text, "prompt"))
             .collect::<Result<_, _>>()?,
         Prompt::Tokens(ids) => vec![ids],
         Prompt::TokenLists(lists) => lists,

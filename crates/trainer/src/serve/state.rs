@@ -109,6 +109,19 @@ pub(super) fn encode(
         .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
 }
 
+/// A request's prompt text as token ids: [`encode`], after the token the model's tokenizer
+/// starts a text with (an imported Llama-family model's BOS; tinygpt's own add none), as
+/// transformers and llama.cpp start a prompt.
+pub(super) fn encode_prompt(
+    tokenizer: &Tokenizer,
+    text: &str,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    tokenizer
+        .encode_prompt(text)
+        .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
+}
+
 pub(super) fn submit(state: &State, job: Job) -> Result<(), ApiError> {
     state.pool.submit(job).map_err(|refused| match refused {
         Refused::Busy => ApiError::new(

@@ -10,15 +10,16 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::api::{ApiError, json, parse};
-use super::state::{Shared, body, encode};
+use super::state::{Shared, body, encode, encode_prompt};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     pub content: String,
-    /// Accepted: tinygpt's tokenizers add no special tokens.
-    #[serde(default, rename = "add_special")]
-    pub _add_special: bool,
+    /// Start with the token the model's tokenizer starts a prompt with (an imported
+    /// Llama-family model's BOS), as llama.cpp's `add_special` does.
+    #[serde(default)]
+    pub add_special: bool,
     /// Return `{"id", "piece"}` per token instead of bare ids.
     #[serde(default)]
     pub with_pieces: bool,
@@ -38,7 +39,10 @@ pub(super) async fn tokenize(
     let raw = body(raw, state.options.max_body_bytes)?;
     let request: TokenizeRequest = parse(&raw)?;
     let tokenizer = state.tokenizer();
-    let ids = encode(tokenizer, &request.content, "content")?;
+    let ids = match request.add_special {
+        true => encode_prompt(tokenizer, &request.content, "content")?,
+        false => encode(tokenizer, &request.content, "content")?,
+    };
     if !request.with_pieces {
         return Ok(json(StatusCode::OK, &json!({"tokens": ids})));
     }

@@ -3,6 +3,7 @@
 //! checkpoint as `tokenizer.json`.
 
 mod hf_json;
+mod prompt;
 pub mod special;
 
 use std::collections::{BTreeSet, HashMap};

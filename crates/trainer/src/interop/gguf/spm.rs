@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value as Json, json};
 
 use super::file::{Gguf, Value};
-use super::vocab::{CONTROL, NORMAL, USER_DEFINED, token_list};
+use super::vocab::{CONTROL, NORMAL, USER_DEFINED, bos_processor, token_list};
 use crate::data::tokenizer::Tokenizer;
 
 /// llama.cpp's token type of `<unk>`.
@@ -72,7 +72,8 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
         .collect();
     let hf = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": normalizer, "pre_tokenizer": null, "post_processor": null,
+        "normalizer": normalizer, "pre_tokenizer": null,
+        "post_processor": bos_processor(gguf, &tokens, true),
         // The space put in front of the text comes off again; `▁` is a space, byte tokens
         // bytes.
         "decoder": {"type": "Sequence", "decoders": [
@@ -259,6 +260,31 @@ mod tests {
             .filter_map(|id| alone.push(id))
             .collect();
         assert_eq!(first, "the");
+    }
+
+    /// A prompt starts with BOS, as llama.cpp starts one, unless the file says otherwise; a
+    /// text that starts with it gets no second one, and plain encoding (training data, stop
+    /// texts) adds none.
+    #[test]
+    fn a_prompt_starts_with_bos_unless_the_file_says_not() {
+        let mut gguf = vocabulary(&PIECES);
+        gguf.metadata
+            .push(("tokenizer.ggml.bos_token_id".into(), Value::U32(1)));
+        let t = tokenizer(&gguf).unwrap();
+        assert_eq!(t.prompt_start(), Some(1));
+        assert_eq!(t.encode_prompt("the").unwrap(), [1, id("▁the")]);
+        assert_eq!(t.encode_prompt("<s>the").unwrap(), [1, id("▁the")]);
+        assert_eq!(t.encode_prompt("").unwrap(), [1]);
+        assert_eq!(t.encode("the").unwrap(), [id("▁the")]);
+        // What `export --format hf` writes keeps it.
+        let again =
+            Tokenizer::from_hf_value(serde_json::from_str(&t.to_hf_json().unwrap()).unwrap());
+        assert_eq!(again.unwrap().prompt_start(), Some(1));
+        let key = "tokenizer.ggml.add_bos_token";
+        gguf.metadata.push((key.into(), Value::Bool(false)));
+        let t = tokenizer(&gguf).unwrap();
+        assert_eq!(t.prompt_start(), None);
+        assert_eq!(t.encode_prompt("the").unwrap(), [id("▁the")]);
     }
 
     #[test]

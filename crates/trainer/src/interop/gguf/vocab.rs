@@ -102,14 +102,17 @@ pub fn metadata(
             Value::Array(merges.into_iter().map(Value::Str).collect()),
         ),
     ];
-    if let Some(bos) = tokenizer.start_of_text() {
+    let prompt_start = tokenizer.prompt_start();
+    if let Some(bos) = prompt_start.or(tokenizer.start_of_text()) {
         out.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(bos)));
     }
     if let Some(eos) = tokenizer.end_of_text() {
         out.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)));
     }
-    // tinygpt starts a prompt with nothing but the prompt's own tokens.
-    out.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    // llama.cpp starts a prompt as tinygpt does: with BOS where the tokenizer adds one (an
+    // imported Llama-family model's), else with the prompt's own tokens.
+    let add_bos = Value::Bool(prompt_start.is_some());
+    out.push(("tokenizer.ggml.add_bos_token".into(), add_bos));
     if let Some(template) = template.filter(|t| !t.is_empty()) {
         out.push((
             "tokenizer.chat_template".into(),
@@ -221,6 +224,31 @@ fn as_chars(tokens: &[String], types: &[i32]) -> Option<Json> {
                       "vocab": vocab, "merges": []},
         })
     })
+}
+
+/// The post-processor that starts every prompt with the file's BOS token where llama.cpp
+/// starts one so: `tokenizer.ggml.add_bos_token`, or where the file says nothing llama.cpp's
+/// own default (`default`: on for SentencePiece and Llama 3's BPE). `null` without a BOS.
+pub(super) fn bos_processor(gguf: &Gguf, tokens: &[String], default: bool) -> Json {
+    let add = match gguf.get("tokenizer.ggml.add_bos_token") {
+        Some(Value::Bool(add)) => *add,
+        _ => default,
+    };
+    let bos = gguf
+        .get("tokenizer.ggml.bos_token_id")
+        .and_then(Value::as_u64)
+        .and_then(|id| Some((id, tokens.get(usize::try_from(id).ok()?)?)));
+    match (add, bos) {
+        (true, Some((id, bos))) => {
+            let special = |type_id: u32| json!({"SpecialToken": {"id": bos, "type_id": type_id}});
+            let text = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+            json!({"type": "TemplateProcessing",
+                   "single": [special(0), text("A", 0)],
+                   "pair": [special(0), text("A", 0), special(1), text("B", 1)],
+                   "special_tokens": {bos.as_str(): {"id": bos, "ids": [id], "tokens": [bos]}}})
+        }
+        _ => Json::Null,
+    }
 }
 
 /// The strings of the metadata array `key`.
@@ -344,7 +372,8 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
     }
     let hf = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": pre_tokenizer, "post_processor": null,
+        "normalizer": null, "pre_tokenizer": pre_tokenizer,
+        "post_processor": bos_processor(gguf, &tokens, pre == "llama-bpe"),
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
                     "use_regex": true},
         "model": {"type": "BPE", "dropout": null, "unk_token": null,
@@ -377,5 +406,37 @@ mod tests {
         assert_eq!(tokens, ["Ċ", "a", "Ã©", "âĢĶ", "âĢĵ"]);
         // The shared first merge of the two dashes is written once.
         assert_eq!(merges, ["Ã ©", "â Ģ", "âĢ Ķ", "âĢ ĵ"]);
+    }
+
+    /// An export says llama.cpp starts a prompt as tinygpt does: tinygpt's own tokenizer with
+    /// nothing; read back with `add_bos_token` set, with BOS, which the next export keeps.
+    #[test]
+    fn add_bos_token_goes_both_ways() {
+        let text = "To be, or not to be: that is the question.\n".repeat(20);
+        let own = Tokenizer::train(crate::data::tokenizer::TokenizerKind::Bpe, &text, 300).unwrap();
+        let entries = metadata(&own, own.vocab_size(), None).unwrap();
+        let get = |entries: &[(String, Value)], key: &str| {
+            entries
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let add_bos = "tokenizer.ggml.add_bos_token";
+        assert!(matches!(get(&entries, add_bos), Some(Value::Bool(false))));
+        let mut gguf = Gguf {
+            metadata: entries,
+            tensors: Vec::new(),
+        };
+        assert_eq!(tokenizer(&gguf).unwrap().prompt_start(), None);
+        gguf.metadata.retain(|(k, _)| k != add_bos);
+        gguf.metadata.push((add_bos.into(), Value::Bool(true)));
+        let back = tokenizer(&gguf).unwrap();
+        let bos = own.start_of_text().unwrap();
+        assert_eq!(back.prompt_start(), Some(bos));
+        assert_eq!(back.encode_prompt("to be").unwrap()[0], bos);
+        let again = metadata(&back, back.vocab_size(), None).unwrap();
+        assert!(matches!(get(&again, add_bos), Some(Value::Bool(true))));
+        let bos_id = get(&again, "tokenizer.ggml.bos_token_id");
+        assert_eq!(bos_id.and_then(|v| v.as_u64()), Some(u64::from(bos)));
     }
 }

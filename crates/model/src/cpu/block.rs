@@ -121,7 +121,7 @@ pub(super) struct Ctx<'a> {
     /// Every row of a product by rows computed as a token alone is, however many rows (a
     /// window scored); otherwise many rows of one sequence (a prompt) take a blocked f32
     /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
-    pub int8_rows: bool,
+    pub rows_alone: bool,
     /// Threads a single row's products are split over (one sequence decoding), if any.
     pub helpers: Option<&'a Helpers>,
 }
@@ -197,7 +197,7 @@ impl<'a> Ctx<'a> {
     /// product, so a thread's share of its rows is computed as the whole would be.
     fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
         matches!(w, Weight::Q8(_) | Weight::Rows(_))
-            && (self.int8_rows || self.streams.is_some() || rows < q8::GEMM_ROWS)
+            && (self.rows_alone || self.streams.is_some() || rows < q8::GEMM_ROWS)
     }
 
     /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread (`per_row`: see

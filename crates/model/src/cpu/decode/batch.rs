@@ -169,7 +169,7 @@ impl FusedBatch {
                 period: 1,
                 streams: Some(&r.position),
                 matrices: Some(&matrices.blocks[l]),
-                int8_rows: true,
+                rows_alone: true,
                 helpers: None,
             };
             let (streams, scores) = (&mut self.streams, &mut r.scores);

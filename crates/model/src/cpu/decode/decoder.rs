@@ -244,7 +244,7 @@ impl FusedDecoder {
                 period: rows,
                 streams: None,
                 matrices: Some(&self.matrices.blocks[l]),
-                int8_rows: head == Head::All,
+                rows_alone: head == Head::All,
                 helpers: Some(&self.helpers),
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
@@ -294,7 +294,7 @@ impl FusedDecoder {
             period,
             streams: None,
             matrices: Some(&matrices.blocks[l]),
-            int8_rows: false,
+            rows_alone: false,
             helpers: Some(&self.helpers),
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));

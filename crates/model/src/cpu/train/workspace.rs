@@ -176,7 +176,7 @@ impl Workspace {
             period: seq,
             streams: None,
             matrices: None,
-            int8_rows: false,
+            rows_alone: false,
             helpers: None,
         };
         let maps = &mut self.scratch.maps;
@@ -249,7 +249,7 @@ impl Workspace {
             period: seq,
             streams: None,
             matrices: None,
-            int8_rows: false,
+            rows_alone: false,
             helpers: None,
         };
         for l in (0..w.blocks.len()).rev() {

@@ -22,6 +22,7 @@
 use half::f16;
 
 use super::matmul::{View, matmul_into};
+use super::rows::F32Rows;
 
 /// Values per block.
 pub const BLOCK: usize = 32;
@@ -59,14 +60,7 @@ impl Q8Matrix {
     /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`: each
     /// output's weights contiguous, as a row of GGUF's `[n_out, n_in]` tensors.
     pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
-        let n_out = w.len() / n_in;
-        let mut t = vec![0.0; w.len()];
-        for (i, row) in w.chunks_exact(n_out).enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                t[j * n_in + i] = v;
-            }
-        }
-        Self::from_rows(&t, n_in)
+        Self::from_rows(&F32Rows::from_columns(w, n_in).w, n_in)
     }
 }
 

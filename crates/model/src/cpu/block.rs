@@ -144,6 +144,25 @@ impl<'a> Weight<'a> {
             None => Weight::F32(f32),
         }
     }
+
+    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread, the decoder's rows row by
+    /// row with `per_row` (see [`per_row`]), else as one blocked product. Training's layout is
+    /// never separate streams: the decoder keeps its matrices as rows.
+    pub(super) fn product(self, out: &mut [f32], x: &[f32], b: &[f32], per_row: bool, n_in: usize) {
+        match self {
+            Weight::Q8(w) => q8::product(out, x, w, b, per_row),
+            Weight::Rows(w) => rows::product(out, x, w, b, per_row),
+            Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
+        }
+    }
+}
+
+/// Whether a product of `rows` rows by the decoder's rows runs row by row, each as a token
+/// alone is computed (a token, separate streams or rows scored as tokens: `alone`; in int8 for
+/// `Q8_0`), or as one blocked f32 product (a prompt's chunk; of the dequantised weights for
+/// `Q8_0`).
+pub(super) fn per_row(alone: bool, rows: usize) -> bool {
+    alone || rows < q8::GEMM_ROWS
 }
 
 impl<'a> Ctx<'a> {
@@ -184,48 +203,18 @@ impl<'a> Ctx<'a> {
                 let per_row = self.per_row(w, rows);
                 split_rows(helpers, out, n_out, &|part, r0| {
                     let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
-                    self.product(part, x, w, b, per_row, n_in);
+                    w.product(part, x, b, per_row, n_in);
                 });
             }
-            _ => self.product(out, x, w, b, self.per_row(w, rows), n_in),
+            _ => w.product(out, x, b, self.per_row(w, rows), n_in),
         }
     }
 
-    /// Whether a product of `rows` rows with weights kept as rows runs row by row (a token,
-    /// separate streams, rows scored as tokens alone; in int8 for `Q8_0`) or as one blocked f32
-    /// product (a prompt's chunk; of the dequantised weights for `Q8_0`): decided on the whole
-    /// product, so a thread's share of its rows is computed as the whole would be.
+    /// [`per_row`] for this block's rows, decided on the whole product so that a thread's
+    /// share of its rows is computed as the whole would be.
     fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
         matches!(w, Weight::Q8(_) | Weight::Rows(_))
-            && (self.rows_alone || self.streams.is_some() || rows < q8::GEMM_ROWS)
-    }
-
-    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread (`per_row`: see
-    /// [`Self::per_row`]).
-    fn product(
-        &self,
-        out: &mut [f32],
-        x: &[f32],
-        w: Weight<'_>,
-        b: &[f32],
-        per_row: bool,
-        n_in: usize,
-    ) {
-        match (w, self.streams) {
-            (Weight::Q8(w), _) => q8::product(out, x, w, b, per_row),
-            (Weight::Rows(w), _) => rows::product(out, x, w, b, per_row),
-            // Training's layout (the decoder keeps its matrices as rows): streams one by one.
-            (Weight::F32(w), streams) => {
-                let (rows, n_out) = (x.len() / n_in, w.len() / n_in);
-                match streams {
-                    Some(_) => {
-                        let rows = out.chunks_exact_mut(n_out).zip(x.chunks_exact(n_in));
-                        rows.for_each(|(out, x)| linear(out, x, w, b, 1, n_in, n_out));
-                    }
-                    None => linear(out, x, w, b, rows, n_in, n_out),
-                }
-            }
-        }
+            && per_row(self.rows_alone || self.streams.is_some(), rows)
     }
 }
 

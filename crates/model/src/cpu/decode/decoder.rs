@@ -20,8 +20,6 @@ use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::fast_math::{self, vectorized};
 use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into};
 use crate::cpu::kernels::norm::{self, Normed};
-use crate::cpu::kernels::q8;
-use crate::cpu::kernels::rows;
 use crate::cpu::kernels::{rope, softcap};
 use crate::cpu::params::{Params, RowMatrix};
 use crate::error::ModelError;
@@ -122,11 +120,14 @@ impl HeadRows {
                 }),
             }
         } else if let Some(head) = head {
-            let (logits, x) = (&mut self.logits, &self.ln_f);
-            match head {
-                RowMatrix::Q8(q) => q8::product(logits, x, q, &[], streams || n < q8::GEMM_ROWS),
-                RowMatrix::F32(r) => rows::product(logits, x, r, &[], streams || n < q8::GEMM_ROWS),
-            }
+            let weight = Weight::of(Some(head), &[]);
+            weight.product(
+                &mut self.logits,
+                &self.ln_f,
+                &[],
+                block::per_row(streams, n),
+                c,
+            );
         } else {
             let rows = self
                 .logits
@@ -263,12 +264,12 @@ impl FusedDecoder {
             std::mem::swap(&mut self.x, &mut self.next);
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
-            let q8 = self.matrices.head.as_ref();
+            let head_rows = self.matrices.head.as_ref();
             let alone = head == Head::All;
             self.head.forward(
                 &self.dims,
                 &self.weights,
-                q8,
+                head_rows,
                 &self.x,
                 alone,
                 Some(&self.helpers),
@@ -321,11 +322,11 @@ impl FusedDecoder {
             let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
             attend(h.y, &h.qkv[..c], keys, values, scores, d.kv_heads)
         });
-        let q8 = matrices.head.as_ref();
+        let head_rows = matrices.head.as_ref();
         self.head.forward(
             &d,
             &self.weights,
-            q8,
+            head_rows,
             &self.next[..c],
             false,
             Some(&self.helpers),

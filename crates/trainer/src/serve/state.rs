@@ -104,9 +104,7 @@ pub(super) fn encode(
     text: &str,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    tokenizer
-        .encode_with_specials(text)
-        .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
+    field(tokenizer.encode_with_specials(text), param)
 }
 
 /// A request's prompt text as token ids: [`encode`], after the token the model's tokenizer
@@ -117,9 +115,12 @@ pub(super) fn encode_prompt(
     text: &str,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    tokenizer
-        .encode_prompt(text)
-        .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
+    field(tokenizer.encode_prompt(text), param)
+}
+
+/// Token ids, or the error that made none as the request's field `param`'s.
+fn field(ids: anyhow::Result<Vec<u32>>, param: &'static str) -> Result<Vec<u32>, ApiError> {
+    ids.map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
 }
 
 pub(super) fn submit(state: &State, job: Job) -> Result<(), ApiError> {

@@ -55,6 +55,8 @@ pub enum Tokenizer {
 pub struct Bpe {
     hf: tokenizers::Tokenizer,
     specials: Vec<Special>,
+    /// See [`Tokenizer::prompt_start`].
+    prompt_start: Option<u32>,
 }
 
 impl Deref for Bpe {
@@ -136,7 +138,12 @@ impl Tokenizer {
     fn bpe(mut hf: tokenizers::Tokenizer) -> Self {
         hf.set_encode_special_tokens(true);
         let specials = special::specials_of(&hf);
-        Self::Bpe(Box::new(Bpe { hf, specials }))
+        let prompt_start = special::prompt_start(&hf, &specials);
+        Self::Bpe(Box::new(Bpe {
+            hf,
+            specials,
+            prompt_start,
+        }))
     }
 
     fn from_chars(itos: Vec<char>, specials: Vec<String>) -> Self {

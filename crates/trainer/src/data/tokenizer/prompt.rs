@@ -9,19 +9,12 @@ use anyhow::Result;
 use super::Tokenizer;
 
 impl Tokenizer {
-    /// The token every prompt starts with, if this tokenizer puts one before a text (the one
-    /// special token its post-processor writes in front of a text).
+    /// The token every prompt starts with, if this tokenizer puts one before a text (read
+    /// once, when the tokenizer is made).
     pub fn prompt_start(&self) -> Option<u32> {
-        let Self::Bpe(t) = self else {
-            return None;
-        };
-        let ids = |special| t.encode("a", special).ok().map(|e| e.get_ids().to_vec());
-        let (with, without) = (ids(true)?, ids(false)?);
-        let at = (0..=with.len().checked_sub(without.len())?)
-            .find(|&at| with[at..at + without.len()] == without[..])?;
-        match with[..at] {
-            [id] if self.specials().iter().any(|s| s.id == id) => Some(id),
-            _ => None,
+        match self {
+            Self::Bpe(t) => t.prompt_start,
+            Self::Char { .. } => None,
         }
     }
 

@@ -124,6 +124,18 @@ pub fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
     specials
 }
 
+/// The one special token `hf`'s post-processor writes in front of a text, if it writes one.
+pub fn prompt_start(hf: &tokenizers::Tokenizer, specials: &[Special]) -> Option<u32> {
+    let ids = |special| hf.encode("a", special).ok().map(|e| e.get_ids().to_vec());
+    let (with, without) = (ids(true)?, ids(false)?);
+    let at = (0..=with.len().checked_sub(without.len())?)
+        .find(|&at| with[at..at + without.len()] == without[..])?;
+    match with[..at] {
+        [id] if specials.iter().any(|s| s.id == id) => Some(id),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

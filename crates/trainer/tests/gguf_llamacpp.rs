@@ -6,7 +6,10 @@
 //! f16 values (ggml's `GGML_GELU_FP16`: the input and the result rounded to f16).
 //! `scripts/gguf-llamacpp.py` ran llama.cpp on each export and saved what it said; the export
 //! written here must be that very file (its SHA-256), so a change to the exporter fails here
-//! until the script has checked it again.
+//! until the script has checked it again. llama.cpp's own converter (`convert_hf_to_gguf.py`,
+//! run by `scripts/gguf-converter.py`) made `converter.gguf` from tinygpt's Hugging Face export of
+//! the BPE and Llama runs: it must hold the very tensors tinygpt's export writes, and import to
+//! what llama.cpp computed.
 
 mod common;
 
@@ -16,6 +19,7 @@ use common::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tinygpt::data::tokenizer::TextStream;
+use tinygpt::interop::gguf::file::Gguf;
 use tinygpt::run::checkpoint::Run;
 
 #[derive(Deserialize)]
@@ -155,4 +159,78 @@ fn a_sentencepiece_llama_gguf_imports_to_what_llama_cpp_computes() {
     let args = ["import", "--from", file.to_str().unwrap(), "--out", "run"];
     ok(tinygpt(tmp.path(), &args));
     compare("spm", &tmp.path().join("run"), &seen, 1e-4);
+}
+
+/// `NAME/converter.gguf`, written by llama.cpp's converter from tinygpt's Hugging Face export of
+/// the run: its tensors are those of tinygpt's own GGUF export, bit for bit (tinygpt writes
+/// `output.weight` for a tied GPT-2 head too, which the converter leaves to the embedding), and
+/// imported it tokenizes, scores, continues and ends a chat reply as the run does.
+fn check_converted(name: &str, tolerance: f64) {
+    let run = fixture(name);
+    let seen: LlamaCpp =
+        serde_json::from_str(&std::fs::read_to_string(run.join("llamacpp.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let converted = run.join("converter.gguf");
+    let args = [
+        "export",
+        "--checkpoint",
+        run.to_str().unwrap(),
+        "--format",
+        "gguf",
+        "--out",
+    ];
+    ok(tinygpt(dir, &[&args[..], &["own.gguf"]].concat()));
+    let read = |path: &Path| Gguf::from_bytes(&std::fs::read(path).unwrap()).unwrap();
+    let (theirs, own) = (read(&converted), read(&dir.join("own.gguf")));
+    let mut left_to_embedding = 0;
+    for tensor in &own.tensors {
+        match theirs.tensor(&tensor.name) {
+            Some(t) => assert!(t == tensor, "{name}: {} differs", tensor.name),
+            None => {
+                // A tied head: the converter leaves it to the token embedding.
+                let embedding = own.tensor("token_embd.weight").unwrap();
+                assert_eq!(
+                    tensor.name, "output.weight",
+                    "{name}: the converter lacks it"
+                );
+                assert!(
+                    tensor.data == embedding.data,
+                    "{name}: an untied head left out"
+                );
+                left_to_embedding += 1;
+            }
+        }
+    }
+    assert_eq!(theirs.tensors.len() + left_to_embedding, own.tensors.len());
+    let args = [
+        "import",
+        "--from",
+        converted.to_str().unwrap(),
+        "--out",
+        "run",
+    ];
+    ok(tinygpt(dir, &args));
+    compare(name, &dir.join("run"), &seen, tolerance);
+    let stops = |run: &Path| {
+        let chat = Run::open(run).unwrap().config.chat;
+        let mut stop = chat.stop.clone();
+        stop.sort();
+        (chat.template, stop)
+    };
+    assert_eq!(
+        stops(&dir.join("run")),
+        stops(&run),
+        "{name}: the chat section"
+    );
+}
+
+#[test]
+fn llama_cpps_converter_writes_a_bpe_gpt2_as_tinygpt_does() {
+    check_converted("bpe", 1e-3);
+}
+
+#[test]
+fn llama_cpps_converter_writes_a_llama_as_tinygpt_does() {
+    check_converted("llama", 1e-4);
 }

@@ -230,6 +230,33 @@ fn llama_tensors(gguf: &Gguf, gpt: &GptConfig) -> Result<BTreeMap<String, Foreig
     Ok(tensors)
 }
 
+/// The texts of the tokens llama.cpp ends a generation at, whatever the file's ids say
+/// (`llama_vocab::impl::load`, llama.cpp's `src/llama-vocab.cpp`, its `special_eog_ids`).
+const END_TEXTS: [&str; 22] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+];
+
 /// The run's `[chat]` from `tokenizer.chat_template`, its BOS and EOS tokens, and the
 /// end-of-turn ids (`eot_token_id` and `eos_token_id`); notes for the user.
 fn chat(gguf: &Gguf, tokenizer: &Tokenizer) -> (crate::chat::ChatSection, Vec<String>) {
@@ -251,10 +278,18 @@ fn chat(gguf: &Gguf, tokenizer: &Tokenizer) -> (crate::chat::ChatSection, Vec<St
         "bos_token": text("tokenizer.ggml.bos_token_id"),
         "eos_token": text("tokenizer.ggml.eos_token_id"),
     });
-    // A reply ends at the end-of-turn token or at EOS, as llama.cpp ends a generation.
+    // A reply ends where llama.cpp ends a generation: at the end-of-turn token, at EOS, and at
+    // any special token whose text llama.cpp takes for an end (a converter writes no
+    // `eot_token_id` where Hugging Face's files name none).
     let mut ends: Vec<u64> = Vec::new();
-    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eos_token_id"] {
-        ends.extend(id(key).filter(|id| !ends.contains(id)));
+    let named = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eos_token_id"].map(id);
+    let by_text = END_TEXTS
+        .iter()
+        .filter_map(|text| tokenizer.special_id(text).map(u64::from));
+    for end in named.into_iter().flatten().chain(by_text) {
+        if !ends.contains(&end) {
+            ends.push(end);
+        }
     }
     let eos = Json::from(ends);
     chat_files::section(template.into(), &tokenizer_config, &eos, tokenizer)

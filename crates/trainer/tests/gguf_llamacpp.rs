@@ -161,6 +161,55 @@ fn a_sentencepiece_llama_gguf_imports_to_what_llama_cpp_computes() {
     compare("spm", &tmp.path().join("run"), &seen, 1e-4);
 }
 
+/// The SentencePiece Llama imported, then exported: the file's vocabulary is SentencePiece's
+/// again (the same tokens and types; scores that order its joins as the original's did, which
+/// llama.cpp ran: docs/interop.md), and imported once more it tokenizes, scores and continues
+/// as llama.cpp did on the original.
+#[test]
+fn a_sentencepiece_llama_gguf_exports_back_as_sentencepiece() {
+    let file = fixture("spm").join("model.gguf");
+    let seen: LlamaCpp = serde_json::from_str(
+        &std::fs::read_to_string(fixture("spm").join("llamacpp.json")).unwrap(),
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(tinygpt(
+        dir,
+        &["import", "--from", file.to_str().unwrap(), "--out", "run"],
+    ));
+    ok(tinygpt(
+        dir,
+        &[
+            "export",
+            "--checkpoint",
+            "run",
+            "--format",
+            "gguf",
+            "--out",
+            "again.gguf",
+        ],
+    ));
+    let read = |path: &Path| Gguf::from_bytes(&std::fs::read(path).unwrap()).unwrap();
+    let (original, again) = (read(&file), read(&dir.join("again.gguf")));
+    for key in [
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.unknown_token_id",
+    ] {
+        assert_eq!(again.get(key), original.get(key), "{key}");
+    }
+    assert!(again.get("tokenizer.ggml.merges").is_none());
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "again.gguf", "--out", "back"],
+    ));
+    compare("spm", &dir.join("back"), &seen, 1e-4);
+}
+
 /// `NAME/converter.gguf`, written by llama.cpp's converter from tinygpt's Hugging Face export of
 /// the run: its tensors are those of tinygpt's own GGUF export, bit for bit (tinygpt writes
 /// `output.weight` for a tied GPT-2 head too, which the converter leaves to the embedding), and

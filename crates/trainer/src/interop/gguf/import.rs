@@ -16,7 +16,7 @@ use tinygpt_model::parts::Mlp;
 use tinygpt_model::{GptConfig, Slot, parameter_table};
 
 use super::file::{Gguf, Tensor, Value};
-use super::{gpt2, llama, quant, vocab};
+use super::{gpt2, llama, quant, vocabulary};
 use crate::data::tokenizer::Tokenizer;
 use crate::interop::chat_files;
 use crate::interop::foreign::{Foreign, ForeignTensors, Layout};
@@ -34,7 +34,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     drop(bytes);
     let tokenizer = match &options.tokenizer {
         Some(file) => Tokenizer::from_hf_file(file)?,
-        None => vocab::tokenizer(&gguf).map_err(named)?,
+        None => vocabulary::read(&gguf).map_err(named)?,
     };
     let architecture = gguf
         .get("general.architecture")

@@ -4,7 +4,9 @@
 //! - [`file`]: the container (metadata, tensor table, aligned data), written and read.
 //! - [`quant`]: f32 values as F32, F16, BF16 and ggml's `Q8_0` blocks, and back.
 //! - [`vocab`]: the run's tokenizer as `tokenizer.*` metadata (byte-level BPE, char vocabularies
-//!   included); `spm`: a SentencePiece vocabulary read back as llama.cpp cuts text.
+//!   included) and back; `pre`: llama.cpp's pre-tokenizers by name, both ways; `spm`: a
+//!   SentencePiece vocabulary both ways, as llama.cpp cuts text; `vocabulary`: which of the two
+//!   a tokenizer or a file is.
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
@@ -18,10 +20,12 @@ pub mod file;
 mod gpt2;
 mod import;
 mod llama;
+mod pre;
 pub mod quant;
 pub(crate) mod spm;
 mod store;
 pub mod vocab;
+mod vocabulary;
 
 use std::path::Path;
 
@@ -119,7 +123,7 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
             llama::tensors(&config, &model, dtype)?
         }
     };
-    metadata.extend(vocab::metadata(
+    metadata.extend(vocabulary::entries(
         &run.tokenizer,
         config.vocab_size,
         template,

@@ -11,6 +11,10 @@
 //! tokens, as llama.cpp does), as transformers converts a Llama tokenizer. The one thing ranks
 //! cannot say is two different tokens of the same score, which llama.cpp joins leftmost first:
 //! such a file is refused.
+//!
+//! Written ([`metadata`]), such a tokenizer goes back the other way: each token its merges make
+//! scores minus the rank of its first merge, so that llama.cpp, joining the neighbours of the
+//! highest score first, joins in the merges' order.
 
 use std::collections::HashMap;
 
@@ -18,11 +22,15 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value as Json, json};
 
 use super::file::{Gguf, Value};
-use super::vocab::{CONTROL, NORMAL, USER_DEFINED, bos_processor, token_list};
+use super::vocab::{
+    CONTROL, NORMAL, USER_DEFINED, bos_processor, listed, merge_pairs, put, token_list,
+};
 use crate::data::tokenizer::Tokenizer;
 
 /// llama.cpp's token type of `<unk>`.
 const UNKNOWN: i32 = 2;
+/// llama.cpp's token type of a byte token (`<0xE3>`).
+const BYTE: i32 = 6;
 
 /// The tokenizer of a GGUF file whose `tokenizer.ggml.model` is `llama`.
 pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
@@ -148,6 +156,150 @@ fn merges(
     Ok(pairs
         .into_iter()
         .map(|(_, l, r)| json!([tokens[l], tokens[r]]))
+        .collect())
+}
+
+/// Whether a tokenizer (`hf`, its Hugging Face form) spells text as SentencePiece does (BPE
+/// with byte fallback over text whose spaces are `▁`), and then whether it puts a `▁` in front
+/// of each piece of text between special tokens (llama.cpp's `add_space_prefix`). `None` for
+/// any other tokenizer; an error for byte fallback with spaces written otherwise.
+pub(super) fn space_prefix(hf: &Json) -> Result<Option<bool>> {
+    if hf["model"]["byte_fallback"] != true {
+        return Ok(None);
+    }
+    let space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+    let prepend = json!({"type": "Prepend", "prepend": "▁"});
+    let (normalizer, pre) = (&hf["normalizer"], &hf["pre_tokenizer"]);
+    let metaspace =
+        pre["type"] == "Metaspace" && pre["replacement"] == "▁" && pre["split"] == false;
+    Ok(Some(match () {
+        _ if pre.is_null() && *normalizer == space => false,
+        _ if pre.is_null() && normalizer["normalizers"] == json!([prepend, space]) => true,
+        // `first` would put it in front of the text only, not after each special token.
+        _ if normalizer.is_null() && metaspace && pre["prepend_scheme"] == "always" => true,
+        _ if normalizer.is_null() && metaspace && pre["prepend_scheme"] == "never" => false,
+        _ => bail!(
+            "its tokenizer falls back to bytes as SentencePiece does but writes spaces as \
+             llama.cpp's SentencePiece does not (normalizer {normalizer}, pre-tokenizer {pre})"
+        ),
+    }))
+}
+
+/// The `tokenizer.*` entries of a SentencePiece tokenizer (`hf`, its Hugging Face form, with
+/// `prefix` as [`space_prefix`] said) in `rows` tokens: each token with its type and score,
+/// the unknown token, the space prefix.
+pub(super) fn metadata(hf: &Json, prefix: bool, rows: usize) -> Result<Vec<(String, Value)>> {
+    let model = &hf["model"];
+    let vocab = model["vocab"]
+        .as_object()
+        .context("the tokenizer has no vocabulary")?;
+    let (mut tokens, mut types) = (Vec::new(), Vec::new());
+    let id_of = |id: &Json| {
+        id.as_u64()
+            .map(|id| id as usize)
+            .context("a token id that is no number")
+    };
+    for (text, id) in vocab {
+        let byte = text.len() == 6 && text.starts_with("<0x") && text.ends_with('>');
+        put(
+            &mut tokens,
+            &mut types,
+            id_of(id)?,
+            text,
+            if byte { BYTE } else { NORMAL },
+        );
+    }
+    for added in hf["added_tokens"].as_array().into_iter().flatten() {
+        let text = added["content"]
+            .as_str()
+            .context("an added token without text")?;
+        let kind = if added["special"] == true {
+            CONTROL
+        } else {
+            USER_DEFINED
+        };
+        put(&mut tokens, &mut types, id_of(&added["id"])?, text, kind);
+    }
+    let ids: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(id, t)| Some((t.as_deref()?, id)))
+        .collect();
+    let unknown = model["unk_token"]
+        .as_str()
+        .and_then(|t| ids.get(t).copied());
+    let scores = scores_of_merges(&merge_pairs(model)?, &tokens, &types, &ids)?;
+    if let Some(unknown) = unknown {
+        types[unknown] = UNKNOWN;
+    }
+    let mut scores: Vec<Value> = scores.into_iter().map(Value::F32).collect();
+    scores.resize(rows.max(scores.len()), Value::F32(0.0));
+    let (tokens, types) = listed(tokens, types, rows)?;
+    let mut out = vec![
+        ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
+        ("tokenizer.ggml.tokens".into(), tokens),
+        ("tokenizer.ggml.scores".into(), Value::Array(scores)),
+        ("tokenizer.ggml.token_type".into(), types),
+        (
+            "tokenizer.ggml.add_space_prefix".into(),
+            Value::Bool(prefix),
+        ),
+    ];
+    if let Some(unknown) = unknown {
+        out.push((
+            "tokenizer.ggml.unknown_token_id".into(),
+            Value::U32(unknown as u32),
+        ));
+    }
+    Ok(out)
+}
+
+/// Each token's score for llama.cpp: minus the rank of the first merge that makes it, 0 for a
+/// token no merge makes. llama.cpp ranks a join by the token it makes and joins any two
+/// neighbours that make a token, so the merges of one token must follow each other and every
+/// way two tokens join into a token must be a merge; otherwise it is an error naming the token.
+fn scores_of_merges(
+    merges: &[(String, String)],
+    tokens: &[Option<String>],
+    types: &[i32],
+    ids: &HashMap<&str, usize>,
+) -> Result<Vec<f32>> {
+    let joins = |id: usize| [NORMAL, USER_DEFINED].contains(&types[id]);
+    let mut first: HashMap<usize, usize> = HashMap::new();
+    let mut pairs = std::collections::HashSet::new();
+    let mut last = None;
+    for (rank, (left, right)) in merges.iter().enumerate() {
+        let joined = format!("{left}{right}");
+        let id = *ids
+            .get(joined.as_str())
+            .with_context(|| format!("its merge {left:?} + {right:?} makes no token"))?;
+        if first.contains_key(&id) && last != Some(id) {
+            bail!(
+                "its merges make {joined:?} at ranks apart, which llama.cpp's SentencePiece \
+                 scores cannot say (it ranks a join by the token it makes)"
+            );
+        }
+        first.entry(id).or_insert(rank);
+        pairs.insert((left.as_str(), right.as_str()));
+        last = Some(id);
+    }
+    for (id, token) in tokens.iter().enumerate() {
+        let Some(token) = token.as_deref().filter(|_| joins(id)) else {
+            continue;
+        };
+        for (cut, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(cut);
+            let joinable = |t: &str| ids.get(t).is_some_and(|&id| joins(id));
+            if joinable(left) && joinable(right) && !pairs.contains(&(left, right)) {
+                bail!(
+                    "its tokens {left:?} and {right:?} make {token:?}, which llama.cpp would \
+                     join but no merge of the tokenizer does"
+                );
+            }
+        }
+    }
+    Ok((0..tokens.len())
+        .map(|id| first.get(&id).map_or(0.0, |&rank| -(rank as f32)))
         .collect())
 }
 
@@ -307,6 +459,90 @@ mod tests {
         gguf.metadata.retain(|(k, _)| k != "tokenizer.ggml.scores");
         let err = tokenizer(&gguf).err().unwrap().to_string();
         assert!(err.contains("tokenizer.ggml.scores"), "{err}");
+    }
+
+    /// The Hugging Face form of [`vocabulary`]'s tokenizer with `PIECES`, and that tokenizer.
+    fn written() -> (Json, Tokenizer) {
+        let t = tokenizer(&vocabulary(&PIECES)).unwrap();
+        (serde_json::from_str(&t.to_hf_json().unwrap()).unwrap(), t)
+    }
+
+    /// Written back, the vocabulary keeps its tokens and types and orders the tokens its merges
+    /// make as its scores did, so it cuts text as before; rows past the tokenizer are unused.
+    #[test]
+    fn a_written_vocabulary_reads_back_cutting_text_alike() {
+        let (hf, t) = written();
+        assert_eq!(space_prefix(&hf).unwrap(), Some(true));
+        let rows = t.vocab_size() + 2;
+        let metadata = metadata(&hf, true, rows).unwrap();
+        let array = |key: &str| match metadata.iter().find(|(k, _)| k == key) {
+            Some((_, Value::Array(items))) => items.clone(),
+            _ => panic!("{key} missing"),
+        };
+        let original = vocabulary(&PIECES);
+        let theirs = |key: &str| {
+            original
+                .get(key)
+                .and_then(Value::as_array)
+                .unwrap()
+                .to_vec()
+        };
+        let (types, tokens) = (
+            array("tokenizer.ggml.token_type"),
+            array("tokenizer.ggml.tokens"),
+        );
+        assert_eq!(types[..rows - 2], theirs("tokenizer.ggml.token_type")[..]);
+        assert_eq!(tokens[..rows - 2], theirs("tokenizer.ggml.tokens")[..]);
+        assert!(matches!(types[rows - 1], Value::I32(5)), "an unused row");
+        let score = |v: &Value| match v {
+            Value::F32(s) => *s,
+            _ => panic!("{v:?}"),
+        };
+        let (ours, before) = (
+            array("tokenizer.ggml.scores"),
+            theirs("tokenizer.ggml.scores"),
+        );
+        let made = ["▁t", "he", "▁the", "▁then"].map(|p| id(p) as usize);
+        for a in made {
+            for b in made {
+                let order = |s: &[Value]| score(&s[a]).total_cmp(&score(&s[b]));
+                assert_eq!(order(&ours), order(&before), "{a} against {b}");
+            }
+        }
+        let back = tokenizer(&Gguf {
+            metadata,
+            tensors: Vec::new(),
+        })
+        .unwrap();
+        for text in [
+            "then the",
+            "té the",
+            "the</s>the<|user|>then",
+            " the  then\n",
+        ] {
+            let ids = t.encode_with_specials(text).unwrap();
+            assert_eq!(back.encode_with_specials(text).unwrap(), ids, "{text:?}");
+        }
+    }
+
+    /// Merges llama.cpp's scores cannot say are refused: the merges of one token apart, a
+    /// join llama.cpp would make that no merge makes.
+    #[test]
+    fn merges_scores_cannot_say_are_refused() {
+        let (mut hf, _) = written();
+        let merges = hf["model"]["merges"].as_array_mut().unwrap();
+        assert_eq!(merges.pop(), Some(json!(["▁the", "n"])));
+        let err = metadata(&hf, true, 300).unwrap_err().to_string();
+        assert!(err.contains("no merge of the tokenizer does"), "{err}");
+        let (mut hf, _) = written();
+        let merges = hf["model"]["merges"].as_array_mut().unwrap();
+        merges.push(json!(["▁t", "he"]));
+        let err = metadata(&hf, true, 300).unwrap_err().to_string();
+        assert!(err.contains("at ranks apart"), "{err}");
+        let (mut hf, _) = written();
+        hf["normalizer"] = json!({"type": "NFC"});
+        let err = space_prefix(&hf).unwrap_err().to_string();
+        assert!(err.contains("writes spaces as"), "{err}");
     }
 
     proptest::proptest! {

@@ -50,27 +50,105 @@ fn byte_level(text: &str, alphabet: &[char; 256]) -> String {
     text.bytes().map(|b| alphabet[b as usize]).collect()
 }
 
-/// The `tokenizer.*` entries for `tokenizer`, with `rows` tokens (the model's embedding rows,
-/// at least the tokenizer's; rows past it are unused tokens) and the chat template `template`.
-pub fn metadata(
+/// The `tokenizer.*` entries of a char or byte-level BPE tokenizer as llama.cpp's byte-level
+/// BPE, with `rows` tokens (the model's embedding rows, at least the tokenizer's; rows past it
+/// are unused tokens) and the pre-tokenizer that splits text as the tokenizer's own.
+pub fn metadata(tokenizer: &Tokenizer, rows: usize) -> Result<Vec<(String, Value)>> {
+    match tokenizer.chars() {
+        Some(chars) => {
+            let (tokens, merges) = char_tokens(chars);
+            byte_level_vocabulary(tokenizer, tokens, merges, "gpt-2", rows)
+        }
+        None => {
+            let hf: Json = serde_json::from_str(&tokenizer.to_hf_json()?)?;
+            let (tokens, merges) = bpe_tokens(&hf)?;
+            byte_level_vocabulary(tokenizer, tokens, merges, super::pre::name_of(&hf)?, rows)
+        }
+    }
+}
+
+/// The entries every vocabulary ends with: BOS and EOS, whether a prompt starts with BOS, and
+/// the chat template `template`.
+pub(super) fn starts_and_ends(
     tokenizer: &Tokenizer,
-    rows: usize,
     template: Option<&str>,
+) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let prompt_start = tokenizer.prompt_start();
+    if let Some(bos) = prompt_start.or(tokenizer.start_of_text()) {
+        out.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(bos)));
+    }
+    if let Some(eos) = tokenizer.end_of_text() {
+        out.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)));
+    }
+    // llama.cpp starts a prompt as tinygpt does: with BOS where the tokenizer adds one (an
+    // imported Llama-family model's), else with the prompt's own tokens.
+    let add_bos = Value::Bool(prompt_start.is_some());
+    out.push(("tokenizer.ggml.add_bos_token".into(), add_bos));
+    if let Some(template) = template.filter(|t| !t.is_empty()) {
+        out.push((
+            "tokenizer.chat_template".into(),
+            Value::Str(template.into()),
+        ));
+    }
+    out
+}
+
+/// The entries of a byte-level BPE vocabulary: `tokens` by id with the tokenizer's special
+/// tokens as control tokens, `merges` in rank order, and the pre-tokenizer `pre`.
+fn byte_level_vocabulary(
+    tokenizer: &Tokenizer,
+    mut tokens: Vec<Option<String>>,
+    merges: Vec<String>,
+    pre: &str,
+    rows: usize,
 ) -> Result<Vec<(String, Value)>> {
-    let (mut tokens, merges) = match tokenizer.chars() {
-        Some(chars) => char_tokens(chars),
-        None => bpe_tokens(tokenizer)?,
-    };
     let mut types = vec![NORMAL; tokens.len()];
     for special in tokenizer.specials() {
-        let id = special.id as usize;
-        if id >= tokens.len() {
-            tokens.resize(id + 1, None);
-            types.resize(id + 1, NORMAL);
-        }
-        tokens[id] = Some(special.text.clone());
-        types[id] = CONTROL;
+        put(
+            &mut tokens,
+            &mut types,
+            special.id as usize,
+            &special.text,
+            CONTROL,
+        );
     }
+    let (tokens, types) = listed(tokens, types, rows)?;
+    Ok(vec![
+        ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+        ("tokenizer.ggml.tokens".into(), tokens),
+        ("tokenizer.ggml.token_type".into(), types),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.into_iter().map(Value::Str).collect()),
+        ),
+    ])
+}
+
+/// Sets token `id` to `text` of llama.cpp's type `kind`, growing the lists to hold it.
+pub(super) fn put(
+    tokens: &mut Vec<Option<String>>,
+    types: &mut Vec<i32>,
+    id: usize,
+    text: &str,
+    kind: i32,
+) {
+    if id >= tokens.len() {
+        tokens.resize(id + 1, None);
+        types.resize(id + 1, NORMAL);
+    }
+    tokens[id] = Some(text.into());
+    types[id] = kind;
+}
+
+/// `tokens` and their `types` as GGUF arrays of `rows` entries: rows no token fills are
+/// unused tokens (`[unused7]`).
+pub(super) fn listed(
+    mut tokens: Vec<Option<String>>,
+    mut types: Vec<i32>,
+    rows: usize,
+) -> Result<(Value, Value)> {
     if tokens.len() > rows {
         bail!(
             "the tokenizer has {} tokens but the model {rows} embedding rows",
@@ -89,37 +167,8 @@ pub fn metadata(
             }))
         })
         .collect();
-    let mut out = vec![
-        ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::Str("gpt-2".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        ),
-        (
-            "tokenizer.ggml.merges".into(),
-            Value::Array(merges.into_iter().map(Value::Str).collect()),
-        ),
-    ];
-    let prompt_start = tokenizer.prompt_start();
-    if let Some(bos) = prompt_start.or(tokenizer.start_of_text()) {
-        out.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(bos)));
-    }
-    if let Some(eos) = tokenizer.end_of_text() {
-        out.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)));
-    }
-    // llama.cpp starts a prompt as tinygpt does: with BOS where the tokenizer adds one (an
-    // imported Llama-family model's), else with the prompt's own tokens.
-    let add_bos = Value::Bool(prompt_start.is_some());
-    out.push(("tokenizer.ggml.add_bos_token".into(), add_bos));
-    if let Some(template) = template.filter(|t| !t.is_empty()) {
-        out.push((
-            "tokenizer.chat_template".into(),
-            Value::Str(template.into()),
-        ));
-    }
-    Ok(out)
+    let types = types.into_iter().map(Value::I32).collect();
+    Ok((Value::Array(tokens), Value::Array(types)))
 }
 
 /// A char vocabulary's tokens by id (each character's bytes in the byte alphabet) and the
@@ -147,10 +196,9 @@ fn char_tokens(chars: &[char]) -> (Vec<Option<String>>, Vec<String>) {
 }
 
 /// A byte-level BPE tokenizer's tokens by id and merges in rank order, from its Hugging Face
-/// form.
-fn bpe_tokens(tokenizer: &Tokenizer) -> Result<(Vec<Option<String>>, Vec<String>)> {
-    let json: Json = serde_json::from_str(&tokenizer.to_hf_json()?)?;
-    let model = json
+/// form `hf`.
+fn bpe_tokens(hf: &Json) -> Result<(Vec<Option<String>>, Vec<String>)> {
+    let model = hf
         .get("model")
         .filter(|m| m["type"] == "BPE")
         .ok_or_else(|| anyhow!("the run's tokenizer is not byte-level BPE"))?;
@@ -165,20 +213,33 @@ fn bpe_tokens(tokenizer: &Tokenizer) -> Result<(Vec<Option<String>>, Vec<String>
         }
         tokens[id] = Some(text.clone());
     }
-    let merges = model["merges"]
+    let merges = merge_pairs(model)?
+        .into_iter()
+        .map(|(a, b)| format!("{a} {b}"))
+        .collect();
+    Ok((tokens, merges))
+}
+
+/// The merges of a Hugging Face BPE `model`, in rank order, each as its two tokens (written
+/// `"a b"` or `["a", "b"]`).
+pub(super) fn merge_pairs(model: &Json) -> Result<Vec<(String, String)>> {
+    let bad = |m: &Json| anyhow!("a merge that is not two tokens: {m}");
+    model["merges"]
         .as_array()
         .context("the tokenizer has no merges")?
         .iter()
         .map(|m| match m {
-            Json::String(s) => Ok(s.clone()),
-            Json::Array(pair) => match (pair.first(), pair.get(1)) {
-                (Some(Json::String(a)), Some(Json::String(b))) => Ok(format!("{a} {b}")),
-                _ => bail!("a merge that is not two tokens: {m}"),
+            Json::String(s) => s
+                .split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| bad(m)),
+            Json::Array(pair) => match (pair.first(), pair.get(1), pair.len()) {
+                (Some(Json::String(a)), Some(Json::String(b)), 2) => Ok((a.clone(), b.clone())),
+                _ => Err(bad(m)),
             },
-            _ => bail!("a merge that is not two tokens: {m}"),
+            _ => Err(bad(m)),
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((tokens, merges))
+        .collect()
 }
 
 /// A vocabulary of single characters then control tokens (then unused rows), as
@@ -291,48 +352,14 @@ pub(super) fn token_list(gguf: &Gguf) -> Result<(Vec<String>, Vec<i32>)> {
     Ok((tokens, types))
 }
 
-/// The regular expression llama.cpp splits text by for each `tokenizer.ggml.pre` read here,
-/// written as Hugging Face's pre-tokenizer (the two cut text the same way).
-fn pre_tokenizer(pre: &str) -> Option<Json> {
-    let byte_level = |regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
-               "use_regex": regex})
-    };
-    let split = |pattern: &str| {
-        json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
-             "invert": false},
-            byte_level(false),
-        ]})
-    };
-    const LLAMA3: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| \
-                          ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-    const QWEN2: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| \
-                         ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-    Some(match pre {
-        // GPT-2's expression (`'s|'t|… ?\p{L}+| ?\p{N}+|…`), which ByteLevel applies itself.
-        "gpt-2" | "gpt2" => byte_level(true),
-        // Digits one by one, then GPT-2's expression.
-        "smollm" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": true}, byte_level(true),
-        ]}),
-        "llama-bpe" | "llama3" => split(LLAMA3),
-        "qwen2" => split(QWEN2),
-        _ => return None,
-    })
-}
+/// Where a GGUF file's tokenizer cannot be read, the way around it.
+pub(super) const AROUND: &str = "pass --tokenizer with the model's Hugging Face tokenizer.json";
 
-/// The tokenizer of a GGUF file's `tokenizer.*` metadata: byte-level BPE (`gpt2`) with a
-/// pre-tokenizer read here. Anything else is an error naming it, and the way around it.
+/// The tokenizer of a GGUF file's byte-level BPE (`gpt2`) metadata, with a pre-tokenizer read
+/// here. Anything else is an error naming it, and the way around it.
 pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
-    let around = "pass --tokenizer with the model's Hugging Face tokenizer.json";
+    let around = AROUND;
     let text = |key: &str| gguf.get(key).and_then(Value::as_str);
-    match text("tokenizer.ggml.model") {
-        Some("gpt2") => {}
-        Some("llama") => return super::spm::tokenizer(gguf),
-        Some(other) => bail!("tokenizer.ggml.model \"{other}\" is not byte-level BPE: {around}"),
-        None => bail!("it has no tokenizer (tokenizer.ggml.model): {around}"),
-    }
     // Without one, llama.cpp splits text by its "default" rule, unlike any read here: reading
     // the file as gpt-2 would tokenize some texts differently from llama.cpp.
     let pre = text("tokenizer.ggml.pre").ok_or_else(|| {
@@ -341,10 +368,10 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Tokenizer> {
              rule tinygpt does not read: {around}"
         )
     })?;
-    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+    let pre_tokenizer = super::pre::hf_form(pre).ok_or_else(|| {
         anyhow!(
-            "tokenizer.ggml.pre \"{pre}\" is not one tinygpt reads (gpt-2, smollm, llama-bpe, \
-             qwen2): {around}"
+            "tokenizer.ggml.pre \"{pre}\" is not one tinygpt reads ({}): {around}",
+            super::pre::NAMES.join(", ")
         )
     })?;
     let (tokens, types) = token_list(gguf)?;
@@ -414,7 +441,14 @@ mod tests {
     fn add_bos_token_goes_both_ways() {
         let text = "To be, or not to be: that is the question.\n".repeat(20);
         let own = Tokenizer::train(crate::data::tokenizer::TokenizerKind::Bpe, &text, 300).unwrap();
-        let entries = metadata(&own, own.vocab_size(), None).unwrap();
+        let all = |t: &Tokenizer| {
+            [
+                metadata(t, t.vocab_size()).unwrap(),
+                starts_and_ends(t, None),
+            ]
+            .concat()
+        };
+        let entries = all(&own);
         let get = |entries: &[(String, Value)], key: &str| {
             entries
                 .iter()
@@ -434,7 +468,7 @@ mod tests {
         let bos = own.start_of_text().unwrap();
         assert_eq!(back.prompt_start(), Some(bos));
         assert_eq!(back.encode_prompt("to be").unwrap()[0], bos);
-        let again = metadata(&back, back.vocab_size(), None).unwrap();
+        let again = all(&back);
         assert!(matches!(get(&again, add_bos), Some(Value::Bool(true))));
         let bos_id = get(&again, "tokenizer.ggml.bos_token_id");
         assert_eq!(bos_id.and_then(|v| v.as_u64()), Some(u64::from(bos)));

@@ -1,0 +1,47 @@
+//! Which vocabulary a tokenizer or a GGUF file is, and the module that writes or reads it:
+//! SentencePiece ([`spm`]) as llama.cpp's `llama` vocabulary, anything else as its byte-level
+//! BPE ([`vocab`]).
+
+use anyhow::{Result, bail};
+
+use super::file::{Gguf, Value};
+use super::{spm, vocab};
+use crate::data::tokenizer::Tokenizer;
+
+/// A run's tokenizer as `tokenizer.*` entries of `rows` tokens with the chat template
+/// `template`: a SentencePiece tokenizer (an imported Llama 2's, TinyLlama's) as llama.cpp's
+/// `llama` vocabulary, any other as its byte-level BPE.
+pub(super) fn entries(
+    tokenizer: &Tokenizer,
+    rows: usize,
+    template: Option<&str>,
+) -> Result<Vec<(String, Value)>> {
+    let sentencepiece = match tokenizer.chars() {
+        Some(_) => None,
+        None => {
+            let hf: serde_json::Value = serde_json::from_str(&tokenizer.to_hf_json()?)?;
+            spm::space_prefix(&hf)?.map(|prefix| (hf, prefix))
+        }
+    };
+    let mut entries = match sentencepiece {
+        Some((hf, prefix)) => spm::metadata(&hf, prefix, rows)?,
+        None => vocab::metadata(tokenizer, rows)?,
+    };
+    entries.extend(vocab::starts_and_ends(tokenizer, template));
+    Ok(entries)
+}
+
+/// The tokenizer of a GGUF file's `tokenizer.*` metadata: byte-level BPE (`gpt2`) or
+/// SentencePiece (`llama`). Anything else is an error naming it, and the way around it.
+pub(super) fn read(gguf: &Gguf) -> Result<Tokenizer> {
+    let around = vocab::AROUND;
+    match gguf.get("tokenizer.ggml.model").and_then(Value::as_str) {
+        Some("gpt2") => vocab::tokenizer(gguf),
+        Some("llama") => spm::tokenizer(gguf),
+        Some(other) => bail!(
+            "tokenizer.ggml.model \"{other}\" is neither byte-level BPE (gpt2) nor SentencePiece \
+             (llama): {around}"
+        ),
+        None => bail!("it has no tokenizer (tokenizer.ggml.model): {around}"),
+    }
+}

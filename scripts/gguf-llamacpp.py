@@ -2,8 +2,9 @@
 """Checks tinygpt's GGUF export against the real llama.cpp, and saves what llama.cpp computed
 as the fixtures `crates/trainer/tests/gguf_llamacpp.rs` compares tinygpt with in CI.
 
-For three small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, a Llama-shaped
-BPE model with grouped-query attention and an untied head), each kept in
+For four small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, a Llama-shaped
+BPE model with grouped-query attention and an untied head, and one with the `modern` preset's
+QK-norm, written as llama.cpp's `qwen3`), each kept in
 `crates/trainer/tests/fixtures/gguf/NAME/` (trained here once, with `--retrain` again), it:
 
 1. exports the run with `tinygpt export --format gguf` (f32) and notes the file's SHA-256,
@@ -54,6 +55,11 @@ CASES = {
               'model.norm="rms"', 'model.mlp="swiglu"', "model.n_kv_head=2", "model.bias=false",
               "model.tie_embeddings=false", "model.rope_theta=5000", 'data.tokenizer="bpe"',
               "data.bpe_vocab_size=400"],
+    # The modern preset's QK-norm and gain-less RMSNorm, with SwiGLU and no soft-cap: qwen3.
+    "qwen3": ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", 'model.position="rope"',
+              'model.norm="rms_unit"', "model.qk_norm=true", 'model.mlp="swiglu"',
+              "model.n_kv_head=2", "model.bias=false", "model.tie_embeddings=false",
+              'model.proj_init="zero"', 'data.tokenizer="bpe"', "data.bpe_vocab_size=400"],
 }
 STEPS = 300
 GREEDY = 100

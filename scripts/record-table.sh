@@ -27,6 +27,7 @@ rows=(
   "modern|modern|"
   "modern + swiglu|modern|model.mlp=\"swiglu\""
   "modern as llama.cpp's llama|modern|model.mlp=\"swiglu\" model.qk_norm=false model.logit_softcap=0"
+  "modern as llama.cpp's qwen3|modern|model.mlp=\"swiglu\" model.logit_softcap=0"
   "modern + muon|modern|train.optimizer=\"muon\""
   "modern + wsd (800 steps)|modern|train.lr_schedule=\"wsd\" train.max_iters=800"
   "modern, cosine over 800 steps|modern|train.max_iters=800"

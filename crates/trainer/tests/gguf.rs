@@ -366,11 +366,29 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_written() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     trained(dir, MODERN);
-    fails(
-        export(dir, "gguf", None, "m.gguf"),
-        "llama cannot compute a model with",
-    );
+    let hint = "--set model.mlp=\"swiglu\" --set model.logit_softcap=0";
+    fails(export(dir, "gguf", None, "m.gguf"), hint);
     assert!(!dir.join("m.gguf").exists());
+    // The settings it names export, as qwen3 (QK-norm kept); with biases too they do not.
+    for (extra, expected) in [
+        (&[][..], "llama.cpp's qwen3"),
+        (&["--set", "model.bias=true"][..], "--set model.bias=false"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let hinted = [
+            "--set",
+            "model.mlp=\"swiglu\"",
+            "--set",
+            "model.logit_softcap=0",
+        ];
+        trained(dir, &[MODERN, &hinted, extra].concat());
+        let out = export(dir, "gguf", None, "m.gguf");
+        match extra.is_empty() {
+            true => assert!(ok(out).contains(expected)),
+            false => fails(out, expected),
+        }
+    }
 }
 
 /// A gain-less RMSNorm (the `modern` preset's) is Llama's RMSNorm with gains of one: a

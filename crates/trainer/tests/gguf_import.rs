@@ -39,12 +39,12 @@ fn sha(path: &Path) -> String {
     format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()))
 }
 
-/// Each fixture run (char GPT-2, BPE GPT-2, Llama-shaped) exported, imported and exported
+/// Each fixture run (char GPT-2, BPE GPT-2, Llama-shaped, QK-norm as qwen3) exported, imported and exported
 /// again: the same logits bit for bit, llama.cpp's token ids from the imported tokenizer, and
 /// the second export byte for byte the first (chat template and end-of-turn token included).
 #[test]
 fn an_exported_run_imports_as_the_same_model_and_exports_as_the_same_file() {
-    for name in ["char", "bpe", "llama"] {
+    for name in ["char", "bpe", "llama", "qwen3"] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let source = fixture(name);
@@ -299,7 +299,7 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
     );
     let mut no_pre = file.clone();
     no_pre.metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "truncated",
             good[..good.len() - 100].to_vec(),
@@ -313,7 +313,7 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
         (
             "architecture",
             with(&file, "general.architecture", Value::Str("mamba".into())),
-            "architecture \"mamba\" is not one tinygpt imports (gpt2, llama)",
+            "architecture \"mamba\" is not one tinygpt imports (gpt2, llama, qwen3)",
         ),
         (
             "sentencepiece-without-scores",
@@ -336,6 +336,20 @@ fn bad_gguf_files_are_one_line_and_write_nothing() {
         ),
         ("shape", tensor_too_small.to_bytes().unwrap(), "has shape"),
     ];
+    // A Qwen3 whose QK-norm learned gains (every real one).
+    export(dir, &fixture("qwen3"), "f32", "qwen3.gguf");
+    let mut learned = Gguf::from_bytes(&std::fs::read(dir.join("qwen3.gguf")).unwrap()).unwrap();
+    let gain = learned
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.attn_k_norm.weight")
+        .unwrap();
+    gain.data[..4].copy_from_slice(&1.5f32.to_le_bytes());
+    cases.push((
+        "learned-qk-gains",
+        learned.to_bytes().unwrap(),
+        "blk.1.attn_k_norm.weight holds learned QK-norm gains",
+    ));
     for (name, bytes, expected) in cases {
         let from = format!("{name}.gguf");
         std::fs::write(dir.join(&from), bytes).unwrap();

@@ -1,5 +1,5 @@
 //! tinygpt's GGUF exports against what the real llama.cpp computed from them: for a char GPT-2,
-//! a BPE GPT-2 and a Llama-shaped model (`tests/fixtures/gguf/`), llama.cpp's token ids for
+//! a BPE GPT-2, a Llama-shaped model and one with QK-norm (`qwen3`; `tests/fixtures/gguf/`), llama.cpp's token ids for
 //! texts with non-ASCII characters and special tokens, the logits of a prompt and its greedy
 //! continuation of 100 tokens, each equal to tinygpt's own. The logits agree to 1e-4 of each
 //! row's largest for `llama`; for `gpt2` to 1e-3, because llama.cpp's CPU GELU reads a table of
@@ -138,6 +138,12 @@ fn a_bpe_gpt2_with_biases_computes_in_llama_cpp_what_it_computes_here() {
 #[test]
 fn a_llama_with_grouped_queries_computes_in_llama_cpp_what_it_computes_here() {
     check("llama", 1e-4);
+}
+
+/// QK-norm and a gain-less RMSNorm (the `modern` preset's) as llama.cpp's `qwen3`.
+#[test]
+fn a_qk_norm_model_computes_in_llama_cpps_qwen3_what_it_computes_here() {
+    check("qwen3", 1e-4);
 }
 
 /// A Llama GGUF with a SentencePiece vocabulary (byte fallback, control and user-defined

@@ -16,6 +16,7 @@ use tinygpt_model::parts::Mlp;
 use tinygpt_model::{GptConfig, Slot, parameter_table};
 
 use super::file::{Gguf, Tensor, Value};
+use super::llama::Flavour;
 use super::{gpt2, llama, quant, vocabulary};
 use crate::data::tokenizer::Tokenizer;
 use crate::interop::chat_files;
@@ -42,11 +43,16 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         .unwrap_or("");
     let embedding = tensor(&gguf, "token_embd.weight").map_err(named)?;
     let rows = usize::try_from(*embedding.ne.get(1).unwrap_or(&0))?;
-    let model = match architecture {
-        "gpt2" => gpt2_architecture(&gguf),
-        "llama" => llama_architecture(&gguf, options.block_size),
-        other => bail!(
-            "{}: architecture \"{other}\" is not one tinygpt imports (gpt2, llama)",
+    let flavour = match architecture {
+        "llama" => Some(Flavour::Llama),
+        "qwen3" => Some(Flavour::Qwen3),
+        _ => None,
+    };
+    let model = match (architecture, flavour) {
+        ("gpt2", _) => gpt2_architecture(&gguf),
+        (_, Some(flavour)) => llama_architecture(&gguf, options.block_size, flavour),
+        (other, None) => bail!(
+            "{}: architecture \"{other}\" is not one tinygpt imports (gpt2, llama, qwen3)",
             path.display()
         ),
     }
@@ -66,14 +72,18 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
                 ForeignTensors { file, tensors }.model(&config, rows, Layout::Linear)
             })
             .map_err(named)?,
-        _ => hf_llama::build(&gpt, llama_tensors(&gguf, &gpt).map_err(named)?).map_err(named)?,
+        _ => {
+            let flavour = flavour.unwrap_or(Flavour::Llama);
+            let tensors = llama_tensors(&gguf, &gpt, flavour).map_err(named)?;
+            hf_llama::build(&gpt, tensors).map_err(named)?
+        }
     };
     create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
-        format: if architecture == "gpt2" {
-            "GGUF, llama.cpp's gpt2"
-        } else {
-            "GGUF, llama.cpp's llama"
+        format: match flavour {
+            None => "GGUF, llama.cpp's gpt2",
+            Some(Flavour::Llama) => "GGUF, llama.cpp's llama",
+            Some(Flavour::Qwen3) => "GGUF, llama.cpp's qwen3",
         },
         config,
         vocab_size: rows,
@@ -158,37 +168,45 @@ fn gpt2_tensors(gguf: &Gguf, gpt: &GptConfig) -> Result<BTreeMap<String, Foreign
 }
 
 /// llama.cpp's `llama` hyperparameters as the `config.json` of a Hugging Face Llama, read by
-/// that import (which refuses what tinygpt does not compute: rope scaling, another head size).
-fn llama_architecture(gguf: &Gguf, block_size: Option<usize>) -> Result<GptConfig> {
-    let n = |key: &str| count(gguf, &format!("llama.{key}"));
+/// that import (which refuses what tinygpt does not compute: rope scaling, another head size);
+/// `qwen3`'s the same keys under its name, with QK-norm.
+fn llama_architecture(
+    gguf: &Gguf,
+    block_size: Option<usize>,
+    flavour: Flavour,
+) -> Result<GptConfig> {
+    let prefix = flavour.name();
+    let key = |key: &str| format!("{prefix}.{key}");
+    let n = |name: &str| count(gguf, &key(name));
     let (n_embd, heads) = (n("embedding_length")?, n("attention.head_count")?);
-    let kv_heads = match gguf.get("llama.attention.head_count_kv") {
+    let kv_heads = match gguf.get(&key("attention.head_count_kv")) {
         Some(_) => n("attention.head_count_kv")?,
         None => heads,
     };
     if gguf
-        .get("llama.expert_count")
+        .get(&key("expert_count"))
         .and_then(Value::as_u64)
         .unwrap_or(0)
         > 0
     {
         bail!("it is a mixture of experts (llama.expert_count), which tinygpt does not compute");
     }
-    let head_dim = match gguf.get("llama.attention.key_length") {
+    let head_dim = match gguf.get(&key("attention.key_length")) {
         Some(_) => n("attention.key_length")?,
         None => n_embd / heads.max(1),
     };
-    let rotated = match gguf.get("llama.rope.dimension_count") {
+    let rotated = match gguf.get(&key("rope.dimension_count")) {
         Some(_) => n("rope.dimension_count")?,
         None => head_dim,
     };
     if rotated != head_dim {
         bail!(
-            "llama.rope.dimension_count = {rotated} rotates part of each head of {head_dim}: \
-             tinygpt rotates whole heads"
+            "{} = {rotated} rotates part of each head of {head_dim}: tinygpt rotates whole \
+             heads",
+            key("rope.dimension_count")
         );
     }
-    let scaling = gguf.get("llama.rope.scaling.type").and_then(Value::as_str);
+    let scaling = gguf.get(&key("rope.scaling.type")).and_then(Value::as_str);
     let config = json!({
         "vocab_size": tensor(gguf, "token_embd.weight")?.ne.get(1).copied().unwrap_or(0),
         "hidden_size": n_embd,
@@ -198,22 +216,41 @@ fn llama_architecture(gguf: &Gguf, block_size: Option<usize>) -> Result<GptConfi
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": n("context_length")?,
-        "rms_norm_eps": real(gguf, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        "rope_theta": real(gguf, "llama.rope.freq_base").unwrap_or(10_000.0),
+        "rms_norm_eps": real(gguf, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        "rope_theta": real(gguf, &key("rope.freq_base")).unwrap_or(10_000.0),
         "rope_scaling": scaling.filter(|s| *s != "none").map(|s| json!({"rope_type": s})),
         "tie_word_embeddings": gguf.tensor("output.weight").is_none(),
         "attention_bias": gguf.tensor("blk.0.attn_q.bias").is_some(),
         "mlp_bias": gguf.tensor("blk.0.ffn_up.bias").is_some(),
     });
     let config: hf_llama::LlamaConfig = serde_json::from_value(config)?;
-    hf_llama::architecture(&config, block_size)
+    let gpt = hf_llama::architecture(&config, block_size)?;
+    Ok(GptConfig {
+        qk_norm: flavour == Flavour::Qwen3,
+        ..gpt
+    })
 }
 
 /// A `llama` file's tensors under Hugging Face's names, queries and keys in tinygpt's rotary
-/// layout.
-fn llama_tensors(gguf: &Gguf, gpt: &GptConfig) -> Result<BTreeMap<String, Foreign>> {
+/// layout; a `qwen3` file's QK-norm gains, which must be ones (tinygpt's QK-norm has none).
+fn llama_tensors(
+    gguf: &Gguf,
+    gpt: &GptConfig,
+    flavour: Flavour,
+) -> Result<BTreeMap<String, Foreign>> {
     let mut tensors = BTreeMap::new();
     for t in &gguf.tensors {
+        let qk_norm =
+            t.name.ends_with(".attn_q_norm.weight") || t.name.ends_with(".attn_k_norm.weight");
+        if flavour == Flavour::Qwen3 && qk_norm {
+            if foreign(t)?.values.iter().any(|&g| g != 1.0) {
+                bail!(
+                    "{} holds learned QK-norm gains, which tinygpt's QK-norm does not have",
+                    t.name
+                );
+            }
+            continue;
+        }
         let (name, heads) = llama::hf_name(&t.name, gpt).ok_or_else(|| {
             anyhow!(
                 "unexpected tensor {} (a part tinygpt's llama does not have)",
@@ -221,7 +258,7 @@ fn llama_tensors(gguf: &Gguf, gpt: &GptConfig) -> Result<BTreeMap<String, Foreig
             )
         })?;
         let mut f = foreign(t)?;
-        if let Some(heads) = heads {
+        if let (Some(heads), Flavour::Llama) = (heads, flavour) {
             let width = f.shape.iter().skip(1).product::<usize>().max(1);
             f.values = llama::deinterleave(&f.values, heads, width);
         }

@@ -1,7 +1,10 @@
 //! Rotary + RMSNorm + SwiGLU models (grouped-query attention included) as llama.cpp's `llama`
 //! architecture (its `llm_build_llama`): Hugging Face's `LlamaForCausalLM` tensors
 //! ([`hf_llama::tensors`]) under llama.cpp's names, with the query and key rows reordered for
-//! llama.cpp's rotary layout, as its converter reorders them.
+//! llama.cpp's rotary layout, as its converter reorders them. With QK-norm (the `modern`
+//! preset's), as llama.cpp's `qwen3`: the same tensors and an RMSNorm of each query and key head
+//! before rotation (`attn_q_norm`, `attn_k_norm`: tinygpt's has no gains, so gains of one), in
+//! Qwen's rotary layout, which is tinygpt's (`rotate_half`): no reorder.
 //!
 //! Why the reorder: tinygpt (like Hugging Face) rotates the pairs `(i, i + d/2)` of each head
 //! (`rotate_half`); llama.cpp's `llama` rotates the neighbours `(2i, 2i + 1)`. Moving row
@@ -17,23 +20,54 @@ use super::store::{Dtype, tensor};
 use crate::interop::foreign::burn_tensors;
 use crate::interop::llama as hf_llama;
 
-/// Whether llama.cpp's `llama` computes what a model of `config` computes; else the part it
-/// lacks and the settings a model it computes is trained with.
-pub fn expressible(config: &GptConfig) -> Result<(), String> {
-    hf_llama::expressible(config).map_err(|part| {
-        format!(
-            "{part}: train with Llama's parts (--set model.position=\"rope\" --set \
-             model.norm=\"rms\" --set model.mlp=\"swiglu\", no QK-norm or logit soft-cap; \
-             from the modern preset: --set model.mlp=\"swiglu\" --set model.qk_norm=false \
-             --set model.logit_softcap=0)"
-        )
-    })
+/// The llama.cpp architectures written from Hugging Face's Llama tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// `llama`: no QK-norm, query and key rows in neighbouring pairs.
+    Llama,
+    /// `qwen3`: QK-norm, rows in halves as tinygpt keeps them; no biases.
+    Qwen3,
 }
 
-/// `llama.*` metadata of a model of `config`.
-pub fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
+impl Flavour {
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Llama => "llama",
+            Flavour::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// The flavour that computes what a model of `config` computes; else the part `llama` lacks
+/// (`qwen3`'s when the model has QK-norm) and the settings a model it computes is trained with.
+pub fn expressible(config: &GptConfig) -> Result<Flavour, String> {
+    let exportable = "train with Llama's parts (--set model.position=\"rope\" --set \
+                      model.norm=\"rms\" --set model.mlp=\"swiglu\", no logit soft-cap; \
+                      from the modern preset: --set model.mlp=\"swiglu\" --set \
+                      model.logit_softcap=0)";
+    if !config.qk_norm {
+        return hf_llama::expressible(config)
+            .map(|()| Flavour::Llama)
+            .map_err(|part| format!("{part}: {exportable}"));
+    }
+    let without = GptConfig {
+        qk_norm: false,
+        ..config.clone()
+    };
+    match hf_llama::expressible(&without) {
+        Err(part) => Err(format!("{part}: {exportable}")),
+        // llama.cpp's qwen3 adds no bias to its MLP.
+        Ok(()) if config.bias => Err("with QK-norm and biases (llama.cpp's qwen3 has QK-norm \
+                                      but no biases): train with --set model.bias=false"
+            .to_string()),
+        Ok(()) => Ok(Flavour::Qwen3),
+    }
+}
+
+/// `llama.*` (or `qwen3.*`) metadata of a model of `config`.
+pub fn hparams(config: &GptConfig, flavour: Flavour) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
-    vec![
+    let entries: Vec<(String, Value)> = vec![
         ("llama.vocab_size".into(), u32_of(config.vocab_size)),
         ("llama.context_length".into(), u32_of(config.block_size)),
         ("llama.embedding_length".into(), u32_of(config.n_embd)),
@@ -59,7 +93,13 @@ pub fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
             "llama.attention.layer_norm_rms_epsilon".into(),
             Value::F32(config.layer_norm_eps as f32),
         ),
-    ]
+    ];
+    // The same keys under the architecture's own name.
+    let prefix = flavour.name();
+    entries
+        .into_iter()
+        .map(|(key, value)| (key.replacen("llama", prefix, 1), value))
+        .collect()
 }
 
 /// Whole-model tensors: (llama.cpp's name, Hugging Face's).
@@ -153,18 +193,33 @@ pub fn deinterleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
 }
 
 /// The model's tensors in llama.cpp's names and PyTorch's `[out, in]` order; a tied head is
-/// left out (llama.cpp then reads `token_embd.weight` for it).
-pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tensor>> {
+/// left out (llama.cpp then reads `token_embd.weight` for it). For `qwen3`, each block's
+/// query and key norms too (gains of one: tinygpt's QK-norm has none), rows as they are.
+pub fn tensors(
+    config: &GptConfig,
+    model: &Gpt,
+    dtype: Dtype,
+    flavour: Flavour,
+) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
     for (hf, shape, bytes) in hf_llama::tensors(config, &burn_tensors(model)?)? {
         let (name, heads) =
             name(&hf, config).ok_or_else(|| anyhow!("no llama.cpp name for `{hf}`"))?;
         let mut values = quant::decode(&bytes, TensorType::F32)?;
-        if let Some(heads) = heads {
+        if let (Some(heads), Flavour::Llama) = (heads, flavour) {
             let width = shape.iter().skip(1).product::<usize>().max(1);
             values = interleave(&values, heads, width);
         }
         out.push(tensor(name, &shape, &values, dtype)?);
+    }
+    if flavour == Flavour::Qwen3 {
+        let ones = vec![1.0; config.head_size()];
+        for layer in 0..config.n_layer {
+            for norm in ["attn_q_norm", "attn_k_norm"] {
+                let name = format!("blk.{layer}.{norm}.weight");
+                out.push(tensor(name, &[ones.len()], &ones, dtype)?);
+            }
+        }
     }
     Ok(out)
 }

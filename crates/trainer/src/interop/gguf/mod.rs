@@ -52,8 +52,9 @@ pub struct Written {
 pub enum Architecture {
     /// GPT-2's parts: learned positions, LayerNorm, a GELU (tanh) MLP.
     Gpt2,
-    /// Llama's parts: rotary positions, RMSNorm, SwiGLU, grouped-query attention.
-    Llama,
+    /// Llama's parts: rotary positions, RMSNorm, SwiGLU, grouped-query attention; with
+    /// QK-norm as `qwen3`.
+    Llama(llama::Flavour),
 }
 
 impl Architecture {
@@ -61,26 +62,23 @@ impl Architecture {
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Gpt2 => "gpt2",
-            Architecture::Llama => "llama",
+            Architecture::Llama(flavour) => flavour.name(),
         }
     }
 
     /// The architecture that computes a model of `config` exactly, or one line saying which
     /// part none does and how to train a model that exports. A model with learned positions
-    /// is told what `gpt2` lacks; any other what `llama` lacks.
+    /// is told what `gpt2` lacks; any other what `llama` (or `qwen3`) lacks.
     pub fn of(config: &GptConfig) -> Result<Architecture> {
         let (gpt2, llama) = (gpt2::expressible(config), llama::expressible(config));
+        let architectures = "GGUF export writes llama.cpp's gpt2, llama or qwen3 architecture";
         match (gpt2, llama, config.position) {
             (Ok(()), _, _) => Ok(Architecture::Gpt2),
-            (_, Ok(()), _) => Ok(Architecture::Llama),
-            (Err(part), _, Position::Learned) => bail!(
-                "GGUF export writes llama.cpp's gpt2 or llama architecture; gpt2 cannot compute \
-                 a model {part}"
-            ),
-            (_, Err(part), _) => bail!(
-                "GGUF export writes llama.cpp's gpt2 or llama architecture; llama cannot \
-                 compute a model {part}"
-            ),
+            (_, Ok(flavour), _) => Ok(Architecture::Llama(flavour)),
+            (Err(part), _, Position::Learned) => {
+                bail!("{architectures}; gpt2 cannot compute a model {part}")
+            }
+            (_, Err(part), _) => bail!("{architectures}; llama cannot compute a model {part}"),
         }
     }
 }
@@ -118,9 +116,9 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
             metadata.extend(gpt2::hparams(&config));
             gpt2::tensors(&config, &model, dtype)?
         }
-        Architecture::Llama => {
-            metadata.extend(llama::hparams(&config));
-            llama::tensors(&config, &model, dtype)?
+        Architecture::Llama(flavour) => {
+            metadata.extend(llama::hparams(&config, flavour));
+            llama::tensors(&config, &model, dtype, flavour)?
         }
     };
     metadata.extend(vocabulary::entries(

@@ -6,9 +6,9 @@
 //! when decoding pauses, so a product is handed over in well under a microsecond while a
 //! sequence decodes and costs nothing while it does not.
 //!
-//! A token's product is split by output columns, a prompt's (many rows) by rows; every output
-//! is computed by the same code as on one thread: the numbers do not depend on the number of
-//! threads.
+//! A token's product is split by output columns, a prompt's (many rows) by rows, a token's
+//! attention over a long cache by heads; every output is computed by the same code as on one
+//! thread: the numbers do not depend on the number of threads.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -194,6 +194,46 @@ pub(crate) fn split_rows(
                 std::slice::from_raw_parts_mut(start.get().add(r0 * row_len), (r1 - r0) * row_len)
             };
             f(part, r0);
+        }
+    });
+}
+
+/// A thread's share of a row split by heads: `(first head, its heads' outputs, its scratch)`.
+type HeadsJob<'a> = &'a (dyn Fn(usize, &mut [f32], &mut [f32]) + Sync);
+
+/// `f(first, part, scratch)` over [`Helpers::parts`] consecutive ranges of whole heads of `y`
+/// (heads of `head` values; `part` holds heads `first..`), each thread with its own `scratch`
+/// of `scratch_len` values: one row's attention split by heads. A thread left without heads
+/// does nothing.
+pub(crate) fn split_heads(
+    helpers: &Helpers,
+    y: &mut [f32],
+    head: usize,
+    scratch: &mut [f32],
+    scratch_len: usize,
+    f: HeadsJob<'_>,
+) {
+    let (heads, parts) = (y.len() / head, helpers.parts());
+    assert!(
+        scratch.len() >= parts * scratch_len,
+        "a scratch row for each thread"
+    );
+    let (y_at, scratch_at) = (Columns(y.as_mut_ptr()), Columns(scratch.as_mut_ptr()));
+    helpers.run(&|p| {
+        let (h0, h1) = (heads * p / parts, heads * (p + 1) / parts);
+        if h1 > h0 {
+            // SAFETY: the parts' heads and scratch rows are disjoint and inside `y` and
+            // `scratch`, which stay borrowed mutably until every part is done.
+            let (part, scratch) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(y_at.get().add(h0 * head), (h1 - h0) * head),
+                    std::slice::from_raw_parts_mut(
+                        scratch_at.get().add(p * scratch_len),
+                        scratch_len,
+                    ),
+                )
+            };
+            f(h0, part, scratch);
         }
     });
 }

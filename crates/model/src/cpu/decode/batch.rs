@@ -9,8 +9,9 @@
 //! slid) goes through `FusedDecoder` itself: a stream's logits, and so its tokens, do not depend
 //! on what else is in the batch. The tests check equality bit for bit.
 
+use super::attend::attend;
 use super::cache::StreamCache;
-use super::decoder::{FusedDecoder, HeadRows, attend};
+use super::decoder::{FusedDecoder, HeadRows};
 use super::quant::WeightFormat;
 use crate::cpu::block::{self, BlockActs, Ctx, Heads};
 use crate::cpu::dims::Dims;

@@ -10,15 +10,14 @@ use std::sync::Arc;
 
 use tinygpt_attention::AttentionError;
 
+use super::attend::{Cache, attend, attend_cached, attend_chunk, attend_window};
 use super::cache::StreamCache;
 use super::quant::{RowWeights, WeightFormat};
-use crate::cpu::block::{self, BlockActs, Ctx, Heads, Weight, linear_split};
+use crate::cpu::block::{self, BlockActs, Ctx, Weight, linear_split};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::helpers::{Helpers, split_columns};
-use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
-use crate::cpu::kernels::fast_math::{self, vectorized};
-use crate::cpu::kernels::matmul::{View, dot, dot_lanes, matmul_into};
+use crate::cpu::kernels::matmul::dot;
 use crate::cpu::kernels::norm::{self, Normed};
 use crate::cpu::kernels::{rope, softcap};
 use crate::cpu::params::{Params, RowMatrix};
@@ -221,10 +220,12 @@ impl FusedDecoder {
         // Several rows after cached ones (a prompt's later chunks) attend through blocked
         // products too, `[rows, past + rows]` scores at a time.
         let chunk = past > 0 && rows > 1;
-        if chunk {
-            self.scores
-                .resize(self.scores.len().max(rows * (past + rows)), 0.0);
-        }
+        // A row of scores for each thread, or a chunk's rows.
+        let scores = match chunk {
+            true => rows * (past + rows),
+            false => d.block_size * self.helpers.parts(),
+        };
+        self.scores.resize(self.scores.len().max(scores), 0.0);
         self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             self.weights.embed(x, tok as usize, past + r);
@@ -237,6 +238,7 @@ impl FusedDecoder {
             }
             let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
             let scores = &mut self.scores;
+            let helpers = &self.helpers;
             let p = &self.weights.blocks[l];
             let ctx = Ctx {
                 dims: &d,
@@ -258,7 +260,7 @@ impl FusedDecoder {
                 match (window, chunk) {
                     (true, _) => attend_window(h, cache),
                     (false, true) => attend_chunk(h, cache, scores),
-                    (false, false) => attend_cached(h, cache, scores),
+                    (false, false) => attend_cached(h, cache, scores, helpers),
                 }
             });
             std::mem::swap(&mut self.x, &mut self.next);
@@ -404,89 +406,6 @@ enum Head {
     All,
 }
 
-/// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
-/// were filled before the rows being fed.
-struct Cache<'a> {
-    keys: &'a mut [f32],
-    values: &'a mut [f32],
-    past: usize,
-    dims: &'a Dims,
-}
-
-impl Cache<'_> {
-    /// Appends the keys and values of `qkv`'s rows (`[rows, qkv_width]`) after the cached ones.
-    fn append(&mut self, qkv: &[f32]) {
-        let (c, kv) = (self.dims.width, self.dims.kv_width());
-        for (r, qkv) in qkv.chunks_exact(self.dims.qkv_width()).enumerate() {
-            let at = (self.past + r) * kv..(self.past + r + 1) * kv;
-            self.keys[at.clone()].copy_from_slice(&qkv[c..c + kv]);
-            self.values[at].copy_from_slice(&qkv[c + kv..]);
-        }
-    }
-}
-
-/// A whole window from position 0: the training step's blocked causal attention; its keys and
-/// values are cached.
-fn attend_window(h: Heads<'_>, mut cache: Cache<'_>) {
-    cache.append(h.qkv);
-    let d = cache.dims;
-    let shape = Shape {
-        seqs: 1,
-        seq: h.qkv.len() / d.qkv_width(),
-        width: d.width,
-        heads: d.heads,
-        kv_heads: d.kv_heads,
-    };
-    attention::forward(h.y, h.att, h.qkv, &[], &mut [], shape);
-}
-
-/// Several rows after the cached ones, through blocked products: per head, the scores
-/// `[rows, past + rows]` of the rows' queries against every key so far, a causal softmax (row
-/// `i` sees keys `0..=past + i`), then the weighted values.
-fn attend_chunk(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
-    cache.append(h.qkv);
-    let d = cache.dims;
-    let (c, kv, stride) = (d.width, d.kv_width(), d.qkv_width());
-    let rows = h.qkv.len() / stride;
-    let keys = cache.past + rows;
-    let dh = d.d_head();
-    let scale = 1.0 / (dh as f32).sqrt();
-    let scores = &mut scores[..rows * keys];
-    for head in 0..d.heads {
-        let g = head / (d.heads / d.kv_heads);
-        let q = View::strided(&h.qkv[head * dh..], rows, dh, stride);
-        let k = View::strided(&cache.keys[g * dh..], keys, dh, kv);
-        let v = View::strided(&cache.values[g * dh..], keys, dh, kv);
-        matmul_into(scores, keys, q, k.t(), scale, false);
-        causal_softmax(scores, keys, cache.past);
-        let weights = View::strided(scores, rows, keys, keys);
-        matmul_into(&mut h.y[head * dh..], c, weights, v, 1.0, false);
-    }
-}
-
-/// Rows after the cached ones: each query row attends to the cached keys and values up to and
-/// including its own.
-fn attend_cached(h: Heads<'_>, mut cache: Cache<'_>, scores: &mut [f32]) {
-    cache.append(h.qkv);
-    let d = cache.dims;
-    let (c, kv) = (d.width, d.kv_width());
-    let rows =
-        h.y.chunks_exact_mut(c)
-            .zip(h.qkv.chunks_exact(d.qkv_width()));
-    for (r, (y, qkv)) in rows.enumerate() {
-        let visible = cache.past + r + 1;
-        let (keys, values) = (&cache.keys[..visible * kv], &cache.values[..visible * kv]);
-        attend(
-            y,
-            &qkv[..c],
-            keys,
-            values,
-            &mut scores[..visible],
-            d.kv_heads,
-        );
-    }
-}
-
 impl Decoder for FusedDecoder {
     fn block_size(&self) -> usize {
         self.dims.block_size
@@ -510,47 +429,5 @@ impl Decoder for FusedDecoder {
             return Err(AttentionError::EmptySequence.into());
         }
         Ok(self.feed_checked(tokens).to_vec())
-    }
-}
-
-vectorized! {
-    /// One query row's attention over the `visible` cached keys and values, head by head:
-    /// `y [width] = softmax(q·Kᵀ/√d) · V` with `q [width]`, `keys`, `values [visible,
-    /// kv_width]`; query head `h` reads key/value head `h / (heads / kv_heads)`. The cache holds
-    /// only visible tokens, so no causal mask is needed.
-    pub(crate) fn attend(
-        y: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        kv_heads: usize,
-    ) {
-        let visible = scores.len();
-        let kv_width = keys.len() / visible;
-        let d = kv_width / kv_heads;
-        let heads = q.len() / d;
-        let scale = 1.0 / (d as f32).sqrt();
-        for h in 0..heads {
-            let head = h * d..(h + 1) * d;
-            let g = h / (heads / kv_heads);
-            let kv_head = g * d..(g + 1) * d;
-            let q = &q[head.clone()];
-            for (s, k) in scores.iter_mut().zip(keys.chunks_exact(kv_width)) {
-                *s = dot_lanes(q, &k[kv_head.clone()]) * scale;
-            }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0;
-            for s in scores.iter_mut() {
-                *s = fast_math::exp(*s - max);
-                total += *s;
-            }
-            let y = &mut y[head.clone()];
-            y.fill(0.0);
-            for (&s, v) in scores.iter().zip(values.chunks_exact(kv_width)) {
-                let p = s / total;
-                y.iter_mut().zip(&v[kv_head.clone()]).for_each(|(y, v)| *y += p * v);
-            }
-        }
     }
 }

@@ -4,6 +4,7 @@
 //! training step's block forward (`cpu/block.rs`) without dropout; `cache.rs` is the KV cache
 //! they share.
 
+mod attend;
 mod batch;
 mod cache;
 mod decoder;

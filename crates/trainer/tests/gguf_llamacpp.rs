@@ -42,10 +42,15 @@ fn fixture(name: &str) -> PathBuf {
     manifest_dir().join("tests/fixtures/gguf").join(name)
 }
 
+/// What llama.cpp computed for the fixture `name` (its `llamacpp.json`).
+fn llama_cpp_said(name: &str) -> LlamaCpp {
+    let text = std::fs::read_to_string(fixture(name).join("llamacpp.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 fn check(name: &str, tolerance: f64) {
     let run = fixture(name);
-    let seen: LlamaCpp =
-        serde_json::from_str(&std::fs::read_to_string(run.join("llamacpp.json")).unwrap()).unwrap();
+    let seen = llama_cpp_said(name);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let args = [
@@ -152,10 +157,7 @@ fn a_qk_norm_model_computes_in_llama_cpps_qwen3_what_it_computes_here() {
 #[test]
 fn a_sentencepiece_llama_gguf_imports_to_what_llama_cpp_computes() {
     let file = fixture("spm").join("model.gguf");
-    let seen: LlamaCpp = serde_json::from_str(
-        &std::fs::read_to_string(fixture("spm").join("llamacpp.json")).unwrap(),
-    )
-    .unwrap();
+    let seen = llama_cpp_said("spm");
     assert_eq!(
         sha256(&file),
         seen.gguf_sha256,
@@ -174,10 +176,7 @@ fn a_sentencepiece_llama_gguf_imports_to_what_llama_cpp_computes() {
 #[test]
 fn a_sentencepiece_llama_gguf_exports_back_as_sentencepiece() {
     let file = fixture("spm").join("model.gguf");
-    let seen: LlamaCpp = serde_json::from_str(
-        &std::fs::read_to_string(fixture("spm").join("llamacpp.json")).unwrap(),
-    )
-    .unwrap();
+    let seen = llama_cpp_said("spm");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     ok(tinygpt(
@@ -222,8 +221,7 @@ fn a_sentencepiece_llama_gguf_exports_back_as_sentencepiece() {
 /// imported it tokenizes, scores, continues and ends a chat reply as the run does.
 fn check_converted(name: &str, tolerance: f64) {
     let run = fixture(name);
-    let seen: LlamaCpp =
-        serde_json::from_str(&std::fs::read_to_string(run.join("llamacpp.json")).unwrap()).unwrap();
+    let seen = llama_cpp_said(name);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let converted = run.join("converter.gguf");

@@ -15,6 +15,7 @@ use serde_json::{Value as Json, json};
 use tinygpt_model::parts::Mlp;
 use tinygpt_model::{GptConfig, Slot, parameter_table};
 
+use super::architecture::Architecture;
 use super::file::{Gguf, Tensor, Value};
 use super::llama::Flavour;
 use super::{gpt2, llama, quant, vocabulary};
@@ -43,21 +44,18 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         .unwrap_or("");
     let embedding = tensor(&gguf, "token_embd.weight").map_err(named)?;
     let rows = usize::try_from(*embedding.ne.get(1).unwrap_or(&0))?;
-    let flavour = match architecture {
-        "llama" => Some(Flavour::Llama),
-        "qwen3" => Some(Flavour::Qwen3),
-        _ => None,
-    };
-    let model = match (architecture, flavour) {
-        ("gpt2", _) => gpt2_architecture(&gguf),
-        (_, Some(flavour)) => llama_architecture(&gguf, options.block_size, flavour),
-        (other, None) => bail!(
-            "{}: architecture \"{other}\" is not one tinygpt imports (gpt2, llama, qwen3)",
+    let architecture = Architecture::named(architecture).ok_or_else(|| {
+        anyhow!(
+            "{}: architecture \"{architecture}\" is not one tinygpt imports (gpt2, llama, qwen3)",
             path.display()
-        ),
+        )
+    })?;
+    let model = match architecture {
+        Architecture::Gpt2 => gpt2_architecture(&gguf),
+        Architecture::Llama(flavour) => llama_architecture(&gguf, options.block_size, flavour),
     }
     .map_err(named)?;
-    if architecture == "gpt2" && options.block_size.is_some() {
+    if architecture == Architecture::Gpt2 && options.block_size.is_some() {
         bail!("--block-size goes with a llama file (gpt2's positions are a table)");
     }
     let (mut config, note) = imported_config(model, &tokenizer, rows, path)?;
@@ -66,24 +64,23 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     notes.splice(0..0, note);
     let gpt = config.gpt(rows);
     let model = match architecture {
-        "gpt2" => gpt2_tensors(&gguf, &gpt)
+        Architecture::Gpt2 => gpt2_tensors(&gguf, &gpt)
             .and_then(|tensors| {
                 let file = path.to_path_buf();
                 ForeignTensors { file, tensors }.model(&config, rows, Layout::Linear)
             })
             .map_err(named)?,
-        _ => {
-            let flavour = flavour.unwrap_or(Flavour::Llama);
+        Architecture::Llama(flavour) => {
             let tensors = llama_tensors(&gguf, &gpt, flavour).map_err(named)?;
             hf_llama::build(&gpt, tensors).map_err(named)?
         }
     };
     create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
-        format: match flavour {
-            None => "GGUF, llama.cpp's gpt2",
-            Some(Flavour::Llama) => "GGUF, llama.cpp's llama",
-            Some(Flavour::Qwen3) => "GGUF, llama.cpp's qwen3",
+        format: match architecture {
+            Architecture::Gpt2 => "GGUF, llama.cpp's gpt2",
+            Architecture::Llama(Flavour::Llama) => "GGUF, llama.cpp's llama",
+            Architecture::Llama(Flavour::Qwen3) => "GGUF, llama.cpp's qwen3",
         },
         config,
         vocab_size: rows,

@@ -8,6 +8,7 @@
 //!   SentencePiece vocabulary both ways, as llama.cpp cuts text; `vocabulary`: which of the two
 //!   a tokenizer or a file is.
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
+//! - [`architecture`]: which llama.cpp architecture computes a model, by config or by name.
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
 //! - [`import`]: a `gpt2` or `llama` file as a run directory.
@@ -16,6 +17,7 @@
 //! against the bytes there, which the Rust GGUF crates we read did not all promise for files
 //! from elsewhere.
 
+mod architecture;
 pub mod file;
 mod gpt2;
 mod import;
@@ -31,56 +33,19 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
+pub use architecture::Architecture;
 pub use file::{Gguf, Tensor, TensorType, Value};
 pub use import::import;
 pub use store::Dtype;
 
 use super::chat_files;
 use crate::run::checkpoint::{Run, Which};
-use tinygpt_model::GptConfig;
-use tinygpt_model::parts::Position;
 
 /// What an export wrote, for the user.
 pub struct Written {
     pub architecture: &'static str,
     pub tensors: usize,
     pub bytes: usize,
-}
-
-/// The llama.cpp architectures an export writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    /// GPT-2's parts: learned positions, LayerNorm, a GELU (tanh) MLP.
-    Gpt2,
-    /// Llama's parts: rotary positions, RMSNorm, SwiGLU, grouped-query attention; with
-    /// QK-norm as `qwen3`.
-    Llama(llama::Flavour),
-}
-
-impl Architecture {
-    /// `general.architecture`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Architecture::Gpt2 => "gpt2",
-            Architecture::Llama(flavour) => flavour.name(),
-        }
-    }
-
-    /// The architecture that computes a model of `config` exactly, or one line saying which
-    /// part none does and how to train a model that exports. A model with learned positions
-    /// is told what `gpt2` lacks; any other what `llama` (or `qwen3`) lacks.
-    pub fn of(config: &GptConfig) -> Result<Architecture> {
-        let (gpt2, llama) = (gpt2::expressible(config), llama::expressible(config));
-        let architectures = "GGUF export writes llama.cpp's gpt2, llama or qwen3 architecture";
-        match (gpt2, llama, config.position) {
-            (Ok(()), _, _) => Ok(Architecture::Gpt2),
-            (_, Ok(flavour), _) => Ok(Architecture::Llama(flavour)),
-            (Err(part), _, Position::Learned) => {
-                bail!("{architectures}; gpt2 cannot compute a model {part}")
-            }
-            (_, Err(part), _) => bail!("{architectures}; llama cannot compute a model {part}"),
-        }
-    }
 }
 
 /// Writes the run's `which` weights to the new file `out` as `dtype`. Refuses, before writing

@@ -61,10 +61,19 @@ pub fn metadata(tokenizer: &Tokenizer, rows: usize) -> Result<Vec<(String, Value
         }
         None => {
             let hf: Json = serde_json::from_str(&tokenizer.to_hf_json()?)?;
-            let (tokens, merges) = bpe_tokens(&hf)?;
-            byte_level_vocabulary(tokenizer, tokens, merges, super::pre::name_of(&hf)?, rows)
+            bpe_metadata(tokenizer, &hf, rows)
         }
     }
+}
+
+/// [`metadata`] of a byte-level BPE tokenizer whose Hugging Face form is `hf`.
+pub(super) fn bpe_metadata(
+    tokenizer: &Tokenizer,
+    hf: &Json,
+    rows: usize,
+) -> Result<Vec<(String, Value)>> {
+    let (tokens, merges) = bpe_tokens(hf)?;
+    byte_level_vocabulary(tokenizer, tokens, merges, super::pre::name_of(hf)?, rows)
 }
 
 /// The entries every vocabulary ends with: BOS and EOS, whether a prompt starts with BOS, and

@@ -16,16 +16,16 @@ pub(super) fn entries(
     rows: usize,
     template: Option<&str>,
 ) -> Result<Vec<(String, Value)>> {
-    let sentencepiece = match tokenizer.chars() {
-        Some(_) => None,
+    // A char vocabulary as is; any other from its Hugging Face form, read once.
+    let mut entries = match tokenizer.chars() {
+        Some(_) => vocab::metadata(tokenizer, rows)?,
         None => {
             let hf: serde_json::Value = serde_json::from_str(&tokenizer.to_hf_json()?)?;
-            spm::space_prefix(&hf)?.map(|prefix| (hf, prefix))
+            match spm::space_prefix(&hf)? {
+                Some(prefix) => spm::metadata(&hf, prefix, rows)?,
+                None => vocab::bpe_metadata(tokenizer, &hf, rows)?,
+            }
         }
-    };
-    let mut entries = match sentencepiece {
-        Some((hf, prefix)) => spm::metadata(&hf, prefix, rows)?,
-        None => vocab::metadata(tokenizer, rows)?,
     };
     entries.extend(vocab::starts_and_ends(tokenizer, template));
     Ok(entries)

@@ -202,10 +202,11 @@ impl CausalSelfAttention {
         Ok(self.merge_heads(y))
     }
 
-    /// The decode step: `x` `[rows, 1, d_model]`, row `r` the token at `at`'s position `r` of
-    /// its own sequence, whose keys and values `cache` holds in its row `r` (a fixed cache of
-    /// the tables' capacity, [`KvCache::with_capacity`]). Writes each row's key and value at its
-    /// position and returns `[rows, 1, d_model]`: row `r` is what
+    /// The decode step: `x` `[rows, new, d_model]`, row `r` the `new` tokens (one, or a
+    /// prompt's chunk) at `at`'s positions of row `r` of its own sequence, whose keys and
+    /// values `cache` holds in its row `r` (a fixed cache of the tables' capacity,
+    /// [`KvCache::with_capacity`]). Writes each token's key and value at its position and
+    /// returns `[rows, new, d_model]`: row `r` is what
     /// [`forward_cached`](Self::forward_cached) gives that sequence, up to float rounding.
     pub fn forward_step(
         &self,
@@ -214,8 +215,11 @@ impl CausalSelfAttention {
         cache: &mut KvCache,
     ) -> Result<Tensor<3>, AttentionError> {
         let [rows, new, _] = x.dims();
-        if new != 1 {
-            return Err(AttentionError::RowTokens { got: new });
+        if new != at.tokens_per_row() {
+            return Err(AttentionError::RowTokens {
+                got: new,
+                step: at.tokens_per_row(),
+            });
         }
         if rows != at.rows() {
             return Err(AttentionError::RowCaches {
@@ -233,11 +237,17 @@ impl CausalSelfAttention {
         if self.rope_base.is_some() && at.rope().is_none() {
             return Err(AttentionError::StepRope);
         }
-        self.check_input(&x, at.host().iter().max().map_or(0, |&p| p))?;
+        self.check_input(&x, 0)?;
+        if let Some(&p) = at.host().iter().find(|&&p| p >= self.max_seq_len) {
+            return Err(AttentionError::SequenceTooLong {
+                len: p + 1,
+                max: self.max_seq_len,
+            });
+        }
         let Heads { q, k, v } = self.heads(x, At::Step(at));
         let (k, v) = cache.write_at(k, v, &at.positions(), at.host())?;
         let heads = self.grouped(Heads { q, k, v });
-        let mask = at.hidden().expand([rows, self.n_heads, 1, capacity]);
+        let mask = at.hidden().expand([rows, self.n_heads, new, capacity]);
         Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
     }
 
@@ -262,7 +272,7 @@ impl CausalSelfAttention {
             return Err(AttentionError::EmptySequence);
         }
         if new != 1 {
-            return Err(AttentionError::RowTokens { got: new });
+            return Err(AttentionError::RowTokens { got: new, step: 1 });
         }
         if caches.len() != rows || caches.iter().any(|c| c.batch().is_some_and(|b| b != 1)) {
             return Err(AttentionError::RowCaches {

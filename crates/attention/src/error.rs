@@ -43,8 +43,8 @@ pub enum AttentionError {
     CacheBatchMismatch { cached: usize, got: usize },
     #[error("a batch of {rows} rows needs one cache of one sequence per row, got {caches}")]
     RowCaches { rows: usize, caches: usize },
-    #[error("each row of a batched step feeds one token, got {got}")]
-    RowTokens { got: usize },
+    #[error("each row of a batched step feeds {step} token(s), got {got}")]
+    RowTokens { got: usize, step: usize },
     #[error("a decode step writes a fixed cache of {expected} rows, got {capacity:?}")]
     StepCache {
         capacity: Option<usize>,

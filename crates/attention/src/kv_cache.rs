@@ -136,54 +136,6 @@ impl KvCache {
         self.len = len;
     }
 
-    /// Row `row`'s sequence of this fixed cache of many sequences (a server's streams, one a
-    /// row), `len` tokens of it, as a fixed cache of one sequence with the same capacity: what
-    /// [`forward_cached`](crate::CausalSelfAttention::forward_cached) feeds a longer piece
-    /// through before [`set_row`](Self::set_row) puts it back. Nothing is written yet: an empty
-    /// cache of that capacity.
-    pub fn row(&self, row: usize, len: usize) -> KvCache {
-        let capacity = self.capacity;
-        let take =
-            |buffer: &Option<Tensor<4>>| buffer.as_ref().map(|b| b.clone().narrow(0, row, 1));
-        match (take(&self.keys), take(&self.values)) {
-            (Some(keys), Some(values)) => KvCache {
-                keys: Some(keys),
-                values: Some(values),
-                len,
-                capacity,
-            },
-            _ => {
-                debug_assert_eq!(len, 0, "a row of a cache never written");
-                KvCache {
-                    capacity,
-                    ..KvCache::default()
-                }
-            }
-        }
-    }
-
-    /// Writes `from` (one sequence, a fixed cache of this one's capacity) into row `row` of
-    /// this fixed cache of `rows` sequences, in place once the buffers exist (made, zeros, at
-    /// the first write). The whole row is copied; this cache's own length is left alone (each
-    /// row's length is its owner's to keep).
-    pub fn set_row(&mut self, row: usize, rows: usize, from: KvCache) {
-        let (Some(keys), Some(values)) = (from.keys, from.values) else {
-            return; // nothing written
-        };
-        let put = |buffer: Option<Tensor<4>>, one: Tensor<4>| {
-            let [_, heads, capacity, d_head] = one.dims();
-            let full = [rows, heads, capacity, d_head];
-            let buffer = match buffer {
-                Some(buffer) if buffer.dims() == full => buffer,
-                _ => Tensor::<4>::zeros(full, &one.device()).cast(one.dtype()),
-            };
-            buffer.slice_assign([row..row + 1, 0..heads, 0..capacity, 0..d_head], one)
-        };
-        let (old_keys, old_values) = self.take_buffers();
-        self.keys = Some(put(old_keys, keys));
-        self.values = Some(put(old_values, values));
-    }
-
     /// `rows` `[batch, heads, new, d_head]` written at rows `len..len + new` of the fixed
     /// buffer, which is made (zeros) when there is none of this shape yet.
     fn write(&mut self, which: Rows, capacity: usize, rows: Tensor<4>) -> Tensor<4> {

@@ -117,7 +117,7 @@ pub struct RopeRows {
 }
 
 impl RopeRows {
-    /// Rows already made, `cos` and `sin` `[rows, 1, 1, d_head]` (a decode step selects them
+    /// Rows already made, `cos` and `sin` `[rows, 1, new, d_head]` (a decode step selects them
     /// from [`RopeTables`] on the device).
     pub(crate) fn from_rows(cos: Tensor<4>, sin: Tensor<4>) -> Self {
         Self { cos, sin }

@@ -1,6 +1,7 @@
-//! The decode step a GPU runs for every new token: one token per row, and everything that
-//! changes from one token to the next (its position, the cache row it writes, the keys it may
-//! see, its rotation) a device tensor, never a number in a kernel's launch.
+//! The decode step a GPU runs for every new token: one token per row (or a fixed number of a
+//! prompt's tokens per row), and everything that changes from one token to the next (its
+//! position, the cache row it writes, the keys it may see, its rotation) a device tensor, never
+//! a number in a kernel's launch.
 //!
 //! [`CausalSelfAttention::forward_cached`](crate::CausalSelfAttention::forward_cached) with a
 //! fixed cache already runs the same shapes for every token, but the position still reaches
@@ -9,14 +10,22 @@
 //! positions once per token ([`StepAt::new`]) and the device derives the rest from them:
 //!
 //! ```text
-//! hidden[r, j] = j > position[r]                   compare with 0..capacity   [rows, 1, 1, capacity]
-//! cos, sin     = tables[position[r]]               select                     [rows, 1, 1, d_head]
-//! cache[r, :, position[r], :] = k[r]               scatter along the rows     [rows, kv, capacity, d_head]
+//! hidden[r, i, j] = j > position[r, i]             compare with 0..capacity   [rows, 1, new, capacity]
+//! cos, sin        = tables[position[r, i]]         select                     [rows, 1, new, d_head]
+//! cache[r, :, position[r, i], :] = k[r, :, i, :]   scatter along the rows     [rows, kv, capacity, d_head]
 //! ```
 //!
 //! So a step's launches are the same, argument for argument, at every position: what a
 //! captured GPU graph can replay, with only the contents of the position buffer changing. Each
 //! row is its own sequence (a server's streams); one stream is `rows = 1`.
+//!
+//! A prompt goes in the same way, `new` tokens a row at once ([`StepAt::tokens`]): a row's
+//! tokens sit at consecutive positions after its cache, each hidden from the keys after its
+//! own position, so within the chunk the mask is the causal triangle and before it the cache
+//! is seen whole. A chunk shorter than `new` repeats its last token at its last position: the
+//! repeats compute exactly that token's key and value again and write them where it writes
+//! them, so the step keeps its shape whatever the prompt's length, and a row's last token is
+//! always its last real one.
 
 use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
@@ -53,33 +62,57 @@ impl StepTables {
 }
 
 /// Where this step's rows are, as device tensors every layer reads: the positions, the keys
-/// each row may not see, and the rotation of each row.
+/// each row's tokens may see, their rotation.
 #[derive(Debug, Clone)]
 pub struct StepAt {
-    /// `[rows]`.
-    positions: Tensor<1, Int>,
-    /// `[rows, 1, 1, capacity]`, `true` past each row's position.
+    /// `[rows, new]`.
+    positions: Tensor<2, Int>,
+    /// `[rows, 1, new, capacity]`, `true` past each token's position.
     hidden: Tensor<4, Bool>,
     rope: Option<RopeRows>,
-    /// The positions on the host, for the caches' lengths.
+    /// The positions on the host, `[rows * new]` row by row, for the checks and the caches'
+    /// lengths.
     host: Vec<usize>,
+    /// Tokens each row feeds.
+    new: usize,
 }
 
 impl StepAt {
     /// Row `r`'s new token at `positions[r]` (below the tables' capacity): one upload, then
     /// the mask and the rotation derived on the device.
     pub fn new(tables: &StepTables, positions: &[usize]) -> Result<Self, AttentionError> {
-        let ids: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
-        let device = tables.keys.device();
-        let at = Tensor::<1, Int>::from_data(TensorData::new(ids, [positions.len()]), &device);
-        Self::on_device(tables, at, positions)
+        Self::tokens(tables, positions, 1)
     }
 
-    /// The same from positions already on the device, `[rows]` (a buffer a captured step reads;
-    /// `host` holds the same numbers, for the checks and the caches' lengths).
+    /// `new` tokens a row (a prompt's chunk), row `r`'s at `positions[r * new..(r + 1) * new]`,
+    /// each below the tables' capacity.
+    pub fn tokens(
+        tables: &StepTables,
+        positions: &[usize],
+        new: usize,
+    ) -> Result<Self, AttentionError> {
+        let ids: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+        let rows = positions.len() / new.max(1);
+        let device = tables.keys.device();
+        let at = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows, new]), &device);
+        Self::tokens_on_device(tables, at, positions)
+    }
+
+    /// [`StepAt::new`] from positions already on the device, `[rows]` (a buffer a captured
+    /// step reads; `host` holds the same numbers, for the checks and the caches' lengths).
     pub fn on_device(
         tables: &StepTables,
         at: Tensor<1, Int>,
+        host: &[usize],
+    ) -> Result<Self, AttentionError> {
+        let rows = at.dims()[0];
+        Self::tokens_on_device(tables, at.reshape([rows, 1]), host)
+    }
+
+    /// [`StepAt::tokens`] from positions already on the device, `[rows, new]`.
+    pub fn tokens_on_device(
+        tables: &StepTables,
+        at: Tensor<2, Int>,
         host: &[usize],
     ) -> Result<Self, AttentionError> {
         let capacity = tables.capacity();
@@ -89,24 +122,28 @@ impl StepAt {
                 max: capacity,
             });
         }
-        if host.is_empty() {
+        let [rows, new] = at.dims();
+        if host.is_empty() || new == 0 {
             return Err(AttentionError::EmptySequence);
         }
-        let rows = host.len();
         let hidden = tables
             .keys
             .clone()
-            .reshape([1, capacity])
-            .expand([rows, capacity])
-            .greater(at.clone().reshape([rows, 1]).expand([rows, capacity]))
-            .reshape([rows, 1, 1, capacity]);
+            .reshape([1, 1, capacity])
+            .expand([rows, new, capacity])
+            .greater(
+                at.clone()
+                    .reshape([rows, new, 1])
+                    .expand([rows, new, capacity]),
+            )
+            .reshape([rows, 1, new, capacity]);
         let rope = tables.rope.as_ref().map(|t| {
             let d_head = t.cos.dims()[1];
             let row = |table: &Tensor<2>| {
                 table
                     .clone()
-                    .select(0, at.clone())
-                    .reshape([rows, 1, 1, d_head])
+                    .select(0, at.clone().reshape([rows * new]))
+                    .reshape([rows, 1, new, d_head])
             };
             RopeRows::from_rows(row(&t.cos), row(&t.sin))
         });
@@ -115,16 +152,22 @@ impl StepAt {
             hidden,
             rope,
             host: host.to_vec(),
+            new,
         })
     }
 
     /// Rows of the step.
     pub fn rows(&self) -> usize {
-        self.host.len()
+        self.host.len() / self.new
     }
 
-    /// `[rows]` on the device.
-    pub fn positions(&self) -> Tensor<1, Int> {
+    /// Tokens each row feeds.
+    pub fn tokens_per_row(&self) -> usize {
+        self.new
+    }
+
+    /// `[rows, new]` on the device.
+    pub fn positions(&self) -> Tensor<2, Int> {
         self.positions.clone()
     }
 
@@ -132,30 +175,30 @@ impl StepAt {
         self.rope.as_ref()
     }
 
-    /// `[rows, 1, 1, capacity]`: `true` past each row's position.
+    /// `[rows, 1, new, capacity]`: `true` past each token's position.
     pub(crate) fn hidden(&self) -> Tensor<4, Bool> {
         self.hidden.clone()
     }
 
-    /// The positions on the host.
+    /// The positions on the host, `[rows * new]`.
     pub(crate) fn host(&self) -> &[usize] {
         &self.host
     }
 }
 
 impl KvCache {
-    /// Writes `keys` and `values` `[rows, kv_heads, 1, d_head]` at row `r`'s position
-    /// `positions[r]` (`[rows]` on the device; `host` the same positions) of this fixed cache,
-    /// in place, and returns the whole buffers `[rows, kv_heads, capacity, d_head]`. The cache's
-    /// length becomes the last position + 1 (one sequence: `rows = 1`).
+    /// Writes `keys` and `values` `[rows, kv_heads, new, d_head]` at row `r`'s positions
+    /// `positions[r]` (`[rows, new]` on the device; `host` the same positions) of this fixed
+    /// cache, in place, and returns the whole buffers `[rows, kv_heads, capacity, d_head]`. The
+    /// cache's length becomes the last position + 1 (one sequence: `rows = 1`).
     pub(crate) fn write_at(
         &mut self,
         keys: Tensor<4>,
         values: Tensor<4>,
-        positions: &Tensor<1, Int>,
+        positions: &Tensor<2, Int>,
         host: &[usize],
     ) -> Result<(Tensor<4>, Tensor<4>), AttentionError> {
-        let [rows, heads, _, d_head] = keys.dims();
+        let [rows, heads, new, d_head] = keys.dims();
         let capacity = self.capacity().unwrap_or(0);
         if let Some(cached) = self.batch()
             && cached != rows
@@ -164,8 +207,8 @@ impl KvCache {
         }
         let index = positions
             .clone()
-            .reshape([rows, 1, 1, 1])
-            .expand([rows, heads, 1, d_head]);
+            .reshape([rows, 1, new, 1])
+            .expand([rows, heads, new, d_head]);
         let full = [rows, heads, capacity, d_head];
         let write = |buffer: Option<Tensor<4>>, rows: Tensor<4>| {
             let buffer = match buffer {

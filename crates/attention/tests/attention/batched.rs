@@ -68,7 +68,7 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
         layer
             .forward_rows(two.clone(), &mut [&mut one])
             .unwrap_err(),
-        AttentionError::RowTokens { got: 2 }
+        AttentionError::RowTokens { got: 2, step: 1 }
     );
     assert_eq!(
         layer
@@ -170,5 +170,87 @@ pub(super) fn steps_decode_as_each_alone(device: &Device) {
             .forward_step(x, &unrotated, &mut KvCache::with_capacity(max_seq))
             .unwrap_err(),
         AttentionError::StepRope
+    );
+}
+
+/// Prompts of different lengths fed together through the step, `new` tokens a row at a time:
+/// each chunk attends causally within itself and to its row's cache, a short chunk (and a row
+/// whose prompt is done, sitting out) repeats its last token at its last position, and every
+/// real token's output is the whole sequence's at its position. Then a single token through
+/// the one-token step continues each row.
+pub(super) fn prompts_go_through_the_step_in_padded_chunks(device: &Device) {
+    let (d, max_seq, new) = (16, 12, 4);
+    let lengths = [3, 7, 10];
+    for layer in &two_layers(d, max_seq, device) {
+        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+        let xs: Vec<Tensor<3>> = lengths
+            .iter()
+            .map(|&n| random([1, n + 1, d], device))
+            .collect();
+        let wholes: Vec<Tensor<3>> = xs
+            .iter()
+            .map(|x| layer.forward(x.clone(), None).unwrap())
+            .collect();
+        let mut cache = KvCache::with_capacity(max_seq);
+        for chunk in 0..lengths.iter().max().unwrap().div_ceil(new) {
+            // Row r's positions in this chunk: its next `new`, the last repeated past its end.
+            let positions: Vec<usize> = lengths
+                .iter()
+                .flat_map(|&n| (0..new).map(move |i| (chunk * new + i).min(n - 1)))
+                .collect();
+            let rows: Vec<Tensor<3>> = positions
+                .chunks(new)
+                .zip(&xs)
+                .map(|(ps, x)| {
+                    let picked = ps.iter().map(|&p| x.clone().narrow(1, p, 1)).collect();
+                    Tensor::cat(picked, 1)
+                })
+                .collect();
+            let at = StepAt::tokens(&tables, &positions, new).unwrap();
+            assert_eq!((at.rows(), at.tokens_per_row()), (3, new));
+            let got = layer
+                .forward_step(Tensor::cat(rows, 0), &at, &mut cache)
+                .unwrap();
+            for (r, ps) in positions.chunks(new).enumerate() {
+                for (i, &p) in ps.iter().enumerate() {
+                    assert_close(
+                        &values(got.clone().narrow(0, r, 1).narrow(1, i, 1)),
+                        &values(wholes[r].clone().narrow(1, p, 1)),
+                        1e-5,
+                        &format!("row {r}, chunk {chunk}, token {i} at position {p}"),
+                    );
+                }
+            }
+        }
+        let at = StepAt::new(&tables, &lengths).unwrap();
+        let next: Vec<Tensor<3>> = xs
+            .iter()
+            .zip(lengths)
+            .map(|(x, n)| x.clone().narrow(1, n, 1))
+            .collect();
+        let got = layer
+            .forward_step(Tensor::cat(next, 0), &at, &mut cache)
+            .unwrap();
+        for (r, &n) in lengths.iter().enumerate() {
+            assert_close(
+                &values(got.clone().narrow(0, r, 1)),
+                &values(wholes[r].clone().narrow(1, n, 1)),
+                1e-5,
+                &format!("row {r}'s next token after its prompt"),
+            );
+        }
+    }
+    let layer = &two_layers(d, max_seq, device)[0];
+    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+    let at = StepAt::tokens(&tables, &[0, 1, 2, 3], 4).unwrap();
+    assert_eq!(
+        layer
+            .forward_step(
+                random([1, 2, d], device),
+                &at,
+                &mut KvCache::with_capacity(max_seq)
+            )
+            .unwrap_err(),
+        AttentionError::RowTokens { got: 2, step: 4 }
     );
 }

@@ -587,6 +587,11 @@ macro_rules! backend_tests {
             fn steps_decode_as_each_alone() {
                 run(super::batched::steps_decode_as_each_alone)
             }
+            #[test]
+            $(#[$attr])?
+            fn prompts_go_through_the_step_in_padded_chunks() {
+                run(super::batched::prompts_go_through_the_step_in_padded_chunks)
+            }
         }
     };
 }

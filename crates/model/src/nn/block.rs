@@ -133,8 +133,8 @@ impl Block {
         Ok(self.feed_forward(residual(x, a)))
     }
 
-    /// The decode step, one token a row, positions on the device (see
-    /// [`CausalSelfAttention::forward_step`]): `[rows, 1, n_embd] -> [rows, 1, n_embd]`.
+    /// The decode step, one token a row or a prompt's chunk, positions on the device (see
+    /// [`CausalSelfAttention::forward_step`]): `[rows, new, n_embd] -> [rows, new, n_embd]`.
     pub fn forward_step(
         &self,
         x: Tensor<3>,

@@ -171,7 +171,8 @@ impl Decoder for GptDecoder<'_> {
 /// On a GPU ([`Kernels::Cube`]) every stream is a row of one fixed cache per layer, and a
 /// step's single tokens go through one step of all rows whose kernels and buffers never change,
 /// recorded once and replayed (`rows.rs`; `TINYGPT_DECODE_STEP=step` runs it launch by launch,
-/// `=0` the way below); a longer feed goes through its row as through a cache of its own. On a
+/// `=0` the way below); the step's longer feeds (prompts) go in together through a second fixed
+/// step, a chunk of a few dozen tokens a row at a time. On a
 /// CPU each stream has its [`KvCache`] per layer; the single tokens of a step go through
 /// [`Gpt::forward_rows`] together, a longer feed (or a step's only single token) through
 /// [`Gpt::forward_cached`] on its stream's caches, as alone. The step's logits come to the host
@@ -192,10 +193,17 @@ enum Layout<'a> {
 }
 
 impl<'a> GptBatch<'a> {
-    /// `gpt` and `streams` empty streams.
+    /// `gpt` and `streams` empty streams, a GPU's steps fed as `TINYGPT_DECODE_STEP` says
+    /// ([`DecodeStep::from_env`]).
     pub fn new(gpt: &'a Gpt, streams: usize) -> Self {
+        Self::with_step(gpt, streams, DecodeStep::from_env())
+    }
+
+    /// `gpt` and `streams` empty streams, a GPU's steps fed the way `step` says (a CPU's
+    /// streams keep caches of their own whatever it says).
+    pub fn with_step(gpt: &'a Gpt, streams: usize, step: DecodeStep) -> Self {
         let rows = |record| Layout::Rows(Box::new(FixedRows::new(gpt, streams, record)));
-        let layout = match (gpt.kernels(), DecodeStep::from_env()) {
+        let layout = match (gpt.kernels(), step) {
             (Kernels::Burn, _) => Layout::Streams(vec![gpt.new_caches(); streams]),
             (Kernels::Cube, DecodeStep::Forward) => {
                 Layout::Streams(vec![gpt.new_fixed_caches(); streams])
@@ -211,14 +219,19 @@ impl<'a> GptBatch<'a> {
         }
     }
 
-    /// The logits `[vocab]` after stream `stream`'s `tokens`, fed through its caches.
-    fn feed_one(&mut self, stream: usize, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+    /// The logits `[feeds * vocab]` after each `(stream, tokens)`, in that order, each fed
+    /// through its stream's caches: one by one, or on a GPU's rows all at once.
+    fn feed_longer(&mut self, feeds: &[(usize, &[u32])]) -> Result<Vec<f32>, ModelError> {
         match &mut self.layout {
             Layout::Streams(streams) => {
-                let logits = self.gpt.next_logits(tokens, &mut streams[stream])?;
-                Ok(read_f32(logits))
+                let mut out = Vec::with_capacity(feeds.len() * self.gpt.vocab_size());
+                for &(stream, tokens) in feeds {
+                    let logits = self.gpt.next_logits(tokens, &mut streams[stream])?;
+                    out.extend(read_f32(logits));
+                }
+                Ok(out)
             }
-            Layout::Rows(rows) => rows.feed_one(stream, tokens),
+            Layout::Rows(rows) => rows.prefill(feeds),
         }
     }
 
@@ -279,29 +292,33 @@ impl BatchDecoder for GptBatch<'_> {
         let (vocab, block) = (self.vocab_size(), self.block_size());
         check_feeds(feeds, |s| self.cached(s), self.streams(), vocab, block)?;
         self.out.resize(feeds.len() * vocab, 0.0);
-        let mut singles: Vec<(usize, usize, u32)> = Vec::new(); // (feed, stream, token)
         // On a CPU one single token goes the way it goes alone: a row of its own needs no
         // mask. The rows of a GPU's step run whether fed or not.
         let rows = feeds.iter().filter(|(_, t)| t.len() == 1).count();
         let together = matches!(self.layout, Layout::Rows(_)) || rows > 1;
-        for (i, &(stream, tokens)) in feeds.iter().enumerate() {
-            match tokens {
-                [token] if together => singles.push((i, stream, *token)),
-                _ => {
-                    let logits = self.feed_one(stream, tokens)?;
-                    self.out[i * vocab..(i + 1) * vocab].copy_from_slice(&logits);
-                }
-            }
+        let (singles, longer): (Vec<usize>, Vec<usize>) =
+            (0..feeds.len()).partition(|&i| together && feeds[i].1.len() == 1);
+        if !longer.is_empty() {
+            let fed: Vec<(usize, &[u32])> = longer.iter().map(|&i| feeds[i]).collect();
+            let logits = self.feed_longer(&fed)?;
+            place(&mut self.out, vocab, &longer, &logits);
         }
         if !singles.is_empty() {
-            let fed: Vec<(usize, u32)> = singles.iter().map(|&(_, s, t)| (s, t)).collect();
+            let fed: Vec<(usize, u32)> = singles
+                .iter()
+                .map(|&i| (feeds[i].0, feeds[i].1[0]))
+                .collect();
             let logits = self.feed_singles(&fed)?;
-            for (r, &(i, _, _)) in singles.iter().enumerate() {
-                let row = &logits[r * vocab..(r + 1) * vocab];
-                self.out[i * vocab..(i + 1) * vocab].copy_from_slice(row);
-            }
+            place(&mut self.out, vocab, &singles, &logits);
         }
         Ok(&self.out)
+    }
+}
+
+/// Row `r` of `logits` (`[order.len(), vocab]`) into row `order[r]` of `out`.
+fn place(out: &mut [f32], vocab: usize, order: &[usize], logits: &[f32]) {
+    for (row, &i) in logits.chunks_exact(vocab).zip(order) {
+        out[i * vocab..(i + 1) * vocab].copy_from_slice(row);
     }
 }
 

@@ -250,23 +250,26 @@ impl Gpt {
         Ok(logits.narrow(1, seq - 1, 1).reshape([vocab]))
     }
 
-    /// The decode step a GPU runs per token ([`StepAt`]): `tokens` `[rows, 1]`, row `r` the
-    /// next token of the sequence whose keys and values `caches` (one fixed cache per layer,
-    /// [`new_fixed_caches`](Self::new_fixed_caches), holding `rows` sequences) keep in their row
-    /// `r`, at `at`'s position `r`. Returns the logits `[rows, vocab_size]`: row `r` is what
-    /// [`forward_cached`](Self::forward_cached) gives that sequence, up to float rounding. The
-    /// launches are the same at every position: nothing in them depends on it.
+    /// The decode step a GPU runs per token ([`StepAt`]): `tokens` `[rows, new]`, row `r` the
+    /// next token (or `new` tokens of a prompt, [`StepAt::tokens`]) of the sequence whose keys
+    /// and values `caches` (one fixed cache per layer, [`new_fixed_caches`](Self::new_fixed_caches),
+    /// holding `rows` sequences) keep in their row `r`, at `at`'s positions of row `r`. Returns
+    /// the logits of each row's last token, `[rows, vocab_size]`: row `r` is what
+    /// [`forward_cached`](Self::forward_cached) gives that sequence there, up to float
+    /// rounding. The launches are the same at every position: nothing in them depends on it.
     pub fn forward_step(
         &self,
         tokens: Tensor<2, Int>,
         at: &StepAt,
         caches: &mut [KvCache],
     ) -> Result<Tensor<2>, ModelError> {
-        let rows = at.rows();
-        let mut x = self.embed_at(tokens, at.positions().reshape([rows, 1]));
+        let (rows, new) = (at.rows(), at.tokens_per_row());
+        let mut x = self.embed_at(tokens, at.positions());
         for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
             x = block.forward_step(x, at, cache)?;
         }
+        // Only the last token's logits are wanted: the head reads one row a sequence.
+        let x = if new > 1 { x.narrow(1, new - 1, 1) } else { x };
         let vocab = self.vocab_size();
         Ok(self.head(x).reshape([rows, vocab]))
     }

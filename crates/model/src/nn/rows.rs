@@ -1,18 +1,20 @@
 //! A server's streams on a GPU: every stream a row of one fixed cache per layer
-//! (`[streams, kv_heads, block_size, d_head]`), and one step that feeds every row a token at
-//! once, with the same kernels and buffers every time. On CUDA it is recorded once and
-//! replayed (one graph launch a step, [`record`]); elsewhere it simply runs again.
+//! (`[streams, kv_heads, block_size, d_head]`), and two steps that feed every row at once with
+//! the same kernels and buffers every time: one token a row, and a prompt's chunk of
+//! [`PREFILL_TOKENS`] a row. On CUDA each is recorded once and replayed (one graph launch a
+//! step, [`record`]); elsewhere it simply runs again.
 //!
-//! A row with nothing to feed this step (a stalled client, a free slot, a prompt going in
-//! through its own feed) is not cut out, which would change the shapes: it is fed token 0 at its
-//! next free position and its output is ignored. What it writes there is no harm: that
+//! A row with nothing to feed this step (a stalled client, a free slot, a stream decoding while
+//! others read their prompts) is not cut out, which would change the shapes: it is fed token 0
+//! at its next free position and its output is ignored. What it writes there is no harm: that
 //! position is past its length, hidden from it, and the row's next token or piece of prompt
 //! writes it again before anyone reads it. (A full row, at `block_size`, writes its last
 //! position; a full row is always cleared before it is fed again.)
 //!
-//! A longer feed (a prompt, a window rebuilt) takes its row out as a cache of one sequence,
-//! goes through [`Gpt::next_logits`] as it would alone, and puts the row back in place
-//! ([`KvCache::row`], [`KvCache::set_row`]): the buffers a recording replays stay the same.
+//! A prompt (or a window rebuilt) goes through the chunk step, [`PREFILL_TOKENS`] tokens at a
+//! time; a shorter last chunk repeats its last token at its last position ([`StepAt::tokens`]).
+//! Every prompt length runs the same launches, so a new length compiles nothing, and prompts
+//! of several streams go in together.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -26,6 +28,11 @@ use super::record::{Recorded, record};
 use crate::error::ModelError;
 use crate::sample::{Replay, read_f32};
 
+/// Tokens of a prompt each row of the chunk step takes at once (fewer where the context is
+/// shorter): a prompt of up to this many goes in one step; a short one costs the whole chunk's
+/// arithmetic, which on a GPU is cheap beside the launches it saves.
+pub const PREFILL_TOKENS: usize = 32;
+
 /// Every stream a row of the same fixed caches.
 pub(crate) struct FixedRows<'a> {
     gpt: &'a Gpt,
@@ -34,13 +41,16 @@ pub(crate) struct FixedRows<'a> {
     /// Tokens each stream holds.
     lens: Vec<usize>,
     tables: StepTables,
-    /// Whether the step is recorded at its first run and replayed (else run launch by launch).
+    /// Whether the steps are recorded at their first run and replayed (else run launch by
+    /// launch).
     record: bool,
+    /// The step of one token a row, and the chunk step, once recorded.
     recorded: Option<RecordedRows<'a>>,
+    chunked: Option<RecordedRows<'a>>,
 }
 
 impl<'a> FixedRows<'a> {
-    /// `streams` empty streams of `gpt`, their step recorded and replayed if `record`.
+    /// `streams` empty streams of `gpt`, their steps recorded and replayed if `record`.
     pub(crate) fn new(gpt: &'a Gpt, streams: usize, record: bool) -> Self {
         Self {
             gpt,
@@ -49,11 +59,12 @@ impl<'a> FixedRows<'a> {
             tables: gpt.step_tables(),
             record,
             recorded: None,
+            chunked: None,
         }
     }
 
-    /// Whether the recorded step replays as one device graph, and if not why; `None` before it
-    /// is recorded.
+    /// Whether the recorded one-token step replays as one device graph, and if not why;
+    /// `None` before it is recorded.
     pub(crate) fn replays(&self) -> Option<Replay> {
         self.recorded.as_ref().map(|r| r.graph.replays().clone())
     }
@@ -71,26 +82,56 @@ impl<'a> FixedRows<'a> {
         self.lens[stream] = 0;
     }
 
-    /// The logits `[vocab]` after stream `stream`'s `tokens` (checked by the caller), fed
-    /// through its row as through a cache of its own.
-    pub(crate) fn feed_one(
-        &mut self,
-        stream: usize,
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, ModelError> {
-        let (streams, len) = (self.streams(), self.lens[stream]);
-        let mut row: Vec<KvCache> = self
-            .caches
-            .borrow()
-            .iter()
-            .map(|c| c.row(stream, len))
-            .collect();
-        let logits = self.gpt.next_logits(tokens, &mut row)?;
-        for (cache, row) in self.caches.borrow_mut().iter_mut().zip(row) {
-            cache.set_row(stream, streams, row);
+    /// Tokens a row of the chunk step takes.
+    fn chunk(&self) -> usize {
+        PREFILL_TOKENS.min(self.gpt.block_size())
+    }
+
+    /// Each `(stream, tokens)` (distinct streams, checked by the caller) fed through its row,
+    /// a chunk of each a step, every other row sitting out: the logits after each feed's last
+    /// token, `[feeds * vocab]` in the feeds' order.
+    pub(crate) fn prefill(&mut self, feeds: &[(usize, &[u32])]) -> Result<Vec<f32>, ModelError> {
+        let (new, vocab, last) = (
+            self.chunk(),
+            self.gpt.vocab_size(),
+            self.gpt.block_size() - 1,
+        );
+        let mut out = vec![0.0; feeds.len() * vocab];
+        let steps = feeds.iter().map(|(_, t)| t.len().div_ceil(new)).max();
+        for step in 0..steps.unwrap_or(0) {
+            // Sitting out: token 0 at the next free position, `new` times.
+            let mut tokens = vec![0u32; self.streams() * new];
+            let mut positions: Vec<usize> = (0..self.streams() * new)
+                .map(|i| self.lens[i / new].min(last))
+                .collect();
+            let mut fed = Vec::new();
+            for (f, &(stream, feed)) in feeds.iter().enumerate() {
+                let piece = feed.chunks(new).nth(step).unwrap_or_default();
+                let Some(&end) = piece.last() else { continue };
+                let len = self.lens[stream];
+                for i in 0..new {
+                    let (token, at) = piece.get(i).map_or((end, piece.len() - 1), |&t| (t, i));
+                    tokens[stream * new + i] = token;
+                    positions[stream * new + i] = len + at;
+                }
+                self.lens[stream] += piece.len();
+                if step + 1 == feed.len().div_ceil(new) {
+                    fed.push((f, stream));
+                }
+            }
+            let logits = self.run(&tokens, &positions, new)?;
+            // Read back only where a feed ends: a longer prompt's earlier chunks wait for
+            // nothing.
+            if fed.is_empty() {
+                continue;
+            }
+            let logits = read_f32(logits);
+            for (f, stream) in fed {
+                out[f * vocab..(f + 1) * vocab]
+                    .copy_from_slice(&logits[stream * vocab..(stream + 1) * vocab]);
+            }
         }
-        self.lens[stream] += tokens.len();
-        Ok(read_f32(logits))
+        Ok(out)
     }
 
     /// One token for each `(stream, token)` (distinct streams, each below `block_size`; checked
@@ -105,37 +146,51 @@ impl<'a> FixedRows<'a> {
         for &(stream, token) in singles {
             tokens[stream] = token;
         }
-        let logits = match self.record {
-            false => {
-                let at = StepAt::new(&self.tables, &positions)?;
-                let ids = self.gpt.ids(&tokens, [tokens.len(), 1]);
-                self.gpt
-                    .forward_step(ids, &at, &mut self.caches.borrow_mut())?
-            }
-            true => {
-                if self.recorded.is_none() {
-                    let (tables, caches) = (self.tables.clone(), self.caches.clone());
-                    let recorded =
-                        RecordedRows::record(self.gpt, tables, caches, &tokens, &positions)?;
-                    self.recorded = Some(recorded);
-                }
-                let recorded = self.recorded.as_mut().expect("recorded above");
-                recorded.step(&tokens, &positions)
-            }
-        };
+        let logits = self.run(&tokens, &positions, 1)?;
         for &(stream, _) in singles {
             self.lens[stream] += 1;
         }
         Ok(read_f32(logits))
     }
+
+    /// The step of `new` tokens a row (`tokens` and `positions` `[streams * new]`), recorded
+    /// at its first run if recording: the logits of each row's last token `[streams, vocab]`.
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+        new: usize,
+    ) -> Result<Tensor<2>, ModelError> {
+        let rows = self.streams();
+        if !self.record {
+            let at = StepAt::tokens(&self.tables, positions, new)?;
+            let ids = self.gpt.ids(tokens, [rows, new]);
+            return self
+                .gpt
+                .forward_step(ids, &at, &mut self.caches.borrow_mut());
+        }
+        let slot = match new {
+            1 => &mut self.recorded,
+            _ => &mut self.chunked,
+        };
+        if slot.is_none() {
+            let (tables, caches) = (self.tables.clone(), self.caches.clone());
+            let recorded = RecordedRows::record(self.gpt, tables, caches, tokens, positions, new)?;
+            *slot = Some(recorded);
+        }
+        Ok(slot
+            .as_mut()
+            .expect("recorded above")
+            .step(tokens, positions))
+    }
 }
 
 /// The buffers a replay reads.
 struct RowInputs {
-    /// `[rows, 1]`: each row's token.
+    /// `[rows, new]`: each row's tokens.
     tokens: Tensor<2, Int>,
-    /// `[rows]`: each row's position.
-    positions: Tensor<1, Int>,
+    /// `[rows, new]`: their positions.
+    positions: Tensor<2, Int>,
     /// The positions on the host: a backend without graphs runs the step again, which checks
     /// them.
     host: Vec<usize>,
@@ -151,29 +206,30 @@ struct RecordedRows<'a> {
 }
 
 impl<'a> RecordedRows<'a> {
-    /// Records `gpt`'s step over `caches` for `tokens` at `positions` (one a row). Recording
-    /// runs the step a few times (warm-up): each run writes the same rows with the same keys
-    /// and values.
+    /// Records `gpt`'s step of `new` tokens a row over `caches` for `tokens` at `positions`
+    /// (`[rows * new]`). Recording runs the step a few times (warm-up): each run writes the
+    /// same rows with the same keys and values.
     fn record(
         gpt: &'a Gpt,
         tables: StepTables,
         caches: Rc<RefCell<Vec<KvCache>>>,
         tokens: &[u32],
         positions: &[usize],
+        new: usize,
     ) -> Result<Self, ModelError> {
         let device = gpt.wte.weight.device();
-        let rows = tokens.len();
+        let rows = tokens.len() / new;
         let inputs = Rc::new(RefCell::new(RowInputs {
-            tokens: gpt.ids(tokens, [rows, 1]),
-            positions: Tensor::from_data(TensorData::new(as_i64(positions), [rows]), &device),
+            tokens: gpt.ids(tokens, [rows, new]),
+            positions: Tensor::from_data(TensorData::new(as_i64(positions), [rows, new]), &device),
             host: positions.to_vec(),
         }));
         // The step's checks run here, outside the recording, where an error is a value.
-        StepAt::new(&tables, positions)?;
+        StepAt::tokens(&tables, positions, new)?;
         let read = inputs.clone();
         let step: Step<'a> = Box::new(move || {
             let inputs = read.borrow();
-            let at = StepAt::on_device(&tables, inputs.positions.clone(), &inputs.host)
+            let at = StepAt::tokens_on_device(&tables, inputs.positions.clone(), &inputs.host)
                 .expect("positions checked before the step");
             gpt.forward_step(inputs.tokens.clone(), &at, &mut caches.borrow_mut())
                 .expect("a step checked before it was recorded")

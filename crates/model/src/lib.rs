@@ -6,6 +6,9 @@
 //! projections), each chosen in [`GptConfig`]. The crate is in rooms, each a module whose doc
 //! says what it owns and what it may import; lower rooms never import higher ones:
 //!
+//! 0. **`fast_math`**: `exp`, `tanh` and the normal CDF in plain arithmetic, and the
+//!    `vectorized!` macro that compiles a loop for the CPU's vector width: what the kernels
+//!    and the sampler's loops over a vocabulary vectorise with.
 //! 1. **`arch`**: what the model is, with no Burn in it: [`GptConfig`] with its presets
 //!    ([`GptConfig::baby`], [`GptConfig::shakespeare_char`], [`GptConfig::modern`],
 //!    [`GptConfig::minimal`]), its [`parts`], and [`parameter_table`]: every parameter under
@@ -30,6 +33,7 @@
 mod arch;
 mod cpu;
 mod error;
+mod fast_math;
 pub mod gpu;
 mod nn;
 mod optim;

@@ -2,6 +2,8 @@
 //! and [`Sampled`]: the token as the model saw it. Shared by the host sampler and the rule a
 //! decoder applies on its device.
 
+use crate::fast_math::{exp, vectorized};
+
 /// One token as the model saw it: the token, its log-probability under the model (the
 /// log-softmax of the raw logits, before any penalty, bias or temperature), and the `top` most
 /// likely tokens with theirs, most likely first.
@@ -16,7 +18,7 @@ impl Sampled {
     /// `id` seen in `logits` (one per vocabulary entry), with the `top` most likely tokens.
     pub fn observe(logits: &[f32], id: u32, top: usize) -> Self {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let sum: f64 = exps(logits, max, 1.0).iter().map(|&e| e as f64).sum();
         let log_z = max as f64 + sum.ln();
         let logprob = |i: usize| (logits[i] as f64 - log_z) as f32;
         let top = top.min(logits.len());
@@ -64,10 +66,28 @@ pub(crate) fn weights(logits: &[f32], temperature: f32, top_k: Option<usize>) ->
             .for_each(|l| *l = f32::NEG_INFINITY);
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    logits
-        .iter()
-        .map(|&l| (((l - max) / temperature) as f64).exp())
-        .collect()
+    let exps = exps(&logits, max, temperature);
+    exps.iter().map(|&e| e as f64).collect()
+}
+
+/// `e^{(l - max) / temperature}` for each logit `l`: a vocabulary's worth every sampled token
+/// (twice: the draw's weights and the log-probability), so in the vectorisable [`exp`] (libm's
+/// is a call per value: at a 49,152-token vocabulary, 8% of a token of a 135M model on two
+/// cores). Its relative error is below 3e-7; below `e^-87` (≈ 1.6e-38, `-inf` included) it is
+/// 0, as a masked token's weight must be.
+fn exps(logits: &[f32], max: f32, temperature: f32) -> Vec<f32> {
+    let mut out = vec![0.0; logits.len()];
+    exps_into(&mut out, logits, max, temperature);
+    out
+}
+
+vectorized! {
+    fn exps_into(out: &mut [f32], logits: &[f32], max: f32, temperature: f32) {
+        for (o, &l) in out.iter_mut().zip(logits) {
+            let x = (l - max) / temperature;
+            *o = if x > -87.0 { exp(x) } else { 0.0 };
+        }
+    }
 }
 
 /// The first token whose running sum of `weights` passes `uniform` (in `[0, 1)`) times their
@@ -92,4 +112,28 @@ pub(crate) fn argmax<T: PartialOrd>(values: &[T]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised exponentials are libm's to float precision, and exactly 0 for a token
+    /// masked out (`-inf`) or top-k's leftovers.
+    #[test]
+    fn weights_are_the_exponentials_and_masked_tokens_weigh_nothing() {
+        let mut logits: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.731).sin() * 20.0).collect();
+        logits[7] = f32::NEG_INFINITY;
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for temperature in [1.0, 0.7, 2.0] {
+            let got = weights(&logits, temperature, None);
+            for (i, (&w, &l)) in got.iter().zip(&logits).enumerate() {
+                let want = (((l - max) / temperature) as f64).exp();
+                assert!((w - want).abs() <= 3e-7 * want, "{i}: {w} vs {want}");
+            }
+            assert_eq!(got[7], 0.0);
+        }
+        let top = weights(&logits, 1.0, Some(10));
+        assert_eq!(top.iter().filter(|&&w| w > 0.0).count(), 10);
+    }
 }

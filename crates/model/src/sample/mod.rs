@@ -6,8 +6,8 @@
 //! stop sequences held back), and the two decoder traits every engine implements: [`Decoder`]
 //! (one sequence: [`generate`], [`score`]) and [`BatchDecoder`] (a server's many).
 //!
-//! Knows no model: it may import the crate's errors and Burn's tensors (a device pick), nothing
-//! else of the crate. [`crate::nn`] and [`crate::cpu`] implement its traits.
+//! Knows no model: it may import the crate's errors, [`crate::fast_math`] (the exponentials
+//! over a vocabulary) and Burn's tensors (a device pick), nothing else of the crate. [`crate::nn`] and [`crate::cpu`] implement its traits.
 
 mod batch;
 mod continuation;

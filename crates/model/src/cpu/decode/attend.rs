@@ -6,8 +6,8 @@ use crate::cpu::block::Heads;
 use crate::cpu::dims::Dims;
 use crate::cpu::helpers::{Helpers, split_heads};
 use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
-use crate::cpu::kernels::fast_math::{self, vectorized};
 use crate::cpu::kernels::matmul::{View, dot_lanes, matmul_into};
+use crate::fast_math::{self, vectorized};
 
 /// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
 /// were filled before the rows being fed.

@@ -7,8 +7,8 @@
 //! keys `0..=t` and writes exact zeros after them, the weights that fill gives. The tests check
 //! both against each other.
 
-use super::fast_math;
 use super::matmul::{View, matmul_into};
+use crate::fast_math;
 
 /// Sizes of one call: `seqs` sequences of `seq` tokens, `heads` query heads over a width of
 /// `width`, sharing `kv_heads` key/value heads in groups (grouped-query attention: query head

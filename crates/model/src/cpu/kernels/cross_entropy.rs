@@ -1,6 +1,6 @@
 //! Softmax cross-entropy over the vocabulary with `ignore_index`, loss and gradient in one pass.
 
-use super::fast_math::exp;
+use crate::fast_math::exp;
 use crate::nn::IGNORE_INDEX;
 
 /// Returns the summed negative log-likelihood of the kept `targets` under `logits [rows, vocab]`.

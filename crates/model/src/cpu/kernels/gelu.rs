@@ -1,7 +1,7 @@
 //! GELU, the exact form `x · Φ(x)` that Burn's and PyTorch's default `gelu` compute (Φ the
 //! standard normal CDF, computed to f32 precision by [`normal_cdf_pdf`]).
 
-use super::fast_math::{normal_cdf_pdf, vectorized};
+use crate::fast_math::{normal_cdf_pdf, vectorized};
 
 vectorized! {
     /// `out = x · Φ(x)`.

@@ -2,7 +2,7 @@
 //! `gelu(approximate="tanh")`): `½·x·(1 + tanh(u))` with `u = √(2/π)·(x + 0.044715·x³)`,
 //! the formula Burn's `gelu_approximate` composes.
 
-use super::fast_math::{tanh, vectorized};
+use crate::fast_math::{tanh, vectorized};
 
 /// `√(2/π)`.
 const K: f32 = 0.797_884_6;

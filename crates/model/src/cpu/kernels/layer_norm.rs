@@ -1,7 +1,7 @@
 //! LayerNorm over the last axis, forward and backward, one loop per row (the forward reads each
 //! row three times: its mean, its variance, the output; all from cache).
 
-use super::fast_math::vectorized;
+use crate::fast_math::vectorized;
 
 vectorized! {
     /// `out = (x - mean) / √(var + ε) · gamma + beta` per row of `x [rows, width]`, ε the

@@ -1,7 +1,7 @@
 //! Matrix products over row-major `f32` slices, through the `gemm` crate (AVX-512 kernels when
 //! the CPU has them, picked at run time).
 
-use super::fast_math::vectorized;
+use crate::fast_math::vectorized;
 
 /// A matrix read in place: element `(i, j)` is `data[i * row_stride + j * col_stride]`. A
 /// transpose is the same slice with the strides swapped, so no product copies its inputs.

@@ -5,7 +5,6 @@
 pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod dropout;
-pub(crate) mod fast_math;
 pub(crate) mod gelu;
 pub(crate) mod gelu_tanh;
 pub(crate) mod layer_norm;

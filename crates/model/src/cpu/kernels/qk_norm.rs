@@ -2,7 +2,7 @@
 //! gain (`tinygpt_attention::qk_norm`). RMSNorm on `d_head`-wide pieces, so its backward is
 //! RMSNorm's: `dx = rstd · (dn − n · mean(dn · n))`.
 
-use super::fast_math::vectorized;
+use crate::fast_math::vectorized;
 
 vectorized! {
     /// Normalises every `d`-wide piece of `x` in place, writing the normalised values to `n`

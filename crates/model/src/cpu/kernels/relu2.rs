@@ -1,6 +1,6 @@
 //! ReLU², `relu(x)²` (Primer; modded-nanogpt, nanochat), forward and backward.
 
-use super::fast_math::vectorized;
+use crate::fast_math::vectorized;
 
 vectorized! {
     /// `out = max(x, 0)²`.

@@ -1,7 +1,7 @@
 //! RMSNorm over the last axis, forward and backward: `x / √(mean(x²) + ε) · γ`, no mean
 //! subtracted and no shift; `γ` absent (empty) for nanochat's parameter-free form.
 
-use super::fast_math::vectorized;
+use crate::fast_math::vectorized;
 
 vectorized! {
     /// `out = x · rstd · gamma` per row of `x [rows, width]` (`gamma` empty = 1), with

@@ -9,8 +9,8 @@
 //! Each output is one [`dot`](super::matmul::dot) of its row, so a row's numbers are the same
 //! alone, split over threads, or among other streams.
 
-use super::fast_math::vectorized;
 use super::matmul::{View, dot_lanes, matmul_into};
+use crate::fast_math::vectorized;
 
 /// A matrix `[rows, cols]` of f32, row-major: `rows` outputs of `cols` inputs.
 #[derive(Debug, Clone, Default)]

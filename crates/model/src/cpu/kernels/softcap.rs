@@ -1,7 +1,7 @@
 //! The logits' soft-cap (Gemma 2, nanochat), forward and backward: `z ↦ cap · tanh(z / cap)`,
 //! whose derivative is `1 − tanh²`.
 
-use super::fast_math::{tanh, vectorized};
+use crate::fast_math::{tanh, vectorized};
 
 vectorized! {
     /// `logits = cap · tanh(logits / cap)` in place, keeping `t = tanh(logits / cap)` for the

@@ -1,7 +1,7 @@
 //! SwiGLU (Shazeer 2020; PaLM, Llama): `silu(gate) ⊙ up`, forward and backward, with the MLP's
 //! first projection giving `[gate | up]` side by side in each row and `silu(x) = x·σ(x)`.
 
-use super::fast_math::{exp, vectorized};
+use crate::fast_math::{exp, vectorized};
 
 vectorized! {
     /// `out [rows, hidden] = silu(gate) ⊙ up` from `fc [rows, 2·hidden]` (`[gate | up]`).

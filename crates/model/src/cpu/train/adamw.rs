@@ -2,8 +2,8 @@
 //! the two and resume bit for bit): Burn spends a dozen whole-tensor ops, each a pass over
 //! memory with an allocation, per parameter; here it is one loop.
 
-use crate::cpu::kernels::fast_math::vectorized;
 use crate::cpu::params::Params;
+use crate::fast_math::vectorized;
 use crate::optim::AdamWSettings;
 
 /// The moments of every parameter, in its [`Params`]' layout.

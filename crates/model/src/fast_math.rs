@@ -1,5 +1,8 @@
-//! `exp` and the normal CDF without branches or libm calls, so the compiler vectorises the loops
-//! that use them (libm's `expf`/`erff` are scalar calls, and were a fifth of the step).
+//! The lowest room: `exp` and the normal CDF without branches or libm calls, so the compiler
+//! vectorises the loops that use them (libm's `expf`/`erff` are scalar calls, and were a fifth
+//! of the step), and [`vectorized!`], which compiles a loop for the CPU's vector width. The
+//! fused engine's kernels and the sampler's loops over a vocabulary use them; it imports
+//! nothing of the crate.
 
 use std::f32::consts::{FRAC_1_SQRT_2, LOG2_E};
 

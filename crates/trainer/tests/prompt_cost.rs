@@ -2,9 +2,10 @@
 //! prompts through one step of fixed shape, a chunk of tokens a row, recorded once and
 //! replayed like the step of single tokens; so once it has run, a prompt of a length never
 //! seen compiles (nearly) nothing and launches only its inputs' uploads, and several prompts
-//! go in together; their logits are the ones each stream gets alone. Feeding the same prompts
-//! the way a single sequence reads a prompt (and the way `serve` read them before), one
-//! forward pass of the prompt's own length, is caught compiling kernels for the new lengths.
+//! go in together; their logits are the ones each stream gets alone. One sequence's decoder
+//! (`generate`) reads its prompt through the same chunks. Feeding the same prompts in one
+//! forward pass of the prompt's own length (the way both read them before) is caught
+//! compiling kernels for the new lengths.
 //! One test, so no other test's kernels run meanwhile: the counts are the whole process's
 //! ("nearly": see `token_cost.rs`).
 
@@ -53,26 +54,42 @@ fn a_gpu_server_reads_prompts_of_any_length_through_one_step() {
         prompts_through_the_rows(&gpt, way);
     }
 
-    // The same prompts' lengths read the way one sequence reads a prompt: each length its own
-    // shapes.
-    let mut alone = gpt.decoder_with(DecodeStep::Forward);
-    let ((), warm) = warm_up(|| {
-        alone.feed(&prompt(0, 5)).map(drop)?;
-        alone.clear();
-        alone.feed(&prompt(1, 40)).map(drop)?;
-        Ok(())
-    })
-    .unwrap();
-    let one_by_one = count(&warm, || {
-        for n in [3, 9, 70, 17] {
+    // One sequence's decoder (`generate`) reads a prompt through the same chunk step, and
+    // `DecodeStep::Forward` in one forward pass of the prompt's own length: each length its
+    // own shapes. The same prompts, each checked against the forward pass to rounding.
+    for way in [DecodeStep::Step, DecodeStep::Forward] {
+        let mut alone = gpt.decoder_with(way);
+        let ((), warm) = warm_up(|| {
+            alone.feed(&prompt(0, 5)).map(drop)?;
             alone.clear();
-            alone.feed(&prompt(2, n))?;
+            alone.feed(&prompt(1, 40)).map(drop)?;
+            Ok(())
+        })
+        .unwrap();
+        let mut got = Vec::new();
+        let cost = count(&warm, || {
+            for n in [3, 9, 70, 17] {
+                alone.clear();
+                got.push(alone.feed(&prompt(2, n))?);
+            }
+            Ok(4)
+        })
+        .unwrap();
+        eprintln!("one sequence, {way:?}: {cost:?}");
+        match way {
+            DecodeStep::Forward => assert!(cost.compiles_after_warmup >= 5, "{cost:?}"),
+            _ => {
+                assert!(cost.compiles_after_warmup <= 2, "{way:?}: {cost:?}");
+                assert_eq!(cost.host_reads_per_token, 1.0, "{way:?}: {cost:?}");
+                let mut forward = gpt.decoder_with(DecodeStep::Forward);
+                for (n, logits) in [3, 9, 70, 17].into_iter().zip(&got) {
+                    forward.clear();
+                    let want = forward.feed(&prompt(2, n)).unwrap();
+                    to_rounding(logits, &want, &format!("{way:?}, a prompt of {n}"));
+                }
+            }
         }
-        Ok(4)
-    })
-    .unwrap();
-    eprintln!("prompts at their own lengths: {one_by_one:?}");
-    assert!(one_by_one.compiles_after_warmup >= 5, "{one_by_one:?}");
+    }
 }
 
 /// Prompts and single tokens of three streams through a batch whose steps run `way`: after a

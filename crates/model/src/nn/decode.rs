@@ -9,7 +9,7 @@ use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use super::captured::CapturedStep;
 use super::gpt::Gpt;
-use super::rows::FixedRows;
+use super::rows::{FixedRows, PREFILL_TOKENS, padded};
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
 use crate::sample::{
@@ -62,14 +62,16 @@ impl Gpt {
     }
 }
 
-/// How a decoder on a GPU feeds one new token (longer feeds always go through
-/// [`Gpt::forward_cached`]).
+/// How a decoder on a GPU feeds its tokens: one new token, and a prompt in chunks through the
+/// same step, or both through [`Gpt::forward_cached`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeStep {
     /// [`Gpt::forward_cached`], as longer feeds: the position reaches the kernels as launch
     /// arguments.
     Forward,
-    /// [`Gpt::forward_step`]: the same launches at every position, the position in a buffer.
+    /// [`Gpt::forward_step`]: the same launches at every position, the position in a buffer;
+    /// a prompt goes through the same step in fixed chunks of tokens, so its length changes
+    /// no launch either.
     Step,
     /// The step and the pick recorded once and replayed for every token: on CUDA one graph
     /// launch per token (shakespeare-char's size on an H100: 769 tokens/s against the step's
@@ -111,6 +113,23 @@ impl GptDecoder<'_> {
                 let at = StepAt::new(tables, &[past])?;
                 let ids = self.gpt.ids(&[token], [1, 1]);
                 let logits = self.gpt.forward_step(ids, &at, caches)?;
+                Ok(logits.reshape([self.gpt.vocab_size()]))
+            }
+            // A prompt through the chunk step a server's rows take: every length the same
+            // launches, so a new length compiles nothing.
+            (Some((DecodeStep::Step | DecodeStep::Captured, tables)), _)
+                if !tokens.is_empty() && past + tokens.len() <= self.gpt.block_size() =>
+            {
+                let new = PREFILL_TOKENS.min(self.gpt.block_size());
+                let (mut ids, mut positions) = (vec![0; new], vec![0; new]);
+                let mut logits = None;
+                for (c, piece) in tokens.chunks(new).enumerate() {
+                    padded(piece, past + c * new, &mut ids, &mut positions);
+                    let at = StepAt::tokens(tables, &positions, new)?;
+                    let ids = self.gpt.ids(&ids, [1, new]);
+                    logits = Some(self.gpt.forward_step(ids, &at, caches)?);
+                }
+                let logits = logits.expect("a prompt of at least one token");
                 Ok(logits.reshape([self.gpt.vocab_size()]))
             }
             _ => self.gpt.next_logits(tokens, caches),

@@ -30,8 +30,9 @@ use crate::sample::{Replay, read_f32};
 
 /// Tokens of a prompt each row of the chunk step takes at once (fewer where the context is
 /// shorter): a prompt of up to this many goes in one step; a short one costs the whole chunk's
-/// arithmetic, which on a GPU is cheap beside the launches it saves.
-pub const PREFILL_TOKENS: usize = 32;
+/// arithmetic for every row, which on a GPU should cost less than the launches and compiles it
+/// saves (not yet measured on one).
+pub(crate) const PREFILL_TOKENS: usize = 32;
 
 /// Every stream a row of the same fixed caches.
 pub(crate) struct FixedRows<'a> {
@@ -107,13 +108,16 @@ impl<'a> FixedRows<'a> {
             let mut fed = Vec::new();
             for (f, &(stream, feed)) in feeds.iter().enumerate() {
                 let piece = feed.chunks(new).nth(step).unwrap_or_default();
-                let Some(&end) = piece.last() else { continue };
-                let len = self.lens[stream];
-                for i in 0..new {
-                    let (token, at) = piece.get(i).map_or((end, piece.len() - 1), |&t| (t, i));
-                    tokens[stream * new + i] = token;
-                    positions[stream * new + i] = len + at;
+                if piece.is_empty() {
+                    continue;
                 }
+                let row = stream * new..(stream + 1) * new;
+                padded(
+                    piece,
+                    self.lens[stream],
+                    &mut tokens[row.clone()],
+                    &mut positions[row],
+                );
                 self.lens[stream] += piece.len();
                 if step + 1 == feed.len().div_ceil(new) {
                     fed.push((f, stream));
@@ -182,6 +186,17 @@ impl<'a> FixedRows<'a> {
             .as_mut()
             .expect("recorded above")
             .step(tokens, positions))
+    }
+}
+
+/// A chunk of a row's prompt, `piece` (not empty) at positions `len..`, as the chunk step
+/// takes it: `tokens` and `positions` (`new` each) filled, the last token repeated at its own
+/// position past the piece's end.
+pub(crate) fn padded(piece: &[u32], len: usize, tokens: &mut [u32], positions: &mut [usize]) {
+    let last = piece.len() - 1;
+    for (i, (token, at)) in tokens.iter_mut().zip(positions).enumerate() {
+        let i = i.min(last);
+        (*token, *at) = (piece[i], len + i);
     }
 }
 

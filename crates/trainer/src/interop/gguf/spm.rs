@@ -24,6 +24,7 @@ use serde_json::{Value as Json, json};
 use super::file::{Gguf, Value};
 use super::vocab::{
     CONTROL, NORMAL, USER_DEFINED, bos_processor, listed, merge_pairs, put, token_list,
+    tokens_by_id,
 };
 use crate::data::tokenizer::Tokenizer;
 
@@ -190,35 +191,28 @@ pub(super) fn space_prefix(hf: &Json) -> Result<Option<bool>> {
 /// the unknown token, the space prefix.
 pub(super) fn metadata(hf: &Json, prefix: bool, rows: usize) -> Result<Vec<(String, Value)>> {
     let model = &hf["model"];
-    let vocab = model["vocab"]
-        .as_object()
-        .context("the tokenizer has no vocabulary")?;
-    let (mut tokens, mut types) = (Vec::new(), Vec::new());
-    let id_of = |id: &Json| {
-        id.as_u64()
-            .map(|id| id as usize)
-            .context("a token id that is no number")
-    };
-    for (text, id) in vocab {
-        let byte = text.len() == 6 && text.starts_with("<0x") && text.ends_with('>');
-        put(
-            &mut tokens,
-            &mut types,
-            id_of(id)?,
-            text,
-            if byte { BYTE } else { NORMAL },
-        );
-    }
+    let mut tokens = tokens_by_id(model)?;
+    let byte = |t: &str| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>');
+    let mut types: Vec<i32> = tokens
+        .iter()
+        .map(|t| match t.as_deref() {
+            Some(t) if byte(t) => BYTE,
+            _ => NORMAL,
+        })
+        .collect();
     for added in hf["added_tokens"].as_array().into_iter().flatten() {
         let text = added["content"]
             .as_str()
             .context("an added token without text")?;
+        let id = added["id"]
+            .as_u64()
+            .context("a token id that is not a number")?;
         let kind = if added["special"] == true {
             CONTROL
         } else {
             USER_DEFINED
         };
-        put(&mut tokens, &mut types, id_of(&added["id"])?, text, kind);
+        put(&mut tokens, &mut types, id as usize, text, kind);
     }
     let ids: HashMap<&str, usize> = tokens
         .iter()

@@ -211,6 +211,17 @@ fn bpe_tokens(hf: &Json) -> Result<(Vec<Option<String>>, Vec<String>)> {
         .get("model")
         .filter(|m| m["type"] == "BPE")
         .ok_or_else(|| anyhow!("the run's tokenizer is not byte-level BPE"))?;
+    let tokens = tokens_by_id(model)?;
+    let merges = merge_pairs(model)?
+        .into_iter()
+        .map(|(a, b)| format!("{a} {b}"))
+        .collect();
+    Ok((tokens, merges))
+}
+
+/// The tokens of a Hugging Face BPE `model`'s vocabulary by id (`None` where no token has the
+/// id).
+pub(super) fn tokens_by_id(model: &Json) -> Result<Vec<Option<String>>> {
     let vocab = model["vocab"]
         .as_object()
         .context("the tokenizer has no vocabulary")?;
@@ -222,11 +233,7 @@ fn bpe_tokens(hf: &Json) -> Result<(Vec<Option<String>>, Vec<String>)> {
         }
         tokens[id] = Some(text.clone());
     }
-    let merges = merge_pairs(model)?
-        .into_iter()
-        .map(|(a, b)| format!("{a} {b}"))
-        .collect();
-    Ok((tokens, merges))
+    Ok(tokens)
 }
 
 /// The merges of a Hugging Face BPE `model`, in rank order, each as its two tokens (written

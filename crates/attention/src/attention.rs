@@ -8,7 +8,7 @@ use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 
 use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
 use crate::error::{AttentionConfigError, AttentionError};
-use crate::flash::{self, flash_attention};
+use crate::flash::{self, flash_attention, flash_attention_packed};
 use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
@@ -129,16 +129,22 @@ impl CausalSelfAttention {
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
+        let flash = self.use_flash(&x, key_padding.is_some());
+        let dropout = match self.dropout_active(&x.device()) {
+            true => self.attn_dropout.prob,
+            false => 0.0,
+        };
+        // Without rotation or QK-norm the heads are the projection's columns as they are: the
+        // kernels read them there and write the output as the output projection reads it.
+        if flash && self.rope_base.is_none() && self.qk_norm_eps.is_none() {
+            let qkv = rows_linear::linear(&self.c_attn, x);
+            let y = flash_attention_packed(qkv, self.n_heads, self.n_kv_heads, dropout);
+            return Ok(self.project(y));
+        }
         let heads = self.heads(x, At::From(0));
         // The flash kernels read each query head's key/value head in place; the other paths
         // take them repeated.
-        let y = if self.use_flash(&heads, key_padding.is_some()) {
-            let device = heads.q.device();
-            let dropout = if self.dropout_active(&device) {
-                self.attn_dropout.prob
-            } else {
-                0.0
-            };
+        let y = if flash {
             flash_attention(heads.q, heads.k, heads.v, dropout)
         } else if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
@@ -336,15 +342,17 @@ impl CausalSelfAttention {
             && device.is_autodiff()
     }
 
-    /// Whether this call takes the flash kernels (see [`AttentionKernel`]).
-    fn use_flash(&self, heads: &Heads, padded: bool) -> bool {
-        let device = heads.q.device();
+    /// Whether attending over `x` (`[batch, seq, d_model]`) takes the flash kernels (see
+    /// [`AttentionKernel`]).
+    fn use_flash(&self, x: &Tensor<3>, padded: bool) -> bool {
+        let device = x.device();
         let wanted = match self.kernel {
             AttentionKernel::Flash => true,
             AttentionKernel::Auto => device.is_autodiff(),
             AttentionKernel::Explicit | AttentionKernel::Sdpa => false,
         };
-        wanted && !padded && flash::supported(&device, heads.q.dtype(), heads.q.dims()[3])
+        let d_head = self.d_model() / self.n_heads;
+        wanted && !padded && flash::supported(&device, self.dtype(), d_head)
     }
 
     /// Whether this call may take Burn's SDPA op (see [`AttentionKernel`]).
@@ -406,7 +414,12 @@ impl CausalSelfAttention {
     /// `[batch, heads, seq, d_head]` -> concatenated heads, projected: `[batch, seq, d_model]`.
     fn merge_heads(&self, y: Tensor<4>) -> Tensor<3> {
         let [batch, heads, seq, d_head] = y.dims();
-        let y = y.swap_dims(1, 2).reshape([batch, seq, heads * d_head]);
+        self.project(y.swap_dims(1, 2).reshape([batch, seq, heads * d_head]))
+    }
+
+    /// The heads' outputs concatenated, `[batch, seq, d_model]`, through the output projection
+    /// (and the residual dropout).
+    fn project(&self, y: Tensor<3>) -> Tensor<3> {
         self.resid_dropout
             .forward(rows_linear::linear(&self.c_proj, y))
     }

@@ -2,7 +2,9 @@
 //! outputs, log-sum-exp and the gradients of `q`, `k`, `v`, with and without dropout.
 
 use burn::tensor::{Device, DeviceType, Distribution, Tensor, TensorData};
-use tinygpt_attention::flash::{self, flash_attention, flash_attention_parts};
+use tinygpt_attention::flash::{
+    self, flash_attention, flash_attention_packed_parts, flash_attention_parts,
+};
 use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig};
 
 type Shape4 = [usize; 4];
@@ -283,6 +285,59 @@ fn grouped_heads_are_read_in_place_and_their_gradients_summed() {
     }
 }
 
+/// The projection's packed output read in place (`flash_attention_packed`) gives the numbers of
+/// the heads split off it and passed separately, bit for bit: the output, and the gradient of
+/// the packed input against the three gradients put back in its columns; with grouped heads and
+/// dropout. The separate call is made twice, on the split heads as views (channels contiguous,
+/// rows strided: what the kernels now read in place) and on contiguous copies of them.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn packed_heads_give_the_separate_heads_numbers_bit_for_bit() {
+    let device = wgpu_device();
+    for (n, (batch, heads, kv_heads, seq, d, p)) in [(2, 6, 2, 37, 16, 0.25), (1, 4, 4, 50, 8, 0.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let (groups, seed) = (heads + 2 * kv_heads, 77 + n as u32);
+        let width = groups * d;
+        let qkv_data = normal(batch * seq * width, 90 + n as u64);
+        let grad_data = normal(batch * seq * heads * d, 95 + n as u64);
+        let qkv = Tensor::<3>::from_data(TensorData::new(qkv_data, [batch, seq, width]), &device);
+        let d_out =
+            Tensor::<3>::from_data(TensorData::new(grad_data, [batch, seq, heads * d]), &device);
+        let (out, d_qkv) =
+            flash_attention_packed_parts(qkv.clone(), heads, kv_heads, d_out.clone(), p, seed);
+
+        let split = qkv.reshape([batch, seq, groups, d]).swap_dims(1, 2);
+        let views = [
+            split.clone().narrow(1, 0, heads),
+            split.clone().narrow(1, heads, kv_heads),
+            split.narrow(1, heads + kv_heads, kv_heads),
+        ];
+        let d_out = d_out.reshape([batch, seq, heads, d]).swap_dims(1, 2);
+        // [batch, h, seq, d] -> [batch, seq, h·d]
+        let rows = |t: Tensor<4>| {
+            let [b, h, s, d] = t.dims();
+            t.swap_dims(1, 2).reshape([b, s, h * d])
+        };
+        for contiguous in [false, true] {
+            let [q, k, v] = views.clone().map(|t| match contiguous {
+                true => Tensor::from_data(t.into_data(), &device),
+                false => t,
+            });
+            let ([out_s, d_q, d_k, d_v], _) =
+                flash_attention_parts(q, k, v, d_out.clone(), p, seed);
+            let what = format!("{heads} heads over {kv_heads}, contiguous {contiguous}");
+            assert_eq!(values(out.clone()), values(rows(out_s)), "{what}: output");
+            let d_split = Tensor::cat(vec![rows(d_q), rows(d_k), rows(d_v)], 2);
+            assert_eq!(values(d_qkv.clone()), values(d_split), "{what}: gradients");
+        }
+    }
+}
+
 /// `v = I` (one channel per key) turns the output into the weights themselves: row `i` of the
 /// output is row `i` of `softmax(q kᵀ/√d + mask)` (after dropout).
 fn weights(
@@ -438,12 +493,19 @@ fn the_layer_with_flash_falls_back_to_the_explicit_layer_on_flex() {
 }
 
 fn the_layer_with_flash_equals_the_explicit_layer(device: Device) {
-    // Multi-head; then grouped heads with rotary positions and QK-norm before the kernel.
-    let grouped = CausalSelfAttentionConfig::new(32, 4, 50)
-        .with_n_kv_heads(Some(2))
+    // Multi-head, grouped heads; then grouped heads with rotary positions and QK-norm before
+    // the kernel.
+    // Without rotation or QK-norm the flash layer reads the projection's packed output.
+    let packed_grouped = CausalSelfAttentionConfig::new(32, 4, 50).with_n_kv_heads(Some(2));
+    let grouped = packed_grouped
+        .clone()
         .with_rope_base(Some(10000.0))
         .with_qk_norm_eps(Some(1e-6));
-    for config in [CausalSelfAttentionConfig::new(32, 4, 50), grouped] {
+    for config in [
+        CausalSelfAttentionConfig::new(32, 4, 50),
+        packed_grouped,
+        grouped,
+    ] {
         layer_with_flash_equals_the_explicit_layer(&device, config);
     }
 }

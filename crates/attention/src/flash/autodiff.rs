@@ -36,6 +36,39 @@ impl<B: FlashAttentionBackend> Backward<B, 3> for FlashAttentionBackward {
     }
 }
 
+/// The packed backward step: the gradient of `qkv` from the saved forward.
+#[derive(Debug)]
+struct PackedBackward {
+    heads: u32,
+    kv_heads: u32,
+    dropout: f32,
+    seed: u32,
+}
+
+impl<B: FlashAttentionBackend> Backward<B, 1> for PackedBackward {
+    /// `qkv`, `out`, `lse` of the forward, on the inner backend.
+    type State = [FloatTensor<B>; 3];
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [qkv, out, lse] = ops.state;
+        let d_out = grads.consume::<B>(&ops.node);
+        let [parent] = ops.parents;
+        if let Some(parent) = parent {
+            let d_qkv = B::flash_attention_packed_backward(
+                qkv,
+                out,
+                lse,
+                d_out,
+                self.heads,
+                self.kv_heads,
+                self.dropout,
+                self.seed,
+            );
+            grads.register::<B>(parent.id, d_qkv);
+        }
+    }
+}
+
 impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for Autodiff<B, C> {
     fn flash_attention_forward(
         q: FloatTensor<Self>,
@@ -66,6 +99,59 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
                 (prep.finish(out), Self::from_inner(lse))
             }
         }
+    }
+
+    fn flash_attention_packed_forward(
+        qkv: FloatTensor<Self>,
+        heads: u32,
+        kv_heads: u32,
+        dropout: f32,
+        seed: u32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let step = PackedBackward {
+            heads,
+            kv_heads,
+            dropout,
+            seed,
+        };
+        let (qkv, node) = qkv.into_parts();
+        // Saved, not recomputed, as the unpacked op's state is.
+        match step.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (out, lse) =
+                    B::flash_attention_packed_forward(qkv.clone(), heads, kv_heads, dropout, seed);
+                let state = [qkv, out.clone(), lse.clone()];
+                (prep.finish(state, out), Self::from_inner(lse))
+            }
+            OpsKind::UnTracked(prep) => {
+                let (out, lse) =
+                    B::flash_attention_packed_forward(qkv, heads, kv_heads, dropout, seed);
+                (prep.finish(out), Self::from_inner(lse))
+            }
+        }
+    }
+
+    fn flash_attention_packed_backward(
+        qkv: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        heads: u32,
+        kv_heads: u32,
+        dropout: f32,
+        seed: u32,
+    ) -> FloatTensor<Self> {
+        // Called directly (not through `backward`), the gradient is a plain value.
+        Self::from_inner(B::flash_attention_packed_backward(
+            qkv.into_primitive(),
+            out.into_primitive(),
+            lse.into_primitive(),
+            d_out.into_primitive(),
+            heads,
+            kv_heads,
+            dropout,
+            seed,
+        ))
     }
 
     fn flash_attention_backward(

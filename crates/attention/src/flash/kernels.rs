@@ -1,9 +1,14 @@
 //! The CubeCL kernels of flash attention, forward and backward side by side.
 //!
-//! All tensors are contiguous `[batch, heads, seq, d_head]` (`q`, `out`, `d_out`, `dQ`),
-//! `[batch, kv_heads, seq, d_head]` (`k`, `v`, `dK`, `dV`; grouped-query attention when
-//! `kv_heads < heads`: query head `h` reads key/value head `h / (heads / kv_heads)` in place) or
-//! `[batch, heads, seq]` (`lse`), addressed as flat buffers. A cube of `block`
+//! Every tensor is a `[batch, heads, seq, d_head]` *view* whose channels are contiguous and whose
+//! batch, head and row steps are its strides (`q`, `out`, `d_out`, `dQ`; `k`, `v`, `dK`, `dV` with
+//! `kv_heads` heads starting at head `k_first` / `v_first` of their view; grouped-query attention
+//! when `kv_heads < heads`: query head `h` reads key/value head `h / (heads / kv_heads)` in place).
+//! So the kernels read the queries, keys and values where the projection wrote them, side by side
+//! in one `[batch, seq, (heads + 2·kv_heads)·d_head]` tensor, write the output as the next
+//! projection reads it, `[batch, seq, heads·d_head]`, and the gradients into one tensor shaped
+//! like the projection's output: no copy before or after. `lse` is a contiguous
+//! `[batch, heads, seq]`. A cube of `block`
 //! units owns one block of `block` rows of one `(batch, head)`: unit `u` holds row
 //! `block·CUBE_POS_X + u` in registers, and the cube shares the tiles of the other side (keys and
 //! values, or queries and output gradients) through shared memory, one row loaded per unit.
@@ -75,16 +80,20 @@ fn smaller(a: usize, b: usize) -> usize {
     out
 }
 
-/// The flat offset of the key/value head that query head `bh` (of `batch·heads`) reads:
-/// `[batch, kv_heads, seq, d_head]`, groups of `heads / kv_heads` query heads per key/value head.
+/// Where head `h` of batch `b` starts in `t`, a `[batch, heads, seq, d_head]` view: row `r` of
+/// it is `r · t.stride(2)` further, its channels contiguous after that.
 #[cube]
-fn kv_offset(bh: usize, heads: usize, kv_heads: usize, seq: usize, d_head: usize) -> usize {
-    let group = heads / kv_heads;
-    let kv_bh = (bh / heads) * kv_heads + (bh % heads) / group;
-    kv_bh * seq * d_head
+fn head_at<F: Float>(t: &Tensor<F>, b: usize, h: usize) -> usize {
+    b * t.stride(0) + h * t.stride(1)
 }
 
-/// Copies row `row` (zeros past `seq`) of a `[.., seq, d_head]` tensor at `head` into slot
+/// [`head_at`] of a tensor being written.
+#[cube]
+fn head_at_mut<F: Float>(t: &mut Tensor<F>, b: usize, h: usize) -> usize {
+    b * t.stride(0) + h * t.stride(1)
+}
+
+/// Copies row `row` (zeros past `seq`) of the head of `source` starting at `head` into slot
 /// `slot` of a shared tile.
 #[cube]
 fn load_row<F: Float>(
@@ -96,10 +105,11 @@ fn load_row<F: Float>(
     slot: usize,
     #[comptime] d_head: usize,
 ) {
+    let at = head + row * source.stride(2);
     for d in 0..d_head {
         let mut x = F::new(0.0);
         if row < seq {
-            x = source[head + row * d_head + d];
+            x = source[at + d];
         }
         tile[slot * d_head + d] = x;
     }
@@ -133,6 +143,10 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     v: &Tensor<F>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<F>,
+    heads: usize,
+    kv_heads: usize,
+    k_first: usize,
+    v_first: usize,
     scale: f32,
     keep_scale: f32,
     threshold: u32,
@@ -147,8 +161,11 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     let q_block = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let row = q_block * block + unit;
-    let head = bh * seq * d_head;
-    let kv_head = kv_offset(bh, q.shape(1), k.shape(1), seq, d_head);
+    let (b, h) = (bh / heads, bh % heads);
+    let g = h / (heads / kv_heads);
+    let q_at = head_at(q, b, h) + row * q.stride(2);
+    let out_at = head_at_mut(out, b, h) + row * out.stride(2);
+    let (k_head, v_head) = (head_at(k, b, k_first + g), head_at(v, b, v_first + g));
     let live = row < seq;
     let keep_scale = F::cast_from(keep_scale);
 
@@ -161,7 +178,7 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     for d in 0..d_head {
         let mut x = F::new(0.0);
         if live {
-            x = q[head + row * d_head + d] * scale;
+            x = q[q_at + d] * scale;
         }
         query[d] = x;
         acc[d] = F::new(0.0);
@@ -170,8 +187,8 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     let mut sum = F::new(0.0);
     for k_block in 0..q_block + 1 {
         let first = k_block * block;
-        load_row::<F>(k, &mut keys, kv_head, first + unit, seq, unit, d_head);
-        load_row::<F>(v, &mut values, kv_head, first + unit, seq, unit, d_head);
+        load_row::<F>(k, &mut keys, k_head, first + unit, seq, unit, d_head);
+        load_row::<F>(v, &mut values, v_head, first + unit, seq, unit, d_head);
         sync_cube();
         if live {
             // Keys first..=row are visible: all of the block but the diagonal one.
@@ -211,7 +228,7 @@ pub(crate) fn flash_forward_kernel<F: Float>(
     if live {
         let inv = F::new(1.0) / sum;
         for d in 0..d_head {
-            out[head + row * d_head + d] = acc[d] * inv;
+            out[out_at + d] = acc[d] * inv;
         }
         lse[bh * seq + row] = max + sum.ln();
     }
@@ -232,9 +249,15 @@ pub(crate) fn flash_backward_rows_kernel<F: Float>(
     if row >= lse.len() {
         terminate!();
     }
+    // `lse` is `[batch, heads, seq]`: its flat row `row` is `(b, h, r)`.
+    let (heads, seq) = (lse.shape(1), lse.shape(2));
+    let (bh, r) = (row / seq, row % seq);
+    let (b, h) = (bh / heads, bh % heads);
+    let out_at = head_at(out, b, h) + r * out.stride(2);
+    let grad_at = head_at(d_out, b, h) + r * d_out.stride(2);
     let mut dot = F::new(0.0);
     for d in 0..d_head {
-        dot += out[row * d_head + d] * d_out[row * d_head + d];
+        dot += out[out_at + d] * d_out[grad_at + d];
     }
     stats[2 * row] = lse[row];
     stats[2 * row + 1] = dot;
@@ -253,6 +276,10 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     stats: &Tensor<F>,
     d_k: &mut Tensor<F>,
     d_v: &mut Tensor<F>,
+    heads: usize,
+    kv_heads: usize,
+    k_first: usize,
+    v_first: usize,
     scale: f32,
     keep_scale: f32,
     threshold: u32,
@@ -263,15 +290,16 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(2);
-    let (heads, kv_heads) = (q.shape(1), k.shape(1));
     let group = heads / kv_heads;
     // This cube's key/value head, of `batch·kv_heads`.
     let kv_bh = CUBE_POS_Y as usize;
     let k_block = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let key = k_block * block + unit;
-    let kv_head = kv_bh * seq * d_head;
-    let first_bh = (kv_bh / kv_heads) * heads + (kv_bh % kv_heads) * group;
+    let (b, g) = (kv_bh / kv_heads, kv_bh % kv_heads);
+    let k_at = head_at(k, b, k_first + g) + key * k.stride(2);
+    let v_at = head_at(v, b, v_first + g) + key * v.stride(2);
+    let first_bh = b * heads + g * group;
     let live = key < seq;
     let scale = F::cast_from(scale);
     let keep_scale = F::cast_from(keep_scale);
@@ -288,8 +316,8 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
         let mut kx = F::new(0.0);
         let mut vx = F::new(0.0);
         if live {
-            kx = k[kv_head + key * d_head + d];
-            vx = v[kv_head + key * d_head + d];
+            kx = k[k_at + d];
+            vx = v[v_at + d];
         }
         key_row[d] = kx;
         value_row[d] = vx;
@@ -300,12 +328,20 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
     // Every query head of the group, and each one's query blocks from this key block on.
     for step in 0..group * (blocks - k_block) {
         let bh = first_bh + step / (blocks - k_block);
-        let head = bh * seq * d_head;
+        let h = bh % heads;
         let q_block = k_block + step % (blocks - k_block);
         let first = q_block * block;
         let row = first + unit;
-        load_row::<F>(q, &mut queries, head, row, seq, unit, d_head);
-        load_row::<F>(d_out, &mut grads, head, row, seq, unit, d_head);
+        load_row::<F>(q, &mut queries, head_at(q, b, h), row, seq, unit, d_head);
+        load_row::<F>(
+            d_out,
+            &mut grads,
+            head_at(d_out, b, h),
+            row,
+            seq,
+            unit,
+            d_head,
+        );
         let mut lse_i = F::new(0.0);
         let mut d_i = F::new(0.0);
         if row < seq {
@@ -348,9 +384,11 @@ pub(crate) fn flash_backward_dkdv_kernel<F: Float>(
         sync_cube();
     }
     if live {
+        let dk_at = head_at_mut(d_k, b, k_first + g) + key * d_k.stride(2);
+        let dv_at = head_at_mut(d_v, b, v_first + g) + key * d_v.stride(2);
         for d in 0..d_head {
-            d_k[kv_head + key * d_head + d] = dk[d];
-            d_v[kv_head + key * d_head + d] = dv[d];
+            d_k[dk_at + d] = dk[d];
+            d_v[dv_at + d] = dv[d];
         }
     }
 }
@@ -365,6 +403,10 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
     d_out: &Tensor<F>,
     stats: &Tensor<F>,
     d_q: &mut Tensor<F>,
+    heads: usize,
+    kv_heads: usize,
+    k_first: usize,
+    v_first: usize,
     scale: f32,
     keep_scale: f32,
     threshold: u32,
@@ -379,8 +421,11 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
     let q_block = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let row = q_block * block + unit;
-    let head = bh * seq * d_head;
-    let kv_head = kv_offset(bh, q.shape(1), k.shape(1), seq, d_head);
+    let (b, h) = (bh / heads, bh % heads);
+    let g = h / (heads / kv_heads);
+    let (k_head, v_head) = (head_at(k, b, k_first + g), head_at(v, b, v_first + g));
+    let q_at = head_at(q, b, h) + row * q.stride(2);
+    let grad_at = head_at(d_out, b, h) + row * d_out.stride(2);
     let live = row < seq;
     let scale = F::cast_from(scale);
     let keep_scale = F::cast_from(keep_scale);
@@ -400,8 +445,8 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
         let mut qx = F::new(0.0);
         let mut gx = F::new(0.0);
         if live {
-            qx = q[head + row * d_head + d];
-            gx = d_out[head + row * d_head + d];
+            qx = q[q_at + d];
+            gx = d_out[grad_at + d];
         }
         query[d] = qx;
         grad[d] = gx;
@@ -409,8 +454,8 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
     }
     for k_block in 0..q_block + 1 {
         let first = k_block * block;
-        load_row::<F>(k, &mut keys, kv_head, first + unit, seq, unit, d_head);
-        load_row::<F>(v, &mut values, kv_head, first + unit, seq, unit, d_head);
+        load_row::<F>(k, &mut keys, k_head, first + unit, seq, unit, d_head);
+        load_row::<F>(v, &mut values, v_head, first + unit, seq, unit, d_head);
         sync_cube();
         if live {
             let visible = smaller(block, row + 1 - first);
@@ -437,8 +482,9 @@ pub(crate) fn flash_backward_dq_kernel<F: Float>(
         sync_cube();
     }
     if live {
+        let dq_at = head_at_mut(d_q, b, h) + row * d_q.stride(2);
         for d in 0..d_head {
-            d_q[head + row * d_head + d] = dq[d];
+            d_q[dq_at + d] = dq[d];
         }
     }
 }

@@ -76,6 +76,46 @@ pub trait FlashAttentionBackend: Backend {
         dropout: f32,
         seed: u32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// [`flash_attention_forward`](Self::flash_attention_forward) reading the queries, keys
+    /// and values where the projection wrote them, side by side in `qkv` `[batch, seq,
+    /// (heads + 2·kv_heads)·d_head]`, and writing the output as the next projection reads it,
+    /// `[batch, seq, heads·d_head]`; `lse` as before.
+    #[fusion(meta = |qkv, heads, kv_heads, _dropout, _seed| packed_specs(qkv, *heads, *kv_heads))]
+    fn flash_attention_packed_forward(
+        qkv: FloatTensor<Self>,
+        heads: u32,
+        kv_heads: u32,
+        dropout: f32,
+        seed: u32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradient of `qkv` (its shape: dQ, dK and dV in their columns) given the packed
+    /// forward's `out`, `lse` and the output's gradient `d_out` (`[batch, seq, heads·d_head]`).
+    #[fusion(dtype = qkv, shape = qkv)]
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_packed_backward(
+        qkv: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        heads: u32,
+        kv_heads: u32,
+        dropout: f32,
+        seed: u32,
+    ) -> FloatTensor<Self>;
+}
+
+/// The packed forward's `(out, lse)` for `qkv` `[batch, seq, (heads + 2·kv_heads)·d_head]`:
+/// `[batch, seq, heads·d_head]` and `[batch, heads, seq]`.
+fn packed_specs(qkv: &TensorSpec, heads: u32, kv_heads: u32) -> (TensorSpec, TensorSpec) {
+    let (heads, kv_heads) = (heads as usize, kv_heads as usize);
+    let [batch, seq, width] = [qkv.shape[0], qkv.shape[1], qkv.shape[2]];
+    let d_head = width / (heads + 2 * kv_heads);
+    (
+        TensorSpec::new(Shape::new([batch, seq, heads * d_head]), qkv.dtype),
+        TensorSpec::new(Shape::new([batch, heads, seq]), qkv.dtype),
+    )
 }
 
 /// `[batch, heads, seq, d_head]` -> the per-row `[batch, heads, seq]`.
@@ -120,6 +160,75 @@ pub fn flash_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, dropout: f64) -
         seed,
     );
     Tensor::from_dispatch(out)
+}
+
+/// [`flash_attention`] of the projection's packed output `qkv` (`[batch, seq, (heads +
+/// 2·kv_heads)·d_head]`: the queries' columns, then the keys', then the values', each head's
+/// `d_head` together) with `heads` query and `kv_heads` key/value heads, returning `[batch, seq,
+/// heads·d_head]`: the heads concatenated, as the output projection reads them. The same
+/// numbers as splitting `qkv` into heads and calling [`flash_attention`], without the copies
+/// around it: the kernels read the heads in place and write the output, and the backward the
+/// gradient of `qkv`, in these layouts. Differentiable.
+///
+/// # Panics
+/// Where [`supported`] is false, or `qkv`'s width is not `(heads + 2·kv_heads)` heads.
+pub fn flash_attention_packed(
+    qkv: Tensor<3>,
+    heads: usize,
+    kv_heads: usize,
+    dropout: f64,
+) -> Tensor<3> {
+    let width = qkv.dims()[2];
+    let groups = heads + 2 * kv_heads;
+    assert!(
+        width.is_multiple_of(groups) && kv_heads > 0 && heads.is_multiple_of(kv_heads),
+        "a packed qkv of {width} columns is not {heads} + 2·{kv_heads} heads"
+    );
+    assert!(
+        supported(&qkv.device(), qkv.dtype(), width / groups),
+        "flash attention needs a CubeCL device, f32 and d_head <= {MAX_D_HEAD}"
+    );
+    let seed = if dropout > 0.0 { next_seed() } else { 0 };
+    let (out, _lse) = Dispatch::flash_attention_packed_forward(
+        qkv.into_dispatch(),
+        heads as u32,
+        kv_heads as u32,
+        dropout as f32,
+        seed,
+    );
+    Tensor::from_dispatch(out)
+}
+
+/// The packed forward's output and the gradient of `qkv` for `d_out` (`[batch, seq,
+/// heads·d_head]`), called directly: for tests.
+#[doc(hidden)]
+pub fn flash_attention_packed_parts(
+    qkv: Tensor<3>,
+    heads: usize,
+    kv_heads: usize,
+    d_out: Tensor<3>,
+    dropout: f64,
+    seed: u32,
+) -> (Tensor<3>, Tensor<3>) {
+    let (out, lse) = Dispatch::flash_attention_packed_forward(
+        qkv.clone().into_dispatch(),
+        heads as u32,
+        kv_heads as u32,
+        dropout as f32,
+        seed,
+    );
+    let out = Tensor::<3>::from_dispatch(out);
+    let d_qkv = Dispatch::flash_attention_packed_backward(
+        qkv.into_dispatch(),
+        out.clone().into_dispatch(),
+        lse,
+        d_out.into_dispatch(),
+        heads as u32,
+        kv_heads as u32,
+        dropout as f32,
+        seed,
+    );
+    (out, Tensor::from_dispatch(d_qkv))
 }
 
 /// The forward's `(out, lse)` and the gradients `(dQ, dK, dV)` for `d_out`, called directly:

@@ -10,7 +10,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::LayerNormConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt_model::gpu::{
-    cross_entropy, cross_entropy_parts, layer_norm, layer_norm_parts, rms_norm,
+    cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
 use tinygpt_model::{GptConfig, cross_entropy_ops};
 
@@ -282,6 +282,52 @@ fn the_fused_cross_entropy_is_burns() {
             );
         }
     }
+}
+
+/// The embedding whose gradient is a one-hot product gives Burn's rows, and the gradient of
+/// Burn's scatter: ids repeated many times, ids never seen (their rows' gradient exactly 0), a
+/// batch that is not a multiple of the kernel's cube; and the same bits on every run.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn the_embedding_gradient_is_burns_scatter() {
+    let device = common::wgpu_device().autodiff();
+    let (vocab, width, [batch, seq]) = (70, 24, [3, 53]);
+    // Ids below 40 only, the small ones far more often (as characters are).
+    let ids: Vec<i64> = (0..batch * seq)
+        .map(|i| ((i * i * 7 + 3) % 97 % 40) as i64)
+        .collect();
+    let weights = numbers(1, vocab * width, 1.0);
+    let upstream = numbers(2, batch * seq * width, 1.0);
+    let run = |ours: bool| {
+        let w = tensor(weights.clone(), [vocab, width], &device).require_grad();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [batch, seq]), &device);
+        let rows = match ours {
+            true => embedding(w.clone(), ids),
+            false => w
+                .clone()
+                .select(0, ids.reshape([batch * seq]))
+                .reshape([batch, seq, width]),
+        };
+        let g = tensor(upstream.clone(), [batch, seq, width], &device);
+        let grads = (rows.clone() * g).sum().backward();
+        (read(rows), read(w.grad(&grads).unwrap()))
+    };
+    let ((rows, grad), (burn_rows, burn_grad)) = (run(true), run(false));
+    assert_eq!(rows, burn_rows, "the rows are the weights' rows");
+    assert_close(&grad, &burn_grad, 1e-5, "the weights' gradient");
+    assert!(
+        grad[40 * width..].iter().all(|&g| g == 0.0),
+        "ids never seen get no gradient"
+    );
+    assert!(grad[..width].iter().any(|&g| g != 0.0));
+    assert_eq!(
+        run(true).1,
+        grad,
+        "the same sums in the same order on every run"
+    );
 }
 
 /// Every gradient of a model, by parameter, in visiting order.

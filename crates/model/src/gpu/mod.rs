@@ -10,7 +10,9 @@
 //!   backward (the row gradients, then the parameter sums in two);
 //! - [`cross_entropy`]: the loss with `ignore_index` in one launch, the logits' gradient in
 //!   one more, never materialising the softmax;
-//! - [`adamw`]: AdamW over every parameter, held end to end in flat buffers, in one launch.
+//! - [`adamw`]: AdamW over every parameter, held end to end in flat buffers, in one launch;
+//! - [`embedding`]: the token embedding, its gradient a one-hot matrix product (a fixed order
+//!   of sums, no atomic adds) for vocabularies up to [`ONE_HOT_VOCAB`].
 //!
 //! Which the model runs is [`Kernels`], decided once where a model is built, from its device
 //! ([`Kernels::for_device`]), and handed down to the norms and read by the loss, the decoders
@@ -20,6 +22,7 @@
 mod adamw;
 mod cross_entropy;
 mod cube;
+mod embedding;
 mod layer_norm;
 
 use std::sync::OnceLock;
@@ -30,6 +33,7 @@ pub use adamw::{AdamWBackend, AdamWBuffers, adamw};
 #[doc(hidden)]
 pub use cross_entropy::cross_entropy_parts;
 pub use cross_entropy::{CrossEntropyBackend, cross_entropy};
+pub use embedding::{EmbeddingBackend, ONE_HOT_VOCAB, embedding};
 pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};

@@ -325,7 +325,7 @@ impl Gpt {
     fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
         let [batch, seq] = tokens.dims();
         let n_embd = self.wte.weight.dims()[1];
-        let x = self.wte.forward(tokens);
+        let x = self.embed_tokens(tokens);
         // Rotary positions enter inside attention, not here.
         let x = match (&self.wpe, self.config.position) {
             (Some(wpe), Position::Learned) => {
@@ -334,6 +334,20 @@ impl Gpt {
             (_, Position::Learned | Position::Rope | Position::None) => x,
         };
         self.drop.forward(x)
+    }
+
+    /// The token embeddings of `tokens` (`[batch, seq]`): `[batch, seq, n_embd]`. Training on a
+    /// GPU with a small vocabulary, the embedding's gradient is a one-hot product
+    /// ([`gpu::embedding`](crate::gpu::embedding)) rather than Burn's scatter; the same rows.
+    fn embed_tokens(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let weights = self.wte.weight.val();
+        let one_hot_gradient = weights.is_require_grad()
+            && self.kernels.fuse(weights.dtype())
+            && self.vocab_size() <= crate::gpu::ONE_HOT_VOCAB;
+        match one_hot_gradient {
+            true => crate::gpu::embedding(weights, tokens),
+            false => self.wte.forward(tokens),
+        }
     }
 
     /// Token ids must index the embedding: an out-of-range id is an error, not a garbage read.

@@ -57,14 +57,37 @@ pub fn decoder<'a>(
     tokens: usize,
     weights: Weights,
 ) -> Result<Box<dyn Decoder + 'a>> {
-    decoder_for(
-        placement
-            .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
-            .0,
-        model,
-        tokens,
-        weights,
-    )
+    decoder_for(sampling_engine(placement)?, model, tokens, weights)
+}
+
+/// The engine [`decoder`] samples on where `placement` runs.
+pub fn sampling_engine(placement: &Placement) -> Result<EngineKind> {
+    Ok(placement
+        .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
+        .0)
+}
+
+/// Hands the memory freed so far back to the system. Loading a model reads its file, builds
+/// Burn's tensors and then the decoder's own layout, freeing buffers of hundreds of megabytes on
+/// the way, which the C allocator otherwise keeps for later allocations of its heap: a sampler
+/// of SmolLM2-135M in int8 stayed at ~1 GB resident where it needs ~0.33 GB (docs/perf.md).
+pub fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases free pages of the allocator's heap.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The fused CPU decoder of `model`, as [`decoder_for`] makes it on the fused engine. It keeps
+/// the weights it needs in its own layout (rows of f32 or int8), so the caller can free
+/// `model`'s tensors once it is made and sample holding one copy of the weights, not two.
+pub fn fused_decoder(model: &Gpt, tokens: usize, weights: Weights) -> Result<Box<dyn Decoder>> {
+    let format = weights.format(EngineKind::Fused)?;
+    // One sequence's products split over every core (the same logits on any count).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fused = FusedDecoder::with_weights(model, format)?.with_threads(threads);
+    Ok(unpadded(Box::new(fused), tokens))
 }
 
 /// [`decoder`], for the engine `kind` already decided.
@@ -74,16 +97,13 @@ pub fn decoder_for<'a>(
     tokens: usize,
     weights: Weights,
 ) -> Result<Box<dyn Decoder + 'a>> {
-    let format = weights.format(kind)?;
-    let inner: Box<dyn Decoder + 'a> = match kind {
-        // One sequence's products split over every core (the same logits on any count).
-        EngineKind::Fused => Box::new(
-            FusedDecoder::with_weights(model, format)?
-                .with_threads(std::thread::available_parallelism().map_or(1, |n| n.get())),
-        ),
-        EngineKind::Autodiff | EngineKind::Device => Box::new(model.decoder()),
-    };
-    Ok(unpadded(inner, tokens))
+    match kind {
+        EngineKind::Fused => fused_decoder(model, tokens, weights),
+        EngineKind::Autodiff | EngineKind::Device => {
+            weights.format(kind)?;
+            Ok(unpadded(Box::new(model.decoder()), tokens))
+        }
+    }
 }
 
 /// A decoder of `streams` sequences at once (a server's requests) for `model` on the engine

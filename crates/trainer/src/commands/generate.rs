@@ -6,9 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
+use tinygpt::backend::EngineKind;
 use tinygpt::chat::{ChatSection, ChatTemplate, Message};
 use tinygpt::data::tokenizer::{TextStream, Tokenizer};
-use tinygpt::decoder::{Weights, decoder};
+use tinygpt::decoder::{Weights, decoder_for, fused_decoder, return_freed_memory, sampling_engine};
 use tinygpt::run::checkpoint::Which;
 use tinygpt_model::{GenerateOptions, generate};
 
@@ -152,7 +153,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::after(tokenizer, &prompt_ids);
-    let mut decoder = decoder(&placement, &model, tokenizer.vocab_size(), args.weights)?;
+    let (vocab, kind) = (tokenizer.vocab_size(), sampling_engine(&placement)?);
+    let on_device;
+    let mut decoder = match kind {
+        // The fused decoder keeps its own copy of the weights: the model's is freed here.
+        EngineKind::Fused => {
+            let fused = fused_decoder(&model, vocab, args.weights)?;
+            drop(model);
+            return_freed_memory();
+            fused
+        }
+        EngineKind::Autodiff | EngineKind::Device => {
+            on_device = model;
+            decoder_for(kind, &on_device, vocab, args.weights)?
+        }
+    };
     let written = write!(out, "{echo}");
     let mut write_error = written.err();
     generate(&mut *decoder, &prompt_ids, &options, |id| {

@@ -98,6 +98,8 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
     let Ok(mut batch) = batch_decoder(engine, gpt, max_batch, model.weights) else {
         return; // `Pool::start` built one already: this does not happen.
     };
+    // Making the fused decoder's rows freed the weights' first layout.
+    crate::decoder::return_freed_memory();
     let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();

@@ -57,10 +57,9 @@ impl FusedBatch {
         format: WeightFormat,
     ) -> Result<Self, FusedError> {
         let single = FusedDecoder::with_weights(gpt, format)?;
-        let empty = single.empty_cache();
         Ok(Self {
+            streams: (0..streams).map(|_| single.empty_cache()).collect(),
             single,
-            streams: vec![empty; streams],
             rows: Rows::default(),
             out: Vec::new(),
         })

@@ -13,3 +13,22 @@ pub(crate) struct StreamCache {
     pub values: Vec<Vec<f32>>,
     pub len: usize,
 }
+
+impl StreamCache {
+    /// An empty cache of `layers` blocks of `block_size` rows of `kv_width`. Each buffer is
+    /// its own zeroed allocation, which the system backs with memory only as rows are written:
+    /// a server's streams cost what their sequences fill, not their whole context each (a
+    /// copy of one zeroed buffer would be written, so resident, at once).
+    pub fn new(layers: usize, block_size: usize, kv_width: usize) -> Self {
+        let zeroed = || {
+            (0..layers)
+                .map(|_| vec![0.0; block_size * kv_width])
+                .collect()
+        };
+        Self {
+            keys: zeroed(),
+            values: zeroed(),
+            len: 0,
+        }
+    }
+}

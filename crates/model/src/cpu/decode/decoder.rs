@@ -154,7 +154,6 @@ impl FusedDecoder {
     /// [`FusedDecoder::new`], the matrices kept in `format` (quantised once, here).
     pub fn with_weights(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
         let dims = Dims::of(gpt)?;
-        let cache = vec![0.0; dims.block_size * dims.kv_width()];
         let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
         let matrices = RowWeights::take(&mut weights, &dims, format);
         Ok(Self {
@@ -162,11 +161,7 @@ impl FusedDecoder {
             weights,
             matrices,
             helpers: Helpers::new(0),
-            cache: StreamCache {
-                keys: vec![cache.clone(); gpt.h.len()],
-                values: vec![cache; gpt.h.len()],
-                len: 0,
-            },
+            cache: StreamCache::new(gpt.h.len(), dims.block_size, dims.kv_width()),
             x: Vec::new(),
             next: Vec::new(),
             acts: BlockActs::default(),
@@ -337,10 +332,8 @@ impl FusedDecoder {
 
     /// An empty cache of this model's size, for [`FusedBatch`](super::FusedBatch)'s streams.
     pub(crate) fn empty_cache(&self) -> StreamCache {
-        StreamCache {
-            len: 0,
-            ..self.cache.clone()
-        }
+        let d = &self.dims;
+        StreamCache::new(self.cache.keys.len(), d.block_size, d.kv_width())
     }
 
     /// Puts `cache` in place of this decoder's own (and its own in `cache`).

@@ -171,3 +171,30 @@ fn a_long_prompt_fed_a_chunk_a_step_gives_what_it_gives_whole() {
         }
     }
 }
+
+/// Decoders sharing one copy of the weights (`FusedDecoder::share`, as a server's workers do)
+/// each keep their own cache: fed different streams in turns, each gives exactly the logits a
+/// decoder of its own gives.
+#[test]
+fn decoders_sharing_weights_keep_their_own_streams() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in configs() {
+        let gpt = config.init(&device).unwrap();
+        let first = FusedDecoder::new(&gpt).unwrap();
+        let mut shared = [first.share(), first.share()];
+        let mut alone = [
+            FusedDecoder::new(&gpt).unwrap(),
+            FusedDecoder::new(&gpt).unwrap(),
+        ];
+        let stream = tokens(config.block_size, config.vocab_size);
+        let streams = [&stream[..10], &stream[3..13]];
+        for (fed, step) in [(0, 4), (4, 1), (5, 1), (6, 4)] {
+            for s in 0..2 {
+                let piece = &streams[s][fed..fed + step];
+                let got = shared[s].feed(piece).unwrap().to_vec();
+                assert_eq!(got, alone[s].feed(piece).unwrap(), "{config:?} stream {s}");
+            }
+        }
+    }
+}

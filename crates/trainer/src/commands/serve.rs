@@ -138,12 +138,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .dir
         .file_name()
         .map_or_else(|| "tinygpt".into(), |n| n.to_string_lossy().into_owned());
-    let model = Model {
-        gpt,
-        placement,
-        tokenizer: run.tokenizer,
-        weights: args.weights,
-    };
+    let model = Model::new(gpt, placement, run.tokenizer, args.weights)?;
     let workers = options.max_concurrent;
     let at_once = match workers {
         1 => format!("1 worker, a batch of up to {}", options.max_batch),

@@ -24,7 +24,9 @@ use std::time::Instant;
 use std::ops::Range;
 
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{BatchDecoder, Continuation, Finish, GenerateOptions, PREFILL_CHUNK, Replay};
+use tinygpt_model::{
+    BatchDecoder, Continuation, Finish, FusedBatch, GenerateOptions, PREFILL_CHUNK, Replay,
+};
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
@@ -95,11 +97,13 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
         }
         (EngineKind::Fused, _) | (_, Kernels::Burn) => &model.gpt,
     };
-    let Ok(mut batch) = batch_decoder(engine, gpt, max_batch, model.weights) else {
+    let batch = match &model.fused {
+        Some(weights) => Ok(Box::new(FusedBatch::sharing(weights, max_batch)) as Box<_>),
+        None => batch_decoder(engine, gpt, max_batch, model.weights),
+    };
+    let Ok(mut batch) = batch else {
         return; // `Pool::start` built one already: this does not happen.
     };
-    // Making the fused decoder's rows freed the weights' first layout.
-    crate::decoder::return_freed_memory();
     let batch = &mut *batch;
     let mut live: Vec<Live<'_>> = Vec::new();
     let mut free: Vec<usize> = (0..max_batch).rev().collect();

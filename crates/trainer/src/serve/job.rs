@@ -4,13 +4,15 @@
 use std::panic::AssertUnwindSafe;
 
 use anyhow::Result;
-use tinygpt_model::Gpt;
+use tinygpt_model::{FusedDecoder, Gpt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::generation::{Event, Generation};
 use crate::attention_maps::AttentionMaps;
-use crate::backend::Placement;
+use crate::backend::{EngineKind, Placement};
+use crate::config::{OptimizerKind, TrainDType};
 use crate::data::tokenizer::Tokenizer;
+use crate::decoder::Weights;
 
 /// What the workers need of the model: its weights, where they live, its tokenizer.
 pub struct Model {
@@ -18,7 +20,36 @@ pub struct Model {
     pub placement: Placement,
     pub tokenizer: Tokenizer,
     /// How the decoder keeps the matrices (`--weights`).
-    pub weights: crate::decoder::Weights,
+    pub weights: Weights,
+    /// On the fused engine, the decoder's weights (rows of f32 or int8), made once for every
+    /// worker to decode on ([`FusedBatch::sharing`](tinygpt_model::FusedBatch::sharing)).
+    pub fused: Option<FusedDecoder>,
+}
+
+impl Model {
+    /// `gpt` served from `placement`, with its decoder's weights made here when the workers
+    /// decode on the fused engine.
+    pub fn new(
+        gpt: Gpt,
+        placement: Placement,
+        tokenizer: Tokenizer,
+        weights: Weights,
+    ) -> Result<Self> {
+        let (engine, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
+        let fused = match engine {
+            EngineKind::Fused => Some(FusedDecoder::with_weights(&gpt, weights.format(engine)?)?),
+            EngineKind::Autodiff | EngineKind::Device => None,
+        };
+        // Making the decoder's rows freed the weights' first layout.
+        crate::decoder::return_freed_memory();
+        Ok(Self {
+            gpt,
+            placement,
+            tokenizer,
+            weights,
+            fused,
+        })
+    }
 }
 
 /// Work for a generation thread.

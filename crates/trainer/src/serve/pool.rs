@@ -109,14 +109,16 @@ pub fn engine(model: &Model) -> Result<EngineKind> {
 }
 
 /// Refuses batches the machine cannot hold: each row keeps a KV cache of the model's
-/// block_size where the model runs, each worker of the fused decoder reads the weights onto
-/// the host, and each worker on a GPU decodes on a copy of its own (Burn's workers on a CPU
+/// block_size where the model runs, and each worker on a GPU decodes on a copy of the weights
+/// of its own (the fused decoder's workers share one, made already; Burn's workers on a CPU
 /// share the model's).
 fn check_memory(model: &Model, engine: EngineKind, workers: usize, max_batch: usize) -> Result<()> {
     let row = model.gpt.config().kv_cache_bytes() as u64;
     let weights = match (engine, model.gpt.kernels()) {
-        (EngineKind::Fused, _) | (_, Kernels::Cube) => (model.gpt.num_params() * 4) as u64,
-        (EngineKind::Autodiff | EngineKind::Device, Kernels::Burn) => 0,
+        (EngineKind::Autodiff | EngineKind::Device, Kernels::Cube) => {
+            (model.gpt.num_params() * 4) as u64
+        }
+        (EngineKind::Fused, _) | (EngineKind::Autodiff | EngineKind::Device, Kernels::Burn) => 0,
     };
     let need = workers as u64 * (max_batch as u64 * row + weights);
     match model.placement.available_memory() {

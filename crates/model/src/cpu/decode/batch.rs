@@ -56,13 +56,22 @@ impl FusedBatch {
         streams: usize,
         format: WeightFormat,
     ) -> Result<Self, FusedError> {
-        let single = FusedDecoder::with_weights(gpt, format)?;
-        Ok(Self {
+        Ok(Self::sharing(
+            &FusedDecoder::with_weights(gpt, format)?,
+            streams,
+        ))
+    }
+
+    /// `streams` empty streams on `decoder`'s weights, without copying them
+    /// ([`FusedDecoder::share`]): the workers of a server hold one copy of the weights.
+    pub fn sharing(decoder: &FusedDecoder, streams: usize) -> Self {
+        let single = decoder.share();
+        Self {
             streams: (0..streams).map(|_| single.empty_cache()).collect(),
             single,
             rows: Rows::default(),
             out: Vec::new(),
-        })
+        }
     }
 
     /// How many streams it holds.

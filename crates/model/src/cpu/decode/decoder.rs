@@ -43,9 +43,9 @@ pub const PREFILL_CHUNK: usize = 256;
 #[derive(Debug)]
 pub struct FusedDecoder {
     dims: Dims,
-    weights: Params,
-    /// The matrices as rows, in f32 or `Q8_0` (their buffers in `weights` then empty).
-    matrices: RowWeights,
+    /// The weights, read-only while decoding: shared by the decoders made with
+    /// [`FusedDecoder::share`].
+    shared: Arc<DecoderWeights>,
     /// Threads besides the caller's that share each token's products (none by default).
     helpers: Helpers,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
@@ -62,6 +62,14 @@ pub struct FusedDecoder {
     scores: Vec<f32>,
     /// The final norm and head of the last row, and its logits.
     head: HeadRows,
+}
+
+/// A decoder's weights: what the matrices left in [`Params`]' layout (embeddings, norms,
+/// biases) and the matrices as rows, in f32 or `Q8_0` (their buffers in `weights` then empty).
+#[derive(Debug)]
+struct DecoderWeights {
+    weights: Params,
+    matrices: RowWeights,
 }
 
 /// The final norm and the LM head of rows that each want the logits of their next token,
@@ -156,12 +164,29 @@ impl FusedDecoder {
         let dims = Dims::of(gpt)?;
         let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
         let matrices = RowWeights::take(&mut weights, &dims, format);
-        Ok(Self {
+        Ok(Self::on(
             dims,
-            weights,
-            matrices,
+            Arc::new(DecoderWeights { weights, matrices }),
+        ))
+    }
+
+    /// A decoder on the same weights as this one, without copying them: its own (empty) KV
+    /// cache and scratch, no helper threads. Every thread of a server decodes on one copy of
+    /// the weights so.
+    pub fn share(&self) -> Self {
+        Self::on(self.dims, self.shared.clone())
+    }
+
+    /// A decoder of `dims` on `shared`, its cache empty.
+    fn on(dims: Dims, shared: Arc<DecoderWeights>) -> Self {
+        Self {
+            dims,
             helpers: Helpers::new(0),
-            cache: StreamCache::new(gpt.h.len(), dims.block_size, dims.kv_width()),
+            cache: StreamCache::new(
+                shared.weights.blocks.len(),
+                dims.block_size,
+                dims.kv_width(),
+            ),
             x: Vec::new(),
             next: Vec::new(),
             acts: BlockActs::default(),
@@ -171,7 +196,8 @@ impl FusedDecoder {
             },
             scores: vec![0.0; dims.block_size],
             head: HeadRows::default(),
-        })
+            shared,
+        }
     }
 
     /// Splits each token's products over `threads` threads (this one and `threads - 1` that
@@ -223,9 +249,9 @@ impl FusedDecoder {
         self.scores.resize(self.scores.len().max(scores), 0.0);
         self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
-            self.weights.embed(x, tok as usize, past + r);
+            self.shared.weights.embed(x, tok as usize, past + r);
         }
-        let blocks = self.weights.blocks.len();
+        let blocks = self.shared.weights.blocks.len();
         for l in 0..blocks {
             if l + 1 == blocks && rows > 1 && head != Head::All {
                 self.last_block(past, rows, head == Head::Last);
@@ -234,14 +260,14 @@ impl FusedDecoder {
             let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
             let scores = &mut self.scores;
             let helpers = &self.helpers;
-            let p = &self.weights.blocks[l];
+            let p = &self.shared.weights.blocks[l];
             let ctx = Ctx {
                 dims: &d,
                 rope: &self.rope,
                 first: past,
                 period: rows,
                 streams: None,
-                matrices: Some(&self.matrices.blocks[l]),
+                matrices: Some(&self.shared.matrices.blocks[l]),
                 rows_alone: head == Head::All,
                 helpers: Some(&self.helpers),
             };
@@ -261,11 +287,11 @@ impl FusedDecoder {
             std::mem::swap(&mut self.x, &mut self.next);
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
-            let head_rows = self.matrices.head.as_ref();
+            let head_rows = self.shared.matrices.head.as_ref();
             let alone = head == Head::All;
             self.head.forward(
                 &self.dims,
-                &self.weights,
+                &self.shared.weights,
                 head_rows,
                 &self.x,
                 alone,
@@ -282,9 +308,9 @@ impl FusedDecoder {
     /// after the cache: a block's work saved for every other row.
     fn last_block(&mut self, past: usize, rows: usize, head: bool) {
         let d = self.dims;
-        let l = self.weights.blocks.len() - 1;
-        let p = &self.weights.blocks[l];
-        let matrices = &self.matrices;
+        let l = self.shared.weights.blocks.len() - 1;
+        let p = &self.shared.weights.blocks[l];
+        let matrices = &self.shared.matrices;
         let ctx = |first: usize, period: usize| Ctx {
             dims: &d,
             rope: &self.rope,
@@ -322,7 +348,7 @@ impl FusedDecoder {
         let head_rows = matrices.head.as_ref();
         self.head.forward(
             &d,
-            &self.weights,
+            &self.shared.weights,
             head_rows,
             &self.next[..c],
             false,
@@ -384,7 +410,12 @@ impl FusedDecoder {
 
     /// The sizes, the weights (and those kept as `Q8_0`) and the rotary tables.
     pub(crate) fn parts(&self) -> (&Dims, &Params, &RowWeights, &rope::Tables) {
-        (&self.dims, &self.weights, &self.matrices, &self.rope)
+        (
+            &self.dims,
+            &self.shared.weights,
+            &self.shared.matrices,
+            &self.rope,
+        )
     }
 }
 

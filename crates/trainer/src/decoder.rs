@@ -100,6 +100,7 @@ pub fn decoder_for<'a>(
     match kind {
         EngineKind::Fused => fused_decoder(model, tokens, weights),
         EngineKind::Autodiff | EngineKind::Device => {
+            // Int8 asked of this engine is an error here, never a silent f32.
             weights.format(kind)?;
             Ok(unpadded(Box::new(model.decoder()), tokens))
         }

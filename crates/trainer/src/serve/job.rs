@@ -10,7 +10,6 @@ use tokio::sync::{mpsc, oneshot};
 use super::generation::{Event, Generation};
 use crate::attention_maps::AttentionMaps;
 use crate::backend::{EngineKind, Placement};
-use crate::config::{OptimizerKind, TrainDType};
 use crate::data::tokenizer::Tokenizer;
 use crate::decoder::Weights;
 
@@ -35,7 +34,7 @@ impl Model {
         tokenizer: Tokenizer,
         weights: Weights,
     ) -> Result<Self> {
-        let (engine, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
+        let engine = crate::decoder::sampling_engine(&placement)?;
         let fused = match engine {
             EngineKind::Fused => Some(FusedDecoder::with_weights(&gpt, weights.format(engine)?)?),
             EngineKind::Autodiff | EngineKind::Device => None,

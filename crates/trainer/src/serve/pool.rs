@@ -18,7 +18,6 @@ pub use super::job::{Job, Model};
 pub use super::stats::Stats;
 
 use crate::backend::EngineKind;
-use crate::config::{OptimizerKind, TrainDType};
 use crate::train::memory::human;
 
 /// Why a job was not taken.
@@ -102,10 +101,7 @@ impl Pool {
 
 /// The engine `model`'s workers decode on.
 pub fn engine(model: &Model) -> Result<EngineKind> {
-    let (engine, _) = model
-        .placement
-        .engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
-    Ok(engine)
+    crate::decoder::sampling_engine(&model.placement)
 }
 
 /// Refuses batches the machine cannot hold: each row keeps a KV cache of the model's

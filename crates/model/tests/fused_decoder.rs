@@ -198,3 +198,47 @@ fn decoders_sharing_weights_keep_their_own_streams() {
         }
     }
 }
+
+/// The decoder's attention weights (what a server draws without Burn's model) are Burn's
+/// `forward_with_attention` ones for every config, from one token to the whole block: every
+/// block, every head, each row a distribution over the keys up to its own; and reading them
+/// leaves the decoder as fresh (its next feed gives a fresh decoder's logits).
+#[test]
+fn attention_maps_are_burns() {
+    let _seeded = seeded();
+    let device = Device::flex();
+    for config in configs() {
+        let gpt = config.init(&device).unwrap();
+        let mut decoder = FusedDecoder::new(&gpt).unwrap();
+        let stream = tokens(config.block_size, config.vocab_size);
+        for seq in [1, 7, config.block_size] {
+            let got = decoder.attention_maps(&stream[..seq]).unwrap();
+            let ids: Vec<i64> = stream[..seq].iter().map(|&t| t.into()).collect();
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, seq]), &device);
+            let (_, want) = gpt.forward_with_attention(ids).unwrap();
+            assert_eq!(got.len(), want.len(), "{config:?}: blocks");
+            for (l, (got, want)) in got.iter().zip(want).enumerate() {
+                let want = want.into_data().try_to_vec::<f32>().unwrap();
+                assert_eq!(got.len(), config.n_head, "{config:?}: heads");
+                for (h, map) in got.iter().enumerate() {
+                    let want = &want[h * seq * seq..(h + 1) * seq * seq];
+                    let diff = map
+                        .iter()
+                        .zip(want)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff < 1e-5,
+                        "{config:?} seq {seq} block {l} head {h}: {diff}"
+                    );
+                    for (i, row) in map.chunks_exact(seq).enumerate() {
+                        assert!(row[i + 1..].iter().all(|&w| w == 0.0));
+                        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+                    }
+                }
+            }
+        }
+        assert_eq!(decoder.cached(), 0);
+        let fresh = FusedDecoder::new(&gpt).unwrap().feed(&stream[..5]).unwrap();
+        assert_eq!(decoder.feed(&stream[..5]).unwrap(), fresh, "{config:?}");
+    }
+}

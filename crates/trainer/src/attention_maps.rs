@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use plotters::prelude::*;
-use tinygpt_model::Gpt;
+use tinygpt_model::{Decoder, FusedDecoder, Gpt};
 
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::write_atomic;
@@ -42,20 +42,7 @@ impl AttentionMaps {
         ids: &[u32],
         device: &Device,
     ) -> Result<Self> {
-        if ids.is_empty() {
-            bail!("the prompt is empty");
-        }
-        if ids.len() > model.block_size() {
-            bail!(
-                "the prompt is {} tokens but the model's block_size is {}",
-                ids.len(),
-                model.block_size()
-            );
-        }
-        let labels = ids
-            .iter()
-            .map(|&id| tokenizer.decode(&[id]).map(|t| label(&t)))
-            .collect::<Result<Vec<_>>>()?;
+        let labels = labels(tokenizer, ids, model.block_size())?;
         let seq = ids.len();
         let tokens = Tensor::<2, Int>::from_data(
             TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, seq]),
@@ -74,6 +61,18 @@ impl AttentionMaps {
                     .collect()
             })
             .collect();
+        Ok(Self { labels, maps })
+    }
+
+    /// [`of_tokens`](Self::of_tokens) from the fused CPU decoder's weights (f32 or int8: the
+    /// weights that decoder attends with), with no Burn model.
+    pub fn of_decoder(
+        decoder: &mut FusedDecoder,
+        tokenizer: &Tokenizer,
+        ids: &[u32],
+    ) -> Result<Self> {
+        let labels = labels(tokenizer, ids, decoder.block_size())?;
+        let maps = decoder.attention_maps(ids)?;
         Ok(Self { labels, maps })
     }
 
@@ -239,6 +238,22 @@ impl AttentionMaps {
         written.push(path);
         Ok(written)
     }
+}
+
+/// Each token's label, once the prompt is checked to be non-empty and within `block_size`.
+fn labels(tokenizer: &Tokenizer, ids: &[u32], block_size: usize) -> Result<Vec<String>> {
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if ids.len() > block_size {
+        bail!(
+            "the prompt is {} tokens but the model's block_size is {block_size}",
+            ids.len()
+        );
+    }
+    ids.iter()
+        .map(|&id| tokenizer.decode(&[id]).map(|t| label(&t)))
+        .collect()
 }
 
 /// A token as a short visible label: spaces and newlines shown, not blank.

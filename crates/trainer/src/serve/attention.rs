@@ -20,7 +20,7 @@ pub(super) async fn attention(
     let raw = body(raw, state.options.max_body_bytes)?;
     let request: AttentionRequest = parse(&raw)?;
     let (ids, truncated) = attention_ids(&state, &request)?;
-    let config = state.model.gpt.config();
+    let config = &state.model.config;
     let (reply, maps) = oneshot::channel();
     submit(
         &state,
@@ -62,7 +62,7 @@ fn round(w: f32) -> f32 {
 /// The prompt's ids (the last block_size of them with `truncate`) and how many were dropped,
 /// after checking the layer and head asked for.
 fn attention_ids(state: &State, request: &AttentionRequest) -> Result<(Vec<u32>, usize), ApiError> {
-    let config = state.model.gpt.config();
+    let config = &state.model.config;
     for (param, value, count) in [
         ("layer", request.layer, config.n_layer),
         ("head", request.head, config.n_head),

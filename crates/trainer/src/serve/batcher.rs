@@ -30,7 +30,7 @@ use tinygpt_model::{
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::generation::{self, Event, Generation, TokenLogprob};
-use super::job::{Job, Model};
+use super::job::{Decoding, Job, Model};
 use super::stats::Stats;
 use crate::backend::EngineKind;
 use crate::data::tokenizer::{TextStream, Tokenizer};
@@ -90,16 +90,18 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
     // On a GPU the step of all rows is recorded as a graph, which reads only buffers of this
     // thread's stream: the worker decodes on weights of its own (`Gpt::copied_here`).
     let own;
-    let gpt = match (engine, model.gpt.kernels()) {
-        (EngineKind::Autodiff | EngineKind::Device, Kernels::Cube) => {
-            own = model.gpt.copied_here();
-            &own
+    let batch = match &model.decoding {
+        Decoding::Fused(weights) => Ok(Box::new(FusedBatch::sharing(weights, max_batch)) as Box<_>),
+        Decoding::Burn(gpt) => {
+            let gpt = match gpt.kernels() {
+                Kernels::Cube => {
+                    own = gpt.copied_here();
+                    &own
+                }
+                Kernels::Burn => gpt,
+            };
+            batch_decoder(engine, gpt, max_batch, model.weights)
         }
-        (EngineKind::Fused, _) | (_, Kernels::Burn) => &model.gpt,
-    };
-    let batch = match &model.fused {
-        Some(weights) => Ok(Box::new(FusedBatch::sharing(weights, max_batch)) as Box<_>),
-        None => batch_decoder(engine, gpt, max_batch, model.weights),
     };
     let Ok(mut batch) = batch else {
         return; // `Pool::start` built one already: this does not happen.

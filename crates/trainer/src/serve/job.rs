@@ -4,7 +4,7 @@
 use std::panic::AssertUnwindSafe;
 
 use anyhow::Result;
-use tinygpt_model::{FusedDecoder, Gpt};
+use tinygpt_model::{FusedDecoder, Gpt, GptConfig};
 use tokio::sync::{mpsc, oneshot};
 
 use super::generation::{Event, Generation};
@@ -13,21 +13,30 @@ use crate::backend::{EngineKind, Placement};
 use crate::data::tokenizer::Tokenizer;
 use crate::decoder::Weights;
 
-/// What the workers need of the model: its weights, where they live, its tokenizer.
+/// What the workers need of the model: what they decode on, where it lives, its tokenizer.
 pub struct Model {
-    pub gpt: Gpt,
+    /// Its sizes and parts.
+    pub config: GptConfig,
+    pub decoding: Decoding,
     pub placement: Placement,
     pub tokenizer: Tokenizer,
     /// How the decoder keeps the matrices (`--weights`).
     pub weights: Weights,
-    /// On the fused engine, the decoder's weights (rows of f32 or int8), made once for every
-    /// worker to decode on ([`FusedBatch::sharing`](tinygpt_model::FusedBatch::sharing)).
-    pub fused: Option<FusedDecoder>,
+}
+
+/// What the workers decode on.
+pub enum Decoding {
+    /// Burn's model (on wgpu or CUDA, or a CPU backend the fused decoder does not run).
+    Burn(Gpt),
+    /// The fused CPU decoder's weights (rows of f32 or int8), made once for every worker to
+    /// decode on ([`FusedBatch::sharing`](tinygpt_model::FusedBatch::sharing)) and for the
+    /// playground's attention maps. Burn's model is not kept: the decoder holds every weight.
+    Fused(FusedDecoder),
 }
 
 impl Model {
-    /// `gpt` served from `placement`, with its decoder's weights made here when the workers
-    /// decode on the fused engine.
+    /// `gpt` served from `placement`; on the fused engine its decoder's weights are made here
+    /// and `gpt` is dropped.
     pub fn new(
         gpt: Gpt,
         placement: Placement,
@@ -35,18 +44,23 @@ impl Model {
         weights: Weights,
     ) -> Result<Self> {
         let engine = crate::decoder::sampling_engine(&placement)?;
-        let fused = match engine {
-            EngineKind::Fused => Some(FusedDecoder::with_weights(&gpt, weights.format(engine)?)?),
-            EngineKind::Autodiff | EngineKind::Device => None,
+        let config = gpt.config().clone();
+        let decoding = match engine {
+            EngineKind::Fused => {
+                let decoder = FusedDecoder::with_weights(&gpt, weights.format(engine)?)?;
+                drop(gpt);
+                Decoding::Fused(decoder)
+            }
+            EngineKind::Autodiff | EngineKind::Device => Decoding::Burn(gpt),
         };
-        // Making the decoder's rows freed the weights' first layout.
+        // Making the decoder's rows (and dropping Burn's model) freed memory.
         crate::decoder::return_freed_memory();
         Ok(Self {
-            gpt,
+            config,
+            decoding,
             placement,
             tokenizer,
             weights,
-            fused,
         })
     }
 }
@@ -72,8 +86,13 @@ pub(super) fn run_attention(model: &Model, job: Job) {
     let Job::Attention { ids, reply } = job else {
         return;
     };
-    let maps = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        AttentionMaps::of_tokens(&model.gpt, &model.tokenizer, &ids, &model.placement.device)
+    let maps = std::panic::catch_unwind(AssertUnwindSafe(|| match &model.decoding {
+        Decoding::Burn(gpt) => {
+            AttentionMaps::of_tokens(gpt, &model.tokenizer, &ids, &model.placement.device)
+        }
+        Decoding::Fused(weights) => {
+            AttentionMaps::of_decoder(&mut weights.share(), &model.tokenizer, &ids)
+        }
     }))
     .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error computing attention")));
     let _ = reply.send(maps);

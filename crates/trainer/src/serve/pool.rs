@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use tinygpt_model::gpu::Kernels;
 
 use super::batcher;
-pub use super::job::{Job, Model};
+pub use super::job::{Decoding, Job, Model};
 pub use super::stats::Stats;
 
 use crate::backend::EngineKind;
@@ -46,7 +46,7 @@ impl Pool {
     ) -> Result<Self> {
         let engine = engine(&model)?;
         model.weights.format(engine)?;
-        check_memory(&model, engine, workers, max_batch)?;
+        check_memory(&model, workers, max_batch)?;
         let (sender, receiver) = sync_channel(queue);
         let jobs = Arc::new(batcher::Jobs::new(receiver, workers, max_batch));
         let stats = Arc::new(Stats::default());
@@ -108,13 +108,14 @@ pub fn engine(model: &Model) -> Result<EngineKind> {
 /// block_size where the model runs, and each worker on a GPU decodes on a copy of the weights
 /// of its own (the fused decoder's workers share one, made already; Burn's workers on a CPU
 /// share the model's).
-fn check_memory(model: &Model, engine: EngineKind, workers: usize, max_batch: usize) -> Result<()> {
-    let row = model.gpt.config().kv_cache_bytes() as u64;
-    let weights = match (engine, model.gpt.kernels()) {
-        (EngineKind::Autodiff | EngineKind::Device, Kernels::Cube) => {
-            (model.gpt.num_params() * 4) as u64
-        }
-        (EngineKind::Fused, _) | (EngineKind::Autodiff | EngineKind::Device, Kernels::Burn) => 0,
+fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
+    let row = model.config.kv_cache_bytes() as u64;
+    let weights = match &model.decoding {
+        Decoding::Burn(gpt) => match gpt.kernels() {
+            Kernels::Cube => (gpt.num_params() * 4) as u64,
+            Kernels::Burn => 0,
+        },
+        Decoding::Fused(_) => 0,
     };
     let need = workers as u64 * (max_batch as u64 * row + weights);
     match model.placement.available_memory() {

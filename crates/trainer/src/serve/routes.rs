@@ -130,7 +130,7 @@ pub(crate) fn key_matches(given: Option<&str>, key: &str) -> bool {
 /// The one model, with what a client needs to count tokens and size prompts in `meta`
 /// (llama.cpp's place for it).
 async fn models(Extract(state): Extract<Shared>) -> Response {
-    let config = state.model.gpt.config();
+    let config = &state.model.config;
     json(
         StatusCode::OK,
         &serde_json::json!({
@@ -157,7 +157,7 @@ async fn models(Extract(state): Extract<Shared>) -> Response {
 
 /// Liveness, the model's shape (for the playground) and the server's counters.
 async fn health(Extract(state): Extract<Shared>) -> Response {
-    let config = state.model.gpt.config();
+    let config = &state.model.config;
     json(
         StatusCode::OK,
         &serde_json::json!({

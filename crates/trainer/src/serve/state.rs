@@ -41,7 +41,7 @@ impl State {
     }
 
     pub(super) fn block_size(&self) -> usize {
-        self.model.gpt.block_size()
+        self.model.config.block_size
     }
 
     /// `--max-prompt-tokens`, by default the model's block_size.

@@ -62,6 +62,8 @@ pub struct FusedDecoder {
     scores: Vec<f32>,
     /// The final norm and head of the last row, and its logits.
     head: HeadRows,
+    /// While [`FusedDecoder::attention_maps`] runs: each block's attention weights so far.
+    maps: Option<Vec<Vec<f32>>>,
 }
 
 /// A decoder's weights: what the matrices left in [`Params`]' layout (embeddings, norms,
@@ -196,6 +198,7 @@ impl FusedDecoder {
             },
             scores: vec![0.0; dims.block_size],
             head: HeadRows::default(),
+            maps: None,
             shared,
         }
     }
@@ -235,8 +238,9 @@ impl FusedDecoder {
         self.x.resize(rows * c, 0.0);
         self.next.resize(rows * c, 0.0);
         // A whole window (a prompt, or the rebuild after the window slid) goes through the
-        // training kernel's blocked products, which keep its weights.
-        let window = past == 0 && rows > 1;
+        // training kernel's blocked products, which keep its weights (and write the attention
+        // weights that `maps` asks for).
+        let window = past == 0 && (rows > 1 || self.maps.is_some());
         let att = if window { d.heads * rows * rows } else { 0 };
         // Several rows after cached ones (a prompt's later chunks) attend through blocked
         // products too, `[rows, past + rows]` scores at a time.
@@ -253,7 +257,7 @@ impl FusedDecoder {
         }
         let blocks = self.shared.weights.blocks.len();
         for l in 0..blocks {
-            if l + 1 == blocks && rows > 1 && head != Head::All {
+            if l + 1 == blocks && rows > 1 && head != Head::All && self.maps.is_none() {
                 self.last_block(past, rows, head == Head::Last);
                 break;
             }
@@ -284,6 +288,9 @@ impl FusedDecoder {
                     (false, false) => attend_cached(h, cache, scores, helpers),
                 }
             });
+            if let Some(maps) = &mut self.maps {
+                maps.push(self.acts.att.clone());
+            }
             std::mem::swap(&mut self.x, &mut self.next);
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
@@ -402,6 +409,27 @@ impl FusedDecoder {
                 .for_each(|(r, logits)| each(i * PREFILL_CHUNK + r, logits));
         }
         Ok(())
+    }
+
+    /// Every block's attention weights over `tokens` read from an empty cache, as
+    /// [`Gpt::forward_with_attention`] gives them: `maps[block][head]`, `[seq, seq]` row-major
+    /// (queries by keys, zero above the diagonal). They are the weights this decoder attends
+    /// with, from its own products (int8 ones with `Q8_0` matrices); the cache is left empty.
+    pub fn attention_maps(&mut self, tokens: &[u32]) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        self.clear();
+        self.check(tokens)?;
+        if tokens.is_empty() {
+            return Err(AttentionError::EmptySequence.into());
+        }
+        self.maps = Some(Vec::with_capacity(self.shared.weights.blocks.len()));
+        self.forward(tokens, Head::None);
+        let maps = self.maps.take().unwrap_or_default();
+        self.clear();
+        let map = tokens.len() * tokens.len();
+        Ok(maps
+            .into_iter()
+            .map(|att| att.chunks_exact(map).map(<[f32]>::to_vec).collect())
+            .collect())
     }
 
     pub(crate) fn dims(&self) -> &Dims {

@@ -201,8 +201,9 @@ fn decoders_sharing_weights_keep_their_own_streams() {
 
 /// The decoder's attention weights (what a server draws without Burn's model) are Burn's
 /// `forward_with_attention` ones for every config, from one token to the whole block: every
-/// block, every head, each row a distribution over the keys up to its own; and reading them
-/// leaves the decoder as fresh (its next feed gives a fresh decoder's logits).
+/// block, every head, each row a distribution over the keys up to its own; one block asked for
+/// alone gives the same numbers and nothing for the others; and reading them leaves the decoder
+/// as fresh (its next feed gives a fresh decoder's logits).
 #[test]
 fn attention_maps_are_burns() {
     let _seeded = seeded();
@@ -212,7 +213,13 @@ fn attention_maps_are_burns() {
         let mut decoder = FusedDecoder::new(&gpt).unwrap();
         let stream = tokens(config.block_size, config.vocab_size);
         for seq in [1, 7, config.block_size] {
-            let got = decoder.attention_maps(&stream[..seq]).unwrap();
+            let got = decoder.attention_maps(&stream[..seq], |_| true).unwrap();
+            let last = config.n_layer - 1;
+            let alone = decoder
+                .attention_maps(&stream[..seq], |l| l == last)
+                .unwrap();
+            assert_eq!(alone[last], got[last], "{config:?}: the last block alone");
+            assert!(alone[..last].iter().all(Vec::is_empty), "{config:?}");
             let ids: Vec<i64> = stream[..seq].iter().map(|&t| t.into()).collect();
             let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, seq]), &device);
             let (_, want) = gpt.forward_with_attention(ids).unwrap();

@@ -229,9 +229,11 @@ fn int8_attention_maps_are_the_int8_models() {
         let gpt = config.init(&device).unwrap();
         let seq = 12;
         let stream = tokens(seq, config.vocab_size);
-        let want = FusedDecoder::new(&gpt).unwrap().attention_maps(&stream);
+        let want = FusedDecoder::new(&gpt)
+            .unwrap()
+            .attention_maps(&stream, |_| true);
         let int8 = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
-        let got = int8.share().attention_maps(&stream);
+        let got = int8.share().attention_maps(&stream, |_| true);
         let (want, got) = (want.unwrap(), got.unwrap());
         let (mut worst, mut differs) = (0f32, false);
         for (got, want) in got.iter().flatten().zip(want.iter().flatten()) {

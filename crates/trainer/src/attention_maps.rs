@@ -65,14 +65,16 @@ impl AttentionMaps {
     }
 
     /// [`of_tokens`](Self::of_tokens) from the fused CPU decoder's weights (f32 or int8: the
-    /// weights that decoder attends with), with no Burn model.
+    /// weights that decoder attends with), with no Burn model; only `layer`'s maps when one is
+    /// named (the others empty).
     pub fn of_decoder(
         decoder: &mut FusedDecoder,
         tokenizer: &Tokenizer,
         ids: &[u32],
+        layer: Option<usize>,
     ) -> Result<Self> {
         let labels = labels(tokenizer, ids, decoder.block_size())?;
-        let maps = decoder.attention_maps(ids)?;
+        let maps = decoder.attention_maps(ids, |l| layer.is_none_or(|x| x == l))?;
         Ok(Self { labels, maps })
     }
 

@@ -26,6 +26,7 @@ pub(super) async fn attention(
         &state,
         Job::Attention {
             ids: ids.clone(),
+            layer: request.layer,
             reply,
         },
     )?;

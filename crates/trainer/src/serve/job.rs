@@ -77,13 +77,15 @@ pub enum Job {
     },
     Attention {
         ids: Vec<u32>,
+        /// The one layer whose maps are wanted (all when `None`).
+        layer: Option<usize>,
         reply: oneshot::Sender<Result<AttentionMaps>>,
     },
 }
 
 /// Answers an attention job (other jobs are left alone).
 pub(super) fn run_attention(model: &Model, job: Job) {
-    let Job::Attention { ids, reply } = job else {
+    let Job::Attention { ids, layer, reply } = job else {
         return;
     };
     let maps = std::panic::catch_unwind(AssertUnwindSafe(|| match &model.decoding {
@@ -91,7 +93,7 @@ pub(super) fn run_attention(model: &Model, job: Job) {
             AttentionMaps::of_tokens(gpt, &model.tokenizer, &ids, &model.placement.device)
         }
         Decoding::Fused(weights) => {
-            AttentionMaps::of_decoder(&mut weights.share(), &model.tokenizer, &ids)
+            AttentionMaps::of_decoder(&mut weights.share(), &model.tokenizer, &ids, layer)
         }
     }))
     .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error computing attention")));

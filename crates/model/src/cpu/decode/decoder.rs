@@ -62,8 +62,18 @@ pub struct FusedDecoder {
     scores: Vec<f32>,
     /// The final norm and head of the last row, and its logits.
     head: HeadRows,
-    /// While [`FusedDecoder::attention_maps`] runs: each block's attention weights so far.
-    maps: Option<Vec<Vec<f32>>>,
+    /// While [`FusedDecoder::attention_maps`] runs: which blocks' weights it keeps, and those
+    /// kept so far.
+    maps: Option<Maps>,
+}
+
+/// What [`FusedDecoder::attention_maps`] keeps while its pass runs.
+#[derive(Debug)]
+struct Maps {
+    /// Per block, whether its weights are wanted.
+    wanted: Vec<bool>,
+    /// Per block so far, its weights `[heads, seq, seq]` (empty where not wanted).
+    kept: Vec<Vec<f32>>,
 }
 
 /// A decoder's weights: what the matrices left in [`Params`]' layout (embeddings, norms,
@@ -289,7 +299,11 @@ impl FusedDecoder {
                 }
             });
             if let Some(maps) = &mut self.maps {
-                maps.push(self.acts.att.clone());
+                let att = match maps.wanted[l] {
+                    true => self.acts.att.clone(),
+                    false => Vec::new(),
+                };
+                maps.kept.push(att);
             }
             std::mem::swap(&mut self.x, &mut self.next);
         }
@@ -411,19 +425,29 @@ impl FusedDecoder {
         Ok(())
     }
 
-    /// Every block's attention weights over `tokens` read from an empty cache, as
-    /// [`Gpt::forward_with_attention`] gives them: `maps[block][head]`, `[seq, seq]` row-major
-    /// (queries by keys, zero above the diagonal). They are the weights this decoder attends
-    /// with, from its own products (int8 ones with `Q8_0` matrices); the cache is left empty.
-    pub fn attention_maps(&mut self, tokens: &[u32]) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+    /// The attention weights over `tokens` read from an empty cache, as
+    /// [`Gpt::forward_with_attention`] gives them, of the blocks `wanted` picks (by index; the
+    /// others' are empty, and never held: a block's maps are `heads·seq²` values):
+    /// `maps[block][head]`, `[seq, seq]` row-major (queries by keys, zero above the diagonal).
+    /// They are the weights this decoder attends with, from its own products (int8 ones with
+    /// `Q8_0` matrices); the cache is left empty.
+    pub fn attention_maps(
+        &mut self,
+        tokens: &[u32],
+        wanted: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         self.clear();
         self.check(tokens)?;
         if tokens.is_empty() {
             return Err(AttentionError::EmptySequence.into());
         }
-        self.maps = Some(Vec::with_capacity(self.shared.weights.blocks.len()));
+        let blocks = self.shared.weights.blocks.len();
+        self.maps = Some(Maps {
+            wanted: (0..blocks).map(wanted).collect(),
+            kept: Vec::with_capacity(blocks),
+        });
         self.forward(tokens, Head::None);
-        let maps = self.maps.take().unwrap_or_default();
+        let maps = self.maps.take().map_or_else(Vec::new, |m| m.kept);
         self.clear();
         let map = tokens.len() * tokens.len();
         Ok(maps

@@ -14,7 +14,8 @@ use anyhow::{Result, bail};
 use tinygpt_model::gpu::Kernels;
 
 use super::batcher;
-pub use super::job::{Decoding, Job, Model};
+use super::job::Decoding;
+pub use super::job::{Job, Model};
 pub use super::stats::Stats;
 
 use crate::backend::EngineKind;

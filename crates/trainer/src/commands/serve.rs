@@ -62,6 +62,11 @@ pub struct Args {
     /// The largest request body in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// The most attention weights one POST /v1/attention may make (layers × heads × tokens²,
+    /// 4 bytes each while it is answered): a request beyond gets a 400 that says how to ask
+    /// for less (one layer, a shorter prompt). The default, 2^26, is 256 MiB.
+    #[arg(long, value_name = "N", default_value_t = 1 << 26)]
+    max_attention_weights: usize,
     /// Default for requests that do not say: past block_size, refill the KV cache from the last
     /// half block instead of nanoGPT's exact sliding window (see `generate --context-shift`).
     #[arg(long)]
@@ -117,6 +122,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_tokens: args.max_tokens,
         max_prompt_tokens: args.max_prompt_tokens,
         max_body_bytes: args.max_body_bytes,
+        max_attention_weights: args.max_attention_weights,
         context_shift: args.context_shift,
         shutdown_timeout: args.shutdown_timeout,
         connections: ConnectionLimits {

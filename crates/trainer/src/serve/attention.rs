@@ -61,7 +61,7 @@ fn round(w: f32) -> f32 {
 }
 
 /// The prompt's ids (the last block_size of them with `truncate`) and how many were dropped,
-/// after checking the layer and head asked for.
+/// after checking the layer and head asked for and the size of the answer.
 fn attention_ids(state: &State, request: &AttentionRequest) -> Result<(Vec<u32>, usize), ApiError> {
     let config = &state.model.config;
     for (param, value, count) in [
@@ -98,7 +98,39 @@ fn attention_ids(state: &State, request: &AttentionRequest) -> Result<(Vec<u32>,
             ),
         ));
     }
+    check_size(state, request.layer, ids.len())?;
     Ok((ids, truncated))
+}
+
+/// Refuses a request whose maps would hold more than `--max-attention-weights`, saying how to
+/// ask for less: a request for every layer of a long prompt is gigabytes (SmolLM2-135M's 30
+/// layers × 9 heads over 2,048 tokens: 1.1G weights, 4.5 GB).
+fn check_size(state: &State, layer: Option<usize>, seq: usize) -> Result<(), ApiError> {
+    let model = &state.model;
+    let cap = state.options.max_attention_weights;
+    let layers = model.attention_layers(layer);
+    let per_layer = model.config.n_head.saturating_mul(seq).saturating_mul(seq);
+    let weights = layers.saturating_mul(per_layer);
+    if weights <= cap {
+        return Ok(());
+    }
+    let what = format!(
+        "the attention of {layers} layer{} × {} heads over {seq} tokens is {weights} weights, more \
+         than this server makes for one request ({cap}, --max-attention-weights)",
+        if layers == 1 { "" } else { "s" },
+        model.config.n_head,
+    );
+    if model.attention_layers(Some(0)) < layers && per_layer <= cap {
+        return Err(ApiError::invalid(
+            "layer",
+            format!("{what}: ask for one `layer`"),
+        ));
+    }
+    let longest = (cap / layers.saturating_mul(model.config.n_head)).isqrt();
+    Err(ApiError::invalid(
+        "prompt",
+        format!("{what}: send a prompt of at most {longest} tokens"),
+    ))
 }
 
 /// `[layer][head][query]`: each query's weights over keys `0..=query`, rounded.

@@ -28,6 +28,9 @@ pub struct ServeOptions {
     pub max_prompt_tokens: Option<usize>,
     /// The largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// The most attention weights one `/v1/attention` request may make (layers × heads ×
+    /// tokens², 4 bytes each while answering; 400 beyond).
+    pub max_attention_weights: usize,
     /// The context shift for requests that do not say (see [`tinygpt_model::GenerateOptions`]).
     pub context_shift: bool,
     /// How `/v1/chat/completions` writes a conversation as a prompt.
@@ -58,6 +61,7 @@ impl ServeOptions {
             ("--max-tokens", self.max_tokens),
             ("--max-prompt-tokens", self.max_prompt_tokens.unwrap_or(1)),
             ("--max-body-bytes", self.max_body_bytes),
+            ("--max-attention-weights", self.max_attention_weights),
             ("--max-connections", self.connections.max_connections),
         ] {
             if value == 0 {

@@ -1,8 +1,9 @@
 //! `tinygpt serve` through a real HTTP client on an ephemeral loopback port: OpenAI's
 //! completions (whole and streamed) equal to `tinygpt generate`, every 4xx, 429 under a burst,
-//! cancellation when a client disconnects, 50 concurrent streams, the attention route, and
-//! clients that flood, stall or send too much.
+//! cancellation when a client disconnects, 50 concurrent streams, the attention route
+//! (attention.rs), and clients that flood, stall or send too much.
 
+mod attention;
 #[path = "../common/mod.rs"]
 mod common;
 mod hostile;
@@ -620,58 +621,4 @@ fn burn_backend_batches_and_each_gets_its_alone_text() {
     let health = server.health();
     assert_eq!(health["max_batch"], 16, "{health}");
     assert_eq!(health["stats"]["completed"], 6, "{health}");
-}
-
-/// The attention route: the causal rows of every layer and head, each summing to 1; one layer
-/// and head is the same slice; a long prompt is truncated to its last block_size tokens.
-#[test]
-fn attention_route_gives_causal_rows() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    trained(dir);
-    let server = Server::start(dir, "run", &[]);
-    let (status, all) = server.post_json("/v1/attention", &json!({"prompt": "Of Man"}));
-    assert_eq!(status, 200, "{all}");
-    assert_eq!(all["tokens"], json!(["O", "f", " ", "M", "a", "n"]));
-    assert_eq!(all["layers"], json!([0]));
-    assert_eq!(all["heads"], json!([0, 1]));
-    for head in all["attention"][0].as_array().unwrap() {
-        let rows = head.as_array().unwrap();
-        assert_eq!(rows.len(), 6);
-        for (q, row) in rows.iter().enumerate() {
-            let row: Vec<f64> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|w| w.as_f64().unwrap())
-                .collect();
-            assert_eq!(row.len(), q + 1, "row {q} holds keys 0..={q} only");
-            assert!(
-                (row.iter().sum::<f64>() - 1.0).abs() < 1e-3,
-                "row {q}: {row:?}"
-            );
-        }
-        assert_eq!(
-            rows[0],
-            json!([1.0]),
-            "the first token can only attend to itself"
-        );
-    }
-    let (_, one) = server.post_json(
-        "/v1/attention",
-        &json!({"prompt": "Of Man", "layer": 0, "head": 1}),
-    );
-    assert_eq!(one["attention"][0][0], all["attention"][0][1]);
-    let long = "Of Man's first disobedience";
-    let (status, cut) =
-        server.post_json("/v1/attention", &json!({"prompt": long, "truncate": true}));
-    assert_eq!(status, 200, "{cut}");
-    assert_eq!(cut["truncated"], 27 - 16);
-    let tokens: String = cut["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
-    assert_eq!(tokens, &long[11..]);
 }

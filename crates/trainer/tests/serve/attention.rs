@@ -84,44 +84,29 @@ fn attention_beyond_the_cap_is_refused_with_what_fits() {
         let (status, maps) = server.post_json("/v1/attention", &body);
         assert_eq!(status, 200, "{body}: {maps}");
     };
-    let fused = Server::start(
-        dir,
-        "run",
-        &["--backend", "fused", "--max-attention-weights", "600"],
-    );
-    refused(
-        &fused,
-        json!({"prompt": prompt}),
-        "layer",
-        "ask for one `layer`",
-    );
-    answered(&fused, json!({"prompt": prompt, "layer": 1}));
+    let start = |backend: &str, cap: &str| {
+        Server::start(
+            dir,
+            "run",
+            &["--backend", backend, "--max-attention-weights", cap],
+        )
+    };
+    // The first `tokens` of the prompt, for one layer or all.
+    let ask = |layer: Option<usize>, tokens: usize| match layer {
+        Some(layer) => json!({"prompt": &prompt[..tokens], "layer": layer}),
+        None => json!({"prompt": &prompt[..tokens]}),
+    };
+    let fused = start("fused", "600");
+    refused(&fused, ask(None, 16), "layer", "ask for one `layer`");
+    answered(&fused, ask(Some(1), 16));
     drop(fused);
-    let fused = Server::start(
-        dir,
-        "run",
-        &["--backend", "fused", "--max-attention-weights", "300"],
-    );
     // 300 / 2 heads = 150 ≥ 12², < 13².
-    refused(
-        &fused,
-        json!({"prompt": prompt, "layer": 1}),
-        "prompt",
-        "at most 12 tokens",
-    );
-    answered(&fused, json!({"prompt": &prompt[..12], "layer": 1}));
+    let fused = start("fused", "300");
+    refused(&fused, ask(Some(1), 16), "prompt", "at most 12 tokens");
+    answered(&fused, ask(Some(1), 12));
     drop(fused);
-    let flex = Server::start(
-        dir,
-        "run",
-        &["--backend", "flex", "--max-attention-weights", "600"],
-    );
     // Burn's forward makes both layers: 600 / 4 = 150.
-    refused(
-        &flex,
-        json!({"prompt": prompt, "layer": 1}),
-        "prompt",
-        "at most 12 tokens",
-    );
-    answered(&flex, json!({"prompt": &prompt[..12]}));
+    let flex = start("flex", "600");
+    refused(&flex, ask(Some(1), 16), "prompt", "at most 12 tokens");
+    answered(&flex, ask(None, 12));
 }

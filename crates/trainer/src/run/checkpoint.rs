@@ -294,14 +294,15 @@ impl Run {
 
     /// The model with the `which` weights, on `device`, and its training state.
     pub fn load_model(&self, which: Which, device: &Device) -> Result<(Gpt, TrainState)> {
-        let checkpoint = self.checkpoint(which, false)?;
-        let model = self.model_from(&checkpoint, device)?;
+        let mut checkpoint = self.checkpoint(which, false)?;
+        let model = self.model_from(&mut checkpoint, device)?;
         Ok((model, checkpoint.state))
     }
 
     /// The model of `checkpoint` (one of this run's), on `device`. Prints the checkpoint's
-    /// warning, if any.
-    pub fn model_from(&self, checkpoint: &Checkpoint, device: &Device) -> Result<Gpt> {
+    /// warning, if any. Takes the checkpoint's weights (left empty), so that the file's bytes
+    /// are not held twice while the model is made from them.
+    pub fn model_from(&self, checkpoint: &mut Checkpoint, device: &Device) -> Result<Gpt> {
         if let Some(warning) = &checkpoint.warning {
             eprintln!("warning: {warning}");
         }
@@ -310,7 +311,7 @@ impl Run {
             .init(device)
             .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))?;
         let path = checkpoint.dir.join(WEIGHTS);
-        load_weights(&mut model, checkpoint.weights.clone())
+        load_weights(&mut model, std::mem::take(&mut checkpoint.weights))
             .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
         Ok(model.with_attention_kernel(self.config.train.attention_kernel))
     }

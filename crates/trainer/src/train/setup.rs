@@ -301,11 +301,11 @@ fn initial_model(
 /// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
 /// AdamW and the training state.
 fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
-    let checkpoint = run.checkpoint(Which::Last, true)?;
+    let mut checkpoint = run.checkpoint(Which::Last, true)?;
     if checkpoint.warning.is_some() {
         run.set_aside_damaged_last()?;
     }
-    let model = run.model_from(&checkpoint, device)?;
+    let model = run.model_from(&mut checkpoint, device)?;
     let model = crate::run::weights::restore_param_ids(model, &checkpoint.state.param_ids)?;
     let path = checkpoint.dir.join(checkpoint::OPTIMIZER);
     let bytes = checkpoint

@@ -38,6 +38,18 @@ pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};
 
+/// How many tensors one kernel may bind on `device`: CubeCL's `max_bindings` (on wgpu the
+/// device's storage buffers per shader stage, less one; 1,024 on CUDA), which bounds what
+/// Burn's fusion merges into one kernel. `None` off a CubeCL device.
+pub fn max_bindings(device: &Device) -> Option<u32> {
+    match device.clone().inner().as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => {
+            Some(cube.client().properties().hardware.max_bindings)
+        }
+        _ => None,
+    }
+}
+
 /// Which kernels a model's memory-bound ops (the norms, the loss, AdamW) run, and how it
 /// decodes: chosen once, where the model is built, and carried by the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,10 +21,10 @@ use anyhow::{Result, bail};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
-use tinygpt_model::gpu::{AdamWBuffers, adamw};
+use tinygpt_model::gpu::{AdamWBuffers, adamw, max_bindings};
 use tinygpt_model::{AdamWSettings, Gpt, MomentState, ParamLayout};
 
-/// Tensors per `cat` when the gradients are gathered on a GPU (see [`DeviceAdamW::flatten`]):
+/// Tensors per `cat` when the gradients are gathered in groups (see [`DeviceAdamW::flatten`]):
 /// with the output, nine bindings, as many as the AdamW kernel's.
 const CAT_GROUP: usize = 8;
 
@@ -93,15 +93,16 @@ impl DeviceAdamW {
     /// The gradients `grads` holds, end to end in the parameters' order, `[n]` (zeros for a
     /// parameter without one).
     ///
-    /// On a GPU in groups of [`CAT_GROUP`], then the groups: Burn's fusion writes a `cat` as
-    /// one element-wise kernel only when its tensors fit the kernel's bindings (on wgpu the
-    /// device's storage buffers per shader stage, less one); past that it copies each tensor
-    /// with a launch of its own, 52 for the baby model on lavapipe. In groups the gathering
-    /// fuses: 250 → 203 launches per baby step there.
+    /// Burn's fusion writes a `cat` as one element-wise kernel only when its tensors fit a
+    /// kernel's bindings ([`max_bindings`]); past that it copies each tensor with a launch of
+    /// its own, 52 for the baby model on lavapipe. So on a device where they do not fit, the
+    /// gradients are gathered in `cat`s of [`CAT_GROUP`], then those, until one `cat` fits:
+    /// 250 → 203 launches per baby step on lavapipe. Where they fit (CUDA's 1,024 bindings),
+    /// one `cat`, as before.
     pub fn flatten(&self, grads: &mut GradientsParams) -> Tensor<1> {
         let device = self.params.device();
         let entries = self.layout.entries();
-        let parts: Vec<Tensor<1>> = entries
+        let mut parts: Vec<Tensor<1>> = entries
             .iter()
             .map(|entry| match entry.shape.len() {
                 1 => grads.remove::<1>(entry.id),
@@ -111,16 +112,16 @@ impl DeviceAdamW {
             .zip(entries)
             .map(|(grad, entry)| grad.unwrap_or_else(|| Tensor::zeros([entry.len], &device)))
             .collect();
-        match self.kernel {
-            true => {
-                let chunks: Vec<Tensor<1>> = parts
-                    .chunks(CAT_GROUP)
-                    .map(|chunk| Tensor::cat(chunk.to_vec(), 0))
-                    .collect();
-                Tensor::cat(chunks, 0)
-            }
-            false => Tensor::cat(parts, 0),
+        let most = max_bindings(&device);
+        let fits =
+            |count: usize| most.is_none_or(|most| count < most as usize) || count <= CAT_GROUP;
+        while !fits(parts.len()) {
+            parts = parts
+                .chunks(CAT_GROUP)
+                .map(|chunk| Tensor::cat(chunk.to_vec(), 0))
+                .collect();
         }
+        Tensor::cat(parts, 0)
     }
 
     /// One AdamW step of `model` along the flat gradients `grads` times `scale` (`[1]`: the

@@ -147,7 +147,8 @@ impl KvCache {
         };
         let buffer = match slot {
             Some(buffer) if buffer.dims() == full => buffer,
-            _ => Tensor::zeros(full, &rows.device()),
+            // In the rows' dtype: a bf16 decoder keeps bf16 keys and values (half the bytes).
+            _ => Tensor::zeros(full, (&rows.device(), rows.dtype())),
         };
         buffer.slice_assign(
             [0..batch, 0..heads, self.len..self.len + new, 0..d_head],

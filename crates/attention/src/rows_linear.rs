@@ -13,8 +13,9 @@
 //!
 //! Consecutive units read consecutive columns of `W`'s row `k` (one memory transaction per 32
 //! of them), and every weight is read once for all rows. Used where it pays: Burn's CubeCL
-//! devices outside autodiff, f32, at most [`MAX_ROWS`] rows ([`linear`]); everything else takes
-//! Burn's matmul. `TINYGPT_ROWS_LINEAR=0` turns it off (to measure one against the other).
+//! devices outside autodiff, f32 (bf16 and f16 too, summed in f32), at most [`MAX_ROWS`] rows
+//! ([`linear`]); everything else takes Burn's matmul. `TINYGPT_ROWS_LINEAR=0` turns it off
+//! (to measure one against the other).
 
 use std::sync::OnceLock;
 
@@ -64,8 +65,8 @@ pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
     }
 }
 
-/// Whether the kernel runs for `x` `[.., K]`: a CubeCL device outside autodiff, f32, at most
-/// [`MAX_ROWS`] rows.
+/// Whether the kernel runs for `x` `[.., K]`: a CubeCL device outside autodiff, a float (f32,
+/// or bf16/f16 summed in f32), at most [`MAX_ROWS`] rows.
 pub fn applies<const D: usize>(x: &Tensor<D>) -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("TINYGPT_ROWS_LINEAR").as_deref() == Ok("0"));
@@ -73,7 +74,7 @@ pub fn applies<const D: usize>(x: &Tensor<D>) -> bool {
     let rows: usize = dims[..D - 1].iter().product();
     let device = x.device();
     !off && rows <= MAX_ROWS
-        && x.dtype() == DType::F32
+        && matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
         && !device.is_autodiff()
         && is_cube_device(&device)
 }
@@ -162,10 +163,12 @@ mod kernel {
         let column = UNIT_POS_X as usize;
         let slice = UNIT_POS_Y as usize;
         let j = CUBE_POS_X as usize * COLUMNS + column;
-        let mut sums = Array::<F>::new(rows);
+        // The sums in f32 whatever `F` is: a bf16 or f16 running sum over hundreds of products
+        // would lose the low bits of each (PyTorch's half matmuls accumulate in f32 too).
+        let mut sums = Array::<f32>::new(rows);
         #[unroll]
         for r in 0..rows {
-            sums[r] = F::new(0.0);
+            sums[r] = 0.0;
         }
         if j < n {
             let mut k = slice;
@@ -173,12 +176,12 @@ mod kernel {
                 let w = weight[k * k_stride + j * n_stride];
                 #[unroll]
                 for r in 0..rows {
-                    sums[r] += x[r * x_row + k * x_col] * w;
+                    sums[r] += f32::cast_from(x[r * x_row + k * x_col]) * f32::cast_from(w);
                 }
                 k += SLICES;
             }
         }
-        let mut partial = Shared::<[F]>::new_slice(SLICES * rows * COLUMNS);
+        let mut partial = Shared::<[f32]>::new_slice(SLICES * rows * COLUMNS);
         #[unroll]
         for r in 0..rows {
             partial[(slice * rows + r) * COLUMNS + column] = sums[r];
@@ -188,14 +191,14 @@ mod kernel {
             let (out_row, out_col) = (out.stride(0), out.stride(1));
             #[unroll]
             for r in 0..rows {
-                let mut sum = F::new(0.0);
+                let mut sum = 0.0f32;
                 if has_bias {
-                    sum = bias[j * bias.stride(0)];
+                    sum = f32::cast_from(bias[j * bias.stride(0)]);
                 }
                 for s in 0..SLICES {
                     sum += partial[(s * rows + r) * COLUMNS + column];
                 }
-                out[r * out_row + j * out_col] = sum;
+                out[r * out_row + j * out_col] = F::cast_from(sum);
             }
         }
     }

@@ -213,7 +213,7 @@ impl KvCache {
         let write = |buffer: Option<Tensor<4>>, rows: Tensor<4>| {
             let buffer = match buffer {
                 Some(buffer) if buffer.dims() == full => buffer,
-                _ => Tensor::<4>::zeros(full, &rows.device()).cast(rows.dtype()),
+                _ => Tensor::<4>::zeros(full, (&rows.device(), rows.dtype())),
             };
             buffer.scatter(2, index.clone(), rows, IndexingUpdateOp::Assign)
         };

@@ -267,7 +267,7 @@ fn sampling(
     args: &BenchArgs,
     on_gpu: bool,
 ) -> Result<Sampling> {
-    let inference = engine.model()?.valid();
+    let inference = args.weights.cast(engine.model()?.valid())?;
     let options = GenerateOptions {
         max_new_tokens: args.sample_tokens,
         temperature: 0.8,
@@ -336,7 +336,7 @@ fn profile_sampling(
     args: &BenchArgs,
     steps: usize,
 ) -> Result<KernelProfile> {
-    let inference = engine.model()?.valid();
+    let inference = args.weights.cast(engine.model()?.valid())?;
     let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
     let mut batch = batch_decoder(kind, &inference, args.streams, args.weights)?;
     let steps = steps.min(batch.block_size());

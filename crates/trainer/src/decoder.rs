@@ -3,6 +3,7 @@
 //! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
 use anyhow::{Result, bail};
+use burn::tensor::FloatDType;
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, Pick, Picked,
     Replay, WeightFormat,
@@ -17,6 +18,12 @@ pub enum Weights {
     /// As trained: 4 bytes a weight.
     #[default]
     F32,
+    /// bfloat16 on a GPU (Burn's decoder: cuda, or flex): half the bytes a token reads. The
+    /// products sum in f32; embeddings, the residual stream, norms, the softmax and the logits
+    /// stay f32 (a mixed-precision step's split).
+    Bf16,
+    /// float16, as `bf16` (cuda, flex, and wgpu where the GPU has f16).
+    F16,
     /// int8 in blocks of 32 with a scale each (GGUF's Q8_0): about a quarter of the bytes a
     /// token reads, for a little accuracy (see `eval --weights q8_0`); CPU only (the fused
     /// decoder).
@@ -29,21 +36,74 @@ impl Weights {
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
             Self::Q8_0 => "q8_0",
         }
     }
 
-    /// The fused decoder's format, on the engine `kind` (only the fused decoder quantises: on
-    /// any other, int8 is an error, never a silent f32).
+    /// The dtype Burn's decoder computes its products in (q8_0 is the fused decoder's own).
+    fn dtype(self) -> FloatDType {
+        match self {
+            Self::F32 | Self::Q8_0 => FloatDType::F32,
+            Self::Bf16 => FloatDType::BF16,
+            Self::F16 => FloatDType::F16,
+        }
+    }
+
+    /// The fused decoder's format, on the engine `kind` (only the fused decoder quantises, only
+    /// Burn's keeps half-precision matrices: asked of the other, either is an error, never a
+    /// silent f32).
     pub fn format(self, kind: EngineKind) -> Result<WeightFormat> {
         Ok(match (self, kind) {
             (Self::F32, _) => WeightFormat::F32,
             (Self::Q8_0, EngineKind::Fused) => WeightFormat::Q8_0,
             (Self::Q8_0, EngineKind::Autodiff | EngineKind::Device) => bail!(
                 "--weights q8_0 runs on the fused CPU decoder only (--backend fused, or auto on \
-                 a machine without a GPU); this backend samples with f32 weights"
+                 a machine without a GPU); this backend samples with f32, bf16 or f16 weights"
+            ),
+            (Self::Bf16 | Self::F16, EngineKind::Autodiff | EngineKind::Device) => {
+                WeightFormat::F32
+            }
+            (Self::Bf16 | Self::F16, EngineKind::Fused) => bail!(
+                "--weights {} samples on a GPU (--backend cuda; f16 also on wgpu where the GPU \
+                 has it) or on flex; the fused CPU decoder keeps f32 or q8_0 weights",
+                self.name()
             ),
         })
+    }
+
+    /// `gpt` with its matrices as these weights keep them on Burn's decoder: cast to bf16 or
+    /// f16 ([`Gpt::autocast`]; the f32 matrices are freed with `gpt`), as it is otherwise.
+    /// A device without the dtype's arithmetic is an error that names what has it.
+    pub fn cast(self, gpt: Gpt) -> Result<Gpt> {
+        let dtype = self.dtype();
+        if dtype == FloatDType::F32 {
+            return Ok(gpt);
+        }
+        let device = gpt.wte.weight.device();
+        if !device.supports_dtype(dtype) {
+            bail!(
+                "--weights {} is not supported on {device:?}: bf16 on cuda and flex, f16 on \
+                 cuda, flex and wgpu where the GPU has it",
+                self.name()
+            );
+        }
+        Ok(gpt.autocast(dtype))
+    }
+
+    /// Whether `gpt`'s matrices are what these weights say (Burn's decoders), so that a
+    /// forgotten [`cast`](Self::cast) fails loudly instead of sampling in f32.
+    fn check(self, gpt: &Gpt) -> Result<()> {
+        let want: burn::tensor::DType = self.dtype().into();
+        if gpt.dtype() != want {
+            bail!(
+                "internal error: --weights {} asked of a model in {:?}",
+                self.name(),
+                gpt.dtype()
+            );
+        }
+        Ok(())
     }
 }
 
@@ -102,6 +162,7 @@ pub fn decoder_for<'a>(
         EngineKind::Autodiff | EngineKind::Device => {
             // Int8 asked of this engine is an error here, never a silent f32.
             weights.format(kind)?;
+            weights.check(model)?;
             Ok(unpadded(Box::new(model.decoder()), tokens))
         }
     }
@@ -118,7 +179,10 @@ pub fn batch_decoder<'a>(
     let format = weights.format(kind)?;
     Ok(match kind {
         EngineKind::Fused => Box::new(FusedBatch::with_weights(model, streams, format)?),
-        EngineKind::Autodiff | EngineKind::Device => Box::new(GptBatch::new(model, streams)),
+        EngineKind::Autodiff | EngineKind::Device => {
+            weights.check(model)?;
+            Box::new(GptBatch::new(model, streams))
+        }
     })
 }
 

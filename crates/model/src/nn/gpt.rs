@@ -3,7 +3,7 @@
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
 use tinygpt_attention::{AttentionKernel, KvCache, StepAt, StepTables, rows_linear};
 
 use crate::arch::GptConfig;
@@ -115,8 +115,9 @@ impl Gpt {
         impl ModuleMapper for Copy {
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
                 let (id, value, mapper) = param.consume();
-                let device = value.device();
-                let copy = Tensor::from_data(value.into_data(), &device);
+                // In its own dtype: a bf16 decoder's matrices stay bf16.
+                let (device, dtype) = (value.device(), value.dtype());
+                let copy = Tensor::from_data(value.into_data(), (&device, dtype));
                 Param::from_mapped_value(id, copy, mapper)
             }
         }
@@ -383,6 +384,15 @@ impl Gpt {
             logits.div_scalar(cap).tanh().mul_scalar(cap)
         } else {
             logits
+        }
+    }
+
+    /// The dtype its matrices compute in: f32 as trained, bf16 or f16 after
+    /// [`autocast`](Self::autocast) (embeddings and norms stay f32 either way).
+    pub fn dtype(&self) -> DType {
+        match &self.lm_head {
+            Some(head) => head.weight.dtype(),
+            None => self.wte.weight.dtype(),
         }
     }
 

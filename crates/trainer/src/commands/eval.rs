@@ -28,9 +28,9 @@ pub struct Args {
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// Score with the model's matrices as sampling keeps them with `--weights q8_0` (int8,
-    /// on the fused CPU decoder), to measure what int8 costs; f32 scores with the model as
-    /// trained.
+    /// Score with the model's matrices as sampling keeps them with `--weights` (q8_0: int8 on
+    /// the fused CPU decoder; bf16, f16: half precision on a GPU or flex), to measure what
+    /// they cost; f32 scores with the model as trained.
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
 }
@@ -45,6 +45,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Weights::F32 => (
             evaluate(&model, &run.tokenizer, &split, block_size, &device)?,
             describe(&device),
+        ),
+        Weights::Bf16 | Weights::F16 => (
+            evaluate(
+                &args.weights.cast(model)?,
+                &run.tokenizer,
+                &split,
+                block_size,
+                &device,
+            )?,
+            format!(
+                "{} with {} matrices",
+                describe(&device),
+                args.weights.name()
+            ),
         ),
         Weights::Q8_0 => {
             let engine = placement

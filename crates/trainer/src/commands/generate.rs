@@ -77,8 +77,9 @@ pub struct Args {
     context_shift: bool,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// How the model's matrices are kept while sampling: f32 as trained, or q8_0 (int8 in
-    /// blocks of 32, GGUF's Q8_0: about a quarter of the bytes a token reads; CPU only).
+    /// How the model's matrices are kept while sampling: f32 as trained; bf16 or f16 on a GPU
+    /// (half the bytes a token reads, summed in f32); q8_0 on the CPU (int8 in blocks of 32,
+    /// GGUF's Q8_0: about a quarter of the bytes).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
 }
@@ -164,7 +165,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             fused
         }
         EngineKind::Autodiff | EngineKind::Device => {
-            on_device = model;
+            on_device = args.weights.cast(model)?;
             decoder_for(kind, &on_device, vocab, args.weights)?
         }
     };

@@ -28,8 +28,9 @@ pub struct Args {
     /// Run directory written by `tinygpt train`.
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,
-    /// How the model's matrices are kept while sampling: f32 as trained, or q8_0 (int8 in
-    /// blocks of 32, GGUF's Q8_0: about a quarter of the bytes a token reads; CPU only).
+    /// How the model's matrices are kept while sampling: f32 as trained; bf16 or f16 on a GPU
+    /// (half the bytes a token reads, summed in f32); q8_0 on the CPU (int8 in blocks of 32,
+    /// GGUF's Q8_0: about a quarter of the bytes).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
     /// Address to listen on. Anything but loopback needs --api-key.

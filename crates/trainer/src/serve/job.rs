@@ -51,7 +51,7 @@ impl Model {
                 drop(gpt);
                 Decoding::Fused(decoder)
             }
-            EngineKind::Autodiff | EngineKind::Device => Decoding::Burn(gpt),
+            EngineKind::Autodiff | EngineKind::Device => Decoding::Burn(weights.cast(gpt)?),
         };
         // Making the decoder's rows (and dropping Burn's model) freed memory.
         crate::decoder::return_freed_memory();

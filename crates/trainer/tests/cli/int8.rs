@@ -116,3 +116,45 @@ fn int8_weights_elsewhere_are_one_line() {
         fails(tinygpt(dir, &args), why);
     }
 }
+
+/// Half-precision matrices are Burn's decoder's (a GPU, or flex): asked of the fused CPU
+/// decoder they are one line, never a silent f32; on flex they sample and score.
+#[test]
+fn half_weights_on_the_fused_decoder_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "run", &["--max-iters", "2"]));
+    let why = "--weights bf16 samples on a GPU";
+    for command in ["generate", "serve"] {
+        let args = [
+            command,
+            "--checkpoint",
+            "run",
+            "--backend",
+            "fused",
+            "--weights",
+            "bf16",
+        ];
+        fails(tinygpt(dir, &args), why);
+    }
+    let eval = |weights: &str| {
+        let args = [
+            "eval",
+            "--checkpoint",
+            "run",
+            "--backend",
+            "flex",
+            "--weights",
+            weights,
+        ];
+        ok(tinygpt(dir, &args))
+    };
+    let (f32s, bf16) = (eval("f32"), eval("bf16"));
+    assert!(bf16.contains("with bf16 matrices"), "{bf16}");
+    let loss = |out: &str| -> f32 {
+        let after = out.split("| loss ").nth(1).expect("a loss");
+        after.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (a, b) = (loss(&f32s), loss(&bf16));
+    assert!((a - b).abs() < 0.02 * a, "f32 {a} against bf16 {b}");
+}

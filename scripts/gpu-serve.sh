@@ -24,6 +24,10 @@
 # short   greedy tokens of the baby run after prompts of 1 to 6 tokens (1 to 4 rows go through
 #         the rows kernel), on the GPU with the rows kernel and without, against the fused
 #         decoder's
+# half    one stream with bf16 matrices against f32 (`--weights bf16`) at shakespeare-char's
+#         size (255 tokens) and the baby's (500, `--context-shift`), 32 streams through `bench
+#         --streams` and through `serve`, the baby run's greedy text in bf16 against the fused
+#         decoder's f32 one, and `eval` of the baby run with each
 # train   the shakespeare-char and baby training steps, flash attention against explicit
 # torch   PyTorch beside it (torch-sample.py: a static KV cache, eager and torch.compile'd), one
 #         stream at shakespeare-char's size, f32 (TORCH_MORE=1: bf16 too)
@@ -62,7 +66,11 @@ serve_up() {
   TINYGPT_DECODE_STEP=$way ./tinygpt serve --checkpoint "$run" --backend "$backend" \
     --port $port --max-batch 32 "$@" >/tmp/serve.log 2>&1 &
   server=$!
-  for _ in $(seq 240); do curl -sf http://127.0.0.1:$port/health >/dev/null && return 0; sleep 0.5; done
+  for _ in $(seq 240); do
+    curl -sf http://127.0.0.1:$port/health >/dev/null && return 0
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.5
+  done
   echo "server did not come up:"; tail -5 /tmp/serve.log; return 1
 }
 serve_down() {
@@ -164,7 +172,7 @@ if has short; then
   for prompt in K KI KIN KING "KING " ROMEO; do
     ./tinygpt generate --checkpoint baby-run --backend fused --prompt "$prompt" \
       --max-new-tokens 40 --temperature 0 >/tmp/fused.txt 2>/dev/null
-    for rows_linear in 1 0; do
+    for rows_linear in ${SHORT_ROWS:-1 0}; do
       TINYGPT_ROWS_LINEAR=$rows_linear timeout -k 5 120 ./tinygpt generate --checkpoint baby-run \
         --backend "$backend" --prompt "$prompt" --max-new-tokens 40 --temperature 0 \
         >/tmp/gpu.txt 2>/dev/null
@@ -173,6 +181,37 @@ if has short; then
           "(fused: $(head -c 50 /tmp/fused.txt | tr '\n' '|'))"
     done
   done
+fi
+
+if has half; then
+  for weights in f32 bf16; do
+    echo "== [$(elapsed) s] one stream, $weights matrices: shakespeare-char, then baby"
+    step 120 ./tinygpt bench --config shakespeare-char --backend "$backend" --iters 0 \
+      --sample-tokens 255 --weights $weights --json | grep '^{' | tag "single-char-$weights"
+    step 120 ./tinygpt bench --config baby --backend "$backend" --iters 0 --sample-tokens 500 \
+      --context-shift --weights $weights --json | grep '^{' | tag "single-baby-$weights"
+    step 120 ./tinygpt bench --config shakespeare-char --backend "$backend" --iters 0 \
+      --sample-tokens 200 --streams 32 --weights $weights --json | grep '^{' \
+      | tag "rows-char-32-$weights"
+    ./tinygpt eval --checkpoint baby-run --backend "$backend" --weights $weights 2>&1 | tail -1
+  done
+  echo "== [$(elapsed) s] the baby run's greedy text, bf16 on $backend against f32 on fused"
+  ./tinygpt generate --checkpoint baby-run --backend fused --prompt ROMEO: --max-new-tokens 300 \
+    --temperature 0 >/tmp/fused.txt 2>&1
+  for weights in f32 bf16; do
+    timeout -k 5 120 ./tinygpt generate --checkpoint baby-run --backend "$backend" \
+      --weights $weights --prompt ROMEO: --max-new-tokens 300 --temperature 0 >/tmp/half.txt 2>&1
+    "$python" -c 'import os, sys; a, b = (open(f).read() for f in sys.argv[1:3]); \
+      print(f"{sys.argv[3]}: the first {len(os.path.commonprefix([a, b]))} of {len(b)} characters the same")' \
+      /tmp/half.txt /tmp/fused.txt $weights
+    head -c 200 /tmp/half.txt; echo
+  done
+  if [ -d char-run ] && serve_up char-run capture --weights bf16; then
+    echo "== [$(elapsed) s] serve, shakespeare-char, bf16 matrices"
+    load "char-capture-200-bf16" 200
+    load "char-capture-200-bf16-again" 200
+    serve_down
+  fi
 fi
 
 if has train && [ "$(elapsed)" -gt "${TRAIN_AFTER:-1000}" ]; then

@@ -193,7 +193,7 @@ if has half; then
     step 120 ./tinygpt bench --config shakespeare-char --backend "$backend" --iters 0 \
       --sample-tokens 200 --streams 32 --weights $weights --json | grep '^{' \
       | tag "rows-char-32-$weights"
-    ./tinygpt eval --checkpoint baby-run --backend "$backend" --weights $weights 2>&1 | tail -1
+    ./tinygpt eval --checkpoint baby-run --data "$data" --backend "$backend" --weights $weights 2>&1 | tail -1
   done
   echo "== [$(elapsed) s] the baby run's greedy text, bf16 on $backend against f32 on fused"
   ./tinygpt generate --checkpoint baby-run --backend fused --prompt ROMEO: --max-new-tokens 300 \

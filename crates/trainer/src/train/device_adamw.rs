@@ -43,6 +43,8 @@ pub struct DeviceAdamW {
     time: Tensor<1>,
     /// Whether the fused kernel runs here (a CubeCL device), else tensor ops.
     kernel: bool,
+    /// The device's bindings a kernel ([`max_bindings`]), read once: `None` off CubeCL.
+    max_bindings: Option<u32>,
 }
 
 impl DeviceAdamW {
@@ -86,6 +88,7 @@ impl DeviceAdamW {
             decay: flat(decay),
             time: Tensor::from_data(TensorData::new(time, [1]), device),
             kernel: model.kernels().fuse(DType::F32),
+            max_bindings: max_bindings(device),
             layout,
         })
     }
@@ -112,7 +115,7 @@ impl DeviceAdamW {
             .zip(entries)
             .map(|(grad, entry)| grad.unwrap_or_else(|| Tensor::zeros([entry.len], &device)))
             .collect();
-        let most = max_bindings(&device);
+        let most = self.max_bindings;
         let fits =
             |count: usize| most.is_none_or(|most| count < most as usize) || count <= CAT_GROUP;
         while !fits(parts.len()) {

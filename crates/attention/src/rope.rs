@@ -11,6 +11,11 @@
 //! x'ᵢ₊d/2   = xᵢ₊d/2·cos(mθᵢ) + xᵢ·sin(mθᵢ)          rotate_half([a, b]) = [−b, a]
 //! ```
 //!
+//! The layer computes `rotate_half(x)·sin` as `swap_halves(x)·sin±`, the sign of the first half
+//! folded into a second sine table ([`signed_sines`]): the same numbers, and the halves moved by
+//! one flip, whose gradient is one flip, where `rotate_half`'s two slices and `cat` give back,
+//! for each half, zeros written and then assigned into (four launches a rotation on a GPU).
+//!
 //! Channel `i` is paired with `i + d_head/2` (the two halves of the head): Hugging Face's
 //! `rotate_half` layout, the one Llama-family checkpoints are trained with, so their weights
 //! import without permuting. Burn's `RotaryEncoding` pairs neighbours `(2i, 2i+1)` instead: the
@@ -37,6 +42,8 @@ use crate::error::AttentionConfigError;
 pub struct RopeTables {
     pub cos: Tensor<2>,
     pub sin: Tensor<2>,
+    /// `sin` with its first half negated ([`signed_sines`]): what [`swap_halves`] is multiplied by.
+    pub(crate) signed_sin: Tensor<2>,
 }
 
 impl RopeTables {
@@ -60,6 +67,7 @@ impl RopeTables {
         };
         Ok(Self {
             cos: table(cos),
+            signed_sin: table(signed_sines(&sin, d_head)),
             sin: table(sin),
         })
     }
@@ -70,7 +78,8 @@ impl RopeTables {
     }
 
     /// `x` `[batch, heads, seq, d_head]` whose rows sit at positions `offset..offset + seq`,
-    /// each rotated by its position's angles: `x·cos + rotate_half(x)·sin`. Panics if the
+    /// each rotated by its position's angles: `x·cos + rotate_half(x)·sin` (as
+    /// `swap_halves(x)·sin±`, see the module). Panics if the
     /// positions run past [`RopeTables::max_seq`] (the layer checks lengths first).
     pub fn apply(&self, x: Tensor<4>, offset: usize) -> Tensor<4> {
         let [_, _, seq, d_head] = x.dims();
@@ -81,8 +90,8 @@ impl RopeTables {
                 .reshape([1, 1, seq, d_head])
                 .cast(x.dtype())
         };
-        let (cos, sin) = (rows(&self.cos), rows(&self.sin));
-        x.clone() * cos + rotate_half(x) * sin
+        let (cos, signed_sin) = (rows(&self.cos), rows(&self.signed_sin));
+        x.clone() * cos + swap_halves(x) * signed_sin
     }
 }
 
@@ -113,26 +122,32 @@ pub fn angles(positions: Range<usize>, d_head: usize, base: f64) -> (Vec<f32>, V
 #[derive(Debug, Clone)]
 pub struct RopeRows {
     cos: Tensor<4>,
-    sin: Tensor<4>,
+    /// The sines with the first half negated ([`signed_sines`]).
+    signed_sin: Tensor<4>,
 }
 
 impl RopeRows {
-    /// Rows already made, `cos` and `sin` `[rows, 1, new, d_head]` (a decode step selects them
-    /// from [`RopeTables`] on the device).
-    pub(crate) fn from_rows(cos: Tensor<4>, sin: Tensor<4>) -> Self {
-        Self { cos, sin }
+    /// Rows already made, `cos` and `signed_sin` `[rows, 1, new, d_head]` (a decode step
+    /// selects them from [`RopeTables`] on the device).
+    pub(crate) fn from_rows(cos: Tensor<4>, signed_sin: Tensor<4>) -> Self {
+        Self { cos, signed_sin }
+    }
+
+    /// Rows from the tables' values `cos` and `sin` (each `[shape]`, rows of `d_head`).
+    fn from_values(cos: Vec<f32>, sin: Vec<f32>, shape: [usize; 4], device: &Device) -> Self {
+        let d_head = shape[3];
+        let rows =
+            |values: Vec<f32>| Tensor::<4>::from_data(TensorData::new(values, shape), device);
+        Self {
+            cos: rows(cos),
+            signed_sin: rows(signed_sines(&sin, d_head)),
+        }
     }
 
     /// The rows of `d_head`-wide (even) heads with base `base`.
     pub fn new(offset: usize, seq: usize, d_head: usize, base: f64, device: &Device) -> Self {
         let (cos, sin) = angles(offset..offset + seq, d_head, base);
-        let rows = |values: Vec<f32>| {
-            Tensor::<4>::from_data(TensorData::new(values, [1, 1, seq, d_head]), device)
-        };
-        Self {
-            cos: rows(cos),
-            sin: rows(sin),
-        }
+        Self::from_values(cos, sin, [1, 1, seq, d_head], device)
     }
 
     /// The rotation of one row per sequence of a batch, sequence `r`'s at `positions[r]`
@@ -145,20 +160,37 @@ impl RopeRows {
             cos.extend(c);
             sin.extend(s);
         }
-        let shape = [positions.len(), 1, 1, d_head];
-        let rows =
-            |values: Vec<f32>| Tensor::<4>::from_data(TensorData::new(values, shape), device);
-        Self {
-            cos: rows(cos),
-            sin: rows(sin),
-        }
+        Self::from_values(cos, sin, [positions.len(), 1, 1, d_head], device)
     }
 
-    /// `x` `[batch, heads, seq, d_head]`, rotated: `x·cos + rotate_half(x)·sin`.
+    /// `x` `[batch, heads, seq, d_head]`, rotated: `x·cos + rotate_half(x)·sin` (as
+    /// `swap_halves(x)·sin±`, see the module).
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         let dtype = x.dtype();
-        x.clone() * self.cos.clone().cast(dtype) + rotate_half(x) * self.sin.clone().cast(dtype)
+        let (cos, signed_sin) = (self.cos.clone(), self.signed_sin.clone());
+        x.clone() * cos.cast(dtype) + swap_halves(x) * signed_sin.cast(dtype)
     }
+}
+
+/// Rows of `d_head` sines with the first half of each negated: `rotate_half(x)·sin` is
+/// `swap_halves(x)·signed_sines(sin)`, since `rotate_half([a, b]) = [−b, a]` and
+/// `swap_halves([a, b]) = [b, a]`.
+pub fn signed_sines(sin: &[f32], d_head: usize) -> Vec<f32> {
+    sin.chunks(d_head)
+        .flat_map(|row| {
+            let (first, second) = row.split_at(d_head / 2);
+            first.iter().map(|s| -s).chain(second.iter().copied())
+        })
+        .collect()
+}
+
+/// `[a, b] → [b, a]` over the last axis, `a` and `b` its two halves: the last axis seen as
+/// `[2, d/2]` (a view) and flipped. Shape kept: `[batch, heads, seq, d_head]`.
+pub fn swap_halves(x: Tensor<4>) -> Tensor<4> {
+    let [b, h, s, d] = x.dims();
+    x.reshape([b, h, s, 2, d / 2])
+        .flip([3])
+        .reshape([b, h, s, d])
 }
 
 /// `[a, b] → [−b, a]` over the last axis, `a` and `b` its two halves: a quarter turn of every

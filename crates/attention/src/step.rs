@@ -145,7 +145,7 @@ impl StepAt {
                     .select(0, at.clone().reshape([rows * new]))
                     .reshape([rows, 1, new, d_head])
             };
-            RopeRows::from_rows(row(&t.cos), row(&t.sin))
+            RopeRows::from_rows(row(&t.cos), row(&t.signed_sin))
         });
         Ok(Self {
             positions: at,

@@ -6,7 +6,7 @@
 use burn::nn::RotaryEncodingConfig;
 use tinygpt_attention::grouped::{grouped_attention, repeat_kv};
 use tinygpt_attention::qk_norm::rms_norm_heads;
-use tinygpt_attention::rope::{RopeTables, rotate_half};
+use tinygpt_attention::rope::{RopeTables, rotate_half, signed_sines, swap_halves};
 
 use super::*;
 
@@ -55,6 +55,27 @@ fn rope_rotates_pairs_by_the_position_angles() {
         AttentionConfigError::RopeOddHead { d_head: 7 }
     );
     assert!(RopeTables::new(4, 8, 0.0, &device).is_err());
+}
+
+/// The layer's form of the rotation, `swap_halves(x)·sin±`, is `rotate_half(x)·sin`: the halves
+/// swapped by one flip, the sign moved into the sines. Exactly, not to rounding.
+#[test]
+fn swapped_halves_times_signed_sines_is_rotate_half_times_sines() {
+    let device = Device::flex();
+    let _seeded = seeded(&device);
+    let (seq, d) = (5, 12);
+    let x = random([2, 3, seq, d], &device);
+    let sin: Vec<f32> = (0..seq * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let table =
+        |values: Vec<f32>| Tensor::<4>::from_data(TensorData::new(values, [1, 1, seq, d]), &device);
+    let want = values(rotate_half(x.clone()) * table(sin.clone()));
+    let got = values(swap_halves(x.clone()) * table(signed_sines(&sin, d)));
+    assert_eq!(got, want);
+    // The swap alone: [a, b] → [b, a] in every row.
+    let (x, swapped) = (values(x.clone()), values(swap_halves(x)));
+    for (row, out) in x.chunks(d).zip(swapped.chunks(d)) {
+        assert_eq!(out, [&row[d / 2..], &row[..d / 2]].concat());
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 
 use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
+use crate::decode_attention;
 use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention, flash_attention_packed};
 use crate::grouped::repeat_kv;
@@ -15,7 +16,7 @@ use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
 use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
 use crate::rows_linear;
-use crate::step::StepAt;
+use crate::step::{Seen, StepAt};
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
 ///
@@ -233,7 +234,7 @@ impl CausalSelfAttention {
                 caches: at.rows(),
             });
         }
-        let capacity = at.hidden().dims()[3];
+        let capacity = at.capacity();
         if cache.capacity() != Some(capacity) {
             return Err(AttentionError::StepCache {
                 capacity: cache.capacity(),
@@ -252,9 +253,20 @@ impl CausalSelfAttention {
         }
         let Heads { q, k, v } = self.heads(x, At::Step(at));
         let (k, v) = cache.write_at(k, v, &at.positions(), at.host())?;
-        let heads = self.grouped(Heads { q, k, v });
-        let mask = at.hidden().expand([rows, self.n_heads, new, capacity]);
-        Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
+        match at.seen() {
+            // One kernel a layer, grouped heads read in place (see `decode_attention`).
+            Seen::Positions(positions) => Ok(self.project(decode_attention::decode_attention(
+                q,
+                k,
+                v,
+                positions.clone(),
+            ))),
+            Seen::Hidden(hidden) => {
+                let heads = self.grouped(Heads { q, k, v });
+                let mask = hidden.clone().expand([rows, self.n_heads, new, capacity]);
+                Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
+            }
+        }
     }
 
     /// Continuous batching's step: the next token of each of `rows` sequences of different

@@ -28,7 +28,9 @@
 //! - Three implementations of the core ([`AttentionKernel`]): the explicit one written out as
 //!   above, Burn's scaled dot-product attention op (`sdpa`), and on GPUs [`flash`]: the same
 //!   attention in one kernel that never writes the `[seq, seq]` weights to memory, with its own
-//!   backward; chosen per call.
+//!   backward; chosen per call. A GPU's decode step attends in one kernel per layer
+//!   ([`decode_attention`]: a query over a fixed cache, the keys past its position hidden) and
+//!   multiplies a token's few rows by the weights in another ([`rows_linear`]).
 //! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
 //!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
 //! - The ideas newer GPTs add, each a lesson with its proofs in the tests: [`rope`] (rotary
@@ -41,6 +43,7 @@
 
 mod attention;
 mod config;
+pub mod decode_attention;
 mod error;
 pub mod flash;
 pub mod grouped;

@@ -29,6 +29,7 @@
 
 use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
+use crate::decode_attention;
 use crate::error::AttentionError;
 use crate::kv_cache::KvCache;
 use crate::rope::{RopeRows, RopeTables};
@@ -61,14 +62,27 @@ impl StepTables {
     }
 }
 
+/// What a layer's attention reads to hide the keys past each token's position.
+#[derive(Debug, Clone)]
+pub(crate) enum Seen {
+    /// `[rows, 1, new, capacity]`, `true` past each token's position: the mask of the
+    /// attention written as tensor ops.
+    Hidden(Tensor<4, Bool>),
+    /// `[rows, new]`, the positions in f32: the decode-attention kernel compares them itself
+    /// ([`crate::decode_attention`]).
+    Positions(Tensor<2>),
+}
+
 /// Where this step's rows are, as device tensors every layer reads: the positions, the keys
 /// each row's tokens may see, their rotation.
 #[derive(Debug, Clone)]
 pub struct StepAt {
     /// `[rows, new]`.
     positions: Tensor<2, Int>,
-    /// `[rows, 1, new, capacity]`, `true` past each token's position.
-    hidden: Tensor<4, Bool>,
+    /// The keys each token may see.
+    seen: Seen,
+    /// Keys in the caches the step reads.
+    capacity: usize,
     rope: Option<RopeRows>,
     /// The positions on the host, `[rows * new]` row by row, for the checks and the caches'
     /// lengths.
@@ -126,17 +140,22 @@ impl StepAt {
         if host.is_empty() || new == 0 {
             return Err(AttentionError::EmptySequence);
         }
-        let hidden = tables
-            .keys
-            .clone()
-            .reshape([1, 1, capacity])
-            .expand([rows, new, capacity])
-            .greater(
-                at.clone()
-                    .reshape([rows, new, 1])
-                    .expand([rows, new, capacity]),
-            )
-            .reshape([rows, 1, new, capacity]);
+        let seen = match decode_attention::applies(&at.device(), capacity) {
+            true => Seen::Positions(at.clone().float()),
+            false => Seen::Hidden(
+                tables
+                    .keys
+                    .clone()
+                    .reshape([1, 1, capacity])
+                    .expand([rows, new, capacity])
+                    .greater(
+                        at.clone()
+                            .reshape([rows, new, 1])
+                            .expand([rows, new, capacity]),
+                    )
+                    .reshape([rows, 1, new, capacity]),
+            ),
+        };
         let rope = tables.rope.as_ref().map(|t| {
             let d_head = t.cos.dims()[1];
             let row = |table: &Tensor<2>| {
@@ -149,7 +168,8 @@ impl StepAt {
         });
         Ok(Self {
             positions: at,
-            hidden,
+            seen,
+            capacity,
             rope,
             host: host.to_vec(),
             new,
@@ -175,9 +195,14 @@ impl StepAt {
         self.rope.as_ref()
     }
 
-    /// `[rows, 1, new, capacity]`: `true` past each token's position.
-    pub(crate) fn hidden(&self) -> Tensor<4, Bool> {
-        self.hidden.clone()
+    /// What the layers read to hide the keys past each token's position.
+    pub(crate) fn seen(&self) -> &Seen {
+        &self.seen
+    }
+
+    /// Keys in the caches the step reads.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// The positions on the host, `[rows * new]`.

@@ -3,6 +3,7 @@
 //! Each check is a function of a `Device`; `backend_tests!` runs it once per backend.
 
 mod batched;
+mod decode_attention;
 mod newer;
 mod rows_linear;
 mod seeds;

@@ -37,6 +37,15 @@ fn largest_difference(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, f32) {
 fn half_follows_f32(gpt: &Gpt, dtype: FloatDType, steps: &[DecodeStep], tolerance: f32) {
     let half = gpt.autocast(dtype);
     assert_eq!(half.dtype(), DType::from(dtype));
+    // What a server counts against the memory: the half copy's matrices at 2 bytes a weight
+    // (these small models are mostly matrices: well under 60% of f32's bytes).
+    assert_eq!(gpt.bytes(), 4 * gpt.num_params());
+    assert!(
+        10 * half.bytes() < 6 * gpt.bytes(),
+        "{} of {}",
+        half.bytes(),
+        gpt.bytes()
+    );
     let tokens = common::tokens(gpt.block_size(), gpt.vocab_size());
     let want = logits_along(&mut gpt.decoder_with(steps[0]), &tokens);
     for &step in steps {

@@ -433,6 +433,22 @@ impl Gpt {
         model
     }
 
+    /// Bytes its parameters take on the device, each in its own dtype: `4 · num_params` as
+    /// trained; after [`autocast`](Self::autocast) the matrices at 2 a weight, beside the f32
+    /// embeddings and norms (a tied head's cast counted: it is a tensor of its own).
+    pub fn bytes(&self) -> usize {
+        struct Bytes(usize);
+        impl ModuleVisitor for Bytes {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let value = param.val();
+                self.0 += value.shape().num_elements() * value.dtype().size();
+            }
+        }
+        let mut bytes = Bytes(0);
+        self.visit(&mut bytes);
+        bytes.0
+    }
+
     /// Parameters, counting a tied matrix once.
     pub fn num_params(&self) -> usize {
         Module::num_params(self)

@@ -110,13 +110,17 @@ pub fn engine(model: &Model) -> Result<EngineKind> {
 /// of its own (the fused decoder's workers share one, made already; Burn's workers on a CPU
 /// share the model's).
 fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
-    let row = model.config.kv_cache_bytes() as u64;
-    let weights = match &model.decoding {
-        Decoding::Burn(gpt) => match gpt.kernels() {
-            Kernels::Cube => (gpt.num_params() * 4) as u64,
-            Kernels::Burn => 0,
-        },
-        Decoding::Fused(_) => 0,
+    let f32_row = model.config.kv_cache_bytes() as u64;
+    let (row, weights) = match &model.decoding {
+        // Burn's caches are made in the matrices' dtype (`--weights bf16`: 2 bytes a value).
+        Decoding::Burn(gpt) => (
+            f32_row / 4 * gpt.dtype().size() as u64,
+            match gpt.kernels() {
+                Kernels::Cube => gpt.bytes() as u64,
+                Kernels::Burn => 0,
+            },
+        ),
+        Decoding::Fused(_) => (f32_row, 0),
     };
     let need = workers as u64 * (max_batch as u64 * row + weights);
     match model.placement.available_memory() {

@@ -37,12 +37,12 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::error::AttentionConfigError;
 
 /// The cosines and sines of every position's angles, `[max_seq, d_head]` each, in the
-/// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`).
+/// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`);
+/// the sines kept with their first half negated ([`signed_sines`]), what [`swap_halves`] is
+/// multiplied by.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
     pub cos: Tensor<2>,
-    pub sin: Tensor<2>,
-    /// `sin` with its first half negated ([`signed_sines`]): what [`swap_halves`] is multiplied by.
     pub(crate) signed_sin: Tensor<2>,
 }
 
@@ -68,7 +68,6 @@ impl RopeTables {
         Ok(Self {
             cos: table(cos),
             signed_sin: table(signed_sines(&sin, d_head)),
-            sin: table(sin),
         })
     }
 

@@ -9,7 +9,8 @@
 //! ```text
 //! cube (row r, head h, query i), p = position[r, i]:
 //!   units j = u, u+U, …  ≤ p:   s_j = (q · k_j) / √d_head              (shared memory)
-//!   every unit:                 m = max_j s_j;  w_j = exp(s_j − m);  l = Σ_j w_j
+//!   the cube:                   m = max_j s_j;  w_j = exp(s_j − m);  l = Σ_j w_j
+//!                               (each unit over its keys, then over the units' partials)
 //!   units c = u, u+U, … < d:    out[r, i, h, c] = Σ_j w_j · v_j[c] / l
 //! ```
 //!
@@ -150,6 +151,10 @@ mod kernel {
         let k_at = r * k.stride(0) + kv * k.stride(1);
         let v_at = r * v.stride(0) + kv * v.stride(1);
         let mut scores = Shared::<[f32]>::new_slice(capacity);
+        // Each unit's share of the max and of the sum, then the cube's: a unit reads its own
+        // keys' scores and the 64 partials, not every score.
+        let mut partial = Shared::<[f32]>::new_slice(UNITS);
+        let mut most = f32::new(-3.0e38);
         let mut j = unit;
         while j < seen {
             let mut s = 0.0f32;
@@ -157,24 +162,30 @@ mod kernel {
                 let key = k[k_at + j * k.stride(2) + c * k.stride(3)];
                 s += f32::cast_from(q[q_at + c * q.stride(3)]) * f32::cast_from(key);
             }
-            scores[j] = s * scale;
+            let s = s * scale;
+            scores[j] = s;
+            most = f32::max(most, s);
             j += UNITS;
         }
+        partial[unit] = most;
         sync_cube();
-        let mut most = f32::new(-3.0e38);
-        for j in 0..seen {
-            most = f32::max(most, scores[j]);
-        }
-        sync_cube();
-        let mut j = unit;
-        while j < seen {
-            scores[j] = f32::exp(scores[j] - most);
-            j += UNITS;
+        for u in 0..UNITS {
+            most = f32::max(most, partial[u]);
         }
         sync_cube();
         let mut total = 0.0f32;
-        for j in 0..seen {
-            total += scores[j];
+        let mut j = unit;
+        while j < seen {
+            let w = f32::exp(scores[j] - most);
+            scores[j] = w;
+            total += w;
+            j += UNITS;
+        }
+        partial[unit] = total;
+        sync_cube();
+        total = 0.0;
+        for u in 0..UNITS {
+            total += partial[u];
         }
         let out_column = out.stride(2);
         let out_at = r * out.stride(0) + i * out.stride(1) + h * d_head * out_column;

@@ -2,13 +2,14 @@
 //! on wgpu (lavapipe in CI): LayerNorm (with and without its shift), RMSNorm (with and without
 //! its gain) and the cross-entropy with
 //! ignored targets, on shapes that are not multiples of the kernels' cube size. And the model
-//! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex.
+//! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex, read as a
+//! training step reads it too.
 
 mod common;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::LayerNormConfig;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use tinygpt_model::gpu::{
     cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
@@ -371,23 +372,34 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
     let mut targets: Vec<i64> = (0..3 * 16).map(|i| ((i * 5 + 3) % 37) as i64).collect();
     targets[4] = -1;
     let kept = targets.len() - 1;
+    // A training step reads the tied embedding through one node of its own (`autocast`, also
+    // in f32): the same loss and gradients, reaching the same parameter.
+    let step = on_gpu.autocast(FloatDType::F32);
+    assert!(config.tie_embeddings && step.lm_head.is_none());
+    assert!(!step.wte.weight.val().is_require_grad() && on_gpu.wte.weight.val().is_require_grad());
     let mut results = Vec::new();
-    for (model, device) in [(&model, &cpu), (&on_gpu, &gpu)] {
+    for (model, reads, device) in [
+        (&model, &model, &cpu),
+        (&on_gpu, &on_gpu, &gpu),
+        (&on_gpu, &step, &gpu),
+    ] {
         let inputs = Tensor::<2, Int>::from_data(TensorData::new(tokens.clone(), [3, 16]), device);
         let t = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [48]), device);
-        let logits = model.forward(inputs).unwrap().reshape([48, 37]);
+        let logits = reads.forward(inputs).unwrap().reshape([48, 37]);
         let loss = tinygpt_model::cross_entropy_counted(logits, t, kept, model.kernels()).unwrap();
         let value = read(loss.clone())[0];
         let grads = loss.backward();
         results.push((value, gradients(model, &grads)));
     }
-    let ((cpu_loss, cpu_grads), (gpu_loss, gpu_grads)) = (&results[0], &results[1]);
-    assert!(
-        (cpu_loss - gpu_loss).abs() < 1e-5,
-        "{cpu_loss} vs {gpu_loss}"
-    );
-    assert_eq!(cpu_grads.len(), gpu_grads.len());
-    for (i, (c, g)) in cpu_grads.iter().zip(gpu_grads).enumerate() {
-        assert_close(g, c, 1e-4, &format!("gradient {i}"));
+    let (cpu_loss, cpu_grads) = &results[0];
+    for (gpu_loss, gpu_grads) in &results[1..] {
+        assert!(
+            (cpu_loss - gpu_loss).abs() < 1e-5,
+            "{cpu_loss} vs {gpu_loss}"
+        );
+        assert_eq!(cpu_grads.len(), gpu_grads.len());
+        for (i, (c, g)) in cpu_grads.iter().zip(gpu_grads).enumerate() {
+            assert_close(g, c, 1e-4, &format!("gradient {i}"));
+        }
     }
 }

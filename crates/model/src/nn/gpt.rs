@@ -342,7 +342,9 @@ impl Gpt {
     /// ([`gpu::embedding`](crate::gpu::embedding)) rather than Burn's scatter; the same rows.
     fn embed_tokens(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let weights = self.wte.weight.val();
-        let one_hot_gradient = weights.is_require_grad()
+        // Tracked, not only a leaf: a step's tied embedding is read through one node of its own
+        // ([`Gpt::autocast`]).
+        let one_hot_gradient = weights.device().is_autodiff()
             && self.kernels.fuse(weights.dtype())
             && self.vocab_size() <= crate::gpu::ONE_HOT_VOCAB;
         match one_hot_gradient {
@@ -401,9 +403,14 @@ impl Gpt {
     /// the f32 parameter, so the matmuls and the activations between them run in `dtype`, and
     /// the gradients flow back through the casts to the f32 parameters, which AdamW updates.
     /// Embeddings, the residual stream, LayerNorms, the attention softmax and the logits stay
-    /// f32. Take gradients with respect to `self`, not the returned model; f32 returns a clone.
+    /// f32. Take gradients with respect to `self`, not the returned model; f32 returns a clone
+    /// (its tied embedding read through one node, see [`read_once`]).
     pub fn autocast(&self, dtype: FloatDType) -> Gpt {
         let mut model = self.clone();
+        if self.lm_head.is_none() && self.wte.weight.val().is_require_grad() {
+            let once = read_once(self.wte.weight.val());
+            model.wte.weight = Param::initialized(ParamId::new(), once);
+        }
         if dtype == FloatDType::F32 {
             return model;
         }
@@ -425,7 +432,7 @@ impl Gpt {
                 // Not `Param::from_tensor`: that would mark the cast, a graph node, as a leaf.
                 weight: Param::initialized(
                     ParamId::new(),
-                    self.wte.weight.val().transpose().cast(dtype),
+                    model.wte.weight.val().transpose().cast(dtype),
                 ),
                 bias: None,
             },
@@ -475,4 +482,18 @@ impl Gpt {
         self.visit(&mut visitor);
         visitor.0
     }
+}
+
+/// `weights` `[vocab, n_embd]` through a graph node of its own (a flat view and back: no copy),
+/// for a tied embedding that the step reads twice, as the embedding and as the LM head.
+///
+/// Why: the backward adds the two reads' gradients where they meet. Met at the parameter
+/// itself, that addition is the backward's last operation, and Burn's fusion (0.22) keeps an
+/// element-wise operation open for more: the thousands of buffer releases that follow the
+/// backward then each re-run its search over all of them, minutes of host time at
+/// shakespeare-char's size before the first step (4.5 minutes on lavapipe, measured). Met here,
+/// the addition is followed by this node's reshape, which closes it.
+fn read_once(weights: Tensor<2>) -> Tensor<2> {
+    let [vocab, n_embd] = weights.dims();
+    weights.reshape([vocab * n_embd]).reshape([vocab, n_embd])
 }

@@ -117,10 +117,11 @@ fn gradients(
     for batch in batches {
         // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
         // backward passes running at once panic ("graph tape has already been consumed").
-        // The casts to the step's dtype are graph nodes through which the gradients reach the
-        // f32 `model`; each backward consumes its own, so each micro-batch casts again.
-        let compute = (dtype != FloatDType::F32).then(|| model.autocast(dtype));
-        let loss = batch_loss(compute.as_ref().unwrap_or(model), batch, &device)? / n;
+        // The casts to the step's dtype (and a tied embedding's one read) are graph nodes
+        // through which the gradients reach the f32 `model`; each backward consumes its own,
+        // so each micro-batch makes them again.
+        let compute = model.autocast(dtype);
+        let loss = batch_loss(&compute, batch, &device)? / n;
         let scaled = match &loss_scale {
             Some(scale) => loss.clone() * Tensor::from_inner(scale.clone()),
             None => loss.clone(),

@@ -31,6 +31,7 @@ strip "$out/tinygpt" "$out/serve_load"
 # LLVM is linked in statically: xz packs the binary to about a fifth; the scripts unpack it.
 xz -9 -T0 "$out/tinygpt" "$out/serve_load"
 cp scripts/gpu-run.sh scripts/gpu-first-light.sh scripts/gpu-sample.sh scripts/gpu-serve.sh scripts/gpu-full-run.sh \
+  scripts/gpu-train-check.sh \
   scripts/serve-check.py scripts/torch-sample.py "$out/"
 if [ -n "${RUN:-}" ]; then
   mkdir -p "$out/baby-run"

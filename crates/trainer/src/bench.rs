@@ -42,6 +42,9 @@ pub struct BenchResult {
     /// `None` with `--iters 0` (sampling only), as `train_tokens_per_s`.
     pub ms_per_iter: Option<f64>,
     pub train_tokens_per_s: Option<f64>,
+    /// The first training step, untimed in `ms_per_iter`: in a fresh process it includes
+    /// compiling and tuning the step's kernels and planning their fusion (on a GPU backend).
+    pub first_step_s: Option<f64>,
     pub sample_tokens: usize,
     /// Sequences sampled at once (`--streams`); `sample_tokens_per_s` counts them all.
     pub sample_streams: usize,
@@ -151,7 +154,7 @@ fn bench_one(
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (workers, dtype) = (config.workers(), config.train.dtype);
     let (mut engine, _) = engine::open(&placement, model, optim, workers, dtype)?;
-    let seconds = median_step(engine.as_mut(), &data, config, args)?;
+    let (seconds, first_step_s) = median_step(engine.as_mut(), &data, config, args)?.unzip();
     let kernels = match args.kernel_steps {
         0 => None,
         // Sampling only: the kernels of sampled tokens.
@@ -177,6 +180,7 @@ fn bench_one(
         iters: args.iters,
         ms_per_iter: seconds.map(|s| s * 1e3),
         train_tokens_per_s: seconds.map(|s| tokens / s),
+        first_step_s,
         sample_tokens: sampled.tokens,
         sample_streams: args.streams,
         sample_graph: sampled.graph.as_ref().map(|r| *r == Replay::Graph),
@@ -214,19 +218,20 @@ pub(crate) fn random_tokens(config: &RunConfig) -> Dataset {
     }
 }
 
-/// The median of `iters` real training steps after `warmup`, in seconds (`None` without
-/// any: no step runs). Each step's loss is read, so a GPU step is timed to its end (training
-/// itself reads it at log intervals only).
+/// The median of `iters` real training steps after `warmup`, and the first step (warm-up or
+/// not), in seconds (`None` without any: no step runs). Each step's loss is read, so a GPU step
+/// is timed to its end (training itself reads it at log intervals only).
 fn median_step(
     engine: &mut dyn Engine,
     data: &Dataset,
     config: &RunConfig,
     args: &BenchArgs,
-) -> Result<Option<f64>> {
+) -> Result<Option<(f64, f64)>> {
     if args.iters == 0 {
         return Ok(None);
     }
     let mut times = Vec::with_capacity(args.iters);
+    let mut first = None;
     for step in 0..args.warmup + args.iters {
         let start = Instant::now();
         train_step(engine, data, config, step)?;
@@ -234,12 +239,14 @@ fn median_step(
         if !loss.is_finite() {
             anyhow::bail!("the loss became {loss} at step {step}");
         }
+        let seconds = start.elapsed().as_secs_f64();
+        first.get_or_insert(seconds);
         if step >= args.warmup {
-            times.push(start.elapsed().as_secs_f64());
+            times.push(seconds);
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok(Some(times[times.len() / 2]))
+    Ok(first.map(|first| (times[times.len() / 2], first)))
 }
 
 /// A sampling measurement: the tokens of one pass, the seconds of the first and second pass,
@@ -426,6 +433,11 @@ pub fn row(r: &BenchResult) -> String {
         r.first_sample_tokens_per_s,
         r.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}"))
     );
+    if let Some(first) = r.first_step_s {
+        line.push_str(&format!(
+            "\n  the first training step took {first:.1} s (compiling and tuning included)"
+        ));
+    }
     if r.sample_streams > 1 {
         line.push_str(&format!(
             "\n  sampled {} streams at once (tok/s counts them all)",

@@ -491,7 +491,7 @@ impl Gpt {
 /// itself, that addition is the backward's last operation, and Burn's fusion (0.22) keeps an
 /// element-wise operation open for more: the thousands of buffer releases that follow the
 /// backward then each re-run its search over all of them, minutes of host time at
-/// shakespeare-char's size before the first step (4.5 minutes on lavapipe, measured). Met here,
+/// shakespeare-char's size before the first step (over 5 minutes on lavapipe, measured). Met here,
 /// the addition is followed by this node's reshape, which closes it.
 fn read_once(weights: Tensor<2>) -> Tensor<2> {
     let [vocab, n_embd] = weights.dims();

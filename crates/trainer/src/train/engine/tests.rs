@@ -11,8 +11,14 @@ use crate::train::optim::{Optimizer, moments_from_burn, optimizer};
 use crate::train::session::train_step;
 
 fn config() -> RunConfig {
+    config_with_layers(2)
+}
+
+/// [`config`] with `n_layer` blocks.
+fn config_with_layers(n_layer: usize) -> RunConfig {
+    let n_layer = format!("model.n_layer={n_layer}");
     let overrides = [
-        "model.n_layer=2",
+        n_layer.as_str(),
         "model.n_head=2",
         "model.n_embd=16",
         "model.block_size=8",
@@ -159,17 +165,24 @@ fn the_device_engine_trains_as_burns_adamw_and_reads_outcomes_only_when_asked() 
 }
 
 /// On a GPU (lavapipe in CI) the device engine's flat AdamW is the fused kernel, with the
-/// fused LayerNorm and loss: it trains as Burn's ops and Burn's AdamW do on flex.
+/// fused LayerNorm and loss: it trains as Burn's ops and Burn's AdamW do on flex. With 2
+/// blocks the gradients fit one `cat`'s bindings; with 6 they are gathered in groups.
 #[test]
 #[cfg_attr(
     no_wgpu,
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_fused_kernels_on_a_gpu_train_as_burns_ops_on_the_cpu() {
+    for n_layer in [2, 6] {
+        fused_kernels_train_as_burns_ops(n_layer);
+    }
+}
+
+fn fused_kernels_train_as_burns_ops(n_layer: usize) {
     let gpu = crate::backend::Backend::Wgpu
         .placement()
         .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe");
-    let config = config();
+    let config = config_with_layers(n_layer);
     let data = random_tokens(&config);
     let model = model(&config);
     let on_gpu = config
@@ -187,14 +200,20 @@ fn the_fused_kernels_on_a_gpu_train_as_burns_ops_on_the_cpu() {
     }
     let (want, got) = (cpu.outcomes(true).unwrap(), gpu.outcomes(true).unwrap());
     for (c, g) in want.iter().zip(&got) {
-        assert!((c.loss - g.loss).abs() < 1e-4, "{c:?} vs {g:?}");
+        assert!(
+            (c.loss - g.loss).abs() < 1e-4,
+            "{n_layer} blocks: {c:?} vs {g:?}"
+        );
         assert!(
             (c.grad_norm - g.grad_norm).abs() < 1e-3 * c.grad_norm,
-            "{c:?} vs {g:?}"
+            "{n_layer} blocks: {c:?} vs {g:?}"
         );
     }
     let difference = max_difference(&weights(cpu.as_mut()), &weights(gpu.as_mut()));
-    assert!(difference < 1e-4, "weights differ by {difference}");
+    assert!(
+        difference < 1e-4,
+        "{n_layer} blocks: weights differ by {difference}"
+    );
     let (want, got) = (
         saved_moments(&config, cpu.as_mut()),
         saved_moments(&config, gpu.as_mut()),

@@ -301,10 +301,11 @@ impl GptConfig {
     }
 
     /// Bytes of one sequence's KV cache at full length: keys and values of `kv_heads` heads in
-    /// every block, `block_size` tokens, f32 (what a decoder holds per stream).
-    pub fn kv_cache_bytes(&self) -> usize {
+    /// every block, `block_size` tokens, `value_bytes` each (4 in f32, 2 in bf16): what a
+    /// decoder holds per stream.
+    pub fn kv_cache_bytes(&self, value_bytes: usize) -> usize {
         let per_token = 2 * self.n_layer * self.kv_heads() * self.head_size();
-        per_token * self.block_size * std::mem::size_of::<f32>()
+        per_token * self.block_size * value_bytes
     }
 
     /// Columns of the packed query/key/value projection: `(n_head + 2·kv_heads)·head_size`

@@ -407,9 +407,9 @@ impl Gpt {
     /// (its tied embedding read through one node, see [`read_once`]).
     pub fn autocast(&self, dtype: FloatDType) -> Gpt {
         let mut model = self.clone();
-        if self.lm_head.is_none() && self.wte.weight.val().is_require_grad() {
-            let once = read_once(self.wte.weight.val());
-            model.wte.weight = Param::initialized(ParamId::new(), once);
+        let wte = self.wte.weight.val();
+        if self.lm_head.is_none() && wte.is_require_grad() {
+            model.wte.weight = Param::initialized(ParamId::new(), read_once(wte));
         }
         if dtype == FloatDType::F32 {
             return model;

@@ -110,18 +110,18 @@ pub fn engine(model: &Model) -> Result<EngineKind> {
 /// of its own (the fused decoder's workers share one, made already; Burn's workers on a CPU
 /// share the model's).
 fn check_memory(model: &Model, workers: usize, max_batch: usize) -> Result<()> {
-    let f32_row = model.config.kv_cache_bytes() as u64;
-    let (row, weights) = match &model.decoding {
+    let (value_bytes, weights) = match &model.decoding {
         // Burn's caches are made in the matrices' dtype (`--weights bf16`: 2 bytes a value).
         Decoding::Burn(gpt) => (
-            f32_row / 4 * gpt.dtype().size() as u64,
+            gpt.dtype().size(),
             match gpt.kernels() {
                 Kernels::Cube => gpt.bytes() as u64,
                 Kernels::Burn => 0,
             },
         ),
-        Decoding::Fused(_) => (f32_row, 0),
+        Decoding::Fused(_) => (std::mem::size_of::<f32>(), 0),
     };
+    let row = model.config.kv_cache_bytes(value_bytes) as u64;
     let need = workers as u64 * (max_batch as u64 * row + weights);
     match model.placement.available_memory() {
         Some(available) if need > available => bail!(

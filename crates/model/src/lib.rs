@@ -46,6 +46,7 @@ pub use cpu::{
     q8_0_block, weight_bytes_per_token,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
+pub use gpu::sum_all;
 pub use nn::{
     Block, DecodeStep, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
     cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm, seeded,

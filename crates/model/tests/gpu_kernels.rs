@@ -3,7 +3,7 @@
 //! its gain) and the cross-entropy with
 //! ignored targets, on shapes that are not multiples of the kernels' cube size. And the model
 //! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex, read as a
-//! training step reads it too.
+//! training step reads it too. And `sum_all`, the model's whole-tensor sum, adds every element.
 
 mod common;
 
@@ -13,7 +13,7 @@ use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use tinygpt_model::gpu::{
     cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
-use tinygpt_model::{GptConfig, cross_entropy_ops};
+use tinygpt_model::{GptConfig, cross_entropy_ops, sum_all};
 
 /// Numbers in [-scale, scale) from a fixed-seed xorshift.
 fn numbers(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -44,6 +44,36 @@ fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
             "{what}[{i}]: {g} vs {w}"
         );
     }
+}
+
+/// `sum_all` adds every element on wgpu, where Burn's whole-tensor reduction stops at the
+/// first 2^18 of an axis: lengths below a stage's row, between rows, past 2^18 and at ten
+/// million (a model's gradients), against the host's f64 sum; and ones that all lie past
+/// index 2^18, which that reduction misses entirely.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn sum_all_adds_every_element_on_a_gpu() {
+    let device = common::wgpu_device();
+    for (case, n) in [1usize, 1000, 1025, 262_148, 1_000_003, 10_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        let values = numbers(case as u64, n, 1.0);
+        let want: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        let x = tensor(values, [n], &device);
+        let got = f64::from(read(sum_all(x.square()))[0]);
+        assert!(
+            (got - want).abs() <= 1e-5 * want,
+            "{n} squares: {got} vs {want}"
+        );
+    }
+    let n = 300_000;
+    let late_ones = (0..n).map(|i| f32::from(u8::from(i >= 1 << 18))).collect();
+    let got = read(sum_all(tensor(late_ones, [n], &device)))[0];
+    assert_eq!(got, (n - (1 << 18)) as f32, "ones past index 2^18");
 }
 
 /// Rows and widths: one value, fewer than a cube's units, a cube's worth, several passes.

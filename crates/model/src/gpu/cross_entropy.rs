@@ -64,7 +64,7 @@ fn rows_spec(logits: &TensorSpec) -> TensorSpec {
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>, kept: usize) -> Tensor<1> {
     let (losses, _lse) =
         Dispatch::cross_entropy_forward(logits.into_dispatch(), targets.float().into_dispatch());
-    Tensor::<1>::from_dispatch(losses).sum() / kept as f32
+    super::sum_all(Tensor::<1>::from_dispatch(losses)) / kept as f32
 }
 
 /// The forward's `(loss, lse)` per row and the logits' gradient for `d_loss`, called

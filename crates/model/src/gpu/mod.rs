@@ -12,7 +12,9 @@
 //!   one more, never materialising the softmax;
 //! - [`adamw`]: AdamW over every parameter, held end to end in flat buffers, in one launch;
 //! - [`embedding`]: the token embedding, its gradient a one-hot matrix product (a fixed order
-//!   of sums, no atomic adds) for vocabularies up to [`ONE_HOT_VOCAB`].
+//!   of sums, no atomic adds) for vocabularies up to [`ONE_HOT_VOCAB`];
+//! - [`sum_all`]: a whole tensor's sum in rows of [`ROW`] (Burn's own whole-tensor reduction
+//!   on wgpu stops counting past 2^18 elements), on any device.
 //!
 //! Which the model runs is [`Kernels`], decided once where a model is built, from its device
 //! ([`Kernels::for_device`]), and handed down to the norms and read by the loss, the decoders
@@ -24,6 +26,7 @@ mod cross_entropy;
 mod cube;
 mod embedding;
 mod layer_norm;
+mod sum;
 
 use std::sync::OnceLock;
 
@@ -37,6 +40,7 @@ pub use embedding::{EmbeddingBackend, ONE_HOT_VOCAB, embedding};
 pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};
+pub use sum::{ROW, sum_all};
 
 /// How many tensors one kernel may bind on `device`: CubeCL's `max_bindings` (on wgpu the
 /// device's storage buffers per shader stage, less one; 1,024 on CUDA), which bounds what

@@ -70,7 +70,7 @@ pub fn cross_entropy_ops(logits: Tensor<2>, targets: Tensor<1, Int>, kept: usize
     let keep = ignored.clone().bool_not().float();
     let safe_targets = targets.mask_fill(ignored, 0).reshape([n, 1]);
     let log_probs = log_softmax(logits, 1).gather(1, safe_targets).reshape([n]);
-    (log_probs * keep).sum().neg() / kept as f32
+    gpu::sum_all(log_probs * keep).neg() / kept as f32
 }
 
 /// The targets of a host-side batch that the loss counts (those not [`IGNORE_INDEX`]); none is

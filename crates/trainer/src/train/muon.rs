@@ -18,6 +18,7 @@ use burn_pack::Scalar;
 pub use tinygpt_model::MuonSettings;
 use tinygpt_model::{
     NEWTON_SCHULZ as NS, NEWTON_SCHULZ_EPSILON as NS_EPSILON, NEWTON_SCHULZ_STEPS as NS_STEPS,
+    sum_all,
 };
 
 /// Muon as one of Burn's per-parameter optimizers (a group of a `ModuleOptimizer`).
@@ -109,10 +110,7 @@ fn zeropower<const D: usize>(g: Tensor<D>) -> Tensor<D> {
     let [rows, cols] = [g.dims()[0], g.dims()[1]];
     let tall = rows > cols;
     let mut x = if tall { g.swap_dims(0, 1) } else { g };
-    let norm = x
-        .clone()
-        .powf_scalar(2.0)
-        .sum()
+    let norm = sum_all(x.clone().powf_scalar(2.0).reshape([rows * cols]))
         .sqrt()
         .clamp_min(NS_EPSILON)
         .unsqueeze();

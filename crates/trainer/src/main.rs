@@ -23,10 +23,21 @@ fn main() -> ExitCode {
         if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
             std::process::exit(0);
         }
+        let message = message.replace('\n', " ");
+        if info.location().is_some_and(|at| opengl_driver(at.file())) {
+            // wgpu lists the OpenGL adapter beside Vulkan's when Vulkan has only a software
+            // one (lavapipe); on a loaded machine that driver may miss wgpu's 6-second lock,
+            // on a thread of its own, and the run went on on Vulkan.
+            eprintln!(
+                "tinygpt: the OpenGL driver did not answer wgpu in time ({message}): a busy \
+                 machine's driver, not a bug in tinygpt; if the run stops, run it again or pick \
+                 --backend flex"
+            );
+            return;
+        }
         eprintln!(
-            "tinygpt: internal error: {} (this is a bug in tinygpt: please report it with the \
-             command you ran, at https://github.com/tinygpt/tinygpt/issues)",
-            message.replace('\n', " ")
+            "tinygpt: internal error: {message} (this is a bug in tinygpt: please report it \
+             with the command you ran, at https://github.com/tinygpt/tinygpt/issues)",
         );
     }));
     let cli = commands::Cli::parse();
@@ -44,6 +55,13 @@ fn main() -> ExitCode {
         }
         Err(_) => ExitCode::from(101),
     }
+}
+
+/// Whether a panic at `file` is wgpu's OpenGL backend, whose adapter wgpu lists on machines
+/// where Vulkan has only a software adapter.
+fn opengl_driver(file: &str) -> bool {
+    let file = file.replace('\\', "/");
+    file.contains("/wgpu-hal-") && file.contains("/src/gles/")
 }
 
 /// Whether `err` comes from writing to a pipe its reader closed.
@@ -69,5 +87,24 @@ fn prepare_environment() {
         // a temp dir is what they would fall back to.
         // SAFETY: single-threaded here, nothing else reads the environment concurrently.
         unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::opengl_driver;
+
+    #[test]
+    fn only_wgpus_opengl_backend_counts_as_the_opengl_driver() {
+        let registry = "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f";
+        let at = |file: &str| opengl_driver(&format!("{registry}/{file}"));
+        assert!(at("wgpu-hal-30.0.1/src/gles/egl.rs"));
+        assert!(at("wgpu-hal-30.0.1/src/gles/adapter.rs"));
+        assert!(opengl_driver(
+            r"C:\Users\u\.cargo\registry\src\x\wgpu-hal-30.0.1\src\gles\wgl.rs"
+        ));
+        assert!(!at("wgpu-hal-30.0.1/src/vulkan/device.rs"));
+        assert!(!at("wgpu-core-30.0.1/src/device/mod.rs"));
+        assert!(!opengl_driver("crates/trainer/src/commands/train.rs"));
     }
 }

@@ -10,6 +10,7 @@ pub(crate) mod gelu_tanh;
 pub(crate) mod layer_norm;
 pub(crate) mod matmul;
 pub(crate) mod norm;
+pub(crate) mod prefetch;
 pub mod q8;
 pub(crate) mod qk_norm;
 pub(crate) mod relu2;

@@ -22,6 +22,7 @@
 use half::f16;
 
 use super::matmul::{View, matmul_into};
+use super::prefetch;
 use super::rows::F32Rows;
 use crate::fast_math::vectorized;
 
@@ -189,7 +190,13 @@ pub(crate) fn quantized<R>(x: &[f32], f: impl FnOnce(&Q8Rows) -> R) -> R {
 pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32], j0: usize) {
     let (k, kb) = (w.cols, w.cols / BLOCK);
     let dot = kernel();
+    let (ahead, end) = (prefetch::rows_ahead(k), j0 + out.len());
     for (o, j) in out.iter_mut().zip(j0..) {
+        if j + ahead < end {
+            let next = j + ahead;
+            prefetch::lines(&w.q[next * k..(next + 1) * k]);
+            prefetch::lines(&w.d[next * kb..(next + 1) * kb]);
+        }
         let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
         *o = dot(wq, ws, &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
     }
@@ -204,8 +211,13 @@ pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
     let (k, n) = (w.cols, w.rows);
     let kb = k / BLOCK;
     let rows = x.q.len() / k;
-    let dot = kernel();
+    let (dot, ahead) = (kernel(), prefetch::rows_ahead(k));
     for j in 0..n {
+        if j + ahead < n {
+            let next = j + ahead;
+            prefetch::lines(&w.q[next * k..(next + 1) * k]);
+            prefetch::lines(&w.d[next * kb..(next + 1) * kb]);
+        }
         let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
         let bias = b.get(j).copied().unwrap_or(0.0);
         for r in 0..rows {
@@ -488,12 +500,17 @@ mod tests {
         );
     }
 
-    /// Every product `rows_times` gives (several activation rows, with a bias)
-    /// is bit for bit the reference's, and the integer sums are the plain ones: a product of
-    /// blocks of scale 1 is `Σ q_w q_x`.
+    /// Every product `rows_times` gives (several activation rows, with a bias) and a row's
+    /// outputs split in two ranges (`row_range`, as threads take them) are bit for bit the
+    /// reference's, with enough outputs that each form asks ahead for later weight rows; the
+    /// integer sums are the plain ones: a product of blocks of scale 1 is `Σ q_w q_x`.
     #[test]
     fn the_kernel_computes_the_reference_numbers() {
-        let (rows, k, n) = (3, 160, 9);
+        let (rows, k, n) = (3, 160, 60);
+        assert!(
+            prefetch::rows_ahead(k) + 5 < n,
+            "the ranges reach the rows asked ahead"
+        );
         let w = Q8Matrix::from_columns(&values(k * n, 2), k);
         let mut x = Q8Rows::default();
         x.quantize(&values(rows * k, 3));
@@ -513,6 +530,12 @@ mod tests {
                 );
             }
         }
+        let mut first = Q8Rows::default();
+        first.quantize(&values(rows * k, 3)[..k]);
+        let mut split = vec![0.0; n];
+        row_range(&mut split[..5], &first, &w, &b, 0);
+        row_range(&mut split[5..], &first, &w, &b, 5);
+        assert_eq!(split, out[..n], "a row split in two ranges");
         // Bytes of ±127 and scale 1: the integer sum exactly.
         let wq = vec![127i8; 64];
         let xq: Vec<i8> = (0..64)

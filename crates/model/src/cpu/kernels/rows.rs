@@ -10,6 +10,7 @@
 //! alone, split over threads, or among other streams.
 
 use super::matmul::{View, dot_lanes, matmul_into};
+use super::prefetch;
 use crate::fast_math::vectorized;
 
 /// A matrix `[rows, cols]` of f32, row-major: `rows` outputs of `cols` inputs.
@@ -46,7 +47,11 @@ vectorized! {
     /// Outputs `j0..j0 + out.len()` of one row `x [cols]` times `wᵀ` plus `b` (empty: none): a
     /// thread's share of a token's product.
     pub(crate) fn row_range(out: &mut [f32], x: &[f32], w: &F32Rows, b: &[f32], j0: usize) {
+        let (ahead, end) = (prefetch::rows_ahead(w.cols * 4), j0 + out.len());
         for (o, j) in out.iter_mut().zip(j0..) {
+            if j + ahead < end {
+                prefetch::lines(w.row(j + ahead));
+            }
             *o = dot_lanes(x, w.row(j)) + b.get(j).copied().unwrap_or(0.0);
         }
     }
@@ -57,8 +62,11 @@ vectorized! {
     /// [`row_range`] computes it alone; each weight row goes past every activation row while
     /// it is in cache, so it is read from memory once for all of them.
     pub(crate) fn rows_times(out: &mut [f32], x: &[f32], w: &F32Rows, b: &[f32]) {
-        let n = w.rows;
+        let (n, ahead) = (w.rows, prefetch::rows_ahead(w.cols * 4));
         for j in 0..n {
+            if j + ahead < n {
+                prefetch::lines(w.row(j + ahead));
+            }
             let (row, bias) = (w.row(j), b.get(j).copied().unwrap_or(0.0));
             for (r, x) in x.chunks_exact(w.cols).enumerate() {
                 out[r * n + j] = dot_lanes(x, row) + bias;
@@ -97,10 +105,15 @@ mod tests {
     }
 
     /// Rows, a split row and the blocked product all give `x · w + b` of Burn's layout; the
-    /// row by row forms are the same bits as a row alone.
+    /// row by row forms are the same bits as a row alone (with enough outputs that they ask
+    /// ahead for later weight rows).
     #[test]
     fn every_form_is_the_product_of_the_burn_layout() {
-        let (rows, k, n) = (5, 70, 33);
+        let (rows, k, n) = (5, 70, 70);
+        assert!(
+            prefetch::rows_ahead(k * 4) + 20 < n,
+            "the ranges reach the rows asked ahead"
+        );
         let (w, x, b) = (values(k * n, 1), values(rows * k, 2), values(n, 3));
         let t = F32Rows::from_columns(&w, k);
         let want: Vec<f32> = (0..rows * n)

@@ -59,6 +59,14 @@ impl Q8Matrix {
         m
     }
 
+    /// Asks the CPU for row `j`'s bytes and scales ahead of the product reaching them.
+    #[inline]
+    fn ask_for_row(&self, j: usize) {
+        let (k, kb) = (self.cols, self.cols / BLOCK);
+        prefetch::lines(&self.q[j * k..(j + 1) * k]);
+        prefetch::lines(&self.d[j * kb..(j + 1) * kb]);
+    }
+
     /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`: each
     /// output's weights contiguous, as a row of GGUF's `[n_out, n_in]` tensors.
     pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
@@ -193,9 +201,7 @@ pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32], j0
     let (ahead, end) = (prefetch::rows_ahead(k), j0 + out.len());
     for (o, j) in out.iter_mut().zip(j0..) {
         if j + ahead < end {
-            let next = j + ahead;
-            prefetch::lines(&w.q[next * k..(next + 1) * k]);
-            prefetch::lines(&w.d[next * kb..(next + 1) * kb]);
+            w.ask_for_row(j + ahead);
         }
         let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
         *o = dot(wq, ws, &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
@@ -214,9 +220,7 @@ pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
     let (dot, ahead) = (kernel(), prefetch::rows_ahead(k));
     for j in 0..n {
         if j + ahead < n {
-            let next = j + ahead;
-            prefetch::lines(&w.q[next * k..(next + 1) * k]);
-            prefetch::lines(&w.d[next * kb..(next + 1) * kb]);
+            w.ask_for_row(j + ahead);
         }
         let (wq, ws) = (&w.q[j * k..(j + 1) * k], &w.d[j * kb..(j + 1) * kb]);
         let bias = b.get(j).copied().unwrap_or(0.0);

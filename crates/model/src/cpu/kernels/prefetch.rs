@@ -4,8 +4,8 @@
 //! instructions per cache line on it: the time is the reading. The CPU's own prefetchers follow
 //! such a stream only inside a 4 KiB page and start over after each, so a thread alone keeps
 //! too few lines in flight to read at the memory's rate. Asking for the lines a fixed distance
-//! ahead keeps them coming across the pages' edges. (SmolLM2-135M's shape in int8 on a 2-vCPU
-//! Xeon: a median 88 → 110–116 tokens/s; see docs/perf.md.)
+//! ahead keeps them coming across the pages' edges. (SmolLM2-135M's shape on a 2-vCPU Xeon: f32
+//! 31.5 → 36.8 tokens/s, int8 by a quarter or more; see docs/perf.md.)
 
 /// How far ahead of the row being multiplied a thread asks for the weights, in bytes: far
 /// enough that a line asked for is in cache by the time its row comes (a few microseconds of

@@ -41,13 +41,18 @@ impl F32Rows {
     fn row(&self, j: usize) -> &[f32] {
         &self.w[j * self.cols..(j + 1) * self.cols]
     }
+
+    /// Rows that make up the distance a product asks ahead for (see [`prefetch`]).
+    fn rows_ahead(&self) -> usize {
+        prefetch::rows_ahead(self.cols * std::mem::size_of::<f32>())
+    }
 }
 
 vectorized! {
     /// Outputs `j0..j0 + out.len()` of one row `x [cols]` times `wᵀ` plus `b` (empty: none): a
     /// thread's share of a token's product.
     pub(crate) fn row_range(out: &mut [f32], x: &[f32], w: &F32Rows, b: &[f32], j0: usize) {
-        let (ahead, end) = (prefetch::rows_ahead(w.cols * 4), j0 + out.len());
+        let (ahead, end) = (w.rows_ahead(), j0 + out.len());
         for (o, j) in out.iter_mut().zip(j0..) {
             if j + ahead < end {
                 prefetch::lines(w.row(j + ahead));
@@ -62,7 +67,7 @@ vectorized! {
     /// [`row_range`] computes it alone; each weight row goes past every activation row while
     /// it is in cache, so it is read from memory once for all of them.
     pub(crate) fn rows_times(out: &mut [f32], x: &[f32], w: &F32Rows, b: &[f32]) {
-        let (n, ahead) = (w.rows, prefetch::rows_ahead(w.cols * 4));
+        let (n, ahead) = (w.rows, w.rows_ahead());
         for j in 0..n {
             if j + ahead < n {
                 prefetch::lines(w.row(j + ahead));

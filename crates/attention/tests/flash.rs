@@ -1,7 +1,7 @@
 //! Flash attention against the explicit path and an f64 reference, on wgpu (lavapipe in CI):
 //! outputs, log-sum-exp and the gradients of `q`, `k`, `v`, with and without dropout.
 
-use burn::tensor::{Device, DeviceType, Distribution, Tensor, TensorData};
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use tinygpt_attention::flash::{
     self, flash_attention, flash_attention_packed_parts, flash_attention_parts,
 };
@@ -9,15 +9,9 @@ use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig};
 
 type Shape4 = [usize; 4];
 
-/// The first wgpu adapter (lavapipe in CI). The tests that call this are ignored on a machine
-/// without one (the crate's build script looks), so reaching here without one is a failure.
-fn wgpu_device() -> Device {
-    Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next()
-        .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe")
-}
+#[path = "support/wgpu.rs"]
+mod support_wgpu;
+use support_wgpu::wgpu_device_of_two;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec_as::<f32>().unwrap()
@@ -186,7 +180,7 @@ const SHAPES: [Shape4; 5] = [
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn flash_matches_the_explicit_path_and_the_f64_reference() {
-    let device = wgpu_device();
+    let device = wgpu_device_of_two();
     for (n, shape) in SHAPES.into_iter().enumerate() {
         let data = inputs(shape, n as u64);
         let want = reference(
@@ -235,7 +229,7 @@ fn flash_matches_the_explicit_path_and_the_f64_reference() {
 )]
 fn grouped_heads_are_read_in_place_and_their_gradients_summed() {
     use tinygpt_attention::grouped::repeat_kv;
-    let device = wgpu_device().autodiff();
+    let device = wgpu_device_of_two().autodiff();
     for (n, ([batch, heads, seq, d], kv_heads)) in [([2, 6, 37, 16], 2), ([1, 4, 70, 32], 1)]
         .into_iter()
         .enumerate()
@@ -296,7 +290,7 @@ fn grouped_heads_are_read_in_place_and_their_gradients_summed() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn packed_heads_give_the_separate_heads_numbers_bit_for_bit() {
-    let device = wgpu_device();
+    let device = wgpu_device_of_two();
     for (n, (batch, heads, kv_heads, seq, d, p)) in [(2, 6, 2, 37, 16, 0.25), (1, 4, 4, 50, 8, 0.0)]
         .into_iter()
         .enumerate()
@@ -371,7 +365,7 @@ fn weights(
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn keys_after_the_query_get_exactly_zero_weight() {
-    let device = wgpu_device();
+    let device = wgpu_device_of_two();
     let shape = [2, 2, 40, 40];
     let [q, k, ..] = inputs(shape, 7);
     let w = weights(&q, &k, shape, 0.0, 0, &device);
@@ -400,7 +394,7 @@ fn keys_after_the_query_get_exactly_zero_weight() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn dropout_masks_are_recomputed_in_the_backward() {
-    let device = wgpu_device();
+    let device = wgpu_device_of_two();
     let (p, seed) = (0.25, 1234);
     let shape = [2, 2, 48, 48];
     let seq = shape[2];
@@ -462,7 +456,7 @@ fn dropout_masks_are_recomputed_in_the_backward() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn seeding_the_stream_repeats_the_masks() {
-    let device = wgpu_device();
+    let device = wgpu_device_of_two();
     let shape = [1, 2, 20, 8];
     let [q, k, v] = [0, 1, 2].map(|i| {
         Tensor::<4>::random(shape, Distribution::Normal(0., 1.), &device).mul_scalar(1.0 + i as f64)
@@ -483,7 +477,7 @@ fn seeding_the_stream_repeats_the_masks() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_layer_with_flash_equals_the_explicit_layer_on_wgpu() {
-    the_layer_with_flash_equals_the_explicit_layer(wgpu_device());
+    the_layer_with_flash_equals_the_explicit_layer(wgpu_device_of_two());
 }
 
 /// On a CPU backend `flash` falls back to the explicit path: the same numbers.

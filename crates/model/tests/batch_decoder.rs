@@ -9,8 +9,8 @@ use burn::tensor::Device;
 use common::{configs, seeded, sliding, tokens};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig, Replay,
-    generate, generate_batch,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptBatch, GptConfig,
+    Replay, generate, generate_batch,
 };
 
 /// A generation to run: its prompt and its sampler's settings.
@@ -101,7 +101,7 @@ fn a_fused_batch_gives_each_stream_the_logits_it_gets_alone() {
 fn a_burn_batch_gives_each_stream_the_logits_it_gets_alone() {
     let _seeded = seeded();
     for config in configs() {
-        burn_batch_on(&Device::flex(), &config);
+        burn_batch(&config.init(&Device::flex()).unwrap(), &config);
     }
 }
 
@@ -113,17 +113,18 @@ fn a_burn_batch_gives_each_stream_the_logits_it_gets_alone() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn a_burn_batch_on_wgpu_gives_each_stream_the_logits_it_gets_alone() {
-    let _seeded = seeded();
-    let device = common::wgpu_device();
+    let device = common::wgpu_device_of_two();
     let all = configs();
     for config in [&all[0], &all[8]] {
-        burn_batch_on(&device, config);
+        let gpt = common::drawn_on_flex(config)
+            .to_device(&device)
+            .with_kernels(Kernels::for_device(&device));
+        burn_batch(&gpt, config);
     }
 }
 
-fn burn_batch_on(device: &Device, config: &GptConfig) {
-    let gpt = config.init(device).unwrap();
-    let mut batch = GptBatch::new(&gpt, 3);
+fn burn_batch(gpt: &Gpt, config: &GptConfig) {
+    let mut batch = GptBatch::new(gpt, 3);
     let mut alone: Vec<Box<dyn Decoder>> = (0..3)
         .map(|_| Box::new(gpt.decoder()) as Box<dyn Decoder>)
         .collect();
@@ -191,9 +192,8 @@ fn batched_generations_write_what_each_writes_alone() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn batched_generations_on_wgpu_write_what_each_writes_alone() {
-    let _seeded = seeded();
-    let gpt = sliding().init(&Device::flex()).unwrap();
-    let wgpu = common::wgpu_device();
+    let gpt = common::drawn_on_flex(&sliding());
+    let wgpu = common::wgpu_device_of_two();
     let on_wgpu = gpt
         .clone()
         .to_device(&wgpu)

@@ -8,7 +8,6 @@ use std::ops::ControlFlow;
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
-use common::seeded;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
     DecodeStep, Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled,
@@ -35,7 +34,7 @@ fn uniforms(seed: u64) -> impl FnMut() -> f64 {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_device_pick_on_wgpu_is_the_host_samplers_rule() {
-    the_device_pick_is_the_host_samplers_rule(common::wgpu_device());
+    the_device_pick_is_the_host_samplers_rule(common::wgpu_device_of_two());
 }
 
 /// The same tensor ops on flex.
@@ -100,14 +99,13 @@ fn sample(decoder: &mut dyn Decoder, options: &GenerateOptions) -> Vec<Sampled> 
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn gpu_sampling_gives_the_fused_decoders_tokens() {
-    let wgpu = common::wgpu_device();
-    let _seeded = seeded();
+    let wgpu = common::wgpu_device_of_two();
     let config = GptConfig::new(13)
         .with_block_size(24)
         .with_n_layer(2)
         .with_n_head(3)
         .with_n_embd(30);
-    let gpt = config.init(&Device::flex()).unwrap();
+    let gpt = common::drawn_on_flex(&config);
     // Moved after it was built, a model keeps the kernels of the device it was built on:
     // decided again for the GPU.
     let on_gpu = gpt
@@ -172,10 +170,9 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn every_decode_step_gives_the_fused_decoders_tokens() {
-    let wgpu = common::wgpu_device();
-    let _seeded = seeded();
+    let wgpu = common::wgpu_device_of_two();
     for config in [common::small(), common::modern_parts()] {
-        let gpt = config.init(&Device::flex()).unwrap();
+        let gpt = common::drawn_on_flex(&config);
         let on_gpu = gpt
             .clone()
             .to_device(&wgpu)

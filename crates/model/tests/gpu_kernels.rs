@@ -56,7 +56,7 @@ fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn sum_all_adds_every_element_on_a_gpu() {
-    let device = common::wgpu_device();
+    let device = common::wgpu_device_of_two();
     for (case, n) in [1usize, 1000, 1025, 262_148, 1_000_003, 10_000_000]
         .into_iter()
         .enumerate()
@@ -85,7 +85,7 @@ const LAYER_NORM_SHAPES: [[usize; 2]; 4] = [[1, 1], [3, 5], [37, 128], [130, 300
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_fused_layer_norm_is_burns() {
-    let device = common::wgpu_device();
+    let device = common::wgpu_device_of_two();
     for (case, [rows, channels]) in LAYER_NORM_SHAPES.into_iter().enumerate() {
         let seed = case as u64;
         // An offset mean, as activations have, and gains away from 1.
@@ -183,7 +183,7 @@ fn the_fused_layer_norm_is_burns() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_fused_rms_norm_is_the_burn_ops() {
-    let device = common::wgpu_device();
+    let device = common::wgpu_device_of_two();
     for (case, [rows, channels]) in LAYER_NORM_SHAPES.into_iter().enumerate() {
         let seed = 500 + case as u64;
         // An offset mean, which RMSNorm keeps (LayerNorm would remove it).
@@ -250,7 +250,7 @@ fn the_fused_rms_norm_is_the_burn_ops() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_fused_cross_entropy_is_burns() {
-    let device = common::wgpu_device();
+    let device = common::wgpu_device_of_two();
     for (case, [rows, vocab]) in [[1, 2], [5, 65], [64, 65], [33, 300], [7, 1000]]
         .into_iter()
         .enumerate()
@@ -324,7 +324,7 @@ fn the_fused_cross_entropy_is_burns() {
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_embedding_gradient_is_burns_scatter() {
-    let device = common::wgpu_device().autodiff();
+    let device = common::wgpu_device_of_two().autodiff();
     let (vocab, width, [batch, seq]) = (70, 24, [3, 53]);
     // Ids below 40 only, the small ones far more often (as characters are).
     let ids: Vec<i64> = (0..batch * seq)
@@ -383,8 +383,7 @@ fn gradients(model: &tinygpt_model::Gpt, grads: &burn::tensor::Gradients) -> Vec
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
-    let device = common::wgpu_device();
-    let _seeded = common::seeded();
+    let device = common::wgpu_device_of_two();
     let config = GptConfig {
         vocab_size: 37,
         block_size: 16,
@@ -394,8 +393,14 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
         ..GptConfig::baby(37)
     };
     let cpu = Device::flex().autodiff();
-    let model = config.init(&cpu).unwrap();
-    let record = model.clone().into_record();
+    // Drawn on flex under the lock that seeds its generator (the record reads every weight);
+    // loading it draws nothing, so the minutes on wgpu run beside the other tests'.
+    let (model, record) = {
+        let _seeded = common::seeded();
+        let model = config.init(&cpu).unwrap();
+        let record = model.clone().into_record();
+        (model, record)
+    };
     let gpu = device.clone().autodiff();
     let on_gpu = config.init(&gpu).unwrap().load_record(record);
     let tokens: Vec<i64> = (0..3 * 16).map(|i| (i * 7 % 37) as i64).collect();

@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::tensor::{DType, Device, FloatDType};
 use common::seeded;
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{DecodeStep, Decoder, Gpt};
+use tinygpt_model::{DecodeStep, Decoder, Gpt, GptConfig};
 
 /// The logits after each of `tokens`: the first 5 fed as a prompt, then one at a time.
 fn logits_along(decoder: &mut dyn Decoder, tokens: &[u32]) -> Vec<Vec<f32>> {
@@ -62,30 +62,39 @@ fn half_follows_f32(gpt: &Gpt, dtype: FloatDType, steps: &[DecodeStep], toleranc
 
 /// f16 on wgpu, both kinds of launches a GPU feeds a token with (through `forward_cached`, and
 /// the fixed step, recorded and replayed: on wgpu a replay runs the step again, so
-/// [`DecodeStep::Step`] is the same kernels), classic and `modern` parts.
+/// [`DecodeStep::Step`] is the same kernels), classic parts.
 #[test]
 #[cfg_attr(
     no_wgpu,
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn f16_decoding_on_wgpu_follows_f32() {
-    let wgpu = common::wgpu_device();
+    f16_on_wgpu_follows_f32(common::small());
+}
+
+/// The same with the `modern` preset's parts (a test of its own, so that the two run side by
+/// side on two devices).
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn f16_decoding_of_modern_parts_on_wgpu_follows_f32() {
+    f16_on_wgpu_follows_f32(common::modern_parts());
+}
+
+fn f16_on_wgpu_follows_f32(config: GptConfig) {
+    let wgpu = common::wgpu_device_of_two();
     assert!(
         wgpu.supports_dtype(DType::F16),
         "this wgpu adapter has no f16 (lavapipe has)"
     );
-    let _seeded = seeded();
+    let on_gpu = common::drawn_on_flex(&config)
+        .to_device(&wgpu)
+        .with_kernels(Kernels::for_device(&wgpu));
+    assert_eq!(on_gpu.kernels(), Kernels::Cube);
     let steps = [DecodeStep::Captured, DecodeStep::Forward];
-    for config in [common::small(), common::modern_parts()] {
-        // Drawn now on flex, whose generator is seeded: a lazy parameter moved first would be
-        // drawn on wgpu, from another generator, and the test would differ run to run.
-        let gpt = config.init(&Device::flex()).unwrap().copied_here();
-        let on_gpu = gpt
-            .to_device(&wgpu)
-            .with_kernels(Kernels::for_device(&wgpu));
-        assert_eq!(on_gpu.kernels(), Kernels::Cube);
-        half_follows_f32(&on_gpu, FloatDType::F16, &steps, 2e-3);
-    }
+    half_follows_f32(&on_gpu, FloatDType::F16, &steps, 2e-3);
 }
 
 /// bf16 on flex (Burn's growing caches: a CPU has one way).

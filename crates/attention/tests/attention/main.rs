@@ -10,7 +10,7 @@ mod seeds;
 
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams};
-use burn::tensor::{Bool, Device, DeviceType, Distribution, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
 use tinygpt_attention::mask::{
     causal_mask, mask_then_softmax, softmax_then_renormalise, tril, triu,
 };
@@ -509,15 +509,10 @@ fn too_long_is_an_error(device: &Device) {
 
 // ---------------------------------------------------------------- backends
 
-/// The first wgpu adapter (lavapipe in CI). The tests that call this are ignored on a machine
-/// without one (the crate's build script looks), so reaching here without one is a failure.
-fn wgpu_device() -> Device {
-    Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next()
-        .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe")
-}
+#[path = "../support/wgpu.rs"]
+mod support_wgpu;
+// Every test here holds the one `seeded` lock while it runs, so they take turns on one device.
+use support_wgpu::wgpu_device;
 
 macro_rules! backend_tests {
     ($backend:ident, $device:expr $(, #[$attr:meta])?) => {

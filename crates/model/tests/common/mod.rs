@@ -1,6 +1,6 @@
 //! What the model crate's test files share.
 
-use burn::tensor::{Device, DeviceType};
+use burn::tensor::Device;
 use tinygpt_model::GptConfig;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{Decoder, ModelError, Pick, Picked};
@@ -19,17 +19,20 @@ pub fn seeded() -> std::sync::MutexGuard<'static, ()> {
     guard
 }
 
-/// The first wgpu adapter (lavapipe in CI). The tests that call this are marked
-/// `#[cfg_attr(no_wgpu, ignore = ...)]`: the crate's build script sets `no_wgpu` on a machine
-/// without a Vulkan driver (never under CI), so reaching here without an adapter is a failure.
+/// `config`'s model, its weights drawn now on flex under the [`seeded`] lock (a lazy parameter
+/// moved first would be drawn on wgpu, from another generator, and the test would differ run to
+/// run). A wgpu test that draws nothing after this can run its minutes on wgpu beside the other
+/// tests, on [`wgpu_device_of_two`].
 #[allow(dead_code)] // Not every test file runs on wgpu.
-pub fn wgpu_device() -> Device {
-    Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next()
-        .expect("NO WGPU ADAPTER FOUND: install mesa-vulkan-drivers for lavapipe")
+pub fn drawn_on_flex(config: &GptConfig) -> tinygpt_model::Gpt {
+    let _seeded = seeded();
+    config.init(&Device::flex()).unwrap().copied_here()
 }
+
+#[path = "../../../attention/tests/support/wgpu.rs"]
+mod support_wgpu;
+#[allow(unused_imports)] // Not every test file runs on wgpu.
+pub use support_wgpu::{wgpu_device, wgpu_device_of_two};
 
 /// A decoder that counts what is asked of it: tokens fed, cache clears, logits read back to the
 /// host, tokens picked on the device.

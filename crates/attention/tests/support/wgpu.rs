@@ -34,6 +34,8 @@ pub fn wgpu_device() -> Device {
 /// and run their kernels side by side. A kernel both use is compiled on each device (Mesa's
 /// shader cache on disk spares the second most of that).
 pub fn wgpu_device_of_two() -> Device {
+    // Looked up for the second device too, so that a machine without an adapter fails here
+    // with the same message.
     let first = first_adapter();
     match hold(None) {
         0 => first,

@@ -115,12 +115,12 @@ mod tests {
     #[test]
     fn every_form_is_the_product_of_the_burn_layout() {
         let (rows, k, n) = (5, 70, 70);
-        assert!(
-            prefetch::rows_ahead(k * 4) + 20 < n,
-            "the ranges reach the rows asked ahead"
-        );
         let (w, x, b) = (values(k * n, 1), values(rows * k, 2), values(n, 3));
         let t = F32Rows::from_columns(&w, k);
+        assert!(
+            t.rows_ahead() + 20 < n,
+            "the ranges reach the rows asked ahead"
+        );
         let want: Vec<f32> = (0..rows * n)
             .map(|i| {
                 let (r, j) = (i / n, i % n);

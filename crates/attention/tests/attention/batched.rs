@@ -6,13 +6,14 @@ use super::*;
 /// A plain layer of 4 heads, and one with grouped heads, rotary positions and QK-norm.
 fn two_layers(d: usize, max_seq: usize, device: &Device) -> [CausalSelfAttention; 2] {
     [
-        config(d, 4, max_seq).init(device).unwrap(),
-        config(d, 4, max_seq)
-            .with_n_kv_heads(Some(2))
-            .with_rope_base(Some(500.0))
-            .with_qk_norm_eps(Some(1e-6))
-            .init(device)
-            .unwrap(),
+        drawn(&config(d, 4, max_seq), device),
+        drawn(
+            &config(d, 4, max_seq)
+                .with_n_kv_heads(Some(2))
+                .with_rope_base(Some(500.0))
+                .with_qk_norm_eps(Some(1e-6)),
+            device,
+        ),
     ]
 }
 

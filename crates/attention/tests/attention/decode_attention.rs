@@ -4,10 +4,12 @@
 //! queries a row (its last position repeated, as a short chunk repeats it), the heads written
 //! side by side.
 
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use tinygpt_attention::decode_attention::{applies, decode_attention};
 
-use super::{rel_err, seeded, values, wgpu_device};
+use super::draws::{fresh_draws, random};
+use super::support_wgpu::wgpu_device_of_two;
+use super::{rel_err, values};
 
 /// `softmax(q·k_j/√d, j ≤ position) · v` for every row, head and query, in f64:
 /// `[rows, new, heads · d]`.
@@ -54,10 +56,9 @@ fn by_hand(
     ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
 )]
 fn the_decode_attention_kernel_is_the_masked_softmax() {
-    let device = wgpu_device();
-    let _seeded = seeded(&device);
+    let device = wgpu_device_of_two();
+    fresh_draws();
     assert!(applies(&device, 100));
-    let normal = Distribution::Normal(0.0, 1.0);
     // One token a row; a chunk of three with its last position repeated; grouped heads; a head
     // wider than the cube's 64 units; a cache longer than them.
     let cases: [([usize; 4], usize, usize, Vec<usize>); 3] = [
@@ -67,9 +68,9 @@ fn the_decode_attention_kernel_is_the_masked_softmax() {
     ];
     for (shape, kv_heads, capacity, positions) in cases {
         let [rows, heads, new, d] = shape;
-        let q = Tensor::<4>::random(shape, normal, &device);
-        let k = Tensor::<4>::random([rows, kv_heads, capacity, d], normal, &device);
-        let v = Tensor::<4>::random([rows, kv_heads, capacity, d], normal, &device);
+        let q = random(shape, &device);
+        let k = random([rows, kv_heads, capacity, d], &device);
+        let v = random([rows, kv_heads, capacity, d], &device);
         let host: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
         let at = Tensor::<2>::from_data(TensorData::new(host, [rows, new]), &device);
         let got = decode_attention(q.clone(), k.clone(), v.clone(), at);

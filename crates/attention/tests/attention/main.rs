@@ -4,13 +4,17 @@
 
 mod batched;
 mod decode_attention;
+mod draws;
 mod newer;
+mod reference;
 mod rows_linear;
 mod seeds;
 
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams};
-use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Tensor, TensorData};
+use draws::{drawn, fresh_draws, random};
+use reference::reference;
 use tinygpt_attention::mask::{
     causal_mask, mask_then_softmax, softmax_then_renormalise, tril, triu,
 };
@@ -45,19 +49,6 @@ fn assert_close(a: &[f32], b: &[f32], tol: f64, what: &str) {
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
-/// Weights and inputs come from the backends' generators, which every test thread shares: a
-/// test holds this lock and seeds its device first, so its numbers are the same on every run.
-fn seeded(device: &Device) -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    device.seed(20261122);
-    guard
-}
-
-fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
-    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
-}
-
 fn config(d_model: usize, n_heads: usize, max_seq_len: usize) -> CausalSelfAttentionConfig {
     // A larger init than GPT-2's 0.02 so the softmax is far from uniform and mistakes show.
     CausalSelfAttentionConfig::new(d_model, n_heads, max_seq_len).with_init_std(0.3)
@@ -69,7 +60,7 @@ fn layer(
     max_seq_len: usize,
     device: &Device,
 ) -> CausalSelfAttention {
-    config(d_model, n_heads, max_seq_len).init(device).unwrap()
+    drawn(&config(d_model, n_heads, max_seq_len), device)
 }
 
 fn with_kernel(layer: &CausalSelfAttention, kernel: AttentionKernel) -> CausalSelfAttention {
@@ -82,69 +73,6 @@ fn with_kernel(layer: &CausalSelfAttention, kernel: AttentionKernel) -> CausalSe
 fn padding(rows: &[&[bool]], device: &Device) -> Tensor<2, Bool> {
     let flat: Vec<bool> = rows.iter().flat_map(|r| r.iter().copied()).collect();
     Tensor::from_data(TensorData::new(flat, [rows.len(), rows[0].len()]), device)
-}
-
-/// The whole layer written plainly in f64 from its weights: the independent reference.
-/// `x`: `[batch][seq][d]`; `pad`: per batch row, `true` = padding key.
-fn reference(
-    layer: &CausalSelfAttention,
-    x: &[f32],
-    dims: [usize; 3],
-    pad: Option<&[bool]>,
-) -> Vec<f32> {
-    let [batch, seq, d] = dims;
-    let heads = layer.n_heads;
-    let dh = d / heads;
-    let f64s = |t: Vec<f32>| t.into_iter().map(f64::from).collect::<Vec<f64>>();
-    let w_attn = f64s(values(layer.c_attn.weight.val())); // [d, 3d]
-    let b_attn = layer.c_attn.bias.as_ref().map(|b| f64s(values(b.val())));
-    let w_proj = f64s(values(layer.c_proj.weight.val())); // [d, d]
-    let b_proj = layer.c_proj.bias.as_ref().map(|b| f64s(values(b.val())));
-    let mut out = vec![0f32; batch * seq * d];
-    for b in 0..batch {
-        // qkv[t][c] for c in 0..3d
-        let qkv: Vec<Vec<f64>> = (0..seq)
-            .map(|t| {
-                (0..3 * d)
-                    .map(|c| {
-                        let dot: f64 = (0..d)
-                            .map(|i| x[(b * seq + t) * d + i] as f64 * w_attn[i * 3 * d + c])
-                            .sum();
-                        dot + b_attn.as_ref().map_or(0.0, |bias| bias[c])
-                    })
-                    .collect()
-            })
-            .collect();
-        for t in 0..seq {
-            let mut y = vec![0f64; d];
-            for h in 0..heads {
-                let q = |c: usize| qkv[t][h * dh + c];
-                let k = |s: usize, c: usize| qkv[s][d + h * dh + c];
-                let v = |s: usize, c: usize| qkv[s][2 * d + h * dh + c];
-                let visible: Vec<usize> = (0..=t)
-                    .filter(|&s| !pad.is_some_and(|p| p[b * seq + s]))
-                    .collect();
-                let scores: Vec<f64> = visible
-                    .iter()
-                    .map(|&s| (0..dh).map(|c| q(c) * k(s, c)).sum::<f64>() / (dh as f64).sqrt())
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = exps.iter().sum();
-                for (&s, e) in visible.iter().zip(&exps) {
-                    for c in 0..dh {
-                        y[h * dh + c] += e / sum * v(s, c);
-                    }
-                }
-            }
-            for o in 0..d {
-                let dot: f64 = (0..d).map(|i| y[i] * w_proj[i * d + o]).sum();
-                out[(b * seq + t) * d + o] =
-                    (dot + b_proj.as_ref().map_or(0.0, |bias| bias[o])) as f32;
-            }
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------- checks
@@ -394,7 +322,7 @@ fn kv_cache_matches_full_forward(device: &Device) {
 /// every gradient is finite, and the loss goes down.
 fn gradients_stay_finite(device: &Device) {
     let device = device.clone().autodiff();
-    let mut layer = config(32, 4, 16).with_dropout(0.1).init(&device).unwrap();
+    let mut layer = drawn(&config(32, 4, 16).with_dropout(0.1), &device);
     let mut optim = AdamWConfig::new().init();
     let (batch, seq, d) = (4, 16, 32);
     let x = random([batch, seq, d], &device);
@@ -458,7 +386,7 @@ fn gradients_stay_finite(device: &Device) {
 /// Dropout acts in training only: training forwards differ, inference forwards are identical.
 fn dropout_only_in_training(device: &Device) {
     let ad = device.clone().autodiff();
-    let layer = config(32, 4, 16).with_dropout(0.5).init(&ad).unwrap();
+    let layer = drawn(&config(32, 4, 16).with_dropout(0.5), &ad);
     let x = random([2, 8, 32], &ad);
     let a = values(layer.forward(x.clone(), None).unwrap());
     let b = values(layer.forward(x.clone(), None).unwrap());
@@ -511,8 +439,7 @@ fn too_long_is_an_error(device: &Device) {
 
 #[path = "../support/wgpu.rs"]
 mod support_wgpu;
-// Every test here holds the one `seeded` lock while it runs, so they take turns on one device.
-use support_wgpu::wgpu_device;
+use support_wgpu::wgpu_device_of_two;
 
 macro_rules! backend_tests {
     ($backend:ident, $device:expr $(, #[$attr:meta])?) => {
@@ -520,7 +447,19 @@ macro_rules! backend_tests {
             use super::*;
             fn run(check: fn(&Device)) {
                 let device = $device;
-                let _seeded = super::seeded(&device);
+                fresh_draws();
+                check(&device);
+            }
+            /// Dropout draws on the device, from the backend's one generator: a test that uses
+            /// it holds this backend's lock and seeds it, so its masks are the same on every run.
+            fn run_with_dropout(check: fn(&Device)) {
+                static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+                let device = $device;
+                let _held = GENERATOR
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                device.seed(20261122);
+                fresh_draws();
                 check(&device);
             }
             #[test]
@@ -561,12 +500,12 @@ macro_rules! backend_tests {
             #[test]
             $(#[$attr])?
             fn gradients_stay_finite() {
-                run(super::gradients_stay_finite)
+                run_with_dropout(super::gradients_stay_finite)
             }
             #[test]
             $(#[$attr])?
             fn dropout_only_in_training() {
-                run(super::dropout_only_in_training)
+                run_with_dropout(super::dropout_only_in_training)
             }
             #[test]
             $(#[$attr])?
@@ -600,9 +539,10 @@ fn ndarray() -> Device {
 }
 
 backend_tests!(ndarray, ndarray());
+// Two devices on the one adapter: the tests compile and run their kernels side by side.
 backend_tests!(
     wgpu,
-    wgpu_device(),
+    wgpu_device_of_two(),
     #[cfg_attr(
         no_wgpu,
         ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"

@@ -24,7 +24,7 @@ fn dot(a: Tensor<4>, b: Tensor<4>) -> f32 {
 #[test]
 fn rope_rotates_pairs_by_the_position_angles() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (seq, d, base) = (6, 8, 10000.0);
     let x = random([1, 2, seq, d], &device);
     let tables = RopeTables::new(seq + 3, d, base, &device).unwrap();
@@ -62,7 +62,7 @@ fn rope_rotates_pairs_by_the_position_angles() {
 #[test]
 fn swapped_halves_times_signed_sines_is_rotate_half_times_sines() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (seq, d) = (5, 12);
     let x = random([2, 3, seq, d], &device);
     let sin: Vec<f32> = (0..seq * d).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -81,7 +81,7 @@ fn swapped_halves_times_signed_sines_is_rotate_half_times_sines() {
 #[test]
 fn rope_keeps_every_vectors_length() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let x = random([2, 3, 40, 16], &device).mul_scalar(3.0);
     let tables = RopeTables::new(64, 16, 10000.0, &device).unwrap();
     let rotated = values(tables.apply(x.clone(), 7));
@@ -98,7 +98,7 @@ fn rope_keeps_every_vectors_length() {
 #[test]
 fn rope_scores_depend_on_the_distance_only() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (q, k) = (
         random([1, 1, 1, 16], &device),
         random([1, 1, 1, 16], &device),
@@ -128,7 +128,7 @@ fn rope_scores_depend_on_the_distance_only() {
 #[test]
 fn rope_is_burns_interleaved_rotation_of_permuted_channels() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (seq, d) = (12, 8);
     let x = random([1, 2, seq, d], &device);
     let ours = values(
@@ -171,7 +171,7 @@ fn rope_is_burns_interleaved_rotation_of_permuted_channels() {
 #[test]
 fn grouped_query_attention_equals_attention_over_repeated_heads() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (b, heads, seq, d) = (2, 6, 9, 4);
     let q = random([b, heads, seq, d], &device);
     let hidden = causal_mask(seq, &device);
@@ -206,7 +206,7 @@ fn grouped_query_attention_equals_attention_over_repeated_heads() {
 #[test]
 fn qk_norm_bounds_every_score() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let d = 16;
     let q = rms_norm_heads(random([2, 3, 10, d], &device).mul_scalar(50.0), 1e-6);
     let k = rms_norm_heads(random([2, 3, 10, d], &device).mul_scalar(50.0), 1e-6);
@@ -233,22 +233,24 @@ fn qk_norm_bounds_every_score() {
 #[test]
 fn grouped_layer_equals_multi_head_layer_over_repeated_projections() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (d, heads, kv, seq) = (24, 6, 2, 9);
     let d_head = d / heads;
     for (rope, qk_norm) in [(None, None), (Some(10000.0), Some(1e-6))] {
-        let grouped = config(d, heads, seq)
-            .with_n_kv_heads(Some(kv))
-            .with_rope_base(rope)
-            .with_qk_norm_eps(qk_norm)
-            .init(&device)
-            .unwrap();
+        let grouped = drawn(
+            &config(d, heads, seq)
+                .with_n_kv_heads(Some(kv))
+                .with_rope_base(rope)
+                .with_qk_norm_eps(qk_norm),
+            &device,
+        );
         assert_eq!(grouped.c_attn.weight.dims(), [d, (heads + 2 * kv) * d_head]);
-        let mut full = config(d, heads, seq)
-            .with_rope_base(rope)
-            .with_qk_norm_eps(qk_norm)
-            .init(&device)
-            .unwrap();
+        let mut full = drawn(
+            &config(d, heads, seq)
+                .with_rope_base(rope)
+                .with_qk_norm_eps(qk_norm),
+            &device,
+        );
         // Column blocks of the grouped layer: q heads, then k heads, then v heads.
         let w = grouped.c_attn.weight.val();
         let b = grouped.c_attn.bias.as_ref().unwrap().val();
@@ -283,14 +285,15 @@ fn grouped_layer_equals_multi_head_layer_over_repeated_projections() {
 #[test]
 fn rotary_grouped_layer_decodes_as_it_forwards() {
     let device = Device::flex();
-    let _seeded = seeded(&device);
+    fresh_draws();
     let (d, seq) = (16, 11);
-    let layer = config(d, 4, seq)
-        .with_n_kv_heads(Some(1))
-        .with_rope_base(Some(500.0))
-        .with_qk_norm_eps(Some(1e-6))
-        .init(&device)
-        .unwrap();
+    let layer = drawn(
+        &config(d, 4, seq)
+            .with_n_kv_heads(Some(1))
+            .with_rope_base(Some(500.0))
+            .with_qk_norm_eps(Some(1e-6)),
+        &device,
+    );
     let x = random([2, seq, d], &device);
     let whole = values(layer.forward(x.clone(), None).unwrap());
     for mut cache in [KvCache::new(), KvCache::with_capacity(seq)] {

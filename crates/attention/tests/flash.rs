@@ -9,8 +9,11 @@ use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig};
 
 type Shape4 = [usize; 4];
 
+#[path = "support/normals.rs"]
+mod normals;
 #[path = "support/wgpu.rs"]
 mod support_wgpu;
+use normals::normal;
 use support_wgpu::wgpu_device_of_two;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -19,23 +22,6 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 fn tensor(data: &[f32], shape: Shape4, device: &Device) -> Tensor<4> {
     Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
-}
-
-/// Normal(0, 1) values from a fixed-seed generator on the host, the same on every backend.
-fn normal(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut uniform = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (uniform(), uniform());
-            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-        })
-        .collect()
 }
 
 /// max |a - b| / max |b|.

@@ -13,44 +13,30 @@ use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
 use tinygpt_attention::{CausalSelfAttention, CausalSelfAttentionConfig};
 
-/// The first state of every test's generator.
-const SEED: u64 = 20261122;
+use super::normals::{normals_from, start};
+
+/// The seed of every test's generator, and of the device generators the dropout tests use.
+pub const SEED: u64 = 20261122;
 
 thread_local! {
-    /// This thread's (this test's) generator: xorshift64.
-    static STATE: Cell<u64> = const { Cell::new(start()) };
-}
-
-const fn start() -> u64 {
-    SEED.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+    /// This thread's (this test's) generator.
+    static STATE: Cell<u64> = const { Cell::new(start(SEED)) };
 }
 
 /// Starts this test's draws from the beginning, so that its numbers do not depend on what ran
 /// before it on the same thread.
 pub fn fresh_draws() {
-    STATE.with(|state| state.set(start()));
+    STATE.with(|state| state.set(start(SEED)));
 }
 
-/// Uniform in (0, 1).
-fn uniform() -> f64 {
+/// The next `n` draws of N(0, 1) of this test's generator.
+fn normals(n: usize) -> Vec<f32> {
     STATE.with(|state| {
         let mut s = state.get();
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
+        let drawn = normals_from(&mut s, n);
         state.set(s);
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        drawn
     })
-}
-
-/// `n` draws of N(0, 1) (Box–Muller).
-pub fn normals(n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let (u, v) = (uniform(), uniform());
-            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-        })
-        .collect()
 }
 
 /// A tensor of N(0, 1) draws.

@@ -437,6 +437,8 @@ fn too_long_is_an_error(device: &Device) {
 
 // ---------------------------------------------------------------- backends
 
+#[path = "../support/normals.rs"]
+mod normals;
 #[path = "../support/wgpu.rs"]
 mod support_wgpu;
 use support_wgpu::wgpu_device_of_two;
@@ -458,7 +460,7 @@ macro_rules! backend_tests {
                 let _held = GENERATOR
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
-                device.seed(20261122);
+                device.seed(draws::SEED);
                 fresh_draws();
                 check(&device);
             }

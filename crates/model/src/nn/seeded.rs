@@ -1,10 +1,11 @@
 //! Seeding Burn's random streams so that what is drawn next is the seed's.
 //!
-//! Burn keeps one random stream per device for the whole process, and draws a parameter's
-//! initial values lazily, at its first use. Two trainers in one process (a library user's
-//! threads, or tests) that seed and draw at once interleave their draws, and a seeded run
-//! starts from other weights. Every draw that must repeat from a seed happens while the guard
-//! [`seeded`] returns is held.
+//! Burn keeps one random stream per backend for the whole process (flex's, ndarray's, and one
+//! that every wgpu and CUDA device shares), and draws a parameter's initial values lazily, at
+//! its first use. Two trainers in one process (a library user's threads, or tests) that seed and
+//! draw at once interleave their draws, and a seeded run starts from other weights. Every draw
+//! that must repeat from a seed happens while the guard [`seeded`] returns is held: one lock for
+//! all the streams, so two trainers' steps through Burn take turns even on two devices.
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -1,7 +1,7 @@
 //! Asking for a decoding product's next weight rows before the product reaches them.
 //!
 //! A token's product reads each weight row from memory once, in order, and spends a few
-//! instructions per cache line on it: the time is the reading. The CPU's own prefetchers follow
+//! instructions per cache line on it: the time is the reading. Intel's prefetchers follow
 //! such a stream only inside a 4 KiB page and start over after each, so a thread alone keeps
 //! too few lines in flight to read at the memory's rate. Asking for the lines a fixed distance
 //! ahead keeps them coming across the pages' edges. (SmolLM2-135M's shape on a 2-vCPU Xeon: f32
@@ -10,7 +10,9 @@
 //! Only Intel's CPUs are asked: on an AMD Zen 4 the hints made the same decoding no faster and
 //! mostly slower (SmolLM2's shape, int8, the hints switched off and on in one binary, eight
 //! alternated pairs: median 202 tokens/s without, 180 with), and no distance from 2 to 16 KiB
-//! nor a hint to L2 did better than none: its own prefetchers keep up. See docs/perf.md.
+//! nor a hint to L2 did better than none: its own prefetchers keep up with rows read from
+//! memory. (Only a model whose weights stay in L3, shakespeare-char's size in int8, gained from
+//! them there, 7%; docs/perf.md has the figures.)
 
 /// How far ahead of the row being multiplied a thread asks for the weights, in bytes: far
 /// enough that a line asked for is in cache by the time its row comes (a few microseconds of

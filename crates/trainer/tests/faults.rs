@@ -65,25 +65,30 @@ fn kill_9_at_random_moments_loses_nothing_and_resumes_bit_equal() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(24);
-    // Enough steps that most rounds are killed before the run ends, also on a fast machine with
-    // nothing else running (a tiny model here trains ~500 steps a second, checkpointing every
-    // other step; the rounds sleep 210 ms on average).
-    let total = 200 * rounds;
-    let steps = &total.to_string();
-    ok(tinygpt(
-        dir,
-        &as_strs(&fused(&["--out", "whole", "--max-iters", steps])),
-    ));
+    // A limit the killed run cannot reach during the rounds, also on a fast machine with nothing
+    // else running (a tiny model here trains ~500 steps a second, checkpointing every other
+    // step; the rounds sleep 210 ms on average). The schedule decays over that many steps
+    // whatever `--max-iters` says, so the run can end wherever the rounds left it, and the
+    // uninterrupted run is trained afterwards to the same step only.
+    let limit = (200 * rounds).to_string();
+    let schedule = format!("train.lr_decay_iters={limit}");
     let mut rng = StdRng::seed_from_u64(20261122);
     let mut killed = 0;
     for round in 0..rounds {
         let run = dir.join("killed");
         let args = if run.join("config.toml").exists() {
-            ["train", "--resume", "--out", "killed", "--max-iters", steps]
-                .map(String::from)
-                .to_vec()
+            [
+                "train",
+                "--resume",
+                "--out",
+                "killed",
+                "--max-iters",
+                &limit,
+            ]
+            .map(String::from)
+            .to_vec()
         } else {
-            fused(&["--out", "killed", "--max-iters", steps])
+            fused(&["--out", "killed", "--max-iters", &limit, "--set", &schedule])
         };
         let mut child = spawn(dir, &args);
         std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
@@ -103,12 +108,26 @@ fn kill_9_at_random_moments_loses_nothing_and_resumes_bit_equal() {
         killed >= rounds * 5 / 6,
         "only {killed} of {rounds} rounds were killed mid-run"
     );
+    // A few steps past the last checkpoint the rounds left, so the resumed run also trains.
+    let total = last_step(dir, "killed") + 10;
+    let steps = &total.to_string();
     ok(tinygpt(
         dir,
         &["train", "--resume", "--out", "killed", "--max-iters", steps],
     ));
     assert_eq!(last_step(dir, "killed"), total);
-    eprintln!("{killed} of {rounds} rounds killed mid-run");
+    ok(tinygpt(
+        dir,
+        &as_strs(&fused(&[
+            "--out",
+            "whole",
+            "--max-iters",
+            steps,
+            "--set",
+            &schedule,
+        ])),
+    ));
+    eprintln!("{killed} of {rounds} rounds killed mid-run, resumed to step {total}");
     assert!(
         weights(&dir.join("whole")) == weights(&dir.join("killed")),
         "weights after {killed} kills differ from the uninterrupted run's"

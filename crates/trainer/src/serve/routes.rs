@@ -4,12 +4,13 @@
 use axum::Router;
 use std::sync::atomic::Ordering;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State as Extract};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use futures_util::StreamExt;
 use subtle::ConstantTimeEq;
 
 use super::api::{ApiError, json};
@@ -45,10 +46,17 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
+/// How far past `--max-body-bytes` a body is still read, and thrown away, before its 413: a
+/// server that closes a connection while the request's bytes are still arriving resets it, and
+/// the client may then see the reset instead of the 413, or find its kept-alive connection
+/// dead at its next request. A `Content-Length` beyond the two is answered at once.
+const READ_PAST_LIMIT: usize = 1 << 20;
+
 /// A request's body, read whole here before any route sees it: a `Content-Length` over
-/// `--max-body-bytes` gets its 413 at once, before anything of it is read or waited for; a
-/// body (chunked or not) that grows past it gets 413 when it does, and one that has not
-/// arrived within `--body-timeout` gets 408.
+/// `--max-body-bytes` by more than [`READ_PAST_LIMIT`] gets its 413 at once, before anything
+/// of it is read or waited for; a body (chunked or not) that grows past the limit gets 413
+/// once it has been read to its end (or [`READ_PAST_LIMIT`] past the limit), and one that has
+/// not arrived within `--body-timeout` gets 408 (413 where its length already said too large).
 async fn bounded_body(
     Extract(state): Extract<Shared>,
     request: Request,
@@ -66,14 +74,16 @@ async fn bounded_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|bytes| bytes > limit as u64) {
+    let over = |past: usize| declared.is_some_and(|bytes| bytes > (limit + past) as u64);
+    if over(READ_PAST_LIMIT) {
         return Err(too_large());
     }
     let (parts, body) = request.into_parts();
     let timeout = state.options.connections.body_timeout;
-    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => return Err(too_large()),
+    let bytes = match tokio::time::timeout(timeout, read_bounded(body, limit)).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(too_large()),
+        Err(_) if over(0) => return Err(too_large()),
         Err(_) => {
             state
                 .pool
@@ -92,6 +102,25 @@ async fn bounded_body(
     Ok(next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await)
+}
+
+/// `body` if it is at most `limit` bytes; `None` if it is longer (read on, and dropped, to its
+/// end or [`READ_PAST_LIMIT`] past the limit) or broke off.
+async fn read_bounded(body: Body, limit: usize) -> Option<Bytes> {
+    let mut chunks = body.into_data_stream();
+    let (mut bytes, mut past) = (Vec::new(), 0);
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.ok()?;
+        if past == 0 && bytes.len() + chunk.len() <= limit {
+            bytes.extend_from_slice(&chunk);
+            continue;
+        }
+        past += chunk.len();
+        if past > READ_PAST_LIMIT {
+            return None;
+        }
+    }
+    (past == 0).then(|| Bytes::from(bytes))
 }
 
 /// With `--api-key`, every API request must carry `Authorization: Bearer KEY`.

@@ -265,6 +265,64 @@ fn an_oversized_declared_body_is_refused_before_it_is_read() {
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
+/// A body a little over `--max-body-bytes`, sent whole after a pause, as a client that writes
+/// its request before reading does: its 413 arrives, and the connection stays open for the
+/// next request. (A server that answered at once and closed with the body still arriving
+/// would reset the connection, and the client could see that instead of the 413, or find its
+/// kept-alive connection dead at the next request.)
+#[test]
+fn a_body_over_the_limit_gets_its_413_and_the_connection_stays_usable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let args = ["--backend", "fused", "--max-body-bytes", "2000"];
+    let server = Server::start(dir, "run", &args);
+    let mut socket = TcpStream::connect(server.host()).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let body = "x".repeat(3000);
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    socket.write_all(body.as_bytes()).unwrap();
+    let answer = read_response(&mut socket);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("limit of 2000 bytes"), "{answer}");
+    write!(socket, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let answer = read_response(&mut socket);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// One HTTP/1.1 response from `socket`: its head and the `Content-Length` bytes of its body.
+fn read_response(socket: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        match socket.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            other => panic!("the connection ended ({other:?}) after {got:?}"),
+        }
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|n| n.trim().to_string())
+        })
+        .map_or(0, |n| n.parse::<usize>().unwrap());
+    let mut body = vec![0u8; length];
+    socket.read_exact(&mut body).unwrap();
+    head + &String::from_utf8_lossy(&body)
+}
+
 /// A client that never finishes its request cannot hold shutdown: at `--shutdown-timeout`,
 /// or at a second Ctrl-C, the server closes what is left and exits 0.
 #[test]

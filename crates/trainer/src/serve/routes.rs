@@ -74,7 +74,8 @@ async fn bounded_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let over = |past: usize| declared.is_some_and(|bytes| bytes > (limit + past) as u64);
+    let over =
+        |past: usize| declared.is_some_and(|bytes| bytes > limit.saturating_add(past) as u64);
     if over(READ_PAST_LIMIT) {
         return Err(too_large());
     }

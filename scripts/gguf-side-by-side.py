@@ -7,8 +7,8 @@ form so that llama.cpp computes it), the script makes a run with random weights 
 step), exports it as f32 and q8_0 GGUF, and times:
 
 - llama.cpp (llama-cpp-python, `n_threads` 2, its default f16 KV cache): a prompt
-  of P tokens in one batch (prompt tokens/s), then N tokens one at a time (decode tokens/s,
-  greedy), best of 3;
+  of P tokens in one batch (prompt tokens/s), then, from a one-token prompt, N tokens one at a
+  time (decode tokens/s, greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
   run's config, `--weights f32` and `--weights q8_0` (a token's products split over every
   core by outputs, a prompt's by rows);
@@ -82,6 +82,10 @@ def llama_cpp_speed(gguf, prompt_ids, new):
         start = time.perf_counter()
         llm.eval(prompt_ids)
         pp = len(prompt_ids) / (time.perf_counter() - start)
+        # The decode from a one-token prompt, at a short context as tinygpt's `bench` times it
+        # (and llama-bench's tg128), not after the prompt's P cached tokens.
+        llm.reset()
+        llm.eval(prompt_ids[:1])
         token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         start = time.perf_counter()
         for _ in range(new):

@@ -291,36 +291,12 @@ fn a_body_over_the_limit_gets_its_413_and_the_connection_stays_usable() {
     .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     socket.write_all(body.as_bytes()).unwrap();
-    let answer = read_response(&mut socket);
+    let answer = read_until(&mut socket, "limit of 2000 bytes");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    assert!(answer.contains("limit of 2000 bytes"), "{answer}");
     write!(socket, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let answer = read_response(&mut socket);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-}
-
-/// One HTTP/1.1 response from `socket`: its head and the `Content-Length` bytes of its body.
-fn read_response(socket: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        match socket.read(&mut byte) {
-            Ok(1) => got.push(byte[0]),
-            other => panic!("the connection ended ({other:?}) after {got:?}"),
-        }
-    }
-    let head = String::from_utf8_lossy(&got).to_string();
-    let length = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|n| n.trim().to_string())
-        })
-        .map_or(0, |n| n.parse::<usize>().unwrap());
-    let mut body = vec![0u8; length];
-    socket.read_exact(&mut body).unwrap();
-    head + &String::from_utf8_lossy(&body)
+    // After whatever of the 413's body was not read yet (a closed connection panics in
+    // `read_until`, one that answers otherwise at the socket's read timeout).
+    read_until(&mut socket, "HTTP/1.1 200");
 }
 
 /// A client that never finishes its request cannot hold shutdown: at `--shutdown-timeout`,

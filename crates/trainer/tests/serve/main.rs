@@ -396,7 +396,8 @@ fn open_stream(server: &Server, max_tokens: usize) -> TcpStream {
     socket
 }
 
-fn read_until(socket: &mut TcpStream, needle: &str) {
+/// Reads `socket` until `needle` has arrived: what was read, up to the read that brought it.
+fn read_until(socket: &mut TcpStream, needle: &str) -> String {
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&seen).contains(needle) {
@@ -408,6 +409,7 @@ fn read_until(socket: &mut TcpStream, needle: &str) {
         );
         seen.extend_from_slice(&buf[..n]);
     }
+    String::from_utf8_lossy(&seen).into_owned()
 }
 
 /// One worker of one row and a queue of one: a third request gets 429 at once. A client that disconnects

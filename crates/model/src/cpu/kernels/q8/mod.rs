@@ -226,12 +226,21 @@ pub(crate) fn quantized<R>(x: &[f32], f: impl FnOnce(&Q8Rows) -> R) -> R {
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
 /// of a token's product, each output computed as [`rows_times`] computes it.
 pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32], j0: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::ptr::fn_addr_eq(kernel(), avx512_dot as Dot) {
-        // SAFETY: the AVX-512 kernel is the one chosen, so the CPU has its features.
-        return unsafe { avx512::row_range(out, x, w, b, j0) };
-    }
-    let dot = kernel();
+    (kernel().rows)(out, x, w, b, j0)
+}
+
+/// [`row_range`] with `dot`: inlined into each kernel's `rows`, so that the kernel's product
+/// is inlined into the loop too (no call through a pointer for each row of 576 bytes at
+/// SmolLM2-135M's width).
+#[inline(always)]
+fn each_row(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &Q8Matrix,
+    b: &[f32],
+    j0: usize,
+    dot: impl Fn(&[i8], &[f16], &[i8], &[f32]) -> f32,
+) {
     let (ahead, end) = (prefetch::rows_ahead(w.cols), j0 + out.len());
     for (o, j) in out.iter_mut().zip(j0..) {
         if j + ahead < end {
@@ -251,7 +260,7 @@ pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
     let (k, n) = (w.cols, w.rows);
     let kb = k / BLOCK;
     let rows = x.q.len() / k;
-    let (dot, ahead) = (kernel(), prefetch::rows_ahead(k));
+    let (dot, ahead) = (kernel().dot, prefetch::rows_ahead(k));
     for j in 0..n {
         if j + ahead < n {
             w.ask_for_row(j + ahead);
@@ -268,39 +277,60 @@ pub(crate) fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q8Matrix, b: &[f32]) {
 /// A weight row (`wq [k]`, its scales `ws [k / 32]`) times a quantised activation row.
 type Dot = fn(&[i8], &[f16], &[i8], &[f32]) -> f32;
 
-/// The fastest exact kernel this CPU runs, chosen once.
-fn kernel() -> Dot {
-    static FASTEST: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
-    *FASTEST.get_or_init(|| kernels()[0].1)
+/// A thread's share of a token's product, as [`row_range`].
+type Rows = fn(&mut [f32], &Q8Rows, &Q8Matrix, &[f32], usize);
+
+/// One exact kernel: a row's product, and a share of rows with that product inlined.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    /// What the tests call it when its floats differ from the reference's.
+    #[cfg_attr(not(test), allow(dead_code))]
+    name: &'static str,
+    dot: Dot,
+    rows: Rows,
 }
 
-/// Every kernel this CPU runs, fastest first, by name; the last is the reference. Each
-/// computes the same floats bit for bit.
-pub(crate) fn kernels() -> Vec<(&'static str, Dot)> {
-    let mut found: Vec<(&'static str, Dot)> = Vec::new();
+/// The fastest exact kernel this CPU runs, chosen once.
+fn kernel() -> Kernel {
+    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *FASTEST.get_or_init(|| kernels()[0])
+}
+
+/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
+/// same floats bit for bit.
+pub(crate) fn kernels() -> Vec<Kernel> {
+    let mut found = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
         if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-            found.push(("avx512-vnni", avx512_dot));
+            // SAFETY (both): the features the kernel is compiled for were just detected.
+            found.push(Kernel {
+                name: "avx512-vnni",
+                dot: |wq, ws, xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
+                rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+            });
         }
         if avx2 {
-            // SAFETY: as above.
-            found.push(("avx2", |wq, ws, xq, xd| unsafe {
-                avx2::dot(wq, ws, xq, xd)
-            }));
+            // SAFETY (both): as above.
+            found.push(Kernel {
+                name: "avx2",
+                dot: |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
+                rows: |out, x, w, b, j0| {
+                    each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+                        avx2::dot(wq, ws, xq, xd)
+                    })
+                },
+            });
         }
     }
-    found.push(("reference", dot_reference));
+    found.push(Kernel {
+        name: "reference",
+        dot: dot_reference,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+    });
     found
-}
-
-/// The AVX-512 VNNI kernel as a [`Dot`].
-#[cfg(target_arch = "x86_64")]
-fn avx512_dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
-    // SAFETY: only `kernels` hands this out, and only where it detected the kernel's features.
-    unsafe { avx512::dot(wq, ws, xq, xd) }
 }
 
 /// The numbers every kernel computes for a row. A block's 32 byte products make eight lanes
@@ -436,9 +466,8 @@ mod avx512 {
         }
     }
 
-    /// [`super::row_range`] with [`dot`] inlined into one loop over the share's rows: no call
-    /// through a pointer for each row (576 bytes at SmolLM2-135M's width), the constants made
-    /// once. Each output is the same float `dot` gives.
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
+    /// into the loop over the share's rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn row_range(
         out: &mut [f32],
@@ -447,15 +476,10 @@ mod avx512 {
         b: &[f32],
         j0: usize,
     ) {
-        let (ahead, end) = (super::prefetch::rows_ahead(w.cols), j0 + out.len());
-        for (o, j) in out.iter_mut().zip(j0..) {
-            if j + ahead < end {
-                w.ask_for_row(j + ahead);
-            }
-            let (wq, ws) = w.row(j);
-            // SAFETY: this function has the kernel's features.
-            *o = unsafe { dot(wq, ws, &x.q, &x.d) } + b.get(j).copied().unwrap_or(0.0);
-        }
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+            dot(wq, ws, xq, xd)
+        })
     }
 
     /// [`super::dot_reference`] with AVX-512 VNNI: two blocks per register, so one register

@@ -88,7 +88,10 @@ fn the_kernel_computes_the_reference_numbers() {
         .map(|i| if i % 3 == 0 { -127 } else { 127 })
         .collect();
     let sum: i32 = wq.iter().zip(&xq).map(|(&a, &b)| a as i32 * b as i32).sum();
-    assert_eq!(kernel()(&wq, &[f16::ONE; 2], &xq, &[1.0; 2]), sum as f32);
+    assert_eq!(
+        (kernel().dot)(&wq, &[f16::ONE; 2], &xq, &[1.0; 2]),
+        sum as f32
+    );
 }
 
 /// Every kernel this CPU has computes the reference's float bit for bit, for rows of any
@@ -106,7 +109,7 @@ fn every_kernel_gives_the_reference_bits() {
         let mut x = Q8Rows::default();
         x.quantize(&values(k, 7 + kb as u32));
         let want = dot_reference(wq, ws, &x.q, &x.d);
-        for (name, dot) in kernels() {
+        for Kernel { name, dot, .. } in kernels() {
             let got = dot(wq, ws, &x.q, &x.d);
             assert_eq!(got.to_bits(), want.to_bits(), "{name}, {kb} blocks");
         }

@@ -65,10 +65,7 @@ fn slow_and_oversized_requests_are_cut_off() {
         ],
     );
     let send = |request: &[u8]| {
-        let mut socket = TcpStream::connect(server.host()).unwrap();
-        socket
-            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
+        let mut socket = connected(&server);
         socket.write_all(request).unwrap();
         socket
     };
@@ -249,10 +246,7 @@ fn an_oversized_declared_body_is_refused_before_it_is_read() {
     let dir = tmp.path();
     trained(dir);
     let server = Server::start(dir, "run", &["--backend", "fused"]);
-    let mut socket = TcpStream::connect(server.host()).unwrap();
-    socket
-        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .unwrap();
+    let mut socket = connected(&server);
     write!(
         socket,
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
@@ -277,10 +271,7 @@ fn a_body_over_the_limit_gets_its_413_and_the_connection_stays_usable() {
     trained(dir);
     let args = ["--backend", "fused", "--max-body-bytes", "2000"];
     let server = Server::start(dir, "run", &args);
-    let mut socket = TcpStream::connect(server.host()).unwrap();
-    socket
-        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .unwrap();
+    let mut socket = connected(&server);
     let body = "x".repeat(3000);
     write!(
         socket,

@@ -381,6 +381,16 @@ fn api_key_is_checked_and_required_off_loopback() {
     assert_eq!(server.health()["api_key_required"], true);
 }
 
+/// A socket to `server` whose reads give up after 10 s, so that a test waiting for an answer
+/// that never comes fails instead of hanging.
+fn connected(server: &Server) -> TcpStream {
+    let socket = TcpStream::connect(server.host()).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    socket
+}
+
 /// A streaming request written by hand on a socket, read until its first token arrives.
 fn open_stream(server: &Server, max_tokens: usize) -> TcpStream {
     let body = json!({"prompt": "Of", "max_tokens": max_tokens, "stream": true}).to_string();

@@ -116,6 +116,27 @@ fn every_kernel_gives_the_reference_bits() {
     }
 }
 
+/// Every kernel's share of rows (what a decoding thread runs, the product inlined into its
+/// loop) gives each output its own product's bits plus the bias, from any first row.
+#[test]
+fn every_kernels_share_of_rows_gives_its_products() {
+    let (k, n) = (96, 40);
+    let w = Q8Matrix::from_columns(&values(k * n, 8), k);
+    let mut x = Q8Rows::default();
+    x.quantize(&values(k, 9));
+    let b = values(n, 10);
+    for Kernel { name, dot, rows } in kernels() {
+        let mut out = vec![0.0; n];
+        rows(&mut out[..7], &x, &w, &b, 0);
+        rows(&mut out[7..], &x, &w, &b, 7);
+        for (j, got) in out.iter().enumerate() {
+            let (wq, ws) = w.row(j);
+            let want = dot(wq, ws, &x.q, &x.d) + b[j];
+            assert_eq!(got.to_bits(), want.to_bits(), "{name}, output {j}");
+        }
+    }
+}
+
 /// Weights in Burn's `[n_in, n_out]` layout come out as rows of outputs, and the product is
 /// close to f32's (within what 8 bits of each side allow) in int8 and in the dequantised
 /// f32 product many rows take.

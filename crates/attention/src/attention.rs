@@ -9,11 +9,11 @@ use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
 use crate::decode_attention;
 use crate::error::{AttentionConfigError, AttentionError};
-use crate::flash::{self, flash_attention, flash_attention_packed};
+use crate::flash::{self, flash_attention_packed};
 use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
-use crate::qk_norm::rms_norm_heads;
+use crate::qk_norm::{rms_norm_heads, rms_norm_packed};
 use crate::rope::RopeRows;
 use crate::rows_linear;
 use crate::step::{Seen, StepAt};
@@ -135,19 +135,17 @@ impl CausalSelfAttention {
             true => self.attn_dropout.prob,
             false => 0.0,
         };
-        // Without rotation or QK-norm the heads are the projection's columns as they are: the
-        // kernels read them there and write the output as the output projection reads it.
-        if flash && self.rope_base.is_none() && self.qk_norm_eps.is_none() {
-            let qkv = rows_linear::linear(&self.c_attn, x);
+        // The heads are the projection's columns, normalised and rotated there: the kernels
+        // read them in place (each query head's key/value head too) and write the output as
+        // the output projection reads it.
+        if flash {
+            let qkv = self.packed_heads(rows_linear::linear(&self.c_attn, x));
             let y = flash_attention_packed(qkv, self.n_heads, self.n_kv_heads, dropout);
             return Ok(self.project(y));
         }
         let heads = self.heads(x, At::From(0));
-        // The flash kernels read each query head's key/value head in place; the other paths
-        // take them repeated.
-        let y = if flash {
-            flash_attention(heads.q, heads.k, heads.v, dropout)
-        } else if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
+        // The other paths take each query head's keys and values repeated.
+        let y = if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
             let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
             let is_causal = mask.is_none();
             sdpa(self.grouped(heads), mask, is_causal)
@@ -407,6 +405,28 @@ impl CausalSelfAttention {
             k = rows.apply(k);
         }
         Heads { q, k, v }
+    }
+
+    /// The projection's output `qkv` `[batch, seq, (heads + 2·kv_heads)·d_head]` for positions
+    /// `0..seq`, its queries and keys normalised (QK-norm) and then rotated (RoPE) in place of
+    /// their columns when the layer does so, as [`heads`](Self::heads) does to them split:
+    /// same shape.
+    fn packed_heads(&self, qkv: Tensor<3>) -> Tensor<3> {
+        if self.rope_base.is_none() && self.qk_norm_eps.is_none() {
+            return qkv;
+        }
+        let [batch, seq, width] = qkv.dims();
+        let (heads, kv) = (self.n_heads, self.n_kv_heads);
+        let d_head = width / (heads + 2 * kv);
+        let mut qkv = qkv.reshape([batch, seq, heads + 2 * kv, d_head]);
+        if let Some(eps) = self.qk_norm_eps {
+            qkv = rms_norm_packed(qkv, heads + kv, eps);
+        }
+        if let Some(base) = self.rope_base {
+            let rows = RopeRows::new(0, seq, d_head, base, &qkv.device());
+            qkv = rows.apply_packed(qkv, heads + kv);
+        }
+        qkv.reshape([batch, seq, width])
     }
 
     /// Keys and values repeated for their query heads' groups ([`repeat_kv`]): every kernel

@@ -35,6 +35,7 @@ use std::ops::Range;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::AttentionConfigError;
+use crate::qk_norm::query_and_key_heads;
 
 /// The cosines and sines of every position's angles, `[max_seq, d_head]` each, in the
 /// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`);
@@ -169,6 +170,22 @@ impl RopeRows {
         let (cos, signed_sin) = (self.cos.clone(), self.signed_sin.clone());
         x.clone() * cos.cast(dtype) + swap_halves(x) * signed_sin.cast(dtype)
     }
+
+    /// The same rotation on the projection's packed heads `qkv` `[rows, seq, heads +
+    /// 2·kv_heads, d_head]` (groups q | k | v, see [`query_and_key_heads`]): the first
+    /// `qk_heads` groups (queries and keys) rotated, the values as they are (their cosines 1 and
+    /// sines 0, so `v·1 + swap_halves(v)·0 = v` exactly). The flash kernels then read the three
+    /// where the projection wrote them, and the gradient is one tensor instead of three slices.
+    pub fn apply_packed(&self, qkv: Tensor<4>, qk_heads: usize) -> Tensor<4> {
+        let groups = qkv.dims()[2];
+        let (keep, other) = query_and_key_heads(groups, qk_heads, &qkv.device());
+        let dtype = qkv.dtype();
+        // `[rows, 1, seq, d_head]` -> `[rows, seq, 1, d_head]`, against the groups' axis.
+        let table = |t: &Tensor<4>| t.clone().swap_dims(1, 2).cast(dtype);
+        let cos = table(&self.cos) * keep.clone().cast(dtype) + other.cast(dtype);
+        let signed_sin = table(&self.signed_sin) * keep.cast(dtype);
+        qkv.clone() * cos + swap_halves(qkv) * signed_sin
+    }
 }
 
 /// Rows of `d_head` sines with the first half of each negated: `rotate_half(x)·sin` is
@@ -184,7 +201,8 @@ pub fn signed_sines(sin: &[f32], d_head: usize) -> Vec<f32> {
 }
 
 /// `[a, b] → [b, a]` over the last axis, `a` and `b` its two halves: the last axis seen as
-/// `[2, d/2]` (a view) and flipped. Shape kept: `[batch, heads, seq, d_head]`.
+/// `[2, d/2]` (a view) and flipped. Shape kept: `[batch, heads, seq, d_head]` (or any
+/// `[.., .., .., d_head]`: the packed heads').
 pub fn swap_halves(x: Tensor<4>) -> Tensor<4> {
     let [b, h, s, d] = x.dims();
     x.reshape([b, h, s, 2, d / 2])

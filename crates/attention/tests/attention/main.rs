@@ -526,6 +526,11 @@ macro_rules! backend_tests {
             }
             #[test]
             $(#[$attr])?
+            fn packed_heads_are_normalised_and_rotated_in_place() {
+                run(super::newer::packed_heads_are_normalised_and_rotated_in_place)
+            }
+            #[test]
+            $(#[$attr])?
             fn prompts_go_through_the_step_in_padded_chunks() {
                 run(super::batched::prompts_go_through_the_step_in_padded_chunks)
             }

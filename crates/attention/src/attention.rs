@@ -13,7 +13,7 @@ use crate::flash::{self, flash_attention_packed};
 use crate::grouped::repeat_kv;
 use crate::kv_cache::KvCache;
 use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
-use crate::qk_norm::{rms_norm_heads, rms_norm_packed};
+use crate::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
 use crate::rope::RopeRows;
 use crate::rows_linear;
 use crate::step::{Seen, StepAt};
@@ -419,12 +419,13 @@ impl CausalSelfAttention {
         let (heads, kv) = (self.n_heads, self.n_kv_heads);
         let d_head = width / (heads + 2 * kv);
         let mut qkv = qkv.reshape([batch, seq, heads + 2 * kv, d_head]);
+        let qk = QueryAndKeyHeads::new(heads + 2 * kv, heads + kv, &qkv.device());
         if let Some(eps) = self.qk_norm_eps {
-            qkv = rms_norm_packed(qkv, heads + kv, eps);
+            qkv = rms_norm_packed(qkv, &qk, eps);
         }
         if let Some(base) = self.rope_base {
             let rows = RopeRows::new(0, seq, d_head, base, &qkv.device());
-            qkv = rows.apply_packed(qkv, heads + kv);
+            qkv = rows.apply_packed(qkv, &qk);
         }
         qkv.reshape([batch, seq, width])
     }

@@ -35,7 +35,7 @@ use std::ops::Range;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::AttentionConfigError;
-use crate::qk_norm::query_and_key_heads;
+use crate::qk_norm::QueryAndKeyHeads;
 
 /// The cosines and sines of every position's angles, `[max_seq, d_head]` each, in the
 /// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`);
@@ -172,18 +172,20 @@ impl RopeRows {
     }
 
     /// The same rotation on the projection's packed heads `qkv` `[rows, seq, heads +
-    /// 2·kv_heads, d_head]` (groups q | k | v, see [`query_and_key_heads`]): the first
-    /// `qk_heads` groups (queries and keys) rotated, the values as they are (their cosines 1 and
-    /// sines 0, so `v·1 + swap_halves(v)·0 = v` exactly). The flash kernels then read the three
-    /// where the projection wrote them, and the gradient is one tensor instead of three slices.
-    pub fn apply_packed(&self, qkv: Tensor<4>, qk_heads: usize) -> Tensor<4> {
-        let groups = qkv.dims()[2];
-        let (keep, other) = query_and_key_heads(groups, qk_heads, &qkv.device());
+    /// 2·kv_heads, d_head]` (groups q | k | v, see [`QueryAndKeyHeads`]): the query and key
+    /// groups rotated, the values as they are (their cosines 1 and sines 0, so
+    /// `v·1 + swap_halves(v)·0 = v` exactly). The flash kernels then read the three where the
+    /// projection wrote them, and the gradient is one tensor instead of three slices.
+    pub fn apply_packed(&self, qkv: Tensor<4>, heads: &QueryAndKeyHeads) -> Tensor<4> {
         let dtype = qkv.dtype();
+        let (keep, other) = (
+            heads.keep.clone().cast(dtype),
+            heads.other.clone().cast(dtype),
+        );
         // `[rows, 1, seq, d_head]` -> `[rows, seq, 1, d_head]`, against the groups' axis.
         let table = |t: &Tensor<4>| t.clone().swap_dims(1, 2).cast(dtype);
-        let cos = table(&self.cos) * keep.clone().cast(dtype) + other.cast(dtype);
-        let signed_sin = table(&self.signed_sin) * keep.cast(dtype);
+        let cos = table(&self.cos) * keep.clone() + other;
+        let signed_sin = table(&self.signed_sin) * keep;
         qkv.clone() * cos + swap_halves(qkv) * signed_sin
     }
 }

@@ -5,7 +5,7 @@
 
 use burn::nn::RotaryEncodingConfig;
 use tinygpt_attention::grouped::{grouped_attention, repeat_kv};
-use tinygpt_attention::qk_norm::{rms_norm_heads, rms_norm_packed};
+use tinygpt_attention::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
 use tinygpt_attention::rope::{RopeRows, RopeTables, rotate_half, signed_sines, swap_halves};
 
 use super::*;
@@ -243,7 +243,8 @@ pub(crate) fn packed_heads_are_normalised_and_rotated_in_place(device: &Device) 
     }
     let packed = Tensor::<4>::from_data(TensorData::new(data, shape), device);
     let rows = RopeRows::new(0, seq, d, 10000.0, device);
-    let got = rows.apply_packed(rms_norm_packed(packed.clone(), qk, 1e-6), qk);
+    let heads_of = QueryAndKeyHeads::new(groups, qk, device);
+    let got = rows.apply_packed(rms_norm_packed(packed.clone(), &heads_of, 1e-6), &heads_of);
     // The groups `from..from + n` split off as the layer's other paths take them:
     // `[batch, n, seq, d_head]`.
     let split = |t: Tensor<4>, from: usize, n: usize| t.swap_dims(1, 2).narrow(1, from, n);

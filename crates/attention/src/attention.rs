@@ -7,16 +7,14 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, FloatDType, Tensor};
 
 use crate::config::{AttentionKernel, CausalSelfAttentionConfig};
-use crate::decode_attention;
 use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention_packed};
 use crate::grouped::repeat_kv;
-use crate::kv_cache::KvCache;
-use crate::mask::{causal_mask_with_offset, lengths_mask, mask_then_softmax};
+use crate::kernels::{DecodeProduct, Kernels, burn_product};
+use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 use crate::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
 use crate::rope::RopeRows;
-use crate::rows_linear;
-use crate::step::{Seen, StepAt};
+use crate::step::StepAt;
 
 /// Masked (causal) multi-head self-attention, nanoGPT's `CausalSelfAttention`.
 ///
@@ -55,11 +53,20 @@ pub struct CausalSelfAttention {
     /// QK-norm's ε, when queries and keys are normalised ([`crate::qk_norm`]).
     #[module(skip)]
     pub qk_norm_eps: Option<f64>,
+    /// Burn's ops or tinygpt's CubeCL kernels: decided once, from the device, when the layer is
+    /// built ([`Kernels::for_device`]); [`with_kernels`](Self::with_kernels) chooses otherwise.
+    #[module(skip)]
+    kernels: Kernels,
+    /// How the decode forwards (`decode.rs`) multiply a step's few rows by the projections:
+    /// Burn's matmul unless the model brought a kernel for them
+    /// ([`with_decode_product`](Self::with_decode_product)).
+    #[module(skip)]
+    pub(crate) decode_product: DecodeProduct,
 }
 
 /// Where the rows of an input sit in their sequences.
 #[derive(Clone, Copy)]
-enum At<'a> {
+pub(crate) enum At<'a> {
     /// Every sequence's tokens at positions `offset..offset + seq`.
     From(usize),
     /// One token per sequence, sequence `r`'s at `positions[r]`.
@@ -69,14 +76,22 @@ enum At<'a> {
 }
 
 /// Queries, keys and values, each `[batch, heads, seq, d_head]`.
-struct Heads {
-    q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
+pub(crate) struct Heads {
+    pub(crate) q: Tensor<4>,
+    pub(crate) k: Tensor<4>,
+    pub(crate) v: Tensor<4>,
+}
+
+/// Which implementation a call's attention core takes (see [`AttentionKernel`]).
+enum Core {
+    Flash,
+    Sdpa,
+    Explicit,
 }
 
 impl CausalSelfAttentionConfig {
-    /// Validates the config and creates the layer on `device`.
+    /// Validates the config and creates the layer on `device`, running the device's
+    /// [`Kernels`].
     pub fn init(&self, device: &Device) -> Result<CausalSelfAttention, AttentionConfigError> {
         self.validate()?;
         let d = self.d_model;
@@ -103,6 +118,8 @@ impl CausalSelfAttentionConfig {
             kernel: self.kernel,
             rope_base: self.rope_base,
             qk_norm_eps: self.qk_norm_eps,
+            kernels: Kernels::for_device(device),
+            decode_product: burn_product,
         })
     }
 }
@@ -130,31 +147,31 @@ impl CausalSelfAttention {
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
         check_padding(&key_padding, batch, seq)?;
-        let flash = self.use_flash(&x, key_padding.is_some());
-        let dropout = match self.dropout_active(&x.device()) {
-            true => self.attn_dropout.prob,
-            false => 0.0,
+        let padded = key_padding.is_some();
+        // Queries, keys and values side by side: [batch, seq, (heads + 2·kv_heads)·d_head].
+        let qkv = self.c_attn.forward(x);
+        let y = match self.core(&qkv, padded) {
+            // The kernels read the heads where the projection wrote them (normalised and
+            // rotated in place) and write the output as the output projection reads it.
+            Core::Flash => {
+                let dropout = self.dropout_probability(&qkv.device());
+                let heads = (self.n_heads, self.n_kv_heads);
+                flash_attention_packed(self.packed_heads(qkv), heads.0, heads.1, dropout)
+            }
+            // The others take each query head's keys and values repeated.
+            Core::Sdpa => {
+                let heads = self.grouped(self.heads(qkv, At::From(0)));
+                let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
+                let is_causal = mask.is_none();
+                concat_heads(sdpa(heads, mask, is_causal))
+            }
+            Core::Explicit => {
+                let heads = self.grouped(self.heads(qkv, At::From(0)));
+                let mask = self.mask(batch, seq, 0, seq, key_padding);
+                concat_heads(self.explicit(heads, Some(mask), padded).0)
+            }
         };
-        // The heads are the projection's columns, normalised and rotated there: the kernels
-        // read them in place (each query head's key/value head too) and write the output as
-        // the output projection reads it.
-        if flash {
-            let qkv = self.packed_heads(rows_linear::linear(&self.c_attn, x));
-            let y = flash_attention_packed(qkv, self.n_heads, self.n_kv_heads, dropout);
-            return Ok(self.project(y));
-        }
-        let heads = self.heads(x, At::From(0));
-        // The other paths take each query head's keys and values repeated.
-        let y = if self.use_sdpa(&heads.q.device(), key_padding.is_some()) {
-            let mask = key_padding.map(|padding| self.mask(batch, seq, 0, seq, Some(padding)));
-            let is_causal = mask.is_none();
-            sdpa(self.grouped(heads), mask, is_causal)
-        } else {
-            let padded = key_padding.is_some();
-            let mask = self.mask(batch, seq, 0, seq, key_padding);
-            self.explicit(self.grouped(heads), Some(mask), padded).0
-        };
-        Ok(self.merge_heads(y))
+        Ok(self.resid_dropout.forward(self.c_proj.forward(y)))
     }
 
     /// Like [`forward`](Self::forward), and also returns the attention weights
@@ -169,162 +186,36 @@ impl CausalSelfAttention {
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         let mask = self.mask(batch, seq, 0, seq, key_padding);
-        let (y, weights) =
-            self.explicit(self.grouped(self.heads(x, At::From(0))), Some(mask), padded);
-        Ok((self.merge_heads(y), weights))
+        let heads = self.grouped(self.heads(self.c_attn.forward(x), At::From(0)));
+        let (y, weights) = self.explicit(heads, Some(mask), padded);
+        let y = self.c_proj.forward(concat_heads(y));
+        Ok((self.resid_dropout.forward(y), weights))
     }
 
-    /// Incremental decoding: attends the new tokens `x` (`[batch, new, d_model]`) over the
-    /// cached keys/values plus their own, appends their keys/values to `cache`, and returns
-    /// `[batch, new, d_model]`. Feeding a sequence in pieces gives the outputs of one
-    /// [`forward`](Self::forward) over the whole sequence, at `O(seq)` work per new token instead
-    /// of `O(seq²)`.
-    pub fn forward_cached(
+    /// This layer running `kernels` (the same numbers to float rounding): for a caller that
+    /// decides otherwise than [`Kernels::for_device`], e.g. to measure one against the other.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
+    /// The kernels this layer runs.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// This layer with its decode forwards' projections multiplied by `product` (see
+    /// [`DecodeProduct`]); the same numbers to float rounding.
+    pub fn with_decode_product(mut self, product: DecodeProduct) -> Self {
+        self.decode_product = product;
+        self
+    }
+
+    pub(crate) fn check_input(
         &self,
-        x: Tensor<3>,
-        cache: &mut KvCache,
-    ) -> Result<Tensor<3>, AttentionError> {
-        let past = cache.len();
-        let [batch, new, _] = self.check_input(&x, past)?;
-        if let Some(cached) = cache.batch()
-            && cached != batch
-        {
-            return Err(AttentionError::CacheBatchMismatch { cached, got: batch });
-        }
-        // The cache holds the key/value heads, rotated: a group's copies are made per call.
-        let Heads { q, k, v } = self.heads(x, At::From(past));
-        let (k, v) = cache.append(k, v)?;
-        let keys = k.dims()[2];
-        let heads = self.grouped(Heads { q, k, v });
-        // One new token may see every key a growing cache holds: no mask at all. A fixed cache
-        // hides its rows not written yet as if they were future tokens.
-        let mask = (new > 1 || keys > past + new).then(|| self.mask(batch, new, past, keys, None));
-        let y = if self.use_sdpa(&heads.q.device(), false) && mask.is_none() {
-            sdpa(heads, None, false)
-        } else {
-            self.explicit(heads, mask, false).0
-        };
-        Ok(self.merge_heads(y))
-    }
-
-    /// The decode step: `x` `[rows, new, d_model]`, row `r` the `new` tokens (one, or a
-    /// prompt's chunk) at `at`'s positions of row `r` of its own sequence, whose keys and
-    /// values `cache` holds in its row `r` (a fixed cache of the tables' capacity,
-    /// [`KvCache::with_capacity`]). Writes each token's key and value at its position and
-    /// returns `[rows, new, d_model]`: row `r` is what
-    /// [`forward_cached`](Self::forward_cached) gives that sequence, up to float rounding.
-    pub fn forward_step(
-        &self,
-        x: Tensor<3>,
-        at: &StepAt,
-        cache: &mut KvCache,
-    ) -> Result<Tensor<3>, AttentionError> {
-        let [rows, new, _] = x.dims();
-        if new != at.tokens_per_row() {
-            return Err(AttentionError::RowTokens {
-                got: new,
-                step: at.tokens_per_row(),
-            });
-        }
-        if rows != at.rows() {
-            return Err(AttentionError::RowCaches {
-                rows,
-                caches: at.rows(),
-            });
-        }
-        let capacity = at.capacity();
-        if cache.capacity() != Some(capacity) {
-            return Err(AttentionError::StepCache {
-                capacity: cache.capacity(),
-                expected: capacity,
-            });
-        }
-        if self.rope_base.is_some() && at.rope().is_none() {
-            return Err(AttentionError::StepRope);
-        }
-        self.check_input(&x, 0)?;
-        if let Some(&p) = at.host().iter().find(|&&p| p >= self.max_seq_len) {
-            return Err(AttentionError::SequenceTooLong {
-                len: p + 1,
-                max: self.max_seq_len,
-            });
-        }
-        let Heads { q, k, v } = self.heads(x, At::Step(at));
-        let (k, v) = cache.write_at(k, v, &at.positions(), at.host())?;
-        match at.seen() {
-            // One kernel a layer, grouped heads read in place (see `decode_attention`).
-            Seen::Positions(positions) => Ok(self.project(decode_attention::decode_attention(
-                q,
-                k,
-                v,
-                positions.clone(),
-            ))),
-            Seen::Hidden(hidden) => {
-                let heads = self.grouped(Heads { q, k, v });
-                let mask = hidden.clone().expand([rows, self.n_heads, new, capacity]);
-                Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
-            }
-        }
-    }
-
-    /// Continuous batching's step: the next token of each of `rows` sequences of different
-    /// lengths, `x` `[rows, 1, d_model]`, row `r` following the tokens `caches[r]` holds (each
-    /// cache one sequence's; either layout). Each row's key and value join its own cache; the
-    /// rows' keys are stacked (to the longest row, or a fixed cache's capacity) and each query
-    /// sees its own row's only, the
-    /// others' hidden like padding ([`lengths_mask`](crate::mask::lengths_mask)). Returns
-    /// `[rows, 1, d_model]`: row `r` is what [`forward_cached`](Self::forward_cached) gives that
-    /// sequence alone, up to float rounding (the products have other shapes).
-    ///
-    /// The weights are read once for all rows: at one token a sequence is a matrix-vector
-    /// product that waits on memory, and a batch of them is a matrix product that does not.
-    pub fn forward_rows(
-        &self,
-        x: Tensor<3>,
-        caches: &mut [&mut KvCache],
-    ) -> Result<Tensor<3>, AttentionError> {
-        let [rows, new, _] = x.dims();
-        if rows == 0 {
-            return Err(AttentionError::EmptySequence);
-        }
-        if new != 1 {
-            return Err(AttentionError::RowTokens { got: new, step: 1 });
-        }
-        if caches.len() != rows || caches.iter().any(|c| c.batch().is_some_and(|b| b != 1)) {
-            return Err(AttentionError::RowCaches {
-                rows,
-                caches: caches.len(),
-            });
-        }
-        let positions: Vec<usize> = caches.iter().map(|c| c.len()).collect();
-        let longest = positions.iter().max().map_or(0, |&p| p + 1);
-        self.check_input(&x, longest - 1)?;
-        // Fixed caches keep their whole capacity, so every step runs the same shapes (what a
-        // GPU compiles and tunes for); growing ones stack to the longest row.
-        let keys = caches
-            .iter()
-            .filter_map(|c| c.capacity())
-            .fold(longest, usize::max);
-        let Heads { q, k, v } = self.heads(x, At::Rows(&positions));
-        let (mut stacked_keys, mut stacked_values) = (Vec::new(), Vec::new());
-        for (r, cache) in caches.iter_mut().enumerate() {
-            let (k, v) = cache.append(k.clone().narrow(0, r, 1), v.clone().narrow(0, r, 1))?;
-            stacked_keys.push(stacked(k, keys));
-            stacked_values.push(stacked(v, keys));
-        }
-        let lengths: Vec<usize> = positions.iter().map(|p| p + 1).collect();
-        let mask = lengths_mask(&lengths, keys, &q.device())
-            .reshape([rows, 1, 1, keys])
-            .expand([rows, self.n_heads, 1, keys]);
-        let heads = self.grouped(Heads {
-            q,
-            k: Tensor::cat(stacked_keys, 0),
-            v: Tensor::cat(stacked_values, 0),
-        });
-        Ok(self.merge_heads(self.explicit(heads, Some(mask), false).0))
-    }
-
-    fn check_input(&self, x: &Tensor<3>, past: usize) -> Result<[usize; 3], AttentionError> {
+        x: &Tensor<3>,
+        past: usize,
+    ) -> Result<[usize; 3], AttentionError> {
         let dims = x.dims();
         let [_, seq, width] = dims;
         if width != self.d_model() {
@@ -346,46 +237,52 @@ impl CausalSelfAttention {
     }
 
     /// Dropout only acts when training: its flag is on and the tensors track gradients.
-    fn dropout_active(&self, device: &Device) -> bool {
+    pub(crate) fn dropout_active(&self, device: &Device) -> bool {
         self.attn_dropout.prob > 0.0
             && self.attn_dropout.training.is_enabled()
             && device.is_autodiff()
     }
 
-    /// Whether attending over `x` (`[batch, seq, d_model]`) takes the flash kernels (see
-    /// [`AttentionKernel`]).
-    fn use_flash(&self, x: &Tensor<3>, padded: bool) -> bool {
-        let device = x.device();
-        let wanted = match self.kernel {
-            AttentionKernel::Flash => true,
-            AttentionKernel::Auto => device.is_autodiff(),
-            AttentionKernel::Explicit | AttentionKernel::Sdpa => false,
-        };
-        let d_head = self.d_model() / self.n_heads;
-        wanted && !padded && flash::supported(&device, self.dtype(), d_head)
-    }
-
-    /// Whether this call may take Burn's SDPA op (see [`AttentionKernel`]).
-    fn use_sdpa(&self, device: &Device, padded: bool) -> bool {
-        match self.kernel {
-            AttentionKernel::Explicit | AttentionKernel::Flash => false,
-            AttentionKernel::Sdpa => !self.dropout_active(device),
-            // Under autodiff the SDPA op was slower than the explicit one on CPU, and padding
-            // needs a materialised mask anyway.
-            AttentionKernel::Auto => !device.is_autodiff() && !padded,
+    /// The attention weights' dropout probability for a call on `device`: 0 outside training.
+    fn dropout_probability(&self, device: &Device) -> f64 {
+        match self.dropout_active(device) {
+            true => self.attn_dropout.prob,
+            false => 0.0,
         }
     }
 
-    /// `[batch, seq, d_model]` at positions `at` -> queries
-    /// `[batch, n_heads, seq, d_head]`, keys and values `[batch, n_kv_heads, seq, d_head]`;
-    /// queries and keys normalised (QK-norm) and then rotated (RoPE) when the layer does so.
-    fn heads(&self, x: Tensor<3>, at: At) -> Heads {
-        let [batch, seq, d_model] = x.dims();
+    /// Which core attends over `qkv` (`[batch, seq, (heads + 2·kv_heads)·d_head]`): the layer's
+    /// [`AttentionKernel`] and [`Kernels`], both fixed when it was built, for what the call
+    /// brings (gradients tracked or not, padding, the projections' dtype).
+    fn core(&self, qkv: &Tensor<3>, padded: bool) -> Core {
+        let training = qkv.device().is_autodiff();
+        let d_head = self.d_model() / self.n_heads;
+        let flash = !padded && flash::supported(self.kernels, self.dtype(), d_head);
+        match self.kernel {
+            AttentionKernel::Flash if flash => Core::Flash,
+            AttentionKernel::Auto if flash && training => Core::Flash,
+            AttentionKernel::Sdpa if !self.dropout_active(&qkv.device()) => Core::Sdpa,
+            // Under autodiff the SDPA op was slower than the explicit one on CPU, and padding
+            // needs a materialised mask anyway.
+            AttentionKernel::Auto if !training && !padded => Core::Sdpa,
+            AttentionKernel::Auto
+            | AttentionKernel::Explicit
+            | AttentionKernel::Flash
+            | AttentionKernel::Sdpa => Core::Explicit,
+        }
+    }
+
+    /// The projection's output `qkv` `[batch, seq, (heads + 2·kv_heads)·d_head]` for positions
+    /// `at` -> queries `[batch, n_heads, seq, d_head]`, keys and values
+    /// `[batch, n_kv_heads, seq, d_head]`; queries and keys normalised (QK-norm) and then
+    /// rotated (RoPE) when the layer does so.
+    pub(crate) fn heads(&self, qkv: Tensor<3>, at: At) -> Heads {
+        let [batch, seq, _] = qkv.dims();
         let (heads, kv) = (self.n_heads, self.n_kv_heads);
-        let d_head = d_model / heads;
+        let d_head = self.d_model() / heads;
         // Columns q | k | v, each head's `d_head` channels together: `heads + 2·kv` head-wide
         // column groups.
-        let qkv = rows_linear::linear(&self.c_attn, x)
+        let qkv = qkv
             .reshape([batch, seq, heads + 2 * kv, d_head])
             .swap_dims(1, 2);
         let part = |from: usize, n: usize| qkv.clone().narrow(1, from, n);
@@ -398,7 +295,7 @@ impl CausalSelfAttention {
             let rows = match at {
                 At::From(offset) => RopeRows::new(offset, seq, d_head, base, &q.device()),
                 At::Rows(positions) => RopeRows::at(positions, d_head, base, &q.device()),
-                // forward_step checked that the step's tables rotate.
+                // The decode step checked that its tables rotate.
                 At::Step(step) => step.rope().cloned().expect("a rotating step"),
             };
             q = rows.apply(q);
@@ -432,7 +329,7 @@ impl CausalSelfAttention {
 
     /// Keys and values repeated for their query heads' groups ([`repeat_kv`]): every kernel
     /// below then sees `n_heads` of each. A no-op without grouped heads.
-    fn grouped(&self, Heads { q, k, v }: Heads) -> Heads {
+    pub(crate) fn grouped(&self, Heads { q, k, v }: Heads) -> Heads {
         let group = self.n_heads / self.n_kv_heads;
         if group == 1 {
             return Heads { q, k, v };
@@ -444,23 +341,10 @@ impl CausalSelfAttention {
         }
     }
 
-    /// `[batch, heads, seq, d_head]` -> concatenated heads, projected: `[batch, seq, d_model]`.
-    fn merge_heads(&self, y: Tensor<4>) -> Tensor<3> {
-        let [batch, heads, seq, d_head] = y.dims();
-        self.project(y.swap_dims(1, 2).reshape([batch, seq, heads * d_head]))
-    }
-
-    /// The heads' outputs concatenated, `[batch, seq, d_model]`, through the output projection
-    /// (and the residual dropout).
-    fn project(&self, y: Tensor<3>) -> Tensor<3> {
-        self.resid_dropout
-            .forward(rows_linear::linear(&self.c_proj, y))
-    }
-
     /// The hidden positions for `new` queries after `past` cached tokens among `keys` keys
     /// (`past + new`, or more for a fixed cache whose rows past those are empty), `true` =
     /// hidden: the causal mask, or-ed with the key padding when given. `[batch, heads, new, keys]`.
-    fn mask(
+    pub(crate) fn mask(
         &self,
         batch: usize,
         new: usize,
@@ -479,12 +363,13 @@ impl CausalSelfAttention {
         }
     }
 
-    /// The attention core written out, op by op, as the classic notebook presentation does. Returns the output `[batch, heads, seq, d_head]`
-    /// and the weights `[batch, heads, seq, keys]` (before dropout).
+    /// The attention core written out, op by op, as the seeds' notebooks do. Returns the
+    /// output `[batch, heads, seq, d_head]` and the weights `[batch, heads, seq, keys]` (before
+    /// dropout).
     ///
     /// `zero_hidden`: after the softmax, set hidden weights to exactly 0. Needed with padding: a
     /// row whose keys are all hidden would otherwise spread its weight evenly over them.
-    fn explicit(
+    pub(crate) fn explicit(
         &self,
         Heads { q, k, v }: Heads,
         mask: Option<Tensor<4, Bool>>,
@@ -514,22 +399,19 @@ impl CausalSelfAttention {
     }
 }
 
-/// One sequence's keys (or values) `[1, heads, n, d_head]`, `n` its length or a fixed cache's
-/// capacity, as `[1, heads, keys, d_head]`: cut, or filled with zeros (hidden keys), to `keys`.
-fn stacked(t: Tensor<4>, keys: usize) -> Tensor<4> {
-    let [one, heads, n, d_head] = t.dims();
-    match n >= keys {
-        true => t.narrow(2, 0, keys),
-        false => {
-            let zeros =
-                Tensor::<4>::zeros([one, heads, keys - n, d_head], &t.device()).cast(t.dtype());
-            Tensor::cat(vec![t, zeros], 2)
-        }
-    }
+/// `[batch, heads, seq, d_head]` -> the heads side by side, `[batch, seq, heads·d_head]`: what
+/// the output projection reads.
+pub(crate) fn concat_heads(y: Tensor<4>) -> Tensor<3> {
+    let [batch, heads, seq, d_head] = y.dims();
+    y.swap_dims(1, 2).reshape([batch, seq, heads * d_head])
 }
 
 /// Burn's scaled dot-product attention op (PyTorch's `scaled_dot_product_attention`): `mask` (`true` = hidden) and/or its built-in causal mask.
-fn sdpa(Heads { q, k, v }: Heads, mask: Option<Tensor<4, Bool>>, is_causal: bool) -> Tensor<4> {
+pub(crate) fn sdpa(
+    Heads { q, k, v }: Heads,
+    mask: Option<Tensor<4, Bool>>,
+    is_causal: bool,
+) -> Tensor<4> {
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,

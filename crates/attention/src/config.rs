@@ -11,8 +11,9 @@ use crate::error::AttentionConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttentionKernel {
-    /// Per call: in training on a GPU, [`Flash`](AttentionKernel::Flash); in inference without
-    /// padding, [`Sdpa`](AttentionKernel::Sdpa); otherwise
+    /// By what a call brings: in training on a layer running
+    /// [`Kernels::Cube`](crate::Kernels::Cube) (a GPU), [`Flash`](AttentionKernel::Flash); in
+    /// inference without padding, [`Sdpa`](AttentionKernel::Sdpa); otherwise
     /// [`Explicit`](AttentionKernel::Explicit).
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops: the code that
@@ -26,8 +27,8 @@ pub enum AttentionKernel {
     Sdpa,
     /// tinygpt's flash attention ([`crate::flash`]): one CubeCL kernel for the forward and one
     /// hand-written backward, the `[seq, seq]` scores never in memory, dropout inside the kernel.
-    /// On GPU backends (wgpu, Vulkan, CUDA) in f32 with `d_head <= 256`; elsewhere, and with a
-    /// padding mask, the explicit path.
+    /// On a layer running [`Kernels::Cube`](crate::Kernels::Cube) (wgpu, Vulkan, CUDA) in f32
+    /// with `d_head <= 256`; elsewhere, and with a padding mask, the explicit path.
     Flash,
 }
 

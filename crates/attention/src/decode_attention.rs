@@ -18,22 +18,21 @@
 //! (`hidden[r, i, j] = j > position[r, i]`); grouped heads read their key/value head
 //! (`h / (heads / kv_heads)`) in place. Products and sums are in f32 whatever the tensors'
 //! dtype. The output is written with the heads already side by side (`[rows, new, heads ·
-//! d_head]`), what the output projection reads. Used where it applies ([`applies`]: Burn's
-//! CubeCL devices outside autodiff); `TINYGPT_DECODE_ATTENTION=0` turns it off, to measure one
-//! against the other.
-
-use std::sync::OnceLock;
+//! d_head]`), what the output projection reads. Used where it applies ([`applies`]: a layer
+//! stack running [`Kernels::Cube`], outside autodiff), decided once per decoder when its step's
+//! tables are made ([`StepTables::new`](crate::StepTables::new)); a decoder made with
+//! [`Kernels::Burn`] tables attends with tensor ops instead, to measure one against the other.
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, backend_extension};
-use burn::tensor::{Device, Shape, Tensor};
+use burn::tensor::{Shape, Tensor};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use cubecl::{CubeCount, CubeDim};
 
-use crate::flash::is_cube_device;
+use crate::kernels::Kernels;
 
 /// Units per cube.
 const UNITS: usize = 64;
@@ -59,12 +58,11 @@ fn out_shape(q: &Shape) -> Shape {
     Shape::new([q[0], q[2], q[1] * q[3]])
 }
 
-/// Whether the kernel runs for a step on `device` over caches of `capacity` keys: a CubeCL
-/// device outside autodiff, a cache whose scores fit shared memory.
-pub fn applies(device: &Device, capacity: usize) -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("TINYGPT_DECODE_ATTENTION").as_deref() == Ok("0"));
-    !off && capacity <= MAX_CAPACITY && !device.is_autodiff() && is_cube_device(device)
+/// Whether the kernel runs for steps of layers running `kernels` over caches of `capacity`
+/// keys: [`Kernels::Cube`], and a cache whose scores fit shared memory. (Outside autodiff too:
+/// the kernel has no backward; [`StepTables::new`](crate::StepTables::new) checks that.)
+pub fn applies(kernels: Kernels, capacity: usize) -> bool {
+    kernels == Kernels::Cube && capacity <= MAX_CAPACITY
 }
 
 /// `softmax(q kᵀ/√d_head, keys past each query's position hidden) v`, the heads side by side:

@@ -22,15 +22,19 @@
 //! - [`CausalSelfAttention`], a Burn [`Module`](burn::module::Module) made by
 //!   [`CausalSelfAttentionConfig::init`]: multi-head, optional key-padding mask, dropout on the
 //!   attention weights during training, weights returned for inspection
-//!   ([`CausalSelfAttention::forward_with_weights`]), incremental decoding with a [`KvCache`],
-//!   and the decode step a GPU records and replays ([`CausalSelfAttention::forward_step`]: the
-//!   position a device tensor, the mask, rotation and cache row derived from it; `step.rs`).
+//!   ([`CausalSelfAttention::forward_with_weights`]): `attention.rs`, the forward on one screen.
+//! - Its decode forwards (`decode.rs`): incremental decoding with a [`KvCache`], continuous
+//!   batching's rows, and the decode step a GPU captures and replays
+//!   ([`CausalSelfAttention::forward_step`]: the position a device tensor, the mask, rotation
+//!   and cache row derived from it; `step.rs`).
 //! - Three implementations of the core ([`AttentionKernel`]): the explicit one written out as
 //!   above, Burn's scaled dot-product attention op (`sdpa`), and on GPUs [`flash`]: the same
 //!   attention in one kernel that never writes the `[seq, seq]` weights to memory, with its own
-//!   backward; chosen per call. A GPU's decode step attends in one kernel per layer
-//!   ([`decode_attention`]: a query over a fixed cache, the keys past its position hidden) and
-//!   multiplies a token's few rows by the weights in another ([`rows_linear`]).
+//!   backward. Where a layer runs ([`Kernels`]: Burn's ops or tinygpt's CubeCL kernels) is
+//!   decided once, when it is built, from its device; each call then takes what the layer's
+//!   [`AttentionKernel`] asks for what the call brings (training or not, padding). A GPU's
+//!   decode step attends in one kernel per layer ([`decode_attention`]: a query over a fixed
+//!   cache, the keys past its position hidden).
 //! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
 //!   [`mask::triu`], [`mask::mask_then_softmax`], [`mask::softmax_then_renormalise`].
 //! - The ideas newer GPTs add, each a lesson with its proofs in the tests: [`rope`] (rotary
@@ -43,19 +47,21 @@
 
 mod attention;
 mod config;
+mod decode;
 pub mod decode_attention;
 mod error;
 pub mod flash;
 pub mod grouped;
+mod kernels;
 mod kv_cache;
 pub mod mask;
 pub mod qk_norm;
 pub mod rope;
-pub mod rows_linear;
 mod step;
 
 pub use attention::CausalSelfAttention;
 pub use config::{AttentionKernel, CausalSelfAttentionConfig};
 pub use error::{AttentionConfigError, AttentionError};
+pub use kernels::{DecodeProduct, Kernels, burn_product};
 pub use kv_cache::KvCache;
 pub use step::{StepAt, StepTables};

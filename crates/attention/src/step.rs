@@ -31,23 +31,40 @@ use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::decode_attention;
 use crate::error::AttentionError;
+use crate::kernels::Kernels;
 use crate::kv_cache::KvCache;
 use crate::rope::{RopeRows, RopeTables};
 
 /// What every step of a layer stack shares, made once per decoder: the key positions
-/// `0..capacity` to compare with, and the rotation tables when the layers rotate.
+/// `0..capacity` to compare with, the rotation tables when the layers rotate, and how the
+/// layers attend.
 #[derive(Debug, Clone)]
 pub struct StepTables {
     /// `[capacity]`: `0, 1, …, capacity - 1`.
     keys: Tensor<1, Int>,
     rope: Option<RopeTables>,
+    /// Whether the layers attend in one kernel ([`crate::decode_attention`]) rather than with
+    /// tensor ops over a mask: decided here, once.
+    kernel: bool,
 }
 
 impl StepTables {
     /// Tables for caches of `capacity` rows and heads `d_head` wide, with rotary base
-    /// `rope_base` when the layers rotate (a layer's [`CausalSelfAttention::rope_base`]).
-    pub fn new(capacity: usize, d_head: usize, rope_base: Option<f64>, device: &Device) -> Self {
+    /// `rope_base` when the layers rotate (a layer's [`CausalSelfAttention::rope_base`]), on
+    /// `device`, for layers running `kernels` (their decode steps attend in the
+    /// decode-attention kernel where it [`applies`](decode_attention::applies) and gradients
+    /// are not tracked).
+    ///
+    /// [`CausalSelfAttention::rope_base`]: crate::CausalSelfAttention::rope_base
+    pub fn new(
+        capacity: usize,
+        d_head: usize,
+        rope_base: Option<f64>,
+        kernels: Kernels,
+        device: &Device,
+    ) -> Self {
         Self {
+            kernel: decode_attention::applies(kernels, capacity) && !device.is_autodiff(),
             keys: Tensor::arange(0..capacity as i64, device),
             // The base and head size were validated when the layer was built.
             rope: rope_base.map(|base| {
@@ -140,7 +157,7 @@ impl StepAt {
         if host.is_empty() || new == 0 {
             return Err(AttentionError::EmptySequence);
         }
-        let seen = match decode_attention::applies(&at.device(), capacity) {
+        let seen = match tables.kernel {
             true => Seen::Positions(at.clone().float()),
             false => Seen::Hidden(
                 tables

@@ -18,17 +18,21 @@
 //!    [`score`] over any [`Decoder`], and the [`BatchDecoder`] a server drives.
 //! 3. **`optim`**: [`ParamLayout`], the one flat layout of the parameters every optimizer
 //!    works on, the optimizers' settings and state, gradient clipping.
-//! 4. **[`gpu`]**: LayerNorm, RMSNorm, the cross-entropy and AdamW as CubeCL kernels with their
-//!    backward, which the model takes on a GPU.
+//! 4. **[`gpu`]**: LayerNorm, RMSNorm, the cross-entropy, the embedding's gradient and AdamW as
+//!    CubeCL kernels with their backward, which the model takes on a GPU; decoding's products
+//!    of a few rows ([`gpu::rows`]); and [`gpu::Kernels`], which kernels a model runs, decided
+//!    once where it is built.
 //! 5. **`nn`**: the Burn modules: [`Gpt::forward`] (`[batch, seq]` token ids to
 //!    `[batch, seq, vocab]` logits), [`Block`], [`FeedForward`], [`Normalization`],
-//!    [`cross_entropy`] with [`IGNORE_INDEX`] = -1 (PyTorch's `ignore_index`), and a [`Gpt`] as a
-//!    [`Decoder`] ([`Gpt::decoder`]) and a [`BatchDecoder`] ([`GptBatch`]).
+//!    [`cross_entropy`] with [`IGNORE_INDEX`] = -1 (PyTorch's `ignore_index`); and in `decode/`
+//!    a [`Gpt`] as a [`Decoder`] ([`Gpt::decoder`]) and a [`BatchDecoder`] ([`GptBatch`]), the
+//!    ways a GPU decodes ([`Decoding`]).
 //! 6. **`cpu`**: the fused CPU engine: [`FusedCpu`], the same loss and gradients by
 //!    hand-written kernels (tested against Burn's autodiff), and [`FusedDecoder`] /
 //!    [`FusedBatch`], decoding with a KV cache.
 //!
-//! Everything a user of the crate needs is re-exported here; the rooms themselves are private.
+//! Everything a user of the crate needs is re-exported here, and the rooms are private except
+//! [`gpu`], whose kernels the trainer (its device AdamW) and the tests call directly.
 
 mod arch;
 mod cpu;
@@ -48,8 +52,8 @@ pub use cpu::{
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use gpu::sum_all;
 pub use nn::{
-    Block, DecodeStep, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy,
-    cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm, seeded,
+    Block, DecodeStep, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization,
+    cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm, seeded,
 };
 pub use optim::{
     AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, MomentState, MuonSettings,

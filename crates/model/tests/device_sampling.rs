@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    DecodeStep, Decoder, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled,
+    DecodeStep, Decoder, Decoding, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled,
     generate_cancellable,
 };
 
@@ -163,7 +163,8 @@ fn gpu_sampling_gives_the_fused_decoders_tokens() {
 /// the step with its position in a buffer, the step and pick recorded and replayed) gives the
 /// fused CPU decoder's tokens and log-probabilities, for the classic parts and the `modern`
 /// preset's (rotary positions, RMSNorm, QK-norm, ReLU², soft-capped logits, untied head), over
-/// 3 × block_size tokens: within the first window and after it slides.
+/// 3 × block_size tokens: within the first window and after it slides. And so does the step
+/// without the rows and decode-attention kernels ([`Decoding`]'s other ways).
 #[test]
 #[cfg_attr(
     no_wgpu,
@@ -186,9 +187,22 @@ fn every_decode_step_gives_the_fused_decoders_tokens() {
                 ..Default::default()
             };
             let want = sample(&mut FusedDecoder::new(&gpt).unwrap(), &options);
-            for step in [DecodeStep::Forward, DecodeStep::Step, DecodeStep::Captured] {
-                let got = sample(&mut on_gpu.decoder_with(step), &options);
-                let what = format!("{step:?}, temperature {temperature}, top_k {top_k:?}");
+            let without_kernels = Decoding {
+                rows_kernel: false,
+                attention_kernel: false,
+                ..Decoding::default()
+            };
+            let ways = [
+                (Decoding::default(), DecodeStep::Forward),
+                (Decoding::default(), DecodeStep::Step),
+                (Decoding::default(), DecodeStep::Captured),
+                (without_kernels, DecodeStep::Step),
+            ];
+            for (decoding, step) in ways {
+                let model = on_gpu.clone().with_decoding(decoding);
+                let got = sample(&mut model.decoder_with(step), &options);
+                let what =
+                    format!("{decoding:?}, {step:?}, temperature {temperature}, top_k {top_k:?}");
                 assert_eq!(got.len(), long, "{what}");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(g.id, w.id, "{what}: token {i}");

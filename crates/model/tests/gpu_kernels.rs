@@ -3,13 +3,15 @@
 //! its gain) and the cross-entropy with
 //! ignored targets, on shapes that are not multiples of the kernels' cube size. And the model
 //! takes them: the same `Gpt` gives the same loss and gradients on wgpu as on flex, read as a
-//! training step reads it too. And `sum_all`, the model's whole-tensor sum, adds every element.
+//! training step reads it too. And `sum_all`, the model's whole-tensor sum, adds every element;
+//! and decoding's products by the rows kernel equal Burn's matmul.
 
 mod common;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::LayerNormConfig;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use tinygpt_model::gpu::rows::{self, MAX_ROWS};
 use tinygpt_model::gpu::{
     cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
@@ -437,4 +439,39 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
             assert_close(g, c, 1e-4, &format!("gradient {i}"));
         }
     }
+}
+
+/// Decoding's products by the rows kernel ([`tinygpt_model::gpu::rows`]) equal Burn's matmul, on
+/// wgpu: one row and the most it takes, with and without a bias, a weight read through a
+/// transposed view (the tied LM head), widths that are no multiple of the cube's 32 columns or
+/// of its 8 slices. It takes no more rows than it keeps, and nothing that tracks gradients.
+#[test]
+#[cfg_attr(
+    no_wgpu,
+    ignore = "no wgpu adapter on this machine (install mesa-vulkan-drivers, then rebuild)"
+)]
+fn the_rows_kernel_gives_burns_products() {
+    let device = common::wgpu_device_of_two();
+    for (k, n) in [(37, 70), (384, 65)] {
+        for rows in [1, MAX_ROWS] {
+            let x = tensor(numbers(1, rows * k, 1.0), [1, rows, k], &device);
+            assert!(rows::takes(&x), "{rows} rows on wgpu");
+            let weight = tensor(numbers(2, k * n, 1.0), [k, n], &device);
+            let bias = tensor(numbers(3, n, 1.0), [n], &device);
+            let want = x.clone().matmul(weight.clone().unsqueeze()) + bias.clone().unsqueeze();
+            let got = rows::product(x.clone(), weight.clone(), Some(bias));
+            assert_eq!(got.dims(), [1, rows, n]);
+            assert_close(&read(got), &read(want), 1e-4, "rows kernel, bias");
+
+            // The weight as the transpose of an `[N, K]` matrix, without a bias.
+            let stored = tensor(numbers(4, n * k, 1.0), [n, k], &device);
+            let want = x.clone().matmul(stored.clone().transpose().unsqueeze());
+            let got = rows::product(x, stored.transpose(), None);
+            assert_close(&read(got), &read(want), 1e-4, "rows kernel, transposed");
+        }
+    }
+    let many = Tensor::<2>::zeros([MAX_ROWS + 1, 8], &device);
+    assert!(!rows::takes(&many), "more rows than the kernel keeps");
+    let tracked = Tensor::<2>::zeros([1, 8], &device.clone().autodiff());
+    assert!(!rows::takes(&tracked), "no backward");
 }

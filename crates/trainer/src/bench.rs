@@ -150,10 +150,12 @@ fn bench_one(
         .gpt(VOCAB)
         .init(&placement.device.clone().autodiff())?
         .with_attention_kernel(config.train.attention_kernel);
+    let model = placement.model(model);
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (workers, dtype) = (config.workers(), config.train.dtype);
-    let (mut engine, _) = engine::open(&placement, model, optim, workers, dtype)?;
+    let (kind, _) = placement.engine_for(dtype, config.train.optimizer)?;
+    let mut engine = engine::open(&placement, kind, model, optim, workers, dtype)?;
     let (seconds, first_step_s) = median_step(engine.as_mut(), &data, config, args)?.unzip();
     let kernels = match args.kernel_steps {
         0 => None,

@@ -22,8 +22,8 @@
 //! the step is run.
 //!
 //! The kernels are CubeCL, so one source runs on every GPU backend Burn has (wgpu, Vulkan, CUDA);
-//! they are a Burn *backend extension* with a hand-written backward for autodiff. On other
-//! backends (the CPU ones) [`supported`] is false and the layer uses the explicit path.
+//! they are a Burn *backend extension* with a hand-written backward for autodiff. A layer built
+//! on another backend (a CPU one: [`Kernels::Burn`]) takes the explicit path ([`supported`]).
 
 mod autodiff;
 mod cube;
@@ -33,8 +33,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, DispatchDevice, backend_extension};
-use burn::tensor::{DType, Device, Shape, Tensor};
+use burn::backend::{Backend, Dispatch, backend_extension};
+use burn::tensor::{DType, Shape, Tensor};
+
+use crate::kernels::Kernels;
 
 /// Rows per block (units per cube); smaller when two tiles of them do not fit in shared memory.
 pub(crate) const MAX_BLOCK: usize = 32;
@@ -123,19 +125,16 @@ fn row_spec(q: &TensorSpec) -> TensorSpec {
     TensorSpec::new(Shape::new([q.shape[0], q.shape[1], q.shape[2]]), q.dtype)
 }
 
-/// Whether [`flash_attention`] runs for queries of `dtype` and width `d_head` on `device`: a
-/// CubeCL device (a GPU, or lavapipe), `f32`, `d_head <= MAX_D_HEAD`.
-pub fn supported(device: &Device, dtype: DType, d_head: usize) -> bool {
-    is_cube_device(device) && dtype == DType::F32 && (1..=MAX_D_HEAD).contains(&d_head)
+/// Whether [`flash_attention`] runs for queries of `dtype` and width `d_head` where `kernels`
+/// run: [`Kernels::Cube`] (a GPU, or lavapipe), `f32`, `d_head <= MAX_D_HEAD`.
+pub fn supported(kernels: Kernels, dtype: DType, d_head: usize) -> bool {
+    kernels.fuse(dtype) && (1..=MAX_D_HEAD).contains(&d_head)
 }
 
-/// Whether `device` (or the device under its autodiff) is one of Burn's CubeCL devices: a GPU
-/// through wgpu or CUDA, or a software Vulkan such as lavapipe. Custom kernels run only there.
-pub fn is_cube_device(device: &Device) -> bool {
-    matches!(
-        device.clone().inner().as_dispatch(),
-        DispatchDevice::Cube(_)
-    )
+/// [`supported`] for a call's own tensors: the guard of the public entry points, which may be
+/// handed anything (a layer decides once, where it is built).
+fn supported_here<const D: usize>(x: &Tensor<D>, d_head: usize) -> bool {
+    supported(Kernels::for_device(&x.device()), x.dtype(), d_head)
 }
 
 /// Causal attention of `q` (`[batch, heads, seq, d_head]`) over `k`, `v`
@@ -148,7 +147,7 @@ pub fn is_cube_device(device: &Device) -> bool {
 /// Where [`supported`] is false.
 pub fn flash_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, dropout: f64) -> Tensor<4> {
     assert!(
-        supported(&q.device(), q.dtype(), q.dims()[3]),
+        supported_here(&q, q.dims()[3]),
         "flash attention needs a CubeCL device, f32 and d_head <= {MAX_D_HEAD}"
     );
     let seed = if dropout > 0.0 { next_seed() } else { 0 };
@@ -185,7 +184,7 @@ pub fn flash_attention_packed(
         "a packed qkv of {width} columns is not {heads} + 2·{kv_heads} heads"
     );
     assert!(
-        supported(&qkv.device(), qkv.dtype(), width / groups),
+        supported_here(&qkv, width / groups),
         "flash attention needs a CubeCL device, f32 and d_head <= {MAX_D_HEAD}"
     );
     let seed = if dropout > 0.0 { next_seed() } else { 0 };

@@ -104,7 +104,7 @@ pub(super) fn steps_decode_as_each_alone(device: &Device) {
     let layers = two_layers(d, max_seq, device);
     let lengths = [3, 7, 12];
     for layer in &layers {
-        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, layer.kernels(), device);
         let xs: Vec<Tensor<3>> = lengths.iter().map(|&n| random([1, n, d], device)).collect();
         let wholes: Vec<Tensor<3>> = xs
             .iter()
@@ -149,7 +149,7 @@ pub(super) fn steps_decode_as_each_alone(device: &Device) {
         assert_eq!(one.len(), 6);
     }
     let layer = &layers[1];
-    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, layer.kernels(), device);
     assert_eq!(
         StepAt::new(&tables, &[max_seq]).unwrap_err(),
         AttentionError::SequenceTooLong { len: 13, max: 12 }
@@ -165,7 +165,11 @@ pub(super) fn steps_decode_as_each_alone(device: &Device) {
             expected: 12
         }
     );
-    let unrotated = StepAt::new(&StepTables::new(max_seq, d / 4, None, device), &[0]).unwrap();
+    let unrotated = StepAt::new(
+        &StepTables::new(max_seq, d / 4, None, Kernels::for_device(device), device),
+        &[0],
+    )
+    .unwrap();
     assert_eq!(
         layer
             .forward_step(x, &unrotated, &mut KvCache::with_capacity(max_seq))
@@ -183,7 +187,7 @@ pub(super) fn prompts_go_through_the_step_in_padded_chunks(device: &Device) {
     let (d, max_seq, new) = (16, 12, 4);
     let lengths = [3, 7, 10];
     for layer in &two_layers(d, max_seq, device) {
-        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+        let tables = StepTables::new(max_seq, d / 4, layer.rope_base, layer.kernels(), device);
         let xs: Vec<Tensor<3>> = lengths
             .iter()
             .map(|&n| random([1, n + 1, d], device))
@@ -242,7 +246,7 @@ pub(super) fn prompts_go_through_the_step_in_padded_chunks(device: &Device) {
         }
     }
     let layer = &two_layers(d, max_seq, device)[0];
-    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, device);
+    let tables = StepTables::new(max_seq, d / 4, layer.rope_base, layer.kernels(), device);
     let at = StepAt::tokens(&tables, &[0, 1, 2, 3], 4).unwrap();
     assert_eq!(
         layer

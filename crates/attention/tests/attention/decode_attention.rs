@@ -5,6 +5,7 @@
 //! side by side.
 
 use burn::tensor::{Tensor, TensorData};
+use tinygpt_attention::Kernels;
 use tinygpt_attention::decode_attention::{applies, decode_attention};
 
 use super::draws::{fresh_draws, random};
@@ -58,7 +59,7 @@ fn by_hand(
 fn the_decode_attention_kernel_is_the_masked_softmax() {
     let device = wgpu_device_of_two();
     fresh_draws();
-    assert!(applies(&device, 100));
+    assert!(applies(Kernels::for_device(&device), 100));
     // One token a row; a chunk of three with its last position repeated; grouped heads; a head
     // wider than the cube's 64 units; a cache longer than them.
     let cases: [([usize; 4], usize, usize, Vec<usize>); 3] = [

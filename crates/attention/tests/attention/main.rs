@@ -7,7 +7,6 @@ mod decode_attention;
 mod draws;
 mod newer;
 mod reference;
-mod rows_linear;
 mod seeds;
 
 use burn::module::Module;
@@ -20,7 +19,7 @@ use tinygpt_attention::mask::{
 };
 use tinygpt_attention::{
     AttentionConfigError, AttentionError, AttentionKernel, CausalSelfAttention,
-    CausalSelfAttentionConfig, KvCache, StepAt, StepTables,
+    CausalSelfAttentionConfig, Kernels, KvCache, StepAt, StepTables,
 };
 
 // ---------------------------------------------------------------- helpers

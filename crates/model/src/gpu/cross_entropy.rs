@@ -60,7 +60,7 @@ fn rows_spec(logits: &TensorSpec) -> TensorSpec {
 /// [`cross_entropy_counted`](crate::cross_entropy_counted) by the fused kernels (which calls
 /// it after checking the arguments): the mean of `-log softmax(logits)[target]` over the
 /// `kept` targets that are not [`IGNORE_INDEX`](crate::IGNORE_INDEX); differentiable. `logits` `[n, vocab]` on a
-/// CubeCL device ([`super::supported`]), `targets` `[n]`.
+/// CubeCL device (a model running [`Kernels::Cube`](super::Kernels::Cube)), `targets` `[n]`.
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>, kept: usize) -> Tensor<1> {
     let (losses, _lse) =
         Dispatch::cross_entropy_forward(logits.into_dispatch(), targets.float().into_dispatch());

@@ -74,7 +74,7 @@ fn rows_spec(x: &TensorSpec) -> TensorSpec {
 
 /// LayerNorm of `x` `[.., C]` over its last axis with gain `gamma` and shift `beta` (`[C]`
 /// each; `None` = no shift), by the fused kernels; differentiable. `x` must be on a CubeCL
-/// device ([`super::supported`]).
+/// device (a model running [`Kernels::Cube`](super::Kernels::Cube)).
 pub fn layer_norm<const D: usize>(
     x: Tensor<D>,
     gamma: Tensor<1>,
@@ -97,7 +97,7 @@ pub fn layer_norm<const D: usize>(
 
 /// RMSNorm of `x` `[.., C]` over its last axis, `x / √(mean(x²) + ε) · γ` (`γ` `[C]`; `None` =
 /// no gain), by the same kernels uncentred; differentiable. `x` must be on a CubeCL device
-/// ([`super::supported`]).
+/// (a model running [`Kernels::Cube`](super::Kernels::Cube)).
 pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Option<Tensor<1>>, epsilon: f64) -> Tensor<D> {
     let dims = x.dims();
     let channels = dims[D - 1];

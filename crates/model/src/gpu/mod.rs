@@ -14,23 +14,25 @@
 //! - [`embedding`]: the token embedding, its gradient a one-hot matrix product (a fixed order
 //!   of sums, no atomic adds) for vocabularies up to [`ONE_HOT_VOCAB`];
 //! - [`sum_all`]: a whole tensor's sum in rows of [`ROW`] (Burn's own whole-tensor reduction
-//!   on wgpu stops counting past 2^18 elements), on any device.
+//!   on wgpu stops counting past 2^18 elements), on any device;
+//! - [`rows`]: decoding's products, a token's few rows times a weight matrix, in one kernel
+//!   that reads each weight once for all rows.
 //!
-//! Which the model runs is [`Kernels`], decided once where a model is built, from its device
-//! ([`Kernels::for_device`]), and handed down to the norms and read by the loss, the decoders
-//! and the trainer's AdamW; the CPU backends keep Burn's ops. Each kernel is tested equal to
-//! the Burn ops it replaces (forward and gradients) on lavapipe.
+//! Which the model runs is [`Kernels`] (the attention crate's, which decides its flash and
+//! decode-attention kernels by it too), decided once where a model is built, from its device
+//! ([`Kernels::for_device`]), and handed down to the norms and the attention layers and read by
+//! the loss, the decoders and the trainer's AdamW; the CPU backends keep Burn's ops. Each
+//! kernel is tested equal to the Burn ops it replaces (forward and gradients) on lavapipe.
 
 mod adamw;
 mod cross_entropy;
 mod cube;
 mod embedding;
 mod layer_norm;
+pub mod rows;
 mod sum;
 
-use std::sync::OnceLock;
-
-use burn::tensor::{DType, Device};
+use burn::tensor::Device;
 
 pub use adamw::{AdamWBackend, AdamWBuffers, adamw};
 #[doc(hidden)]
@@ -41,6 +43,7 @@ pub use layer_norm::{LayerNormBackend, layer_norm, rms_norm};
 #[doc(hidden)]
 pub use layer_norm::{LayerNormParts, layer_norm_parts};
 pub use sum::{ROW, sum_all};
+pub use tinygpt_attention::Kernels;
 
 /// How many tensors one kernel may bind on `device`: CubeCL's `max_bindings` (on wgpu the
 /// device's storage buffers per shader stage, less one; 1,024 on CUDA), which bounds what
@@ -51,40 +54,5 @@ pub fn max_bindings(device: &Device) -> Option<u32> {
             Some(cube.client().properties().hardware.max_bindings)
         }
         _ => None,
-    }
-}
-
-/// Which kernels a model's memory-bound ops (the norms, the loss, AdamW) run, and how it
-/// decodes: chosen once, where the model is built, and carried by the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernels {
-    /// Burn's tensor ops (the CPU backends); a decoder's caches grow with the sequence and the
-    /// next token is picked on the host.
-    Burn,
-    /// These CubeCL kernels (a GPU: wgpu, cuda) for f32 tensors; a decoder's caches have a
-    /// fixed capacity, so every token runs the same kernels, and tokens are picked on the device.
-    Cube,
-}
-
-impl Kernels {
-    /// The kernels for a model on `device`: [`Kernels::Cube`] on a CubeCL device, unless the
-    /// environment variable `TINYGPT_BURN_OPS` is set, which keeps Burn's ops everywhere (to
-    /// compare the two). The one place that asks what a device is.
-    pub fn for_device(device: &Device) -> Self {
-        static BURN_OPS: OnceLock<bool> = OnceLock::new();
-        let burn_ops = *BURN_OPS.get_or_init(|| std::env::var_os("TINYGPT_BURN_OPS").is_some());
-        match !burn_ops && tinygpt_attention::flash::is_cube_device(device) {
-            true => Self::Cube,
-            false => Self::Burn,
-        }
-    }
-
-    /// Whether the fused kernels run for tensors of `dtype`: with [`Kernels::Cube`], f32 ones
-    /// (mixed precision keeps the norms and the loss in f32).
-    pub fn fuse(self, dtype: DType) -> bool {
-        match self {
-            Self::Cube => dtype == DType::F32,
-            Self::Burn => false,
-        }
     }
 }

@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
-use tinygpt_attention::{CausalSelfAttention, KvCache, StepAt, rows_linear};
+use tinygpt_attention::{CausalSelfAttention, DecodeProduct, burn_product};
 
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
@@ -24,6 +24,11 @@ pub struct FeedForward {
     /// then); private, so it cannot come to disagree with the config.
     #[module(skip)]
     kind: Mlp,
+    /// How it multiplies by its matrices: Burn's matmul, or on a GPU the rows kernel for a
+    /// decode step's few rows (set by the model with its attention's,
+    /// [`Gpt::with_kernels`](crate::Gpt::with_kernels)).
+    #[module(skip)]
+    pub(crate) product: DecodeProduct,
 }
 
 impl FeedForward {
@@ -37,13 +42,14 @@ impl FeedForward {
                 c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
                 dropout: DropoutConfig::new(config.dropout).init(),
                 kind,
+                product: burn_product,
             }),
         }
     }
 
     /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = rows_linear::linear(&self.c_fc, x);
+        let h = (self.product)(&self.c_fc, x);
         let h = match self.kind {
             Mlp::Gelu => gelu(h),
             Mlp::GeluTanh => gelu_approximate(h),
@@ -55,7 +61,7 @@ impl FeedForward {
             }
             Mlp::None => unreachable!("no FeedForward is built for mlp = \"none\""),
         };
-        self.dropout.forward(rows_linear::linear(&self.c_proj, h))
+        self.dropout.forward((self.product)(&self.c_proj, h))
     }
 }
 
@@ -110,43 +116,6 @@ impl Block {
         Ok(self.feed_forward(residual(x, a)))
     }
 
-    /// Incremental form of [`forward`](Self::forward) (see [`CausalSelfAttention::forward_cached`]).
-    pub fn forward_cached(
-        &self,
-        x: Tensor<3>,
-        cache: &mut KvCache,
-    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self
-            .attn
-            .forward_cached(self.attn_input(x.clone()), cache)?;
-        Ok(self.feed_forward(residual(x, a)))
-    }
-
-    /// Continuous batching's step, one token a row (see
-    /// [`CausalSelfAttention::forward_rows`]): `[rows, 1, n_embd] -> [rows, 1, n_embd]`.
-    pub fn forward_rows(
-        &self,
-        x: Tensor<3>,
-        caches: &mut [&mut KvCache],
-    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self.attn.forward_rows(self.attn_input(x.clone()), caches)?;
-        Ok(self.feed_forward(residual(x, a)))
-    }
-
-    /// The decode step, one token a row or a prompt's chunk, positions on the device (see
-    /// [`CausalSelfAttention::forward_step`]): `[rows, new, n_embd] -> [rows, new, n_embd]`.
-    pub fn forward_step(
-        &self,
-        x: Tensor<3>,
-        at: &StepAt,
-        cache: &mut KvCache,
-    ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self
-            .attn
-            .forward_step(self.attn_input(x.clone()), at, cache)?;
-        Ok(self.feed_forward(residual(x, a)))
-    }
-
     /// Like [`forward`](Self::forward), also returning the attention weights
     /// `[batch, heads, seq, seq]`.
     pub fn forward_with_weights(
@@ -160,11 +129,11 @@ impl Block {
     }
 
     /// `ln_1(x)`, in f32 like the residual stream, then in the attention's dtype.
-    fn attn_input(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn attn_input(&self, x: Tensor<3>) -> Tensor<3> {
         norm(&self.ln_1, x).cast(self.attn.dtype())
     }
 
-    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.mlp {
             Some(mlp) => {
                 let h = norm(&self.ln_2, x.clone());
@@ -179,7 +148,7 @@ impl Block {
 /// `x + branch`, in the residual stream's dtype. In a mixed-precision step the stream, the
 /// LayerNorms and their statistics stay f32 while the branches compute in bf16 or f16
 /// (PyTorch autocast's split): every block adds a low-precision update to full-precision sums.
-fn residual(x: Tensor<3>, branch: Tensor<3>) -> Tensor<3> {
+pub(crate) fn residual(x: Tensor<3>, branch: Tensor<3>) -> Tensor<3> {
     let dtype = x.dtype();
     x + branch.cast(dtype)
 }

@@ -3,14 +3,15 @@
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
-use tinygpt_attention::{AttentionKernel, KvCache, StepAt, StepTables, rows_linear};
+use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor};
+use tinygpt_attention::{AttentionKernel, DecodeProduct, burn_product};
 
 use crate::arch::GptConfig;
 use crate::arch::Position;
 use crate::error::{GptConfigError, ModelError};
-use crate::gpu::Kernels;
+use crate::gpu::{Kernels, rows};
 use crate::nn::block::{Block, linear, norm};
+use crate::nn::decoding::Decoding;
 use crate::nn::norm::Normalization;
 
 /// The language model [`GptConfig`] describes (nanoGPT's `GPT`, in whichever parts the config
@@ -33,11 +34,16 @@ pub struct Gpt {
     /// loaded into the model is caught by [`Gpt::check_config`].
     #[module(skip)]
     config: GptConfig,
-    /// Which kernels the norms, the loss and the trainer's AdamW run, and how the decoders
-    /// decode: decided once, from the device, by [`GptConfig::init`] ([`Kernels::for_device`]),
-    /// or by the caller ([`Gpt::with_kernels`]); read through [`Gpt::kernels`].
+    /// Which kernels the norms, the attention, the loss and the trainer's AdamW run, and how
+    /// the decoders decode: decided once, from the device, by [`GptConfig::init`]
+    /// ([`Kernels::for_device`]), or by the caller ([`Gpt::with_kernels`]); read through
+    /// [`Gpt::kernels`].
     #[module(skip)]
     kernels: Kernels,
+    /// How it decodes on a GPU where several ways give the same tokens ([`Decoding`]; the
+    /// fastest measured unless the caller chose otherwise, [`Gpt::with_decoding`]).
+    #[module(skip)]
+    decoding: Decoding,
 }
 
 impl GptConfig {
@@ -67,7 +73,7 @@ impl Gpt {
         let h = (0..config.n_layer)
             .map(|_| Block::init(config, device, kernels))
             .collect::<Result<_, _>>()?;
-        Ok(Self {
+        let model = Self {
             wte: embedding(config.vocab_size),
             wpe: match config.position {
                 Position::Learned => Some(embedding(config.block_size)),
@@ -80,7 +86,9 @@ impl Gpt {
                 .then(|| linear(config.n_embd, config.vocab_size, 0.02, false, device)),
             config: config.clone(),
             kernels,
-        })
+            decoding: Decoding::default(),
+        };
+        Ok(model.with_kernels(kernels))
     }
 
     /// This model running `kernels` (the same numbers to float rounding): for a caller that
@@ -93,12 +101,46 @@ impl Gpt {
         for norm in norms.chain([&mut self.ln_f]).flatten() {
             norm.set_kernels(kernels);
         }
-        self
+        self.with_products()
     }
 
     /// The kernels this model runs.
     pub fn kernels(&self) -> Kernels {
         self.kernels
+    }
+
+    /// This model decoding as `decoding` says (on a GPU; the same tokens every way).
+    pub fn with_decoding(mut self, decoding: Decoding) -> Self {
+        self.decoding = decoding;
+        self.with_products()
+    }
+
+    /// How this model decodes on a GPU.
+    pub fn decoding(&self) -> Decoding {
+        self.decoding
+    }
+
+    /// Whether its products of a few rows run the rows kernel ([`rows`]): on a GPU, unless its
+    /// decoding turned it off.
+    fn rows_kernel(&self) -> bool {
+        self.kernels == Kernels::Cube && self.decoding.rows_kernel
+    }
+
+    /// Its layers' [`DecodeProduct`] and attention kernels made to agree with its kernels and
+    /// decoding: the one place that hands them down.
+    fn with_products(mut self) -> Self {
+        let product: DecodeProduct = match self.rows_kernel() {
+            true => rows::linear::<3>,
+            false => burn_product,
+        };
+        for block in &mut self.h {
+            let attn = block.attn.clone().with_kernels(self.kernels);
+            block.attn = attn.with_decode_product(product);
+            if let Some(mlp) = &mut block.mlp {
+                mlp.product = product;
+            }
+        }
+        self
     }
 
     /// A copy of this model whose parameters are new buffers, written by the calling thread.
@@ -187,126 +229,12 @@ impl Gpt {
         Ok((self.head(x), maps))
     }
 
-    /// Incremental forward for sampling: `tokens [batch, new]` follow the `caches[0].len()`
-    /// tokens already cached (one [`KvCache`] per layer). Returns `[batch, new, vocab_size]`.
-    /// Token ids as in [`forward`](Self::forward).
-    pub fn forward_cached(
-        &self,
-        tokens: Tensor<2, Int>,
-        caches: &mut [KvCache],
-    ) -> Result<Tensor<3>, ModelError> {
-        let past = caches.first().map_or(0, KvCache::len);
-        let mut x = self.embed(tokens, past)?;
-        for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
-            x = block.forward_cached(x, cache)?;
-        }
-        Ok(self.head(x))
-    }
-
-    /// Continuous batching's step: the next token of each of `tokens.len()` sequences of
-    /// different lengths, `tokens[r]` following the tokens `caches[r]` (that sequence's caches,
-    /// one per layer) hold. Returns the logits `[rows, vocab_size]` of the token after each;
-    /// row `r` is what [`forward_cached`](Self::forward_cached) gives that sequence alone, up to
-    /// float rounding ([`CausalSelfAttention::forward_rows`](tinygpt_attention::CausalSelfAttention::forward_rows)).
-    pub fn forward_rows(
-        &self,
-        tokens: &[u32],
-        caches: &mut [&mut [KvCache]],
-    ) -> Result<Tensor<2>, ModelError> {
-        let rows = tokens.len();
-        let positions: Vec<i64> = caches
-            .iter()
-            .map(|c| c.first().map_or(0, KvCache::len) as i64)
-            .collect();
-        if let Some(&longest) = positions.iter().max()
-            && longest as usize >= self.block_size()
-        {
-            return Err(tinygpt_attention::AttentionError::SequenceTooLong {
-                len: longest as usize + 1,
-                max: self.block_size(),
-            }
-            .into());
-        }
-        let device = self.wte.weight.device();
-        let positions = Tensor::from_data(TensorData::new(positions, [rows, 1]), &device);
-        let mut x = self.embed_at(self.ids(tokens, [rows, 1]), positions);
-        for (l, block) in self.h.iter().enumerate() {
-            let mut layer: Vec<&mut KvCache> = caches.iter_mut().map(|c| &mut c[l]).collect();
-            x = block.forward_rows(x, &mut layer)?;
-        }
-        let vocab = self.vocab_size();
-        Ok(self.head(x).reshape([rows, vocab]))
-    }
-
-    /// The logits `[vocab_size]` of the token after `tokens`, fed through `caches` (one
-    /// sequence's) after the tokens they hold: [`forward_cached`](Self::forward_cached)'s last
-    /// position.
-    pub(crate) fn next_logits(
-        &self,
-        tokens: &[u32],
-        caches: &mut [KvCache],
-    ) -> Result<Tensor<1>, ModelError> {
-        let logits = self.forward_cached(self.ids(tokens, [1, tokens.len()]), caches)?;
-        let [_, seq, vocab] = logits.dims();
-        Ok(logits.narrow(1, seq - 1, 1).reshape([vocab]))
-    }
-
-    /// The decode step a GPU runs per token ([`StepAt`]): `tokens` `[rows, new]`, row `r` the
-    /// next token (or `new` tokens of a prompt, [`StepAt::tokens`]) of the sequence whose keys
-    /// and values `caches` (one fixed cache per layer, [`new_fixed_caches`](Self::new_fixed_caches),
-    /// holding `rows` sequences) keep in their row `r`, at `at`'s positions of row `r`. Returns
-    /// the logits of each row's last token, `[rows, vocab_size]`: row `r` is what
-    /// [`forward_cached`](Self::forward_cached) gives that sequence there, up to float
-    /// rounding. The launches are the same at every position: nothing in them depends on it.
-    pub fn forward_step(
-        &self,
-        tokens: Tensor<2, Int>,
-        at: &StepAt,
-        caches: &mut [KvCache],
-    ) -> Result<Tensor<2>, ModelError> {
-        let (rows, new) = (at.rows(), at.tokens_per_row());
-        let mut x = self.embed_at(tokens, at.positions());
-        for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
-            x = block.forward_step(x, at, cache)?;
-        }
-        // Only the last token's logits are wanted: the head reads one row a sequence.
-        let x = if new > 1 { x.narrow(1, new - 1, 1) } else { x };
-        let vocab = self.vocab_size();
-        Ok(self.head(x).reshape([rows, vocab]))
-    }
-
-    /// The tables every [`forward_step`](Self::forward_step) of this model reads, made once per
-    /// decoder: key positions `0..block_size` and, with rotary positions, the rotations.
-    pub fn step_tables(&self) -> StepTables {
-        let rope_base = self.h.first().and_then(|block| block.attn.rope_base);
-        let d_head = self.config.n_embd / self.config.n_head;
-        StepTables::new(
-            self.block_size(),
-            d_head,
-            rope_base,
-            &self.wte.weight.device(),
-        )
-    }
-
-    /// `tokens` as ids of `shape` on the model's device.
-    pub(crate) fn ids(&self, tokens: &[u32], shape: [usize; 2]) -> Tensor<2, Int> {
-        let ids: Vec<i64> = tokens.iter().map(|&id| id.into()).collect();
-        Tensor::from_data(TensorData::new(ids, shape), &self.wte.weight.device())
-    }
-
-    /// Empty caches, one per layer, for [`forward_cached`](Self::forward_cached).
-    pub fn new_caches(&self) -> Vec<KvCache> {
-        vec![KvCache::new(); self.h.len()]
-    }
-
-    /// Empty caches of `block_size` rows, one per layer: every token then runs the same tensor
-    /// shapes ([`KvCache::with_capacity`]), what a GPU wants.
-    pub fn new_fixed_caches(&self) -> Vec<KvCache> {
-        vec![KvCache::with_capacity(self.block_size()); self.h.len()]
-    }
-
     /// Token + position embeddings for tokens at positions `past..past + seq`.
-    fn embed(&self, tokens: Tensor<2, Int>, past: usize) -> Result<Tensor<3>, ModelError> {
+    pub(crate) fn embed(
+        &self,
+        tokens: Tensor<2, Int>,
+        past: usize,
+    ) -> Result<Tensor<3>, ModelError> {
         let seq = tokens.dims()[1];
         if past + seq > self.block_size() {
             return Err(tinygpt_attention::AttentionError::SequenceTooLong {
@@ -323,7 +251,7 @@ impl Gpt {
 
     /// Token + position embeddings of `tokens` `[batch, seq]` at `positions` (`[batch, seq]`,
     /// or `[1, seq]` for every sequence alike): `[batch, seq, n_embd]`.
-    fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
+    pub(crate) fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
         let [batch, seq] = tokens.dims();
         let n_embd = self.wte.weight.dims()[1];
         let x = self.embed_tokens(tokens);
@@ -369,15 +297,15 @@ impl Gpt {
     /// Final norm and LM head: `[batch, seq, n_embd] -> [batch, seq, vocab_size]`. The
     /// logits come back in the residual stream's dtype (f32), where the loss's softmax runs,
     /// soft-capped when the config says so.
-    fn head(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn head(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
         let x = norm(&self.ln_f, x);
+        let rows = self.rows_kernel() && rows::takes(&x);
         let logits = match &self.lm_head {
-            Some(head) => rows_linear::linear(head, x.cast(head.weight.dtype())),
+            Some(head) if rows => rows::linear(head, x.cast(head.weight.dtype())),
+            Some(head) => head.forward(x.cast(head.weight.dtype())),
             // Tied: logits = x · wteᵀ, the embedding read backwards.
-            None if rows_linear::applies(&x) => {
-                rows_linear::product(x, self.wte.weight.val().transpose(), None)
-            }
+            None if rows => rows::product(x, self.wte.weight.val().transpose(), None),
             None => linear_op(x, self.wte.weight.val().transpose(), None),
         };
         let logits = logits.cast(dtype);

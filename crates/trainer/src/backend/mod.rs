@@ -8,11 +8,14 @@
 pub mod cuda;
 pub mod host;
 pub mod kernels;
+pub mod switches;
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
+use tinygpt_model::Gpt;
 
 use crate::config::{OptimizerKind, TrainDType};
+use switches::Switches;
 
 /// A backend as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -62,6 +65,9 @@ pub struct Placement {
     pub memory: Memory,
     /// Why `auto` passed over a GPU that is present, when it did.
     pub note: Option<String>,
+    /// The switches for measuring ([`switches`]): how a model runs here where several ways
+    /// give the same numbers. Applied to every model placed here ([`Placement::model`]).
+    pub switches: Switches,
 }
 
 impl Placement {
@@ -75,7 +81,13 @@ impl Placement {
             strict: false,
             memory: Memory::Host,
             note: None,
+            switches: Switches::default(),
         }
+    }
+
+    /// `model` (on this placement's device, or its autodiff form) running as the switches say.
+    pub fn model(&self, model: Gpt) -> Gpt {
+        self.switches.apply(model)
     }
 
     /// Whether the device is the CPU: a read back from it costs no wait for another processor.
@@ -143,10 +155,11 @@ impl Placement {
 pub enum EngineKind {
     /// tinygpt's fused CPU engine, and its decoder.
     Fused,
-    /// Burn's autodiff and AdamW on the CPU; Burn's decoder.
+    /// Burn's autodiff and Burn's optimizer (AdamW, or Muon beside it) on the CPU, or on a GPU
+    /// for Muon; Burn's decoder.
     Autodiff,
-    /// Burn's autodiff on a GPU, AdamW on the device where the non-finite guard decides too;
-    /// Burn's decoder.
+    /// Burn's autodiff on a GPU, AdamW on the device where the non-finite guard decides too
+    /// (Muon goes to [`Autodiff`](Self::Autodiff)); Burn's decoder.
     Device,
 }
 
@@ -212,6 +225,7 @@ impl Backend {
             strict: self == Self::Fused,
             memory,
             note,
+            switches: Switches::from_env(),
         })
     }
 

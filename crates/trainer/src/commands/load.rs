@@ -20,5 +20,6 @@ pub(super) fn load(
         eprintln!("note: {note}");
     }
     let (model, state) = run.load_model(which, &placement.device)?;
+    let model = placement.model(model);
     Ok((run, placement, model, state))
 }

@@ -7,13 +7,14 @@
 //! session.rs       the run as named steps (step, settle, evaluate, checkpoint) and nanoGPT's
 //!                  loop over them
 //! report.rs        clocks, log lines and the summary
-//! record.rs        what each evaluation records for watching: a sample, attention maps
+//! snapshot.rs      what each evaluation keeps for watching: a sample, attention maps
 //! engine/          the Engine trait, which owns the weights and the optimizer's state: Burn's
 //!                  autodiff on the host or on a device, or the fused CPU engine, one file each
 //! device_adamw.rs  AdamW on a GPU, gated on the device by the non-finite guard
 //! loss_scale.rs    f16's dynamic loss scale, on the device
-//! optim.rs         the Optimizer part (AdamW groups), the learning-rate schedule, Burn's
-//!                  optimizer record
+//! optim.rs         the Optimizer part (its update rule: AdamW, or Muon beside it, and the
+//!                  groups), the learning-rate schedule, Burn's optimizer record
+//! muon.rs          Muon as one of Burn's per-parameter optimizers (its settings and state)
 //! memory.rs        the memory a run needs, checked before it allocates
 //! ```
 
@@ -23,10 +24,10 @@ pub mod loss_scale;
 pub mod memory;
 pub mod muon;
 pub mod optim;
-mod record;
 mod report;
 pub mod session;
 mod setup;
+mod snapshot;
 
 pub use engine::{Engine, Step};
 pub use session::{Limits, Outcome, Trainer, train_step};

@@ -2,8 +2,8 @@
 //! [`Trainer::evaluate`] and [`Trainer::checkpoint`] (set-up is [`Trainer::open`], in
 //! `setup.rs`; what it prints is in `report.rs`); [`Trainer::run`] is nanoGPT's loop over them.
 //!
-//! AdamW (decay on 2-D weights only), linear warmup then cosine decay to `min_lr`, gradient
-//! accumulation, clipping by the global gradient norm, periodic train/val loss estimates, best
+//! AdamW (decay on 2-D weights only), or Muon for the blocks' matrices beside it, linear warmup
+//! then cosine decay to `min_lr`, gradient accumulation, clipping by the global gradient norm, periodic train/val loss estimates, best
 //! and last checkpoints. Every random draw (initial weights, batches, dropout) is derived from
 //! the seed and the step, so a run is reproducible and a resumed run continues exactly.
 
@@ -17,8 +17,8 @@ use burn::tensor::Device;
 use super::engine::{Engine, Step};
 use super::memory::{self, human};
 use super::optim::learning_rate;
-use super::record::Recording;
 use super::report::Clock;
+use super::snapshot::Snapshot;
 use crate::backend::describe;
 use crate::config::{RunConfig, TrainDType};
 use crate::data::{Batch, Dataset, mix, step_rng, sweep};
@@ -140,7 +140,8 @@ impl Trainer {
     }
 
     /// One optimizer step at the current step's learning rate: `grad_accum` micro-batches,
-    /// global-norm clipping, AdamW; a step with a non-finite loss or norm skips its update.
+    /// global-norm clipping, the optimizer's update (AdamW, or Muon beside it); a step with a
+    /// non-finite loss or norm skips its update.
     /// What it saw is accounted by [`Trainer::settle`].
     pub fn step(&mut self) -> Result<()> {
         train_step(
@@ -261,7 +262,7 @@ impl Trainer {
         };
         self.metrics.record(&self.run.dir, row)?;
         let engine = self.engine.kind();
-        let recording = Recording {
+        let snapshot = Snapshot {
             model: self.engine.model()?,
             engine,
             tokenizer: &self.run.tokenizer,
@@ -269,7 +270,7 @@ impl Trainer {
             prompt: &self.sample_prompt,
             config: &self.config,
         };
-        let line = recording.line(step, (train_loss, val_loss))?;
+        let line = snapshot.line(step, (train_loss, val_loss))?;
         self.journal.eval(&line)?;
         Ok(Estimate {
             train_loss,
@@ -278,7 +279,7 @@ impl Trainer {
         })
     }
 
-    /// Saves the `last` checkpoint (weights, AdamW state, training state), and `best` too when
+    /// Saves the `last` checkpoint (weights, optimizer state, training state), and `best` too when
     /// `best` is set.
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
         // Nothing learnt from damaged token files is kept.

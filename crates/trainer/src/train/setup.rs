@@ -13,8 +13,8 @@ use tinygpt_model::Gpt;
 use super::engine;
 use super::memory;
 use super::optim::{Optimizer, load_optimizer, optimizer};
-use super::record;
 use super::session::{Trainer, evaluates_at};
+use super::snapshot;
 use crate::backend::{Backend, EngineKind, Placement};
 use crate::config::RunConfig;
 use crate::config::presets::ConfigSource;
@@ -73,15 +73,16 @@ impl Trainer {
             false => new_run(options)?,
         };
         let (config, tokenizer) = dir.config_and_tokenizer();
-        let sample_prompt = record::sample_prompt(config, tokenizer, &data)?;
+        let sample_prompt = snapshot::sample_prompt(config, tokenizer, &data)?;
         let (kind, engine_note) =
             placement.engine_for(config.train.dtype, config.train.optimizer)?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
+        let model = placement.model(model);
         let config = config.clone();
         let optimizer = Optimizer::for_run(&config, &model, optim);
         let (workers, dtype) = (config.workers(), config.train.dtype);
-        let (engine, _) = engine::open(&placement, model, optimizer, workers, dtype)?;
+        let engine = engine::open(&placement, kind, model, optimizer, workers, dtype)?;
         let notes = placement
             .note
             .clone()

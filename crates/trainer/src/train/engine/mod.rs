@@ -6,22 +6,24 @@
 //! [`open`]:
 //!
 //! ```text
-//! host.rs     Burn's autodiff and Burn's AdamW on a CPU backend; each step's loss and norm
-//!             read back at once (two floats) to decide whether to apply it
-//! device.rs   Burn's autodiff on a GPU with DeviceAdamW: the non-finite guard decides on the
-//!             device, and a step's outcome is read back only when asked for
-//! fused.rs    the model crate's fused CPU engine: weights and AdamW's moments in its own
-//!             buffers, written into the Gpt and Burn's optimizer record only when asked for
+//! autodiff.rs   Burn's autodiff and Burn's optimizer (AdamW, or Muon beside it) on a CPU
+//!               backend, or on a GPU for an update the device engine does not run (Muon); each
+//!               step's loss and norm read back at once (two floats) to decide whether to apply it
+//! device.rs     Burn's autodiff on a GPU with DeviceAdamW: the non-finite guard decides on the
+//!               device, and a step's outcome is read back only when asked for
+//! fused.rs      the model crate's fused CPU engine: weights and the optimizer's state (AdamW's
+//!               moments, Muon's momentum) in its own buffers, written into the Gpt and Burn's
+//!               optimizer record only when asked for
 //! burn_step.rs  what the two Burn engines share: gradients in a precision, clipping, losses
 //! ```
 //!
 //! Whichever runs, the rest of the program cannot see stale weights: [`Engine::model`] and
 //! [`Engine::optimizer_bytes`] bring them up to date first.
 
+mod autodiff;
 mod burn_step;
 mod device;
 mod fused;
-mod host;
 #[cfg(test)]
 mod tests;
 
@@ -49,7 +51,8 @@ pub trait Engine {
 
     /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
     /// gradient accumulation does), clipped to the global norm `grad_clip` (0 = no clipping),
-    /// then AdamW at learning rate `lr`, unless the loss or the norm is not finite (see
+    /// then the optimizer's update (AdamW, or Muon beside it) at learning rate `lr`, unless the
+    /// loss or the norm is not finite (see
     /// [`Step::applied`]). Dropout masks derive from `dropout_seed`. What the step saw comes
     /// from [`Engine::outcomes`].
     fn step(&mut self, batches: &[Batch], dropout_seed: u64, grad_clip: f64, lr: f64)
@@ -76,7 +79,7 @@ pub struct Step {
     /// The global gradient norm, before clipping.
     pub grad_norm: f64,
     /// Whether the update was applied: it is skipped when the loss or the norm is NaN or
-    /// infinite, so one bad batch cannot poison the weights or AdamW's moments.
+    /// infinite, so one bad batch cannot poison the weights or the optimizer's state.
     pub applied: bool,
 }
 
@@ -91,29 +94,28 @@ impl Step {
     }
 }
 
-/// The engine [`Placement::engine_for`] picks for `model` (on the autodiff form of
-/// `placement`'s device) and `optimizer`, its steps computing in `dtype` on `threads` threads;
-/// the second value says why `auto` did not take the fused engine, when it did not.
+/// The engine `kind` ([`Placement::engine_for`]'s choice, made once by the caller) for `model`
+/// on the autodiff form of `placement`'s device and `optimizer`, its steps computing in `dtype`
+/// on `threads` threads.
 pub fn open(
     placement: &Placement,
+    kind: EngineKind,
     model: Gpt,
     optimizer: Optimizer,
     threads: usize,
     dtype: TrainDType,
-) -> Result<(Box<dyn Engine>, Option<String>)> {
-    let (kind, note) = placement.engine_for(dtype, optimizer.rule.kind())?;
+) -> Result<Box<dyn Engine>> {
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;
     let device = placement.device.clone();
-    let engine: Box<dyn Engine> = match kind {
-        EngineKind::Autodiff => Box::new(host::HostEngine::new(
+    Ok(match kind {
+        EngineKind::Autodiff => Box::new(autodiff::AutodiffEngine::new(
             model, optimizer, device, threads, dtype,
         )),
         EngineKind::Device => Box::new(device::DeviceEngine::new(
             model, optimizer, device, threads, dtype,
         )?),
         EngineKind::Fused => Box::new(fused::FusedEngine::new(model, optimizer, threads)?),
-    };
-    Ok((engine, note))
+    })
 }

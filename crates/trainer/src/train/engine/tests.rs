@@ -37,6 +37,20 @@ fn model(config: &RunConfig) -> Gpt {
 
 /// An engine on flex for `model` as the CPU trains (Burn's AdamW, outcomes read at once),
 /// or as a GPU does (`device_like`: [`DeviceAdamW`], outcomes left on the device).
+/// The engine `placement` decides for `optimizer`'s rule in `dtype`, opened, with the note of
+/// the decision: what set-up does in two steps.
+fn open_for(
+    placement: &Placement,
+    model: Gpt,
+    optimizer: Optimizer,
+    threads: usize,
+    dtype: TrainDType,
+) -> Result<(Box<dyn Engine>, Option<String>)> {
+    let (kind, note) = placement.engine_for(dtype, optimizer.rule.kind())?;
+    let engine = open(placement, kind, model, optimizer, threads, dtype)?;
+    Ok((engine, note))
+}
+
 fn engine(config: &RunConfig, model: Gpt, device_like: bool) -> Box<dyn Engine> {
     engine_in(config, model, device_like, TrainDType::F32)
 }
@@ -63,9 +77,10 @@ fn engine_in(
             Memory::Host
         },
         note: None,
+        switches: Default::default(),
     };
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
-    open(&placement, model, optim, 1, dtype).unwrap().0
+    open_for(&placement, model, optim, 1, dtype).unwrap().0
 }
 
 fn weights(engine: &mut dyn Engine) -> Vec<Vec<f32>> {
@@ -195,7 +210,7 @@ fn fused_kernels_train_as_burns_ops(n_layer: usize, n_embd: usize) {
         .load_record(model.clone().into_record());
     let mut cpu = engine(&config, model, false);
     let optim = Optimizer::for_run(&config, &on_gpu, optimizer(&config, &on_gpu));
-    let (mut gpu, _) = open(&gpu, on_gpu, optim, 1, TrainDType::F32).unwrap();
+    let (mut gpu, _) = open_for(&gpu, on_gpu, optim, 1, TrainDType::F32).unwrap();
     assert_eq!(gpu.kind(), EngineKind::Device);
     for step in 0..4 {
         train_step(cpu.as_mut(), &data, &config, step).unwrap();
@@ -397,9 +412,12 @@ fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
         strict: false,
         memory: Memory::Host,
         note: None,
+        switches: Default::default(),
     };
     let optim = Optimizer::for_run(&config, &held, loaded);
-    let mut resumed = open(&placement, held, optim, 1, TrainDType::F32).unwrap().0;
+    let mut resumed = open_for(&placement, held, optim, 1, TrainDType::F32)
+        .unwrap()
+        .0;
     for step in 3..6 {
         train_step(resumed.as_mut(), &data, &config, step).unwrap();
     }
@@ -419,7 +437,7 @@ fn muon_updates_the_blocks_matrices_and_resumes_exactly() {
         ..placement
     };
     let optim = Optimizer::for_run(&config, &model, optimizer(&config, &model));
-    let (engine, note) = open(&device_like, model, optim, 1, TrainDType::F32).unwrap();
+    let (engine, note) = open_for(&device_like, model, optim, 1, TrainDType::F32).unwrap();
     assert_eq!(engine.kind(), EngineKind::Autodiff);
     assert!(note.is_some_and(|n| n.contains("Muon")));
 }
@@ -441,9 +459,10 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
             strict: true,
             memory: Memory::Host,
             note: None,
+            switches: Default::default(),
         };
         let optim = Optimizer::for_run(&config, &model, optim);
-        open(&placement, model, optim, 2, TrainDType::F32)
+        open_for(&placement, model, optim, 2, TrainDType::F32)
             .unwrap()
             .0
     };

@@ -1,4 +1,4 @@
-//! [`HostEngine`]: Burn's autodiff and Burn's optimizer (AdamW, or Muon beside it) on a CPU
+//! [`AutodiffEngine`]: Burn's autodiff and Burn's optimizer (AdamW, or Muon beside it) on a CPU
 //! backend (flex, ndarray), or on a GPU for an update the device engine does not implement.
 
 use anyhow::Result;
@@ -13,17 +13,17 @@ use crate::config::TrainDType;
 use crate::data::Batch;
 use crate::train::optim::{Optimizer, UpdateRule, record_bytes};
 
-/// `Gpt::forward`, the loss and `backward()` on a CPU device, then Burn's AdamW. A read back
-/// costs no wait for another processor here, so each step's loss and norm are read at once to
-/// decide whether to apply it.
-pub(super) struct HostEngine {
+/// `Gpt::forward`, the loss and `backward()`, then Burn's optimizer (AdamW, or Muon beside it).
+/// On a CPU a read back costs no wait for another processor, so each step's loss and norm are
+/// read at once to decide whether to apply it (on a GPU, where only Muon brings it, the same).
+pub(super) struct AutodiffEngine {
     burn: BurnModel,
     optim: ModuleOptimizer,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
 }
 
-impl HostEngine {
+impl AutodiffEngine {
     pub fn new(
         model: Gpt,
         optimizer: Optimizer,
@@ -43,7 +43,7 @@ impl HostEngine {
     }
 }
 
-impl Engine for HostEngine {
+impl Engine for AutodiffEngine {
     fn kind(&self) -> EngineKind {
         EngineKind::Autodiff
     }

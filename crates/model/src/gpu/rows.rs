@@ -12,12 +12,11 @@
 //! ```
 //!
 //! Consecutive units read consecutive columns of `W`'s row `k` (one memory transaction per 32
-//! of them), and every weight is read once for all rows. Used where it pays: Burn's CubeCL
-//! devices outside autodiff, f32 (bf16 and f16 too, summed in f32), at most [`MAX_ROWS`] rows
-//! ([`linear`]); everything else takes Burn's matmul. `TINYGPT_ROWS_LINEAR=0` turns it off
-//! (to measure one against the other).
-
-use std::sync::OnceLock;
+//! of them), and every weight is read once for all rows. Used where it pays: a model running
+//! [`Kernels::Cube`](super::Kernels::Cube) with its rows kernel on (decided where the model is
+//! built, [`Gpt::with_kernels`](crate::Gpt::with_kernels)), for inputs it [`takes`]: f32 (bf16
+//! and f16 too, summed in f32), at most [`MAX_ROWS`] rows, outside autodiff; everything else
+//! takes Burn's matmul.
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -28,8 +27,6 @@ use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use cubecl::{CubeCount, CubeDim};
-
-use crate::flash::is_cube_device;
 
 /// The most rows the kernel takes (a running sum each per unit).
 pub const MAX_ROWS: usize = 4;
@@ -55,32 +52,31 @@ fn out_shape(x: &Shape, weight: &Shape) -> Shape {
     Shape::new([x[0], weight[1]])
 }
 
-/// `layer`'s `x W + b` for `x` `[.., K]`: by the rows kernel where it applies (see the module),
-/// else by `layer.forward`.
+/// `layer`'s `x W + b` for `x` `[.., K]` on a CubeCL device: by the rows kernel where it
+/// [`takes`] `x`, else by `layer.forward`. A model's layers multiply this way when it runs the
+/// rows kernel (the attention's decode forwards take it as their
+/// [`DecodeProduct`](tinygpt_attention::DecodeProduct)).
 pub fn linear<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
     let bias = layer.bias.as_ref().map(|b| b.val());
-    match applies(&x) {
+    match takes(&x) {
         true => product(x, layer.weight.val(), bias),
         false => layer.forward(x),
     }
 }
 
-/// Whether the kernel runs for `x` `[.., K]`: a CubeCL device outside autodiff, a float (f32,
-/// or bf16/f16 summed in f32), at most [`MAX_ROWS`] rows.
-pub fn applies<const D: usize>(x: &Tensor<D>) -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("TINYGPT_ROWS_LINEAR").as_deref() == Ok("0"));
+/// Whether the kernel takes `x` `[.., K]`: a float (f32, or bf16/f16 summed in f32), at most
+/// [`MAX_ROWS`] rows, gradients not tracked (it has no backward). On a CubeCL device: where a
+/// model runs is decided where it is built, not here.
+pub fn takes<const D: usize>(x: &Tensor<D>) -> bool {
     let dims = x.dims();
     let rows: usize = dims[..D - 1].iter().product();
-    let device = x.device();
-    !off && rows <= MAX_ROWS
+    rows <= MAX_ROWS
         && matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
-        && !device.is_autodiff()
-        && is_cube_device(&device)
+        && !x.device().is_autodiff()
 }
 
-/// `x W (+ b)` by the kernel, for `x` `[.., K]` where [`applies`] and `W` `[K, N]` (a
-/// transposed view too: the tied LM head's `wteᵀ`).
+/// `x W (+ b)` by the kernel, for `x` `[.., K]` on a CubeCL device where it [`takes`] it, and
+/// `W` `[K, N]` (a transposed view too: the tied LM head's `wteᵀ`).
 pub fn product<const D: usize>(
     x: Tensor<D>,
     weight: Tensor<2>,

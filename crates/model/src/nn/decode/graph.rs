@@ -1,5 +1,5 @@
-//! A closure recorded once and replayed: Burn's [`burn::tensor::capture`] and its `Graph`,
-//! the same steps, except that a recording the device refused says why.
+//! A closure captured once as a device graph and replayed: Burn's [`burn::tensor::capture`]
+//! and its `Graph`, the same steps, except that a capture the device refused says why.
 //!
 //! Burn's `capture` falls back to running the closure again when the device will not make a
 //! graph of it, silently; a decode step then runs launch by launch at a fifth of its speed with
@@ -12,8 +12,8 @@ use burn_dispatch::Dispatch;
 
 use crate::sample::Replay;
 
-/// A closure recorded on a device, replayed by [`Recorded::replay`].
-pub(crate) struct Recorded<T, F> {
+/// A closure captured on a device, replayed by [`DeviceGraph::replay`].
+pub(crate) struct DeviceGraph<T, F> {
     device: Device,
     output: T,
     closure: F,
@@ -21,10 +21,10 @@ pub(crate) struct Recorded<T, F> {
     replay: Replay,
 }
 
-/// Records `closure` on `device` as Burn's `capture` does: a few warm-up runs (autotuning, and
+/// Captures `closure` on `device` as Burn's `capture` does: a few warm-up runs (autotuning, and
 /// every buffer the recording reuses allocated before it starts, since nothing may be
 /// allocated inside it), then one run under recording.
-pub(crate) fn record<T, F>(device: &Device, mut closure: F) -> Recorded<T, F>
+pub(crate) fn capture<T, F>(device: &Device, mut closure: F) -> DeviceGraph<T, F>
 where
     F: FnMut() -> T,
 {
@@ -49,7 +49,7 @@ where
         }
         Err(e) => (None, closure(), rerun(&e.to_string())),
     };
-    Recorded {
+    DeviceGraph {
         device: device.clone(),
         output,
         closure,
@@ -58,7 +58,7 @@ where
     }
 }
 
-impl<T, F> Recorded<T, F>
+impl<T, F> DeviceGraph<T, F>
 where
     F: FnMut() -> T,
 {
@@ -106,14 +106,14 @@ mod tests {
     /// recording can hold) and replays it once: the replay's value, and how it replayed.
     fn uploads(device: &Device) -> (f32, Replay) {
         let mut runs = 0;
-        let mut recorded = record(device, || {
+        let mut captured = capture(device, || {
             runs += 1;
             Tensor::<1>::from_floats([runs as f32], device)
         });
         // Safety: the closure owns what it touches.
-        let out = unsafe { recorded.replay() }.clone();
+        let out = unsafe { captured.replay() }.clone();
         let value = out.into_data().try_to_vec::<f32>().unwrap()[0];
-        (value, recorded.replays().clone())
+        (value, captured.replays().clone())
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (`[streams, kv_heads, block_size, d_head]`), and two steps that feed every row at once with
 //! the same kernels and buffers every time: one token a row, and a prompt's chunk of
 //! [`PREFILL_TOKENS`] a row. On CUDA each is recorded once and replayed (one graph launch a
-//! step, [`record`]); elsewhere it simply runs again.
+//! step, [`capture`]); elsewhere it simply runs again.
 //!
 //! A row with nothing to feed this step (a stalled client, a free slot, a stream decoding while
 //! others read their prompts) is not cut out, which would change the shapes: it is fed token 0
@@ -22,10 +22,10 @@ use std::rc::Rc;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
-use super::captured::refill;
-use super::gpt::Gpt;
-use super::record::{Recorded, record};
+use super::graph::{DeviceGraph, capture};
+use super::stream_step::refill;
 use crate::error::ModelError;
+use crate::nn::gpt::Gpt;
 use crate::sample::{Replay, read_f32};
 
 /// Tokens of a prompt each row of the chunk step takes at once (fewer where the context is
@@ -44,22 +44,22 @@ pub(crate) struct FixedRows<'a> {
     tables: StepTables,
     /// Whether the steps are recorded at their first run and replayed (else run launch by
     /// launch).
-    record: bool,
-    /// The step of one token a row, and the chunk step, once recorded.
-    recorded: Option<RecordedRows<'a>>,
-    chunked: Option<RecordedRows<'a>>,
+    capture: bool,
+    /// The step of one token a row, and the chunk step, once captured.
+    one_token: Option<CapturedRows<'a>>,
+    chunked: Option<CapturedRows<'a>>,
 }
 
 impl<'a> FixedRows<'a> {
-    /// `streams` empty streams of `gpt`, their steps recorded and replayed if `record`.
-    pub(crate) fn new(gpt: &'a Gpt, streams: usize, record: bool) -> Self {
+    /// `streams` empty streams of `gpt`, their steps captured and replayed if `capture`.
+    pub(crate) fn new(gpt: &'a Gpt, streams: usize, capture: bool) -> Self {
         Self {
             gpt,
             caches: Rc::new(RefCell::new(gpt.new_fixed_caches())),
             lens: vec![0; streams],
             tables: gpt.step_tables(),
-            record,
-            recorded: None,
+            capture,
+            one_token: None,
             chunked: None,
         }
     }
@@ -67,7 +67,7 @@ impl<'a> FixedRows<'a> {
     /// Whether the recorded one-token step replays as one device graph, and if not why;
     /// `None` before it is recorded.
     pub(crate) fn replays(&self) -> Option<Replay> {
-        self.recorded.as_ref().map(|r| r.graph.replays().clone())
+        self.one_token.as_ref().map(|r| r.graph.replays().clone())
     }
 
     pub(crate) fn streams(&self) -> usize {
@@ -166,7 +166,7 @@ impl<'a> FixedRows<'a> {
         new: usize,
     ) -> Result<Tensor<2>, ModelError> {
         let rows = self.streams();
-        if !self.record {
+        if !self.capture {
             let at = StepAt::tokens(&self.tables, positions, new)?;
             let ids = self.gpt.ids(tokens, [rows, new]);
             return self
@@ -174,13 +174,13 @@ impl<'a> FixedRows<'a> {
                 .forward_step(ids, &at, &mut self.caches.borrow_mut());
         }
         let slot = match new {
-            1 => &mut self.recorded,
+            1 => &mut self.one_token,
             _ => &mut self.chunked,
         };
         if slot.is_none() {
             let (tables, caches) = (self.tables.clone(), self.caches.clone());
-            let recorded = RecordedRows::record(self.gpt, tables, caches, tokens, positions, new)?;
-            *slot = Some(recorded);
+            let captured = CapturedRows::capture(self.gpt, tables, caches, tokens, positions, new)?;
+            *slot = Some(captured);
         }
         Ok(slot
             .as_mut()
@@ -215,16 +215,16 @@ struct RowInputs {
 type Step<'a> = Box<dyn FnMut() -> Tensor<2> + 'a>;
 
 /// The rows step, recorded.
-struct RecordedRows<'a> {
-    graph: Recorded<Tensor<2>, Step<'a>>,
+struct CapturedRows<'a> {
+    graph: DeviceGraph<Tensor<2>, Step<'a>>,
     inputs: Rc<RefCell<RowInputs>>,
 }
 
-impl<'a> RecordedRows<'a> {
+impl<'a> CapturedRows<'a> {
     /// Records `gpt`'s step of `new` tokens a row over `caches` for `tokens` at `positions`
     /// (`[rows * new]`). Recording runs the step a few times (warm-up): each run writes the
     /// same rows with the same keys and values.
-    fn record(
+    fn capture(
         gpt: &'a Gpt,
         tables: StepTables,
         caches: Rc<RefCell<Vec<KvCache>>>,
@@ -250,7 +250,7 @@ impl<'a> RecordedRows<'a> {
                 .expect("a step checked before it was recorded")
         });
         Ok(Self {
-            graph: record(&device, step),
+            graph: capture(&device, step),
             inputs,
         })
     }

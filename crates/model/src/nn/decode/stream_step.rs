@@ -1,6 +1,6 @@
-//! The decode step recorded once and replayed for every token: on CUDA one graph launch in place
+//! One stream's decode step captured once and replayed for every token: on CUDA one graph launch in place
 //! of the step's few hundred kernel launches; on other backends the step simply runs again
-//! ([`record`]).
+//! ([`capture`]).
 //!
 //! A replay reruns the recorded launches on the buffers the recording used, so everything a
 //! token changes lives in fixed device buffers that the host refreshes in place before each
@@ -15,9 +15,9 @@ use std::rc::Rc;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
-use super::gpt::Gpt;
-use super::record::{Recorded, record};
+use super::graph::{DeviceGraph, capture};
 use crate::error::ModelError;
+use crate::nn::gpt::Gpt;
 use crate::sample::{Pick, Picked, Replay};
 
 /// The buffers a replay reads.
@@ -37,7 +37,7 @@ type Step<'a> = Box<dyn FnMut() -> Tensor<1> + 'a>;
 
 /// One stream's decode step with its pick, recorded.
 pub(crate) struct CapturedStep<'a> {
-    graph: Recorded<Tensor<1>, Step<'a>>,
+    graph: DeviceGraph<Tensor<1>, Step<'a>>,
     inputs: Rc<RefCell<Inputs>>,
     /// The pick it was recorded for (the draw aside).
     pick: Pick,
@@ -48,7 +48,7 @@ impl<'a> CapturedStep<'a> {
     /// at `position`. Recording runs the step a few times at that position (warm-up): each run
     /// writes the same cache row with the same key and value. Nothing is computed for the
     /// caller until [`step`](Self::step).
-    pub(crate) fn record(
+    pub(crate) fn capture(
         gpt: &'a Gpt,
         tables: StepTables,
         caches: Rc<RefCell<Vec<KvCache>>>,
@@ -76,7 +76,7 @@ impl<'a> CapturedStep<'a> {
             rule.on_device_unread(logits.reshape([vocab]), Some(inputs.uniform.clone()))
         });
         Ok(Self {
-            graph: record(&device, step),
+            graph: capture(&device, step),
             inputs,
             pick: *pick,
         })

@@ -1,4 +1,4 @@
-//! What each evaluation records for watching a run learn (`evals.jsonl`, see
+//! The snapshot each evaluation takes for watching a run learn (`evals.jsonl`, see
 //! [`crate::run::journal`]): a short sample from a fixed prompt and the attention of every
 //! layer and head on that prompt, so that a viewer can show them forming over training.
 
@@ -54,8 +54,8 @@ fn head(split: &Split, n: usize) -> Vec<u32> {
     ids
 }
 
-/// What to record at an evaluation.
-pub struct Recording<'a> {
+/// What an evaluation's snapshot is taken of.
+pub struct Snapshot<'a> {
     pub model: &'a Gpt,
     pub engine: EngineKind,
     pub tokenizer: &'a Tokenizer,
@@ -64,7 +64,7 @@ pub struct Recording<'a> {
     pub config: &'a RunConfig,
 }
 
-impl Recording<'_> {
+impl Snapshot<'_> {
     /// The journal line of the evaluation at `step` with these losses.
     pub fn line(&self, step: usize, (train_loss, val_loss): (f64, f64)) -> Result<EvalLine> {
         let maps = AttentionMaps::of_tokens(self.model, self.tokenizer, self.prompt, self.device)?;

@@ -13,7 +13,6 @@
 //! KV cache), which they pass in. A block feature is written here once.
 
 use super::dims::Dims;
-use super::helpers::{Helpers, split_columns, split_rows};
 use super::kernels::attention::{self, Shape};
 use super::kernels::matmul::{View, linear, matmul};
 use super::kernels::norm::{self, Normed};
@@ -21,6 +20,7 @@ use super::kernels::q8::{self, Q8Matrix};
 use super::kernels::rows::{self, F32Rows};
 use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
 use super::params::{BlockParams, RowBlock, RowMatrix};
+use super::spin_pool::{SpinPool, split_columns, split_rows};
 use crate::arch::Mlp;
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
@@ -123,7 +123,7 @@ pub(super) struct Ctx<'a> {
     /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
     pub rows_alone: bool,
     /// Threads a single row's products are split over (one sequence decoding), if any.
-    pub helpers: Option<&'a Helpers>,
+    pub helpers: Option<&'a SpinPool>,
 }
 
 /// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
@@ -225,7 +225,7 @@ pub(super) fn linear_split(
     x: &[f32],
     w: Weight<'_>,
     b: &[f32],
-    helpers: &Helpers,
+    helpers: &SpinPool,
 ) {
     match w {
         Weight::Q8(w) => q8::quantized(x, |x| {

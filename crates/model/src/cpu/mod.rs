@@ -19,7 +19,8 @@
 //!
 //! The room: this facade and what all of it shares (`dims.rs`: the sizes and parts the kernels
 //! read; `params.rs`: the weights as flat buffers; `block.rs`: one block's forward and backward;
-//! `error.rs`), then three sub-rooms, each importing only what is above it here and the rooms
+//! `error.rs`; `spin_pool.rs`: the spinning helper threads that split one sequence's products),
+//! then three sub-rooms, each importing only what is above it here and the rooms
 //! above `cpu` (arch, nn, sample, optim):
 //! - `kernels/`: one file per kernel family, forward and backward side by side (llm.c's layout);
 //! - `train/`: the training step ([`FusedCpu`]), its per-thread workspaces, AdamW and Muon;
@@ -29,9 +30,9 @@ mod block;
 mod decode;
 mod dims;
 mod error;
-mod helpers;
 mod kernels;
 mod params;
+mod spin_pool;
 mod train;
 
 pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};

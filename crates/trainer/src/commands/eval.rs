@@ -18,6 +18,9 @@ use tinygpt::run::checkpoint::{Run, Which};
 /// On the run's validation split, or on every token of --data (a .jsonl file of conversations:
 /// on the tokens of their replies, as fine-tuning teaches them).
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  tinygpt eval --checkpoint runs/default\n  tinygpt eval --checkpoint runs/baby --data input.txt --which last\n  tinygpt eval --checkpoint runs/smollm2 --weights q8_0        # what int8 matrices cost"
+)]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,

@@ -11,6 +11,7 @@ use tinygpt_model::{WeightFormat, weight_bytes_per_token};
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
+#[command(after_help = "Example:\n  tinygpt info --checkpoint runs/default")]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,

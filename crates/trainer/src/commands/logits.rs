@@ -10,6 +10,9 @@ use tinygpt::run::checkpoint::Which;
 
 /// Print the logits for given tokens as JSON: {"phase": "logits", "shape", "logits", "loss"}.
 #[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  tinygpt logits --checkpoint runs/baby --tokens 14,53,1        # to compare with another implementation"
+)]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,

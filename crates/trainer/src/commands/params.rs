@@ -9,9 +9,8 @@ use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
 
 /// Print a preset's architecture and parameter count.
-///
-/// Example: tinygpt params --preset shakespeare-char --vocab-size 65
 #[derive(clap::Args)]
+#[command(after_help = "Example:\n  tinygpt params --preset shakespeare-char --vocab-size 65")]
 pub struct Args {
     /// Which preset.
     #[arg(long, value_enum, default_value_t = Preset::Baby)]

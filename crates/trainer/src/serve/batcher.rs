@@ -195,7 +195,7 @@ struct Choice<'t> {
     /// What is left of a feed longer than a chunk (a prompt, a window), read before the next
     /// token is sampled.
     feeding: Option<Range<usize>>,
-    c: Continuation,
+    continuation: Continuation,
     text: TextStream<'t>,
     pending: Vec<TokenLogprob>,
 }
@@ -281,12 +281,12 @@ impl<'t> Live<'t> {
             };
             match Continuation::new(&spec.prompt, &options, batch.block_size(), tokens) {
                 Ok(c) if c.finished().is_some() => self.outbox.push_back(finished(index, 0, &c)),
-                Ok(c) => {
+                Ok(continuation) => {
                     self.running = Some(Choice {
                         index,
                         started: false,
                         feeding: None,
-                        c,
+                        continuation,
                         text: TextStream::after(tokenizer, &spec.prompt),
                         pending: Vec::new(),
                     })
@@ -329,11 +329,11 @@ impl<'t> Live<'t> {
         let rest = match choice.feeding.take() {
             Some(rest) => rest,
             None => {
-                let feed = choice.c.feed(batch.cached(stream));
+                let feed = choice.continuation.feed(batch.cached(stream));
                 if feed.clear {
                     batch.clear(stream);
                 }
-                feed.from..choice.c.tokens().len()
+                feed.from..choice.continuation.tokens().len()
             }
         };
         let len = rest.len().min(PREFILL_CHUNK);
@@ -353,7 +353,9 @@ impl<'t> Live<'t> {
 
     /// The running choice's tokens `range`: what it feeds this step.
     fn tokens_in(&self, range: Range<usize>) -> &[u32] {
-        self.running.as_ref().map_or(&[], |c| &c.c.tokens()[range])
+        self.running
+            .as_ref()
+            .map_or(&[], |choice| &choice.continuation.tokens()[range])
     }
 
     /// Takes the logits after this request's feed: the sampled token becomes events; an ended
@@ -363,11 +365,11 @@ impl<'t> Live<'t> {
         let Some(choice) = self.running.as_mut().filter(|c| c.feeding.is_none()) else {
             return;
         };
-        let ready = match choice.c.accept(logits) {
+        let ready = match choice.continuation.accept(logits) {
             Ok(ready) => ready,
             Err(e) => return self.fail(e.to_string(), stats),
         };
-        for token in &choice.c.sampled()[ready] {
+        for token in &choice.continuation.sampled()[ready] {
             stats.tokens.fetch_add(1, Ordering::Relaxed);
             self.generated += 1;
             if logprobs {
@@ -383,7 +385,7 @@ impl<'t> Live<'t> {
                 });
             }
         }
-        if choice.c.finished().is_none() {
+        if choice.continuation.finished().is_none() {
             return;
         }
         let rest = choice.text.finish();
@@ -394,7 +396,11 @@ impl<'t> Live<'t> {
                 tokens: std::mem::take(&mut choice.pending),
             });
         }
-        let done = finished(choice.index, choice.c.sampled().len(), &choice.c);
+        let done = finished(
+            choice.index,
+            choice.continuation.sampled().len(),
+            &choice.continuation,
+        );
         self.outbox.push_back(done);
         self.running = None;
     }
@@ -426,11 +432,11 @@ impl<'t> Live<'t> {
 }
 
 /// Choice `index`'s [`Event::Finished`], `tokens` long.
-fn finished(index: usize, tokens: usize, c: &Continuation) -> Event {
+fn finished(index: usize, tokens: usize, continuation: &Continuation) -> Event {
     Event::Finished {
         index,
         completion_tokens: tokens,
-        reason: match c.finished() {
+        reason: match continuation.finished() {
             Some(Finish::Stop) => "stop",
             _ => "length",
         },

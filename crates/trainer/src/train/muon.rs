@@ -9,7 +9,7 @@
 //! `momentum` over `warmup` steps, and the group has its own learning rate (`lr_ratio` times the
 //! schedule's). The step count lives in each parameter's state, so a resumed run continues the
 //! warm-up exactly. The fused CPU engine runs the same algorithm on its own buffers (the model
-//! crate's `cpu/muon.rs`), and shares these settings and constants.
+//! crate's `cpu/train/muon.rs`), and shares these settings and constants.
 
 use burn::optim::{LearningRate, RecordState, StateSink, StateSource};
 use burn::tensor::{Device, Tensor, TensorData};

@@ -498,6 +498,30 @@ fn works_from_any_directory() {
     assert!(info.contains("max_iters = 1000"), "{info}");
 }
 
+/// Every command's `--help` ends with an example to copy, as README promises: the commands are
+/// read from `tinygpt --help` itself, so a new one without examples fails here.
+#[test]
+fn every_command_has_help_with_an_example() {
+    let tmp = tempfile::tempdir().unwrap();
+    let help = ok(tinygpt(tmp.path(), &["--help"]));
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|&c| c != "help")
+        .collect();
+    assert!(commands.len() >= 13, "{commands:?} in:\n{help}");
+    for command in commands {
+        let help = ok(tinygpt(tmp.path(), &[command, "--help"]));
+        assert!(
+            help.contains("Example") && help.contains(&format!("tinygpt {command}")),
+            "`tinygpt {command} --help` shows no example:\n{help}"
+        );
+    }
+}
+
 /// A part set with the older spelling trains on the fused engine (every part has its kernels)
 /// and is recorded with the part's spelling.
 #[test]

@@ -4,9 +4,9 @@
 
 use crate::cpu::block::Heads;
 use crate::cpu::dims::Dims;
-use crate::cpu::helpers::{Helpers, split_heads};
 use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::matmul::{View, dot_lanes, matmul_into};
+use crate::cpu::spin_pool::{SpinPool, split_heads};
 use crate::fast_math::{self, vectorized};
 
 /// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
@@ -80,7 +80,7 @@ pub(super) fn attend_cached(
     h: Heads<'_>,
     mut cache: Cache<'_>,
     scores: &mut [f32],
-    helpers: &Helpers,
+    helpers: &SpinPool,
 ) {
     cache.append(h.qkv);
     let d = cache.dims;
@@ -231,7 +231,7 @@ mod tests {
     /// bit for bit, on one thread and split by heads over three.
     #[test]
     fn attention_over_the_cache_is_the_plain_sums_on_any_threads() {
-        let helpers = Helpers::new(2);
+        let helpers = SpinPool::new(2);
         for d in [16, 64, 128] {
             let (heads, kv_heads, visible) = (6, 2, 40);
             let wave = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<_>>();

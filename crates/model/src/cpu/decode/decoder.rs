@@ -16,11 +16,11 @@ use super::quant::{RowWeights, WeightFormat};
 use crate::cpu::block::{self, BlockActs, Ctx, Weight, linear_split};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
-use crate::cpu::helpers::{Helpers, split_columns};
 use crate::cpu::kernels::matmul::dot;
 use crate::cpu::kernels::norm::{self, Normed};
 use crate::cpu::kernels::{rope, softcap};
 use crate::cpu::params::{Params, RowMatrix};
+use crate::cpu::spin_pool::{SpinPool, split_columns};
 use crate::error::ModelError;
 use crate::nn::Gpt;
 use crate::optim::ParamLayout;
@@ -47,7 +47,7 @@ pub struct FusedDecoder {
     /// [`FusedDecoder::share`].
     shared: Arc<DecoderWeights>,
     /// Threads besides the caller's that share each token's products (none by default).
-    helpers: Helpers,
+    helpers: SpinPool,
     /// Per block, the cached keys and values `[block_size, kv_width]` (`width` without grouped
     /// heads); rows `0..len` are filled.
     cache: StreamCache,
@@ -109,7 +109,7 @@ impl HeadRows {
         head: Option<&RowMatrix>,
         x: &[f32],
         streams: bool,
-        helpers: Option<&Helpers>,
+        helpers: Option<&SpinPool>,
     ) {
         let c = d.width;
         let n = x.len() / c;
@@ -193,7 +193,7 @@ impl FusedDecoder {
     fn on(dims: Dims, shared: Arc<DecoderWeights>) -> Self {
         Self {
             dims,
-            helpers: Helpers::new(0),
+            helpers: SpinPool::new(0),
             cache: StreamCache::new(
                 shared.weights.blocks.len(),
                 dims.block_size,
@@ -218,7 +218,7 @@ impl FusedDecoder {
     /// decodes faster where one core cannot read the weights as fast as memory gives them.
     /// The logits are the same bit for bit whatever the count.
     pub fn with_threads(mut self, threads: usize) -> Self {
-        self.helpers = Helpers::new(threads.max(1) - 1);
+        self.helpers = SpinPool::new(threads.max(1) - 1);
         self
     }
 

@@ -3,10 +3,10 @@
 //!
 //! - [`file`]: the container (metadata, tensor table, aligned data), written and read.
 //! - [`quant`]: f32 values as F32, F16, BF16 and ggml's `Q8_0` blocks, and back.
-//! - [`vocab`]: the run's tokenizer as `tokenizer.*` metadata (byte-level BPE, char vocabularies
-//!   included) and back; `pre`: llama.cpp's pre-tokenizers by name, both ways; `spm`: a
-//!   SentencePiece vocabulary both ways, as llama.cpp cuts text; `vocabulary`: which of the two
-//!   a tokenizer or a file is.
+//! - [`bpe`]: a byte-level BPE tokenizer (char vocabularies included) as `tokenizer.*`
+//!   metadata (llama.cpp's `gpt2` model) and back; `pre`: llama.cpp's pre-tokenizers by name,
+//!   both ways; `spm`: a SentencePiece vocabulary both ways, as llama.cpp cuts text;
+//!   `vocabulary`: which of the two a tokenizer or a file is, and the metadata both share.
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
 //! - [`architecture`]: which llama.cpp architecture computes a model, by config or by name.
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
@@ -18,6 +18,7 @@
 //! from elsewhere.
 
 mod architecture;
+pub mod bpe;
 pub mod file;
 mod gpt2;
 mod import;
@@ -26,7 +27,6 @@ mod pre;
 pub mod quant;
 pub(crate) mod spm;
 mod store;
-pub mod vocab;
 mod vocabulary;
 
 use std::path::Path;

@@ -21,11 +21,11 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value as Json, json};
 
-use super::file::{Gguf, Value};
-use super::vocab::{
+use super::bpe::{
     CONTROL, NORMAL, USER_DEFINED, bos_processor, listed, merge_pairs, put, token_list,
     tokens_by_id,
 };
+use super::file::{Gguf, Value};
 use crate::data::tokenizer::Tokenizer;
 
 /// llama.cpp's token type of `<unk>`.

@@ -1,11 +1,11 @@
 //! Which vocabulary a tokenizer or a GGUF file is, and the module that writes or reads it:
 //! SentencePiece ([`spm`]) as llama.cpp's `llama` vocabulary, anything else as its byte-level
-//! BPE ([`vocab`]).
+//! BPE ([`bpe`]).
 
 use anyhow::{Result, bail};
 
 use super::file::{Gguf, Value};
-use super::{spm, vocab};
+use super::{bpe, spm};
 use crate::data::tokenizer::Tokenizer;
 
 /// A run's tokenizer as `tokenizer.*` entries of `rows` tokens with the chat template
@@ -18,25 +18,25 @@ pub(super) fn entries(
 ) -> Result<Vec<(String, Value)>> {
     // A char vocabulary as is; any other from its Hugging Face form, read once.
     let mut entries = match tokenizer.chars() {
-        Some(_) => vocab::metadata(tokenizer, rows)?,
+        Some(_) => bpe::metadata(tokenizer, rows)?,
         None => {
             let hf: serde_json::Value = serde_json::from_str(&tokenizer.to_hf_json()?)?;
             match spm::space_prefix(&hf)? {
                 Some(prefix) => spm::metadata(&hf, prefix, rows)?,
-                None => vocab::bpe_metadata(tokenizer, &hf, rows)?,
+                None => bpe::metadata_from_hf(tokenizer, &hf, rows)?,
             }
         }
     };
-    entries.extend(vocab::starts_and_ends(tokenizer, template));
+    entries.extend(bpe::starts_and_ends(tokenizer, template));
     Ok(entries)
 }
 
 /// The tokenizer of a GGUF file's `tokenizer.*` metadata: byte-level BPE (`gpt2`) or
 /// SentencePiece (`llama`). Anything else is an error naming it, and the way around it.
 pub(super) fn read(gguf: &Gguf) -> Result<Tokenizer> {
-    let around = vocab::AROUND;
+    let around = bpe::AROUND;
     match gguf.get("tokenizer.ggml.model").and_then(Value::as_str) {
-        Some("gpt2") => vocab::tokenizer(gguf),
+        Some("gpt2") => bpe::tokenizer(gguf),
         Some("llama") => spm::tokenizer(gguf),
         Some(other) => bail!(
             "tokenizer.ggml.model \"{other}\" is neither byte-level BPE (gpt2) nor SentencePiece \

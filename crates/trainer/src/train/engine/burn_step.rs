@@ -1,4 +1,4 @@
-//! What the two Burn engines (host and device) share: the gradients of a step in its
+//! What the two Burn engines (autodiff and device) share: the gradients of a step in its
 //! precision, the global norm and the clipping factor, the loss of a batch, and losses over
 //! many batches on several threads.
 

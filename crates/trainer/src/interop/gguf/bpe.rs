@@ -61,13 +61,13 @@ pub fn metadata(tokenizer: &Tokenizer, rows: usize) -> Result<Vec<(String, Value
         }
         None => {
             let hf: Json = serde_json::from_str(&tokenizer.to_hf_json()?)?;
-            bpe_metadata(tokenizer, &hf, rows)
+            metadata_from_hf(tokenizer, &hf, rows)
         }
     }
 }
 
 /// [`metadata`] of a byte-level BPE tokenizer whose Hugging Face form is `hf`.
-pub(super) fn bpe_metadata(
+pub(super) fn metadata_from_hf(
     tokenizer: &Tokenizer,
     hf: &Json,
     rows: usize,

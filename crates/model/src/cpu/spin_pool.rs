@@ -1,4 +1,5 @@
-//! [`Helpers`]: threads that share one sequence's matrix-vector products while it decodes.
+//! [`SpinPool`]: a pool of spinning helper threads that share one sequence's matrix-vector
+//! products while it decodes.
 //!
 //! A token of one sequence is ~120 products of a few hundred microseconds or less each, back
 //! to back. Spawning threads per product (or waking a pool's sleeping ones) costs tens of
@@ -23,7 +24,7 @@ const SPIN: Duration = Duration::from_micros(200);
 type Job<'a> = &'a (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// The job being run (a `Job` with its lifetime erased: see [`Helpers::run`]).
+    /// The job being run (a `Job` with its lifetime erased: see [`SpinPool::run`]).
     job: std::sync::Mutex<Option<Job<'static>>>,
     /// Products handed out so far; a helper runs each once.
     posted: AtomicUsize,
@@ -34,18 +35,18 @@ struct Shared {
 }
 
 /// `count` helper threads (none: every product on the caller's thread).
-pub(crate) struct Helpers {
+pub(crate) struct SpinPool {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for Helpers {
+impl std::fmt::Debug for SpinPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Helpers({})", self.threads.len())
+        write!(f, "SpinPool({})", self.threads.len())
     }
 }
 
-impl Helpers {
+impl SpinPool {
     /// `count` helpers, started now.
     pub(crate) fn new(count: usize) -> Self {
         let shared = Arc::new(Shared {
@@ -92,8 +93,8 @@ impl Helpers {
 }
 
 /// Waits for the helpers' parts of the current product when dropped, so a product's borrows
-/// are never used after [`Helpers::run`] returns or unwinds.
-struct Wait<'a>(&'a Helpers);
+/// are never used after [`SpinPool::run`] returns or unwinds.
+struct Wait<'a>(&'a SpinPool);
 
 impl Drop for Wait<'_> {
     fn drop(&mut self) {
@@ -108,7 +109,7 @@ impl Drop for Wait<'_> {
     }
 }
 
-impl Drop for Helpers {
+impl Drop for SpinPool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         for t in self.threads.drain(..) {
@@ -156,10 +157,10 @@ impl Columns {
     }
 }
 
-/// `f(part, j0)` over [`Helpers::parts`] consecutive column ranges `j0..j0 + part.len()` of
+/// `f(part, j0)` over [`SpinPool::parts`] consecutive column ranges `j0..j0 + part.len()` of
 /// `out`, one on each thread: a product of one row split by outputs.
 pub(crate) fn split_columns(
-    helpers: &Helpers,
+    helpers: &SpinPool,
     out: &mut [f32],
     f: &(dyn Fn(&mut [f32], usize) + Sync),
 ) {
@@ -174,11 +175,11 @@ pub(crate) fn split_columns(
     });
 }
 
-/// `f(part, r0)` over [`Helpers::parts`] consecutive ranges of whole rows of `out` (rows of
+/// `f(part, r0)` over [`SpinPool::parts`] consecutive ranges of whole rows of `out` (rows of
 /// `row_len` values; `part` holds rows `r0..`), one on each thread: a product of many rows
 /// (a prompt's chunk) split by rows. A thread left without rows does nothing.
 pub(crate) fn split_rows(
-    helpers: &Helpers,
+    helpers: &SpinPool,
     out: &mut [f32],
     row_len: usize,
     f: &(dyn Fn(&mut [f32], usize) + Sync),
@@ -201,12 +202,12 @@ pub(crate) fn split_rows(
 /// A thread's share of a row split by heads: `(first head, its heads' outputs, its scratch)`.
 type HeadsJob<'a> = &'a (dyn Fn(usize, &mut [f32], &mut [f32]) + Sync);
 
-/// `f(first, part, scratch)` over [`Helpers::parts`] consecutive ranges of whole heads of `y`
+/// `f(first, part, scratch)` over [`SpinPool::parts`] consecutive ranges of whole heads of `y`
 /// (heads of `head` values; `part` holds heads `first..`), each thread with its own `scratch`
 /// of `scratch_len` values: one row's attention split by heads. A thread left without heads
 /// does nothing.
 pub(crate) fn split_heads(
-    helpers: &Helpers,
+    helpers: &SpinPool,
     y: &mut [f32],
     head: usize,
     scratch: &mut [f32],

@@ -22,6 +22,11 @@ pub enum GptConfigError {
     RopeTheta(f64),
     #[error("`vocab_size` = {rows} is smaller than the tokenizer's vocabulary ({tokens})")]
     VocabularyTooSmall { rows: usize, tokens: usize },
+    #[error(
+        "`bigram` makes a row per pair of tokens, for vocabularies of at most 1024 tokens (a \
+         character tokenizer); this one has {vocab}"
+    )]
+    BigramVocabulary { vocab: usize },
     #[error(transparent)]
     Attention(#[from] AttentionConfigError),
 }
@@ -35,6 +40,11 @@ pub enum ModelError {
     Attention(#[from] AttentionError),
     #[error("the model's weights do not fit its config: {0}")]
     ConfigMismatch(String),
+    #[error(
+        "a model with a bigram table embeds each token with the one before it: this feed gave \
+         the tokens without their pairs"
+    )]
+    BigramPairs,
 }
 
 /// The loss has nothing to average.

@@ -44,7 +44,7 @@ mod optim;
 mod sample;
 
 pub use arch::parts;
-pub use arch::{BlockSlot, GptConfig, ParamName, Slot, parameter_table};
+pub use arch::{BIGRAM_VOCAB, BlockSlot, GptConfig, ParamName, Slot, parameter_table};
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch, WeightFormat,
     q8_0_block, weight_bytes_per_token,
@@ -52,11 +52,12 @@ pub use cpu::{
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use gpu::sum_all;
 pub use nn::{
-    Block, DecodeStep, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization,
-    cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm, seeded,
+    Block, DecodeStep, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Ids, Normalization,
+    befores, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm,
+    seeded,
 };
 pub use optim::{
-    AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, MomentState, MuonSettings,
+    AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings,
     NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, ParamLayout, VelocityState,
     clip_factor, clip_factor_on_device,
 };

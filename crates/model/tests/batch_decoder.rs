@@ -84,7 +84,7 @@ fn to_rounding(got: &[f32], want: &[f32], what: &str) {
 fn a_fused_batch_gives_each_stream_the_logits_it_gets_alone() {
     let _seeded = seeded();
     for config in configs() {
-        let gpt = config.init(&Device::flex()).unwrap();
+        let gpt = common::init(&config, &Device::flex());
         let mut batch = FusedBatch::new(&gpt, 3).unwrap();
         let mut alone: Vec<Box<dyn Decoder>> = (0..3)
             .map(|_| Box::new(FusedDecoder::new(&gpt).unwrap()) as Box<dyn Decoder>)
@@ -101,7 +101,7 @@ fn a_fused_batch_gives_each_stream_the_logits_it_gets_alone() {
 fn a_burn_batch_gives_each_stream_the_logits_it_gets_alone() {
     let _seeded = seeded();
     for config in configs() {
-        burn_batch(&config.init(&Device::flex()).unwrap(), &config);
+        burn_batch(&common::init(&config, &Device::flex()), &config);
     }
 }
 

@@ -37,7 +37,7 @@ fn token_batch<'a>(
 
 fn model(config: &GptConfig) -> Gpt {
     let device = Device::flex().autodiff();
-    config.init(&device).unwrap()
+    common::init(config, &device)
 }
 
 /// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
@@ -165,6 +165,8 @@ fn each_newer_part_matches_burn_autodiff() {
             .map(|p| sliding().with_position(p)),
     );
     for config in each_part.chain([
+        // A bigram table (rows drawn, not at zero: `common::init`), with learned positions.
+        sliding().with_bigram(true),
         // The attention lessons' bare model: no norm, no MLP, one head.
         GptConfig::minimal(13).with_block_size(16).with_n_embd(24),
         // A tight cap, so tanh bends the logits.
@@ -197,6 +199,11 @@ fn each_newer_part_matches_burn_autodiff() {
             .with_bias(modern.bias)
             .with_tie_embeddings(modern.tie_embeddings)
             .with_logit_softcap(modern.logit_softcap),
+        sliding()
+            .with_position(modern.position)
+            .with_norm(modern.norm)
+            .with_mlp(modern.mlp)
+            .with_bigram(true),
     ]) {
         check_against_burn(config, batch, 2);
     }
@@ -458,6 +465,7 @@ fn adamw_on_the_buffers_equals_burns_adamw() {
         epsilon: 1e-8,
         weight_decay: 0.1,
         decayed: decayed.clone(),
+        lr_ratios: Default::default(),
     };
     let adamw = |weight_decay: f32| {
         AdamWConfig::new()

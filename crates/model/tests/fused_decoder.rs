@@ -35,7 +35,7 @@ fn cached_logits_match_a_full_forward() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let mut decoder = FusedDecoder::new(&gpt).unwrap();
         let stream = tokens(config.block_size, config.vocab_size);
         let mut fed = 0;
@@ -69,7 +69,7 @@ fn generates_the_tokens_burn_generates() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         for options in [
             GenerateOptions {
                 temperature: 0.0,
@@ -99,7 +99,7 @@ fn bad_inputs_are_errors() {
     let _seeded = seeded();
     let device = Device::flex();
     let config = configs().remove(0);
-    let gpt = config.init(&device).unwrap();
+    let gpt = common::init(&config, &device);
     let mut decoder = FusedDecoder::new(&gpt).unwrap();
     assert_eq!(
         decoder.feed(&[13]).unwrap_err(),
@@ -143,7 +143,7 @@ fn a_long_prompt_fed_a_chunk_a_step_gives_what_it_gives_whole() {
         .with_mlp(Mlp::SwiGlu)
         .with_n_kv_head(Some(1));
     for config in [small, modern] {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let prompt = tokens(2 * PREFILL_CHUNK + 20, 13);
         let mut alone = FusedDecoder::new(&gpt).unwrap();
         let want = alone.feed(&prompt).unwrap();
@@ -180,7 +180,7 @@ fn decoders_sharing_weights_keep_their_own_streams() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let first = FusedDecoder::new(&gpt).unwrap();
         let mut shared = [first.share(), first.share()];
         let mut alone = [
@@ -209,7 +209,7 @@ fn attention_maps_are_burns() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let mut decoder = FusedDecoder::new(&gpt).unwrap();
         let stream = tokens(config.block_size, config.vocab_size);
         for seq in [1, 7, config.block_size] {

@@ -102,7 +102,7 @@ fn f16_on_wgpu_follows_f32(config: GptConfig) {
 fn bf16_decoding_on_flex_follows_f32() {
     let _seeded = seeded();
     for config in [common::small(), common::modern_parts()] {
-        let gpt = config.init(&Device::flex()).unwrap();
+        let gpt = common::init(&config, &Device::flex());
         half_follows_f32(&gpt, FloatDType::BF16, &[DecodeStep::Captured], 1.5e-2);
     }
 }

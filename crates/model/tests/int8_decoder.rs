@@ -31,7 +31,7 @@ fn int8_logits_stay_close_to_f32() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in int8_configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let mut f32s = FusedDecoder::new(&gpt).unwrap();
         let mut int8 = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
         let stream = tokens(config.block_size, config.vocab_size);
@@ -61,7 +61,7 @@ fn greedy_int8_mostly_agrees_with_f32() {
     let _seeded = seeded();
     let device = Device::flex();
     let config = int8_configs().remove(0);
-    let gpt = config.init(&device).unwrap();
+    let gpt = common::init(&config, &device);
     let options = GenerateOptions {
         temperature: 0.0,
         max_new_tokens: 30,
@@ -83,7 +83,7 @@ fn int8_streams_are_computed_as_alone() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in int8_configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let mut batch = FusedBatch::with_weights(&gpt, 2, WeightFormat::Q8_0).unwrap();
         let mut alone = FusedDecoder::with_weights(&gpt, WeightFormat::Q8_0).unwrap();
         let prompt = tokens(6, config.vocab_size);
@@ -118,7 +118,7 @@ fn window_logits_are_every_rows_logits() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in int8_configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let window = tokens(config.block_size, config.vocab_size);
         let burn = forward(&gpt, &window);
         for (format, bound) in [(WeightFormat::F32, 1e-4), (WeightFormat::Q8_0, 0.03)] {
@@ -161,7 +161,7 @@ fn bytes_per_token_count_the_matrices() {
     // Width 96, 2 layers, hidden 384, vocab 13 tied; c_attn 96×288, proj 96×96, fc 96×384,
     // mlp_proj 384×96, head 13×96.
     let config = common::small().with_n_embd(96);
-    let gpt = config.init(&device).unwrap();
+    let gpt = common::init(&config, &device);
     let weights = 2 * (96 * 288 + 96 * 96 + 96 * 384 + 384 * 96) + 13 * 96;
     let f32s = weight_bytes_per_token(&gpt, WeightFormat::F32).unwrap();
     assert_eq!(f32s, 4 * weights);
@@ -197,7 +197,7 @@ fn threads_change_no_logit() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in int8_configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let stream = tokens(40, config.vocab_size);
         for format in [WeightFormat::F32, WeightFormat::Q8_0] {
             let mut one = FusedDecoder::with_weights(&gpt, format).unwrap();
@@ -226,7 +226,7 @@ fn int8_attention_maps_are_the_int8_models() {
     let _seeded = seeded();
     let device = Device::flex();
     for config in int8_configs() {
-        let gpt = config.init(&device).unwrap();
+        let gpt = common::init(&config, &device);
         let seq = 12;
         let stream = tokens(seq, config.vocab_size);
         let want = FusedDecoder::new(&gpt)

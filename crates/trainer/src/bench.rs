@@ -19,7 +19,7 @@ use tinygpt_model::{
 
 use crate::backend::{Backend, EngineKind, Placement, describe};
 use crate::config::presets::ConfigSource;
-use crate::config::{OptimizerKind, RunConfig, TrainDType};
+use crate::config::{OptimizerKind, RunConfig, TrainDType, UpdateKind};
 use crate::data::tokens::Tokens;
 use crate::data::{Dataset, Split, step_rng};
 use crate::decoder::{Weights, batch_decoder, decoder};
@@ -154,7 +154,7 @@ fn bench_one(
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (workers, dtype) = (config.workers(), config.train.dtype);
-    let (kind, _) = placement.engine_for(dtype, config.train.optimizer)?;
+    let (kind, _) = placement.engine_for(dtype, UpdateKind::of(&config.train))?;
     let mut engine = engine::open(&placement, kind, model, optim, workers, dtype)?;
     let (seconds, first_step_s) = median_step(engine.as_mut(), &data, config, args)?.unzip();
     let kernels = match args.kernel_steps {

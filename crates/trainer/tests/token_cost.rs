@@ -96,7 +96,7 @@ fn growing_step(
     pick: &Pick,
 ) -> u32 {
     let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), device);
-    let logits = gpt.forward_cached(ids, caches).unwrap();
+    let logits = gpt.forward_cached(ids.into(), caches).unwrap();
     let vocab = logits.dims()[2];
     pick.on_device(logits.reshape([vocab])).id
 }

@@ -66,7 +66,8 @@ fn train(
     engine_of(&start)
 }
 
-/// The same tiny run (default parts, the `modern` preset's, Llama's) on flex and on wgpu:
+/// The same tiny run (default parts, the `modern` preset's with a bigram table, Llama's) on
+/// flex and on wgpu:
 /// the same step-0 losses (1e-4), and three AdamW steps later (on wgpu, the AdamW kernel that
 /// runs on the device) the same losses to 1e-3.
 #[test]
@@ -77,7 +78,10 @@ fn train(
 fn wgpu_starts_from_flexs_loss() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    for (name, parts) in [("gpt2", &[][..]), ("modern", MODERN), ("llama", LLAMA)] {
+    // `modern`'s parts with a bigram table: its rows gathered and its gradient scattered on
+    // the device as on flex.
+    let modern = [MODERN, &["--set", "model.bigram=true"]].concat();
+    for (name, parts) in [("gpt2", &[][..]), ("modern", &modern), ("llama", LLAMA)] {
         let step = ["--set", "train.eval_interval=3"];
         let extra = [parts, &step].concat();
         let flex = train(

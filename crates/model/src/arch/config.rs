@@ -67,7 +67,16 @@ pub struct GptConfig {
     /// How the projections onto the residual stream start: `scaled` (GPT-2's, the default)
     /// or `zero`.
     pub proj_init: ProjInit,
+    /// An exact bigram embedding (modded-nanogpt's bigram table, unhashed): a learned row for
+    /// each pair of a token and the one before it, `[(vocab_size + 1)·vocab_size, n_embd]`,
+    /// added to the token's embedding; the first token of a context pairs with "none" (the
+    /// last `vocab_size` rows). Rows start at zero. For small vocabularies (characters: 70
+    /// tokens make 4,970 rows); at most [`BIGRAM_VOCAB`] tokens. Default false.
+    pub bigram: bool,
 }
+
+/// The largest vocabulary a [`GptConfig::bigram`] table is made for: 1,025 × 1,024 rows.
+pub const BIGRAM_VOCAB: usize = 1024;
 
 /// `[model]` as a file may spell it: the parts, or the settings from before them
 /// (`layer_norm`, `mlp = true | false`, `activation`), resolved by [`legacy`].
@@ -92,6 +101,7 @@ struct GptConfigToml {
     qk_norm: Option<bool>,
     mlp_hidden: Option<usize>,
     proj_init: Option<ProjInit>,
+    bigram: Option<bool>,
     layer_norm: Option<bool>,
     activation: Option<Mlp>,
 }
@@ -121,6 +131,7 @@ impl TryFrom<GptConfigToml> for GptConfig {
             qk_norm: t.qk_norm.unwrap_or(d.qk_norm),
             mlp_hidden: t.mlp_hidden,
             proj_init: t.proj_init.unwrap_or(d.proj_init),
+            bigram: t.bigram.unwrap_or(d.bigram),
         })
     }
 }
@@ -146,6 +157,7 @@ impl Default for GptConfig {
             qk_norm: false,
             mlp_hidden: None,
             proj_init: ProjInit::Scaled,
+            bigram: false,
         }
     }
 }
@@ -195,6 +207,7 @@ impl GptConfig {
         with_qk_norm => qk_norm: bool,
         with_mlp_hidden => mlp_hidden: Option<usize>,
         with_proj_init => proj_init: ProjInit,
+        with_bigram => bigram: bool,
     }
 
     /// nanoGPT's CPU "baby" model: 4 layers, 4 heads, `n_embd` 128, block 64, no dropout
@@ -254,13 +267,38 @@ impl GptConfig {
         }
     }
 
-    /// Whether a tokenizer of `tokens` ids fits: a set `vocab_size` must hold them all.
+    /// Whether a tokenizer of `tokens` ids fits: a set `vocab_size` must hold them all, and a
+    /// bigram table ([`bigram`](Self::bigram)) is made for at most [`BIGRAM_VOCAB`] tokens.
     pub fn check_vocabulary(&self, tokens: usize) -> Result<(), GptConfigError> {
         match self.vocab_size {
             rows if rows != 0 && rows < tokens => {
                 Err(GptConfigError::VocabularyTooSmall { rows, tokens })
             }
-            _ => Ok(()),
+            rows => self.check_bigram(rows.max(tokens)),
+        }
+    }
+
+    /// Rows of the bigram table ([`bigram`](Self::bigram)): `(vocab_size + 1)·vocab_size`,
+    /// the pairs of a token with each token before it and with none; 0 without it.
+    pub fn bigram_rows(&self) -> usize {
+        match self.bigram {
+            true => self
+                .vocab_size
+                .saturating_add(1)
+                .saturating_mul(self.vocab_size),
+            false => 0,
+        }
+    }
+
+    /// The bigram table's row for `token` after `before` (`None`: the first of a context).
+    pub fn bigram_pair(&self, before: Option<usize>, token: usize) -> usize {
+        before.unwrap_or(self.vocab_size) * self.vocab_size + token
+    }
+
+    fn check_bigram(&self, vocab: usize) -> Result<(), GptConfigError> {
+        match self.bigram && vocab > BIGRAM_VOCAB {
+            true => Err(GptConfigError::BigramVocabulary { vocab }),
+            false => Ok(()),
         }
     }
 
@@ -362,7 +400,7 @@ impl GptConfig {
         if self.mlp_hidden == Some(0) {
             return Err(GptConfigError::Zero { name: "mlp_hidden" });
         }
-        Ok(())
+        self.check_bigram(self.vocab_size)
     }
 }
 
@@ -405,6 +443,9 @@ impl GptConfig {
         match self.proj_init {
             ProjInit::Scaled => {}
             ProjInit::Zero => parts.push("zero-initialised projections".into()),
+        }
+        if self.bigram {
+            parts.push("a bigram embedding".into());
         }
         parts.join(", ")
     }
@@ -463,6 +504,7 @@ mod tests {
             GptConfig::modern(65)
                 .with_mlp(Mlp::SwiGlu)
                 .with_n_kv_head(Some(2)),
+            GptConfig::modern(65).with_bigram(true),
         ];
         for config in configs {
             let model = config.init(&Device::flex()).unwrap();
@@ -577,5 +619,32 @@ mod tests {
         }
         let err = read("n_layers = 3").unwrap_err().to_string();
         assert!(err.contains("n_layers"), "{err}");
+    }
+
+    /// A bigram table has a row per pair, the first token of a context pairing with none: made
+    /// for small vocabularies, and a large one is refused by name before anything is built.
+    #[test]
+    fn the_bigram_table_pairs_each_token_with_the_one_before() {
+        let config: GptConfig = toml::from_str("bigram = true").unwrap();
+        assert!(config.bigram);
+        let config = config.with_vocab_size(5);
+        assert_eq!(config.bigram_rows(), 30);
+        assert_eq!(config.bigram_pair(Some(2), 3), 13);
+        assert_eq!(config.bigram_pair(None, 4), 29);
+        assert_eq!(config.clone().with_bigram(false).bigram_rows(), 0);
+        assert!(config.parts().contains("bigram"), "{}", config.parts());
+        let large = GptConfig::new(BIGRAM_VOCAB + 1).with_bigram(true);
+        let err = large.validate().unwrap_err();
+        assert_eq!(
+            err,
+            GptConfigError::BigramVocabulary {
+                vocab: BIGRAM_VOCAB + 1
+            }
+        );
+        assert!(err.to_string().contains("`bigram`"), "{err}");
+        let unset = GptConfig::default().with_bigram(true);
+        assert!(unset.check_vocabulary(BIGRAM_VOCAB).is_ok());
+        assert!(unset.check_vocabulary(50_257).is_err());
+        assert!(GptConfig::default().check_vocabulary(50_257).is_ok());
     }
 }

@@ -15,6 +15,6 @@ mod legacy;
 mod parameters;
 pub mod parts;
 
-pub use config::GptConfig;
+pub use config::{BIGRAM_VOCAB, GptConfig};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
 pub use parts::{Mlp, Norm, Position};

@@ -31,6 +31,8 @@ pub enum Slot {
     TokenEmbedding,
     /// `wpe`, `[block_size, n_embd]`.
     PositionEmbedding,
+    /// `bigram`, `[(vocab_size + 1)·vocab_size, n_embd]` ([`GptConfig::bigram`]).
+    BigramEmbedding,
     /// A parameter of block `l`.
     Block(usize, BlockSlot),
     /// `ln_f`'s gain and bias, `[n_embd]`.
@@ -81,6 +83,7 @@ impl Slot {
                 Position::Learned => true,
                 Position::Rope | Position::None => false,
             },
+            Slot::BigramEmbedding => config.bigram,
             Slot::Block(_, slot) => slot.present(config),
             Slot::FinalNormGain => gain,
             Slot::FinalNormBias => shift,
@@ -95,6 +98,7 @@ impl Slot {
         match self {
             Slot::TokenEmbedding => vec![v, c],
             Slot::PositionEmbedding => vec![config.block_size, c],
+            Slot::BigramEmbedding => vec![config.bigram_rows(), c],
             Slot::Block(_, slot) => slot.shape(config),
             Slot::FinalNormGain | Slot::FinalNormBias => vec![c],
             Slot::LmHead => vec![c, v],
@@ -161,7 +165,7 @@ pub enum BlockSlot {
     MlpProjBias,
 }
 
-/// Every slot of a model of `config`'s shape, in nanoGPT's order: `wte`, `wpe`, per block
+/// Every slot of a model of `config`'s shape, in nanoGPT's order: `wte`, `wpe` (`bigram`), per block
 /// `ln_1`, `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj` (weight, then bias),
 /// `ln_f`, `lm_head`. Slots the model lacks ([`Slot::present`]: no biases without `bias`, no
 /// LayerNorms or MLP in the teaching ablations, no head when tied) are kept with
@@ -180,6 +184,7 @@ pub fn parameter_table(config: &GptConfig) -> Vec<ParamName> {
     for (kind, name) in [
         (Slot::TokenEmbedding, "wte"),
         (Slot::PositionEmbedding, "wpe"),
+        (Slot::BigramEmbedding, "bigram"),
     ] {
         let (burn, torch) = (
             format!("{name}.weight"),

@@ -30,6 +30,8 @@ pub(crate) struct Dims {
     pub rope: Option<f64>,
     /// The logits' soft-cap; 0 = none.
     pub softcap: f32,
+    /// Whether the model has a bigram table ([`GptConfig::bigram`]).
+    pub bigram: bool,
 }
 
 impl Dims {
@@ -50,6 +52,15 @@ impl Dims {
     /// Columns of the keys (or of the values).
     pub fn kv_width(&self) -> usize {
         self.kv_heads * self.d_head()
+    }
+
+    /// The bigram table's row of `token` after `before` (`None`: the first of a context), as
+    /// [`GptConfig::bigram_pair`]; 0, unread, without a table.
+    pub fn pair(&self, before: Option<usize>, token: usize) -> usize {
+        match self.bigram {
+            true => before.unwrap_or(self.vocab) * self.vocab + token,
+            false => 0,
+        }
     }
 }
 
@@ -76,6 +87,7 @@ impl Dims {
                 Position::Learned | Position::None => None,
             },
             softcap: config.logit_softcap as f32,
+            bigram: config.bigram,
         })
     }
 }
@@ -111,6 +123,9 @@ fn implemented(config: &GptConfig) {
         // Each has its kernels: `qk_norm.rs`, `softcap.rs`.
         qk_norm: _,
         logit_softcap: _,
+        // `Params::embed` adds the pair's row; the backward adds to it (`workspace.rs`); the
+        // decoders keep each stream's last token for the next pair.
+        bigram: _,
     } = config;
     match position {
         // `embed` reads the table when there is one; `rope.rs` rotates queries and keys.

@@ -101,6 +101,8 @@ pub(crate) struct Params {
     pub wte: Vec<f32>,
     /// `[block_size, width]`.
     pub wpe: Vec<f32>,
+    /// The bigram table, `[(vocab + 1)·vocab, width]` (empty without one).
+    pub bigram: Vec<f32>,
     pub blocks: Vec<BlockParams>,
     pub ln_f_gamma: Vec<f32>,
     pub ln_f_beta: Vec<f32>,
@@ -113,6 +115,7 @@ impl Params {
         match slot {
             Slot::TokenEmbedding => &self.wte,
             Slot::PositionEmbedding => &self.wpe,
+            Slot::BigramEmbedding => &self.bigram,
             Slot::Block(l, s) => self.blocks[l].buffer(s),
             Slot::FinalNormGain => &self.ln_f_gamma,
             Slot::FinalNormBias => &self.ln_f_beta,
@@ -124,6 +127,7 @@ impl Params {
         match slot {
             Slot::TokenEmbedding => &mut self.wte,
             Slot::PositionEmbedding => &mut self.wpe,
+            Slot::BigramEmbedding => &mut self.bigram,
             Slot::Block(l, s) => self.blocks[l].buffer_mut(s),
             Slot::FinalNormGain => &mut self.ln_f_gamma,
             Slot::FinalNormBias => &mut self.ln_f_beta,
@@ -150,21 +154,26 @@ impl Params {
         self.buffer_mut(slot)
     }
 
-    /// `out [width] = wte[token] + wpe[position]`: one token's input to the first block
-    /// (`wte[token]` alone without a position table: rotary positions or none).
-    pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize) {
+    /// `out [width] = wte[token] + wpe[position] + bigram[pair]`: one token's input to the
+    /// first block (`wte[token]` alone without a position table, rotary positions or none;
+    /// `pair`, its row of the bigram table, with one: [`Dims::pair`](super::dims::Dims::pair)).
+    pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize, pair: usize) {
         let c = out.len();
         let (te, pe) = (token * c, position * c);
         if self.wpe.is_empty() {
             out.copy_from_slice(&self.wte[te..te + c]);
-            return;
+        } else {
+            for ((x, a), b) in out
+                .iter_mut()
+                .zip(&self.wte[te..te + c])
+                .zip(&self.wpe[pe..pe + c])
+            {
+                *x = a + b;
+            }
         }
-        for ((x, a), b) in out
-            .iter_mut()
-            .zip(&self.wte[te..te + c])
-            .zip(&self.wpe[pe..pe + c])
-        {
-            *x = a + b;
+        if !self.bigram.is_empty() {
+            let row = &self.bigram[pair * c..(pair + 1) * c];
+            out.iter_mut().zip(row).for_each(|(x, b)| *x += b);
         }
     }
 

@@ -110,7 +110,7 @@ mod tests {
     /// For every combination of the parts that add or drop parameters (every norm and MLP, with
     /// and without biases and tying), the present slots are exactly the model's parameters, with
     /// Burn's paths and the shapes `Slot::shape` gives; the attention's parts (positions,
-    /// key/value heads, QK-norm) take turns across them.
+    /// key/value heads, QK-norm) and the bigram table take turns across them.
     #[test]
     fn the_table_names_every_parameter_once() {
         let positions: Vec<Position> = Position::all().collect();
@@ -127,7 +127,8 @@ mod tests {
                 .with_position(positions[i % positions.len()])
                 .with_n_kv_head([None, Some(2), Some(1), Some(4)][i % 4])
                 .with_qk_norm(i % 2 == 0)
-                .with_mlp_hidden([None, Some(40)][i / 2 % 2]);
+                .with_mlp_hidden([None, Some(40)][i / 2 % 2])
+                .with_bigram(i % 3 == 0);
             let model = config.init(&Device::flex()).unwrap();
             let by_path = parameters_by_path(&model);
             let mut paths: Vec<&String> = by_path.keys().collect();

@@ -22,6 +22,9 @@ pub struct Gpt {
     pub wte: Embedding,
     /// Learned position embedding `[block_size, n_embd]` (`position = "learned"`).
     pub wpe: Option<Embedding>,
+    /// The bigram table `[(vocab_size + 1)·vocab_size, n_embd]` (`bigram = true`): the row of
+    /// each token's pair with the one before it, added to its embedding.
+    pub bigram: Option<Embedding>,
     pub drop: Dropout,
     pub h: Vec<Block>,
     /// The norm before the head.
@@ -79,6 +82,10 @@ impl Gpt {
                 Position::Learned => Some(embedding(config.block_size)),
                 Position::Rope | Position::None => None,
             },
+            // At zero: a pair adds nothing until training teaches it (modded-nanogpt's).
+            bigram: config.bigram.then(|| Embedding {
+                weight: Initializer::Zeros.init([config.bigram_rows(), config.n_embd], device),
+            }),
             drop: DropoutConfig::new(config.dropout).init(),
             h,
             ln_f: Normalization::init(config, device, kernels),
@@ -206,7 +213,8 @@ impl Gpt {
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
     ) -> Result<Tensor<3>, ModelError> {
-        let mut x = self.embed(tokens, 0)?;
+        let pairs = self.window_pairs(&tokens);
+        let mut x = self.embed(tokens, pairs, 0)?;
         for block in &self.h {
             x = block.forward(x, key_padding.clone())?;
         }
@@ -219,7 +227,8 @@ impl Gpt {
         &self,
         tokens: Tensor<2, Int>,
     ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
-        let mut x = self.embed(tokens, 0)?;
+        let pairs = self.window_pairs(&tokens);
+        let mut x = self.embed(tokens, pairs, 0)?;
         let mut maps = Vec::with_capacity(self.h.len());
         for block in &self.h {
             let (y, weights) = block.forward_with_weights(x)?;
@@ -229,10 +238,12 @@ impl Gpt {
         Ok((self.head(x), maps))
     }
 
-    /// Token + position embeddings for tokens at positions `past..past + seq`.
+    /// Token + position (+ bigram) embeddings for tokens at positions `past..past + seq`,
+    /// their pairs in the bigram table `pairs` (`[batch, seq]`, with one).
     pub(crate) fn embed(
         &self,
         tokens: Tensor<2, Int>,
+        pairs: Option<Tensor<2, Int>>,
         past: usize,
     ) -> Result<Tensor<3>, ModelError> {
         let seq = tokens.dims()[1];
@@ -246,12 +257,19 @@ impl Gpt {
         let device = tokens.device();
         let positions =
             Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
-        Ok(self.embed_at(tokens, positions))
+        self.embed_at(tokens, positions, pairs)
     }
 
-    /// Token + position embeddings of `tokens` `[batch, seq]` at `positions` (`[batch, seq]`,
-    /// or `[1, seq]` for every sequence alike): `[batch, seq, n_embd]`.
-    pub(crate) fn embed_at(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<3> {
+    /// Token + position (+ bigram) embeddings of `tokens` `[batch, seq]` at `positions`
+    /// (`[batch, seq]`, or `[1, seq]` for every sequence alike): `[batch, seq, n_embd]`. With a
+    /// bigram table, `pairs` `[batch, seq]` are the tokens' rows of it; without them such a
+    /// model cannot embed.
+    pub(crate) fn embed_at(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: Tensor<2, Int>,
+        pairs: Option<Tensor<2, Int>>,
+    ) -> Result<Tensor<3>, ModelError> {
         let [batch, seq] = tokens.dims();
         let n_embd = self.wte.weight.dims()[1];
         let x = self.embed_tokens(tokens);
@@ -262,7 +280,27 @@ impl Gpt {
             }
             (_, Position::Learned | Position::Rope | Position::None) => x,
         };
-        self.drop.forward(x)
+        let x = match (&self.bigram, pairs) {
+            (Some(bigram), Some(pairs)) => x + bigram.forward(pairs),
+            (Some(_), None) => return Err(ModelError::BigramPairs),
+            (None, _) => x,
+        };
+        Ok(self.drop.forward(x))
+    }
+
+    /// The bigram table's rows of `tokens` `[batch, seq]` as a training window sees them: each
+    /// token after the one before it, the first after none ([`GptConfig::bigram_pair`]).
+    /// `None` without a table.
+    pub(crate) fn window_pairs(&self, tokens: &Tensor<2, Int>) -> Option<Tensor<2, Int>> {
+        self.bigram.as_ref()?;
+        let [batch, seq] = tokens.dims();
+        let vocab = self.vocab_size() as i64;
+        let none = Tensor::<2, Int>::full([batch, 1], vocab, &tokens.device());
+        let before = match seq {
+            1 => none,
+            _ => Tensor::cat(vec![none, tokens.clone().narrow(1, 0, seq - 1)], 1),
+        };
+        Some(before.mul_scalar(vocab) + tokens.clone())
     }
 
     /// The token embeddings of `tokens` (`[batch, seq]`): `[batch, seq, n_embd]`. Training on a

@@ -24,7 +24,7 @@ pub(crate) mod norm;
 mod seeded;
 
 pub use block::{Block, FeedForward};
-pub use decode::GptBatch;
+pub use decode::{GptBatch, Ids, befores};
 pub use decoding::{DecodeStep, Decoding};
 pub use gpt::Gpt;
 pub use loss::{

@@ -16,6 +16,6 @@ mod state;
 pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
 pub use layout::{LayoutEntry, LayoutError, ParamLayout};
 pub use state::{
-    AdamWSettings, MomentState, MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON,
+    AdamWSettings, LrRatios, MomentState, MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON,
     NEWTON_SCHULZ_STEPS, VelocityState,
 };

@@ -4,7 +4,10 @@
 
 use burn::module::ParamId;
 
-/// AdamW's settings, as Burn's `AdamWConfig` takes them, and which parameters decay.
+use crate::arch::Slot;
+
+/// AdamW's settings, as Burn's `AdamWConfig` takes them, which parameters decay, and each
+/// group's learning rate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdamWSettings {
     pub beta_1: f32,
@@ -13,6 +16,41 @@ pub struct AdamWSettings {
     pub weight_decay: f32,
     /// The parameters weight decay applies to (nanoGPT: the matrices); the others get none.
     pub decayed: Vec<ParamId>,
+    /// Each group's learning rate over the schedule's.
+    pub lr_ratios: LrRatios,
+}
+
+/// The learning rate of each group of parameters over the schedule's: the embeddings' (the
+/// token, position and bigram tables) and the untied head's, nanochat's groups (its embeddings
+/// learn far faster than its matrices, its head slower); every other parameter at the
+/// schedule's. The trainer's `[train]` `embedding_lr_ratio` and `head_lr_ratio`, 1 each by
+/// default: the same step, bit for bit, as without groups.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LrRatios {
+    pub embedding: f64,
+    pub head: f64,
+}
+
+impl Default for LrRatios {
+    fn default() -> Self {
+        Self {
+            embedding: 1.0,
+            head: 1.0,
+        }
+    }
+}
+
+impl LrRatios {
+    /// The ratio of the parameter in `slot` (a tied head is the token embedding: its ratio).
+    pub fn of(&self, slot: Slot) -> f64 {
+        match slot {
+            Slot::TokenEmbedding | Slot::PositionEmbedding | Slot::BigramEmbedding => {
+                self.embedding
+            }
+            Slot::LmHead => self.head,
+            Slot::Block(..) | Slot::FinalNormGain | Slot::FinalNormBias => 1.0,
+        }
+    }
 }
 
 /// One parameter's AdamW state, as Burn keeps it: steps taken and the two moments (flat).

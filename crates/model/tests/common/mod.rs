@@ -1,6 +1,7 @@
 //! What the model crate's test files share.
 
-use burn::tensor::Device;
+use burn::module::Param;
+use burn::tensor::{Device, Distribution, Tensor};
 use tinygpt_model::GptConfig;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{Decoder, ModelError, Pick, Picked};
@@ -26,7 +27,21 @@ pub fn seeded() -> std::sync::MutexGuard<'static, ()> {
 #[allow(dead_code)] // Not every test file runs on wgpu.
 pub fn drawn_on_flex(config: &GptConfig) -> tinygpt_model::Gpt {
     let _seeded = seeded();
-    config.init(&Device::flex()).unwrap().copied_here()
+    init(config, &Device::flex()).copied_here()
+}
+
+/// `config`'s model on `device`, a bigram table's rows (which start at zero, so that a pair
+/// adds nothing until training teaches it) drawn like the token embedding's: a test of the
+/// gradients or the decoders then reads rows that differ, and a wrong row shows.
+#[allow(dead_code)] // Not every test file builds a model.
+pub fn init(config: &GptConfig, device: &Device) -> tinygpt_model::Gpt {
+    let mut gpt = config.init(device).unwrap();
+    if let Some(bigram) = &mut gpt.bigram {
+        let drawn =
+            Tensor::<2>::random(bigram.weight.dims(), Distribution::Normal(0.0, 0.5), device);
+        bigram.weight = Param::from_tensor(drawn);
+    }
+    gpt
 }
 
 #[path = "../../../attention/tests/support/wgpu.rs"]
@@ -156,6 +171,9 @@ pub fn configs() -> Vec<GptConfig> {
                 .with_mlp(Mlp::SwiGlu)
                 .with_bias(false),
             modern_parts(),
+            // A bigram table: each token's row is its pair with the token before it, which
+            // every decoder must carry across feeds, chunks and steps.
+            modern_parts().with_bigram(true),
             GptConfig::new(13)
                 .with_block_size(24)
                 .with_n_layer(2)

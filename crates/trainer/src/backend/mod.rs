@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use burn::tensor::{Device, DeviceKind, DeviceType};
 use tinygpt_model::Gpt;
 
-use crate::config::{OptimizerKind, TrainDType};
+use crate::config::{OptimizerKind, TrainDType, UpdateKind};
 use switches::Switches;
 
 /// A backend as named on the command line.
@@ -114,8 +114,9 @@ impl Placement {
     pub fn engine_for(
         &self,
         dtype: TrainDType,
-        optimizer: OptimizerKind,
+        update: impl Into<UpdateKind>,
     ) -> Result<(EngineKind, Option<String>)> {
+        let update = update.into();
         let support = match dtype {
             TrainDType::F32 => Ok(()),
             _ => Err(format!(
@@ -138,9 +139,17 @@ impl Placement {
             (EngineKind::Fused, Err(e)) => {
                 (EngineKind::Autodiff, Some(format!("{e}; training on flex")))
             }
-            (EngineKind::Device, _) if optimizer == OptimizerKind::Muon => (
+            (EngineKind::Device, _) if update.optimizer == OptimizerKind::Muon => (
                 EngineKind::Autodiff,
                 Some("Muon updates through Burn's optimizer on the device".into()),
+            ),
+            (EngineKind::Device, _) if update.lr_groups => (
+                EngineKind::Autodiff,
+                Some(
+                    "learning rates of their own (train.*_lr_ratio) update through Burn's \
+                     optimizer on the device"
+                        .into(),
+                ),
             ),
             (kind @ (EngineKind::Autodiff | EngineKind::Device), _) => (kind, None),
         })

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
+use tinygpt::config::UpdateKind;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
 use tinygpt_model::{WeightFormat, weight_bytes_per_token};
@@ -71,7 +72,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     );
     // Where `auto` trains it on a machine without a GPU.
     let (engine, _) = tinygpt::backend::Placement::cpu()
-        .engine_for(run.config.train.dtype, run.config.train.optimizer)?;
+        .engine_for(run.config.train.dtype, UpdateKind::of(&run.config.train))?;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, engine);
     let on = engine.on_the_cpu();
     println!(

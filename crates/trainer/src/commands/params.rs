@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::config::TrainDType;
+use tinygpt::config::{TrainDType, UpdateKind};
 use tinygpt::train::memory;
 use tinygpt_model::GptConfig;
 
@@ -62,7 +62,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params_non_embedding() as f64 / 1e6
     );
     let (engine, _) =
-        tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, Default::default())?;
+        tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, UpdateKind::default())?;
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let on = engine.on_the_cpu();
     println!(

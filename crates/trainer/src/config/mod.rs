@@ -100,6 +100,33 @@ pub enum OptimizerKind {
     Muon,
 }
 
+/// What a run's update asks of an engine: its optimizer, and whether a group of parameters
+/// learns at a rate of its own (`train.embedding_lr_ratio`, `train.head_lr_ratio` not 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UpdateKind {
+    pub optimizer: OptimizerKind,
+    pub lr_groups: bool,
+}
+
+impl From<OptimizerKind> for UpdateKind {
+    fn from(optimizer: OptimizerKind) -> Self {
+        Self {
+            optimizer,
+            lr_groups: false,
+        }
+    }
+}
+
+impl UpdateKind {
+    /// The update `train` asks for.
+    pub fn of(train: &TrainSection) -> Self {
+        Self {
+            optimizer: train.optimizer,
+            lr_groups: train.embedding_lr_ratio != 1.0 || train.head_lr_ratio != 1.0,
+        }
+    }
+}
+
 /// The precision a training step computes in (`train.dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -160,6 +187,11 @@ pub struct TrainSection {
     pub beta2: f64,
     /// AdamW weight decay, on 2-D weights only.
     pub weight_decay: f64,
+    /// The embeddings' learning rate (the token, position and bigram tables) over
+    /// `learning_rate`: nanochat's embeddings learn far faster than its matrices. 1.
+    pub embedding_lr_ratio: f64,
+    /// The untied head's learning rate over `learning_rate` (nanochat's learns slower). 1.
+    pub head_lr_ratio: f64,
     /// "adamw" (nanoGPT's, the default) or "muon": see [`OptimizerKind`].
     pub optimizer: OptimizerKind,
     /// With `muon`: the blocks' matrices' peak learning rate (the schedule scales it as it
@@ -220,6 +252,8 @@ impl Default for TrainSection {
             beta1: 0.9,
             beta2: 0.99,
             weight_decay: 0.1,
+            embedding_lr_ratio: 1.0,
+            head_lr_ratio: 1.0,
             optimizer: OptimizerKind::AdamW,
             muon_learning_rate: 0.02,
             muon_momentum: 0.95,
@@ -346,6 +380,14 @@ impl RunConfig {
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 bail!("`{key}` must be a finite number >= 0, got {value}");
+            }
+        }
+        for (key, value) in [
+            ("train.embedding_lr_ratio", t.embedding_lr_ratio),
+            ("train.head_lr_ratio", t.head_lr_ratio),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                bail!("`{key}` must be a finite number > 0, got {value}");
             }
         }
         for (key, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {

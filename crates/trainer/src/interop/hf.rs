@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position};
-use tinygpt_model::{GptConfig, parameter_table};
+use tinygpt_model::{GptConfig, Slot, parameter_table};
 
 use super::chat_files;
 use super::foreign::{
@@ -202,7 +202,9 @@ fn gpt2_tensors(gpt: &GptConfig, tensors: &TensorTable) -> Vec<NamedTensor> {
     let mut outputs = 0;
     for name in parameter_table(gpt) {
         if !name.present {
-            if name.nanogpt != LM_HEAD {
+            // A tied head is `wte`; no GPT-2 has a bigram table; every other absent slot is a
+            // bias.
+            if !matches!(name.slot, Slot::LmHead | Slot::BigramEmbedding) {
                 exported.push((name.nanogpt, vec![outputs], vec![0u8; outputs * 4]));
             }
             continue;
@@ -280,8 +282,12 @@ pub(crate) fn expressible(config: &GptConfig) -> Result<&'static str, String> {
         rope_theta: _,
         n_kv_head,
         qk_norm,
+        bigram,
     } = config;
     let refuse = |part: &str| Err(part.to_string());
+    if *bigram {
+        return refuse("with a bigram embedding (`model.bigram`; GPT-2 has no such table)");
+    }
     match position {
         Position::Learned => {}
         Position::Rope => return refuse("with rotary positions (GPT-2's are learned)"),

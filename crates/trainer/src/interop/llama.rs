@@ -173,6 +173,7 @@ pub(super) fn architecture(hf: &LlamaConfig, block_size: Option<usize>) -> Resul
         qk_norm: false,
         mlp_hidden: Some(hf.intermediate_size),
         proj_init: ProjInit::Scaled,
+        bigram: false,
     })
 }
 
@@ -268,8 +269,9 @@ fn sources(slot: Slot) -> (Vec<String>, bool) {
     };
     match slot {
         Slot::TokenEmbedding => (vec!["model.embed_tokens.weight".into()], false),
-        // Rotary positions have no table; the model is built without one.
-        Slot::PositionEmbedding => (vec![], false),
+        // Rotary positions have no table; the model is built without one. Nor has Llama a
+        // bigram table.
+        Slot::PositionEmbedding | Slot::BigramEmbedding => (vec![], false),
         Slot::FinalNormGain => (vec!["model.norm.weight".into()], false),
         // RMSNorm has no shift.
         Slot::FinalNormBias => (vec![], false),
@@ -397,8 +399,12 @@ pub(super) fn expressible(config: &GptConfig) -> Result<(), String> {
         rope_theta: _,
         n_kv_head: _,
         qk_norm,
+        bigram,
     } = config;
     let refuse = |part: &str| Err(part.to_string());
+    if *bigram {
+        return refuse("with a bigram embedding (`model.bigram`; Llama has no such table)");
+    }
     match position {
         Position::Rope => {}
         Position::Learned => return refuse("with learned positions (Llama's are rotary)"),

@@ -74,6 +74,9 @@ struct NanoGptConfig {
     mlp_hidden: Option<usize>,
     #[serde(default)]
     proj_init: ProjInit,
+    /// The bigram table (`transformer.bigram.weight`); absent in older sidecars: none.
+    #[serde(default)]
+    bigram: bool,
 }
 
 fn default_rope_theta() -> f64 {
@@ -133,6 +136,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<()> {
             qk_norm: config.qk_norm,
             mlp_hidden: config.mlp_hidden,
             proj_init: config.proj_init,
+            bigram: config.bigram,
         },
         tokenizer: tokenizer_json(&run.tokenizer)?,
         chat: run.config.chat.clone(),
@@ -170,6 +174,7 @@ pub fn import(from: &Path, out: &Path) -> Result<Imported> {
         qk_norm: c.qk_norm,
         mlp_hidden: c.mlp_hidden,
         proj_init: c.proj_init,
+        bigram: c.bigram,
         // Filled in from the tokenizer by `imported_config`.
         vocab_size: 0,
     };

@@ -5,11 +5,13 @@
 
 use anyhow::{Context, Result, bail};
 use burn::module::{ParamGroup, ParamId};
-use burn::optim::{AdamWConfig, ModuleOptimizer};
-use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{AdamWSettings, BlockSlot, Gpt, MomentState, ParamLayout, Slot, VelocityState};
+use burn::optim::{AdamWConfig, LearningRate, ModuleOptimizer};
+use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use tinygpt_model::{
+    AdamWSettings, BlockSlot, Gpt, LrRatios, MomentState, ParamLayout, Slot, VelocityState,
+};
 
-use crate::config::{LrSchedule, OptimizerKind, RunConfig};
+use crate::config::{LrSchedule, OptimizerKind, RunConfig, UpdateKind};
 use crate::train::muon::{Muon, MuonSettings};
 
 /// The update rule an engine applies once it has the (clipped) gradients. Every engine matches
@@ -33,6 +35,17 @@ impl UpdateRule {
         match self {
             UpdateRule::AdamW(_) => OptimizerKind::AdamW,
             UpdateRule::Muon(..) => OptimizerKind::Muon,
+        }
+    }
+
+    /// What this rule asks of an engine.
+    pub fn update_kind(&self) -> UpdateKind {
+        let adamw = match self {
+            UpdateRule::AdamW(adamw) | UpdateRule::Muon(adamw, _) => adamw,
+        };
+        UpdateKind {
+            optimizer: self.kind(),
+            lr_groups: adamw.lr_ratios != LrRatios::default(),
         }
     }
 }
@@ -100,6 +113,41 @@ pub fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
         epsilon: ADAMW_EPSILON,
         weight_decay: t.weight_decay as f32,
         decayed: model.decayed_param_ids(),
+        lr_ratios: lr_ratios(config),
+    }
+}
+
+/// Each group's learning rate over the schedule's, as `[train]` sets them.
+pub fn lr_ratios(config: &RunConfig) -> LrRatios {
+    LrRatios {
+        embedding: config.train.embedding_lr_ratio,
+        head: config.train.head_lr_ratio,
+    }
+}
+
+/// Burn's optimizer `O` at `ratio` times the learning rate it is given: a group of parameters
+/// with a rate of its own ([`LrRatios`]). Its state is `O`'s, saved under the same names.
+#[derive(Clone)]
+struct Scaled<O> {
+    inner: O,
+    ratio: f64,
+}
+
+impl<O: burn::optim::Optimizer> burn::optim::Optimizer for Scaled<O> {
+    type State<const D: usize> = O::State<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        self.inner.step(lr * self.ratio, tensor, grad, state)
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        O::to_device(state, device)
     }
 }
 
@@ -135,6 +183,7 @@ fn muon_updates(slot: Slot) -> bool {
         },
         Slot::TokenEmbedding
         | Slot::PositionEmbedding
+        | Slot::BigramEmbedding
         | Slot::FinalNormGain
         | Slot::FinalNormBias
         | Slot::LmHead => false,
@@ -152,9 +201,11 @@ pub fn muon_ids(model: &Gpt) -> Vec<ParamId> {
 }
 
 /// Burn's AdamW with nanoGPT's two groups ([`adamw_settings`]): weight decay on 2-D weights,
-/// none on biases and gains; with `optimizer = "muon"`, a third group, the blocks' matrices
-/// ([`muon_ids`]), under [`Muon`]. Groups are by parameter id, so a record written from the
-/// fused engine's buffers (which names ids, not paths) routes each state to its group.
+/// none on biases and gains; a group more for each set of parameters whose learning rate is not
+/// the schedule's ([`LrRatios`]: none by default); with `optimizer = "muon"`, one more, the
+/// blocks' matrices ([`muon_ids`]), under [`Muon`]. Groups are by parameter id, so a record
+/// written from the fused engine's buffers (which names ids, not paths) routes each state to its
+/// group.
 pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
     let s = adamw_settings(config, model);
     let adamw = |weight_decay: f32| {
@@ -169,11 +220,20 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
         .map(ParamId::from)
         .filter(|id| !s.decayed.contains(id))
         .collect();
-    let optim = adamw(s.weight_decay).init().with_group(
+    let mut optim = adamw(s.weight_decay).init().with_group(
         ParamGroup::from_ids(undecayed),
         adamw(0.0).build(),
         None,
     );
+    for (ratio, ids) in lr_groups(&s.lr_ratios, model) {
+        for decayed in [true, false] {
+            let weight_decay = if decayed { s.weight_decay } else { 0.0 };
+            let members = ids.iter().filter(|id| s.decayed.contains(id) == decayed);
+            let group = ParamGroup::from_ids(members.copied().collect());
+            let inner = adamw(weight_decay).build();
+            optim = optim.with_group(group, Scaled { inner, ratio }, None);
+        }
+    }
     match config.train.optimizer {
         OptimizerKind::AdamW => optim,
         OptimizerKind::Muon => {
@@ -183,6 +243,22 @@ pub fn optimizer(config: &RunConfig, model: &Gpt) -> ModuleOptimizer {
             optim.with_group(ParamGroup::from_ids(muon_ids(model)), muon, None)
         }
     }
+}
+
+/// The parameters of each learning rate other than the schedule's, by ratio.
+fn lr_groups(ratios: &LrRatios, model: &Gpt) -> Vec<(f64, Vec<ParamId>)> {
+    let mut groups: Vec<(f64, Vec<ParamId>)> = Vec::new();
+    for entry in ParamLayout::of(model).entries() {
+        let ratio = ratios.of(entry.slot);
+        if ratio == 1.0 {
+            continue;
+        }
+        match groups.iter_mut().find(|(r, _)| *r == ratio) {
+            Some((_, ids)) => ids.push(entry.id),
+            None => groups.push((ratio, vec![entry.id])),
+        }
+    }
+    groups
 }
 
 /// `optim`'s record as a checkpoint's `optimizer.bpk` holds it.

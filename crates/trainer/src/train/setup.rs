@@ -16,8 +16,8 @@ use super::optim::{Optimizer, load_optimizer, optimizer};
 use super::session::{Trainer, evaluates_at};
 use super::snapshot;
 use crate::backend::{Backend, EngineKind, Placement};
-use crate::config::RunConfig;
 use crate::config::presets::ConfigSource;
+use crate::config::{RunConfig, UpdateKind};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, corpus, mix};
 use crate::run::checkpoint::{self, Run, TrainState, Which};
@@ -75,7 +75,7 @@ impl Trainer {
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = snapshot::sample_prompt(config, tokenizer, &data)?;
         let (kind, engine_note) =
-            placement.engine_for(config.train.dtype, config.train.optimizer)?;
+            placement.engine_for(config.train.dtype, UpdateKind::of(&config.train))?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let model = placement.model(model);

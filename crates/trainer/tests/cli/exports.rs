@@ -253,7 +253,8 @@ fn pytorch_reads_exported_weights_needs_python() {
 }
 
 /// Models of parts GPT-2 does not have (no MLP, no normalisation, RMSNorm, ReLU², SwiGLU,
-/// soft-capped logits, rotary positions, no positions, grouped-query heads, QK-norm) export to
+/// soft-capped logits, rotary positions, no positions, grouped-query heads, QK-norm, a bigram
+/// table) export to
 /// tinygpt's own format and import back as the same model (the same greedy text, the part kept); the
 /// Hugging Face GPT-2 format refuses them in one line naming the part and writes nothing.
 #[test]
@@ -322,6 +323,12 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
             "with QK-norm",
             "qk_norm = true",
         ),
+        (
+            "bigram",
+            "model.bigram=true",
+            "with a bigram embedding",
+            "bigram = true",
+        ),
     ] {
         ok(train(dir, run, &["--max-iters", "3", "--set", set]));
         let hf = format!("{run}-hf");
@@ -342,6 +349,11 @@ fn parts_gpt2_lacks_export_to_tinygpts_format_and_are_refused_by_hf() {
             &format!("the Hugging Face GPT-2 format cannot express a model {part}"),
         );
         assert!(!dir.join(&hf).exists(), "{hf} was written");
+        if run == "bigram" {
+            // No llama.cpp architecture has the table either.
+            fails(export("gguf", "bigram.gguf"), "with a bigram embedding");
+            assert!(!dir.join("bigram.gguf").exists());
+        }
         let file = format!("{run}.safetensors");
         ok(export("nanogpt", &file));
         let back = format!("{run}-back");

@@ -167,8 +167,10 @@ impl FusedBatch {
         r.next.resize(n * c, 0.0);
         r.acts.resize(n, d, 0, false);
         r.scores.resize(d.block_size, 0.0);
-        for ((x, &tok), &pos) in r.x.chunks_exact_mut(c).zip(tokens).zip(&r.position) {
-            w.embed(x, tok as usize, pos);
+        let rows = r.x.chunks_exact_mut(c).zip(tokens).zip(&r.position);
+        for (((x, &tok), &pos), &s) in rows.zip(&r.stream) {
+            let pair = d.pair(self.streams[s].before(&[tok], pos, pos), tok as usize);
+            w.embed(x, tok as usize, pos, pair);
         }
         for (l, p) in w.blocks.iter().enumerate() {
             let ctx = Ctx {
@@ -188,8 +190,9 @@ impl FusedBatch {
             });
             std::mem::swap(&mut r.x, &mut r.next);
         }
-        for &s in &r.stream {
+        for (&s, &tok) in r.stream.iter().zip(tokens) {
             self.streams[s].len += 1;
+            self.streams[s].last = tok;
         }
         // The final norm and the LM head, row by row as `FusedDecoder` does its last row.
         r.head

@@ -12,6 +12,9 @@ pub(crate) struct StreamCache {
     pub keys: Vec<Vec<f32>>,
     pub values: Vec<Vec<f32>>,
     pub len: usize,
+    /// The token at row `len - 1`, what the next token pairs with in a bigram table (read
+    /// only while `len > 0`).
+    pub last: u32,
 }
 
 impl StreamCache {
@@ -29,6 +32,17 @@ impl StreamCache {
             keys: zeroed(),
             values: zeroed(),
             len: 0,
+            last: 0,
+        }
+    }
+
+    /// The token before the row at `position` of a feed whose tokens are `tokens` from `past`
+    /// on: `None` at the context's start.
+    pub fn before(&self, tokens: &[u32], past: usize, position: usize) -> Option<usize> {
+        match position {
+            0 => None,
+            p if p > past => Some(tokens[p - past - 1] as usize),
+            _ => Some(self.last as usize),
         }
     }
 }

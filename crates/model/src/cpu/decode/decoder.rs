@@ -263,7 +263,8 @@ impl FusedDecoder {
         self.scores.resize(self.scores.len().max(scores), 0.0);
         self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
-            self.shared.weights.embed(x, tok as usize, past + r);
+            let pair = d.pair(self.cache.before(tokens, past, past + r), tok as usize);
+            self.shared.weights.embed(x, tok as usize, past + r, pair);
         }
         let blocks = self.shared.weights.blocks.len();
         for l in 0..blocks {
@@ -320,6 +321,7 @@ impl FusedDecoder {
             );
         }
         self.cache.len += rows;
+        self.cache.last = tokens[rows - 1];
     }
 
     /// The last block of a feed of `rows` (> 1) rows after `past` cached ones, its input in

@@ -25,8 +25,8 @@ impl Moments {
         moments
     }
 
-    /// One AdamW step of `weights` along `grads` at learning rate `lr`, parameter by parameter
-    /// in the layout's order.
+    /// One AdamW step of `weights` along `grads` at learning rate `lr` (times each group's
+    /// ratio), parameter by parameter in the layout's order.
     pub(crate) fn step(
         &mut self,
         weights: &mut Params,
@@ -55,6 +55,8 @@ impl Moments {
             }
             *time += 1;
             let t = *time as i32;
+            // The group's rate: `× 1` is the schedule's own, exactly.
+            let lr = lr * settings.lr_ratios.of(entry.slot);
             let decay = if settings.decayed.contains(&entry.id) {
                 lr * settings.weight_decay as f64
             } else {

@@ -164,9 +164,9 @@ impl Workspace {
 
     fn forward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
-        // Token (+ position) embeddings.
+        // Token (+ position, + bigram) embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
-            w.embed(row, tok as usize, r % seq);
+            w.embed(row, tok as usize, r % seq, pair(d, inputs, r, seq));
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
         let ctx = Ctx {
@@ -280,6 +280,20 @@ impl Workspace {
                     .zip(dx)
                     .for_each(|(g, d)| *g += d);
             }
+            if !g.bigram.is_empty() {
+                let be = pair(d, inputs, r, seq) * c;
+                g.bigram[be..be + c]
+                    .iter_mut()
+                    .zip(dx)
+                    .for_each(|(g, d)| *g += d);
+            }
         }
     }
+}
+
+/// Row `r`'s pair in the bigram table: its token after the one before it in its sequence
+/// (sequences of `seq` rows; the first of each pairs with none).
+fn pair(d: &Dims, inputs: &[i64], r: usize, seq: usize) -> usize {
+    let before = (!r.is_multiple_of(seq)).then(|| inputs[r - 1] as usize);
+    d.pair(before, inputs[r] as usize)
 }

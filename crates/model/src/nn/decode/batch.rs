@@ -30,10 +30,32 @@ pub struct GptBatch<'a> {
 
 /// Where a batch keeps its streams' keys and values.
 enum Layout<'a> {
-    /// `[stream][layer]`, a cache each.
-    Streams(Vec<Vec<KvCache>>),
+    /// A cache each per layer, and the last token each holds.
+    Streams(Vec<Stream>),
     /// Every stream a row of the same caches (boxed: it holds the captured step).
     Rows(Box<FixedRows<'a>>),
+}
+
+/// One stream of [`Layout::Streams`]: its caches (one per layer) and the last token they hold.
+#[derive(Clone)]
+struct Stream {
+    caches: Vec<KvCache>,
+    last: u32,
+}
+
+impl Stream {
+    fn new(caches: Vec<KvCache>) -> Self {
+        Self { caches, last: 0 }
+    }
+
+    fn cached(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::len)
+    }
+
+    /// The token the next one fed follows (a bigram table's pair): none on empty caches.
+    fn before(&self) -> Option<u32> {
+        (self.cached() > 0).then_some(self.last)
+    }
 }
 
 impl<'a> GptBatch<'a> {
@@ -48,9 +70,9 @@ impl<'a> GptBatch<'a> {
     pub fn with_step(gpt: &'a Gpt, streams: usize, step: DecodeStep) -> Self {
         let rows = |capture| Layout::Rows(Box::new(FixedRows::new(gpt, streams, capture)));
         let layout = match (gpt.kernels(), step) {
-            (Kernels::Burn, _) => Layout::Streams(vec![gpt.new_caches(); streams]),
+            (Kernels::Burn, _) => Layout::Streams(vec![Stream::new(gpt.new_caches()); streams]),
             (Kernels::Cube, DecodeStep::Forward) => {
-                Layout::Streams(vec![gpt.new_fixed_caches(); streams])
+                Layout::Streams(vec![Stream::new(gpt.new_fixed_caches()); streams])
             }
             (Kernels::Cube, DecodeStep::Step) => rows(false),
             (Kernels::Cube, DecodeStep::Captured) => rows(true),
@@ -70,7 +92,10 @@ impl<'a> GptBatch<'a> {
             Layout::Streams(streams) => {
                 let mut out = Vec::with_capacity(feeds.len() * self.gpt.vocab_size());
                 for &(stream, tokens) in feeds {
-                    let logits = self.gpt.next_logits(tokens, &mut streams[stream])?;
+                    let stream = &mut streams[stream];
+                    let before = stream.before();
+                    let logits = self.gpt.next_logits(tokens, before, &mut stream.caches)?;
+                    stream.last = *tokens.last().expect("a feed of at least one token");
                     out.extend(read_f32(logits));
                 }
                 Ok(out)
@@ -84,8 +109,14 @@ impl<'a> GptBatch<'a> {
         match &mut self.layout {
             Layout::Streams(streams) => {
                 let tokens: Vec<u32> = singles.iter().map(|&(_, t)| t).collect();
+                let before: Vec<Option<u32>> =
+                    singles.iter().map(|&(s, _)| streams[s].before()).collect();
                 let mut caches = rows_of(streams, singles.iter().map(|&(s, _)| s));
-                Ok(read_f32(self.gpt.forward_rows(&tokens, &mut caches)?))
+                let logits = self.gpt.forward_rows(&tokens, &before, &mut caches)?;
+                for &(s, token) in singles {
+                    streams[s].last = token;
+                }
+                Ok(read_f32(logits))
             }
             Layout::Rows(rows) => {
                 let all = rows.step(singles)?;
@@ -112,13 +143,13 @@ impl BatchDecoder for GptBatch<'_> {
     }
     fn cached(&self, stream: usize) -> usize {
         match &self.layout {
-            Layout::Streams(streams) => streams[stream].first().map_or(0, KvCache::len),
+            Layout::Streams(streams) => streams[stream].cached(),
             Layout::Rows(rows) => rows.cached(stream),
         }
     }
     fn clear(&mut self, stream: usize) {
         match &mut self.layout {
-            Layout::Streams(streams) => streams[stream].iter_mut().for_each(KvCache::clear),
+            Layout::Streams(streams) => streams[stream].caches.iter_mut().for_each(KvCache::clear),
             Layout::Rows(rows) => rows.clear(stream),
         }
     }
@@ -167,9 +198,11 @@ fn place(out: &mut [f32], vocab: usize, order: &[usize], logits: &[f32]) {
 }
 
 /// The caches of `rows` (distinct streams), in that order.
-fn rows_of(streams: &mut [Vec<KvCache>], rows: impl Iterator<Item = usize>) -> Vec<&mut [KvCache]> {
-    let mut slots: Vec<Option<&mut [KvCache]>> =
-        streams.iter_mut().map(|c| Some(c.as_mut_slice())).collect();
+fn rows_of(streams: &mut [Stream], rows: impl Iterator<Item = usize>) -> Vec<&mut [KvCache]> {
+    let mut slots: Vec<Option<&mut [KvCache]>> = streams
+        .iter_mut()
+        .map(|s| Some(s.caches.as_mut_slice()))
+        .collect();
     rows.map(|s| slots[s].take().expect("each stream fed once a step"))
         .collect()
 }

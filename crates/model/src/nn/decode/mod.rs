@@ -26,8 +26,9 @@ use tinygpt_attention::{KvCache, StepAt, StepTables};
 
 use crate::nn::decoding::DecodeStep;
 pub use batch::GptBatch;
+pub use forward::{Ids, befores};
 use stream_rows::{PREFILL_TOKENS, padded};
-use stream_step::CapturedStep;
+use stream_step::{CapturedStep, Fed};
 
 use crate::error::{GenerateError, ModelError};
 use crate::gpu::Kernels;
@@ -75,6 +76,7 @@ impl Gpt {
             step: on_gpu.then(|| (step, self.step_tables())),
             captured: None,
             on_gpu,
+            last: None,
         }
     }
 }
@@ -87,11 +89,29 @@ struct GptDecoder<'a> {
     step: Option<(DecodeStep, StepTables)>,
     captured: Option<CapturedStep<'a>>,
     on_gpu: bool,
+    /// The last token the caches hold: what the next one pairs with in a bigram table.
+    last: Option<u32>,
 }
 
 impl GptDecoder<'_> {
+    /// The token before the next one fed: the last the caches hold, none when they are empty.
+    fn before(&self) -> Option<u32> {
+        self.last.filter(|_| self.cached() > 0)
+    }
+
     /// The logits `[vocab]` after `tokens`, fed through the caches.
     fn logits(&mut self, tokens: &[u32]) -> Result<Tensor<1>, ModelError> {
+        let logits = self.logits_after(tokens, self.before())?;
+        self.last = tokens.last().copied();
+        Ok(logits)
+    }
+
+    /// [`logits`](Self::logits) of `tokens` fed after `before`.
+    fn logits_after(
+        &mut self,
+        tokens: &[u32],
+        before: Option<u32>,
+    ) -> Result<Tensor<1>, ModelError> {
         let past = self.cached();
         let caches = &mut self.caches.borrow_mut();
         match (&self.step, tokens) {
@@ -99,7 +119,7 @@ impl GptDecoder<'_> {
                 if past < self.gpt.block_size() =>
             {
                 let at = StepAt::new(tables, &[past])?;
-                let ids = self.gpt.ids(&[token], [1, 1]);
+                let ids = self.gpt.ids(&[token], &[before], [1, 1]);
                 let logits = self.gpt.forward_step(ids, &at, caches)?;
                 Ok(logits.reshape([self.gpt.vocab_size()]))
             }
@@ -110,17 +130,23 @@ impl GptDecoder<'_> {
             {
                 let new = PREFILL_TOKENS.min(self.gpt.block_size());
                 let (mut ids, mut positions) = (vec![0; new], vec![0; new]);
+                let mut prior = vec![None; new];
                 let mut logits = None;
                 for (c, piece) in tokens.chunks(new).enumerate() {
-                    padded(piece, past + c * new, &mut ids, &mut positions);
+                    let first = match c {
+                        0 => before,
+                        c => Some(tokens[c * new - 1]),
+                    };
+                    let at = past + c * new;
+                    padded(piece, first, at, &mut ids, &mut prior, &mut positions);
                     let at = StepAt::tokens(tables, &positions, new)?;
-                    let ids = self.gpt.ids(&ids, [1, new]);
+                    let ids = self.gpt.ids(&ids, &prior, [1, new]);
                     logits = Some(self.gpt.forward_step(ids, &at, caches)?);
                 }
                 let logits = logits.expect("a prompt of at least one token");
                 Ok(logits.reshape([self.gpt.vocab_size()]))
             }
-            _ => self.gpt.next_logits(tokens, caches),
+            _ => self.gpt.next_logits(tokens, before, caches),
         }
     }
 }
@@ -156,13 +182,20 @@ impl Decoder for GptDecoder<'_> {
         let past = self.cached();
         match (&self.step, tokens) {
             (Some((DecodeStep::Captured, tables)), &[token]) if past < self.gpt.block_size() => {
+                let fed = Fed {
+                    token,
+                    before: self.before(),
+                    position: past,
+                };
                 if !self.captured.as_ref().is_some_and(|c| c.picks_like(pick)) {
                     let (tables, caches) = (tables.clone(), self.caches.clone());
-                    let step = CapturedStep::capture(self.gpt, tables, caches, token, past, pick)?;
+                    let step = CapturedStep::capture(self.gpt, tables, caches, fed, pick)?;
                     self.captured = Some(step);
                 }
                 let captured = self.captured.as_mut().expect("captured above");
-                Ok(captured.step(token, past, pick, &self.caches))
+                let picked = captured.step(fed, pick, &self.caches);
+                self.last = Some(token);
+                Ok(picked)
             }
             _ => Ok(pick.on_device(self.logits(tokens)?)),
         }

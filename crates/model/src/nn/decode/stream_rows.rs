@@ -22,8 +22,9 @@ use std::rc::Rc;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
+use super::forward::Ids;
 use super::graph::{DeviceGraph, capture};
-use super::stream_step::refill;
+use super::stream_step::{refill, refill_ids};
 use crate::error::ModelError;
 use crate::nn::gpt::Gpt;
 use crate::sample::{Replay, read_f32};
@@ -41,6 +42,9 @@ pub(crate) struct FixedRows<'a> {
     caches: Rc<RefCell<Vec<KvCache>>>,
     /// Tokens each stream holds.
     lens: Vec<usize>,
+    /// The last token each stream holds (read while it holds any): what its next pairs with in
+    /// a bigram table.
+    last: Vec<u32>,
     tables: StepTables,
     /// Whether the steps are recorded at their first run and replayed (else run launch by
     /// launch).
@@ -57,6 +61,7 @@ impl<'a> FixedRows<'a> {
             gpt,
             caches: Rc::new(RefCell::new(gpt.new_fixed_caches())),
             lens: vec![0; streams],
+            last: vec![0; streams],
             tables: gpt.step_tables(),
             capture,
             one_token: None,
@@ -83,6 +88,11 @@ impl<'a> FixedRows<'a> {
         self.lens[stream] = 0;
     }
 
+    /// The token stream `stream`'s next token follows: none while it holds none.
+    fn before(&self, stream: usize) -> Option<u32> {
+        (self.lens[stream] > 0).then_some(self.last[stream])
+    }
+
     /// Tokens a row of the chunk step takes.
     fn chunk(&self) -> usize {
         PREFILL_TOKENS.min(self.gpt.block_size())
@@ -102,6 +112,7 @@ impl<'a> FixedRows<'a> {
         for step in 0..steps.unwrap_or(0) {
             // Sitting out: token 0 at the next free position, `new` times.
             let mut tokens = vec![0u32; self.streams() * new];
+            let mut befores = vec![None; self.streams() * new];
             let mut positions: Vec<usize> = (0..self.streams() * new)
                 .map(|i| self.lens[i / new].min(last))
                 .collect();
@@ -114,16 +125,19 @@ impl<'a> FixedRows<'a> {
                 let row = stream * new..(stream + 1) * new;
                 padded(
                     piece,
+                    self.before(stream),
                     self.lens[stream],
                     &mut tokens[row.clone()],
+                    &mut befores[row.clone()],
                     &mut positions[row],
                 );
                 self.lens[stream] += piece.len();
+                self.last[stream] = piece[piece.len() - 1];
                 if step + 1 == feed.len().div_ceil(new) {
                     fed.push((f, stream));
                 }
             }
-            let logits = self.run(&tokens, &positions, new)?;
+            let logits = self.run(&tokens, &befores, &positions, new)?;
             // Read back only where a feed ends: a longer prompt's earlier chunks wait for
             // nothing.
             if fed.is_empty() {
@@ -147,12 +161,14 @@ impl<'a> FixedRows<'a> {
         let last = self.gpt.block_size() - 1;
         let positions: Vec<usize> = self.lens.iter().map(|&l| l.min(last)).collect();
         let mut tokens = vec![0u32; self.streams()];
+        let befores: Vec<Option<u32>> = (0..self.streams()).map(|s| self.before(s)).collect();
         for &(stream, token) in singles {
             tokens[stream] = token;
         }
-        let logits = self.run(&tokens, &positions, 1)?;
-        for &(stream, _) in singles {
+        let logits = self.run(&tokens, &befores, &positions, 1)?;
+        for &(stream, token) in singles {
             self.lens[stream] += 1;
+            self.last[stream] = token;
         }
         Ok(read_f32(logits))
     }
@@ -162,13 +178,14 @@ impl<'a> FixedRows<'a> {
     fn run(
         &mut self,
         tokens: &[u32],
+        befores: &[Option<u32>],
         positions: &[usize],
         new: usize,
     ) -> Result<Tensor<2>, ModelError> {
         let rows = self.streams();
         if !self.capture {
             let at = StepAt::tokens(&self.tables, positions, new)?;
-            let ids = self.gpt.ids(tokens, [rows, new]);
+            let ids = self.gpt.ids(tokens, befores, [rows, new]);
             return self
                 .gpt
                 .forward_step(ids, &at, &mut self.caches.borrow_mut());
@@ -179,31 +196,45 @@ impl<'a> FixedRows<'a> {
         };
         if slot.is_none() {
             let (tables, caches) = (self.tables.clone(), self.caches.clone());
-            let captured = CapturedRows::capture(self.gpt, tables, caches, tokens, positions, new)?;
+            let fed = (tokens, befores, positions);
+            let captured = CapturedRows::capture(self.gpt, tables, caches, fed, new)?;
             *slot = Some(captured);
         }
         Ok(slot
             .as_mut()
             .expect("recorded above")
-            .step(tokens, positions))
+            .step(tokens, befores, positions))
     }
 }
 
-/// A chunk of a row's prompt, `piece` (not empty) at positions `len..`, as the chunk step
-/// takes it: `tokens` and `positions` (`new` each) filled, the last token repeated at its own
-/// position past the piece's end.
-pub(crate) fn padded(piece: &[u32], len: usize, tokens: &mut [u32], positions: &mut [usize]) {
+/// A chunk of a row's prompt, `piece` (not empty) at positions `len..` after `before` (the
+/// row's last token; `None` at its start), as the chunk step takes it: `tokens`, the token
+/// before each (`befores`, for a bigram table) and `positions` (`new` each) filled, the last
+/// token repeated, after the same token, at its own position past the piece's end.
+pub(crate) fn padded(
+    piece: &[u32],
+    before: Option<u32>,
+    len: usize,
+    tokens: &mut [u32],
+    befores: &mut [Option<u32>],
+    positions: &mut [usize],
+) {
     let last = piece.len() - 1;
-    for (i, (token, at)) in tokens.iter_mut().zip(positions).enumerate() {
+    let rows = tokens.iter_mut().zip(befores).zip(positions);
+    for (i, ((token, previous), at)) in rows.enumerate() {
         let i = i.min(last);
-        (*token, *at) = (piece[i], len + i);
+        let prior = match i {
+            0 => before,
+            i => Some(piece[i - 1]),
+        };
+        (*token, *previous, *at) = (piece[i], prior, len + i);
     }
 }
 
 /// The buffers a replay reads.
 struct RowInputs {
-    /// `[rows, new]`: each row's tokens.
-    tokens: Tensor<2, Int>,
+    /// `[rows, new]`: each row's tokens, and with a bigram table their pairs.
+    ids: Ids,
     /// `[rows, new]`: their positions.
     positions: Tensor<2, Int>,
     /// The positions on the host: a backend without graphs runs the step again, which checks
@@ -216,26 +247,26 @@ type Step<'a> = Box<dyn FnMut() -> Tensor<2> + 'a>;
 
 /// The rows step, recorded.
 struct CapturedRows<'a> {
+    gpt: &'a Gpt,
     graph: DeviceGraph<Tensor<2>, Step<'a>>,
     inputs: Rc<RefCell<RowInputs>>,
 }
 
 impl<'a> CapturedRows<'a> {
-    /// Records `gpt`'s step of `new` tokens a row over `caches` for `tokens` at `positions`
-    /// (`[rows * new]`). Recording runs the step a few times (warm-up): each run writes the
-    /// same rows with the same keys and values.
+    /// Records `gpt`'s step of `new` tokens a row over `caches` for `(tokens, befores,
+    /// positions)` (`[rows * new]` each). Recording runs the step a few times (warm-up): each
+    /// run writes the same rows with the same keys and values.
     fn capture(
         gpt: &'a Gpt,
         tables: StepTables,
         caches: Rc<RefCell<Vec<KvCache>>>,
-        tokens: &[u32],
-        positions: &[usize],
+        (tokens, befores, positions): (&[u32], &[Option<u32>], &[usize]),
         new: usize,
     ) -> Result<Self, ModelError> {
         let device = gpt.wte.weight.device();
         let rows = tokens.len() / new;
         let inputs = Rc::new(RefCell::new(RowInputs {
-            tokens: gpt.ids(tokens, [rows, new]),
+            ids: gpt.ids(tokens, befores, [rows, new]),
             positions: Tensor::from_data(TensorData::new(as_i64(positions), [rows, new]), &device),
             host: positions.to_vec(),
         }));
@@ -246,23 +277,21 @@ impl<'a> CapturedRows<'a> {
             let inputs = read.borrow();
             let at = StepAt::tokens_on_device(&tables, inputs.positions.clone(), &inputs.host)
                 .expect("positions checked before the step");
-            gpt.forward_step(inputs.tokens.clone(), &at, &mut caches.borrow_mut())
+            gpt.forward_step(inputs.ids.clone(), &at, &mut caches.borrow_mut())
                 .expect("a step checked before it was recorded")
         });
         Ok(Self {
+            gpt,
             graph: capture(&device, step),
             inputs,
         })
     }
 
     /// The inputs written in place, one replay: the logits `[rows, vocab]`.
-    fn step(&mut self, tokens: &[u32], positions: &[usize]) -> Tensor<2> {
+    fn step(&mut self, tokens: &[u32], befores: &[Option<u32>], positions: &[usize]) -> Tensor<2> {
         {
             let mut inputs = self.inputs.borrow_mut();
-            refill(
-                &mut inputs.tokens,
-                tokens.iter().map(|&t| t as i64).collect(),
-            );
+            refill_ids(&mut inputs.ids, self.gpt, tokens, befores);
             refill(&mut inputs.positions, as_i64(positions));
             inputs.host = positions.to_vec();
         }

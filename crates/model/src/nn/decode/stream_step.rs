@@ -15,15 +15,25 @@ use std::rc::Rc;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt_attention::{KvCache, StepAt, StepTables};
 
+use super::forward::Ids;
 use super::graph::{DeviceGraph, capture};
 use crate::error::ModelError;
 use crate::nn::gpt::Gpt;
 use crate::sample::{Pick, Picked, Replay};
 
+/// A token a stream's step feeds: the token, the one before it (`None`: the first of its
+/// context), and its position.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fed {
+    pub token: u32,
+    pub before: Option<u32>,
+    pub position: usize,
+}
+
 /// The buffers a replay reads.
 struct Inputs {
-    /// `[1, 1]`: the token fed.
-    token: Tensor<2, Int>,
+    /// `[1, 1]`: the token fed, and with a bigram table its pair.
+    ids: Ids,
     /// `[1]`: its position.
     position: Tensor<1, Int>,
     /// `[1]`: the draw in `[0, 1)`.
@@ -37,6 +47,7 @@ type Step<'a> = Box<dyn FnMut() -> Tensor<1> + 'a>;
 
 /// One stream's decode step with its pick, recorded.
 pub(crate) struct CapturedStep<'a> {
+    gpt: &'a Gpt,
     graph: DeviceGraph<Tensor<1>, Step<'a>>,
     inputs: Rc<RefCell<Inputs>>,
     /// The pick it was recorded for (the draw aside).
@@ -44,21 +55,21 @@ pub(crate) struct CapturedStep<'a> {
 }
 
 impl<'a> CapturedStep<'a> {
-    /// Records `gpt`'s step over `caches` (fixed, one sequence) and `pick`'s rule, for `token`
-    /// at `position`. Recording runs the step a few times at that position (warm-up): each run
-    /// writes the same cache row with the same key and value. Nothing is computed for the
-    /// caller until [`step`](Self::step).
+    /// Records `gpt`'s step over `caches` (fixed, one sequence) and `pick`'s rule, for `fed`.
+    /// Recording runs the step a few times at that position (warm-up): each run writes the
+    /// same cache row with the same key and value. Nothing is computed for the caller until
+    /// [`step`](Self::step).
     pub(crate) fn capture(
         gpt: &'a Gpt,
         tables: StepTables,
         caches: Rc<RefCell<Vec<KvCache>>>,
-        token: u32,
-        position: usize,
+        fed: Fed,
         pick: &Pick,
     ) -> Result<Self, ModelError> {
         let device = gpt.wte.weight.device();
+        let position = fed.position;
         let inputs = Rc::new(RefCell::new(Inputs {
-            token: gpt.ids(&[token], [1, 1]),
+            ids: gpt.ids(&[fed.token], &[fed.before], [1, 1]),
             position: Tensor::from_data(TensorData::new(vec![position as i64], [1]), &device),
             uniform: Tensor::from_data(TensorData::new(vec![pick.uniform as f32], [1]), &device),
             host: position,
@@ -71,11 +82,12 @@ impl<'a> CapturedStep<'a> {
             let at = StepAt::on_device(&tables, inputs.position.clone(), &[inputs.host])
                 .expect("a position checked before the step");
             let logits = gpt
-                .forward_step(inputs.token.clone(), &at, &mut caches.borrow_mut())
+                .forward_step(inputs.ids.clone(), &at, &mut caches.borrow_mut())
                 .expect("a step checked before it was recorded");
             rule.on_device_unread(logits.reshape([vocab]), Some(inputs.uniform.clone()))
         });
         Ok(Self {
+            gpt,
             graph: capture(&device, step),
             inputs,
             pick: *pick,
@@ -93,19 +105,14 @@ impl<'a> CapturedStep<'a> {
         settings(&self.pick) == settings(pick)
     }
 
-    /// `token` at `position` (below the caches' capacity, checked by the caller) picked with
+    /// `fed` (its position below the caches' capacity, checked by the caller) picked with
     /// `pick`'s draw: the inputs written in place, one replay, one read. `caches` are the
     /// recorded ones, which learn their new length here.
-    pub(crate) fn step(
-        &mut self,
-        token: u32,
-        position: usize,
-        pick: &Pick,
-        caches: &RefCell<Vec<KvCache>>,
-    ) -> Picked {
+    pub(crate) fn step(&mut self, fed: Fed, pick: &Pick, caches: &RefCell<Vec<KvCache>>) -> Picked {
+        let position = fed.position;
         {
             let mut inputs = self.inputs.borrow_mut();
-            refill(&mut inputs.token, vec![token as i64]);
+            refill_ids(&mut inputs.ids, self.gpt, &[fed.token], &[fed.before]);
             refill(&mut inputs.position, vec![position as i64]);
             refill(&mut inputs.uniform, vec![pick.uniform as f32]);
             inputs.host = position;
@@ -118,6 +125,14 @@ impl<'a> CapturedStep<'a> {
             cache.mark_written(position + 1);
         }
         Pick::read(out)
+    }
+}
+
+/// Writes `tokens` (each after its `before`) into `ids`, a recorded step's input, in place.
+pub(super) fn refill_ids(ids: &mut Ids, gpt: &Gpt, tokens: &[u32], before: &[Option<u32>]) {
+    refill(&mut ids.tokens, tokens.iter().map(|&t| t as i64).collect());
+    if let (Some(pairs), Some(values)) = (&mut ids.pairs, gpt.pair_ids(tokens, before)) {
+        refill(pairs, values);
     }
 }
 

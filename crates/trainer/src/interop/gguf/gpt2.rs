@@ -50,6 +50,8 @@ pub fn name(slot: Slot) -> String {
     match slot {
         Slot::TokenEmbedding => "token_embd.weight".into(),
         Slot::PositionEmbedding => "position_embd.weight".into(),
+        // No llama.cpp architecture has one: `expressible` refuses such a model first.
+        Slot::BigramEmbedding => "bigram_embd.weight".into(),
         Slot::FinalNormGain => "output_norm.weight".into(),
         Slot::FinalNormBias => "output_norm.bias".into(),
         Slot::LmHead => "output.weight".into(),
@@ -80,9 +82,10 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
     let mut out = Vec::new();
     for param in parameter_table(config) {
         if !param.present {
-            // A tied head is written after the loop; every other absent slot is a bias (or a
-            // LayerNorm shift), zeros as wide as that layer's output.
-            if param.slot != Slot::LmHead {
+            // A tied head is written after the loop; a model without a bigram table has no
+            // such tensor in any format; every other absent slot is a bias (or a LayerNorm
+            // shift), zeros as wide as that layer's output.
+            if !matches!(param.slot, Slot::LmHead | Slot::BigramEmbedding) {
                 let width = param.slot.shape(config)[0];
                 out.push(tensor(
                     name(param.slot),

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::{Gpt, sum_all};
+use tinygpt_model::{Gpt, LrRatios, sum_all};
 
 use super::burn_step::{BurnModel, clip_scale, read_steps};
 use super::{Engine, Step};
@@ -45,6 +45,12 @@ impl DeviceEngine {
         let optim = optimizer.burn;
         let states = moments_from_burn(&optim).context("optimizer state")?;
         let adamw = match optimizer.rule {
+            UpdateRule::AdamW(settings) if settings.lr_ratios != LrRatios::default() => {
+                anyhow::bail!(
+                    "the device engine's AdamW updates every parameter at one rate; groups of \
+                     their own train through Burn's optimizer"
+                )
+            }
             UpdateRule::AdamW(settings) => DeviceAdamW::new(settings, states, &model, &device),
             UpdateRule::Muon(..) => anyhow::bail!(
                 "the device engine updates with AdamW only; Muon trains through Burn's optimizer"

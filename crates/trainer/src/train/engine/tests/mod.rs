@@ -46,7 +46,7 @@ fn open_for(
     threads: usize,
     dtype: TrainDType,
 ) -> Result<(Box<dyn Engine>, Option<String>)> {
-    let (kind, note) = placement.engine_for(dtype, optimizer.rule.kind())?;
+    let (kind, note) = placement.engine_for(dtype, optimizer.rule.update_kind())?;
     let engine = open(placement, kind, model, optimizer, threads, dtype)?;
     Ok((engine, note))
 }
@@ -551,3 +551,5 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
     }
     assert_eq!(weights(resumed.as_mut()), weights(whole.as_mut()));
 }
+
+mod groups;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The record table of docs/perf.md: each row trains on tiny shakespeare with --to-loss TARGET
 # (default 1.8983, the whole-split loss nanoGPT's train.py reaches with its CPU baby config)
-# for three seeds, evaluating every 100 steps, at most 2000 steps, on the fused engine. Prints
+# for three seeds, evaluating every 100 steps (and at the end), at most the row's max_iters
+# (2000 for baby and modern), on the fused engine. Prints
 # one line per run: row, seed, the step the target was reached at (or "-" if not in 2000),
 # seconds of training, and the val loss estimate at step 500 (equal steps). One program at a
 # time; run nothing else.
@@ -38,6 +39,18 @@ rows=(
   "modern, batch 6|modern|train.batch_size=6"
   "modern, batch 4|modern|train.batch_size=4"
   "modern, batch 8|modern|train.batch_size=8"
+  "modern + bigram|modern|model.bigram=true"
+  "modern, embeddings' lr x10|modern|train.embedding_lr_ratio=10"
+  "modern, head's lr x3|modern|train.head_lr_ratio=3"
+  "modern + wsd (500 steps, half decaying)|modern|train.lr_schedule=\"wsd\" train.decay_fraction=0.5 train.max_iters=500 train.lr_decay_iters=500"
+  "speedrun|speedrun|"
+  "speedrun, 350 steps|speedrun|train.max_iters=350 train.lr_decay_iters=350"
+  "speedrun, 350 steps, embeddings' lr x1|speedrun|train.max_iters=350 train.lr_decay_iters=350 train.embedding_lr_ratio=1"
+  "speedrun, 300 steps|speedrun|train.max_iters=300 train.lr_decay_iters=300"
+  "speedrun, head's lr x3|speedrun|train.head_lr_ratio=3"
+  "speedrun without the bigram|speedrun|model.bigram=false"
+  "speedrun, embeddings' lr x1|speedrun|train.embedding_lr_ratio=1"
+  "speedrun + muon|speedrun|train.optimizer=\"muon\""
 )
 wanted=("$@")
 for row in "${rows[@]}"; do

@@ -2,12 +2,14 @@
 # Time to nanoGPT's own loss, side by side on this machine: nanoGPT's train.py trains its CPU
 # "baby" config for 2000 steps on tiny shakespeare; its checkpoint's loss over the whole
 # validation split (tinygpt eval) is the target; tinygpt then trains CONFIG with --to-loss to
-# that target. Prints both times and their ratio. One program at a time; run nothing else.
+# that target (once per seed in SEEDS, default 1337). Prints both times and their ratio. One
+# program at a time; run nothing else.
 #
-#   scripts/to-loss-vs-nanogpt.sh NANOGPT_DIR PYTHON INPUT_TXT [CONFIG]
+#   [SEEDS="1337 1 2"] scripts/to-loss-vs-nanogpt.sh NANOGPT_DIR PYTHON INPUT_TXT [CONFIG]
 #
 # NANOGPT_DIR: a checkout of nanoGPT; PYTHON: one with torch and numpy; INPUT_TXT: tiny
-# shakespeare; CONFIG: a tinygpt preset or file (default: modern).
+# shakespeare (or another text: nanoGPT's char prepare.py reads any); CONFIG: a tinygpt preset
+# or file (default: modern).
 set -euo pipefail
 nanogpt=$(realpath "$1"); python=$2; input=$(realpath "$3"); config=${4:-modern}
 tinygpt=${TINYGPT:-target/release/tinygpt}
@@ -41,16 +43,24 @@ nano_train=$(awk '/^iter [0-9]+:/ { it = $2 + 0; t = $6; sub("ms,", "", t);
 target=$("$tinygpt" eval --checkpoint "$work/nano-run" --data "$work/val.txt" |
   sed -E 's/.*\| loss ([0-9.]+) .*/\1/')
 
-start=$(date +%s.%N)
-"$tinygpt" train --config "$config" --data "$input" --out "$work/tiny" --to-loss "$target" \
-  --set train.eval_interval=250 --set train.eval_iters=20 --set train.sample_tokens=0 \
-  >"$work/tinygpt.log"
-tiny_wall=$(echo "$(date +%s.%N) - $start" | bc)
-reached=$(grep -E '^reached' "$work/tinygpt.log" || true)
-[ -n "$reached" ] || { echo "tinygpt did not reach $target:"; tail -3 "$work/tinygpt.log"; exit 1; }
-tiny_train=$(echo "$reached" | sed -E 's/.*: ([0-9.]+)s of training.*/\1/')
-
 echo "target: nanoGPT's whole-split val loss after 2000 steps = $target"
 echo "nanoGPT train.py (baby):   ${nano_train}s of training, $(printf %.1f "$nano_wall")s wall"
-echo "tinygpt --config $config: ${tiny_train}s of training, $(printf %.1f "$tiny_wall")s wall ($reached)"
-echo "ratio: $(echo "scale=2; $nano_train / $tiny_train" | bc)x training time, $(echo "scale=2; $nano_wall / $tiny_wall" | bc)x wall"
+status=0
+for seed in ${SEEDS:-1337}; do
+  rm -rf "$work/tiny"
+  start=$(date +%s.%N)
+  "$tinygpt" train --config "$config" --data "$input" --out "$work/tiny" --to-loss "$target" \
+    --seed "$seed" --set train.eval_interval=250 --set train.eval_iters=20 \
+    --set train.sample_tokens=0 >"$work/tinygpt.log"
+  tiny_wall=$(echo "$(date +%s.%N) - $start" | bc)
+  reached=$(grep -E '^reached' "$work/tinygpt.log" || true)
+  if [ -z "$reached" ]; then
+    echo "tinygpt --config $config, seed $seed: did not reach $target: $(tail -1 "$work/tinygpt.log")"
+    status=1
+    continue
+  fi
+  tiny_train=$(echo "$reached" | sed -E 's/.*: ([0-9.]+)s of training.*/\1/')
+  echo "tinygpt --config $config, seed $seed: ${tiny_train}s of training, $(printf %.1f "$tiny_wall")s wall ($reached)"
+  echo "ratio, seed $seed: $(echo "scale=2; $nano_train / $tiny_train" | bc)x training time, $(echo "scale=2; $nano_wall / $tiny_wall" | bc)x wall"
+done
+exit $status

@@ -21,7 +21,7 @@ use tinygpt::bench::{self, BenchArgs};
     after_help = "Examples:\n  tinygpt bench\n  tinygpt bench --config baby --config shakespeare-char --backend flex --backend ndarray --json\n  tinygpt bench --config shakespeare-char --backend wgpu\n  tinygpt bench --config shakespeare-char --backend cuda --set train.dtype=bf16 --kernels"
 )]
 pub struct Args {
-    /// Configs to measure: presets (baby, modern, ten-minutes, shakespeare-char, default) or
+    /// Configs to measure: presets (baby, modern, speedrun, ten-minutes, shakespeare-char, default) or
     /// TOML files.
     #[arg(long = "config", default_values_t = ["baby".to_string()])]
     configs: Vec<String>,

@@ -20,7 +20,7 @@ use tinygpt::train::{Limits, TrainOptions, Trainer};
     after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton"
 )]
 pub struct Args {
-    /// Run configuration: a built-in preset (default, baby, modern, ten-minutes, shakespeare-char, finetune) or a TOML file
+    /// Run configuration: a built-in preset (default, baby, modern, speedrun, ten-minutes, shakespeare-char, finetune) or a TOML file
     /// with [model], [data], [train].
     #[arg(long, value_name = "NAME|FILE")]
     config: Option<String>,

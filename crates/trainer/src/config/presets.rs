@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use super::{BUILTIN_CORPUS, RunConfig};
 
 /// The presets, by name: the files of `configs/`, built in.
-pub const PRESETS: [(&str, &str); 6] = [
+pub const PRESETS: [(&str, &str); 7] = [
     ("default", include_str!("../../../../configs/default.toml")),
     ("baby", include_str!("../../../../configs/baby.toml")),
     (
@@ -16,6 +16,10 @@ pub const PRESETS: [(&str, &str); 6] = [
         include_str!("../../../../configs/shakespeare-char.toml"),
     ),
     ("modern", include_str!("../../../../configs/modern.toml")),
+    (
+        "speedrun",
+        include_str!("../../../../configs/speedrun.toml"),
+    ),
     (
         "ten-minutes",
         include_str!("../../../../configs/ten-minutes.toml"),
@@ -110,6 +114,12 @@ mod tests {
             GptConfig::shakespeare_char(65)
         );
         assert_eq!(load("modern").gpt(65), GptConfig::modern(65));
+        let speedrun = load("speedrun");
+        assert_eq!(speedrun.gpt(65), GptConfig::modern(65).with_bigram(true));
+        assert_eq!(
+            speedrun.train.lr_decay_iters, speedrun.train.max_iters,
+            "the decay ends the run"
+        );
         let ten = load("ten-minutes");
         let wider = GptConfig::modern(65)
             .with_n_layer(6)

@@ -58,6 +58,32 @@ pub(super) struct BlockActs {
 }
 
 impl BlockActs {
+    /// Floats held in every buffer.
+    pub(super) fn floats(&self) -> usize {
+        [
+            &self.ln_1,
+            &self.ln_1_mean,
+            &self.ln_1_rstd,
+            &self.qkv,
+            &self.qk_n,
+            &self.qk_rstd,
+            &self.att,
+            &self.att_mask,
+            &self.y,
+            &self.attn_mask,
+            &self.mid,
+            &self.ln_2,
+            &self.ln_2_mean,
+            &self.ln_2_rstd,
+            &self.fc,
+            &self.act,
+            &self.mlp_mask,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum()
+    }
+
     /// Every buffer sized for `rows` rows of model `d`, `att` for `att_len` attention
     /// weights; the dropout masks only with `dropout`.
     pub(super) fn resize(&mut self, rows: usize, d: &Dims, att_len: usize, dropout: bool) {

@@ -65,10 +65,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, UpdateKind::default())?;
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let on = engine.on_the_cpu();
+    let work = memory::Work {
+        batch_size: args.batch_size,
+        grad_accum: 1,
+        threads,
+        checkpointing: false,
+    };
     println!(
         "memory to train with batch {} on the CPU ({on}): ~{}",
         args.batch_size,
-        memory::Estimate::for_model(&config, args.batch_size, threads, engine).describe()
+        memory::Estimate::for_model(&config, work, engine).describe()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -230,6 +230,10 @@ pub struct TrainSection {
     /// "f32", "bf16" or "f16": the precision of the training step's matmuls (see
     /// [`TrainDType`]); checkpoints are f32 whatever it is.
     pub dtype: TrainDType,
+    /// Activation checkpointing: keep each block's input only and recompute its activations
+    /// in the backward pass, for far less memory at about a third more time per step; the
+    /// same gradients. false.
+    pub checkpointing: bool,
     /// How Burn's backends compute attention, in training and sampling: "auto", "explicit",
     /// "sdpa" or "flash" (see [`AttentionKernel`]); the same numbers either way. How, not
     /// what: older configs said `model.kernel`, which is read as this.
@@ -270,6 +274,7 @@ impl Default for TrainSection {
             sample_prompt: String::new(),
             sample_tokens: 100,
             dtype: TrainDType::F32,
+            checkpointing: false,
             attention_kernel: AttentionKernel::Auto,
         }
     }

@@ -18,20 +18,33 @@ const F32: u64 = 4;
 /// batch 4 × 1024 (the allocator keeps some freed memory, more so at small batches).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Estimate {
-    /// The weights, every copy held at once (the fused engine: its buffers, Burn's model, the
-    /// model they are copied into at a checkpoint, and its serialised bytes; Burn's autodiff:
-    /// the model and the serialised copy).
+    /// The weights, every copy held at once (the fused engine: its buffers, Burn's model, and
+    /// at a checkpoint its serialised bytes; Burn's autodiff: the model and the serialised
+    /// copy).
     pub weights: u64,
-    /// AdamW's two moments (the fused engine: its own, and at a checkpoint Burn's record of
-    /// them and that record's bytes).
+    /// AdamW's two moments (the fused engine: its own, and at a checkpoint a copy of them and
+    /// their serialised bytes).
     pub optimizer: u64,
-    /// Gradients (the fused engine: the step's sum and one per thread at work; Burn's autodiff:
-    /// the micro-batch's and the accumulated ones).
+    /// Gradients (the fused engine: the step's sum and one per thread at work but the first
+    /// without accumulation; Burn's autodiff: the micro-batch's and the accumulated ones).
     pub gradients: u64,
     /// Activations saved for the backward pass, for `batch_size × block_size` tokens.
     pub activations: u64,
     /// The program itself, its tokenizer and data, and the allocator's slack.
     pub overhead: u64,
+}
+
+/// How a model is trained, for [`Estimate::for_model`].
+#[derive(Debug, Clone, Copy)]
+pub struct Work {
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per step.
+    pub grad_accum: usize,
+    /// The fused engine's threads.
+    pub threads: usize,
+    /// Activation checkpointing (`train.checkpointing`).
+    pub checkpointing: bool,
 }
 
 /// What a run holds besides the model's own buffers (measured: ~100 MiB for the baby model).
@@ -41,29 +54,43 @@ impl Estimate {
     /// For training `config` with a vocabulary of `vocab_size` on `engine`.
     pub fn training(config: &RunConfig, vocab_size: usize, engine: EngineKind) -> Self {
         let gpt = config.gpt(vocab_size);
-        Self::for_model(&gpt, config.train.batch_size, config.workers(), engine)
+        let t = &config.train;
+        let work = Work {
+            batch_size: t.batch_size,
+            grad_accum: t.grad_accum,
+            threads: config.workers(),
+            checkpointing: t.checkpointing,
+        };
+        Self::for_model(&gpt, work, engine)
     }
 
-    /// For training a model of `gpt`'s shape on micro-batches of `batch_size` sequences, the
-    /// fused engine on `threads` threads.
-    pub fn for_model(
-        gpt: &GptConfig,
-        batch_size: usize,
-        threads: usize,
-        engine: EngineKind,
-    ) -> Self {
+    /// For training a model of `gpt`'s shape as `work` says on `engine`.
+    pub fn for_model(gpt: &GptConfig, work: Work, engine: EngineKind) -> Self {
+        let Work {
+            batch_size,
+            grad_accum,
+            threads,
+            checkpointing,
+        } = work;
         let params = gpt.num_params();
         let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
-        let per_token = activation_floats_per_token(gpt);
+        // Burn's balanced checkpointing keeps the matmuls' outputs, most of what a block
+        // saves: counted as without it.
+        let per_token = match (engine, checkpointing) {
+            (EngineKind::Fused, true) => activation_floats_per_token(gpt, 1),
+            _ => activation_floats_per_token(gpt, gpt.n_layer),
+        };
         // The fused engine splits a batch's sequences among its threads, each with its own
-        // gradient buffer.
+        // gradient buffer, but the first thread's share goes straight into the step's sum
+        // while it is zero: without accumulation, the first needs none of its own.
         let working = threads.clamp(1, batch_size.max(1)) as u64;
+        let own = working - u64::from(grad_accum <= 1);
         // Activations per token, then copies of the parameters held as weights, optimizer state
         // and gradients. Burn's graph keeps more intermediates than the fused engine's
         // hand-picked set (scores before and after masking and softmax, GELU's inputs): about
         // twice as many.
         let (activations, weights, optimizer, gradients) = match engine {
-            EngineKind::Fused => (per_token, 4, 6, 1 + working),
+            EngineKind::Fused => (per_token, 3, 6, 1 + own),
             EngineKind::Autodiff | EngineKind::Device => (2 * per_token, 2, 2, 2),
         };
         let copies = |n: u64| params.saturating_mul(n * F32);
@@ -120,10 +147,12 @@ impl Estimate {
     }
 }
 
-/// Floats per token the backward pass needs: per block, the LayerNorm outputs, q/k/v, the
-/// attention weights of its row, the heads' output, the residual and the MLP's two
-/// `mlp_width` activations (with dropout, its masks too); then the logits and their gradient.
-fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
+/// Floats per token the backward pass needs with `held` blocks' activations kept (every block,
+/// or one with checkpointing): per block, the LayerNorm outputs, q/k/v, the attention weights
+/// of its row, the heads' output, the residual and the MLP's two `mlp_width` activations (with
+/// dropout, its masks too); the residual stream between blocks; then the logits and their
+/// gradient.
+fn activation_floats_per_token(gpt: &GptConfig, held: usize) -> u64 {
     let (c, heads, t) = (gpt.n_embd as u64, gpt.n_head as u64, gpt.block_size as u64);
     let dropout = u64::from(gpt.dropout > 0.0);
     let hidden = gpt.mlp_width() as u64;
@@ -140,8 +169,11 @@ fn activation_floats_per_token(gpt: &GptConfig) -> u64 {
         .saturating_add(mlp)
         .saturating_add(heads.saturating_mul(t) * (1 + dropout));
     let block = block.saturating_add(dropout * (c + mlp / 2));
-    (gpt.n_layer as u64)
+    // Each block's input and the last one's output.
+    let stream = (gpt.n_layer as u64 + 1).saturating_mul(c);
+    (held as u64)
         .saturating_mul(block)
+        .saturating_add(stream)
         .saturating_add(2 * c + 2 * gpt.vocab_size as u64)
 }
 
@@ -181,15 +213,31 @@ mod tests {
         let config = ConfigSource::Preset("baby").load(&[]).unwrap();
         let small = Estimate::training(&config, 65, EngineKind::Fused);
         let params = config.gpt(65).num_params();
-        assert_eq!(small.weights, 4 * 4 * params);
-        // One gradient buffer per thread at work, and the step's sum.
-        let threads =
-            |n: usize| Estimate::for_model(&config.gpt(65), 12, n, EngineKind::Fused).gradients;
-        assert_eq!((threads(1), threads(2)), (2 * 4 * params, 3 * 4 * params));
-        assert_eq!(
-            Estimate::for_model(&config.gpt(65), 1, 4, EngineKind::Fused).gradients,
-            2 * 4 * params
+        assert_eq!(small.weights, 3 * 4 * params);
+        // The step's sum, and one gradient buffer per thread at work but the first without
+        // accumulation.
+        let gradients = |batch_size: usize, grad_accum: usize, threads: usize| {
+            let work = Work {
+                batch_size,
+                grad_accum,
+                threads,
+                checkpointing: false,
+            };
+            Estimate::for_model(&config.gpt(65), work, EngineKind::Fused).gradients / (4 * params)
+        };
+        assert_eq!((gradients(12, 1, 1), gradients(12, 1, 2)), (1, 2));
+        assert_eq!((gradients(12, 2, 1), gradients(12, 2, 2)), (2, 3));
+        assert_eq!(gradients(1, 1, 4), 1);
+        // Checkpointing holds one block's activations, not four.
+        let held = ConfigSource::Preset("baby")
+            .load(&["train.checkpointing=true".into()])
+            .unwrap();
+        let held = Estimate::training(&held, 65, EngineKind::Fused);
+        assert!(
+            held.activations * 2 < small.activations,
+            "{held:?} {small:?}"
         );
+        assert_eq!(held.weights, small.weights);
         let bigger_batch = ConfigSource::Preset("baby")
             .load(&["train.batch_size=24".into()])
             .unwrap();

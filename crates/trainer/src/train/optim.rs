@@ -350,6 +350,17 @@ pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
 /// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
 /// serialisation, the names [`states_from_burn`] reads.
 pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<ModuleOptimizer> {
+    let bytes = Bytes::from_bytes_vec(states_pack(states)?);
+    template
+        .clone()
+        .from_bytes(bytes)
+        .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+}
+
+/// `states` as Burn serialises an optimizer's record (`optimizer.bpk`, what
+/// [`load_optimizer`] reads), written straight into one buffer: the state is held twice at
+/// most (`states` and the buffer), never as a Burn record besides.
+pub fn states_pack(states: States) -> Result<Vec<u8>> {
     let mut tensors = Vec::new();
     let mut scalars = Vec::new();
     let mut tensor = |name: String, id: u64, values: Vec<f32>, shape: &[usize]| {
@@ -374,11 +385,9 @@ pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<Mo
     for (key, value) in &scalars {
         writer = writer.with_scalar(key, burn_pack::Scalar::UInt(*value));
     }
-    let bytes: Bytes = writer.into_bytes()?;
-    template
-        .clone()
-        .from_bytes(bytes)
-        .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
+    let mut bytes = vec![0; writer.size()?];
+    writer.write_into(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// [`burn_from_states`] with AdamW's state only.

@@ -81,8 +81,13 @@ impl Trainer {
         let model = placement.model(model);
         let config = config.clone();
         let optimizer = Optimizer::for_run(&config, &model, optim);
-        let (workers, dtype) = (config.workers(), config.train.dtype);
-        let engine = engine::open(&placement, kind, model, optimizer, workers, dtype)?;
+        let engine = engine::open(
+            &placement,
+            kind,
+            model,
+            optimizer,
+            engine::Settings::of(&config),
+        )?;
         let notes = placement
             .note
             .clone()

@@ -41,6 +41,9 @@ pub struct FusedCpu {
     /// the same layout.
     pub(crate) weights: Params,
     pub(crate) grads: Params,
+    /// Whether `grads` are all zero (none accumulated since the last reset): the first thread
+    /// then computes its share into them, not into a buffer of its own added after.
+    pub(crate) grads_zero: bool,
     /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
     pub(crate) moments: Option<Moments>,
     /// Muon's momentum for the matrices it updates, from [`FusedCpu::use_muon`].
@@ -61,10 +64,28 @@ impl FusedCpu {
             dims,
             weights,
             grads,
+            grads_zero: true,
             moments: None,
             muon: None,
             work,
         })
+    }
+
+    /// Activation checkpointing: keep one block's activations instead of every block's, and
+    /// recompute each block's forward in the backward from its input. The same gradients, bit
+    /// for bit, in about a third more time; the activations held fall by about the number of
+    /// blocks (the residual stream between blocks, the logits and one block's are kept).
+    pub fn set_checkpointing(&mut self, on: bool) {
+        self.work.iter_mut().for_each(|w| w.checkpointing = on);
+    }
+
+    /// Bytes of activations the threads hold after the last step (what checkpointing cuts).
+    pub fn activation_bytes(&self) -> usize {
+        4 * self
+            .work
+            .iter()
+            .map(|w| w.activation_floats())
+            .sum::<usize>()
     }
 
     /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.
@@ -84,7 +105,7 @@ impl FusedCpu {
         let weights = &mut self.weights;
         let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
         moments.step(weights, &self.grads, settings, lr);
-        self.grads.zero_like(&self.weights);
+        self.reset_gradients();
     }
 
     /// AdamW's state of every parameter it updates (all but Muon's matrices; empty before the
@@ -166,15 +187,20 @@ impl FusedCpu {
 
     /// Drops the gradients accumulated so far (a step whose update is skipped).
     pub fn discard_gradients(&mut self) {
+        self.reset_gradients();
+    }
+
+    /// Sets the held gradients to zero.
+    pub(crate) fn reset_gradients(&mut self) {
         self.grads.zero_like(&self.weights);
+        self.grads_zero = true;
     }
 
     /// The gradients accumulated since the last call, as Burn gradients of `gpt`'s parameters;
     /// the held gradients are reset to zero.
     pub fn take_gradients(&mut self, gpt: &Gpt) -> GradientsParams {
         let grads = self.grads.to_gradients(gpt);
-        let weights = &self.weights;
-        self.grads.zero_like(weights);
+        self.reset_gradients();
         grads
     }
 
@@ -189,6 +215,12 @@ impl FusedCpu {
         let grad_scale = scale.map(|s| s / kept as f32);
         let dropout = dropout_seed.filter(|_| self.dims.dropout > 0.0 && scale.is_some());
         let groups = self.work.len().min(batch.batch);
+        // The first thread's share goes straight into the held gradients when they are zero
+        // (the sum 0 + share is the share, bit for bit): one gradient buffer fewer.
+        let direct = grad_scale.is_some() && self.grads_zero;
+        if direct {
+            std::mem::swap(&mut self.grads, &mut self.work[0].grads);
+        }
         let (dims, weights) = (self.dims, &self.weights);
         // Contiguous groups of sequences, the first ones one longer when it does not divide.
         let mut jobs = Vec::with_capacity(groups);
@@ -217,10 +249,14 @@ impl FusedCpu {
             );
             sums
         });
+        if direct {
+            std::mem::swap(&mut self.grads, &mut self.work[0].grads);
+        }
         if grad_scale.is_some() {
-            for work in &self.work[..groups] {
+            for work in &self.work[usize::from(direct)..groups] {
                 self.grads.add(&work.grads);
             }
+            self.grads_zero = false;
         }
         Ok(sums.iter().sum::<f64>() / kept as f64)
     }

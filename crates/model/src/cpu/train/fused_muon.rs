@@ -149,7 +149,7 @@ impl FusedCpu {
                 .zip(&v.update)
                 .for_each(|(w, u)| *w = *w * keep - scale * u);
         }
-        self.grads.zero_like(&self.weights);
+        self.reset_gradients();
         Ok(())
     }
 }

@@ -51,8 +51,13 @@ impl Job<'_> {
             grad_scale.is_some(),
             dropout.is_some(),
         );
-        if let Some(seed) = dropout {
-            work.draw_masks(seed, self.first, dims.dropout);
+        work.dropout = dropout.map(|seed| Masks {
+            seed,
+            first: self.first,
+            p: dims.dropout,
+        });
+        if let Some(masks) = work.dropout {
+            masks.fill(&mut work.emb_mask, 0, self.seqs);
         }
         work.forward(w, inputs, &dims);
         let loss = cross_entropy::forward(&mut work.logits, targets, grad_scale);
@@ -63,9 +68,59 @@ impl Job<'_> {
     }
 }
 
+/// Where a step's dropout masks come from: each sequence's masks depend only on the seed, its
+/// index in the whole batch and the site (0 the embedding, then three a block), so a block's
+/// can be drawn again when its forward is recomputed.
+#[derive(Debug, Clone, Copy)]
+struct Masks {
+    seed: u64,
+    /// The index of this thread's first sequence in the batch.
+    first: usize,
+    p: f32,
+}
+
+impl Masks {
+    /// `mask`'s scales at `site`, per sequence (numbered from `first` in the whole batch).
+    fn fill(self, mask: &mut [f32], site: usize, seqs: usize) {
+        if mask.is_empty() {
+            return;
+        }
+        let per_seq = mask.len() / seqs;
+        for (s, chunk) in mask.chunks_exact_mut(per_seq).enumerate() {
+            Rng::new(self.seed, (self.first + s) as u64, site as u64).fill_mask(chunk, self.p);
+        }
+    }
+}
+
+/// The activations block `l` is computed in, its dropout masks drawn (sites `1 + 3l` to
+/// `3 + 3l`) when the step drops out: its own, or with checkpointing the one held.
+fn block_acts(
+    blocks: &mut [BlockActs],
+    checkpointing: bool,
+    dropout: Option<Masks>,
+    seqs: usize,
+    l: usize,
+) -> &mut BlockActs {
+    let a = match checkpointing {
+        true => &mut blocks[0],
+        false => &mut blocks[l],
+    };
+    if let Some(masks) = dropout {
+        let sites = [&mut a.att_mask, &mut a.attn_mask, &mut a.mlp_mask];
+        for (k, mask) in sites.into_iter().enumerate() {
+            masks.fill(mask, 1 + 3 * l + k, seqs);
+        }
+    }
+    a
+}
+
 /// Buffers of one thread, reused from call to call (resizing keeps their allocations).
 #[derive(Debug, Default)]
 pub(crate) struct Workspace {
+    /// Activation checkpointing: one block's activations are held, not every block's; the
+    /// backward recomputes each block's forward from its input (kept in `resid`) first.
+    pub checkpointing: bool,
+    dropout: Option<Masks>,
     seqs: usize,
     seq: usize,
     width: usize,
@@ -76,6 +131,7 @@ pub(crate) struct Workspace {
     /// `resid[0]` is the embedding, `resid[l + 1]` block `l`'s output; `[rows, width]` each.
     resid: Vec<Vec<f32>>,
     emb_mask: Vec<f32>,
+    /// Each block's activations, or with checkpointing the one block's being computed.
     blocks: Vec<BlockActs>,
     ln_f: Vec<f32>,
     ln_f_mean: Vec<f32>,
@@ -110,7 +166,12 @@ impl Workspace {
         }
         self.resid.resize_with(w.blocks.len() + 1, Vec::new);
         self.resid.iter_mut().for_each(|r| size(r, rows * c));
-        self.blocks.resize_with(w.blocks.len(), Default::default);
+        let held = match self.checkpointing {
+            true => 1.min(w.blocks.len()),
+            false => w.blocks.len(),
+        };
+        self.blocks.truncate(held);
+        self.blocks.resize_with(held, Default::default);
         size(&mut self.emb_mask, if drop { rows * c } else { 0 });
         let att = seqs * d.heads * seq * seq;
         for a in &mut self.blocks {
@@ -137,19 +198,13 @@ impl Workspace {
         }
     }
 
-    /// Dropout masks for every site, per sequence (numbered from `first` in the whole batch).
-    fn draw_masks(&mut self, seed: u64, first: usize, p: f32) {
-        let seqs = self.seqs;
-        let mut sites = vec![&mut self.emb_mask];
-        for a in &mut self.blocks {
-            sites.extend([&mut a.att_mask, &mut a.attn_mask, &mut a.mlp_mask]);
-        }
-        for (site, mask) in sites.into_iter().enumerate() {
-            let per_seq = mask.len() / seqs;
-            for (s, chunk) in mask.chunks_exact_mut(per_seq).enumerate() {
-                Rng::new(seed, (first + s) as u64, site as u64).fill_mask(chunk, p);
-            }
-        }
+    /// Floats of activations held for the backward pass: the residual stream, the blocks'
+    /// and the head's (not the gradients' buffers).
+    pub(crate) fn activation_floats(&self) -> usize {
+        let stream: usize = self.resid.iter().map(Vec::len).sum();
+        let blocks: usize = self.blocks.iter().map(BlockActs::floats).sum();
+        let head = self.ln_f.len() + self.logits.len() + self.capped.len() + self.emb_mask.len();
+        stream + blocks + head
     }
 
     fn shape(&self) -> Shape {
@@ -180,7 +235,9 @@ impl Workspace {
             helpers: None,
         };
         let maps = &mut self.scratch.maps;
-        for (l, (p, a)) in w.blocks.iter().zip(&mut self.blocks).enumerate() {
+        let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
+        for (l, p) in w.blocks.iter().enumerate() {
+            let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
             let (before, after) = self.resid.split_at_mut(l + 1);
             block::forward(p, a, &before[l], &mut after[0], ctx, |h| {
                 attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
@@ -252,9 +309,20 @@ impl Workspace {
             rows_alone: false,
             helpers: None,
         };
+        let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
         for l in (0..w.blocks.len()).rev() {
-            let (p, a, gb) = (&w.blocks[l], &self.blocks[l], &mut g.blocks[l]);
-            let x = &self.resid[l];
+            let (p, gb) = (&w.blocks[l], &mut g.blocks[l]);
+            let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
+            let (before, after) = self.resid.split_at_mut(l + 1);
+            let x = &before[l];
+            if held {
+                // The same forward on the same input, masks and weights: the same
+                // activations, bit for bit (the output it rewrites is already used).
+                let maps = &mut self.scratch.maps;
+                block::forward(p, a, x, &mut after[0], ctx, |h| {
+                    attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
+                });
+            }
             block::backward(
                 p,
                 gb,

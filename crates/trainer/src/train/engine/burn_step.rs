@@ -51,7 +51,7 @@ impl BurnModel {
         dropout_seed: u64,
     ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
         let model = self.held()?;
-        gradients(model, batches, &self.device, dropout_seed, &self.precision)
+        gradients(model, batches, dropout_seed, &self.precision)
     }
 
     /// [`losses`] of the held model, in the steps' precision.
@@ -93,17 +93,17 @@ impl Precision {
     }
 }
 
-/// Gradients of the mean loss over `batches` through Burn's autodiff on the autodiff form of
-/// `device` (dropout masks from `dropout_seed`) in `precision`, still multiplied by its loss
-/// scale and not clipped; the mean loss `[1]`, on the device; and the loss scale they carry.
+/// Gradients of the mean loss over `batches` through Burn's autodiff on the model's autodiff
+/// device (with its checkpointing strategy; dropout masks from `dropout_seed`) in `precision`,
+/// still multiplied by its loss scale and not clipped; the mean loss `[1]`, on the device; and
+/// the loss scale they carry.
 fn gradients(
     model: &Gpt,
     batches: &[Batch],
-    device: &Device,
     dropout_seed: u64,
     precision: &Precision,
 ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
-    let (device, dtype) = (device.clone().autodiff(), precision.dtype);
+    let (device, dtype) = (model.wte.weight.device(), precision.dtype);
     let loss_scale = precision.scale();
     // Held until the step's draws are made: another trainer in this process seeding at once
     // would interleave its draws with these.

@@ -2,26 +2,23 @@
 //! the batch split over threads.
 
 use anyhow::{Context, Result};
-use burn::optim::ModuleOptimizer;
 use tinygpt_model::{FusedCpu, Gpt, TokenBatch};
 
 use super::{Engine, LOST, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
-use crate::train::optim::{
-    Optimizer, States, UpdateRule, burn_from_states, muon_ids, record_bytes, states_from_burn,
-};
+use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn, states_pack};
 
-/// The weights and the optimizer's state live in [`FusedCpu`]'s buffers between steps; the [`Gpt`]
-/// and Burn's optimizer record are brought up to date only when asked for (checkpoints,
-/// sampling), so a step copies nothing to or from Burn.
+/// The weights and the optimizer's state live in [`FusedCpu`]'s buffers between steps; the
+/// [`Gpt`] is brought up to date only when asked for (checkpoints, sampling), and the
+/// optimizer's state is serialised from the buffers, so a step copies nothing to or from Burn
+/// and no Burn record of the state is held.
 pub(super) struct FusedEngine {
     fused: Box<FusedCpu>,
     rule: UpdateRule,
     /// `None` only while it is being brought up to date.
     model: Option<Gpt>,
-    optim: ModuleOptimizer,
-    /// Whether the buffers hold weights that `model` and `optim` do not have yet.
+    /// Whether the buffers hold weights that `model` does not have yet.
     stale: bool,
     threads: usize,
     /// Outcomes of steps taken, not yet handed out.
@@ -29,14 +26,20 @@ pub(super) struct FusedEngine {
 }
 
 impl FusedEngine {
-    pub fn new(model: Gpt, optimizer: Optimizer, threads: usize) -> Result<Self> {
-        let optim = optimizer.burn;
+    pub fn new(
+        model: Gpt,
+        optimizer: Optimizer,
+        threads: usize,
+        checkpointing: bool,
+    ) -> Result<Self> {
         let mut fused = FusedCpu::new(&model, threads)?;
+        fused.set_checkpointing(checkpointing);
         match &optimizer.rule {
             UpdateRule::AdamW(_) => {}
             UpdateRule::Muon(..) => fused.use_muon(&muon_ids(&model))?,
         }
-        let states = states_from_burn(&optim)?;
+        // Read into the buffers, then dropped: a resumed run's record is not held twice.
+        let states = states_from_burn(&optimizer.burn)?;
         fused
             .load_adamw_state(states.adamw)
             .and_then(|()| fused.load_muon_state(states.muon))
@@ -45,21 +48,15 @@ impl FusedEngine {
             fused: Box::new(fused),
             rule: optimizer.rule,
             model: Some(model),
-            optim,
             stale: false,
             threads,
             known: Vec::new(),
         })
     }
 
-    /// Writes the buffers' weights and moments into the model and Burn's optimizer.
+    /// Writes the buffers' weights into the model.
     fn sync(&mut self) -> Result<()> {
         if self.stale {
-            let states = States {
-                adamw: self.fused.adamw_state(),
-                muon: self.fused.muon_state(),
-            };
-            self.optim = burn_from_states(&self.optim, states)?;
             let model = self.model.take().context(LOST)?;
             self.model = Some(self.fused.write_weights(model));
             self.stale = false;
@@ -83,8 +80,10 @@ impl Engine for FusedEngine {
     }
 
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
-        self.sync()?;
-        record_bytes(&self.optim)
+        states_pack(States {
+            adamw: self.fused.adamw_state(),
+            muon: self.fused.muon_state(),
+        })
     }
 
     fn step(

@@ -28,10 +28,12 @@ mod fused;
 mod tests;
 
 use anyhow::Result;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{Device, Tensor};
 use tinygpt_model::Gpt;
 
 use crate::backend::{EngineKind, Placement};
-use crate::config::TrainDType;
+use crate::config::{RunConfig, TrainDType};
 use crate::data::Batch;
 use crate::train::optim::Optimizer;
 
@@ -94,28 +96,91 @@ impl Step {
     }
 }
 
+/// Makes every float parameter again on its device: the same id, values and gradient
+/// requirement.
+struct MadeOn(Device);
+
+impl ModuleMapper for MadeOn {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let made = Tensor::from_data(tensor.into_data(), &self.0).set_require_grad(require_grad);
+        Param::from_mapped_value(id, made, mapper)
+    }
+}
+
+/// How an engine computes a run's steps, from its `[train]` section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// Threads of the fused engine's steps and of the loss estimates.
+    pub threads: usize,
+    /// The precision of the steps' matmuls.
+    pub dtype: TrainDType,
+    /// Activation checkpointing (`train.checkpointing`): the fused engine recomputes each
+    /// block's forward in its backward; Burn's engines run on an autodiff device with Burn's
+    /// balanced checkpointing strategy.
+    pub checkpointing: bool,
+}
+
+impl Settings {
+    /// What `config` asks for.
+    pub fn of(config: &RunConfig) -> Self {
+        Self {
+            threads: config.workers(),
+            dtype: config.train.dtype,
+            checkpointing: config.train.checkpointing,
+        }
+    }
+}
+
 /// The engine `kind` ([`Placement::engine_for`]'s choice, made once by the caller) for `model`
-/// on the autodiff form of `placement`'s device and `optimizer`, its steps computing in `dtype`
-/// on `threads` threads.
+/// on the autodiff form of `placement`'s device and `optimizer`, its steps computed as
+/// `settings` say.
 pub fn open(
     placement: &Placement,
     kind: EngineKind,
     model: Gpt,
     optimizer: Optimizer,
-    threads: usize,
-    dtype: TrainDType,
+    settings: Settings,
 ) -> Result<Box<dyn Engine>> {
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;
     let device = placement.device.clone();
+    let Settings {
+        threads,
+        dtype,
+        checkpointing,
+    } = settings;
+    // Burn's tensors of one graph must share a checkpointing strategy, which a tensor takes
+    // from the device it is made on: the model's parameters are made again on an autodiff
+    // device with it (same ids, same values), and each step's graph is built on the model's.
+    let burn_model = |model: Gpt| match checkpointing {
+        true => model.map(&mut MadeOn(
+            device.clone().autodiff().gradient_checkpointing(),
+        )),
+        false => model,
+    };
     Ok(match kind {
         EngineKind::Autodiff => Box::new(autodiff::AutodiffEngine::new(
-            model, optimizer, device, threads, dtype,
+            burn_model(model),
+            optimizer,
+            device,
+            threads,
+            dtype,
         )),
         EngineKind::Device => Box::new(device::DeviceEngine::new(
-            model, optimizer, device, threads, dtype,
+            burn_model(model),
+            optimizer,
+            device,
+            threads,
+            dtype,
         )?),
-        EngineKind::Fused => Box::new(fused::FusedEngine::new(model, optimizer, threads)?),
+        EngineKind::Fused => Box::new(fused::FusedEngine::new(
+            model,
+            optimizer,
+            threads,
+            checkpointing,
+        )?),
     })
 }

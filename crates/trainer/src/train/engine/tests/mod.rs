@@ -47,7 +47,12 @@ fn open_for(
     dtype: TrainDType,
 ) -> Result<(Box<dyn Engine>, Option<String>)> {
     let (kind, note) = placement.engine_for(dtype, optimizer.rule.update_kind())?;
-    let engine = open(placement, kind, model, optimizer, threads, dtype)?;
+    let settings = Settings {
+        threads,
+        dtype,
+        checkpointing: false,
+    };
+    let engine = open(placement, kind, model, optimizer, settings)?;
     Ok((engine, note))
 }
 
@@ -552,4 +557,5 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
     assert_eq!(weights(resumed.as_mut()), weights(whole.as_mut()));
 }
 
+mod checkpointing;
 mod groups;

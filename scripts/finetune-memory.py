@@ -25,6 +25,7 @@ model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
 model.train()
 if mode == "checkpointed":
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 elif mode == "lora":
     from peft import LoraConfig, get_peft_model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

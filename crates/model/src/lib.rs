@@ -46,8 +46,8 @@ mod sample;
 pub use arch::parts;
 pub use arch::{BIGRAM_VOCAB, BlockSlot, GptConfig, ParamName, Slot, parameter_table};
 pub use cpu::{
-    FusedBatch, FusedCpu, FusedDecoder, FusedError, PREFILL_CHUNK, TokenBatch, WeightFormat,
-    q8_0_block, weight_bytes_per_token,
+    FusedBatch, FusedCpu, FusedDecoder, FusedError, LentEntry, LentMoments, PREFILL_CHUNK,
+    TokenBatch, WeightFormat, q8_0_block, weight_bytes_per_token,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use gpu::sum_all;

@@ -8,6 +8,23 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// The SHA-256 of the file at `path` in hex, read in pieces.
+pub fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Read;
+    let read = || -> std::io::Result<String> {
+        let mut file = std::fs::File::open(path)?;
+        let (mut hasher, mut buffer) = (Sha256::new(), vec![0; 1 << 20]);
+        loop {
+            match file.read(&mut buffer)? {
+                0 => return Ok(hex(&hasher.finalize())),
+                n => hasher.update(&buffer[..n]),
+            }
+        }
+    };
+    read().with_context(|| format!("cannot read {}", path.display()))
+}
+
 /// Lowercase hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

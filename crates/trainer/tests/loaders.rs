@@ -17,7 +17,7 @@ use tinygpt::config::presets::ConfigSource;
 use tinygpt::data::tokenizer::Tokenizer;
 use tinygpt::data::tokenizer::TokenizerKind;
 use tinygpt::interop;
-use tinygpt::run::checkpoint::{Run, TrainState, Which};
+use tinygpt::run::checkpoint::{OptimizerFile, Run, TrainState, Which};
 use tinygpt::train::optim::{load_optimizer, optimizer};
 use tinygpt_model::Gpt;
 
@@ -156,7 +156,12 @@ fn saved_run(dir: &Path) -> Run {
     let optim = optimizer(&config, &model).into_bytes().unwrap().to_vec();
     Run::create(dir, config, tokenizer, |run| {
         run.save(Which::Best, &model, None, &TrainState::default())?;
-        run.save(Which::Last, &model, Some(&optim), &TrainState::default())
+        run.save(
+            Which::Last,
+            &model,
+            Some(OptimizerFile::Bytes(&optim)),
+            &TrainState::default(),
+        )
     })
     .unwrap()
 }

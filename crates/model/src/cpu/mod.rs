@@ -38,4 +38,4 @@ mod train;
 pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
 pub use error::FusedError;
 pub use kernels::q8::q8_0_block;
-pub use train::{FusedCpu, TokenBatch};
+pub use train::{FusedCpu, LentEntry, LentMoments, TokenBatch};

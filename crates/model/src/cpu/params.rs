@@ -180,16 +180,21 @@ impl Params {
     /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept). `gpt`
     /// may be any model of the same architecture: its parameters are matched by slot.
     pub(crate) fn write(&self, gpt: Gpt) -> Gpt {
-        struct Write(HashMap<ParamId, Vec<f32>>);
-        impl ModuleMapper for Write {
+        // Each parameter's values are copied when it is replaced, so that the model's old
+        // tensor is dropped before the next is made: never a second copy of the whole model.
+        struct Write<'a>(&'a Params, HashMap<ParamId, Slot>);
+        impl ModuleMapper for Write<'_> {
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-                let Some(values) = self.0.remove(&param.id) else {
+                let Some(slot) = self.1.remove(&param.id) else {
                     return param;
                 };
+                let values = self.0.slot(slot).to_vec();
                 param.map(|tensor| {
-                    let data = TensorData::new(values, tensor.shape());
-                    let new = Tensor::from_data(data, &tensor.device());
-                    if tensor.is_require_grad() {
+                    let (shape, device) = (tensor.shape(), tensor.device());
+                    let require_grad = tensor.is_require_grad();
+                    drop(tensor);
+                    let new = Tensor::from_data(TensorData::new(values, shape), &device);
+                    if require_grad {
                         new.require_grad()
                     } else {
                         new
@@ -197,12 +202,12 @@ impl Params {
                 })
             }
         }
-        let values = ParamLayout::of(&gpt)
+        let slots = ParamLayout::of(&gpt)
             .entries()
             .iter()
-            .map(|e| (e.id, self.slot(e.slot).to_vec()))
+            .map(|e| (e.id, e.slot))
             .collect();
-        gpt.map(&mut Write(values))
+        gpt.map(&mut Write(self, slots))
     }
 
     /// Copies the values of `gpt` (one host read per parameter) into buffers that follow

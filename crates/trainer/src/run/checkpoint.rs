@@ -28,8 +28,8 @@ use tinygpt_model::Gpt;
 
 use super::integrity;
 use super::lock::RunLock;
-use super::weights::{load_weights, param_ids, weights_bytes};
-use crate::checksum::sha256_hex;
+use super::weights::{load_weights, param_ids, write_weights};
+use crate::checksum::{sha256_file, sha256_hex};
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::{self, refuse_non_empty, write_atomic, write_synced};
@@ -322,7 +322,7 @@ impl Run {
         &self,
         which: Which,
         model: &Gpt,
-        optimizer: Option<&[u8]>,
+        optimizer: Option<OptimizerFile<'_>>,
         state: &TrainState,
     ) -> Result<()> {
         let name = which.dir_name();
@@ -349,6 +349,13 @@ impl Run {
     }
 }
 
+/// Where a checkpoint's optimizer state comes from: bytes in hand, or what writes the file
+/// itself ([`Engine::optimizer_writer`](crate::train::Engine::optimizer_writer)).
+pub enum OptimizerFile<'a> {
+    Bytes(&'a [u8]),
+    Writer(&'a mut dyn FnMut(&Path) -> Result<()>),
+}
+
 /// The previous `last` checkpoint's directory name.
 pub const PREVIOUS: &str = "prev";
 
@@ -368,17 +375,29 @@ pub fn refuse_existing(dir: &Path) -> Result<()> {
 fn write_checkpoint(
     dir: &Path,
     model: &Gpt,
-    optimizer: Option<&[u8]>,
+    optimizer: Option<OptimizerFile<'_>>,
     state: &TrainState,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut state = state.clone();
     state.files.clear();
-    let weights = weights_bytes(model)?;
-    for (name, bytes) in [(WEIGHTS, Some(&weights[..])), (OPTIMIZER, optimizer)] {
-        let Some(bytes) = bytes else { continue };
-        write_synced(&dir.join(name), bytes)?;
-        state.files.insert(name.to_string(), sha256_hex(bytes));
+    let path = dir.join(WEIGHTS);
+    write_weights(model, &path)?;
+    state.files.insert(WEIGHTS.to_string(), sha256_file(&path)?);
+    let path = dir.join(OPTIMIZER);
+    let sum = match optimizer {
+        None => None,
+        Some(OptimizerFile::Bytes(bytes)) => {
+            write_synced(&path, bytes)?;
+            Some(sha256_hex(bytes))
+        }
+        Some(OptimizerFile::Writer(write)) => {
+            write(&path).with_context(|| format!("cannot write {}", path.display()))?;
+            Some(sha256_file(&path)?)
+        }
+    };
+    if let Some(sum) = sum {
+        state.files.insert(OPTIMIZER.to_string(), sum);
     }
     state.param_ids = param_ids(model);
     state.checksum = Some(integrity::placeholder());

@@ -18,6 +18,18 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
         .map_err(|e| anyhow::anyhow!("cannot serialise the weights: {e}"))
 }
 
+/// Writes `model`'s weights to `path` as [`weights_bytes`] would make them, a tensor at a
+/// time (no copy of the whole model in memory), and syncs the file.
+pub fn write_weights(model: &Gpt, path: &std::path::Path) -> Result<()> {
+    let mut store = SafetensorsStore::from_file(path).overwrite(true);
+    model
+        .save_into(&mut store)
+        .map_err(|e| anyhow::anyhow!("cannot write the weights to {}: {e}", path.display()))?;
+    std::fs::File::open(path)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+}
+
 /// Loads safetensors `bytes` into `model`; every tensor must be present, with the shape the
 /// model's config gives it.
 pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {

@@ -12,18 +12,17 @@ use crate::config::RunConfig;
 /// Bytes of one f32.
 const F32: u64 = 4;
 
-/// Estimated bytes a training run holds at its peak, by kind. The fused CPU engine's peak is at
-/// a checkpoint, while training's buffers are still held: measured at SmolLM2-135M's shape
-/// (docs/interop.md), the estimate is 7% under the peak RSS at batch 1 × 1024 and 1% over at
-/// batch 4 × 1024 (the allocator keeps some freed memory, more so at small batches).
+/// Estimated bytes a training run holds at its peak, by kind. Measured against the fused CPU
+/// engine's peak RSS at SmolLM2-135M's shape over a run with its checkpoints
+/// (docs/interop.md, 2026-12-02): 2% over at batch 1 × 1024 and 7% over at 4 × 1024; with
+/// checkpointing 7% under and 6% over.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Estimate {
-    /// The weights, every copy held at once (the fused engine: its buffers, Burn's model, and
-    /// at a checkpoint its serialised bytes; Burn's autodiff: the model and the serialised
-    /// copy).
+    /// The weights, every copy held at once (the fused engine: its buffers, and between
+    /// steps Burn's model in place of the gradients; Burn's autodiff: the model and the
+    /// serialised copy).
     pub weights: u64,
-    /// AdamW's two moments (the fused engine: its own, and at a checkpoint a copy of them and
-    /// their serialised bytes).
+    /// AdamW's two moments (the fused engine: its own, serialised a tensor at a time).
     pub optimizer: u64,
     /// Gradients (the fused engine: the step's sum and one per thread at work but the first
     /// without accumulation; Burn's autodiff: the micro-batch's and the accumulated ones).
@@ -90,7 +89,10 @@ impl Estimate {
         // hand-picked set (scores before and after masking and softmax, GELU's inputs): about
         // twice as many.
         let (activations, weights, optimizer, gradients) = match engine {
-            EngineKind::Fused => (per_token, 3, 6, 1 + own),
+            // The buffers' weights and moments; the model's copy is written in only between
+            // steps, in place of the gradients' buffer, and the moments are serialised a
+            // tensor at a time.
+            EngineKind::Fused => (per_token, 1, 2, 1 + own),
             EngineKind::Autodiff | EngineKind::Device => (2 * per_token, 2, 2, 2),
         };
         let copies = |n: u64| params.saturating_mul(n * F32);
@@ -213,7 +215,7 @@ mod tests {
         let config = ConfigSource::Preset("baby").load(&[]).unwrap();
         let small = Estimate::training(&config, 65, EngineKind::Fused);
         let params = config.gpt(65).num_params();
-        assert_eq!(small.weights, 3 * 4 * params);
+        assert_eq!(small.weights, 4 * params);
         // The step's sum, and one gradient buffer per thread at work but the first without
         // accumulation.
         let gradients = |batch_size: usize, grad_accum: usize, threads: usize| {

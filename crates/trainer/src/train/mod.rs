@@ -15,6 +15,7 @@
 //! optim.rs         the Optimizer part (its update rule: AdamW, or Muon beside it, and the
 //!                  groups), the learning-rate schedule, Burn's optimizer record
 //! muon.rs          Muon as one of Burn's per-parameter optimizers (its settings and state)
+//! state_pack.rs    the optimizer's state as `optimizer.bpk`, written a tensor at a time
 //! memory.rs        the memory a run needs, checked before it allocates
 //! ```
 
@@ -28,6 +29,7 @@ mod report;
 pub mod session;
 mod setup;
 mod snapshot;
+pub mod state_pack;
 
 pub use engine::{Engine, Step};
 pub use session::{Limits, Outcome, Trainer, train_step};

@@ -350,44 +350,11 @@ pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
 /// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
 /// serialisation, the names [`states_from_burn`] reads.
 pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<ModuleOptimizer> {
-    let bytes = Bytes::from_bytes_vec(states_pack(states)?);
+    let bytes = Bytes::from_bytes_vec(super::state_pack::states_pack(states)?);
     template
         .clone()
         .from_bytes(bytes)
         .map_err(|e| anyhow::anyhow!("cannot load the optimizer state: {e:?}"))
-}
-
-/// `states` as Burn serialises an optimizer's record (`optimizer.bpk`, what
-/// [`load_optimizer`] reads), written straight into one buffer: the state is held twice at
-/// most (`states` and the buffer), never as a Burn record besides.
-pub fn states_pack(states: States) -> Result<Vec<u8>> {
-    let mut tensors = Vec::new();
-    let mut scalars = Vec::new();
-    let mut tensor = |name: String, id: u64, values: Vec<f32>, shape: &[usize]| {
-        let (bytes, shape, dtype) = TensorData::new(values, shape.to_vec()).into_parts();
-        tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
-    };
-    for state in states.adamw {
-        let id = state.id.val();
-        for (leaf, values) in [("moment_1", state.moment_1), ("moment_2", state.moment_2)] {
-            tensor(format!("{id}.momentum.{leaf}"), id, values, &state.shape);
-        }
-        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
-        scalars.push((format!("{id}.momentum.time"), state.time as u64));
-    }
-    for state in states.muon {
-        let id = state.id.val();
-        tensor(format!("{id}.velocity"), id, state.velocity, &state.shape);
-        scalars.push((format!("{id}.__rank"), state.shape.len() as u64));
-        scalars.push((format!("{id}.step"), state.step));
-    }
-    let mut writer = burn_pack::Writer::new(tensors);
-    for (key, value) in &scalars {
-        writer = writer.with_scalar(key, burn_pack::Scalar::UInt(*value));
-    }
-    let mut bytes = vec![0; writer.size()?];
-    writer.write_into(&mut bytes)?;
-    Ok(bytes)
 }
 
 /// [`burn_from_states`] with AdamW's state only.

@@ -23,7 +23,7 @@ use crate::backend::describe;
 use crate::config::{RunConfig, TrainDType};
 use crate::data::{Batch, Dataset, mix, step_rng, sweep};
 use crate::progress::Progress;
-use crate::run::checkpoint::{Run, TrainState, Which};
+use crate::run::checkpoint::{OptimizerFile, Run, TrainState, Which};
 use crate::run::journal::{Journal, StepLine};
 use crate::run::metrics::{Metrics, Row};
 
@@ -284,13 +284,14 @@ impl Trainer {
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
         // Nothing learnt from damaged token files is kept.
         self.data.verification.finished()?;
-        let optimizer = self.engine.optimizer_bytes()?;
+        // Shares the fused engine's state rather than copying it; dropped before the next step.
+        let mut optimizer = self.engine.optimizer_writer()?;
         let model = self.engine.model()?;
         if best {
             self.run.save(Which::Best, model, None, &self.state)?;
         }
-        self.run
-            .save(Which::Last, model, Some(&optimizer), &self.state)
+        let optimizer = Some(OptimizerFile::Writer(&mut *optimizer));
+        self.run.save(Which::Last, model, optimizer, &self.state)
     }
 
     /// Trains to `train.max_iters`, evaluating every `eval_interval` steps and at the end,

@@ -3,6 +3,7 @@
 //! layer and head on that prompt, so that a viewer can show them forming over training.
 
 use anyhow::{Context, Result, bail};
+use burn::module::Module;
 use burn::tensor::Device;
 use tinygpt_model::{GenerateOptions, Gpt, generate};
 
@@ -67,7 +68,9 @@ pub struct Snapshot<'a> {
 impl Snapshot<'_> {
     /// The journal line of the evaluation at `step` with these losses.
     pub fn line(&self, step: usize, (train_loss, val_loss): (f64, f64)) -> Result<EvalLine> {
-        let maps = AttentionMaps::of_tokens(self.model, self.tokenizer, self.prompt, self.device)?;
+        // Without autodiff: nothing of the forward is kept for a backward.
+        let model = self.model.valid();
+        let maps = AttentionMaps::of_tokens(&model, self.tokenizer, self.prompt, self.device)?;
         let attention = maps
             .maps
             .iter()

@@ -44,8 +44,9 @@ pub struct FusedCpu {
     /// Whether `grads` are all zero (none accumulated since the last reset): the first thread
     /// then computes its share into them, not into a buffer of its own added after.
     pub(crate) grads_zero: bool,
-    /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state.
-    pub(crate) moments: Option<Moments>,
+    /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state; shared
+    /// only while lent to a serialiser ([`FusedCpu::lend_adamw_state`]).
+    pub(crate) moments: Option<Arc<Moments>>,
     /// Muon's momentum for the matrices it updates, from [`FusedCpu::use_muon`].
     pub(crate) muon: Option<Velocities>,
     pub(crate) work: Vec<Workspace>,
@@ -102,33 +103,26 @@ impl FusedCpu {
     /// One AdamW step on the held weights along the held gradients (Burn's `AdamW` arithmetic,
     /// bit for bit), then the gradients are reset to zero.
     pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
-        let weights = &mut self.weights;
-        let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
-        moments.step(weights, &self.grads, settings, lr);
+        self.allocate_gradients();
+        let moments = moments_mut(&mut self.moments, &self.weights);
+        moments.step(&mut self.weights, &self.grads, settings, lr);
         self.reset_gradients();
     }
 
     /// AdamW's state of every parameter it updates (all but Muon's matrices; empty before the
     /// first step), in the layout's order.
     pub fn adamw_state(&self) -> Vec<MomentState> {
-        let Some(moments) = &self.moments else {
+        let Some(lent) = self.lend_adamw_state() else {
             return Vec::new();
         };
-        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
-        let entries = self.weights.layout().entries();
-        entries
-            .iter()
-            .zip(&moments.time)
-            .enumerate()
-            .filter(|(i, _)| !muon(*i))
-            .map(|(_, (entry, &time))| MomentState {
-                id: entry.id,
-                shape: entry.shape.clone(),
-                time,
-                moment_1: moments.m.slot(entry.slot).to_vec(),
-                moment_2: moments.v.slot(entry.slot).to_vec(),
-            })
-            .collect()
+        let state = |(i, entry): (usize, &super::LentEntry)| MomentState {
+            id: entry.id,
+            shape: entry.shape.clone(),
+            time: entry.time,
+            moment_1: lent.moment_1(i).to_vec(),
+            moment_2: lent.moment_2(i).to_vec(),
+        };
+        lent.entries().iter().enumerate().map(state).collect()
     }
 
     /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter
@@ -153,7 +147,7 @@ impl FusedCpu {
                 *time = state.time;
             }
         }
-        self.moments = Some(moments);
+        self.moments = Some(Arc::new(moments));
         Ok(())
     }
 
@@ -177,6 +171,7 @@ impl FusedCpu {
     /// Scales the held gradients by `min(1, max_norm / (‖g‖ + 1e-6))`, ‖g‖ the norm of all of
     /// them together (PyTorch's `clip_grad_norm_`), and returns ‖g‖.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        self.allocate_gradients();
         let norm = self.grads.norm();
         let factor = clip_factor(norm, max_norm);
         if factor < 1.0 {
@@ -190,6 +185,21 @@ impl FusedCpu {
         self.reset_gradients();
     }
 
+    /// Frees the gradients' buffer while none are held (between steps: a checkpoint, a
+    /// sample); the next step allocates it again.
+    pub fn release_gradients(&mut self) {
+        if self.grads_zero {
+            self.grads = Params::default();
+        }
+    }
+
+    /// The gradients' buffer, zero, if [`release_gradients`](Self::release_gradients) freed it.
+    pub(crate) fn allocate_gradients(&mut self) {
+        if self.grads.layout().entries().is_empty() {
+            self.grads.zero_like(&self.weights);
+        }
+    }
+
     /// Sets the held gradients to zero.
     pub(crate) fn reset_gradients(&mut self) {
         self.grads.zero_like(&self.weights);
@@ -199,6 +209,7 @@ impl FusedCpu {
     /// The gradients accumulated since the last call, as Burn gradients of `gpt`'s parameters;
     /// the held gradients are reset to zero.
     pub fn take_gradients(&mut self, gpt: &Gpt) -> GradientsParams {
+        self.allocate_gradients();
         let grads = self.grads.to_gradients(gpt);
         self.reset_gradients();
         grads
@@ -218,6 +229,9 @@ impl FusedCpu {
         // The first thread's share goes straight into the held gradients when they are zero
         // (the sum 0 + share is the share, bit for bit): one gradient buffer fewer.
         let direct = grad_scale.is_some() && self.grads_zero;
+        if grad_scale.is_some() {
+            self.allocate_gradients();
+        }
         if direct {
             std::mem::swap(&mut self.grads, &mut self.work[0].grads);
         }
@@ -295,4 +309,17 @@ impl FusedCpu {
         }
         Ok(())
     }
+}
+
+/// AdamW's moments to update (zero, shaped like `weights`, before the first step).
+///
+/// # Panics
+/// While they are lent out ([`FusedCpu::lend_adamw_state`]): a serialiser must finish before
+/// the next step.
+pub(crate) fn moments_mut<'a>(
+    moments: &'a mut Option<Arc<Moments>>,
+    weights: &Params,
+) -> &'a mut Moments {
+    let moments = moments.get_or_insert_with(|| Arc::new(Moments::zeros(weights)));
+    Arc::get_mut(moments).expect("AdamW's state is still lent out at the next step")
 }

@@ -3,7 +3,6 @@
 
 use burn::module::ParamId;
 
-use super::adamw::Moments;
 use super::fused::FusedCpu;
 use super::muon::{Velocities, Velocity, orthogonalise};
 use crate::cpu::error::FusedError;
@@ -108,14 +107,16 @@ impl FusedCpu {
         adamw: &AdamWSettings,
         settings: &MuonSettings,
     ) -> Result<(), FusedError> {
+        self.allocate_gradients();
         let Some(muon) = self.muon.as_mut() else {
             return Err(FusedError::OptimizerState(
                 "Muon was not set up (use_muon)".into(),
             ));
         };
-        let weights = &mut self.weights;
-        let moments = self.moments.get_or_insert_with(|| Moments::zeros(weights));
-        moments.step_some(weights, &self.grads, adamw, lr, |i| muon.updates(i));
+        let moments = super::fused::moments_mut(&mut self.moments, &self.weights);
+        moments.step_some(&mut self.weights, &self.grads, adamw, lr, |i| {
+            muon.updates(i)
+        });
         // Nesterov momentum (Burn's `Momentum`, no dampening): v ← g + μ·v, the update
         // orthogonalises g + μ·v. One pass each, then Newton–Schulz a matrix per thread.
         let mut matrices: Vec<&mut Velocity> = muon.entries.iter_mut().flatten().collect();
@@ -144,7 +145,7 @@ impl FusedCpu {
         let keep = (1.0 - lr * settings.weight_decay) as f32;
         for v in matrices {
             let scale = (lr * (v.rows as f64 / v.cols as f64).max(1.0).sqrt()) as f32;
-            let w = weights.slot_mut(v.slot);
+            let w = self.weights.slot_mut(v.slot);
             w.iter_mut()
                 .zip(&v.update)
                 .for_each(|(w, u)| *w = *w * keep - scale * u);

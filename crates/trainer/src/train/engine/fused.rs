@@ -1,13 +1,18 @@
 //! [`FusedEngine`]: hand-written forward, backward, AdamW and Muon on the CPU ([`FusedCpu`]),
 //! the batch split over threads.
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{Device, Tensor};
 use tinygpt_model::{FusedCpu, Gpt, TokenBatch};
 
-use super::{Engine, LOST, Step};
+use super::{Engine, LOST, OptimizerWriter, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
-use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn, states_pack};
+use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn};
+use crate::train::state_pack::{self, states_pack};
 
 /// The weights and the optimizer's state live in [`FusedCpu`]'s buffers between steps; the
 /// [`Gpt`] is brought up to date only when asked for (checkpoints, sampling), and the
@@ -47,15 +52,18 @@ impl FusedEngine {
         Ok(Self {
             fused: Box::new(fused),
             rule: optimizer.rule,
-            model: Some(model),
-            stale: false,
+            model: Some(hollow(model)),
+            // The hollow model has no weights: the buffers' must be written in when asked.
+            stale: true,
             threads,
             known: Vec::new(),
         })
     }
 
-    /// Writes the buffers' weights into the model.
+    /// Writes the buffers' weights into the model, having freed the gradients' buffer (there
+    /// are none between steps) so that the model's copy takes its place.
     fn sync(&mut self) -> Result<()> {
+        self.fused.release_gradients();
         if self.stale {
             let model = self.model.take().context(LOST)?;
             self.model = Some(self.fused.write_weights(model));
@@ -79,6 +87,14 @@ impl Engine for FusedEngine {
         self.model.as_ref().context(LOST)
     }
 
+    fn optimizer_writer(&mut self) -> Result<OptimizerWriter> {
+        let lent = self.fused.lend_adamw_state();
+        let muon = self.fused.muon_state();
+        Ok(Box::new(move |path: &Path| {
+            state_pack::write_lent(path, lent.clone(), muon.clone())
+        }))
+    }
+
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
         states_pack(States {
             adamw: self.fused.adamw_state(),
@@ -93,6 +109,13 @@ impl Engine for FusedEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
+        // The model's weights, written in for a checkpoint or a sample, are dropped again:
+        // the buffers hold them while training.
+        if !self.stale {
+            let model = self.model.take().context(LOST)?;
+            self.model = Some(hollow(model));
+            self.stale = true;
+        }
         let n = batches.len() as f64;
         let mut loss = 0.0;
         for (k, batch) in batches.iter().enumerate() {
@@ -134,6 +157,28 @@ impl Engine for FusedEngine {
             .map(|batch| Ok(self.fused.loss(token_batch(batch))?))
             .collect()
     }
+}
+
+/// `gpt` with the values of its float parameters dropped: each a lazy parameter of the same
+/// id, shape, device and gradient requirement, zeros if ever read. The buffers hold the
+/// weights between checkpoints; writing them in replaces one parameter at a time, so the
+/// model never holds a second copy of them.
+fn hollow(gpt: Gpt) -> Gpt {
+    struct Hollow;
+    impl ModuleMapper for Hollow {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let (id, tensor, _) = param.consume();
+            let (device, shape) = (tensor.device(), tensor.shape());
+            let require_grad = tensor.is_require_grad();
+            drop(tensor);
+            let size = shape.clone();
+            let zeros = move |device: &Device, require_grad: bool| {
+                Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
+            };
+            Param::uninitialized(id, zeros, device, require_grad, shape)
+        }
+    }
+    gpt.map(&mut Hollow)
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {

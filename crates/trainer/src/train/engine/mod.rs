@@ -27,6 +27,8 @@ mod fused;
 #[cfg(test)]
 mod tests;
 
+use std::path::Path;
+
 use anyhow::Result;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Tensor};
@@ -51,6 +53,17 @@ pub trait Engine {
     /// The optimizer's state as Burn serialises it (`optimizer.bpk`), up to date.
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>>;
 
+    /// What writes [`optimizer_bytes`](Self::optimizer_bytes)' bytes to a file (a checkpoint's
+    /// `optimizer.bpk`), holding the state as it is now and borrowing nothing: the bytes in
+    /// hand, or (the fused engine) the state shared and written a tensor at a time. Drop it
+    /// before the next step.
+    fn optimizer_writer(&mut self) -> Result<OptimizerWriter> {
+        let bytes = self.optimizer_bytes()?;
+        Ok(Box::new(move |path: &Path| {
+            crate::fs::write_synced(path, &bytes)
+        }))
+    }
+
     /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
     /// gradient accumulation does), clipped to the global norm `grad_clip` (0 = no clipping),
     /// then the optimizer's update (AdamW, or Muon beside it) at learning rate `lr`, unless the
@@ -69,6 +82,9 @@ pub trait Engine {
     /// precision the steps compute in.
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>>;
 }
+
+/// Writes an optimizer's state to a file: see [`Engine::optimizer_writer`].
+pub type OptimizerWriter = Box<dyn FnMut(&Path) -> Result<()>>;
 
 /// What an engine says when asked for its model while an update replaces it (a bug).
 const LOST: &str = "the engine lost its model";

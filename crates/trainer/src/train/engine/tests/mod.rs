@@ -557,5 +557,5 @@ fn the_fused_engines_muon_equals_burns_and_resumes_exactly() {
     assert_eq!(weights(resumed.as_mut()), weights(whole.as_mut()));
 }
 
-mod checkpointing;
 mod groups;
+mod memory;

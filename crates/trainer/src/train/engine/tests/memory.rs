@@ -69,3 +69,28 @@ fn checkpointing_trains_the_same_on_every_engine() {
         }
     }
 }
+
+/// The fused engine's state written a tensor at a time (a checkpoint's `optimizer.bpk`) is the
+/// bytes it serialises whole, before any step, after AdamW's and after Muon's; and training
+/// goes on once the writer is dropped.
+#[test]
+fn the_state_written_a_tensor_at_a_time_is_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("optimizer.bpk");
+    for config in [config(), muon_config(&[])] {
+        let data = random_tokens(&config);
+        let mut engine = checkpointed(&config, model(&config), EngineKind::Fused, false);
+        for step in 0..3 {
+            let mut writer = engine.optimizer_writer().unwrap();
+            writer(&path).unwrap();
+            let written = std::fs::read(&path).unwrap();
+            assert_eq!(written, engine.optimizer_bytes().unwrap(), "step {step}");
+            drop(writer);
+            train_step(engine.as_mut(), &data, &config, step).unwrap();
+        }
+        // What was written loads into Burn's optimizer.
+        let held = engine.model().unwrap().clone();
+        let bytes = std::fs::read(&path).unwrap();
+        crate::train::optim::load_optimizer(&config, &held, bytes).unwrap();
+    }
+}

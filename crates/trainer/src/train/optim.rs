@@ -11,6 +11,7 @@ use tinygpt_model::{
     AdamWSettings, BlockSlot, Gpt, LrRatios, MomentState, ParamLayout, Slot, VelocityState,
 };
 
+pub use super::state_pack::States;
 use crate::config::{LrSchedule, OptimizerKind, RunConfig, UpdateKind};
 use crate::train::muon::{Muon, MuonSettings};
 
@@ -274,13 +275,6 @@ pub fn load_optimizer(config: &RunConfig, model: &Gpt, bytes: Vec<u8>) -> Result
     optimizer(config, model)
         .from_bytes(Bytes::from_bytes_vec(bytes))
         .map_err(|e| anyhow::anyhow!("{e:?}"))
-}
-
-/// An optimizer's state per parameter: AdamW's moments, and Muon's momentum for its matrices.
-#[derive(Debug, Default)]
-pub struct States {
-    pub adamw: Vec<MomentState>,
-    pub muon: Vec<VelocityState>,
 }
 
 /// The state in `optim` (Burn's, e.g. loaded from a checkpoint), read from Burn's own

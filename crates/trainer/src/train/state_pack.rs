@@ -7,9 +7,14 @@ use std::path::Path;
 
 use anyhow::Result;
 use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{LentMoments, VelocityState};
+use tinygpt_model::{LentMoments, MomentState, VelocityState};
 
-use super::optim::States;
+/// An optimizer's state per parameter: AdamW's moments, and Muon's momentum for its matrices.
+#[derive(Debug, Default)]
+pub struct States {
+    pub adamw: Vec<MomentState>,
+    pub muon: Vec<VelocityState>,
+}
 
 /// Tensors and scalars of a pack, in the order [`states_pack`] and [`write_lent`] both use.
 #[derive(Default)]

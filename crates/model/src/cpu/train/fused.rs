@@ -7,6 +7,7 @@ use std::sync::Arc;
 use burn::optim::GradientsParams;
 
 use super::adamw::Moments;
+use super::lent::{LentEntry, LentMoments};
 use super::muon::Velocities;
 use super::workspace::{Job, TokenBatch, Workspace};
 use crate::cpu::dims::Dims;
@@ -115,7 +116,7 @@ impl FusedCpu {
         let Some(lent) = self.lend_adamw_state() else {
             return Vec::new();
         };
-        let state = |(i, entry): (usize, &super::LentEntry)| MomentState {
+        let state = |(i, entry): (usize, &LentEntry)| MomentState {
             id: entry.id,
             shape: entry.shape.clone(),
             time: entry.time,
@@ -123,6 +124,28 @@ impl FusedCpu {
             moment_2: lent.moment_2(i).to_vec(),
         };
         lent.entries().iter().enumerate().map(state).collect()
+    }
+
+    /// AdamW's state (as [`adamw_state`](Self::adamw_state) lists it), shared rather than
+    /// copied; `None` before the first step. Drop it before the next step, which panics
+    /// while it is alive.
+    pub fn lend_adamw_state(&self) -> Option<LentMoments> {
+        let moments = self.moments.as_ref()?;
+        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
+        let entries = self.weights.layout().entries();
+        let lent = entries
+            .iter()
+            .zip(&moments.time)
+            .enumerate()
+            .filter(|(i, _)| !muon(*i))
+            .map(|(_, (entry, &time))| LentEntry {
+                id: entry.id,
+                shape: entry.shape.clone(),
+                time,
+                slot: entry.slot,
+            })
+            .collect::<Vec<_>>();
+        Some(LentMoments::new(Arc::clone(moments), lent))
     }
 
     /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use burn::module::ParamId;
 
 use super::adamw::Moments;
-use super::fused::FusedCpu;
 
 /// AdamW's moments of every parameter it updates, shared with the engine until dropped
 /// (clones share them too: a serialiser's readers).
@@ -25,10 +24,18 @@ pub struct LentEntry {
     pub shape: Vec<usize>,
     /// Steps taken.
     pub time: usize,
-    slot: crate::arch::Slot,
+    pub(crate) slot: crate::arch::Slot,
 }
 
 impl LentMoments {
+    /// `moments`' entries `entries` (each with its slot), shared.
+    pub(crate) fn new(moments: Arc<Moments>, entries: Vec<LentEntry>) -> Self {
+        Self {
+            moments,
+            entries: entries.into(),
+        }
+    }
+
     /// The parameters, in the layout's order (as [`FusedCpu::adamw_state`] lists them).
     pub fn entries(&self) -> &[LentEntry] {
         &self.entries
@@ -42,32 +49,5 @@ impl LentMoments {
     /// Entry `i`'s second moment.
     pub fn moment_2(&self, i: usize) -> &[f32] {
         self.moments.v.slot(self.entries[i].slot)
-    }
-}
-
-impl FusedCpu {
-    /// AdamW's state (as [`adamw_state`](Self::adamw_state) lists it), shared rather than
-    /// copied; `None` before the first step. Drop it before the next step, which panics
-    /// while it is alive.
-    pub fn lend_adamw_state(&self) -> Option<LentMoments> {
-        let moments = self.moments.as_ref()?;
-        let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
-        let entries = self.weights.layout().entries();
-        let lent = entries
-            .iter()
-            .zip(&moments.time)
-            .enumerate()
-            .filter(|(i, _)| !muon(*i))
-            .map(|(_, (entry, &time))| LentEntry {
-                id: entry.id,
-                shape: entry.shape.clone(),
-                time,
-                slot: entry.slot,
-            })
-            .collect();
-        Some(LentMoments {
-            moments: Arc::clone(moments),
-            entries: lent,
-        })
     }
 }

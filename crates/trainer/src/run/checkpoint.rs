@@ -353,8 +353,11 @@ impl Run {
 /// itself ([`Engine::optimizer_writer`](crate::train::Engine::optimizer_writer)).
 pub enum OptimizerFile<'a> {
     Bytes(&'a [u8]),
-    Writer(&'a mut dyn FnMut(&Path) -> Result<()>),
+    Writer(WriteFile<'a>),
 }
+
+/// What writes a file at the path it is given, once.
+pub type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
 
 /// The previous `last` checkpoint's directory name.
 pub const PREVIOUS: &str = "prev";

@@ -284,13 +284,13 @@ impl Trainer {
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
         // Nothing learnt from damaged token files is kept.
         self.data.verification.finished()?;
-        // Shares the fused engine's state rather than copying it; dropped before the next step.
-        let mut optimizer = self.engine.optimizer_writer()?;
+        // Shares the fused engine's state rather than copying it; gone before the next step.
+        let optimizer = self.engine.optimizer_writer()?;
         let model = self.engine.model()?;
         if best {
             self.run.save(Which::Best, model, None, &self.state)?;
         }
-        let optimizer = Some(OptimizerFile::Writer(&mut *optimizer));
+        let optimizer = Some(OptimizerFile::Writer(optimizer));
         self.run.save(Which::Last, model, optimizer, &self.state)
     }
 

@@ -91,7 +91,7 @@ impl Engine for FusedEngine {
         let lent = self.fused.lend_adamw_state();
         let muon = self.fused.muon_state();
         Ok(Box::new(move |path: &Path| {
-            state_pack::write_lent(path, lent.clone(), muon.clone())
+            state_pack::write_lent(path, lent, muon)
         }))
     }
 

@@ -55,8 +55,8 @@ pub trait Engine {
 
     /// What writes [`optimizer_bytes`](Self::optimizer_bytes)' bytes to a file (a checkpoint's
     /// `optimizer.bpk`), holding the state as it is now and borrowing nothing: the bytes in
-    /// hand, or (the fused engine) the state shared and written a tensor at a time. Drop it
-    /// before the next step.
+    /// hand, or (the fused engine) the state shared and written a tensor at a time. Called
+    /// once; drop it before the next step.
     fn optimizer_writer(&mut self) -> Result<OptimizerWriter> {
         let bytes = self.optimizer_bytes()?;
         Ok(Box::new(move |path: &Path| {
@@ -84,7 +84,7 @@ pub trait Engine {
 }
 
 /// Writes an optimizer's state to a file: see [`Engine::optimizer_writer`].
-pub type OptimizerWriter = Box<dyn FnMut(&Path) -> Result<()>>;
+pub type OptimizerWriter = crate::run::checkpoint::WriteFile<'static>;
 
 /// What an engine says when asked for its model while an update replaces it (a bug).
 const LOST: &str = "the engine lost its model";

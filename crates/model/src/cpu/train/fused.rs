@@ -257,6 +257,7 @@ impl FusedCpu {
         }
         if direct {
             std::mem::swap(&mut self.grads, &mut self.work[0].grads);
+            self.work[0].grads_zero = true;
         }
         let (dims, weights) = (self.dims, &self.weights);
         // Contiguous groups of sequences, the first ones one longer when it does not divide.

@@ -145,6 +145,9 @@ pub(crate) struct Workspace {
     d_resid: Vec<f32>,
     scratch: Scratch,
     pub grads: Params,
+    /// Whether `grads` is known to be zero and shaped like the weights (set by the caller that
+    /// hands it the step's sum), so the next step need not clear it.
+    pub grads_zero: bool,
 }
 
 fn size(buf: &mut Vec<f32>, len: usize) {
@@ -194,7 +197,10 @@ impl Workspace {
             };
             size(&mut self.scratch.d_wide, rows * mlp.max(c));
             size(&mut self.scratch.d_qkv, rows * d.qkv_width());
-            self.grads.zero_like(w);
+            // Handed the step's zero sum (the first thread's share): zero already.
+            if !std::mem::take(&mut self.grads_zero) {
+                self.grads.zero_like(w);
+            }
         }
     }
 

@@ -27,6 +27,8 @@ pub enum GptConfigError {
          character tokenizer); this one has {vocab}"
     )]
     BigramVocabulary { vocab: usize },
+    #[error("[lora]: {0}")]
+    Lora(String),
     #[error(transparent)]
     Attention(#[from] AttentionConfigError),
 }

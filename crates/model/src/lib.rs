@@ -44,7 +44,10 @@ mod optim;
 mod sample;
 
 pub use arch::parts;
-pub use arch::{BIGRAM_VOCAB, BlockSlot, GptConfig, ParamName, Slot, parameter_table};
+pub use arch::{
+    BIGRAM_VOCAB, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName, Slot,
+    parameter_table,
+};
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, LentEntry, LentMoments, PREFILL_CHUNK,
     TokenBatch, WeightFormat, q8_0_block, weight_bytes_per_token,
@@ -53,8 +56,8 @@ pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use gpu::sum_all;
 pub use nn::{
     Block, DecodeStep, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Ids, Normalization,
-    befores, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets, rms_norm,
-    seeded,
+    adapter_path, befores, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
+    rms_norm, seeded,
 };
 pub use optim::{
     AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings,

@@ -154,7 +154,7 @@ fn bench_one(
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let dtype = config.train.dtype;
-    let (kind, _) = placement.engine_for(dtype, UpdateKind::of(&config.train))?;
+    let (kind, _) = placement.engine_for(dtype, UpdateKind::of(config))?;
     let mut engine = engine::open(&placement, kind, model, optim, engine::Settings::of(config))?;
     let (seconds, first_step_s) = median_step(engine.as_mut(), &data, config, args)?.unzip();
     let kernels = match args.kernel_steps {

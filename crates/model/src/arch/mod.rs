@@ -12,9 +12,11 @@
 
 mod config;
 mod legacy;
+mod lora;
 mod parameters;
 pub mod parts;
 
 pub use config::{BIGRAM_VOCAB, GptConfig};
+pub use lora::{Factor, LoraConfig, LoraTarget};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
 pub use parts::{Mlp, Norm, Position};

@@ -6,6 +6,7 @@
 //! parameters as fields; `the_table_names_every_parameter_once` checks that the two agree.
 
 use super::config::GptConfig;
+use super::lora::{Factor, LoraTarget};
 use super::parts::{Mlp, Norm, Position};
 
 /// One parameter slot of a GPT.
@@ -40,6 +41,16 @@ pub enum Slot {
     FinalNormBias,
     /// The untied head, `[n_embd, vocab_size]`.
     LmHead,
+    /// A factor of the LoRA adapter on block `layer`'s `target` matrix, of `rank`
+    /// ([`LoraConfig`](super::LoraConfig)): never in the table, which lists what a config
+    /// implies; a model has it when adapters are attached
+    /// ([`Gpt::with_lora`](crate::Gpt::with_lora)).
+    Adapter {
+        layer: usize,
+        target: LoraTarget,
+        factor: Factor,
+        rank: usize,
+    },
 }
 
 impl GptConfig {
@@ -88,6 +99,7 @@ impl Slot {
             Slot::FinalNormGain => gain,
             Slot::FinalNormBias => shift,
             Slot::LmHead => !config.tie_embeddings,
+            Slot::Adapter { .. } => false,
         }
     }
 
@@ -102,6 +114,15 @@ impl Slot {
             Slot::Block(_, slot) => slot.shape(config),
             Slot::FinalNormGain | Slot::FinalNormBias => vec![c],
             Slot::LmHead => vec![c, v],
+            Slot::Adapter {
+                target,
+                factor,
+                rank,
+                ..
+            } => target
+                .shape(config)
+                .map(|matrix| factor.shape(matrix, rank))
+                .unwrap_or_default(),
         }
     }
 }
@@ -137,6 +158,18 @@ impl BlockSlot {
             BlockSlot::FcWeight => vec![c, fc],
             BlockSlot::FcBias => vec![fc],
             BlockSlot::MlpProjWeight => vec![hidden, c],
+        }
+    }
+}
+
+impl LoraTarget {
+    /// The slot of the matrix it adapts.
+    pub fn weight(self) -> BlockSlot {
+        match self {
+            LoraTarget::Qkv => BlockSlot::AttnWeight,
+            LoraTarget::AttnProj => BlockSlot::AttnProjWeight,
+            LoraTarget::Fc => BlockSlot::FcWeight,
+            LoraTarget::MlpProj => BlockSlot::MlpProjWeight,
         }
     }
 }

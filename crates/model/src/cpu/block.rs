@@ -14,14 +14,12 @@
 
 use super::dims::Dims;
 use super::kernels::attention::{self, Shape};
-use super::kernels::matmul::{View, linear, matmul};
+use super::kernels::matmul::{View, matmul};
 use super::kernels::norm::{self, Normed};
-use super::kernels::q8::{self, Q8Matrix};
-use super::kernels::rows::{self, F32Rows};
-use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, rope, swiglu};
-use super::params::{BlockParams, RowBlock, RowMatrix};
-use super::spin_pool::{SpinPool, split_columns, split_rows};
-use crate::arch::Mlp;
+use super::kernels::{gelu, gelu_tanh, lora, qk_norm, relu2, swiglu};
+use super::params::BlockParams;
+pub(super) use super::product::{Ctx, Weight, linear_split, per_row};
+use crate::arch::{LoraTarget, Mlp};
 
 /// One block's activations for `rows` tokens: what the forward writes and the backward reads.
 #[derive(Debug, Default)]
@@ -55,6 +53,15 @@ pub(super) struct BlockActs {
     pub act: Vec<f32>,
     /// Dropout on the MLP branch `[rows, width]` (empty = none).
     pub mlp_mask: Vec<f32>,
+    /// With LoRA adapters: each adapted matrix's input times its `A`, `[rows, rank]`, by
+    /// [`LoraTarget`] (empty = no adapter).
+    pub lora_xa: [Vec<f32>; 4],
+}
+
+/// The adapter on `target`'s matrix of `p` as the LoRA kernels take it: `A`, `B`, scale.
+fn adapter(p: &BlockParams, target: LoraTarget) -> (&[f32], &[f32], f32) {
+    let ad = p.lora.get(target);
+    (&ad.a, &ad.b, p.lora.scale)
 }
 
 impl BlockActs {
@@ -80,6 +87,7 @@ impl BlockActs {
             &self.mlp_mask,
         ]
         .iter()
+        .chain(&self.lora_xa.each_ref())
         .map(|b| b.len())
         .sum()
     }
@@ -126,145 +134,6 @@ pub(super) struct Heads<'a> {
     pub att_mask: &'a [f32],
 }
 
-/// From this many rows (a prompt's chunk) a product with helpers is split by rows: each thread
-/// multiplies its rows by all the weights, which fewer rows could not pay for (every thread
-/// reads every weight).
-const SPLIT_ROWS: usize = 16;
-
-/// What a block computes with besides its weights: the model's sizes and parts, the rotary
-/// tables, and where its rows sit (row `r` at position `first + r % period`: whole sequences in
-/// training, the rows after the cache in decoding; or, with `streams`, each row a stream of its
-/// own at position `streams[r]`: batched decoding).
-#[derive(Clone, Copy)]
-pub(super) struct Ctx<'a> {
-    pub dims: &'a Dims,
-    pub rope: &'a rope::Tables,
-    pub first: usize,
-    pub period: usize,
-    pub streams: Option<&'a [usize]>,
-    /// The block's matrices as the decoder keeps them, as rows (`None`: training's layout).
-    pub matrices: Option<&'a RowBlock>,
-    /// Every row of a product by rows computed as a token alone is, however many rows (a
-    /// window scored); otherwise many rows of one sequence (a prompt) take a blocked f32
-    /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
-    pub rows_alone: bool,
-    /// Threads a single row's products are split over (one sequence decoding), if any.
-    pub helpers: Option<&'a SpinPool>,
-}
-
-/// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
-/// of outputs in int8 or f32.
-#[derive(Clone, Copy)]
-pub(super) enum Weight<'a> {
-    F32(&'a [f32]),
-    Q8(&'a Q8Matrix),
-    Rows(&'a F32Rows),
-}
-
-impl<'a> Weight<'a> {
-    /// The decoder's `m`, or `f32` (training's layout) where it keeps none.
-    pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a [f32]) -> Self {
-        match m {
-            Some(RowMatrix::Q8(q)) => Weight::Q8(q),
-            Some(RowMatrix::F32(r)) => Weight::Rows(r),
-            None => Weight::F32(f32),
-        }
-    }
-
-    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread, the decoder's rows row by
-    /// row with `per_row` (see [`per_row`]), else as one blocked product. Training's layout is
-    /// never separate streams: the decoder keeps its matrices as rows.
-    pub(super) fn product(self, out: &mut [f32], x: &[f32], b: &[f32], per_row: bool, n_in: usize) {
-        match self {
-            Weight::Q8(w) => q8::product(out, x, w, b, per_row),
-            Weight::Rows(w) => rows::product(out, x, w, b, per_row),
-            Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
-        }
-    }
-}
-
-/// Whether a product of `rows` rows by the decoder's rows runs row by row, each as a token
-/// alone is computed (a token, separate streams or rows scored as tokens: `alone`; in int8 for
-/// `Q8_0`), or as one blocked f32 product (a prompt's chunk; of the dequantised weights for
-/// `Q8_0`).
-pub(super) fn per_row(alone: bool, rows: usize) -> bool {
-    alone || rows < q8::GEMM_ROWS
-}
-
-impl<'a> Ctx<'a> {
-    fn position(&self, row: usize) -> usize {
-        match self.streams {
-            Some(positions) => positions[row],
-            None => self.first + row % self.period,
-        }
-    }
-
-    /// The weight `f32` (`[n_in, n_out]`), or its rows where the decoder keeps `which` of
-    /// them so.
-    fn weight<'w>(&self, f32: &'w [f32], which: fn(&RowBlock) -> &Option<RowMatrix>) -> Weight<'w>
-    where
-        'a: 'w,
-    {
-        Weight::of(self.matrices.and_then(|q| which(q).as_ref()), f32)
-    }
-
-    /// A linear layer over the rows; separate streams each as if alone. With helpers, one
-    /// row's outputs are split over the threads, and [`SPLIT_ROWS`] or more rows by rows.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &self,
-        out: &mut [f32],
-        x: &[f32],
-        w: Weight<'_>,
-        b: &[f32],
-        rows: usize,
-        n_in: usize,
-        n_out: usize,
-    ) {
-        let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
-        let helpers = self.helpers.filter(|h| h.parts() > 1);
-        match helpers {
-            Some(helpers) if rows == 1 => linear_split(out, x, w, b, helpers),
-            Some(helpers) if rows >= SPLIT_ROWS => {
-                let per_row = self.per_row(w, rows);
-                split_rows(helpers, out, n_out, &|part, r0| {
-                    let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
-                    w.product(part, x, b, per_row, n_in);
-                });
-            }
-            _ => w.product(out, x, b, self.per_row(w, rows), n_in),
-        }
-    }
-
-    /// [`per_row`] for this block's rows, decided on the whole product so that a thread's
-    /// share of its rows is computed as the whole would be.
-    fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
-        matches!(w, Weight::Q8(_) | Weight::Rows(_))
-            && per_row(self.rows_alone || self.streams.is_some(), rows)
-    }
-}
-
-/// One row's linear layer `out [n_out] = x [n_in] · w + b`, its outputs split over `helpers`'
-/// threads (each output computed as on one thread).
-pub(super) fn linear_split(
-    out: &mut [f32],
-    x: &[f32],
-    w: Weight<'_>,
-    b: &[f32],
-    helpers: &SpinPool,
-) {
-    match w {
-        Weight::Q8(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q8::row_range(part, x, w, b, j0));
-        }),
-        Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
-            rows::row_range(part, x, w, b, j0);
-        }),
-        // Training's layout (the decoder keeps its matrices as rows): on this thread.
-        Weight::F32(w) => linear(out, x, w, b, 1, x.len(), out.len()),
-    }
-}
-
 /// Block `p`'s forward over the rows of `x` (`[rows, width]`) into `out`, keeping in `a` what
 /// the backward needs; `attend` computes the heads' outputs from `qkv`.
 pub(super) fn forward(
@@ -286,6 +155,14 @@ pub(super) fn forward(
     });
     let w = ctx.weight(&p.attn_proj_w, |q| &q.attn_proj);
     ctx.linear(&mut a.mid, &a.y, w, &p.attn_proj_b, rows, c, c);
+    let (t, dims) = (LoraTarget::AttnProj, (rows, c, c));
+    lora::forward(
+        &mut a.mid,
+        &mut a.lora_xa[t as usize],
+        &a.y,
+        adapter(p, t),
+        dims,
+    );
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
     let activation: fn(&mut [f32], &[f32], usize) = match d.mlp {
@@ -308,9 +185,19 @@ pub(super) fn forward(
     let fc = d.fc_width;
     let w = ctx.weight(&p.c_fc_w, |q| &q.c_fc);
     ctx.linear(&mut a.fc, &a.ln_2, w, &p.c_fc_b, rows, c, fc);
+    let (t, dims) = (LoraTarget::Fc, (rows, c, fc));
+    lora::forward(
+        &mut a.fc,
+        &mut a.lora_xa[t as usize],
+        &a.ln_2,
+        adapter(p, t),
+        dims,
+    );
     activation(&mut a.act, &a.fc, hidden);
     let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
     ctx.linear(out, &a.act, w, &p.mlp_proj_b, rows, hidden, c);
+    let (t, dims) = (LoraTarget::MlpProj, (rows, hidden, c));
+    lora::forward(out, &mut a.lora_xa[t as usize], &a.act, adapter(p, t), dims);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
 }
@@ -334,6 +221,14 @@ pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32],
         rows,
         c,
         d.qkv_width(),
+    );
+    let (t, dims) = (LoraTarget::Qkv, (rows, c, d.qkv_width()));
+    lora::forward(
+        &mut a.qkv,
+        &mut a.lora_xa[t as usize],
+        &a.ln_1,
+        adapter(p, t),
+        dims,
     );
     positions_forward(a, ctx);
 }
@@ -383,6 +278,8 @@ pub(super) struct Scratch {
     pub d_wide: Vec<f32>,
     pub d_qkv: Vec<f32>,
     pub maps: Vec<f32>,
+    /// A LoRA adapter's `dy · Bᵀ`, `[rows, rank]`.
+    pub lora_t: Vec<f32>,
 }
 
 /// Block `p`'s backward through the whole-sequence causal attention of `shape`: `d_resid` holds
@@ -415,6 +312,17 @@ pub(super) fn backward(
         &p.attn_proj_w,
         dims,
     );
+    let t = LoraTarget::AttnProj;
+    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.y[..]));
+    adapter_backward(
+        d_y,
+        &mut g.lora.attn_proj,
+        &mut s.lora_t,
+        dyx,
+        xa,
+        adapter(p, t),
+        dims,
+    );
     attention::backward(
         &mut s.d_qkv,
         d_y,
@@ -433,6 +341,17 @@ pub(super) fn backward(
         &s.d_qkv,
         &a.ln_1,
         &p.c_attn_w,
+        dims,
+    );
+    let (t, d_x) = (LoraTarget::Qkv, &mut s.d_branch);
+    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_qkv[..], &a.ln_1[..]));
+    adapter_backward(
+        d_x,
+        &mut g.lora.qkv,
+        &mut s.lora_t,
+        dyx,
+        xa,
+        adapter(p, t),
         dims,
     );
     let (gamma, beta) = (&mut g.ln_1_gamma, &mut g.ln_1_beta);
@@ -485,6 +404,18 @@ fn mlp_backward(
         &p.mlp_proj_w,
         dims,
     );
+    let t = LoraTarget::MlpProj;
+    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.act[..]));
+    let lora_t = &mut s.lora_t;
+    adapter_backward(
+        d_act,
+        &mut g.lora.mlp_proj,
+        lora_t,
+        dyx,
+        xa,
+        adapter(p, t),
+        dims,
+    );
     let d_fc: &[f32] = match in_place {
         Some(backward) => {
             backward(d_act, &a.fc);
@@ -504,6 +435,17 @@ fn mlp_backward(
         d_fc,
         &a.ln_2,
         &p.c_fc_w,
+        dims,
+    );
+    let (t, d_x) = (LoraTarget::Fc, &mut s.d_branch);
+    let (xa, dyx) = (&a.lora_xa[t as usize], (d_fc, &a.ln_2[..]));
+    adapter_backward(
+        d_x,
+        &mut g.lora.fc,
+        &mut s.lora_t,
+        dyx,
+        xa,
+        adapter(p, t),
         dims,
     );
     let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
@@ -534,12 +476,31 @@ fn linear_backward(
 ) {
     let dy_view = View::new(dy, rows, n_out);
     matmul(dx, dy_view, View::new(w, n_in, n_out).t(), false);
-    matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);
+    // A frozen weight (LoRA's base) has no gradient buffer.
+    if !dw.is_empty() {
+        matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);
+    }
     if !db.is_empty() {
         for row in dy.chunks_exact(n_out) {
             db.iter_mut().zip(row).for_each(|(b, d)| *b += d);
         }
     }
+}
+
+/// A LoRA adapter's backward ([`lora::backward`]) into its gradients `g`, `dx` holding the
+/// frozen product's part of the input's gradient; `dy_x` is the output's gradient and the
+/// input.
+fn adapter_backward(
+    dx: &mut [f32],
+    g: &mut super::params::Adapter,
+    t: &mut Vec<f32>,
+    (dy, x): (&[f32], &[f32]),
+    xa: &[f32],
+    adapter: (&[f32], &[f32], f32),
+    dims: (usize, usize, usize),
+) {
+    let grads = (&mut g.a[..], &mut g.b[..]);
+    lora::backward(dx, grads, t, dy, x, xa, adapter, dims);
 }
 
 /// `x *= mask` element-wise; an empty mask (no dropout) leaves `x` alone.

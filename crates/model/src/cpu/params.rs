@@ -12,7 +12,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::kernels::q8::Q8Matrix;
 use super::kernels::rows::F32Rows;
-use crate::arch::{BlockSlot, Slot};
+use crate::arch::{BlockSlot, Factor, LoraTarget, Slot};
 use crate::nn::Gpt;
 use crate::nn::by_path::parameters_by_path;
 use crate::optim::ParamLayout;
@@ -37,6 +37,61 @@ pub(crate) struct BlockParams {
     /// `[hidden, width]`.
     pub mlp_proj_w: Vec<f32>,
     pub mlp_proj_b: Vec<f32>,
+    /// The LoRA adapters on its matrices (all empty without).
+    pub lora: BlockLora,
+}
+
+/// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; empty = none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Adapter {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+}
+
+impl Adapter {
+    pub(crate) fn factor(&self, factor: Factor) -> &Vec<f32> {
+        match factor {
+            Factor::A => &self.a,
+            Factor::B => &self.b,
+        }
+    }
+
+    fn factor_mut(&mut self, factor: Factor) -> &mut Vec<f32> {
+        match factor {
+            Factor::A => &mut self.a,
+            Factor::B => &mut self.b,
+        }
+    }
+}
+
+/// One block's LoRA adapters, one per matrix, and their scale (`alpha / rank`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BlockLora {
+    pub scale: f32,
+    pub qkv: Adapter,
+    pub attn_proj: Adapter,
+    pub fc: Adapter,
+    pub mlp_proj: Adapter,
+}
+
+impl BlockLora {
+    pub(crate) fn get(&self, target: LoraTarget) -> &Adapter {
+        match target {
+            LoraTarget::Qkv => &self.qkv,
+            LoraTarget::AttnProj => &self.attn_proj,
+            LoraTarget::Fc => &self.fc,
+            LoraTarget::MlpProj => &self.mlp_proj,
+        }
+    }
+
+    fn get_mut(&mut self, target: LoraTarget) -> &mut Adapter {
+        match target {
+            LoraTarget::Qkv => &mut self.qkv,
+            LoraTarget::AttnProj => &mut self.attn_proj,
+            LoraTarget::Fc => &mut self.fc,
+            LoraTarget::MlpProj => &mut self.mlp_proj,
+        }
+    }
 }
 
 /// A matrix as the decoder keeps it: rows of outputs, each output's weights contiguous
@@ -120,6 +175,12 @@ impl Params {
             Slot::FinalNormGain => &self.ln_f_gamma,
             Slot::FinalNormBias => &self.ln_f_beta,
             Slot::LmHead => &self.lm_head,
+            Slot::Adapter {
+                layer,
+                target,
+                factor,
+                ..
+            } => self.blocks[layer].lora.get(target).factor(factor),
         }
     }
 
@@ -132,6 +193,12 @@ impl Params {
             Slot::FinalNormGain => &mut self.ln_f_gamma,
             Slot::FinalNormBias => &mut self.ln_f_beta,
             Slot::LmHead => &mut self.lm_head,
+            Slot::Adapter {
+                layer,
+                target,
+                factor,
+                ..
+            } => self.blocks[layer].lora.get_mut(target).factor_mut(factor),
         }
     }
 
@@ -235,18 +302,27 @@ impl Params {
                 .try_into_vec::<f32>()
                 .expect("parameters are f32");
         }
+        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
+        params.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
         params.layout = layout;
         params
     }
 
-    /// Zeros shaped like `like`, kept allocations reused.
+    /// Zeros shaped like `like`'s trained parameters, kept allocations reused: gradients and
+    /// optimizer moments. A frozen parameter's buffer (the base of a model with LoRA adapters,
+    /// [`ParamLayout::trains`]) is left empty, and the kernels compute no gradient into it.
     pub(crate) fn zero_like(&mut self, like: &Self) {
         self.blocks.resize_with(like.blocks.len(), Default::default);
         self.layout = like.layout.clone();
         for entry in like.layout.entries() {
             let buffer = self.slot_mut(entry.slot);
-            buffer.clear();
-            buffer.resize(like.slot(entry.slot).len(), 0.0);
+            match like.layout.trains(entry) {
+                true => {
+                    buffer.clear();
+                    buffer.resize(like.slot(entry.slot).len(), 0.0);
+                }
+                false => *buffer = Vec::new(),
+            }
         }
     }
 
@@ -292,7 +368,9 @@ impl Params {
             .into_values()
             .map(|e| (e.id, e.values))
             .collect();
-        for entry in ParamLayout::of(gpt).entries() {
+        let layout = ParamLayout::of(gpt);
+        // A frozen parameter (LoRA's base) has no gradient.
+        for entry in layout.entries().iter().filter(|e| layout.trains(e)) {
             let Some(param) = by_id.remove(&entry.id) else {
                 continue;
             };

@@ -9,7 +9,8 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::Tensor;
 
 use super::gpt::Gpt;
-use crate::arch::parameter_table;
+use super::lora::adapter_path;
+use crate::arch::{Factor, GptConfig, LoraTarget, Slot, parameter_table};
 use crate::error::ModelError;
 use crate::optim::ParamLayout;
 
@@ -68,6 +69,19 @@ impl Gpt {
                 (None, false) => {}
             }
         }
+        // LoRA adapters: of the shapes their matrices and one rank give.
+        let mut rank = None;
+        for (path, adapter) in adapters(self.config()) {
+            let Some(param) = by_path.remove(&path) else {
+                continue;
+            };
+            let r = *rank.get_or_insert(adapter.rank_of(&param.shape));
+            let want = adapter.slot(r).shape(self.config());
+            if param.shape != want {
+                let got = &param.shape;
+                return mismatch(format!("`{path}` is {got:?}, the config says {want:?}"));
+            }
+        }
         match by_path.into_keys().next() {
             Some(path) => mismatch(format!("`{path}` is not in it")),
             None => Ok(()),
@@ -75,13 +89,75 @@ impl Gpt {
     }
 }
 
+/// One adapter factor's place: block, matrix, factor.
+#[derive(Clone, Copy)]
+struct AdapterAt {
+    layer: usize,
+    target: LoraTarget,
+    factor: Factor,
+}
+
+impl AdapterAt {
+    fn slot(self, rank: usize) -> Slot {
+        let Self {
+            layer,
+            target,
+            factor,
+        } = self;
+        Slot::Adapter {
+            layer,
+            target,
+            factor,
+            rank,
+        }
+    }
+
+    /// The rank a factor of `shape` has (`A [d_in, rank]`, `B [rank, d_out]`).
+    fn rank_of(self, shape: &[usize]) -> usize {
+        let side = match self.factor {
+            Factor::A => shape.get(1),
+            Factor::B => shape.first(),
+        };
+        side.copied().unwrap_or(0)
+    }
+}
+
+/// Every adapter factor a model of `config` may have, with its path, in the layout's order
+/// (block by block, each matrix's `A` then `B`).
+fn adapters(config: &GptConfig) -> impl Iterator<Item = (String, AdapterAt)> {
+    let targets: Vec<LoraTarget> = LoraTarget::all()
+        .filter(|t| t.shape(config).is_some())
+        .collect();
+    (0..config.n_layer).flat_map(move |layer| {
+        let targets = targets.clone().into_iter();
+        targets.flat_map(move |target| {
+            Factor::all().map(move |factor| {
+                let at = AdapterAt {
+                    layer,
+                    target,
+                    factor,
+                };
+                (adapter_path(layer, target, factor), at)
+            })
+        })
+    })
+}
+
 impl ParamLayout {
     /// The layout of `gpt`'s parameters.
     pub fn of(gpt: &Gpt) -> Self {
         let mut by_path = parameters_by_path(gpt);
-        Self::from_present(parameter_table(gpt.config()), |burn| {
+        let mut layout = Self::from_present(parameter_table(gpt.config()), |burn| {
             by_path.remove(burn).map(|e| (e.id, e.shape))
-        })
+        });
+        // LoRA adapters after the base, block by block.
+        for (path, adapter) in adapters(gpt.config()) {
+            if let Some(e) = by_path.remove(&path) {
+                let slot = adapter.slot(adapter.rank_of(&e.shape));
+                layout.push(slot, e.id, e.shape);
+            }
+        }
+        layout
     }
 
     /// `gpt`'s parameter values end to end in this layout, `[len]`, on its device without

@@ -19,6 +19,7 @@ pub(crate) mod by_path;
 mod decode;
 mod decoding;
 pub(crate) mod gpt;
+mod lora;
 mod loss;
 pub(crate) mod norm;
 mod seeded;
@@ -27,6 +28,7 @@ pub use block::{Block, FeedForward};
 pub use decode::{GptBatch, Ids, befores};
 pub use decoding::{DecodeStep, Decoding};
 pub use gpt::Gpt;
+pub use lora::adapter_path;
 pub use loss::{
     IGNORE_INDEX, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
 };

@@ -43,6 +43,8 @@ impl LayoutEntry {
 pub struct ParamLayout {
     entries: Vec<LayoutEntry>,
     len: usize,
+    /// Whether LoRA adapters are among the entries: then only they train.
+    adapted: bool,
 }
 
 /// Why a saved optimizer state does not fit a layout.
@@ -83,7 +85,36 @@ impl ParamLayout {
             });
             len += n;
         }
-        Self { entries, len }
+        Self {
+            entries,
+            len,
+            adapted: false,
+        }
+    }
+
+    /// Appends the parameter in `slot`, of `id` and `shape`, after those there are.
+    pub(crate) fn push(&mut self, slot: Slot, id: ParamId, shape: Vec<usize>) {
+        let n = shape.iter().product();
+        self.adapted |= matches!(slot, Slot::Adapter { .. });
+        self.entries.push(LayoutEntry {
+            slot,
+            id,
+            shape,
+            offset: self.len,
+            len: n,
+        });
+        self.len += n;
+    }
+
+    /// Whether the optimizers update `entry`: every parameter, or in a model with LoRA
+    /// adapters only the adapters' factors (the base is frozen).
+    pub fn trains(&self, entry: &LayoutEntry) -> bool {
+        !self.adapted || matches!(entry.slot, Slot::Adapter { .. })
+    }
+
+    /// Whether the model has LoRA adapters attached (its base frozen).
+    pub fn adapted(&self) -> bool {
+        self.adapted
     }
 
     /// The parameters, in order.

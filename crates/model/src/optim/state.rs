@@ -48,7 +48,9 @@ impl LrRatios {
                 self.embedding
             }
             Slot::LmHead => self.head,
-            Slot::Block(..) | Slot::FinalNormGain | Slot::FinalNormBias => 1.0,
+            Slot::Block(..) | Slot::FinalNormGain | Slot::FinalNormBias | Slot::Adapter { .. } => {
+                1.0
+            }
         }
     }
 }

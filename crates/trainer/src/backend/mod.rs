@@ -143,6 +143,10 @@ impl Placement {
                 EngineKind::Autodiff,
                 Some("Muon updates through Burn's optimizer on the device".into()),
             ),
+            (EngineKind::Device, _) if update.lora => (
+                EngineKind::Autodiff,
+                Some("LoRA adapters update through Burn's optimizer on the device".into()),
+            ),
             (EngineKind::Device, _) if update.lr_groups => (
                 EngineKind::Autodiff,
                 Some(

@@ -72,7 +72,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     );
     // Where `auto` trains it on a machine without a GPU.
     let (engine, _) = tinygpt::backend::Placement::cpu()
-        .engine_for(run.config.train.dtype, UpdateKind::of(&run.config.train))?;
+        .engine_for(run.config.train.dtype, UpdateKind::of(&run.config))?;
     let estimate = memory::Estimate::training(&run.config, gpt.vocab_size, engine);
     let on = engine.on_the_cpu();
     println!(

@@ -17,7 +17,7 @@ use tinygpt::train::{Limits, TrainOptions, Trainer};
 /// Ctrl-C (or --max-time) saves the run; --resume continues it exactly.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton"
+    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton\n  tinygpt train --config finetune --init-from runs/imported --lora 16 --data chats.jsonl --out runs/chat-lora"
 )]
 pub struct Args {
     /// Run configuration: a built-in preset (default, baby, modern, speedrun, ten-minutes, shakespeare-char, finetune) or a TOML file
@@ -60,6 +60,11 @@ pub struct Args {
     /// from the config. The optimizer starts fresh.
     #[arg(long, value_name = "RUN")]
     init_from: Option<PathBuf>,
+    /// Fine-tune with LoRA (with --init-from): train adapters of this rank on every matrix of
+    /// the blocks, the model itself frozen and held once; checkpoints hold the adapters alone
+    /// (sets lora.rank; [lora] in the config sets alpha and targets).
+    #[arg(long, value_name = "RANK")]
+    lora: Option<usize>,
 }
 
 impl Args {
@@ -75,6 +80,9 @@ impl Args {
         }
         if let Some(seed) = self.seed {
             overrides.push(format!("train.seed={seed}"));
+        }
+        if let Some(rank) = self.lora {
+            overrides.push(format!("lora.rank={rank}"));
         }
         TrainOptions {
             config: self.config.as_deref().map(ConfigSource::parse),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use tinygpt_attention::AttentionKernel;
-use tinygpt_model::GptConfig;
+use tinygpt_model::{GptConfig, LoraConfig};
 
 use crate::chat::ChatSection;
 use crate::data::tokenizer::TokenizerKind;
@@ -30,6 +30,10 @@ pub struct RunConfig {
     /// `[chat]`: the model's chat template (written only when it has one).
     #[serde(skip_serializing_if = "ChatSection::is_default")]
     pub chat: ChatSection,
+    /// `[lora]`: train LoRA adapters on a frozen base (`train --init-from RUN --lora RANK`);
+    /// absent: every parameter trains.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 /// `[data]`: how text becomes training samples.
@@ -100,12 +104,14 @@ pub enum OptimizerKind {
     Muon,
 }
 
-/// What a run's update asks of an engine: its optimizer, and whether a group of parameters
-/// learns at a rate of its own (`train.embedding_lr_ratio`, `train.head_lr_ratio` not 1).
+/// What a run's update asks of an engine: its optimizer, whether a group of parameters
+/// learns at a rate of its own (`train.embedding_lr_ratio`, `train.head_lr_ratio` not 1), and
+/// whether only LoRA adapters train (`[lora]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UpdateKind {
     pub optimizer: OptimizerKind,
     pub lr_groups: bool,
+    pub lora: bool,
 }
 
 impl From<OptimizerKind> for UpdateKind {
@@ -113,16 +119,19 @@ impl From<OptimizerKind> for UpdateKind {
         Self {
             optimizer,
             lr_groups: false,
+            lora: false,
         }
     }
 }
 
 impl UpdateKind {
-    /// The update `train` asks for.
-    pub fn of(train: &TrainSection) -> Self {
+    /// The update `config` asks for.
+    pub fn of(config: &RunConfig) -> Self {
+        let train = &config.train;
         Self {
             optimizer: train.optimizer,
             lr_groups: train.embedding_lr_ratio != 1.0 || train.head_lr_ratio != 1.0,
+            lora: config.lora.is_some(),
         }
     }
 }
@@ -416,6 +425,9 @@ impl RunConfig {
         if d.batching == Batching::Documents && d.separator.is_empty() {
             bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
         }
+        if let Some(lora) = &self.lora {
+            lora.validate(&self.model)?;
+        }
         self.chat.validate()
     }
 
@@ -469,11 +481,12 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     };
     let key = key.trim();
     let Some((section, field)) = key.split_once('.') else {
-        bail!("--set key `{key}` must be section.key (model., data., train. or chat.)");
+        bail!("--set key `{key}` must be section.key (model., data., train., chat. or lora.)");
     };
-    if !matches!(section, "model" | "data" | "train" | "chat") {
+    if !matches!(section, "model" | "data" | "train" | "chat" | "lora") {
         bail!(
-            "--set key `{key}`: unknown section `{section}` (expected model, data, train or chat)"
+            "--set key `{key}`: unknown section `{section}` (expected model, data, train, chat \
+             or lora)"
         );
     }
     let raw = raw.trim();

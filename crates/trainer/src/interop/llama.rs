@@ -312,6 +312,8 @@ fn sources(slot: Slot) -> (Vec<String>, bool) {
             BlockSlot::MlpProjWeight => (layer(l, &["mlp.down_proj.weight"]), true),
             BlockSlot::MlpProjBias => (layer(l, &["mlp.down_proj.bias"]), false),
         },
+        // A base checkpoint has no adapters (PEFT keeps them in files of their own).
+        Slot::Adapter { .. } => (vec![], false),
     }
 }
 

@@ -26,6 +26,7 @@ use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use tinygpt_model::Gpt;
 
+use super::adapters::{attach_adapters, write_adapters};
 use super::integrity;
 use super::lock::RunLock;
 use super::weights::{load_weights, param_ids, write_weights};
@@ -89,6 +90,19 @@ pub struct TrainState {
     /// SHA-256 of each other file of the checkpoint, by file name; set by [`Run::save`].
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// A LoRA run's base: its weights are the base run's, `model.safetensors` holds the
+    /// adapters alone ([`super::lora`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_base: Option<LoraBase>,
+}
+
+/// Where a LoRA run's base weights are: a run directory, and the SHA-256 of its `best`
+/// checkpoint's weights when the LoRA run started (checked at every load).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraBase {
+    pub run: PathBuf,
+    pub weights_sha256: String,
 }
 
 /// A checkpoint read and verified against its checksums.
@@ -292,14 +306,16 @@ impl Run {
         Ok(())
     }
 
-    /// The model with the `which` weights, on `device`, and its training state.
+    /// The model with the `which` weights, on `device`, and its training state; a LoRA run's
+    /// adapters merged into its base's matrices (what sampling, serving and exports read).
     pub fn load_model(&self, which: Which, device: &Device) -> Result<(Gpt, TrainState)> {
         let mut checkpoint = self.checkpoint(which, false)?;
-        let model = self.model_from(&mut checkpoint, device)?;
+        let model = self.model_from(&mut checkpoint, device)?.merge_lora();
         Ok((model, checkpoint.state))
     }
 
-    /// The model of `checkpoint` (one of this run's), on `device`. Prints the checkpoint's
+    /// The model of `checkpoint` (one of this run's), on `device`: a LoRA run's base with its
+    /// adapters attached, not merged (what training continues). Prints the checkpoint's
     /// warning, if any. Takes the checkpoint's weights (left empty), so that the file's bytes
     /// are not held twice while the model is made from them.
     pub fn model_from(&self, checkpoint: &mut Checkpoint, device: &Device) -> Result<Gpt> {
@@ -311,8 +327,23 @@ impl Run {
             .init(device)
             .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))?;
         let path = checkpoint.dir.join(WEIGHTS);
-        load_weights(&mut model, std::mem::take(&mut checkpoint.weights))
-            .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
+        let weights = std::mem::take(&mut checkpoint.weights);
+        let misfit = || format!("weights {} do not fit this run's model", path.display());
+        let model = match (&self.config.lora, &checkpoint.state.lora_base) {
+            (None, _) => {
+                load_weights(&mut model, weights).with_context(misfit)?;
+                model
+            }
+            (Some(lora), Some(base)) => {
+                let base = base_weights(base, &self.dir)?;
+                load_weights(&mut model, base).context("the LoRA run's base")?;
+                attach_adapters(model, lora, weights).with_context(misfit)?
+            }
+            (Some(_), None) => bail!(
+                "{} is a LoRA run's checkpoint but names no base run",
+                checkpoint.dir.display()
+            ),
+        };
         Ok(model.with_attention_kernel(self.config.train.attention_kernel))
     }
 
@@ -346,6 +377,40 @@ impl Run {
             std::fs::remove_dir_all(&old)?;
         }
         Ok(())
+    }
+}
+
+/// The base's weights as safetensors bytes, refused in one line if they are not the ones the
+/// LoRA run `dir` started from.
+fn base_weights(base: &LoraBase, dir: &Path) -> Result<Vec<u8>> {
+    let lora_run = dir.display();
+    let source = Run::open(&base.run).with_context(|| {
+        format!(
+            "the base of LoRA run {lora_run}, {}, cannot be opened (a LoRA run reads its base's \
+             weights where they were when it started)",
+            base.run.display()
+        )
+    })?;
+    let checkpoint = source.checkpoint(Which::Best, false)?;
+    if checkpoint.weights_checksum() != base.weights_sha256 {
+        bail!(
+            "the base of LoRA run {lora_run} has changed: {}'s best weights are not the ones its \
+             adapters were trained on (checksum {} expected)",
+            base.run.display(),
+            base.weights_sha256
+        );
+    }
+    Ok(checkpoint.weights)
+}
+
+impl Checkpoint {
+    /// The checksum of the weights: the one `state.json` lists, or (a run written before
+    /// checkpoints had checksums) computed.
+    pub fn weights_checksum(&self) -> String {
+        match self.state.files.get(WEIGHTS) {
+            Some(sum) => sum.clone(),
+            None => sha256_hex(&self.weights),
+        }
     }
 }
 
@@ -385,7 +450,10 @@ fn write_checkpoint(
     let mut state = state.clone();
     state.files.clear();
     let path = dir.join(WEIGHTS);
-    write_weights(model, &path)?;
+    match model.lora_scale() {
+        Some(_) => write_adapters(model, &path)?,
+        None => write_weights(model, &path)?,
+    }
     state.files.insert(WEIGHTS.to_string(), sha256_file(&path)?);
     let path = dir.join(OPTIMIZER);
     let sum = match optimizer {

@@ -1,6 +1,7 @@
 //! The run directory, everything needed to sample, evaluate or resume a run:
 //!
 //! ```text
+//! adapters.rs    a LoRA run's checkpoint file: the adapters alone
 //! checkpoint.rs  the layout (config.toml, tokenizer.json, best/, last/, prev/, data/) and its
 //!                atomic checkpoints
 //! integrity.rs   SHA-256 seals of every checkpoint file
@@ -11,6 +12,7 @@
 //!
 //! Files are written with [`crate::fs`]: a crash at any instant leaves a readable run.
 
+pub mod adapters;
 pub mod checkpoint;
 pub mod integrity;
 pub mod journal;

@@ -44,6 +44,9 @@ pub struct Work {
     pub threads: usize,
     /// Activation checkpointing (`train.checkpointing`).
     pub checkpointing: bool,
+    /// With LoRA (`[lora]`): the adapters' parameters, the only ones trained (the base is
+    /// frozen: no gradients, no optimizer state).
+    pub adapters: Option<u64>,
 }
 
 /// What a run holds besides the model's own buffers (measured: ~100 MiB for the baby model).
@@ -59,6 +62,7 @@ impl Estimate {
             grad_accum: t.grad_accum,
             threads: config.workers(),
             checkpointing: t.checkpointing,
+            adapters: config.lora.as_ref().map(|lora| lora.num_params(&gpt)),
         };
         Self::for_model(&gpt, work, engine)
     }
@@ -70,8 +74,10 @@ impl Estimate {
             grad_accum,
             threads,
             checkpointing,
+            adapters,
         } = work;
         let params = gpt.num_params();
+        let trained = adapters.unwrap_or(params);
         let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
         // Burn's balanced checkpointing keeps the matmuls' outputs, most of what a block
         // saves: counted as without it.
@@ -95,11 +101,19 @@ impl Estimate {
             EngineKind::Fused => (per_token, 1, 2, 1 + own),
             EngineKind::Autodiff | EngineKind::Device => (2 * per_token, 2, 2, 2),
         };
+        // With LoRA the gradients' buffer is the adapters': the fused engine's model copy,
+        // written in between steps, no longer takes its place.
+        let weights = match (engine, adapters) {
+            (EngineKind::Fused, Some(_)) => weights + 1,
+            _ => weights,
+        };
         let copies = |n: u64| params.saturating_mul(n * F32);
+        let trained_copies = |n: u64| trained.saturating_mul(n * F32);
         Self {
-            weights: copies(weights),
-            optimizer: copies(optimizer),
-            gradients: copies(gradients),
+            // The adapters' own factors beside the base.
+            weights: copies(weights).saturating_add(adapters.unwrap_or(0) * F32),
+            optimizer: trained_copies(optimizer),
+            gradients: trained_copies(gradients),
             activations: tokens.saturating_mul(activations).saturating_mul(F32),
             overhead: OVERHEAD,
         }
@@ -224,6 +238,7 @@ mod tests {
                 grad_accum,
                 threads,
                 checkpointing: false,
+                adapters: None,
             };
             Estimate::for_model(&config.gpt(65), work, EngineKind::Fused).gradients / (4 * params)
         };
@@ -247,6 +262,17 @@ mod tests {
         assert_eq!(big.activations, 2 * small.activations);
         assert_eq!(big.weights, small.weights);
         assert!(Estimate::training(&config, 65, EngineKind::Autodiff).total() > small.total());
+        // LoRA: gradients and moments of the adapters alone, the base held a second time
+        // between steps.
+        let lora = ConfigSource::Preset("baby")
+            .load(&["lora.rank=4".into()])
+            .unwrap();
+        let adapters = lora.lora.as_ref().unwrap().num_params(&lora.gpt(65));
+        let lora = Estimate::training(&lora, 65, EngineKind::Fused);
+        assert_eq!(lora.optimizer, 2 * 4 * adapters);
+        assert_eq!(lora.gradients, 4 * adapters);
+        assert_eq!(lora.weights, small.weights * 2 + 4 * adapters);
+        assert!(lora.total() < small.total(), "{lora:?} {small:?}");
     }
 
     #[test]

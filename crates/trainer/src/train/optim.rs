@@ -47,6 +47,7 @@ impl UpdateRule {
         UpdateKind {
             optimizer: self.kind(),
             lr_groups: adamw.lr_ratios != LrRatios::default(),
+            lora: false,
         }
     }
 }
@@ -165,7 +166,8 @@ pub fn muon_settings(config: &RunConfig) -> MuonSettings {
 }
 
 /// Whether Muon updates `slot`: the 2-D matrices inside the blocks (the attention's and the
-/// MLP's projections), never the embeddings, the head, gains or biases.
+/// MLP's projections, or their LoRA adapters' factors), never the embeddings, the head, gains
+/// or biases.
 fn muon_updates(slot: Slot) -> bool {
     match slot {
         Slot::Block(_, slot) => match slot {
@@ -188,15 +190,17 @@ fn muon_updates(slot: Slot) -> bool {
         | Slot::FinalNormGain
         | Slot::FinalNormBias
         | Slot::LmHead => false,
+        Slot::Adapter { .. } => true,
     }
 }
 
 /// The ids of the parameters Muon updates ([`muon_updates`]).
 pub fn muon_ids(model: &Gpt) -> Vec<ParamId> {
-    ParamLayout::of(model)
+    let layout = ParamLayout::of(model);
+    layout
         .entries()
         .iter()
-        .filter(|e| muon_updates(e.slot))
+        .filter(|e| layout.trains(e) && muon_updates(e.slot))
         .map(|e| e.id)
         .collect()
 }

@@ -20,12 +20,14 @@ use crate::config::presets::ConfigSource;
 use crate::config::{RunConfig, UpdateKind};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, corpus, mix};
-use crate::run::checkpoint::{self, Run, TrainState, Which};
+use crate::run::checkpoint::{self, LoraBase, Run, TrainState, Which};
 use crate::run::journal::Journal;
 use crate::run::metrics::Metrics;
 
 /// The RNG stream of the initial weights (far above any other stream).
 const INIT_STREAM: u64 = 1 << 22;
+/// The RNG stream of a LoRA run's adapters.
+const LORA_STREAM: u64 = INIT_STREAM + 1;
 
 /// Only these may change when resuming; anything else would make it another run.
 const CHANGEABLE_ON_RESUME: [&str; 12] = [
@@ -75,7 +77,7 @@ impl Trainer {
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = snapshot::sample_prompt(config, tokenizer, &data)?;
         let (kind, engine_note) =
-            placement.engine_for(config.train.dtype, UpdateKind::of(&config.train))?;
+            placement.engine_for(config.train.dtype, UpdateKind::of(config))?;
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let model = placement.model(model);
@@ -172,15 +174,29 @@ fn weights(dir: &RunDir, device: &Device) -> Result<(Gpt, ModuleOptimizer, Train
         return saved_model(run, device);
     }
     let (config, tokenizer) = dir.config_and_tokenizer();
-    let (mut model, optim) = initial_model(config, tokenizer.vocab_size(), device)?;
+    let (mut model, mut optim) = initial_model(config, tokenizer.vocab_size(), device)?;
+    let mut state = TrainState::default();
     if let RunDir::New {
         init: Some(source), ..
     } = dir
     {
-        let (weights, _) = source.load_model(Which::Best, &Device::flex())?;
+        let weights = match config.lora {
+            Some(_) => {
+                let (weights, base) = open_base(source, &Device::flex())?;
+                state.lora_base = Some(base);
+                weights
+            }
+            None => source.load_model(Which::Best, &Device::flex())?.0,
+        };
         crate::run::weights::copy_weights(&weights, &mut model)?;
     }
-    Ok((model, optim, TrainState::default()))
+    if let Some(lora) = &config.lora {
+        // The adapters' `A` factors drawn from the seed; `B` starts at zero.
+        let _streams = tinygpt_model::seeded(device, mix(config.train.seed, 0, LORA_STREAM));
+        model = model.with_lora(lora)?;
+        optim = optimizer(config, &model);
+    }
+    Ok((model, optim, state))
 }
 
 /// A new run for `options`, with its tokenizer trained and its corpus split (its directory is
@@ -199,6 +215,10 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
     checkpoint::refuse_existing(&out)?;
     let init = match &options.init_from {
         Some(dir) => Some(Box::new(init_source(dir, &mut config)?)),
+        None if config.lora.is_some() => bail!(
+            "LoRA trains adapters on a pretrained model: give the run to fine-tune with \
+             --init-from RUN (an imported model, or a run of your own)"
+        ),
         None => None,
     };
     let given = init.as_ref().map(|run| &run.tokenizer);
@@ -232,6 +252,13 @@ fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
     }
     config.data.tokenizer = source.tokenizer.kind_setting();
     config.validate()?;
+    if config.lora.is_some() && source.config.lora.is_some() {
+        bail!(
+            "--init-from {}: a LoRA run cannot be the base of another LoRA run; fine-tune it \
+             in full (drop --lora), or export it merged and import that",
+            dir.display()
+        );
+    }
     Ok(source)
 }
 
@@ -320,4 +347,23 @@ fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, Trai
     let optim = load_optimizer(&run.config, &model, bytes)
         .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
     Ok((model, optim, checkpoint.state))
+}
+
+/// The `best` weights of `source` (a run without adapters: the trainer refuses a LoRA run as
+/// a base) as a LoRA run's base: the model and where it came from.
+fn open_base(source: &Run, device: &Device) -> Result<(Gpt, LoraBase)> {
+    let mut checkpoint = source.checkpoint(Which::Best, false)?;
+    let weights_sha256 = checkpoint.weights_checksum();
+    let run = source
+        .dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", source.dir.display()))?;
+    let model = source.model_from(&mut checkpoint, device)?;
+    Ok((
+        model,
+        LoraBase {
+            run,
+            weights_sha256,
+        },
+    ))
 }

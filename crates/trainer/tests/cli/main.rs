@@ -6,6 +6,7 @@ mod bad_input;
 mod common;
 mod exports;
 mod int8;
+mod lora;
 mod outputs;
 
 use std::io::{BufRead, BufReader};

@@ -173,6 +173,15 @@ impl FusedDecoder {
 
     /// [`FusedDecoder::new`], the matrices kept in `format` (quantised once, here).
     pub fn with_weights(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
+        // LoRA adapters are merged into their matrices: a decoder reads dense weights.
+        let merged;
+        let gpt = match gpt.lora_scale() {
+            Some(_) => {
+                merged = gpt.clone().merge_lora();
+                &merged
+            }
+            None => gpt,
+        };
         let dims = Dims::of(gpt)?;
         let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
         let matrices = RowWeights::take(&mut weights, &dims, format);

@@ -68,7 +68,10 @@ vectorized! {
             dn_n_mean /= width as f32;
             for (i, ((d, v), g)) in dout.iter().zip(x).zip(gamma).enumerate() {
                 let n = (v - m) * s;
-                dgamma[i] += n * d;
+                // A frozen gain (LoRA's base) has no gradient buffer.
+                if let Some(dg) = dgamma.get_mut(i) {
+                    *dg += n * d;
+                }
                 dx[i] += s * (d * g - dn_mean - n * dn_n_mean);
             }
             for (db, d) in dbeta.iter_mut().zip(dout) {

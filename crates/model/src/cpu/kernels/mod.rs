@@ -8,6 +8,7 @@ pub(crate) mod dropout;
 pub(crate) mod gelu;
 pub(crate) mod gelu_tanh;
 pub(crate) mod layer_norm;
+pub(crate) mod lora;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod prefetch;

@@ -50,7 +50,8 @@ impl Moments {
         // The layout is shared (an `Arc`): no copy of it per step.
         let layout = weights.shared_layout();
         for (i, (entry, time)) in layout.entries().iter().zip(&mut self.time).enumerate() {
-            if skip(i) {
+            // A frozen parameter (LoRA's base) has no moments.
+            if skip(i) || !layout.trains(entry) {
                 continue;
             }
             *time += 1;

@@ -110,8 +110,8 @@ impl FusedCpu {
         self.reset_gradients();
     }
 
-    /// AdamW's state of every parameter it updates (all but Muon's matrices; empty before the
-    /// first step), in the layout's order.
+    /// AdamW's state of every parameter it updates (all but Muon's matrices and a frozen base;
+    /// empty before the first step), in the layout's order.
     pub fn adamw_state(&self) -> Vec<MomentState> {
         let Some(lent) = self.lend_adamw_state() else {
             return Vec::new();
@@ -132,12 +132,13 @@ impl FusedCpu {
     pub fn lend_adamw_state(&self) -> Option<LentMoments> {
         let moments = self.moments.as_ref()?;
         let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
-        let entries = self.weights.layout().entries();
-        let lent = entries
+        let layout = self.weights.layout();
+        let lent = layout
+            .entries()
             .iter()
             .zip(&moments.time)
             .enumerate()
-            .filter(|(i, _)| !muon(*i))
+            .filter(|(i, (entry, _))| !muon(*i) && layout.trains(entry))
             .map(|(_, (entry, &time))| LentEntry {
                 id: entry.id,
                 shape: entry.shape.clone(),
@@ -154,8 +155,9 @@ impl FusedCpu {
     pub fn load_adamw_state(&mut self, states: Vec<MomentState>) -> Result<(), FusedError> {
         let layout = self.weights.layout();
         let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
+        let trains = |i: usize| layout.trains(&layout.entries()[i]);
         let ordered = layout
-            .gather_where(states, |i| !muon(i))
+            .gather_where(states, |i| !muon(i) && trains(i))
             .map_err(|e| FusedError::OptimizerState(e.to_string()))?;
         if ordered.is_empty() {
             self.moments = None;

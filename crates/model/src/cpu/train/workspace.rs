@@ -283,12 +283,17 @@ impl Workspace {
         let dl = View::new(dlogits, rows, vocab);
         let h = View::new(&self.ln_f, rows, c);
         let d_branch = &mut self.scratch.d_branch;
+        // A frozen head (LoRA's base) has no gradient buffer.
         if w.lm_head.is_empty() {
             matmul(d_branch, dl, View::new(&w.wte, vocab, c), false);
-            matmul(&mut g.wte, dl.t(), h, true);
+            if !g.wte.is_empty() {
+                matmul(&mut g.wte, dl.t(), h, true);
+            }
         } else {
             matmul(d_branch, dl, View::new(&w.lm_head, c, vocab).t(), false);
-            matmul(&mut g.lm_head, h.t(), dl, true);
+            if !g.lm_head.is_empty() {
+                matmul(&mut g.lm_head, h.t(), dl, true);
+            }
         }
         self.d_resid.fill(0.0);
         let x = self.resid.last().expect("embedding at least");
@@ -341,12 +346,15 @@ impl Workspace {
             );
         }
         apply_mask(&mut self.d_resid, &self.emb_mask);
+        // Frozen embeddings (LoRA's base) have no gradient buffers.
         for (r, (dx, &tok)) in self.d_resid.chunks_exact(c).zip(inputs).enumerate() {
             let te = tok as usize * c;
-            g.wte[te..te + c]
-                .iter_mut()
-                .zip(dx)
-                .for_each(|(g, d)| *g += d);
+            if !g.wte.is_empty() {
+                g.wte[te..te + c]
+                    .iter_mut()
+                    .zip(dx)
+                    .for_each(|(g, d)| *g += d);
+            }
             if !g.wpe.is_empty() {
                 let pe = (r % seq) * c;
                 g.wpe[pe..pe + c]

@@ -72,6 +72,17 @@ pub fn name(slot: Slot) -> String {
             };
             format!("blk.{l}.{part}")
         }
+        // llama.cpp's LoRA files (`convert_lora_to_gguf.py`) name a factor after its matrix.
+        Slot::Adapter {
+            layer,
+            target,
+            factor,
+            ..
+        } => format!(
+            "{}.lora_{}",
+            name(Slot::Block(layer, target.weight())),
+            factor.name()
+        ),
     }
 }
 

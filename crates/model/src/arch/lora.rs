@@ -1,0 +1,199 @@
+//! LoRA (Hu et al., 2021): a frozen matrix `W [d_in, d_out]` learns a low-rank update instead of
+//! itself,
+//!
+//! ```text
+//! y = x · (W + (alpha / rank) · A · B)        A [d_in, rank] ~ N(0, 1/rank), B [rank, d_out] = 0
+//! ```
+//!
+//! so a step trains `rank · (d_in + d_out)` numbers per matrix instead of `d_in · d_out`, and the
+//! model starts exactly as the base (B is zero). [`LoraConfig`] says which of a block's matrices
+//! get an adapter ([`LoraTarget`]), of which rank and scale; the adapters' two factors are
+//! parameters of their own ([`Slot::Adapter`](super::Slot::Adapter)). Merged, `W + (alpha/rank)
+//! · A · B` is an ordinary weight again: what sampling, serving and every export read.
+
+use serde::{Deserialize, Serialize};
+use strum::{EnumIter, IntoEnumIterator};
+
+use super::config::GptConfig;
+use super::parts::Mlp;
+use crate::error::GptConfigError;
+
+/// One of a block's matrices an adapter can be attached to. Packed matrices take one adapter
+/// whole: `qkv`'s columns are the queries', keys' and values' (its `A` is shared by the three,
+/// its `B` splits by columns), `fc`'s are SwiGLU's gate and up projections.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    /// `attn.c_attn`, `[n_embd, qkv_width]`: queries, keys and values.
+    Qkv,
+    /// `attn.c_proj`, `[n_embd, n_embd]`: the heads' outputs back to the stream.
+    AttnProj,
+    /// `mlp.c_fc`, `[n_embd, fc_width]`: the MLP's input (SwiGLU's gate and up).
+    Fc,
+    /// `mlp.c_proj`, `[mlp_width, n_embd]`: the MLP's output.
+    MlpProj,
+}
+
+impl LoraTarget {
+    /// Every target, in a block's order.
+    pub fn all() -> impl Iterator<Item = Self> + Clone {
+        Self::iter()
+    }
+
+    /// Its name in a `[lora]` table's `targets`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoraTarget::Qkv => "qkv",
+            LoraTarget::AttnProj => "attn_proj",
+            LoraTarget::Fc => "fc",
+            LoraTarget::MlpProj => "mlp_proj",
+        }
+    }
+
+    /// The matrix's path under a block (Burn's and nanoGPT's alike).
+    pub fn path(self) -> &'static str {
+        match self {
+            LoraTarget::Qkv => "attn.c_attn",
+            LoraTarget::AttnProj => "attn.c_proj",
+            LoraTarget::Fc => "mlp.c_fc",
+            LoraTarget::MlpProj => "mlp.c_proj",
+        }
+    }
+
+    /// `(d_in, d_out)` of the matrix in a model of `config`; `None` where it has no such
+    /// matrix (the MLP's with `mlp = "none"`).
+    pub fn shape(self, config: &GptConfig) -> Option<(usize, usize)> {
+        let c = config.n_embd;
+        let mlp = match config.mlp {
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => true,
+            Mlp::None => false,
+        };
+        match self {
+            LoraTarget::Qkv => Some((c, config.qkv_width())),
+            LoraTarget::AttnProj => Some((c, c)),
+            LoraTarget::Fc => mlp.then(|| (c, config.fc_width())),
+            LoraTarget::MlpProj => mlp.then(|| (config.mlp_width(), c)),
+        }
+    }
+}
+
+/// Which factor of an adapter: `A [d_in, rank]` or `B [rank, d_out]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter)]
+pub enum Factor {
+    A,
+    B,
+}
+
+impl Factor {
+    /// Both, `A` first.
+    pub fn all() -> impl Iterator<Item = Self> + Clone {
+        Self::iter()
+    }
+
+    /// Its name in Burn's module path (`…c_attn.weight.lora.a`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Factor::A => "a",
+            Factor::B => "b",
+        }
+    }
+
+    /// Its shape for a matrix `[d_in, d_out]` and `rank`.
+    pub fn shape(self, (d_in, d_out): (usize, usize), rank: usize) -> Vec<usize> {
+        match self {
+            Factor::A => vec![d_in, rank],
+            Factor::B => vec![rank, d_out],
+        }
+    }
+}
+
+/// The adapters a LoRA fine-tune trains (the trainer's `[lora]` table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// The factors' inner size: each adapted matrix trains `rank · (d_in + d_out)` numbers.
+    pub rank: usize,
+    /// The update's scale is `alpha / rank`; default: twice the rank (a scale of 2, as
+    /// PEFT's examples and Unsloth's defaults use).
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// The matrices of every block that get an adapter; default (`None`): every one the
+    /// model has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<LoraTarget>>,
+}
+
+impl LoraConfig {
+    /// Adapters of `rank` on every matrix, `alpha = 2·rank`.
+    pub fn new(rank: usize) -> Self {
+        Self {
+            rank,
+            alpha: None,
+            targets: None,
+        }
+    }
+
+    /// The matrices adapted in a model of `config`: those named, or every one it has.
+    pub fn targets(&self, config: &GptConfig) -> Vec<LoraTarget> {
+        match &self.targets {
+            Some(named) => named.clone(),
+            None => LoraTarget::all()
+                .filter(|t| t.shape(config).is_some())
+                .collect(),
+        }
+    }
+
+    /// `alpha / rank`: what `A · B` is multiplied by.
+    pub fn scale(&self) -> f64 {
+        self.alpha.unwrap_or(2.0 * self.rank as f64) / self.rank as f64
+    }
+
+    /// Refuses what no model of `config` could train: a rank of 0 or above a matrix's smaller
+    /// side (no longer low-rank), an alpha that is not a positive number, no targets, a target
+    /// named twice, or one named that the model lacks (an MLP matrix without an MLP).
+    pub fn validate(&self, config: &GptConfig) -> Result<(), GptConfigError> {
+        let bad = |why: String| Err(GptConfigError::Lora(why));
+        if self.rank == 0 {
+            return bad("`rank` must be at least 1".into());
+        }
+        if let Some(alpha) = self.alpha
+            && !(alpha.is_finite() && alpha > 0.0)
+        {
+            return bad(format!("`alpha = {alpha}` must be a positive number"));
+        }
+        let targets = self.targets(config);
+        if targets.is_empty() {
+            return bad("`targets` is empty: name at least one matrix".into());
+        }
+        for (i, &target) in targets.iter().enumerate() {
+            if targets[..i].contains(&target) {
+                return bad(format!("`targets` names `{}` twice", target.name()));
+            }
+            let Some((d_in, d_out)) = target.shape(config) else {
+                let name = target.name();
+                return bad(format!("`{name}`: the model has no MLP (mlp = \"none\")"));
+            };
+            if self.rank > d_in.min(d_out) {
+                let (rank, name) = (self.rank, target.name());
+                return bad(format!(
+                    "`rank = {rank}` is larger than `{name}` ([{d_in}, {d_out}]): at most {}",
+                    d_in.min(d_out)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Numbers the adapters of a model of `config` train.
+    pub fn num_params(&self, config: &GptConfig) -> u64 {
+        let per_block: usize = self
+            .targets(config)
+            .iter()
+            .filter_map(|t| t.shape(config))
+            .map(|(d_in, d_out)| self.rank * (d_in + d_out))
+            .sum();
+        (per_block * config.n_layer) as u64
+    }
+}

@@ -1,0 +1,154 @@
+//! How a block multiplies its rows by a matrix: training's `[n_in, n_out]` f32 layout, or the
+//! decoder's rows of outputs in int8 or f32; one row's outputs, or many rows, split over helper
+//! threads. [`Ctx`] carries what a block computes with besides its weights.
+
+use super::dims::Dims;
+use super::kernels::matmul::linear;
+use super::kernels::q8::{self, Q8Matrix};
+use super::kernels::rope;
+use super::kernels::rows::{self, F32Rows};
+use super::params::{RowBlock, RowMatrix};
+use super::spin_pool::{SpinPool, split_columns, split_rows};
+
+/// From this many rows (a prompt's chunk) a product with helpers is split by rows: each thread
+/// multiplies its rows by all the weights, which fewer rows could not pay for (every thread
+/// reads every weight).
+const SPLIT_ROWS: usize = 16;
+
+/// What a block computes with besides its weights: the model's sizes and parts, the rotary
+/// tables, and where its rows sit (row `r` at position `first + r % period`: whole sequences in
+/// training, the rows after the cache in decoding; or, with `streams`, each row a stream of its
+/// own at position `streams[r]`: batched decoding).
+#[derive(Clone, Copy)]
+pub(super) struct Ctx<'a> {
+    pub dims: &'a Dims,
+    pub rope: &'a rope::Tables,
+    pub first: usize,
+    pub period: usize,
+    pub streams: Option<&'a [usize]>,
+    /// The block's matrices as the decoder keeps them, as rows (`None`: training's layout).
+    pub matrices: Option<&'a RowBlock>,
+    /// Every row of a product by rows computed as a token alone is, however many rows (a
+    /// window scored); otherwise many rows of one sequence (a prompt) take a blocked f32
+    /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
+    pub rows_alone: bool,
+    /// Threads a single row's products are split over (one sequence decoding), if any.
+    pub helpers: Option<&'a SpinPool>,
+}
+
+/// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
+/// of outputs in int8 or f32.
+#[derive(Clone, Copy)]
+pub(super) enum Weight<'a> {
+    F32(&'a [f32]),
+    Q8(&'a Q8Matrix),
+    Rows(&'a F32Rows),
+}
+
+impl<'a> Weight<'a> {
+    /// The decoder's `m`, or `f32` (training's layout) where it keeps none.
+    pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a [f32]) -> Self {
+        match m {
+            Some(RowMatrix::Q8(q)) => Weight::Q8(q),
+            Some(RowMatrix::F32(r)) => Weight::Rows(r),
+            None => Weight::F32(f32),
+        }
+    }
+
+    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread, the decoder's rows row by
+    /// row with `per_row` (see [`per_row`]), else as one blocked product. Training's layout is
+    /// never separate streams: the decoder keeps its matrices as rows.
+    pub(super) fn product(self, out: &mut [f32], x: &[f32], b: &[f32], per_row: bool, n_in: usize) {
+        match self {
+            Weight::Q8(w) => q8::product(out, x, w, b, per_row),
+            Weight::Rows(w) => rows::product(out, x, w, b, per_row),
+            Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
+        }
+    }
+}
+
+/// Whether a product of `rows` rows by the decoder's rows runs row by row, each as a token
+/// alone is computed (a token, separate streams or rows scored as tokens: `alone`; in int8 for
+/// `Q8_0`), or as one blocked f32 product (a prompt's chunk; of the dequantised weights for
+/// `Q8_0`).
+pub(super) fn per_row(alone: bool, rows: usize) -> bool {
+    alone || rows < q8::GEMM_ROWS
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn position(&self, row: usize) -> usize {
+        match self.streams {
+            Some(positions) => positions[row],
+            None => self.first + row % self.period,
+        }
+    }
+
+    /// The weight `f32` (`[n_in, n_out]`), or its rows where the decoder keeps `which` of
+    /// them so.
+    pub(super) fn weight<'w>(
+        &self,
+        f32: &'w [f32],
+        which: fn(&RowBlock) -> &Option<RowMatrix>,
+    ) -> Weight<'w>
+    where
+        'a: 'w,
+    {
+        Weight::of(self.matrices.and_then(|q| which(q).as_ref()), f32)
+    }
+
+    /// A linear layer over the rows; separate streams each as if alone. With helpers, one
+    /// row's outputs are split over the threads, and [`SPLIT_ROWS`] or more rows by rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: Weight<'_>,
+        b: &[f32],
+        rows: usize,
+        n_in: usize,
+        n_out: usize,
+    ) {
+        let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
+        let helpers = self.helpers.filter(|h| h.parts() > 1);
+        match helpers {
+            Some(helpers) if rows == 1 => linear_split(out, x, w, b, helpers),
+            Some(helpers) if rows >= SPLIT_ROWS => {
+                let per_row = self.per_row(w, rows);
+                split_rows(helpers, out, n_out, &|part, r0| {
+                    let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
+                    w.product(part, x, b, per_row, n_in);
+                });
+            }
+            _ => w.product(out, x, b, self.per_row(w, rows), n_in),
+        }
+    }
+
+    /// [`per_row`] for this block's rows, decided on the whole product so that a thread's
+    /// share of its rows is computed as the whole would be.
+    fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
+        matches!(w, Weight::Q8(_) | Weight::Rows(_))
+            && per_row(self.rows_alone || self.streams.is_some(), rows)
+    }
+}
+
+/// One row's linear layer `out [n_out] = x [n_in] · w + b`, its outputs split over `helpers`'
+/// threads (each output computed as on one thread).
+pub(super) fn linear_split(
+    out: &mut [f32],
+    x: &[f32],
+    w: Weight<'_>,
+    b: &[f32],
+    helpers: &SpinPool,
+) {
+    match w {
+        Weight::Q8(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q8::row_range(part, x, w, b, j0));
+        }),
+        Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
+            rows::row_range(part, x, w, b, j0);
+        }),
+        // Training's layout (the decoder keeps its matrices as rows): on this thread.
+        Weight::F32(w) => linear(out, x, w, b, 1, x.len(), out.len()),
+    }
+}

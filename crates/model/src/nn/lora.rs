@@ -1,0 +1,65 @@
+//! A [`Gpt`] with LoRA adapters attached, through Burn's own reparameterisation
+//! ([`Module::apply_lora`]): each adapted matrix's parameter computes `W + scale · A · B`
+//! wherever it is read, so the forward, the decoders and the GPU kernels run unchanged; every
+//! other parameter is frozen. The factors are parameters of their own, at
+//! `h.{l}.{matrix}.weight.lora.a` and `.b` ([`adapter_path`]), which the optimizers, the fused
+//! engine ([`ParamLayout::of`](crate::ParamLayout::of)) and checkpoints find by those paths.
+
+use burn::module::{Lora, Module, ParamGroup};
+
+use super::gpt::Gpt;
+use crate::arch::{Factor, LoraConfig, LoraTarget};
+use crate::error::GptConfigError;
+
+/// Burn's path of the adapter factor on block `layer`'s `target` matrix.
+pub fn adapter_path(layer: usize, target: LoraTarget, factor: Factor) -> String {
+    format!("{}.lora.{}", matrix_path(layer, target), factor.name())
+}
+
+/// Burn's path of block `layer`'s `target` matrix.
+fn matrix_path(layer: usize, target: LoraTarget) -> String {
+    format!("h.{layer}.{}.weight", target.path())
+}
+
+impl Gpt {
+    /// This model with adapters of `lora`'s rank and scale on the matrices it names, in every
+    /// block: `A ~ N(0, 1/rank)` (Burn's draw, from the device's random stream: seed it with
+    /// [`seeded`](crate::seeded)), `B = 0`, so the model computes what it did; every base
+    /// parameter is frozen (no gradient), the factors train. Refuses a `lora` that
+    /// [`LoraConfig::validate`] refuses for this model, and a model with adapters already.
+    pub fn with_lora(self, lora: &LoraConfig) -> Result<Self, GptConfigError> {
+        lora.validate(self.config())?;
+        if self.lora_scale().is_some() {
+            return Err(GptConfigError::Lora(
+                "the model has adapters already".into(),
+            ));
+        }
+        let targets = lora.targets(self.config());
+        let paths: Vec<String> = (0..self.config().n_layer)
+            .flat_map(|l| targets.iter().map(move |&t| matrix_path(l, t)))
+            .collect();
+        let burn = Lora::new(lora.rank, lora.scale() * lora.rank as f64)
+            .set_param_group(ParamGroup::from_paths(paths));
+        Ok(self.apply_lora(burn))
+    }
+
+    /// The scale (`alpha / rank`) of the adapters attached, `None` without any.
+    pub fn lora_scale(&self) -> Option<f64> {
+        self.h.iter().find_map(|block| {
+            let attn = [&block.attn.c_attn, &block.attn.c_proj];
+            let mlp = block.mlp.iter().flat_map(|m| [&m.c_fc, &m.c_proj]);
+            let mut linears = attn.into_iter().chain(mlp);
+            linears.find_map(|linear| linear.weight.adapter().map(|a| a.scale))
+        })
+    }
+
+    /// The model with its adapters merged into the matrices (`W + scale · A · B`, one dense
+    /// weight each, as before they were attached): what sampling, serving and exports read.
+    /// A model without adapters is returned as it is.
+    pub fn merge_lora(self) -> Self {
+        match self.lora_scale() {
+            Some(_) => self.materialize(),
+            None => self,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! LoRA on the fused CPU engine against Burn's autodiff of the same model with Burn's own
+//! adapters (`Module::apply_lora`): the loss and every adapter factor's gradient, for every
+//! config of `configs()`, each matrix adapted alone and all together, on one and two threads;
+//! the frozen base gets no gradient and AdamW moves only the factors; a merged model computes
+//! what the adapted one does.
+
+mod common;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+use common::{configs, seeded};
+use tinygpt_model::{
+    AdamWSettings, FusedCpu, Gpt, GptConfig, GptConfigError, LoraConfig, LoraTarget, LrRatios,
+    ParamLayout, Slot, TokenBatch, cross_entropy,
+};
+
+/// `config`'s model with `lora`'s adapters, its `B` factors drawn (they start at zero, where
+/// `A`'s gradient is zero too: drawn, both are tested).
+fn adapted(config: &GptConfig, lora: &LoraConfig) -> Gpt {
+    let device = Device::flex().autodiff();
+    let gpt = common::init(config, &device).with_lora(lora).unwrap();
+    struct DrawB(Vec<String>);
+    impl ModuleMapper for DrawB {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.pop();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
+                return param;
+            }
+            let (id, tensor, mapper) = param.consume();
+            let (shape, device) = (tensor.shape(), tensor.device());
+            let drawn = Tensor::<D>::random(shape, Distribution::Normal(0.0, 0.02), &device);
+            Param::from_mapped_value(id, drawn.require_grad(), mapper)
+        }
+    }
+    gpt.map(&mut DrawB(Vec::new()))
+}
+
+fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
+    let ids: Vec<i64> = common::tokens(3 * 12 + 1, vocab)
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    (ids[..3 * 12].to_vec(), ids[1..].to_vec())
+}
+
+/// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
+fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
+    let device = gpt.wte.weight.device();
+    let shape = [batch.batch, batch.seq];
+    let inputs =
+        Tensor::<2, Int>::from_data(TensorData::new(batch.inputs.to_vec(), shape), &device);
+    let targets = TensorData::new(batch.targets.to_vec(), [batch.batch * batch.seq]);
+    let targets = Tensor::<1, Int>::from_data(targets, &device);
+    let logits = gpt.forward(inputs).unwrap();
+    let [b, s, v] = logits.dims();
+    let loss = cross_entropy(logits.reshape([b * s, v]), targets).unwrap();
+    let value = loss.clone().into_scalar::<f32>() as f64;
+    (value, GradientsParams::from_grads(loss.backward(), gpt))
+}
+
+fn values<const D: usize>(g: &GradientsParams, id: burn::module::ParamId) -> Option<Vec<f32>> {
+    g.get::<D>(id)
+        .map(|t| t.into_data().try_to_vec::<f32>().unwrap())
+}
+
+/// The fused engine's loss and adapter gradients against Burn's for `gpt`; returns how many
+/// factors were compared.
+fn check(gpt: &Gpt, threads: usize) -> usize {
+    let (inputs, targets) = batch(gpt.config().vocab_size);
+    let tokens = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 3,
+        seq: 12,
+    };
+    let (want_loss, want) = burn_reference(gpt, &tokens);
+    let mut fused = FusedCpu::new(gpt, threads).unwrap();
+    let loss = fused.accumulate(tokens, 1.0, None).unwrap();
+    assert!(
+        ((loss - want_loss) / want_loss).abs() < 1e-5,
+        "loss {loss} vs Burn {want_loss}"
+    );
+    let got = fused.take_gradients(gpt);
+    let layout = ParamLayout::of(gpt);
+    let mut compared = 0;
+    for entry in layout.entries() {
+        let (a, b) = (values::<2>(&got, entry.id), values::<2>(&want, entry.id));
+        if !layout.trains(entry) {
+            // The frozen base: no gradient from either.
+            let (a, b) = (a.or(values::<1>(&got, entry.id)), b);
+            assert!(
+                a.is_none() && b.is_none(),
+                "{:?} has a gradient",
+                entry.slot
+            );
+            continue;
+        }
+        let (a, b) = (a.expect("fused gradient"), b.expect("Burn gradient"));
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+        let diff = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            diff / scale < 1e-4,
+            "{:?}: relative error {}",
+            entry.slot,
+            diff / scale
+        );
+        compared += 1;
+    }
+    compared
+}
+
+/// Every config, every matrix alone and all together: the adapters' gradients are Burn's.
+#[test]
+fn adapter_gradients_match_burn_autodiff() {
+    let _seeded = seeded();
+    for config in configs() {
+        let mut alone: Vec<Vec<LoraTarget>> = LoraTarget::all()
+            .filter(|t| t.shape(&config).is_some())
+            .map(|t| vec![t])
+            .collect();
+        alone.push(LoraTarget::all().collect::<Vec<_>>());
+        for targets in alone {
+            let targets: Vec<LoraTarget> = targets
+                .into_iter()
+                .filter(|t| t.shape(&config).is_some())
+                .collect();
+            let lora = LoraConfig {
+                rank: 3,
+                alpha: Some(5.0),
+                targets: Some(targets.clone()),
+            };
+            let gpt = adapted(&config, &lora);
+            let factors = 2 * targets.len() * config.n_layer;
+            assert_eq!(check(&gpt, 1), factors, "{config:?} {targets:?}");
+            assert_eq!(check(&gpt, 2), factors, "{config:?} {targets:?}");
+        }
+    }
+}
+
+/// AdamW on the fused engine moves the factors and nothing else; merged, the model gives the
+/// adapted model's loss.
+#[test]
+fn adamw_moves_only_the_adapters_and_merging_keeps_the_model() {
+    let _seeded = seeded();
+    let config = configs().remove(0);
+    let gpt = adapted(&config, &LoraConfig::new(2));
+    let (inputs, targets) = batch(config.vocab_size);
+    let tokens = TokenBatch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: 3,
+        seq: 12,
+    };
+    let mut fused = FusedCpu::new(&gpt, 2).unwrap();
+    let settings = AdamWSettings {
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        decayed: ParamLayout::of(&gpt)
+            .entries()
+            .iter()
+            .map(|e| e.id)
+            .collect(),
+        lr_ratios: LrRatios::default(),
+    };
+    let before = ParamLayout::of(&gpt).flatten(&gpt);
+    let first = fused.accumulate(tokens, 1.0, None).unwrap();
+    fused.adamw_step(1e-5, &settings);
+    let stepped = fused.write_weights(gpt.clone());
+    let after = ParamLayout::of(&stepped).flatten(&stepped);
+    let layout = ParamLayout::of(&stepped);
+    let (before, after) = (
+        before.into_data().try_to_vec::<f32>().unwrap(),
+        after.into_data().try_to_vec::<f32>().unwrap(),
+    );
+    for entry in layout.entries() {
+        let moved = before[entry.range()] != after[entry.range()];
+        let adapter = matches!(entry.slot, Slot::Adapter { .. });
+        assert_eq!(moved, adapter, "{:?}", entry.slot);
+    }
+    // The state lists the factors only.
+    let state = fused.adamw_state();
+    assert_eq!(
+        state.len(),
+        layout.entries().iter().filter(|e| layout.trains(e)).count()
+    );
+    let second = fused.loss(tokens).unwrap();
+    assert!(second < first, "{second} after a step from {first}");
+    let merged = stepped.merge_lora();
+    assert_eq!(merged.lora_scale(), None);
+    assert!(!ParamLayout::of(&merged).adapted());
+    let mut plain = FusedCpu::new(&merged, 1).unwrap();
+    let merged_loss = plain.loss(tokens).unwrap();
+    assert!(
+        (merged_loss - second).abs() < 1e-5,
+        "{merged_loss} vs {second}"
+    );
+}
+
+/// What no model could train is refused in one line: rank 0 or above a matrix's side, an
+/// MLP target without an MLP, a target twice, adapters on adapters.
+#[test]
+fn impossible_adapters_are_refused() {
+    let config = configs().remove(0);
+    let lora = |rank: usize, targets: Vec<LoraTarget>| LoraConfig {
+        rank,
+        alpha: None,
+        targets: Some(targets),
+    };
+    let refused = |lora: LoraConfig, config: &GptConfig| {
+        let gpt = config.init(&Device::flex()).unwrap();
+        match gpt.with_lora(&lora) {
+            Err(GptConfigError::Lora(why)) => why,
+            other => panic!("{lora:?} was not refused: {:?}", other.map(|_| ())),
+        }
+    };
+    let all: Vec<LoraTarget> = LoraTarget::all().collect();
+    assert!(refused(lora(0, all.clone()), &config).contains("at least 1"));
+    let wide = config.n_embd + 1;
+    assert!(refused(lora(wide, all.clone()), &config).contains("larger than"));
+    assert!(refused(lora(2, vec![]), &config).contains("empty"));
+    let twice = vec![LoraTarget::Qkv, LoraTarget::Qkv];
+    assert!(refused(lora(2, twice), &config).contains("twice"));
+    let minimal = GptConfig::minimal(13);
+    assert!(refused(lora(2, vec![LoraTarget::Fc]), &minimal).contains("no MLP"));
+    let bad_alpha = LoraConfig {
+        alpha: Some(-1.0),
+        ..LoraConfig::new(2)
+    };
+    assert!(refused(bad_alpha, &config).contains("positive"));
+    let once = config
+        .init(&Device::flex())
+        .unwrap()
+        .with_lora(&LoraConfig::new(2))
+        .unwrap();
+    assert!(once.with_lora(&LoraConfig::new(2)).is_err());
+}

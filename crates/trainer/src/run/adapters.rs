@@ -1,0 +1,49 @@
+//! A LoRA run's checkpoint file: the adapters' factors alone (megabytes, not a copy of the
+//! model), Burn's paths as names (`h.0.attn.c_attn.weight.lora.a`). The base they apply to is
+//! named in `state.json` ([`LoraBase`](super::checkpoint::LoraBase)).
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use burn::store::{ModuleSnapshot, SafetensorsStore};
+use tinygpt_model::{Gpt, LoraConfig};
+
+/// The tensors of a LoRA checkpoint: the adapters' factors, `….weight.lora.a` and `.b`.
+const ADAPTERS: &str = r"\.lora\.[ab]$";
+
+/// `model` with the adapters of `lora` attached and their factors read from a LoRA
+/// checkpoint's safetensors `bytes`: every factor present, nothing else in the file.
+pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<Gpt> {
+    let mut model = model.with_lora(lora)?;
+    let mut store = SafetensorsStore::from_bytes(Some(bytes))
+        .with_regex(ADAPTERS)
+        .allow_partial(true)
+        .validate(false);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| anyhow::anyhow!("the adapters are not valid safetensors ({e})"))?;
+    if let Some(error) = result.errors.first() {
+        bail!("{error}");
+    }
+    if let Some((path, _)) = result.missing.iter().find(|(p, _)| p.contains(".lora.")) {
+        bail!("adapter `{path}` is missing (another [lora] rank or targets?)");
+    }
+    if let Some(path) = result.unused.first() {
+        bail!("unexpected tensor `{path}` (another [lora] rank or targets?)");
+    }
+    model.check_config()?;
+    Ok(model)
+}
+
+/// Writes `model`'s adapters' factors alone to `path`, a tensor at a time, and syncs it.
+pub fn write_adapters(model: &Gpt, path: &Path) -> Result<()> {
+    let mut store = SafetensorsStore::from_file(path)
+        .overwrite(true)
+        .with_regex(ADAPTERS);
+    model
+        .save_into(&mut store)
+        .map_err(|e| anyhow::anyhow!("cannot write the adapters to {}: {e}", path.display()))?;
+    std::fs::File::open(path)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+}

@@ -1,0 +1,135 @@
+//! LoRA fine-tuning through the binary: `train --init-from RUN --lora RANK` writes the adapters
+//! alone, trains them on the fused engine and on Burn's, resumes bit for bit, samples and
+//! exports merged, and refuses in one line a base that changed, an impossible rank or target,
+//! and LoRA without a base.
+
+use std::path::Path;
+
+use super::common::*;
+
+/// A LoRA run of rank 2 of `base` into `out` on `backend` to `steps`.
+fn lora(dir: &Path, out: &str, backend: &str, steps: &str, extra: &[&str]) -> std::process::Output {
+    lora_of_rank(dir, "2", out, backend, steps, extra)
+}
+
+fn lora_of_rank(
+    dir: &Path,
+    rank: &str,
+    out: &str,
+    backend: &str,
+    steps: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "--init-from",
+        "base",
+        "--lora",
+        rank,
+        "--max-iters",
+        steps,
+        "--set",
+        "train.learning_rate=1e-2",
+    ];
+    args.extend(extra);
+    train_on(dir, out, backend, &args)
+}
+
+#[test]
+fn lora_trains_adapters_alone_resumes_exactly_and_samples_merged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "10"]));
+    let log = ok(lora(dir, "lora", "fused", "10", &[]));
+    assert!(log.contains("done: step 10"), "{log}");
+    // The checkpoint holds the adapters' factors alone: one A and one B per matrix.
+    let tensors = weights(&dir.join("lora"));
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 2 * 4, "{names:?}");
+    assert!(
+        names
+            .iter()
+            .all(|n| n.ends_with(".lora.a") || n.ends_with(".lora.b")),
+        "{names:?}"
+    );
+    let b = tensors
+        .iter()
+        .find(|(n, _)| n.ends_with(".lora.b"))
+        .unwrap();
+    assert!(b.1.iter().any(|&v| v != 0.0), "B learnt nothing");
+    // Sampling reads the base with the adapters merged: other logits than the base's.
+    let base = ok(tinygpt(
+        dir,
+        &["logits", "--checkpoint", "base", "--tokens", "1,2,3"],
+    ));
+    let tuned = ok(tinygpt(
+        dir,
+        &["logits", "--checkpoint", "lora", "--tokens", "1,2,3"],
+    ));
+    assert_ne!(base, tuned);
+    ok(tinygpt(
+        dir,
+        &["generate", "--checkpoint", "lora", "--max-new-tokens", "5"],
+    ));
+    ok(tinygpt(dir, &["eval", "--checkpoint", "lora"]));
+    // Stopped at 5 and resumed to 10: the same adapters, bit for bit.
+    ok(lora(dir, "halves", "fused", "5", &[]));
+    ok(tinygpt(
+        dir,
+        &["train", "--resume", "--out", "halves", "--max-iters", "10"],
+    ));
+    assert_eq!(weights(&dir.join("halves")), tensors);
+    // Burn's autodiff trains the same adapters from the same start.
+    let flex = ok(lora(dir, "flex", "flex", "10", &[]));
+    assert!(flex.contains("done: step 10"), "{flex}");
+    let first = |run: &str| metrics(&dir.join(run))[0].1;
+    assert!((first("flex") - first("lora")).abs() < 1e-4);
+    // Exports merge.
+    ok(tinygpt(
+        dir,
+        &[
+            "export",
+            "--checkpoint",
+            "lora",
+            "--format",
+            "hf",
+            "--out",
+            "hf",
+        ],
+    ));
+    assert!(dir.join("hf/model.safetensors").exists());
+}
+
+#[test]
+fn lora_refuses_a_changed_base_and_impossible_adapters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "5"]));
+    // Without a base to adapt.
+    fails(train(dir, "nobase", &["--lora", "2"]), "--init-from");
+    assert!(!dir.join("nobase").exists());
+    // A rank above a matrix's side, a target the model lacks, a rank of 0.
+    let wide = lora_of_rank(dir, "33", "wide", "fused", "2", &[]);
+    fails(wide, "larger than");
+    let targets = ["--set", "lora.targets=[\"qkv\", \"nope\"]"];
+    fails(lora(dir, "nope", "fused", "2", &targets), "nope");
+    let zero = lora_of_rank(dir, "0", "zero", "fused", "2", &[]);
+    fails(zero, "at least 1");
+    for out in ["wide", "nope", "zero"] {
+        assert!(!dir.join(out).exists(), "{out} was written");
+    }
+    ok(lora(dir, "lora", "fused", "2", &[]));
+    // A LoRA run is no base for another.
+    let args = ["--init-from", "lora", "--lora", "2", "--max-iters", "1"];
+    fails(train(dir, "again", &args), "LoRA run");
+    // The base replaced by another run: refused in one line, nothing of the LoRA run lost.
+    ok(train(dir, "other", &["--max-iters", "5", "--seed", "7"]));
+    std::fs::rename(dir.join("base"), dir.join("old-base")).unwrap();
+    std::fs::rename(dir.join("other"), dir.join("base")).unwrap();
+    fails(
+        tinygpt(dir, &["logits", "--checkpoint", "lora", "--tokens", "1"]),
+        "has changed",
+    );
+    let resume = ["train", "--resume", "--out", "lora", "--max-iters", "4"];
+    fails(tinygpt(dir, &resume), "has changed");
+    assert!(dir.join("lora/last/model.safetensors").exists());
+}

@@ -5,7 +5,8 @@ that each peak is its own.
 
     python scripts/finetune-memory.py MODEL_DIR MODE [BATCH] [SEQ] [THREADS] [STEPS]
     #  MODEL_DIR: a Hugging Face Llama-family directory (scripts/smollm2-shape.py makes one)
-    #  MODE: full | checkpointed | lora       (needs torch, transformers; lora needs peft)
+    #  MODE: full | checkpointed | lora | lora-checkpointed
+    #        (needs torch, transformers; lora needs peft)
 
 Prints one line: mode, batch, peak RSS in GiB (ru_maxrss), median seconds per step.
 """
@@ -23,16 +24,19 @@ torch.manual_seed(0)
 
 model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
 model.train()
-if mode == "checkpointed":
+if mode in ("checkpointed", "lora-checkpointed"):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-elif mode == "lora":
+if mode in ("lora", "lora-checkpointed"):
     from peft import LoraConfig, get_peft_model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                              target_modules=targets))
-elif mode != "full":
-    sys.exit(f"unknown mode {mode}: full, checkpointed or lora")
+    if mode == "lora-checkpointed":
+        # The inputs of a frozen embedding need gradients for checkpointed blocks to get theirs.
+        model.enable_input_require_grads()
+elif mode not in ("full", "checkpointed"):
+    sys.exit(f"unknown mode {mode}: full, checkpointed, lora or lora-checkpointed")
 params = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1)
 ids = torch.randint(0, 8192, (batch, seq))

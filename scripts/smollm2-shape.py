@@ -3,7 +3,10 @@ key/value heads, SwiGLU 1536, θ 100000, tied, bf16), for measuring import, samp
 fine-tuning at that size without downloading the real checkpoint; its tokenizer is a BPE of 8,192
 tokens trained on CORPUS (the real model's 49,152 rows are kept as padding).
 
-    python scripts/smollm2-shape.py OUT_DIR CORPUS      # needs torch, transformers, tokenizers
+    python scripts/smollm2-shape.py OUT_DIR CORPUS [360M]   # needs torch, transformers, tokenizers
+
+With `360M`, SmolLM2-360M's shape instead: 32 layers, width 960, 15 query and 5 key/value heads,
+SwiGLU 2560, θ 100000, tied (361.8M parameters).
 """
 import json, os, sys, time, torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -19,10 +22,14 @@ bpe.train_from_iterator([corpus], trainers.BpeTrainer(vocab_size=8192, special_t
                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>").save_pretrained(out)
 torch.manual_seed(0)
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-                     initializer_range=0.041666666666666664, bos_token_id=1, eos_token_id=2)
+sizes = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+             num_key_value_heads=3, initializer_range=0.041666666666666664)
+if len(sys.argv) > 3 and sys.argv[3] == "360M":
+    sizes = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                 num_key_value_heads=5, initializer_range=0.02)
+config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                     rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                     **sizes)
 model = LlamaForCausalLM(config).to(torch.bfloat16)
 model.save_pretrained(out, safe_serialization=True)
 print(sum(p.numel() for p in model.parameters()))

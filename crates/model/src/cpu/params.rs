@@ -277,6 +277,81 @@ impl Params {
         gpt.map(&mut Write(self, slots))
     }
 
+    /// `gpt` with these values as its parameters, as [`write`](Self::write) makes it, but a
+    /// frozen parameter's (LoRA's base, [`ParamLayout::trains`]) moved into it rather than
+    /// copied: its buffer here is left empty until [`reclaim`](Self::reclaim) takes it back.
+    /// On the CPU backends the values then exist once, in the model.
+    pub(crate) fn lend(&mut self, gpt: Gpt) -> Gpt {
+        struct Lend<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
+        impl ModuleMapper for Lend<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let Some((slot, trains)) = self.1.remove(&param.id) else {
+                    return param;
+                };
+                let values = match trains {
+                    true => self.0.slot(slot).to_vec(),
+                    false => std::mem::take(self.0.slot_mut(slot)),
+                };
+                param.map(|tensor| {
+                    let (shape, device) = (tensor.shape(), tensor.device());
+                    let require_grad = tensor.is_require_grad();
+                    drop(tensor);
+                    let new = Tensor::from_data(TensorData::new(values, shape), &device);
+                    new.set_require_grad(require_grad)
+                })
+            }
+        }
+        let layout = ParamLayout::of(&gpt);
+        let slots = layout
+            .entries()
+            .iter()
+            .map(|e| (e.id, (e.slot, layout.trains(e))))
+            .collect();
+        gpt.map(&mut Lend(self, slots))
+    }
+
+    /// Takes back from `gpt` the values [`lend`](Self::lend) moved into it, and returns it
+    /// hollow: every float parameter a lazy one of the same id, shape, device and gradient
+    /// requirement, zeros if ever read (the buffers hold the values).
+    pub(crate) fn reclaim(&mut self, gpt: Gpt) -> Gpt {
+        struct Reclaim<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
+        impl ModuleMapper for Reclaim<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let (id, tensor, _) = param.consume();
+                let (device, shape) = (tensor.device(), tensor.shape());
+                let require_grad = tensor.is_require_grad();
+                match self.1.remove(&id) {
+                    Some((slot, false)) if self.0.slot(slot).is_empty() => {
+                        let values = tensor.into_data().try_into_vec::<f32>();
+                        *self.0.slot_mut(slot) = values.expect("parameters are f32");
+                    }
+                    _ => drop(tensor),
+                }
+                let size = shape.clone();
+                let zeros = move |device: &Device, require_grad: bool| {
+                    Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
+                };
+                Param::uninitialized(id, zeros, device, require_grad, shape)
+            }
+        }
+        let layout = ParamLayout::of(&gpt);
+        let slots = layout
+            .entries()
+            .iter()
+            .map(|e| (e.id, (e.slot, layout.trains(e))))
+            .collect();
+        gpt.map(&mut Reclaim(self, slots))
+    }
+
+    /// Whether a frozen parameter's values are lent out ([`lend`](Self::lend)).
+    pub(crate) fn lent(&self) -> bool {
+        let layout = &self.layout;
+        let frozen = layout.entries().iter().filter(|e| !layout.trains(e));
+        frozen
+            .into_iter()
+            .any(|e| self.slot(e.slot).is_empty() && e.len > 0)
+    }
+
     /// Copies the values of `gpt` (one host read per parameter) into buffers that follow
     /// `layout`, the layout of a model of the same architecture: parameters are matched by slot.
     pub(crate) fn read(gpt: &Gpt, layout: Arc<ParamLayout>) -> Self {

@@ -14,11 +14,10 @@ use crate::arch::{Factor, GptConfig, LoraTarget, Slot, parameter_table};
 use crate::error::ModelError;
 use crate::optim::ParamLayout;
 
-/// A parameter of a model: its id, its values flattened, and its shape.
+/// A parameter of a model: its id and its values flattened.
 pub(crate) struct Entry {
     pub id: ParamId,
     pub values: Tensor<1>,
-    pub shape: Vec<usize>,
 }
 
 /// Every float parameter of `gpt` by its Burn module path (the table's `burn` names).
@@ -33,14 +32,33 @@ pub(crate) fn parameters_by_path(gpt: &Gpt) -> HashMap<String, Entry> {
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let values = param.val();
-            let shape = values.dims().to_vec();
-            let len: usize = shape.iter().product();
+            let len: usize = values.dims().iter().product();
             let entry = Entry {
                 id: param.id,
                 values: values.reshape([len]),
-                shape,
             };
             self.0.insert(self.1.join("."), entry);
+        }
+    }
+    let mut by_path = ByPath(HashMap::new(), Vec::new());
+    gpt.visit(&mut by_path);
+    by_path.0
+}
+
+/// Every float parameter of `gpt` by its Burn path: its id and shape, its values not read (a
+/// lazy parameter, as the fused engine's hollow model holds, stays unallocated).
+pub(crate) fn shapes_by_path(gpt: &Gpt) -> HashMap<String, (ParamId, Vec<usize>)> {
+    struct ByPath(HashMap<String, (ParamId, Vec<usize>)>, Vec<String>);
+    impl ModuleVisitor for ByPath {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.1.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.1.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let shape = param.lazy_shape().iter().copied().collect();
+            self.0.insert(self.1.join("."), (param.id, shape));
         }
     }
     let mut by_path = ByPath(HashMap::new(), Vec::new());
@@ -54,13 +72,13 @@ impl Gpt {
     /// Burn's `load_record` is not checked against the config).
     pub fn check_config(&self) -> Result<(), ModelError> {
         let mismatch = |what: String| Err(ModelError::ConfigMismatch(what));
-        let mut by_path = parameters_by_path(self);
+        let mut by_path = shapes_by_path(self);
         for name in parameter_table(self.config()) {
             match (by_path.remove(&name.burn), name.present) {
-                (Some(param), true) => {
+                (Some((_, shape)), true) => {
                     let want = name.slot.shape(self.config());
-                    if param.shape != want {
-                        let (path, got) = (&name.burn, &param.shape);
+                    if shape != want {
+                        let (path, got) = (&name.burn, &shape);
                         return mismatch(format!("`{path}` is {got:?}, the config says {want:?}"));
                     }
                 }
@@ -72,13 +90,13 @@ impl Gpt {
         // LoRA adapters: of the shapes their matrices and one rank give.
         let mut rank = None;
         for (path, adapter) in adapters(self.config()) {
-            let Some(param) = by_path.remove(&path) else {
+            let Some((_, shape)) = by_path.remove(&path) else {
                 continue;
             };
-            let r = *rank.get_or_insert(adapter.rank_of(&param.shape));
+            let r = *rank.get_or_insert(adapter.rank_of(&shape));
             let want = adapter.slot(r).shape(self.config());
-            if param.shape != want {
-                let got = &param.shape;
+            if shape != want {
+                let got = &shape;
                 return mismatch(format!("`{path}` is {got:?}, the config says {want:?}"));
             }
         }
@@ -144,17 +162,16 @@ fn adapters(config: &GptConfig) -> impl Iterator<Item = (String, AdapterAt)> {
 }
 
 impl ParamLayout {
-    /// The layout of `gpt`'s parameters.
+    /// The layout of `gpt`'s parameters (read without reading their values).
     pub fn of(gpt: &Gpt) -> Self {
-        let mut by_path = parameters_by_path(gpt);
-        let mut layout = Self::from_present(parameter_table(gpt.config()), |burn| {
-            by_path.remove(burn).map(|e| (e.id, e.shape))
-        });
+        let mut by_path = shapes_by_path(gpt);
+        let mut layout =
+            Self::from_present(parameter_table(gpt.config()), |burn| by_path.remove(burn));
         // LoRA adapters after the base, block by block.
         for (path, adapter) in adapters(gpt.config()) {
-            if let Some(e) = by_path.remove(&path) {
-                let slot = adapter.slot(adapter.rank_of(&e.shape));
-                layout.push(slot, e.id, e.shape);
+            if let Some((id, shape)) = by_path.remove(&path) {
+                let slot = adapter.slot(adapter.rank_of(&shape));
+                layout.push(slot, id, shape);
             }
         }
         layout
@@ -217,7 +234,8 @@ mod tests {
             expected.sort();
             assert_eq!(paths, expected, "{config:?}");
             for p in &present {
-                assert_eq!(by_path[&p.burn].shape, p.slot.shape(&config), "{}", p.burn);
+                let shape = &shapes_by_path(&model)[&p.burn].1;
+                assert_eq!(shape, &p.slot.shape(&config), "{}", p.burn);
             }
             assert_eq!(model.check_config(), Ok(()), "{config:?}");
             assert_eq!(config.num_params(), model.num_params() as u64, "{config:?}");

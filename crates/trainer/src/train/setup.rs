@@ -165,8 +165,8 @@ impl RunDir {
 
 /// The weights the run starts from on `device`, with their optimizer and training state: the
 /// `last` checkpoint of a run continued; for a new run (or one stopped before its first
-/// checkpoint) the seeded initialisation, with the source run's best weights copied in when
-/// fine-tuning.
+/// checkpoint) the seeded initialisation, or when fine-tuning the source run's best weights
+/// (LoRA adapters attached with `[lora]`).
 fn weights(dir: &RunDir, device: &Device) -> Result<(Gpt, ModuleOptimizer, TrainState)> {
     if let RunDir::Existing(run) = dir
         && run.has_checkpoint()
@@ -174,29 +174,66 @@ fn weights(dir: &RunDir, device: &Device) -> Result<(Gpt, ModuleOptimizer, Train
         return saved_model(run, device);
     }
     let (config, tokenizer) = dir.config_and_tokenizer();
-    let (mut model, mut optim) = initial_model(config, tokenizer.vocab_size(), device)?;
+    let vocab = tokenizer.vocab_size();
     let mut state = TrainState::default();
-    if let RunDir::New {
-        init: Some(source), ..
-    } = dir
-    {
-        let weights = match config.lora {
-            Some(_) => {
-                let (weights, base) = open_base(source, &Device::flex())?;
-                state.lora_base = Some(base);
-                weights
-            }
-            None => source.load_model(Which::Best, &Device::flex())?.0,
-        };
-        crate::run::weights::copy_weights(&weights, &mut model)?;
-    }
+    let mut model = match dir {
+        RunDir::New {
+            init: Some(source), ..
+        } => {
+            let (model, base) = source_model(source, config, vocab, device)?;
+            state.lora_base = config.lora.as_ref().map(|_| base);
+            model
+        }
+        _ => initial_model(config, vocab, device)?,
+    };
     if let Some(lora) = &config.lora {
         // The adapters' `A` factors drawn from the seed; `B` starts at zero.
         let _streams = tinygpt_model::seeded(device, mix(config.train.seed, 0, LORA_STREAM));
         model = model.with_lora(lora)?;
-        optim = optimizer(config, &model);
     }
+    let optim = optimizer(config, &model);
     Ok((model, optim, state))
+}
+
+/// A model of `config` on `device` holding `source`'s best weights (a LoRA run's merged), and
+/// where they came from. They are read into it from the file's bytes: no random
+/// initialisation drawn, no second model.
+fn source_model(
+    source: &Run,
+    config: &RunConfig,
+    vocab: usize,
+    device: &Device,
+) -> Result<(Gpt, LoraBase)> {
+    let kernel = config.train.attention_kernel;
+    let mut model = config
+        .gpt(vocab)
+        .init(device)?
+        .with_attention_kernel(kernel);
+    let mut checkpoint = source.checkpoint(Which::Best, false)?;
+    let weights_sha256 = checkpoint.weights_checksum();
+    match source.config.lora {
+        // The init refuses a LoRA run as a base: this is a full fine-tune of its merged model.
+        Some(_) => {
+            let merged = source
+                .model_from(&mut checkpoint, &Device::flex())?
+                .merge_lora();
+            crate::run::weights::copy_weights(&merged, &mut model)?;
+        }
+        None => {
+            let path = checkpoint.dir.join(checkpoint::WEIGHTS);
+            crate::run::weights::load_weights(&mut model, std::mem::take(&mut checkpoint.weights))
+                .with_context(|| format!("weights {} do not fit", path.display()))?;
+        }
+    }
+    let run = source
+        .dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", source.dir.display()))?;
+    let base = LoraBase {
+        run,
+        weights_sha256,
+    };
+    Ok((model, base))
 }
 
 /// A new run for `options`, with its tokenizer trained and its corpus split (its directory is
@@ -310,12 +347,8 @@ fn memory_check(
 }
 
 /// A new model, initialised on the CPU from the seed and then moved: the same seed gives the
-/// same starting weights on every backend. And a fresh AdamW for it.
-fn initial_model(
-    config: &RunConfig,
-    vocab_size: usize,
-    device: &Device,
-) -> Result<(Gpt, ModuleOptimizer)> {
+/// same starting weights on every backend.
+fn initial_model(config: &RunConfig, vocab_size: usize, device: &Device) -> Result<Gpt> {
     let cpu = Device::flex();
     let gpt = config.gpt(vocab_size);
     let mut model = gpt
@@ -327,8 +360,7 @@ fn initial_model(
         let init = gpt.init(&cpu)?;
         crate::run::weights::copy_weights(&init, &mut model)?;
     }
-    let optim = optimizer(config, &model);
-    Ok((model, optim))
+    Ok(model)
 }
 
 /// The `last` checkpoint's model (with the parameter ids its optimizer state is keyed by), its
@@ -347,23 +379,4 @@ fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, Trai
     let optim = load_optimizer(&run.config, &model, bytes)
         .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
     Ok((model, optim, checkpoint.state))
-}
-
-/// The `best` weights of `source` (a run without adapters: the trainer refuses a LoRA run as
-/// a base) as a LoRA run's base: the model and where it came from.
-fn open_base(source: &Run, device: &Device) -> Result<(Gpt, LoraBase)> {
-    let mut checkpoint = source.checkpoint(Which::Best, false)?;
-    let weights_sha256 = checkpoint.weights_checksum();
-    let run = source
-        .dir
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", source.dir.display()))?;
-    let model = source.model_from(&mut checkpoint, device)?;
-    Ok((
-        model,
-        LoraBase {
-            run,
-            weights_sha256,
-        },
-    ))
 }

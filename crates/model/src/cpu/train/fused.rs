@@ -101,6 +101,26 @@ impl FusedCpu {
         self.weights.write(gpt)
     }
 
+    /// `gpt` with the weights held here, as [`write_weights`](Self::write_weights) makes it,
+    /// but the frozen ones (LoRA's base) moved into it rather than copied: they exist once,
+    /// in the model, until [`reclaim_weights`](Self::reclaim_weights); steps and losses are
+    /// refused ([`FusedError::Lent`]) in between.
+    pub fn lend_weights(&mut self, gpt: Gpt) -> Gpt {
+        self.weights.lend(gpt)
+    }
+
+    /// Takes back the weights [`lend_weights`](Self::lend_weights) moved into `gpt` and returns
+    /// it hollow: every parameter a lazy one of the same id and shape (the buffers hold the
+    /// values), so that it holds no copy of the weights.
+    pub fn reclaim_weights(&mut self, gpt: Gpt) -> Gpt {
+        self.weights.reclaim(gpt)
+    }
+
+    /// Whether frozen weights are lent to a model ([`lend_weights`](Self::lend_weights)).
+    pub fn lent(&self) -> bool {
+        self.weights.lent()
+    }
+
     /// One AdamW step on the held weights along the held gradients (Burn's `AdamW` arithmetic,
     /// bit for bit), then the gradients are reset to zero.
     pub fn adamw_step(&mut self, lr: f64, settings: &AdamWSettings) {
@@ -247,6 +267,9 @@ impl FusedCpu {
         dropout_seed: Option<u64>,
     ) -> Result<f64, FusedError> {
         self.check(&batch)?;
+        if self.weights.lent() {
+            return Err(FusedError::Lent);
+        }
         let kept = kept_targets(batch.targets)?;
         let grad_scale = scale.map(|s| s / kept as f32);
         let dropout = dropout_seed.filter(|_| self.dims.dropout > 0.0 && scale.is_some());

@@ -4,8 +4,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::{Device, Tensor};
 use tinygpt_model::{FusedCpu, Gpt, TokenBatch};
 
 use super::{Engine, LOST, OptimizerWriter, Step};
@@ -49,10 +47,11 @@ impl FusedEngine {
             .load_adamw_state(states.adamw)
             .and_then(|()| fused.load_muon_state(states.muon))
             .context("optimizer state")?;
+        let model = fused.reclaim_weights(model);
         Ok(Self {
             fused: Box::new(fused),
             rule: optimizer.rule,
-            model: Some(hollow(model)),
+            model: Some(model),
             // The hollow model has no weights: the buffers' must be written in when asked.
             stale: true,
             threads,
@@ -61,13 +60,25 @@ impl FusedEngine {
     }
 
     /// Writes the buffers' weights into the model, having freed the gradients' buffer (there
-    /// are none between steps) so that the model's copy takes its place.
+    /// are none between steps) so that the model's copy takes its place; a frozen base
+    /// (LoRA's) is moved in, not copied.
     fn sync(&mut self) -> Result<()> {
         self.fused.release_gradients();
         if self.stale {
             let model = self.model.take().context(LOST)?;
-            self.model = Some(self.fused.write_weights(model));
+            self.model = Some(self.fused.lend_weights(model));
             self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// The model's weights, written in for a checkpoint or a sample, dropped again (a frozen
+    /// base taken back into the buffers): the buffers hold them while training.
+    fn hollow(&mut self) -> Result<()> {
+        if !self.stale {
+            let model = self.model.take().context(LOST)?;
+            self.model = Some(self.fused.reclaim_weights(model));
+            self.stale = true;
         }
         Ok(())
     }
@@ -109,13 +120,7 @@ impl Engine for FusedEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        // The model's weights, written in for a checkpoint or a sample, are dropped again:
-        // the buffers hold them while training.
-        if !self.stale {
-            let model = self.model.take().context(LOST)?;
-            self.model = Some(hollow(model));
-            self.stale = true;
-        }
+        self.hollow()?;
         let n = batches.len() as f64;
         let mut loss = 0.0;
         for (k, batch) in batches.iter().enumerate() {
@@ -152,33 +157,15 @@ impl Engine for FusedEngine {
 
     /// Each batch split over the engine's threads.
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
+        // A frozen base lent to the model comes back first.
+        if self.fused.lent() {
+            self.hollow()?;
+        }
         batches
             .iter()
             .map(|batch| Ok(self.fused.loss(token_batch(batch))?))
             .collect()
     }
-}
-
-/// `gpt` with the values of its float parameters dropped: each a lazy parameter of the same
-/// id, shape, device and gradient requirement, zeros if ever read. The buffers hold the
-/// weights between checkpoints; writing them in replaces one parameter at a time, so the
-/// model never holds a second copy of them.
-fn hollow(gpt: Gpt) -> Gpt {
-    struct Hollow;
-    impl ModuleMapper for Hollow {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let (id, tensor, _) = param.consume();
-            let (device, shape) = (tensor.device(), tensor.shape());
-            let require_grad = tensor.is_require_grad();
-            drop(tensor);
-            let size = shape.clone();
-            let zeros = move |device: &Device, require_grad: bool| {
-                Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
-            };
-            Param::uninitialized(id, zeros, device, require_grad, shape)
-        }
-    }
-    gpt.map(&mut Hollow)
 }
 
 fn token_batch(batch: &Batch) -> TokenBatch<'_> {

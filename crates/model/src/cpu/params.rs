@@ -314,26 +314,6 @@ impl Params {
     /// hollow: every float parameter a lazy one of the same id, shape, device and gradient
     /// requirement, zeros if ever read (the buffers hold the values).
     pub(crate) fn reclaim(&mut self, gpt: Gpt) -> Gpt {
-        struct Reclaim<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
-        impl ModuleMapper for Reclaim<'_> {
-            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-                let (id, tensor, _) = param.consume();
-                let (device, shape) = (tensor.device(), tensor.shape());
-                let require_grad = tensor.is_require_grad();
-                match self.1.remove(&id) {
-                    Some((slot, false)) if self.0.slot(slot).is_empty() => {
-                        let values = tensor.into_data().try_into_vec::<f32>();
-                        *self.0.slot_mut(slot) = values.expect("parameters are f32");
-                    }
-                    _ => drop(tensor),
-                }
-                let size = shape.clone();
-                let zeros = move |device: &Device, require_grad: bool| {
-                    Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
-                };
-                Param::uninitialized(id, zeros, device, require_grad, shape)
-            }
-        }
         let layout = ParamLayout::of(&gpt);
         let slots = layout
             .entries()
@@ -341,6 +321,24 @@ impl Params {
             .map(|e| (e.id, (e.slot, layout.trains(e))))
             .collect();
         gpt.map(&mut Reclaim(self, slots))
+    }
+
+    /// The values of `gpt`'s parameters moved into buffers that follow its layout (not copied
+    /// where the backend allows it: on the CPU the values then exist once), and `gpt` hollow, as
+    /// [`reclaim`](Self::reclaim) leaves it.
+    pub(crate) fn take(gpt: Gpt) -> (Self, Gpt) {
+        let layout = Arc::new(ParamLayout::of(&gpt));
+        let mut params = Self {
+            blocks: vec![BlockParams::default(); gpt.h.len()],
+            layout: layout.clone(),
+            ..Self::default()
+        };
+        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
+        params.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
+        // Every parameter counts as lent: `reclaim` moves each one's values in.
+        let slots = layout.entries().iter().map(|e| (e.id, (e.slot, false)));
+        let hollow = gpt.map(&mut Reclaim(&mut params, slots.collect()));
+        (params, hollow)
     }
 
     /// Whether a frozen parameter's values are lent out ([`lend`](Self::lend)).
@@ -460,5 +458,28 @@ impl Params {
             }
         }
         grads
+    }
+}
+
+/// Moves the values of the parameters marked frozen (`false`) whose buffers are empty into
+/// them, and leaves every parameter a lazy one of zeros.
+struct Reclaim<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
+impl ModuleMapper for Reclaim<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, _) = param.consume();
+        let (device, shape) = (tensor.device(), tensor.shape());
+        let require_grad = tensor.is_require_grad();
+        match self.1.remove(&id) {
+            Some((slot, false)) if self.0.slot(slot).is_empty() => {
+                let values = tensor.into_data().try_into_vec::<f32>();
+                *self.0.slot_mut(slot) = values.expect("parameters are f32");
+            }
+            _ => drop(tensor),
+        }
+        let size = shape.clone();
+        let zeros = move |device: &Device, require_grad: bool| {
+            Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
+        };
+        Param::uninitialized(id, zeros, device, require_grad, shape)
     }
 }

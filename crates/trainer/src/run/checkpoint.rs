@@ -29,7 +29,7 @@ use tinygpt_model::Gpt;
 use super::adapters::{attach_adapters, write_adapters};
 use super::integrity;
 use super::lock::RunLock;
-use super::weights::{load_weights, param_ids, write_weights};
+use super::weights::{load_weights, load_weights_file, param_ids, write_weights};
 use crate::checksum::{sha256_file, sha256_hex};
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
@@ -276,6 +276,25 @@ impl Run {
         }))
     }
 
+    /// The `best` checkpoint's weights file and its checksum, checked against `state.json` by
+    /// reading the file through (not into memory): for loading it a tensor at a time
+    /// ([`load_weights_file`](super::weights::load_weights_file)). A run written before
+    /// checkpoints had checksums gives the file's.
+    pub fn best_weights_file(&self) -> Result<(PathBuf, String)> {
+        let dir = self.dir.join(Which::Best.dir_name());
+        let (state, path) = (read_state(&dir)?, dir.join(WEIGHTS));
+        let sum = sha256_file(&path)?;
+        if let Some(expected) = state.files.get(WEIGHTS)
+            && *expected != sum
+        {
+            bail!(
+                "{} is damaged: its checksum does not match the one in state.json",
+                path.display()
+            );
+        }
+        Ok((path, sum))
+    }
+
     /// Whether any `last` checkpoint was saved (damaged or not): a run stopped before its first
     /// save has none.
     pub fn has_checkpoint(&self) -> bool {
@@ -336,7 +355,7 @@ impl Run {
             }
             (Some(lora), Some(base)) => {
                 let base = base_weights(base, &self.dir)?;
-                load_weights(&mut model, base).context("the LoRA run's base")?;
+                let model = load_weights_file(model, &base).context("the LoRA run's base")?;
                 attach_adapters(model, lora, weights).with_context(misfit)?
             }
             (Some(_), None) => bail!(
@@ -380,9 +399,9 @@ impl Run {
     }
 }
 
-/// The base's weights as safetensors bytes, refused in one line if they are not the ones the
-/// LoRA run `dir` started from.
-fn base_weights(base: &LoraBase, dir: &Path) -> Result<Vec<u8>> {
+/// The base's weights file, refused in one line if its weights are not the ones the LoRA run
+/// `dir` started from.
+fn base_weights(base: &LoraBase, dir: &Path) -> Result<PathBuf> {
     let lora_run = dir.display();
     let source = Run::open(&base.run).with_context(|| {
         format!(
@@ -391,8 +410,8 @@ fn base_weights(base: &LoraBase, dir: &Path) -> Result<Vec<u8>> {
             base.run.display()
         )
     })?;
-    let checkpoint = source.checkpoint(Which::Best, false)?;
-    if checkpoint.weights_checksum() != base.weights_sha256 {
+    let (path, sum) = source.best_weights_file()?;
+    if sum != base.weights_sha256 {
         bail!(
             "the base of LoRA run {lora_run} has changed: {}'s best weights are not the ones its \
              adapters were trained on (checksum {} expected)",
@@ -400,7 +419,7 @@ fn base_weights(base: &LoraBase, dir: &Path) -> Result<Vec<u8>> {
             base.weights_sha256
         );
     }
-    Ok(checkpoint.weights)
+    Ok(path)
 }
 
 impl Checkpoint {
@@ -476,8 +495,8 @@ fn write_checkpoint(
     write_synced(&dir.join(STATE), text.as_bytes())
 }
 
-/// Reads the checkpoint in `dir` and checks every file against `state.json`.
-fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
+/// The sealed `state.json` of the checkpoint in `dir`.
+fn read_state(dir: &Path) -> Result<TrainState> {
     let path = dir.join(STATE);
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let damaged = |why: String| anyhow::anyhow!("{} is damaged: {why}", path.display());
@@ -489,6 +508,12 @@ fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
     {
         return Err(damaged("its checksum does not match".into()));
     }
+    Ok(state)
+}
+
+/// Reads the checkpoint in `dir` and checks every file against `state.json`.
+fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
+    let state = read_state(dir)?;
     let read = |name: &str| -> Result<Option<Vec<u8>>> {
         let path = dir.join(name);
         let expected = state.files.get(name);

@@ -1,10 +1,14 @@
 //! A model's weights as checkpoint bytes (safetensors, Burn's parameter paths as names), copied
 //! between models, and the parameter ids an optimizer state is keyed by.
 
-use anyhow::{Result, bail};
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorData};
 use tinygpt_model::Gpt;
 
 /// `model` as safetensors bytes (Burn's store; parameter paths as tensor names).
@@ -42,6 +46,131 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
     check_applied(result)?;
     // The store loads without checking shapes: the model's config must still describe it.
     Ok(model.check_config()?)
+}
+
+/// Loads the safetensors file at `path` into `model` a tensor at a time: each parameter's bytes
+/// are read from the file as it is made, so the file is never held whole beside the model (a
+/// fine-tune of a large model peaks at one copy of it, not two). Every tensor must be present,
+/// f32, of its parameter's shape, and the file must hold no other.
+pub fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (start, tensors) = read_header(&file)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let mut load = Load {
+        file: &file,
+        start,
+        tensors,
+        path: Vec::new(),
+        error: None,
+    };
+    let model = model.map(&mut load);
+    if let Some(error) = load.error {
+        return Err(error);
+    }
+    if let Some(name) = load.tensors.keys().next() {
+        bail!("unexpected tensor `{name}` (another architecture?)");
+    }
+    model.check_config()?;
+    Ok(model)
+}
+
+/// A tensor of a safetensors file: its dtype's name, shape, and byte range after the header.
+struct FileTensor {
+    dtype: String,
+    shape: Vec<usize>,
+    offsets: (u64, u64),
+}
+
+/// A safetensors file's header: where the data starts, and each tensor by name.
+fn read_header(file: &std::fs::File) -> Result<(u64, HashMap<String, FileTensor>)> {
+    let mut reader = std::io::BufReader::new(file);
+    let mut len = [0u8; 8];
+    reader.read_exact(&mut len)?;
+    let header_len = usize::try_from(u64::from_le_bytes(len))?;
+    if header_len > 100 << 20 {
+        bail!("a header of {header_len} bytes");
+    }
+    let mut header = vec![0u8; header_len];
+    reader.read_exact(&mut header)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)?;
+    let mut tensors = HashMap::new();
+    for (name, info) in header.into_iter().filter(|(n, _)| n != "__metadata__") {
+        let field = |key: &str| info.get(key).cloned().unwrap_or_default();
+        let tensor = FileTensor {
+            dtype: field("dtype").as_str().unwrap_or_default().to_string(),
+            shape: serde_json::from_value(field("shape"))
+                .with_context(|| format!("tensor `{name}`'s shape"))?,
+            offsets: serde_json::from_value(field("data_offsets"))
+                .with_context(|| format!("tensor `{name}`'s offsets"))?,
+        };
+        tensors.insert(name, tensor);
+    }
+    Ok((8 + header_len as u64, tensors))
+}
+
+/// Replaces each parameter by its tensor of the file, by Burn path; the first problem is kept.
+struct Load<'a> {
+    file: &'a std::fs::File,
+    start: u64,
+    tensors: HashMap<String, FileTensor>,
+    path: Vec<String>,
+    error: Option<anyhow::Error>,
+}
+
+impl Load<'_> {
+    /// The values of tensor `name`, of shape `want`.
+    fn values(&mut self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
+        use std::io::{Seek, SeekFrom};
+        let tensor = self.tensors.remove(name);
+        let tensor = tensor.with_context(|| format!("tensor `{name}` is missing"))?;
+        let (from, to) = tensor.offsets;
+        let len = 4 * want.iter().product::<usize>() as u64;
+        if tensor.dtype != "F32" || tensor.shape != want || to.checked_sub(from) != Some(len) {
+            let (dtype, shape) = (&tensor.dtype, &tensor.shape);
+            bail!("tensor `{name}` is {dtype} {shape:?}, the model's is F32 {want:?}");
+        }
+        let mut bytes = vec![0u8; len as usize];
+        let mut file = self.file;
+        file.seek(SeekFrom::Start(self.start + from))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .with_context(|| format!("cannot read tensor `{name}`"))?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("four bytes")))
+            .collect())
+    }
+}
+
+impl ModuleMapper for Load<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if self.error.is_some() {
+            return param;
+        }
+        let want: Vec<usize> = param.lazy_shape().iter().copied().collect();
+        let values = match self.values(&self.path.join("."), &want) {
+            Ok(values) => values,
+            Err(e) => {
+                self.error = Some(e);
+                return param;
+            }
+        };
+        param.map(|tensor| {
+            let (shape, device) = (tensor.shape(), tensor.device());
+            let require_grad = tensor.is_require_grad();
+            drop(tensor);
+            Tensor::from_data(TensorData::new(values, shape), &device)
+                .set_require_grad(require_grad)
+        })
+    }
 }
 
 /// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on

@@ -209,22 +209,20 @@ fn source_model(
         .gpt(vocab)
         .init(device)?
         .with_attention_kernel(kernel);
-    let mut checkpoint = source.checkpoint(Which::Best, false)?;
-    let weights_sha256 = checkpoint.weights_checksum();
-    match source.config.lora {
+    let (model, weights_sha256) = match source.config.lora {
         // The init refuses a LoRA run as a base: this is a full fine-tune of its merged model.
         Some(_) => {
-            let merged = source
-                .model_from(&mut checkpoint, &Device::flex())?
-                .merge_lora();
+            let (merged, _) = source.load_model(Which::Best, &Device::flex())?;
             crate::run::weights::copy_weights(&merged, &mut model)?;
+            (model, String::new())
         }
         None => {
-            let path = checkpoint.dir.join(checkpoint::WEIGHTS);
-            crate::run::weights::load_weights(&mut model, std::mem::take(&mut checkpoint.weights))
+            let (path, sum) = source.best_weights_file()?;
+            let model = crate::run::weights::load_weights_file(model, &path)
                 .with_context(|| format!("weights {} do not fit", path.display()))?;
+            (model, sum)
         }
-    }
+    };
     let run = source
         .dir
         .canonicalize()

@@ -83,6 +83,26 @@ fn lora_trains_adapters_alone_resumes_exactly_and_samples_merged() {
     assert!(flex.contains("done: step 10"), "{flex}");
     let first = |run: &str| metrics(&dir.join(run))[0].1;
     assert!((first("flex") - first("lora")).abs() < 1e-4);
+    // Muon beside AdamW updates the factors too, and resumes exactly.
+    let muon = ["--set", "train.optimizer=\"muon\""];
+    ok(lora(dir, "muon", "fused", "10", &muon));
+    ok(lora(dir, "muon-halves", "fused", "5", &muon));
+    ok(tinygpt(
+        dir,
+        &[
+            "train",
+            "--resume",
+            "--out",
+            "muon-halves",
+            "--max-iters",
+            "10",
+        ],
+    ));
+    assert_eq!(
+        weights(&dir.join("muon-halves")),
+        weights(&dir.join("muon"))
+    );
+    assert_ne!(weights(&dir.join("muon")), tensors);
     // Exports merge.
     ok(tinygpt(
         dir,

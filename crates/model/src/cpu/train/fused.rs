@@ -90,6 +90,27 @@ impl FusedCpu {
             .sum::<usize>()
     }
 
+    /// [`FusedCpu::new`], the weights moved out of `gpt` rather than copied (on the CPU they
+    /// then exist once, here), and `gpt` returned hollow: every parameter a lazy one of the same
+    /// id and shape, to be written in again by [`lend_weights`](Self::lend_weights).
+    pub fn taking(gpt: Gpt, threads: usize) -> Result<(Self, Gpt), FusedError> {
+        let dims = Dims::of(&gpt)?;
+        let (weights, hollow) = Params::take(gpt);
+        let mut grads = Params::default();
+        grads.zero_like(&weights);
+        let work = (0..threads.max(1)).map(|_| Workspace::default()).collect();
+        let fused = Self {
+            dims,
+            weights,
+            grads,
+            grads_zero: true,
+            moments: None,
+            muon: None,
+            work,
+        };
+        Ok((fused, hollow))
+    }
+
     /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.
     pub fn read_weights(&mut self, gpt: &Gpt) {
         self.weights = Params::read(gpt, self.weights.shared_layout());

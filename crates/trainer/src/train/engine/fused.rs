@@ -35,11 +35,13 @@ impl FusedEngine {
         threads: usize,
         checkpointing: bool,
     ) -> Result<Self> {
-        let mut fused = FusedCpu::new(&model, threads)?;
+        // The weights move into the buffers; the model keeps none (written in when asked).
+        let muon = muon_ids(&model);
+        let (mut fused, model) = FusedCpu::taking(model, threads)?;
         fused.set_checkpointing(checkpointing);
         match &optimizer.rule {
             UpdateRule::AdamW(_) => {}
-            UpdateRule::Muon(..) => fused.use_muon(&muon_ids(&model))?,
+            UpdateRule::Muon(..) => fused.use_muon(&muon)?,
         }
         // Read into the buffers, then dropped: a resumed run's record is not held twice.
         let states = states_from_burn(&optimizer.burn)?;
@@ -47,7 +49,6 @@ impl FusedEngine {
             .load_adamw_state(states.adamw)
             .and_then(|()| fused.load_muon_state(states.muon))
             .context("optimizer state")?;
-        let model = fused.reclaim_weights(model);
         Ok(Self {
             fused: Box::new(fused),
             rule: optimizer.rule,

@@ -301,12 +301,7 @@ impl Params {
                 })
             }
         }
-        let layout = ParamLayout::of(&gpt);
-        let slots = layout
-            .entries()
-            .iter()
-            .map(|e| (e.id, (e.slot, layout.trains(e))))
-            .collect();
+        let slots = slots_of(&gpt);
         gpt.map(&mut Lend(self, slots))
     }
 
@@ -314,12 +309,7 @@ impl Params {
     /// hollow: every float parameter a lazy one of the same id, shape, device and gradient
     /// requirement, zeros if ever read (the buffers hold the values).
     pub(crate) fn reclaim(&mut self, gpt: Gpt) -> Gpt {
-        let layout = ParamLayout::of(&gpt);
-        let slots = layout
-            .entries()
-            .iter()
-            .map(|e| (e.id, (e.slot, layout.trains(e))))
-            .collect();
+        let slots = slots_of(&gpt);
         gpt.map(&mut Reclaim(self, slots))
     }
 
@@ -459,6 +449,15 @@ impl Params {
         }
         grads
     }
+}
+
+/// Each parameter of `gpt` by id: its slot, and whether it trains ([`ParamLayout::trains`]).
+fn slots_of(gpt: &Gpt) -> HashMap<ParamId, (Slot, bool)> {
+    let layout = ParamLayout::of(gpt);
+    let entries = layout.entries().iter();
+    entries
+        .map(|e| (e.id, (e.slot, layout.trains(e))))
+        .collect()
 }
 
 /// Moves the values of the parameters marked frozen (`false`) whose buffers are empty into

@@ -59,10 +59,15 @@ impl FusedCpu {
     pub fn new(gpt: &Gpt, threads: usize) -> Result<Self, FusedError> {
         let dims = Dims::of(gpt)?;
         let weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
+        Ok(Self::holding(dims, weights, threads))
+    }
+
+    /// An engine of `dims` holding `weights`, no gradients or optimizer state yet.
+    fn holding(dims: Dims, weights: Params, threads: usize) -> Self {
         let mut grads = Params::default();
         grads.zero_like(&weights);
         let work = (0..threads.max(1)).map(|_| Workspace::default()).collect();
-        Ok(Self {
+        Self {
             dims,
             weights,
             grads,
@@ -70,7 +75,7 @@ impl FusedCpu {
             moments: None,
             muon: None,
             work,
-        })
+        }
     }
 
     /// Activation checkpointing: keep one block's activations instead of every block's, and
@@ -96,19 +101,7 @@ impl FusedCpu {
     pub fn taking(gpt: Gpt, threads: usize) -> Result<(Self, Gpt), FusedError> {
         let dims = Dims::of(&gpt)?;
         let (weights, hollow) = Params::take(gpt);
-        let mut grads = Params::default();
-        grads.zero_like(&weights);
-        let work = (0..threads.max(1)).map(|_| Workspace::default()).collect();
-        let fused = Self {
-            dims,
-            weights,
-            grads,
-            grads_zero: true,
-            moments: None,
-            muon: None,
-            work,
-        };
-        Ok((fused, hollow))
+        Ok((Self::holding(dims, weights, threads), hollow))
     }
 
     /// Re-reads the weights of `gpt` (same architecture), e.g. after an optimizer step.

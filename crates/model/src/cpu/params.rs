@@ -255,18 +255,7 @@ impl Params {
                 let Some(slot) = self.1.remove(&param.id) else {
                     return param;
                 };
-                let values = self.0.slot(slot).to_vec();
-                param.map(|tensor| {
-                    let (shape, device) = (tensor.shape(), tensor.device());
-                    let require_grad = tensor.is_require_grad();
-                    drop(tensor);
-                    let new = Tensor::from_data(TensorData::new(values, shape), &device);
-                    if require_grad {
-                        new.require_grad()
-                    } else {
-                        new
-                    }
-                })
+                with_values(param, self.0.slot(slot).to_vec())
             }
         }
         let slots = ParamLayout::of(&gpt)
@@ -292,13 +281,7 @@ impl Params {
                     true => self.0.slot(slot).to_vec(),
                     false => std::mem::take(self.0.slot_mut(slot)),
                 };
-                param.map(|tensor| {
-                    let (shape, device) = (tensor.shape(), tensor.device());
-                    let require_grad = tensor.is_require_grad();
-                    drop(tensor);
-                    let new = Tensor::from_data(TensorData::new(values, shape), &device);
-                    new.set_require_grad(require_grad)
-                })
+                with_values(param, values)
             }
         }
         let slots = slots_of(&gpt);
@@ -323,12 +306,17 @@ impl Params {
             layout: layout.clone(),
             ..Self::default()
         };
-        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
-        params.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
+        params.set_lora_scale(&gpt);
         // Every parameter counts as lent: `reclaim` moves each one's values in.
         let slots = layout.entries().iter().map(|e| (e.id, (e.slot, false)));
         let hollow = gpt.map(&mut Reclaim(&mut params, slots.collect()));
         (params, hollow)
+    }
+
+    /// Every block's adapter scale, `gpt`'s (0 without adapters).
+    fn set_lora_scale(&mut self, gpt: &Gpt) {
+        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
+        self.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
     }
 
     /// Whether a frozen parameter's values are lent out ([`lend`](Self::lend)).
@@ -365,8 +353,7 @@ impl Params {
                 .try_into_vec::<f32>()
                 .expect("parameters are f32");
         }
-        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
-        params.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
+        params.set_lora_scale(gpt);
         params.layout = layout;
         params
     }
@@ -449,6 +436,18 @@ impl Params {
         }
         grads
     }
+}
+
+/// `param` holding `values` (its shape), its id, device and gradient requirement kept; the old
+/// tensor is dropped before the new one is made, so that a model written a parameter at a time
+/// never holds a second copy of itself.
+fn with_values<const D: usize>(param: Param<Tensor<D>>, values: Vec<f32>) -> Param<Tensor<D>> {
+    param.map(|tensor| {
+        let (shape, device) = (tensor.shape(), tensor.device());
+        let require_grad = tensor.is_require_grad();
+        drop(tensor);
+        Tensor::from_data(TensorData::new(values, shape), &device).set_require_grad(require_grad)
+    })
 }
 
 /// Each parameter of `gpt` by id: its slot, and whether it trains ([`ParamLayout::trains`]).

@@ -269,6 +269,7 @@ fn nanogpt_and_hugging_face_imports() {
         meta: Some(meta.clone()),
         tokenizer: None,
         block_size: None,
+        base: None,
     };
     for (file, original) in [(&ckpt, "nanogpt/ckpt.pt"), (&meta, "nanogpt/meta.pkl")] {
         std::fs::copy(fixtures.join("nanogpt/ckpt.pt"), &ckpt).unwrap();

@@ -15,17 +15,21 @@ use tinygpt::run::checkpoint::{Run, Which};
 /// (char vocabularies included). --format gguf writes FILE.gguf for llama.cpp, Ollama and LM
 /// Studio (GPT-2-shaped models as llama.cpp's gpt2 architecture, rotary + RMSNorm + SwiGLU
 /// models as its llama, with the tokenizer and chat template), its matrices as --dtype says.
+/// --format peft writes a LoRA run's adapters alone as a PEFT adapter directory, for
+/// PeftModel.from_pretrained on the base's --format hf export. Every other format merges a LoRA
+/// run's adapters into its base.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors\n  \
     tinygpt export --checkpoint runs/default --format hf --out hf-model\n  \
-    tinygpt export --checkpoint runs/default --format gguf --dtype q8_0 --out model.gguf")]
+    tinygpt export --checkpoint runs/default --format gguf --dtype q8_0 --out model.gguf\n  \
+    tinygpt export --checkpoint runs/smollm2-lora --format peft --out my-lora-adapter")]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Nanogpt)]
     format: Format,
-    /// The file (nanogpt, gguf) or directory (hf) to write.
+    /// The file (nanogpt, gguf) or directory (hf, peft) to write.
     #[arg(long, value_name = "PATH")]
     out: PathBuf,
     /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0 is llama.cpp's
@@ -46,6 +50,8 @@ enum Format {
     Hf,
     /// GGUF for llama.cpp, Ollama and LM Studio.
     Gguf,
+    /// A LoRA run's adapters as a PEFT adapter directory.
+    Peft,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -83,6 +89,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 args.out.display(),
                 run.config.model.block_size,
                 run.config.model.block_size,
+            );
+        }
+        Format::Peft => {
+            let (rank, tensors) = interop::peft::export(&run, args.which, &args.out)?;
+            println!(
+                "wrote {} (PEFT LoRA adapter: rank {rank}, {tensors} tensors); load it onto the \
+                 base's Hugging Face export (tinygpt export --checkpoint BASE --format hf) with \
+                 PeftModel.from_pretrained",
+                args.out.display()
             );
         }
     }

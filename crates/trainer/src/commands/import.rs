@@ -14,15 +14,19 @@ use tinygpt::interop::{self, ImportOptions};
 /// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, TinyLlama;
 /// model.safetensors or its shards), a GGUF file of llama.cpp's gpt2 or llama architecture (F32,
 /// F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K, dequantised to f32; byte-level BPE tokenizers, or
-/// --tokenizer), or a .safetensors file written by `tinygpt export --format nanogpt`. The run
-/// can then be sampled, evaluated, exported, or fine-tuned with `train --init-from`.
+/// --tokenizer), a .safetensors file written by `tinygpt export --format nanogpt`, or a PEFT LoRA
+/// adapter directory (adapter_config.json, adapter_model.safetensors) with --base, the run of
+/// the model it was trained on (a LoRA run: sampled, served and exported merged, or as PEFT
+/// again). The run can then be sampled, evaluated, exported, or fine-tuned with `train
+/// --init-from`.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     tinygpt import --from out-shakespeare-char/ckpt.pt --meta data/shakespeare_char/meta.pkl --out runs/nanogpt\n  \
     tinygpt import --from ./gpt2 --out runs/gpt2\n  \
     tinygpt import --from ./SmolLM2-135M --block-size 1024 --out runs/smollm2\n  \
     tinygpt import --from model-q8_0.gguf --out runs/from-gguf\n  \
-    tinygpt import --from model.safetensors --out runs/imported")]
+    tinygpt import --from model.safetensors --out runs/imported\n  \
+    tinygpt import --from ./my-lora-adapter --base runs/smollm2 --out runs/smollm2-lora")]
 pub struct Args {
     /// nanoGPT's ckpt.pt, a Hugging Face GPT-2 or Llama directory, a .gguf file, or an
     /// exported .safetensors file.
@@ -39,6 +43,9 @@ pub struct Args {
     /// to 2048).
     #[arg(long, value_name = "N")]
     block_size: Option<usize>,
+    /// With a PEFT adapter directory: the run of the model it adapts.
+    #[arg(long, value_name = "RUN")]
+    base: Option<PathBuf>,
     /// The run directory to create.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -50,6 +57,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         meta: args.meta,
         tokenizer: args.tokenizer,
         block_size: args.block_size,
+        base: args.base,
     };
     let imported = interop::import(&options, &args.out)?;
     let m = &imported.config.model;

@@ -8,6 +8,7 @@
 //!   read and written.
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
 //! - [`gguf`]: llama.cpp's GGUF (its `gpt2` and `llama` architectures), read and written.
+//! - [`peft`]: PEFT's LoRA adapter directories, for a base run, read and written.
 //!
 //! All three name tensors as nanoGPT does; [`weights`] maps those names onto the model crate's
 //! parameter table and checks every shape against the model the imported config describes.
@@ -19,6 +20,7 @@ pub mod gguf;
 pub mod hf;
 pub mod llama;
 pub mod nanogpt;
+pub mod peft;
 mod run;
 pub mod sidecar;
 
@@ -38,6 +40,24 @@ pub fn import(options: &ImportOptions, out: &Path) -> Result<Imported> {
     let from = &options.from;
     if !from.exists() {
         bail!("{} does not exist", from.display());
+    }
+    if options.base.is_some() && !(from.is_dir() && peft::is_adapter(from)) {
+        bail!("--base goes with a PEFT adapter directory (adapter_config.json)");
+    }
+    if from.is_dir() && peft::is_adapter(from) {
+        let Some(base) = &options.base else {
+            bail!(
+                "{} is a PEFT adapter: name the run it adapts with --base RUN (its base model, \
+                 imported with `tinygpt import`)",
+                from.display()
+            );
+        };
+        if options.meta.is_some() || options.tokenizer.is_some() || options.block_size.is_some() {
+            bail!(
+                "a PEFT adapter takes its base's tokenizer and context: drop --meta, --tokenizer and --block-size"
+            );
+        }
+        return peft::import(from, base, out);
     }
     if from.is_dir() {
         if options.meta.is_some() {

@@ -23,6 +23,8 @@ pub struct ImportOptions {
     /// The context of an imported Llama-family model (`None`: its own, up to
     /// [`llama::DEFAULT_BLOCK`]).
     pub block_size: Option<usize>,
+    /// The run a PEFT adapter directory adapts.
+    pub base: Option<PathBuf>,
 }
 
 /// What was imported, for the command's report.

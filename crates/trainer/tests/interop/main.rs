@@ -8,6 +8,7 @@ mod chat;
 #[path = "../common/mod.rs"]
 mod common;
 mod llama;
+mod peft;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

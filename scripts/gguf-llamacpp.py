@@ -2,9 +2,10 @@
 """Checks tinygpt's GGUF export against the real llama.cpp, and saves what llama.cpp computed
 as the fixtures `crates/trainer/tests/gguf_llamacpp.rs` compares tinygpt with in CI.
 
-For four small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, a Llama-shaped
-BPE model with grouped-query attention and an untied head, and one with the `modern` preset's
-QK-norm, written as llama.cpp's `qwen3`), each kept in
+For five small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, the `baby`
+preset's parts with their exact GELU, a Llama-shaped BPE model with grouped-query attention and
+an untied head, and one with the `modern` preset's QK-norm, written as llama.cpp's `qwen3`), each
+kept in
 `crates/trainer/tests/fixtures/gguf/NAME/` (trained here once, with `--retrain` again), it:
 
 1. exports the run with `tinygpt export --format gguf` (f32) and notes the file's SHA-256,
@@ -55,12 +56,20 @@ CASES = {
               'model.norm="rms"', 'model.mlp="swiglu"', "model.n_kv_head=2", "model.bias=false",
               "model.tie_embeddings=false", "model.rope_theta=5000", 'data.tokenizer="bpe"',
               "data.bpe_vocab_size=400"],
+    # The baby preset's parts (nanoGPT's: exact GELU, biases, tied head, char vocabulary), two
+    # layers: llama.cpp's gpt2 computes its GELU with tanh's approximation, which the export
+    # measures on the run's validation text (kept with the run, in data/).
+    "baby": ["model.n_layer=2", "model.n_head=2", "model.n_embd=48"],
     # The modern preset's QK-norm and gain-less RMSNorm, with SwiGLU and no soft-cap: qwen3.
     "qwen3": ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", 'model.position="rope"',
               'model.norm="rms_unit"', "model.qk_norm=true", 'model.mlp="swiglu"',
               "model.n_kv_head=2", "model.bias=false", "model.tie_embeddings=false",
               'model.proj_init="zero"', 'data.tokenizer="bpe"', "data.bpe_vocab_size=400"],
 }
+# Runs trained from a preset (the others from the default config), and runs kept with their
+# prepared corpus (for the export's measured difference).
+PRESETS = {"baby": "baby"}
+KEEP_DATA = {"baby"}
 STEPS = 300
 GREEDY = 100
 
@@ -72,6 +81,8 @@ def train(tinygpt: str, name: str, work: Path) -> None:
     corpus.write_text(text, encoding="utf-8")
     args = [tinygpt, "train", "--backend", "fused", "--data", str(corpus), "--out",
             str(work / name), "--max-iters", str(STEPS)]
+    if name in PRESETS:
+        args += ["--config", PRESETS[name]]
     for setting in COMMON + CASES[name]:
         args += ["--set", setting]
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
@@ -81,6 +92,8 @@ def train(tinygpt: str, name: str, work: Path) -> None:
     (keep / "best").mkdir(parents=True)
     for file in ["config.toml", "tokenizer.json", "best/model.safetensors", "best/state.json"]:
         shutil.copy(work / name / file, keep / file)
+    if name in KEEP_DATA:
+        shutil.copytree(work / name / "data", keep / "data")
 
 
 def llama_cpp_outputs(gguf: Path, eos: int | None, texts: list[str] = TEXTS,

@@ -1,7 +1,7 @@
 //! `tinygpt eval`: loss, bits per character (or byte) and perplexity over a whole text.
 
 use anyhow::{Result, bail};
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt_model::{FusedDecoder, Gpt, IGNORE_INDEX, WeightFormat, cross_entropy_counted};
 
 use crate::data::tokenizer::Tokenizer;
@@ -131,4 +131,101 @@ impl Tally {
             bits_per_unit: self.nats / std::f64::consts::LN_2 / self.units.max(1) as f64,
         }
     }
+}
+
+/// How [`compare`] computes a model's logits: Burn's forward (on the model's device, its
+/// matrices as they are or cast, as `eval --weights bf16|f16` scores), or the fused CPU decoder
+/// (as `eval --weights q8_0` scores).
+pub enum Scorer<'a> {
+    Forward(&'a Gpt),
+    Decoded(Box<FusedDecoder>),
+}
+
+impl Scorer<'_> {
+    /// The logits of every position of the window `ids`, a row at a time.
+    fn window(&mut self, ids: &[u32], mut row: impl FnMut(usize, &[f32])) -> Result<()> {
+        match self {
+            Scorer::Forward(model) => {
+                let device = model.wte.weight.device();
+                let data: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+                let inputs =
+                    Tensor::<2, Int>::from_data(TensorData::new(data, [1, ids.len()]), &device);
+                let logits = model.forward(inputs)?;
+                let vocab = logits.dims()[2];
+                let values: Vec<f32> = logits
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .map_err(|e| anyhow::anyhow!("the logits cannot be read: {e:?}"))?;
+                for (r, logits) in values.chunks(vocab).enumerate() {
+                    row(r, logits);
+                }
+                Ok(())
+            }
+            Scorer::Decoded(decoder) => Ok(decoder.window_logits(ids, row)?),
+        }
+    }
+}
+
+/// Two models scored on the same windows of `split`, and how far apart their logits are.
+#[derive(Debug, Clone, Copy)]
+pub struct Comparison {
+    pub reference: Evaluation,
+    pub other: Evaluation,
+    /// The largest `|reference − other|` over every logit of every position.
+    pub max_logit_difference: f64,
+    /// The largest `|reference|` logit, for scale.
+    pub max_logit: f64,
+}
+
+/// `reference` and `other` predicting the tokens of `split`'s windows of up to `block_size`
+/// tokens (as [`evaluate`] windows them), the first `max_tokens` targets or so: each one's loss
+/// (summed in f64 from its logits) and the largest difference between their logits.
+pub fn compare(
+    mut reference: Scorer,
+    mut other: Scorer,
+    tokenizer: &Tokenizer,
+    split: &Split,
+    block_size: usize,
+    max_tokens: usize,
+) -> Result<Comparison> {
+    let (mut tallies, mut worst, mut scale) = ([Tally::default(), Tally::default()], 0f64, 0f64);
+    'sweep: for batch in sweep(split, block_size, 16) {
+        let rows = batch
+            .inputs
+            .chunks(batch.seq)
+            .zip(batch.targets.chunks(batch.seq));
+        for (inputs, targets) in rows {
+            if tallies[0].tokens >= max_tokens {
+                break 'sweep;
+            }
+            let Some(last) = targets.iter().rposition(|&t| t != IGNORE_INDEX) else {
+                continue;
+            };
+            let ids: Vec<u32> = inputs[..=last].iter().map(|&t| t as u32).collect();
+            let mut rows = Vec::with_capacity(ids.len());
+            reference.window(&ids, |_, logits| rows.push(logits.to_vec()))?;
+            let (mut nats, mut counted) = ([0.0, 0.0], 0);
+            other.window(&ids, |r, logits| {
+                for (a, b) in rows[r].iter().zip(logits) {
+                    worst = worst.max((a - b).abs() as f64);
+                    scale = scale.max(a.abs() as f64);
+                }
+                if let Ok(target) = usize::try_from(targets[r]) {
+                    nats[0] += negative_log_likelihood(&rows[r], target);
+                    nats[1] += negative_log_likelihood(logits, target);
+                    counted += 1;
+                }
+            })?;
+            for (tally, nats) in tallies.iter_mut().zip(nats) {
+                tally.add(nats, counted, tokenizer, targets)?;
+            }
+        }
+    }
+    Ok(Comparison {
+        reference: tallies[0].finish(),
+        other: tallies[1].finish(),
+        max_logit_difference: worst,
+        max_logit: scale,
+    })
 }

@@ -159,6 +159,22 @@ pub fn for_run(
     mapped(&Prepared::open(&inside)?, config)
 }
 
+/// The splits the run `run_dir` trained on as its own prepared copy holds them (`RUN/data/`),
+/// whatever became of the corpus they came from; `None` for a run without one (imported).
+pub fn prepared_in_run(
+    run_dir: &Path,
+    config: &RunConfig,
+    tokenizer: &Tokenizer,
+) -> Result<Option<Dataset>> {
+    let inside = run_dir.join(RUN_DATA);
+    if !Prepared::is_prepared(&inside) {
+        return Ok(None);
+    }
+    let prepared = Prepared::open(&inside)?;
+    same_tokenizer(&prepared, tokenizer)?;
+    mapped(&prepared, config).map(Some)
+}
+
 /// The conversations of a new fine-tuning run, with the `given` tokenizer (`--init-from`), or one
 /// learnt from the conversations as the run's chat template writes them (by default tinygpt's
 /// own format, whose markers are the new tokenizer's special tokens, not text to learn).

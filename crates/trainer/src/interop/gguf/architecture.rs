@@ -5,6 +5,7 @@ use anyhow::{Result, bail};
 use tinygpt_model::GptConfig;
 use tinygpt_model::parts::Position;
 
+pub use super::difference::Approximation;
 use super::llama::Flavour;
 use super::{gpt2, llama};
 
@@ -37,15 +38,16 @@ impl Architecture {
         }
     }
 
-    /// The architecture that computes a model of `config` exactly, or one line saying which
-    /// part none does and how to train a model that exports. A model with learned positions
-    /// is told what `gpt2` lacks; any other what `llama` (or `qwen3`) lacks.
-    pub fn of(config: &GptConfig) -> Result<Architecture> {
+    /// The architecture that computes a model of `config`, and the parts it computes only
+    /// approximately; or one line saying which part none computes and how to train a model
+    /// that exports. A model with learned positions is told what `gpt2` lacks; any other what
+    /// `llama` (or `qwen3`) lacks.
+    pub fn of(config: &GptConfig) -> Result<(Architecture, Vec<Approximation>)> {
         let (gpt2, llama) = (gpt2::expressible(config), llama::expressible(config));
         let architectures = "GGUF export writes llama.cpp's gpt2, llama or qwen3 architecture";
         match (gpt2, llama, config.position) {
-            (Ok(()), _, _) => Ok(Architecture::Gpt2),
-            (_, Ok(flavour), _) => Ok(Architecture::Llama(flavour)),
+            (Ok(approximations), _, _) => Ok((Architecture::Gpt2, approximations)),
+            (_, Ok(flavour), _) => Ok((Architecture::Llama(flavour), vec![])),
             (Err(part), _, Position::Learned) => {
                 bail!("{architectures}; gpt2 cannot compute a model {part}")
             }

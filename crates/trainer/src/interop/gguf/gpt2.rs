@@ -6,25 +6,23 @@
 use anyhow::{Result, anyhow};
 use tinygpt_model::{BlockSlot, Gpt, GptConfig, Slot, parameter_table};
 
+use super::difference::Approximation;
 use super::file::{Tensor, TensorType, Value};
 use super::quant;
 use super::store::{Dtype, tensor};
 use crate::interop::foreign::{burn_tensors, transpose};
 use crate::interop::hf;
 
-/// Whether llama.cpp's `gpt2` computes what a model of `config` computes; else the part it
-/// lacks and the setting a model it computes is trained with. What Hugging Face's GPT-2 holds
-/// ([`hf::expressible`], which matches on every part of the architecture), less the exact
-/// GELU: llama.cpp's `gpt2` computes GELU with tanh's approximation only.
-pub fn expressible(config: &GptConfig) -> Result<(), String> {
-    let hint = "train with GPT-2's parts (learned positions, LayerNorm) and --set \
-                model.mlp=\"gelu_tanh\"";
+/// Whether llama.cpp's `gpt2` computes what a model of `config` computes, and what it
+/// approximates; else the part it lacks and the setting a model it computes is trained with.
+/// What Hugging Face's GPT-2 holds ([`hf::expressible`], which matches on every part of the
+/// architecture); an exact GELU (erf) is computed with tanh's approximation, the only GELU
+/// llama.cpp's `gpt2` has (none of its architectures computes erf's).
+pub fn expressible(config: &GptConfig) -> Result<Vec<Approximation>, String> {
+    let hint = "train with GPT-2's parts (learned positions, LayerNorm, GELU)";
     match hf::expressible(config) {
-        Ok("gelu_new") => Ok(()),
-        Ok(_) => Err(format!(
-            "whose GELU is exact (erf), which llama.cpp approximates with tanh: {hint} for a \
-             model it computes exactly"
-        )),
+        Ok("gelu_new") => Ok(vec![]),
+        Ok(_) => Ok(vec![Approximation::TanhGelu]),
         Err(part) => Err(format!("{part}: {hint}")),
     }
 }

@@ -8,7 +8,8 @@
 //!   both ways; `spm`: a SentencePiece vocabulary both ways, as llama.cpp cuts text;
 //!   `vocabulary`: which of the two a tokenizer or a file is, and the metadata both share.
 //! - [`store`]: which storage type each tensor of an export gets (`--dtype`).
-//! - [`architecture`]: which llama.cpp architecture computes a model, by config or by name.
+//! - [`architecture`]: which llama.cpp architecture computes a model, by config or by name,
+//!   and what it approximates; [`difference`]: what an export changes, measured.
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
 //! - [`import`]: a `gpt2` or `llama` file as a run directory.
@@ -19,6 +20,7 @@
 
 mod architecture;
 pub mod bpe;
+mod difference;
 pub mod file;
 mod gpt2;
 mod import;
@@ -33,7 +35,8 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-pub use architecture::Architecture;
+pub use architecture::{Approximation, Architecture};
+pub use difference::Report;
 pub use file::{Gguf, Tensor, TensorType, Value};
 pub use import::import;
 pub use store::Dtype;
@@ -46,13 +49,16 @@ pub struct Written {
     pub architecture: &'static str,
     pub tensors: usize,
     pub bytes: usize,
+    /// What the file changes in what the model computes.
+    pub report: Report,
 }
 
-/// Writes the run's `which` weights to the new file `out` as `dtype`. Refuses, before writing
-/// anything, a model llama.cpp cannot compute exactly, and an `out` that exists.
+/// Writes the run's `which` weights to the new file `out` as `dtype`, and measures what the
+/// file changes (a part llama.cpp approximates, f16 or q8_0 matrices). Refuses, before writing
+/// anything, a model llama.cpp cannot compute, and an `out` that exists.
 pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Written> {
     let config = run.config.gpt(run.tokenizer.vocab_size());
-    let architecture = Architecture::of(&config)?;
+    let (architecture, approximations) = Architecture::of(&config)?;
     if out.exists() {
         bail!(
             "{} exists; choose another --out (export never overwrites a file)",
@@ -106,9 +112,11 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     }
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;
+    let report = difference::measure(run, &model, &config, &approximations, dtype);
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),
         bytes: bytes.len(),
+        report,
     })
 }

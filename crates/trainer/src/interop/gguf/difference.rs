@@ -1,0 +1,206 @@
+//! What a GGUF file changes in what a model computes, measured: a part llama.cpp approximates
+//! ([`Approximation`]) and matrices stored in f16 or q8_0 each move the logits a little. The
+//! export scores the model as trained and the model as the file holds it on the same windows
+//! of the run's validation text, by the code `eval` scores with (`--weights f16|q8_0`: the
+//! same figures), and says how far apart they are.
+
+use anyhow::Result;
+use burn::tensor::Device;
+use tinygpt_model::parts::Mlp;
+use tinygpt_model::{FusedDecoder, Gpt, GptConfig, WeightFormat};
+
+use super::store::Dtype;
+use crate::data::Split;
+use crate::data::corpus;
+use crate::data::tokens::Tokens;
+use crate::decoder::Weights;
+use crate::eval::{Comparison, Scorer, compare};
+use crate::run::checkpoint::Run;
+use crate::run::weights::copy_weights;
+
+/// A part of a model that llama.cpp computes only approximately: the export writes it, and
+/// says what the file changes, measured (below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approximation {
+    /// An exact GELU (erf) computed with tanh's approximation (`|erf − tanh|` GELU ≤ ~5e-4
+    /// per activation).
+    TanhGelu,
+}
+
+impl Approximation {
+    /// What the file computes instead, for the export's report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Approximation::TanhGelu => {
+                "GELU with tanh's approximation (llama.cpp's gpt2 has no exact one)"
+            }
+        }
+    }
+}
+
+/// Targets scored at most: enough for a loss to four decimals, quick for a small model.
+const SAMPLE_TOKENS: usize = 8192;
+
+/// What the export reports.
+pub enum Report {
+    /// The file computes what the model computes (f32, no approximation).
+    Exact,
+    /// What changes, and by how much on the run's validation text.
+    Measured {
+        changes: Vec<String>,
+        comparison: Comparison,
+    },
+    /// What changes; the run has no validation text to measure it on (an imported run).
+    Unmeasured { changes: Vec<String>, why: String },
+}
+
+impl Report {
+    /// One line for the user.
+    pub fn line(&self) -> String {
+        match self {
+            Report::Exact => "the file computes what the model computes (f32)".into(),
+            Report::Measured {
+                changes,
+                comparison: c,
+            } => format!(
+                "the file computes {}: on {} tokens of the run's validation text its logits \
+                 differ by at most {:.1e} (largest {:.2}); loss {:.4} here, {:.4} in the file \
+                 ({:+.1e})",
+                changes.join(" and "),
+                c.reference.tokens,
+                c.max_logit_difference,
+                c.max_logit,
+                c.reference.loss,
+                c.other.loss,
+                c.other.loss - c.reference.loss
+            ),
+            Report::Unmeasured { changes, why } => {
+                format!(
+                    "the file computes {} (not measured: {why})",
+                    changes.join(" and ")
+                )
+            }
+        }
+    }
+}
+
+/// What the file of `model` (of `config`, the run's) changes when written as `dtype` with
+/// `approximations`, measured on the run's validation text. A measurement that fails is
+/// reported as not measured, saying why: the file is written either way.
+pub fn measure(
+    run: &Run,
+    model: &Gpt,
+    config: &GptConfig,
+    approximations: &[Approximation],
+    dtype: Dtype,
+) -> Report {
+    let mut changes: Vec<String> = approximations.iter().map(|a| a.describe().into()).collect();
+    match dtype {
+        Dtype::F32 => {}
+        Dtype::F16 => changes.push("with f16 matrices".into()),
+        Dtype::Q8_0 => changes.push("with q8_0 matrices".into()),
+    }
+    if changes.is_empty() {
+        return Report::Exact;
+    }
+    let dataset = match validation(run) {
+        Ok(dataset) => dataset,
+        Err(why) => return Report::Unmeasured { changes, why },
+    };
+    match compare_file(
+        run,
+        model,
+        config,
+        approximations,
+        dtype,
+        &sample(dataset.val),
+    ) {
+        Ok(comparison) => Report::Measured {
+            changes,
+            comparison,
+        },
+        Err(e) => Report::Unmeasured {
+            changes,
+            why: format!("{e:#}"),
+        },
+    }
+}
+
+/// The run's own prepared splits, else its corpus read again; or why there is none.
+fn validation(run: &Run) -> Result<crate::data::Dataset, String> {
+    let (dir, config, tokenizer) = (&run.dir, &run.config, &run.tokenizer);
+    match corpus::prepared_in_run(dir, config, tokenizer) {
+        Ok(Some(dataset)) => return Ok(dataset),
+        Ok(None) => {}
+        Err(e) => return Err(format!("the run's prepared data cannot be read: {e:#}")),
+    }
+    corpus::for_run(dir, config, tokenizer, false).map_err(|e| {
+        format!(
+            "the run has no validation text here ({e:#}); `tinygpt eval --data FILE` on the \
+             file imported back measures it"
+        )
+    })
+}
+
+/// `model` against the model the file holds, on `split`.
+fn compare_file(
+    run: &Run,
+    model: &Gpt,
+    config: &GptConfig,
+    approximations: &[Approximation],
+    dtype: Dtype,
+    split: &Split,
+) -> Result<Comparison> {
+    let file_model = as_file_computes(model, config, approximations, &Device::flex())?;
+    let cast;
+    let other = match dtype {
+        Dtype::F32 => Scorer::Forward(&file_model),
+        Dtype::F16 => {
+            cast = Weights::F16.cast(file_model.clone())?;
+            Scorer::Forward(&cast)
+        }
+        Dtype::Q8_0 => Scorer::Decoded(Box::new(FusedDecoder::with_weights(
+            &file_model,
+            WeightFormat::Q8_0,
+        )?)),
+    };
+    let block_size = run.config.model.block_size;
+    compare(
+        Scorer::Forward(model),
+        other,
+        &run.tokenizer,
+        split,
+        block_size,
+        SAMPLE_TOKENS,
+    )
+}
+
+/// The first [`SAMPLE_TOKENS`] or so of a packed split (others whole).
+fn sample(split: Split) -> Split {
+    match split {
+        Split::Packed(tokens) if tokens.len() > SAMPLE_TOKENS + 1 => {
+            Split::Packed(Tokens::from_vec(tokens.slice(0, SAMPLE_TOKENS + 1)))
+        }
+        other => other,
+    }
+}
+
+/// `model` computing as the file has it computed: the same weights, each approximated part
+/// replaced by what llama.cpp computes. An exhaustive match: a new approximation does not
+/// compile until it says what it computes.
+fn as_file_computes(
+    model: &Gpt,
+    config: &GptConfig,
+    approximations: &[Approximation],
+    device: &Device,
+) -> Result<Gpt> {
+    let mut config = config.clone();
+    for approximation in approximations {
+        match approximation {
+            Approximation::TanhGelu => config.mlp = Mlp::GeluTanh,
+        }
+    }
+    let mut file_model = config.init(device)?;
+    copy_weights(model, &mut file_model)?;
+    Ok(file_model)
+}

@@ -410,20 +410,6 @@ fn report_figures(report: &str) -> (usize, f64, f64, f64) {
     )
 }
 
-/// `eval`'s loss in its output.
-fn eval_loss(out: &str) -> f64 {
-    let at = out
-        .find("| loss ")
-        .unwrap_or_else(|| panic!("no loss in {out}"))
-        + 7;
-    out[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// tinygpt's default MLP is exact GELU (erf), which llama.cpp's `gpt2` computes with tanh's
 /// approximation only: the export writes it and reports what that changes on the run's
 /// validation text, and `eval` agrees: the run's loss is the report's "here", the file

@@ -528,13 +528,7 @@ fn fine_tuning_on_conversations_teaches_the_replies() {
         ];
         let out = ok(tinygpt(dir, &args));
         assert!(out.contains("5 conversations of held.jsonl"), "{out}");
-        let at = out.find("| loss ").unwrap() + 7;
-        out[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        eval_loss(&out)
     };
     let (tuned, base) = (loss("chat"), loss("base"));
     assert!(tuned < 0.1 && base > 2.0, "fine-tuned {tuned}, base {base}");

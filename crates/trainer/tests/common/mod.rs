@@ -341,3 +341,17 @@ pub fn shout_runs(dir: &Path) -> Vec<String> {
         .take(5)
         .collect()
 }
+
+/// The loss in `tinygpt eval`'s output line (`… | loss 2.1234 | …`).
+pub fn eval_loss(out: &str) -> f64 {
+    let at = out
+        .find("| loss ")
+        .unwrap_or_else(|| panic!("no loss in {out}"))
+        + 7;
+    out[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

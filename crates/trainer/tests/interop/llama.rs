@@ -13,13 +13,6 @@ const FIXTURES: [(&str, Option<usize>, bool, f64); 2] = [
     ("llama-mqa", Some(1), true, 500.0),
 ];
 
-/// The greedy continuation transformers saved beside the logits.
-fn greedy(dir: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixture(dir).join("logits.json")).unwrap();
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-    serde_json::from_value(value["greedy"].clone()).unwrap()
-}
-
 #[test]
 fn llama_directories_give_transformers_logits_and_continuations() {
     let tmp = tempfile::tempdir().unwrap();

@@ -37,6 +37,13 @@ fn expected(dir: &str) -> Expected {
     }
 }
 
+/// The greedy continuation the library saved beside a fixture's logits.
+fn greedy(dir: &str) -> Vec<u32> {
+    let text = std::fs::read_to_string(fixture(dir).join("logits.json")).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(value["greedy"].clone()).unwrap()
+}
+
 /// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
 fn max_relative(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
     assert_eq!(a.len(), b.len(), "rows");

@@ -41,13 +41,6 @@ fn export_peft(dir: &Path, run: &str, out: &str) -> std::process::Output {
     )
 }
 
-/// The fixture's greedy continuation.
-fn greedy(name: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixture(name).join("logits.json")).unwrap();
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-    serde_json::from_value(value["greedy"].clone()).unwrap()
-}
-
 #[test]
 fn peft_adapters_give_peft_logits_and_export_back_the_same() {
     let tmp = tempfile::tempdir().unwrap();

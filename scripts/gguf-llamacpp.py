@@ -2,10 +2,10 @@
 """Checks tinygpt's GGUF export against the real llama.cpp, and saves what llama.cpp computed
 as the fixtures `crates/trainer/tests/gguf_llamacpp.rs` compares tinygpt with in CI.
 
-For five small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, the `baby`
+For six small runs (a char-vocabulary GPT-2, a byte-level BPE GPT-2 with biases, the `baby`
 preset's parts with their exact GELU, a Llama-shaped BPE model with grouped-query attention and
-an untied head, and one with the `modern` preset's QK-norm, written as llama.cpp's `qwen3`), each
-kept in
+an untied head, one with the `modern` preset's QK-norm, written as llama.cpp's `qwen3`, and one
+with its ReLU², written as `arcee`), each kept in
 `crates/trainer/tests/fixtures/gguf/NAME/` (trained here once, with `--retrain` again), it:
 
 1. exports the run with `tinygpt export --format gguf` (f32) and notes the file's SHA-256,
@@ -60,6 +60,11 @@ CASES = {
     # layers: llama.cpp's gpt2 computes its GELU with tanh's approximation, which the export
     # measures on the run's validation text (kept with the run, in data/).
     "baby": ["model.n_layer=2", "model.n_head=2", "model.n_embd=48"],
+    # The modern preset's ReLU² and gain-less RMSNorm, without its QK-norm and soft-cap: arcee.
+    "arcee": ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", 'model.position="rope"',
+              'model.norm="rms_unit"', 'model.mlp="relu2"', "model.n_kv_head=2",
+              "model.bias=false", "model.tie_embeddings=false", 'model.proj_init="zero"',
+              'data.tokenizer="bpe"', "data.bpe_vocab_size=400"],
     # The modern preset's QK-norm and gain-less RMSNorm, with SwiGLU and no soft-cap: qwen3.
     "qwen3": ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", 'model.position="rope"',
               'model.norm="rms_unit"', "model.qk_norm=true", 'model.mlp="swiglu"',

@@ -383,6 +383,31 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_written() {
             false => fails(out, expected),
         }
     }
+    // Its ReLU² without the soft-cap: as arcee once QK-norm is off, and without biases.
+    let no_cap = ["--set", "model.logit_softcap=0"];
+    let no_qk_norm = ["--set", "model.qk_norm=false"];
+    let biases = ["--set", "model.bias=true"];
+    let cases: [(&[&str], &str); 3] = [
+        (&no_cap, "--set model.qk_norm=false"),
+        (
+            &[&no_cap[..], &no_qk_norm, &biases].concat(),
+            "--set model.bias=false",
+        ),
+        (&[&no_cap[..], &no_qk_norm].concat(), "llama.cpp's arcee"),
+    ];
+    for (extra, expected) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        trained(dir, &[MODERN, extra].concat());
+        let out = export(dir, "gguf", None, "m.gguf");
+        match expected.starts_with("llama.cpp") {
+            true => assert!(ok(out).contains(expected)),
+            false => {
+                fails(out, expected);
+                assert!(!dir.join("m.gguf").exists());
+            }
+        }
+    }
 }
 
 /// The figures of an export's report: `(tokens, largest logit difference, loss here, loss in

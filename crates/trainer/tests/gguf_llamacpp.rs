@@ -1,6 +1,7 @@
 //! tinygpt's GGUF exports against what the real llama.cpp computed from them: for a char GPT-2,
 //! a BPE GPT-2, the `baby` preset's exact GELU (approximated with tanh, within the difference the
-//! export states), a Llama-shaped model and one with QK-norm (`qwen3`; `tests/fixtures/gguf/`), llama.cpp's token ids for
+//! export states), a Llama-shaped model, one with QK-norm (`qwen3`) and one with ReLU² (`arcee`;
+//! `tests/fixtures/gguf/`), llama.cpp's token ids for
 //! texts with non-ASCII characters and special tokens, the logits of a prompt and its greedy
 //! continuation of 100 tokens, each equal to tinygpt's own. The logits agree to 1e-4 of each
 //! row's largest for `llama`; for `gpt2` to 1e-3, because llama.cpp's CPU GELU reads a table of
@@ -60,16 +61,7 @@ fn check_within(name: &str, tolerance: f64, stated: bool) -> String {
     let seen = llama_cpp_said(name);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let args = [
-        "export",
-        "--checkpoint",
-        run.to_str().unwrap(),
-        "--format",
-        "gguf",
-        "--out",
-        "m.gguf",
-    ];
-    let report = ok(tinygpt(dir, &args));
+    let report = export_f32(dir, &run);
     assert_eq!(
         sha256(&dir.join("m.gguf")),
         seen.gguf_sha256,
@@ -81,6 +73,21 @@ fn check_within(name: &str, tolerance: f64, stated: bool) -> String {
     };
     compare(name, &run, &seen, tolerance, absolute);
     report
+}
+
+/// `tinygpt export --format gguf` (f32) of the run `run` into `dir/m.gguf`; its output.
+fn export_f32(dir: &Path, run: &Path) -> String {
+    let run = run.to_str().unwrap();
+    let args = [
+        "export",
+        "--checkpoint",
+        run,
+        "--format",
+        "gguf",
+        "--out",
+        "m.gguf",
+    ];
+    ok(tinygpt(dir, &args))
 }
 
 /// The largest logit difference an export's report states ("differ by at most D").
@@ -184,6 +191,34 @@ fn the_baby_presets_exact_gelu_computes_in_llama_cpp_within_the_stated_differenc
 #[test]
 fn a_llama_with_grouped_queries_computes_in_llama_cpp_what_it_computes_here() {
     check("llama", 1e-4);
+}
+
+/// ReLU² and a gain-less RMSNorm (the `modern` preset's, without its QK-norm and soft-cap) as
+/// llama.cpp's `arcee`; the file imported back is the same model.
+#[test]
+fn a_relu2_model_computes_in_llama_cpps_arcee_what_it_computes_here() {
+    check("arcee", 1e-4);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let run = fixture("arcee");
+    export_f32(dir, &run);
+    let report = ok(tinygpt(
+        dir,
+        &["import", "--from", "m.gguf", "--out", "back"],
+    ));
+    assert!(report.contains("llama.cpp's arcee"), "{report}");
+    let (ours, back) = (
+        Run::open(&run).unwrap(),
+        Run::open(&dir.join("back")).unwrap(),
+    );
+    assert_eq!(back.config.model.mlp, ours.config.model.mlp);
+    assert_eq!(back.config.model.mlp_width(), ours.config.model.mlp_width());
+    let seen = llama_cpp_said("arcee");
+    let (a, b) = (
+        logits(dir, run.to_str().unwrap(), &seen.prompt, "flex"),
+        logits(dir, "back", &seen.prompt, "flex"),
+    );
+    assert_eq!(a, b, "the imported file computes what the run does");
 }
 
 /// QK-norm and a gain-less RMSNorm (the `modern` preset's) as llama.cpp's `qwen3`.

@@ -14,7 +14,8 @@ use tinygpt::run::checkpoint::{Run, Which};
 /// that transformers loads with GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained
 /// (char vocabularies included). --format gguf writes FILE.gguf for llama.cpp, Ollama and LM
 /// Studio (GPT-2-shaped models as llama.cpp's gpt2 architecture, rotary + RMSNorm + SwiGLU
-/// models as its llama, with the tokenizer and chat template), its matrices as --dtype says; it
+/// models as its llama, with QK-norm as its qwen3, with ReLU² as its arcee, with the tokenizer
+/// and chat template), its matrices as --dtype says; it
 /// prints what the file changes (an exact GELU computed with tanh's approximation, f16 or q8_0
 /// matrices), measured on the run's validation text.
 /// --format peft writes a LoRA run's adapters alone as a PEFT adapter directory, for

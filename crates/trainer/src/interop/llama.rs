@@ -258,9 +258,14 @@ fn read_weights(dir: &Path) -> Result<(PathBuf, BTreeMap<String, Foreign>)> {
 
 /// Where a Llama checkpoint keeps what a tinygpt slot holds: its tensor names (several are
 /// concatenated along the output axis), and whether they are `nn.Linear` weights (`[out, in]`,
-/// transposed into Burn's `[in, out]`). An exhaustive match: a slot added to the table does
-/// not compile until it says.
-fn sources(slot: Slot) -> (Vec<String>, bool) {
+/// transposed into Burn's `[in, out]`). The MLP's input is SwiGLU's gate and up, or with a
+/// single-matrix MLP (ReLU², as llama.cpp's `arcee` has it) the up projection alone. An
+/// exhaustive match: a slot added to the table does not compile until it says.
+fn sources(slot: Slot, mlp: Mlp) -> (Vec<String>, bool) {
+    let gated = match mlp {
+        Mlp::SwiGlu => true,
+        Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::None => false,
+    };
     let layer = |l: usize, names: &[&str]| -> Vec<String> {
         names
             .iter()
@@ -304,11 +309,15 @@ fn sources(slot: Slot) -> (Vec<String>, bool) {
             ),
             BlockSlot::AttnProjWeight => (layer(l, &["self_attn.o_proj.weight"]), true),
             BlockSlot::AttnProjBias => (layer(l, &["self_attn.o_proj.bias"]), false),
-            BlockSlot::FcWeight => (
+            BlockSlot::FcWeight if gated => (
                 layer(l, &["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
                 true,
             ),
-            BlockSlot::FcBias => (layer(l, &["mlp.gate_proj.bias", "mlp.up_proj.bias"]), false),
+            BlockSlot::FcWeight => (layer(l, &["mlp.up_proj.weight"]), true),
+            BlockSlot::FcBias if gated => {
+                (layer(l, &["mlp.gate_proj.bias", "mlp.up_proj.bias"]), false)
+            }
+            BlockSlot::FcBias => (layer(l, &["mlp.up_proj.bias"]), false),
             BlockSlot::MlpProjWeight => (layer(l, &["mlp.down_proj.weight"]), true),
             BlockSlot::MlpProjBias => (layer(l, &["mlp.down_proj.bias"]), false),
         },
@@ -327,7 +336,7 @@ pub(super) fn build(
     let mut out = Vec::new();
     for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
         let want = name.slot.shape(gpt);
-        let (names, linear) = sources(name.slot);
+        let (names, linear) = sources(name.slot, gpt.mlp);
         if names.is_empty() {
             bail!("tinygpt's `{}` has no Llama counterpart", name.burn);
         }
@@ -452,7 +461,7 @@ pub(super) fn tensors(
             if gain && gpt.norm == Norm::RmsUnit {
                 let ones = 1f32.to_le_bytes().repeat(gpt.n_embd);
                 out.extend(
-                    sources(name.slot)
+                    sources(name.slot, gpt.mlp)
                         .0
                         .into_iter()
                         .map(|n| (n, vec![gpt.n_embd], ones.clone())),
@@ -463,7 +472,7 @@ pub(super) fn tensors(
         let (shape, bytes) = burn
             .get(&name.burn)
             .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;
-        let (names, linear) = sources(name.slot);
+        let (names, linear) = sources(name.slot, gpt.mlp);
         let (shape, bytes) = match linear {
             true => transpose(shape, bytes),
             false => (shape.clone(), bytes.clone()),

@@ -34,6 +34,7 @@ impl Architecture {
             "gpt2" => Some(Architecture::Gpt2),
             "llama" => Some(Architecture::Llama(Flavour::Llama)),
             "qwen3" => Some(Architecture::Llama(Flavour::Qwen3)),
+            "arcee" => Some(Architecture::Llama(Flavour::Arcee)),
             _ => None,
         }
     }

@@ -81,6 +81,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
             Architecture::Gpt2 => "GGUF, llama.cpp's gpt2",
             Architecture::Llama(Flavour::Llama) => "GGUF, llama.cpp's llama",
             Architecture::Llama(Flavour::Qwen3) => "GGUF, llama.cpp's qwen3",
+            Architecture::Llama(Flavour::Arcee) => "GGUF, llama.cpp's arcee",
         },
         config,
         vocab_size: rows,
@@ -204,10 +205,11 @@ fn llama_architecture(
         );
     }
     let scaling = gguf.get(&key("rope.scaling.type")).and_then(Value::as_str);
+    let ffn = n("feed_forward_length")?;
     let config = json!({
         "vocab_size": tensor(gguf, "token_embd.weight")?.ne.get(1).copied().unwrap_or(0),
         "hidden_size": n_embd,
-        "intermediate_size": n("feed_forward_length")?,
+        "intermediate_size": ffn,
         "num_hidden_layers": n("block_count")?,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -222,8 +224,16 @@ fn llama_architecture(
     });
     let config: hf_llama::LlamaConfig = serde_json::from_value(config)?;
     let gpt = hf_llama::architecture(&config, block_size)?;
+    // Read as Llama's, whose MLP is SwiGLU: arcee's is ReLU² of `feed_forward_length`.
+    let relu2 = flavour == Flavour::Arcee;
+    let mlp_hidden = match relu2 {
+        true => Some(ffn).filter(|&h| h != 4 * gpt.n_embd),
+        false => gpt.mlp_hidden,
+    };
     Ok(GptConfig {
         qk_norm: flavour == Flavour::Qwen3,
+        mlp: if relu2 { Mlp::Relu2 } else { gpt.mlp },
+        mlp_hidden,
         ..gpt
     })
 }
@@ -255,7 +265,7 @@ fn llama_tensors(
             )
         })?;
         let mut f = foreign(t)?;
-        if let (Some(heads), Flavour::Llama) = (heads, flavour) {
+        if let (Some(heads), true) = (heads, flavour.interleaves()) {
             let width = f.shape.iter().skip(1).product::<usize>().max(1);
             f.values = llama::deinterleave(&f.values, heads, width);
         }

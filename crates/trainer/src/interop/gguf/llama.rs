@@ -4,7 +4,8 @@
 //! llama.cpp's rotary layout, as its converter reorders them. With QK-norm (the `modern`
 //! preset's), as llama.cpp's `qwen3`: the same tensors and an RMSNorm of each query and key head
 //! before rotation (`attn_q_norm`, `attn_k_norm`: tinygpt's has no gains, so gains of one), in
-//! Qwen's rotary layout, which is tinygpt's (`rotate_half`): no reorder.
+//! Qwen's rotary layout, which is tinygpt's (`rotate_half`): no reorder. With a ReLU² MLP (and
+//! neither QK-norm nor biases), as llama.cpp's `arcee`: `llama`'s tensors without `ffn_gate`.
 //!
 //! Why the reorder: tinygpt (like Hugging Face) rotates the pairs `(i, i + d/2)` of each head
 //! (`rotate_half`); llama.cpp's `llama` rotates the neighbours `(2i, 2i + 1)`. Moving row
@@ -12,6 +13,7 @@
 //! the scores `q·k` (sums over all rows) are the same numbers.
 
 use anyhow::{Result, anyhow};
+use tinygpt_model::parts::Mlp;
 use tinygpt_model::{Gpt, GptConfig};
 
 use super::file::{Tensor, TensorType, Value};
@@ -27,6 +29,9 @@ pub enum Flavour {
     Llama,
     /// `qwen3`: QK-norm, rows in halves as tinygpt keeps them; no biases.
     Qwen3,
+    /// `arcee`: `llama` with a ReLU² MLP (`ffn_up`, `relu(x)²`, `ffn_down`: no gate); no
+    /// biases, no QK-norm.
+    Arcee,
 }
 
 impl Flavour {
@@ -34,6 +39,16 @@ impl Flavour {
         match self {
             Flavour::Llama => "llama",
             Flavour::Qwen3 => "qwen3",
+            Flavour::Arcee => "arcee",
+        }
+    }
+
+    /// Whether the file's query and key rows are in neighbouring pairs (llama.cpp's
+    /// `LLAMA_ROPE_TYPE_NORM`), which tinygpt's halves are reordered into.
+    pub fn interleaves(self) -> bool {
+        match self {
+            Flavour::Llama | Flavour::Arcee => true,
+            Flavour::Qwen3 => false,
         }
     }
 }
@@ -45,6 +60,9 @@ pub fn expressible(config: &GptConfig) -> Result<Flavour, String> {
                       model.norm=\"rms\" --set model.mlp=\"swiglu\", no logit soft-cap; \
                       from the modern preset: --set model.mlp=\"swiglu\" --set \
                       model.logit_softcap=0)";
+    if config.mlp == Mlp::Relu2 {
+        return arcee(config, exportable);
+    }
     if !config.qk_norm {
         return hf_llama::expressible(config)
             .map(|()| Flavour::Llama)
@@ -64,7 +82,29 @@ pub fn expressible(config: &GptConfig) -> Result<Flavour, String> {
     }
 }
 
-/// `llama.*` (or `qwen3.*`) metadata of a model of `config`.
+/// `arcee` for a ReLU² model whose other parts are Llama's, without QK-norm or biases (which
+/// `arcee` lacks); else what it lacks.
+fn arcee(config: &GptConfig, exportable: &str) -> Result<Flavour, String> {
+    let gated = GptConfig {
+        mlp: Mlp::SwiGlu,
+        qk_norm: false,
+        ..config.clone()
+    };
+    match hf_llama::expressible(&gated) {
+        Err(part) => Err(format!("{part}: {exportable}")),
+        Ok(()) if config.qk_norm => Err("with ReLU² and QK-norm (llama.cpp's arcee computes \
+                                          ReLU² without QK-norm; its qwen3 has QK-norm with \
+                                          SwiGLU): train with --set model.qk_norm=false, or \
+                                          --set model.mlp=\"swiglu\""
+            .to_string()),
+        Ok(()) if config.bias => Err("with ReLU² and biases (llama.cpp's arcee has no biases): \
+                                      train with --set model.bias=false"
+            .to_string()),
+        Ok(()) => Ok(Flavour::Arcee),
+    }
+}
+
+/// `llama.*` (or `qwen3.*`, `arcee.*`) metadata of a model of `config`.
 pub fn hparams(config: &GptConfig, flavour: Flavour) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     let entries: Vec<(String, Value)> = vec![
@@ -206,7 +246,7 @@ pub fn tensors(
         let (name, heads) =
             name(&hf, config).ok_or_else(|| anyhow!("no llama.cpp name for `{hf}`"))?;
         let mut values = quant::decode(&bytes, TensorType::F32)?;
-        if let (Some(heads), Flavour::Llama) = (heads, flavour) {
+        if let (Some(heads), true) = (heads, flavour.interleaves()) {
             let width = shape.iter().skip(1).product::<usize>().max(1);
             values = interleave(&values, heads, width);
         }

@@ -11,7 +11,8 @@
 //! - [`architecture`]: which llama.cpp architecture computes a model, by config or by name,
 //!   and what it approximates; [`difference`]: what an export changes, measured.
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
-//! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture.
+//! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture (with
+//!   QK-norm as `qwen3`, with ReLU² as `arcee`).
 //! - [`import`]: a `gpt2` or `llama` file as a run directory.
 //!
 //! The container is small enough to own: reading it checks every count, length and offset

@@ -56,28 +56,47 @@ pub fn evaluate_decoded(
 ) -> Result<Evaluation> {
     let mut decoder = FusedDecoder::with_weights(model, format)?;
     let mut tally = Tally::default();
+    for_each_window(split, block_size, usize::MAX, |ids, targets| {
+        let (mut nats, mut counted) = (0.0, 0);
+        decoder.window_logits(ids, |r, logits| {
+            if let Ok(target) = usize::try_from(targets[r]) {
+                nats += negative_log_likelihood(logits, target);
+                counted += 1;
+            }
+        })?;
+        tally.add(nats, counted, tokenizer, targets)?;
+        Ok(counted)
+    })?;
+    Ok(tally.finish())
+}
+
+/// Calls `f` with each window of `split` as [`evaluate`] windows it (up to `block_size`
+/// tokens): its ids, fed up to its last target (padding after it changes no earlier row), and
+/// its targets; `f` returns the targets it counted. Stops once `max_tokens` were counted.
+fn for_each_window(
+    split: &Split,
+    block_size: usize,
+    max_tokens: usize,
+    mut f: impl FnMut(&[u32], &[i64]) -> Result<usize>,
+) -> Result<()> {
+    let mut counted = 0;
     for batch in sweep(split, block_size, 16) {
         let rows = batch
             .inputs
             .chunks(batch.seq)
             .zip(batch.targets.chunks(batch.seq));
         for (inputs, targets) in rows {
-            // Padding after the last target changes no earlier row: it is not fed.
+            if counted >= max_tokens {
+                return Ok(());
+            }
             let Some(last) = targets.iter().rposition(|&t| t != IGNORE_INDEX) else {
                 continue;
             };
             let ids: Vec<u32> = inputs[..=last].iter().map(|&t| t as u32).collect();
-            let (mut nats, mut counted) = (0.0, 0);
-            decoder.window_logits(&ids, |r, logits| {
-                if let Ok(target) = usize::try_from(targets[r]) {
-                    nats += negative_log_likelihood(logits, target);
-                    counted += 1;
-                }
-            })?;
-            tally.add(nats, counted, tokenizer, targets)?;
+            counted += f(&ids, targets)?;
         }
     }
-    Ok(tally.finish())
+    Ok(())
 }
 
 /// `-log softmax(logits)[target]`, in f64.
@@ -190,38 +209,26 @@ pub fn compare(
     max_tokens: usize,
 ) -> Result<Comparison> {
     let (mut tallies, mut worst, mut scale) = ([Tally::default(), Tally::default()], 0f64, 0f64);
-    'sweep: for batch in sweep(split, block_size, 16) {
-        let rows = batch
-            .inputs
-            .chunks(batch.seq)
-            .zip(batch.targets.chunks(batch.seq));
-        for (inputs, targets) in rows {
-            if tallies[0].tokens >= max_tokens {
-                break 'sweep;
+    for_each_window(split, block_size, max_tokens, |ids, targets| {
+        let mut rows = Vec::with_capacity(ids.len());
+        reference.window(ids, |_, logits| rows.push(logits.to_vec()))?;
+        let (mut nats, mut counted) = ([0.0, 0.0], 0);
+        other.window(ids, |r, logits| {
+            for (a, b) in rows[r].iter().zip(logits) {
+                worst = worst.max((a - b).abs() as f64);
+                scale = scale.max(a.abs() as f64);
             }
-            let Some(last) = targets.iter().rposition(|&t| t != IGNORE_INDEX) else {
-                continue;
-            };
-            let ids: Vec<u32> = inputs[..=last].iter().map(|&t| t as u32).collect();
-            let mut rows = Vec::with_capacity(ids.len());
-            reference.window(&ids, |_, logits| rows.push(logits.to_vec()))?;
-            let (mut nats, mut counted) = ([0.0, 0.0], 0);
-            other.window(&ids, |r, logits| {
-                for (a, b) in rows[r].iter().zip(logits) {
-                    worst = worst.max((a - b).abs() as f64);
-                    scale = scale.max(a.abs() as f64);
-                }
-                if let Ok(target) = usize::try_from(targets[r]) {
-                    nats[0] += negative_log_likelihood(&rows[r], target);
-                    nats[1] += negative_log_likelihood(logits, target);
-                    counted += 1;
-                }
-            })?;
-            for (tally, nats) in tallies.iter_mut().zip(nats) {
-                tally.add(nats, counted, tokenizer, targets)?;
+            if let Ok(target) = usize::try_from(targets[r]) {
+                nats[0] += negative_log_likelihood(&rows[r], target);
+                nats[1] += negative_log_likelihood(logits, target);
+                counted += 1;
             }
+        })?;
+        for (tally, nats) in tallies.iter_mut().zip(nats) {
+            tally.add(nats, counted, tokenizer, targets)?;
         }
-    }
+        Ok(counted)
+    })?;
     Ok(Comparison {
         reference: tallies[0].finish(),
         other: tallies[1].finish(),

@@ -479,14 +479,13 @@ fn pack(
     let mut a_packed = Matrix::zeros(d_in, rank);
     let mut b_packed = Matrix::zeros(rank, d_out);
     let mut at = 0;
-    for (a, b, cols, scale) in pieces {
-        let r = a.rows;
-        if !shared || at == 0 {
+    for (i, (a, b, cols, scale)) in pieces.into_iter().enumerate() {
+        if !shared || i == 0 {
             a.transposed().place(&mut a_packed, 0, at, 1.0);
         }
         b.transposed().place(&mut b_packed, at, cols.start, scale);
         if !shared {
-            at += r;
+            at += a.rows;
         }
     }
     Some((a_packed, b_packed, !shared))

@@ -136,6 +136,7 @@ fn adapter_gradients_match_burn_autodiff() {
             let lora = LoraConfig {
                 rank: 3,
                 alpha: Some(5.0),
+                dropout: 0.0,
                 targets: Some(targets.clone()),
             };
             let gpt = adapted(&config, &lora);
@@ -215,6 +216,7 @@ fn impossible_adapters_are_refused() {
     let lora = |rank: usize, targets: Vec<LoraTarget>| LoraConfig {
         rank,
         alpha: None,
+        dropout: 0.0,
         targets: Some(targets),
     };
     let refused = |lora: LoraConfig, config: &GptConfig| {
@@ -244,4 +246,144 @@ fn impossible_adapters_are_refused() {
         .with_lora(&LoraConfig::new(2))
         .unwrap();
     assert!(once.with_lora(&LoraConfig::new(2)).is_err());
+}
+
+/// `[lora] dropout`: the adapters' inputs are dropped out while training, with masks from the
+/// step's seed alone.
+mod dropout {
+    use super::*;
+
+    fn tokens_of(inputs: &[i64], targets: &[i64]) -> TokenBatch<'static> {
+        TokenBatch {
+            inputs: Vec::leak(inputs.to_vec()),
+            targets: Vec::leak(targets.to_vec()),
+            batch: 3,
+            seq: 12,
+        }
+    }
+
+    /// `config`'s model with adapters of rank 3 dropping `p` of their inputs, B drawn or not.
+    fn dropping(config: &GptConfig, p: f64, drawn: bool) -> Gpt {
+        let lora = LoraConfig {
+            dropout: p,
+            ..LoraConfig::new(3)
+        };
+        match drawn {
+            true => adapted(config, &lora),
+            false => common::init(config, &Device::flex().autodiff())
+                .with_lora(&lora)
+                .unwrap(),
+        }
+    }
+
+    fn loss(gpt: &Gpt, tokens: TokenBatch<'_>, seed: Option<u64>, threads: usize) -> f64 {
+        let mut fused = FusedCpu::new(gpt, threads).unwrap();
+        fused.accumulate(tokens, 1.0, seed).unwrap()
+    }
+
+    /// Only the low-rank path is dropped out: with `B = 0` it adds nothing, so the loss is
+    /// the base's bit for bit whatever the masks; with `B` drawn the masks change the loss,
+    /// the same on any thread count, another with another seed, none in evaluation.
+    #[test]
+    fn only_the_adapters_inputs_are_dropped() {
+        let _seeded = seeded();
+        for config in [common::small(), common::modern_parts()] {
+            let (inputs, targets) = batch(config.vocab_size);
+            let tokens = tokens_of(&inputs, &targets);
+            let fresh = dropping(&config, 0.3, false);
+            let base = loss(&fresh, tokens, None, 1);
+            assert_eq!(loss(&fresh, tokens, Some(9), 1).to_bits(), base.to_bits());
+            let gpt = dropping(&config, 0.3, true);
+            let plain = loss(&gpt, tokens, None, 1);
+            let (a, b) = (
+                loss(&gpt, tokens, Some(9), 1),
+                loss(&gpt, tokens, Some(9), 3),
+            );
+            // The threads' losses are summed in another order, the masks are the same.
+            assert!(
+                (a - b).abs() < 1e-6,
+                "masks depend on the split: {a} vs {b}"
+            );
+            assert!(
+                (a - loss(&gpt, tokens, Some(10), 1)).abs() > 1e-6,
+                "{config:?}"
+            );
+            assert!((a - plain).abs() > 1e-6, "dropout changes the loss");
+            let eval = FusedCpu::new(&gpt, 1).unwrap().loss(tokens).unwrap();
+            assert_eq!(eval.to_bits(), plain.to_bits(), "no dropout in evaluation");
+        }
+    }
+
+    /// `gpt` with every parameter that has a gradient in `grads` moved by `h` times it.
+    fn moved(gpt: &Gpt, grads: &GradientsParams, h: f64) -> Gpt {
+        struct Move<'a>(&'a GradientsParams, f64);
+        impl ModuleMapper for Move<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let Some(g) = self.0.get::<D>(param.id) else {
+                    return param;
+                };
+                let (id, tensor, mapper) = param.consume();
+                let value = (tensor + g.mul_scalar(self.1)).detach().require_grad();
+                Param::from_mapped_value(id, value, mapper)
+            }
+        }
+        gpt.clone().map(&mut Move(grads, h))
+    }
+
+    /// With the masks fixed by the seed the loss is a smooth function of the factors: its
+    /// derivative along the fused gradient is the gradient's squared norm.
+    #[test]
+    fn the_gradient_through_the_masks_is_the_losss() {
+        let _seeded = seeded();
+        for config in [common::small(), common::modern_parts()] {
+            let gpt = dropping(&config, 0.3, true);
+            let (inputs, targets) = batch(config.vocab_size);
+            let tokens = tokens_of(&inputs, &targets);
+            let mut fused = FusedCpu::new(&gpt, 2).unwrap();
+            fused.accumulate(tokens, 1.0, Some(9)).unwrap();
+            let grads = fused.take_gradients(&gpt);
+            let layout = ParamLayout::of(&gpt);
+            let norm2: f64 = layout
+                .entries()
+                .iter()
+                .filter_map(|e| values::<2>(&grads, e.id))
+                .flatten()
+                .map(|v| (v as f64).powi(2))
+                .sum();
+            assert!(norm2 > 0.0);
+            let h = 1e-3 / norm2.sqrt();
+            let at = |h: f64| loss(&moved(&gpt, &grads, h), tokens, Some(9), 3);
+            let numeric = (at(h) - at(-h)) / (2.0 * h);
+            let rel = (numeric - norm2).abs() / norm2;
+            assert!(rel < 2e-3, "{config:?}: {numeric} vs |g|² {norm2}");
+        }
+    }
+
+    /// Checkpointing recomputes each block with the same masks: the same gradients, bit for bit.
+    #[test]
+    fn checkpointing_redraws_the_adapters_masks() {
+        let _seeded = seeded();
+        let config = common::modern_parts().with_dropout(0.1);
+        let gpt = dropping(&config, 0.2, true);
+        let (inputs, targets) = batch(config.vocab_size);
+        let tokens = tokens_of(&inputs, &targets);
+        let layout = ParamLayout::of(&gpt);
+        let run = |checkpointing: bool, threads: usize| {
+            let mut fused = FusedCpu::new(&gpt, threads).unwrap();
+            fused.set_checkpointing(checkpointing);
+            let loss = fused.accumulate(tokens, 1.0, Some(4)).unwrap();
+            let grads = fused.take_gradients(&gpt);
+            let flat: Vec<u32> = layout
+                .entries()
+                .iter()
+                .filter_map(|e| values::<2>(&grads, e.id))
+                .flatten()
+                .map(f32::to_bits)
+                .collect();
+            (loss.to_bits(), flat)
+        };
+        for threads in [1, 3] {
+            assert_eq!(run(true, threads), run(false, threads), "{threads} threads");
+        }
+    }
 }

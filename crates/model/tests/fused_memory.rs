@@ -8,7 +8,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use common::{configs, seeded};
-use tinygpt_model::{FusedCpu, Gpt, GptConfig, TokenBatch};
+use tinygpt_model::{FusedCpu, Gpt, GptConfig, LoraConfig, TokenBatch};
 
 /// Every gradient of `gpt`'s parameters in `grads`, in the model's order.
 fn flat(gpt: &Gpt, grads: &GradientsParams) -> Vec<Vec<f32>> {
@@ -96,6 +96,52 @@ fn checkpointing_redraws_the_same_dropout_masks_on_every_thread_count() {
     ] {
         for threads in [1, 2, 3] {
             assert_checkpointing_changes_nothing(&config, threads);
+        }
+    }
+}
+
+/// The trainer's memory estimate takes the engine's activations and scratch from
+/// `FusedCpu::workspace_bytes_for`: after a step the buffers hold what it says, for every part,
+/// with and without checkpointing, dropout and adapters, on one to three threads.
+#[test]
+fn the_buffers_hold_what_the_estimate_reads() {
+    let _seeded = seeded();
+    let (batch, seq) = (3, 12);
+    let lora = LoraConfig::new(2);
+    let dropping = LoraConfig {
+        dropout: 0.1,
+        ..LoraConfig::new(2)
+    };
+    let dropout = common::small().with_dropout(0.3);
+    for config in configs().into_iter().chain([dropout]) {
+        let ids: Vec<i64> = common::tokens(batch * seq + 1, config.vocab_size)
+            .into_iter()
+            .map(i64::from)
+            .collect();
+        let tokens = TokenBatch {
+            inputs: &ids[..batch * seq],
+            targets: &ids[1..],
+            batch,
+            seq,
+        };
+        for adapters in [None, Some(&lora), Some(&dropping)] {
+            let mut gpt = common::init(&config, &Device::flex().autodiff());
+            if let Some(lora) = adapters {
+                gpt = gpt.with_lora(lora).unwrap();
+            }
+            for (threads, checkpointing) in [(1, false), (2, true), (3, false), (3, true)] {
+                let mut fused = FusedCpu::new(&gpt, threads).unwrap();
+                fused.set_checkpointing(checkpointing);
+                fused.accumulate(tokens, 1.0, Some(3)).unwrap();
+                let shape = (batch, seq);
+                let want =
+                    FusedCpu::workspace_bytes_for(&config, adapters, shape, threads, checkpointing);
+                assert_eq!(
+                    fused.workspace_bytes() as u64,
+                    want,
+                    "{config:?}, {adapters:?}, {threads} threads, checkpointing {checkpointing}"
+                );
+            }
         }
     }
 }

@@ -119,6 +119,11 @@ pub struct LoraConfig {
     /// PEFT's examples and Unsloth's defaults use).
     #[serde(default)]
     pub alpha: Option<f64>,
+    /// The probability each input of an adapter is zeroed while training (the others scaled
+    /// by `1/(1-p)`), PEFT's `lora_dropout`: the frozen product sees the whole input, the
+    /// low-rank path a dropped one. Default 0 (none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropout: f64,
     /// The matrices of every block that get an adapter; default (`None`): every one the
     /// model has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,6 +136,7 @@ impl LoraConfig {
         Self {
             rank,
             alpha: None,
+            dropout: 0.0,
             targets: None,
         }
     }
@@ -151,7 +157,8 @@ impl LoraConfig {
     }
 
     /// Refuses what no model of `config` could train: a rank of 0 or above a matrix's smaller
-    /// side (no longer low-rank), an alpha that is not a positive number, no targets, a target
+    /// side (no longer low-rank), an alpha that is not a positive number, a dropout outside
+    /// `[0, 1)`, no targets, a target
     /// named twice, or one named that the model lacks (an MLP matrix without an MLP).
     pub fn validate(&self, config: &GptConfig) -> Result<(), GptConfigError> {
         let bad = |why: String| Err(GptConfigError::Lora(why));
@@ -162,6 +169,10 @@ impl LoraConfig {
             && !(alpha.is_finite() && alpha > 0.0)
         {
             return bad(format!("`alpha = {alpha}` must be a positive number"));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            let p = self.dropout;
+            return bad(format!("`dropout = {p}` must be at least 0 and below 1"));
         }
         let targets = self.targets(config);
         if targets.is_empty() {
@@ -196,4 +207,9 @@ impl LoraConfig {
             .sum();
         (per_block * config.n_layer) as u64
     }
+}
+
+/// Whether a dropout is zero (left out of a written `[lora]` table).
+fn is_zero(p: &f64) -> bool {
+    *p == 0.0
 }

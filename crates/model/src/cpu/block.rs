@@ -56,6 +56,9 @@ pub(super) struct BlockActs {
     /// With LoRA adapters: each adapted matrix's input times its `A`, `[rows, rank]`, by
     /// [`LoraTarget`] (empty = no adapter).
     pub lora_xa: [Vec<f32>; 4],
+    /// With `[lora] dropout`: the scales on each adapted matrix's input, `[rows, n_in]` by
+    /// [`LoraTarget`] (empty = none).
+    pub lora_mask: [Vec<f32>; 4],
 }
 
 /// The adapter on `target`'s matrix of `p` as the LoRA kernels take it: `A`, `B`, scale.
@@ -88,6 +91,7 @@ impl BlockActs {
         ]
         .iter()
         .chain(&self.lora_xa.each_ref())
+        .chain(&self.lora_mask.each_ref())
         .map(|b| b.len())
         .sum()
     }
@@ -159,7 +163,7 @@ pub(super) fn forward(
     lora::forward(
         &mut a.mid,
         &mut a.lora_xa[t as usize],
-        &a.y,
+        (&a.y, &a.lora_mask[t as usize]),
         adapter(p, t),
         dims,
     );
@@ -189,7 +193,7 @@ pub(super) fn forward(
     lora::forward(
         &mut a.fc,
         &mut a.lora_xa[t as usize],
-        &a.ln_2,
+        (&a.ln_2, &a.lora_mask[t as usize]),
         adapter(p, t),
         dims,
     );
@@ -197,7 +201,8 @@ pub(super) fn forward(
     let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
     ctx.linear(out, &a.act, w, &p.mlp_proj_b, rows, hidden, c);
     let (t, dims) = (LoraTarget::MlpProj, (rows, hidden, c));
-    lora::forward(out, &mut a.lora_xa[t as usize], &a.act, adapter(p, t), dims);
+    let input = (&a.act[..], &a.lora_mask[t as usize][..]);
+    lora::forward(out, &mut a.lora_xa[t as usize], input, adapter(p, t), dims);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
 }
@@ -226,7 +231,7 @@ pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32],
     lora::forward(
         &mut a.qkv,
         &mut a.lora_xa[t as usize],
-        &a.ln_1,
+        (&a.ln_1, &a.lora_mask[t as usize]),
         adapter(p, t),
         dims,
     );
@@ -314,6 +319,7 @@ pub(super) fn backward(
     );
     let t = LoraTarget::AttnProj;
     let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.y[..]));
+    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
     adapter_backward(
         d_y,
         &mut g.lora.attn_proj,
@@ -345,6 +351,7 @@ pub(super) fn backward(
     );
     let (t, d_x) = (LoraTarget::Qkv, &mut s.d_branch);
     let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_qkv[..], &a.ln_1[..]));
+    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
     adapter_backward(
         d_x,
         &mut g.lora.qkv,
@@ -406,6 +413,7 @@ fn mlp_backward(
     );
     let t = LoraTarget::MlpProj;
     let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.act[..]));
+    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
     let lora_t = &mut s.lora_t;
     adapter_backward(
         d_act,
@@ -439,6 +447,7 @@ fn mlp_backward(
     );
     let (t, d_x) = (LoraTarget::Fc, &mut s.d_branch);
     let (xa, dyx) = (&a.lora_xa[t as usize], (d_fc, &a.ln_2[..]));
+    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
     adapter_backward(
         d_x,
         &mut g.lora.fc,
@@ -488,19 +497,19 @@ fn linear_backward(
 }
 
 /// A LoRA adapter's backward ([`lora::backward`]) into its gradients `g`, `dx` holding the
-/// frozen product's part of the input's gradient; `dy_x` is the output's gradient and the
-/// input.
+/// frozen product's part of the input's gradient; `dy_x` is the output's gradient, the input
+/// and its dropout scales.
 fn adapter_backward(
     dx: &mut [f32],
     g: &mut super::params::Adapter,
     t: &mut Vec<f32>,
-    (dy, x): (&[f32], &[f32]),
+    (dy, x, mask): (&[f32], &[f32], &[f32]),
     xa: &[f32],
     adapter: (&[f32], &[f32], f32),
     dims: (usize, usize, usize),
 ) {
     let grads = (&mut g.a[..], &mut g.b[..]);
-    lora::backward(dx, grads, t, dy, x, xa, adapter, dims);
+    lora::backward(dx, grads, t, dy, (x, mask), xa, adapter, dims);
 }
 
 /// `x *= mask` element-wise; an empty mask (no dropout) leaves `x` alone.

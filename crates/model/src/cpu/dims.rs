@@ -66,10 +66,14 @@ impl Dims {
 
 impl Dims {
     pub fn of(gpt: &Gpt) -> Result<Self, FusedError> {
-        let config = gpt.config();
-        implemented(config);
+        implemented(gpt.config());
         gpt.check_config()?;
-        Ok(Self {
+        Ok(Self::from_config(gpt.config()))
+    }
+
+    /// The sizes and parts of a model of `config` (unchecked: [`Dims::of`] checks a model).
+    pub fn from_config(config: &GptConfig) -> Self {
+        Self {
             vocab: config.vocab_size,
             block_size: config.block_size,
             width: config.n_embd,
@@ -88,7 +92,7 @@ impl Dims {
             },
             softcap: config.logit_softcap as f32,
             bigram: config.bigram,
-        })
+        }
     }
 }
 

@@ -64,10 +64,12 @@ impl Adapter {
     }
 }
 
-/// One block's LoRA adapters, one per matrix, and their scale (`alpha / rank`).
+/// One block's LoRA adapters, one per matrix, their scale (`alpha / rank`) and the dropout on
+/// their inputs while training (`[lora] dropout`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BlockLora {
     pub scale: f32,
+    pub dropout: f32,
     pub qkv: Adapter,
     pub attn_proj: Adapter,
     pub fc: Adapter,
@@ -75,6 +77,11 @@ pub(crate) struct BlockLora {
 }
 
 impl BlockLora {
+    /// Whether `target`'s matrix has an adapter.
+    pub(crate) fn has(&self, target: LoraTarget) -> bool {
+        !self.get(target).a.is_empty()
+    }
+
     pub(crate) fn get(&self, target: LoraTarget) -> &Adapter {
         match target {
             LoraTarget::Qkv => &self.qkv,
@@ -313,10 +320,19 @@ impl Params {
         (params, hollow)
     }
 
-    /// Every block's adapter scale, `gpt`'s (0 without adapters).
+    /// Every block's adapter scale and dropout, `gpt`'s (0 without adapters).
     fn set_lora_scale(&mut self, gpt: &Gpt) {
         let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
-        self.blocks.iter_mut().for_each(|b| b.lora.scale = scale);
+        let dropout = gpt.lora_dropout() as f32;
+        for block in &mut self.blocks {
+            block.lora.scale = scale;
+            block.lora.dropout = dropout;
+        }
+    }
+
+    /// The dropout on the adapters' inputs (0: none, or no adapters).
+    pub(crate) fn lora_dropout(&self) -> f32 {
+        self.blocks.first().map_or(0.0, |b| b.lora.dropout)
     }
 
     /// Whether a frozen parameter's values are lent out ([`lend`](Self::lend)).

@@ -47,6 +47,10 @@ pub struct Gpt {
     /// fastest measured unless the caller chose otherwise, [`Gpt::with_decoding`]).
     #[module(skip)]
     decoding: Decoding,
+    /// The dropout on the LoRA adapters' inputs while training (`[lora] dropout`; 0 without
+    /// adapters), set by [`Gpt::with_lora`] and read through [`Gpt::lora_dropout`].
+    #[module(skip)]
+    pub(crate) lora_dropout: f64,
 }
 
 impl GptConfig {
@@ -94,6 +98,7 @@ impl Gpt {
             config: config.clone(),
             kernels,
             decoding: Decoding::default(),
+            lora_dropout: 0.0,
         };
         Ok(model.with_kernels(kernels))
     }

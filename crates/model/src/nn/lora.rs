@@ -40,7 +40,16 @@ impl Gpt {
             .collect();
         let burn = Lora::new(lora.rank, lora.scale() * lora.rank as f64)
             .set_param_group(ParamGroup::from_paths(paths));
-        Ok(self.apply_lora(burn))
+        let mut adapted = self.apply_lora(burn);
+        adapted.lora_dropout = lora.dropout;
+        Ok(adapted)
+    }
+
+    /// The dropout on the adapters' inputs while training (`[lora] dropout`): 0 without
+    /// adapters or without dropout. The fused CPU engine computes it; Burn's engines do not
+    /// (the trainer refuses it there).
+    pub fn lora_dropout(&self) -> f64 {
+        self.lora_dropout
     }
 
     /// The scale (`alpha / rank`) of the adapters attached, `None` without any.
@@ -58,7 +67,11 @@ impl Gpt {
     /// A model without adapters is returned as it is.
     pub fn merge_lora(self) -> Self {
         match self.lora_scale() {
-            Some(_) => self.materialize(),
+            Some(_) => {
+                let mut merged = self.materialize();
+                merged.lora_dropout = 0.0;
+                merged
+            }
             None => self,
         }
     }

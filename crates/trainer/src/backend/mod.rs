@@ -110,7 +110,8 @@ impl Placement {
     /// and an explicit `fused` refuses it.
     ///
     /// `dtype` is the training step's: the fused engine computes in f32 only, and a device
-    /// without `dtype`'s arithmetic is an error that names what has it.
+    /// without `dtype`'s arithmetic is an error that names what has it. `[lora] dropout`
+    /// (computed by the fused engine alone) on another engine is an error too.
     pub fn engine_for(
         &self,
         dtype: TrainDType,
@@ -133,7 +134,7 @@ impl Placement {
                 self.device
             );
         }
-        Ok(match (self.engine, support) {
+        let decided = match (self.engine, support) {
             (EngineKind::Fused, Ok(())) => (EngineKind::Fused, None),
             (EngineKind::Fused, Err(e)) if self.strict => bail!("{e}"),
             (EngineKind::Fused, Err(e)) => {
@@ -156,7 +157,17 @@ impl Placement {
                 ),
             ),
             (kind @ (EngineKind::Autodiff | EngineKind::Device), _) => (kind, None),
-        })
+        };
+        if update.lora_dropout && decided.0 != EngineKind::Fused {
+            bail!(
+                "[lora] dropout is computed by the CPU's fused engine only, and this run would \
+                 train on the `{}` engine (train.dtype = \"{}\"): train in f32 with --backend \
+                 cpu, or set lora.dropout = 0",
+                decided.0.name(),
+                dtype.name()
+            );
+        }
+        Ok(decided)
     }
 }
 

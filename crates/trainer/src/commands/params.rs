@@ -70,7 +70,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         grad_accum: 1,
         threads,
         checkpointing: false,
-        adapters: None,
+        lora: None,
     };
     println!(
         "memory to train with batch {} on the CPU ({on}): ~{}",

@@ -106,12 +106,13 @@ pub enum OptimizerKind {
 
 /// What a run's update asks of an engine: its optimizer, whether a group of parameters
 /// learns at a rate of its own (`train.embedding_lr_ratio`, `train.head_lr_ratio` not 1), and
-/// whether only LoRA adapters train (`[lora]`).
+/// whether only LoRA adapters train (`[lora]`), their inputs dropped out (`[lora] dropout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UpdateKind {
     pub optimizer: OptimizerKind,
     pub lr_groups: bool,
     pub lora: bool,
+    pub lora_dropout: bool,
 }
 
 impl From<OptimizerKind> for UpdateKind {
@@ -120,6 +121,7 @@ impl From<OptimizerKind> for UpdateKind {
             optimizer,
             lr_groups: false,
             lora: false,
+            lora_dropout: false,
         }
     }
 }
@@ -132,6 +134,7 @@ impl UpdateKind {
             optimizer: train.optimizer,
             lr_groups: train.embedding_lr_ratio != 1.0 || train.head_lr_ratio != 1.0,
             lora: config.lora.is_some(),
+            lora_dropout: config.lora.as_ref().is_some_and(|lora| lora.dropout > 0.0),
         }
     }
 }

@@ -311,7 +311,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<(usize, usize)> {
         "base_model_name_or_path": base,
         "r": lora.rank,
         "lora_alpha": lora.scale() * lora.rank as f64,
-        "lora_dropout": 0.0,
+        "lora_dropout": lora.dropout,
         "target_modules": names,
         "bias": "none",
         "fan_in_fan_out": family == Family::Gpt2,
@@ -383,12 +383,6 @@ pub fn import(dir: &Path, base: &Path, out: &Path) -> Result<Imported> {
             weights.display()
         );
     }
-    if peft.lora_dropout > 0.0 {
-        notes.push(format!(
-            "lora_dropout {} is a training setting; tinygpt's adapters train without dropout",
-            peft.lora_dropout
-        ));
-    }
     if let Some(name) = &peft.base_model_name_or_path {
         notes.push(format!(
             "the adapter was trained on {name}; its shapes fit {}",
@@ -404,6 +398,8 @@ struct Adapters {
     packed: BTreeMap<(usize, LoraTarget), (Matrix, Matrix)>,
     /// tinygpt's one scale: the config's `lora_alpha / r`.
     scale: f64,
+    /// PEFT's `lora_dropout`: kept as `[lora] dropout` for further training.
+    dropout: f64,
 }
 
 impl Adapters {
@@ -457,7 +453,12 @@ impl Adapters {
         if stacked {
             notes.push("the adapter's factors of q/k/v (or gate/up) are stacked into one adapter of tinygpt's packed matrix, of their summed rank".into());
         }
-        Ok(Self { packed, scale })
+        let dropout = peft.lora_dropout;
+        Ok(Self {
+            packed,
+            scale,
+            dropout,
+        })
     }
 }
 
@@ -510,6 +511,7 @@ fn write_run(
     let lora = LoraConfig {
         rank,
         alpha: Some(adapters.scale * rank as f64),
+        dropout: adapters.dropout,
         targets: Some(targets.clone()),
     };
     let gpt = base.config.gpt(base.tokenizer.vocab_size());

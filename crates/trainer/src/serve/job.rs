@@ -27,11 +27,11 @@ pub struct Model {
 /// What the workers decode on.
 pub enum Decoding {
     /// Burn's model (on wgpu or CUDA, or a CPU backend the fused decoder does not run).
-    Burn(Gpt),
+    Burn(Box<Gpt>),
     /// The fused CPU decoder's weights (rows of f32 or int8), made once for every worker to
     /// decode on ([`FusedBatch::sharing`](tinygpt_model::FusedBatch::sharing)) and for the
     /// playground's attention maps. Burn's model is not kept: the decoder holds every weight.
-    Fused(FusedDecoder),
+    Fused(Box<FusedDecoder>),
 }
 
 impl Model {
@@ -49,9 +49,11 @@ impl Model {
             EngineKind::Fused => {
                 let decoder = FusedDecoder::with_weights(&gpt, weights.format(engine)?)?;
                 drop(gpt);
-                Decoding::Fused(decoder)
+                Decoding::Fused(Box::new(decoder))
             }
-            EngineKind::Autodiff | EngineKind::Device => Decoding::Burn(weights.cast(gpt)?),
+            EngineKind::Autodiff | EngineKind::Device => {
+                Decoding::Burn(Box::new(weights.cast(gpt)?))
+            }
         };
         // Making the decoder's rows (and dropping Burn's model) freed memory.
         crate::decoder::return_freed_memory();

@@ -48,6 +48,7 @@ impl UpdateRule {
             optimizer: self.kind(),
             lr_groups: adamw.lr_ratios != LrRatios::default(),
             lora: false,
+            lora_dropout: false,
         }
     }
 }

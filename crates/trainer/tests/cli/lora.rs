@@ -153,3 +153,28 @@ fn lora_refuses_a_changed_base_and_impossible_adapters() {
     fails(tinygpt(dir, &resume), "has changed");
     assert!(dir.join("lora/last/model.safetensors").exists());
 }
+
+#[test]
+fn lora_dropout_trains_on_the_fused_engine_resumes_exactly_and_is_refused_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "5"]));
+    let drop = ["--set", "lora.dropout=0.2"];
+    ok(lora(dir, "drop", "fused", "6", &drop));
+    let config = std::fs::read_to_string(dir.join("drop/config.toml")).unwrap();
+    assert!(config.contains("dropout = 0.2"), "{config}");
+    ok(lora(dir, "plain", "fused", "6", &[]));
+    assert_ne!(weights(&dir.join("drop")), weights(&dir.join("plain")));
+    // The masks come from the step's seed: stopped at 3 and resumed, the same adapters.
+    ok(lora(dir, "halves", "fused", "3", &drop));
+    let resume = ["train", "--resume", "--out", "halves", "--max-iters", "6"];
+    ok(tinygpt(dir, &resume));
+    assert_eq!(weights(&dir.join("halves")), weights(&dir.join("drop")));
+    // Burn's engines have no dropout on the adapters' inputs: refused, nothing written.
+    fails(lora(dir, "flex", "flex", "2", &drop), "fused engine only");
+    let high = ["--set", "lora.dropout=1.0"];
+    fails(lora(dir, "high", "fused", "2", &high), "below 1");
+    for out in ["flex", "high"] {
+        assert!(!dir.join(out).exists(), "{out} was written");
+    }
+}

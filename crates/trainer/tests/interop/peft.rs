@@ -56,6 +56,9 @@ fn peft_adapters_give_peft_logits_and_export_back_the_same() {
         assert_eq!(lora.targets.as_deref(), Some(&all[..]), "{adapter}");
         let rank = if adapter == "llama-lora" { 8 } else { 4 };
         assert_eq!(lora.rank, rank, "{adapter}");
+        // PEFT's `lora_dropout` is kept for training on.
+        let dropout = if adapter == "llama-lora" { 0.05 } else { 0.0 };
+        assert_eq!(lora.dropout, dropout, "{adapter}");
         let want = expected(adapter);
         let base_logits = logits(dir, base, &want.tokens, "flex");
         assert!(
@@ -120,6 +123,7 @@ fn check_peft_dir(dir: &Path, run: &Run, gpt2: bool) {
         Some(lora.scale() * lora.rank as f64)
     );
     assert_eq!(config["fan_in_fan_out"], gpt2);
+    assert_eq!(config["lora_dropout"].as_f64(), Some(lora.dropout));
     let bytes = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let m = &run.config.model;

@@ -9,7 +9,8 @@ use burn::optim::GradientsParams;
 use super::adamw::Moments;
 use super::lent::{LentEntry, LentMoments};
 use super::muon::Velocities;
-use super::workspace::{Job, TokenBatch, Workspace};
+use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
+use crate::arch::{GptConfig, LoraConfig};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::params::Params;
@@ -93,6 +94,52 @@ impl FusedCpu {
             .iter()
             .map(|w| w.activation_floats())
             .sum::<usize>()
+    }
+
+    /// Bytes of every thread's buffers after the last step: the activations and the backward's
+    /// scratch (not the gradients' buffers), what [`workspace_bytes_for`](Self::workspace_bytes_for)
+    /// predicts.
+    pub fn workspace_bytes(&self) -> usize {
+        4 * self.work.iter().map(Workspace::floats).sum::<usize>()
+    }
+
+    /// What [`workspace_bytes`](Self::workspace_bytes) is after a training step of `batch`
+    /// sequences of `seq` tokens on `threads` threads, for a model of `config` with `lora`'s
+    /// adapters, with or without activation checkpointing: computed from the sizes alone,
+    /// nothing allocated (the trainer's memory estimate).
+    pub fn workspace_bytes_for(
+        config: &GptConfig,
+        lora: Option<&LoraConfig>,
+        (batch, seq): (usize, usize),
+        threads: usize,
+        checkpointing: bool,
+    ) -> u64 {
+        let d = Dims::from_config(config);
+        let mut lora_ranks = [0; 4];
+        if let Some(lora) = lora {
+            for target in lora.targets(config) {
+                if target.shape(config).is_some() {
+                    lora_ranks[target as usize] = lora.rank;
+                }
+            }
+        }
+        let groups = threads.max(1).min(batch);
+        let floats: usize = (0..groups)
+            .map(|g| {
+                let sizing = Sizing {
+                    layers: config.n_layer,
+                    seqs: batch / groups + usize::from(g < batch % groups),
+                    seq,
+                    checkpointing,
+                    grad: true,
+                    dropout: d.dropout > 0.0,
+                    lora_ranks,
+                    lora_dropout: lora.is_some_and(|lora| lora.dropout > 0.0),
+                };
+                floats_for(&d, sizing)
+            })
+            .sum();
+        4 * floats as u64
     }
 
     /// [`FusedCpu::new`], the weights moved out of `gpt` rather than copied (on the CPU they
@@ -286,7 +333,8 @@ impl FusedCpu {
         }
         let kept = kept_targets(batch.targets)?;
         let grad_scale = scale.map(|s| s / kept as f32);
-        let dropout = dropout_seed.filter(|_| self.dims.dropout > 0.0 && scale.is_some());
+        let drops = self.dims.dropout > 0.0 || self.weights.lora_dropout() > 0.0;
+        let dropout = dropout_seed.filter(|_| drops && scale.is_some());
         let groups = self.work.len().min(batch.batch);
         // The first thread's share goes straight into the held gradients when they are zero
         // (the sum 0 + share is the share, bit for bit): one gradient buffer fewer.

@@ -1,6 +1,7 @@
 //! A batch on the host ([`TokenBatch`]) and one thread's part of a step: its activation buffers, kept between calls, and the forward and
 //! backward passes over them, layer by layer.
 
+use crate::arch::{LoraTarget, Mlp};
 use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
 use crate::cpu::dims::Dims;
 use crate::cpu::kernels::attention::{self, Shape};
@@ -43,19 +44,15 @@ impl Job<'_> {
         let inputs = &self.batch.inputs[rows.clone()];
         let targets = &self.batch.targets[rows];
         let work = self.work;
-        work.prepare(
-            dims,
-            w,
-            self.seqs,
-            seq,
-            grad_scale.is_some(),
-            dropout.is_some(),
-        );
-        work.dropout = dropout.map(|seed| Masks {
+        let masks = dropout.map(|seed| Masks {
             seed,
             first: self.first,
             p: dims.dropout,
+            lora: w.lora_dropout(),
         });
+        let drop = masks.map_or((false, false), |m| (m.p > 0.0, m.lora > 0.0));
+        work.prepare(dims, w, (self.seqs, seq), grad_scale.is_some(), drop);
+        work.dropout = masks;
         if let Some(masks) = work.dropout {
             masks.fill(&mut work.emb_mask, 0, self.seqs);
         }
@@ -69,25 +66,36 @@ impl Job<'_> {
 }
 
 /// Where a step's dropout masks come from: each sequence's masks depend only on the seed, its
-/// index in the whole batch and the site (0 the embedding, then three a block), so a block's
-/// can be drawn again when its forward is recomputed.
+/// index in the whole batch and the site (0 the embedding, then three a block; the LoRA
+/// adapters' inputs from [`LORA_SITES`], four a block), so a block's can be drawn again when
+/// its forward is recomputed.
 #[derive(Debug, Clone, Copy)]
 struct Masks {
     seed: u64,
     /// The index of this thread's first sequence in the batch.
     first: usize,
+    /// The model's dropout, and the adapters' (`[lora] dropout`).
     p: f32,
+    lora: f32,
 }
 
+/// The first site of the adapters' masks: past any model's own sites.
+const LORA_SITES: usize = 1 << 32;
+
 impl Masks {
-    /// `mask`'s scales at `site`, per sequence (numbered from `first` in the whole batch).
+    /// `mask`'s scales at `site`, per sequence (numbered from `first` in the whole batch), with
+    /// the model's dropout.
     fn fill(self, mask: &mut [f32], site: usize, seqs: usize) {
+        self.fill_with(mask, site, seqs, self.p);
+    }
+
+    fn fill_with(self, mask: &mut [f32], site: usize, seqs: usize, p: f32) {
         if mask.is_empty() {
             return;
         }
         let per_seq = mask.len() / seqs;
         for (s, chunk) in mask.chunks_exact_mut(per_seq).enumerate() {
-            Rng::new(self.seed, (self.first + s) as u64, site as u64).fill_mask(chunk, self.p);
+            Rng::new(self.seed, (self.first + s) as u64, site as u64).fill_mask(chunk, p);
         }
     }
 }
@@ -109,6 +117,9 @@ fn block_acts(
         let sites = [&mut a.att_mask, &mut a.attn_mask, &mut a.mlp_mask];
         for (k, mask) in sites.into_iter().enumerate() {
             masks.fill(mask, 1 + 3 * l + k, seqs);
+        }
+        for (t, mask) in a.lora_mask.iter_mut().enumerate() {
+            masks.fill_with(mask, LORA_SITES + 4 * l + t, seqs, masks.lora);
         }
     }
     a
@@ -155,7 +166,16 @@ fn size(buf: &mut Vec<f32>, len: usize) {
 }
 
 impl Workspace {
-    fn prepare(&mut self, d: Dims, w: &Params, seqs: usize, seq: usize, grad: bool, drop: bool) {
+    /// Sizes every buffer for `seqs` sequences of `seq` tokens; `drop`: whether the step
+    /// draws the model's dropout masks and the adapters'.
+    fn prepare(
+        &mut self,
+        d: Dims,
+        w: &Params,
+        (seqs, seq): (usize, usize),
+        grad: bool,
+        (drop, lora_drop): (bool, bool),
+    ) {
         let (rows, c) = (seqs * seq, d.width);
         self.seqs = seqs;
         self.seq = seq;
@@ -179,6 +199,13 @@ impl Workspace {
         let att = seqs * d.heads * seq * seq;
         for a in &mut self.blocks {
             a.resize(rows, &d, att, drop);
+            for t in LoraTarget::all() {
+                let adapted = lora_drop && w.blocks.first().is_some_and(|b| b.lora.has(t));
+                size(
+                    &mut a.lora_mask[t as usize],
+                    rows * lora_input(&d, t) * usize::from(adapted),
+                );
+            }
         }
         size(&mut self.ln_f, rows * c);
         size(&mut self.ln_f_mean, rows);
@@ -211,6 +238,18 @@ impl Workspace {
         let blocks: usize = self.blocks.iter().map(BlockActs::floats).sum();
         let head = self.ln_f.len() + self.logits.len() + self.capped.len() + self.emb_mask.len();
         stream + blocks + head
+    }
+
+    /// Floats in every buffer of this thread (activations and backward scratch, not the
+    /// gradients' buffer or the rotary tables): what [`floats_for`] predicts.
+    pub(crate) fn floats(&self) -> usize {
+        let s = &self.scratch;
+        let scratch = [&s.d_branch, &s.d_wide, &s.d_qkv, &s.maps, &s.lora_t];
+        self.activation_floats()
+            + self.ln_f_mean.len()
+            + self.ln_f_rstd.len()
+            + self.d_resid.len()
+            + scratch.iter().map(|b| b.len()).sum::<usize>()
     }
 
     fn shape(&self) -> Shape {
@@ -378,4 +417,86 @@ impl Workspace {
 fn pair(d: &Dims, inputs: &[i64], r: usize, seq: usize) -> usize {
     let before = (!r.is_multiple_of(seq)).then(|| inputs[r - 1] as usize);
     d.pair(before, inputs[r] as usize)
+}
+
+/// Columns of the input of `target`'s matrix: what its adapter's dropout masks.
+fn lora_input(d: &Dims, target: LoraTarget) -> usize {
+    match target {
+        LoraTarget::Qkv | LoraTarget::AttnProj | LoraTarget::Fc => d.width,
+        LoraTarget::MlpProj => d.hidden,
+    }
+}
+
+/// What one thread's step sizes: `seqs` sequences of `seq` tokens, whether it keeps one
+/// block's activations or every block's, computes gradients and draws dropout masks, and the
+/// rank of the adapters on each [`LoraTarget`] (0 = none) and whether their inputs are dropped
+/// out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizing {
+    pub layers: usize,
+    pub seqs: usize,
+    pub seq: usize,
+    pub checkpointing: bool,
+    pub grad: bool,
+    pub dropout: bool,
+    pub lora_ranks: [usize; 4],
+    pub lora_dropout: bool,
+}
+
+/// Floats a thread's buffers hold after a step of `s` on a model of `d`, as `prepare`, the
+/// blocks and the LoRA kernels size them ([`Workspace::floats`] after the step): the memory
+/// estimate's activations, computed without allocating.
+pub(crate) fn floats_for(d: &Dims, s: Sizing) -> usize {
+    let (rows, c) = (s.seqs * s.seq, d.width);
+    let att = s.seqs * d.heads * s.seq * s.seq;
+    let drop = |n: usize| if s.dropout { n } else { 0 };
+    let qk = if d.qk_norm { rows * d.qk_width() } else { 0 };
+    let mlp_mask = if d.mlp == Mlp::None {
+        0
+    } else {
+        drop(rows * c)
+    };
+    let xa: usize = s.lora_ranks.iter().map(|r| rows * r).sum();
+    let lora_masks: usize = LoraTarget::all()
+        .filter(|&t| s.lora_dropout && s.lora_ranks[t as usize] > 0)
+        .map(|t| rows * lora_input(d, t))
+        .sum();
+    // `BlockActs::resize`: four `[rows, width]`, four per-row statistics, QK-norm's, q/k/v, the
+    // attention weights, the MLP's two, the masks; and each adapter's `x · A`.
+    let block = 4 * rows * c
+        + 4 * rows
+        + qk
+        + qk / d.d_head()
+        + rows * d.qkv_width()
+        + att
+        + rows * d.fc_width
+        + rows * d.hidden
+        + drop(att)
+        + drop(rows * c)
+        + mlp_mask
+        + xa
+        + lora_masks;
+    let held = if s.checkpointing {
+        s.layers.min(1)
+    } else {
+        s.layers
+    };
+    let softcap = if d.softcap > 0.0 { rows * d.vocab } else { 0 };
+    let forward = (s.layers + 1) * rows * c
+        + drop(rows * c)
+        + held * block
+        + rows * c
+        + 2 * rows
+        + rows * d.vocab
+        + softcap
+        + 2 * s.seq * s.seq;
+    if !s.grad {
+        return forward;
+    }
+    let wide = match d.fc_width == d.hidden {
+        true => d.hidden,
+        false => d.hidden + d.fc_width,
+    };
+    let rank = s.lora_ranks.iter().copied().max().unwrap_or(0);
+    forward + 2 * rows * c + rows * wide.max(c) + rows * d.qkv_width() + rows * rank
 }

@@ -30,9 +30,15 @@ fn config_with_layers(n_layer: usize) -> RunConfig {
     ConfigSource::Preset("baby").load(&overrides).unwrap()
 }
 
-/// A model of `config`'s shape on flex, under autodiff.
+/// A model of `config`'s shape on flex, under autodiff. Burn draws weights at their first use:
+/// here, under the random streams' lock, so that they never interleave with another test's
+/// draws (a Burn step's dropout masks, drawn under it).
 fn model(config: &RunConfig) -> Gpt {
-    config.gpt(VOCAB).init(&Device::flex().autodiff()).unwrap()
+    let device = Device::flex().autodiff();
+    let _streams = tinygpt_model::seeded(&device, 0);
+    let gpt = config.gpt(VOCAB).init(&device).unwrap();
+    tinygpt_model::ParamLayout::of(&gpt).flatten(&gpt);
+    gpt
 }
 
 /// An engine on flex for `model` as the CPU trains (Burn's AdamW, outcomes read at once),

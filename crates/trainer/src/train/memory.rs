@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{FusedCpu, GptConfig, LoraConfig};
+use tinygpt_model::{FusedCpu, GptConfig, LoraConfig, parameter_table};
 
 use crate::backend::EngineKind;
 use crate::config::RunConfig;
@@ -173,20 +173,12 @@ impl Estimate {
 /// way, and a trained one once more as it is written: about one copy of the largest tensor
 /// with LoRA (+0.11 GiB, its embedding 0.105 GiB), two in full (+0.2 GiB).
 fn checkpoint_copies(gpt: &GptConfig, lora: bool) -> u64 {
-    let (c, vocab) = (gpt.n_embd as u64, gpt.vocab_size as u64);
-    let bigram = match gpt.bigram {
-        true => (vocab + 1).saturating_mul(vocab).saturating_mul(c),
-        false => 0,
-    };
-    let matrices = [
-        vocab.saturating_mul(c),
-        (gpt.block_size as u64).saturating_mul(c),
-        bigram,
-        c.saturating_mul(gpt.qkv_width() as u64),
-        c.saturating_mul(gpt.fc_width() as u64),
-        c.saturating_mul(gpt.mlp_width() as u64),
-    ];
-    let largest = matrices.into_iter().max().unwrap_or(0);
+    let largest = parameter_table(gpt)
+        .iter()
+        .filter(|p| p.present)
+        .map(|p| p.slot.shape(gpt).iter().map(|&n| n as u64).product::<u64>())
+        .max()
+        .unwrap_or(0);
     largest
         .saturating_mul(F32)
         .saturating_mul(if lora { 1 } else { 2 })

@@ -45,8 +45,8 @@ mod sample;
 
 pub use arch::parts;
 pub use arch::{
-    BIGRAM_VOCAB, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName, Slot,
-    parameter_table,
+    BIGRAM_VOCAB, BaseWeights, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName,
+    Slot, parameter_table,
 };
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, LentEntry, LentMoments, PREFILL_CHUNK,

@@ -8,115 +8,13 @@ mod common;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
+use common::lora::{adapted, batch, check, values};
 use common::{configs, seeded};
 use tinygpt_model::{
     AdamWSettings, FusedCpu, Gpt, GptConfig, GptConfigError, LoraConfig, LoraTarget, LrRatios,
-    ParamLayout, Slot, TokenBatch, cross_entropy,
+    ParamLayout, Slot, TokenBatch,
 };
-
-/// `config`'s model with `lora`'s adapters, its `B` factors drawn (they start at zero, where
-/// `A`'s gradient is zero too: drawn, both are tested).
-fn adapted(config: &GptConfig, lora: &LoraConfig) -> Gpt {
-    let device = Device::flex().autodiff();
-    let gpt = common::init(config, &device).with_lora(lora).unwrap();
-    struct DrawB(Vec<String>);
-    impl ModuleMapper for DrawB {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.pop();
-        }
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
-                return param;
-            }
-            let (id, tensor, mapper) = param.consume();
-            let (shape, device) = (tensor.shape(), tensor.device());
-            let drawn = Tensor::<D>::random(shape, Distribution::Normal(0.0, 0.02), &device);
-            Param::from_mapped_value(id, drawn.require_grad(), mapper)
-        }
-    }
-    gpt.map(&mut DrawB(Vec::new()))
-}
-
-fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
-    let ids: Vec<i64> = common::tokens(3 * 12 + 1, vocab)
-        .into_iter()
-        .map(i64::from)
-        .collect();
-    (ids[..3 * 12].to_vec(), ids[1..].to_vec())
-}
-
-/// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
-fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
-    let device = gpt.wte.weight.device();
-    let shape = [batch.batch, batch.seq];
-    let inputs =
-        Tensor::<2, Int>::from_data(TensorData::new(batch.inputs.to_vec(), shape), &device);
-    let targets = TensorData::new(batch.targets.to_vec(), [batch.batch * batch.seq]);
-    let targets = Tensor::<1, Int>::from_data(targets, &device);
-    let logits = gpt.forward(inputs).unwrap();
-    let [b, s, v] = logits.dims();
-    let loss = cross_entropy(logits.reshape([b * s, v]), targets).unwrap();
-    let value = loss.clone().into_scalar::<f32>() as f64;
-    (value, GradientsParams::from_grads(loss.backward(), gpt))
-}
-
-fn values<const D: usize>(g: &GradientsParams, id: burn::module::ParamId) -> Option<Vec<f32>> {
-    g.get::<D>(id)
-        .map(|t| t.into_data().try_to_vec::<f32>().unwrap())
-}
-
-/// The fused engine's loss and adapter gradients against Burn's for `gpt`; returns how many
-/// factors were compared.
-fn check(gpt: &Gpt, threads: usize) -> usize {
-    let (inputs, targets) = batch(gpt.config().vocab_size);
-    let tokens = TokenBatch {
-        inputs: &inputs,
-        targets: &targets,
-        batch: 3,
-        seq: 12,
-    };
-    let (want_loss, want) = burn_reference(gpt, &tokens);
-    let mut fused = FusedCpu::new(gpt, threads).unwrap();
-    let loss = fused.accumulate(tokens, 1.0, None).unwrap();
-    assert!(
-        ((loss - want_loss) / want_loss).abs() < 1e-5,
-        "loss {loss} vs Burn {want_loss}"
-    );
-    let got = fused.take_gradients(gpt);
-    let layout = ParamLayout::of(gpt);
-    let mut compared = 0;
-    for entry in layout.entries() {
-        let (a, b) = (values::<2>(&got, entry.id), values::<2>(&want, entry.id));
-        if !layout.trains(entry) {
-            // The frozen base: no gradient from either.
-            let (a, b) = (a.or(values::<1>(&got, entry.id)), b);
-            assert!(
-                a.is_none() && b.is_none(),
-                "{:?} has a gradient",
-                entry.slot
-            );
-            continue;
-        }
-        let (a, b) = (a.expect("fused gradient"), b.expect("Burn gradient"));
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-        let diff = a
-            .iter()
-            .zip(&b)
-            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(
-            diff / scale < 1e-4,
-            "{:?}: relative error {}",
-            entry.slot,
-            diff / scale
-        );
-        compared += 1;
-    }
-    compared
-}
 
 /// Every config, every matrix alone and all together: the adapters' gradients are Burn's.
 #[test]
@@ -138,6 +36,7 @@ fn adapter_gradients_match_burn_autodiff() {
                 alpha: Some(5.0),
                 dropout: 0.0,
                 targets: Some(targets.clone()),
+                base: Default::default(),
             };
             let gpt = adapted(&config, &lora);
             let factors = 2 * targets.len() * config.n_layer;
@@ -218,6 +117,7 @@ fn impossible_adapters_are_refused() {
         alpha: None,
         dropout: 0.0,
         targets: Some(targets),
+        base: Default::default(),
     };
     let refused = |lora: LoraConfig, config: &GptConfig| {
         let gpt = config.init(&Device::flex()).unwrap();

@@ -128,6 +128,42 @@ pub struct LoraConfig {
     /// model has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<LoraTarget>>,
+    /// How the frozen base's matrices are held: `f32` (default), or `q8_0` (QLoRA's idea in
+    /// GGUF's int8 blocks, [`BaseWeights::Q8_0`]).
+    #[serde(default, skip_serializing_if = "BaseWeights::is_f32")]
+    pub base: BaseWeights,
+}
+
+/// The values a LoRA run's frozen base computes with in its blocks' four matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaseWeights {
+    /// The base's own weights.
+    #[default]
+    F32,
+    /// Each matrix rounded to GGUF's `Q8_0` (blocks of 32 weights along an output's inputs,
+    /// an f16 scale each, as `export --dtype q8_0` writes them) before the adapters are
+    /// attached, as QLoRA trains on a quantised base: the fused CPU engine then holds the
+    /// base in int8 (1.0625 bytes a weight instead of 4) and multiplies by it dequantised a
+    /// block at a time; Burn's engines hold the same values in f32. A matrix whose inputs
+    /// are not whole blocks of 32 stays f32. Embeddings, norms, biases and an untied head
+    /// stay f32 too.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl BaseWeights {
+    fn is_f32(&self) -> bool {
+        *self == Self::F32
+    }
+
+    /// Its name in a `[lora]` table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Q8_0 => "q8_0",
+        }
+    }
 }
 
 impl LoraConfig {
@@ -138,6 +174,7 @@ impl LoraConfig {
             alpha: None,
             dropout: 0.0,
             targets: None,
+            base: BaseWeights::F32,
         }
     }
 

@@ -15,8 +15,9 @@ mod legacy;
 mod lora;
 mod parameters;
 pub mod parts;
+pub(crate) mod q8_0;
 
 pub use config::{BIGRAM_VOCAB, GptConfig};
-pub use lora::{Factor, LoraConfig, LoraTarget};
+pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
 pub use parts::{Mlp, Norm, Position};

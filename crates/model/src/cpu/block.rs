@@ -16,6 +16,7 @@ use super::dims::Dims;
 use super::kernels::attention::{self, Shape};
 use super::kernels::matmul::{View, matmul};
 use super::kernels::norm::{self, Normed};
+use super::kernels::rows::F32Rows;
 use super::kernels::{gelu, gelu_tanh, lora, qk_norm, relu2, swiglu};
 use super::params::BlockParams;
 pub(super) use super::product::{Ctx, Weight, linear_split, per_row};
@@ -303,7 +304,7 @@ pub(super) fn backward(
 ) {
     let d = ctx.dims;
     let (rows, c) = (a.ln_1_rstd.len(), shape.width);
-    mlp_backward(p, g, a, d_resid, s, d);
+    mlp_backward(p, g, a, d_resid, s, ctx);
     // mid = x + dropout(attention(ln_1(x)) · W + b)
     masked(&mut s.d_branch, d_resid, &a.attn_mask);
     let d_y = &mut s.d_wide[..rows * c];
@@ -314,7 +315,7 @@ pub(super) fn backward(
         &mut g.attn_proj_b,
         &s.d_branch,
         &a.y,
-        &p.attn_proj_w,
+        ctx.weight(&p.attn_proj_w, |q| &q.attn_proj),
         dims,
     );
     let t = LoraTarget::AttnProj;
@@ -346,7 +347,7 @@ pub(super) fn backward(
         &mut g.c_attn_b,
         &s.d_qkv,
         &a.ln_1,
-        &p.c_attn_w,
+        ctx.weight(&p.c_attn_w, |q| &q.c_attn),
         dims,
     );
     let (t, d_x) = (LoraTarget::Qkv, &mut s.d_branch);
@@ -387,8 +388,9 @@ fn mlp_backward(
     a: &BlockActs,
     d_resid: &mut [f32],
     s: &mut Scratch,
-    d: &Dims,
+    ctx: Ctx<'_>,
 ) {
+    let d = ctx.dims;
     // The activation's backward in place, or (SwiGLU) into the pre-activation's beside it.
     let in_place: Option<InPlace> = match d.mlp {
         Mlp::Gelu => Some(gelu::backward_in_place),
@@ -408,7 +410,7 @@ fn mlp_backward(
         &mut g.mlp_proj_b,
         &s.d_branch,
         &a.act,
-        &p.mlp_proj_w,
+        ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj),
         dims,
     );
     let t = LoraTarget::MlpProj;
@@ -442,7 +444,7 @@ fn mlp_backward(
         &mut g.c_fc_b,
         d_fc,
         &a.ln_2,
-        &p.c_fc_w,
+        ctx.weight(&p.c_fc_w, |q| &q.c_fc),
         dims,
     );
     let (t, d_x) = (LoraTarget::Fc, &mut s.d_branch);
@@ -473,18 +475,27 @@ fn mlp_backward(
 }
 
 /// The backward of [`linear`] with `(rows, n_in, n_out)`: `dx = dy · wᵀ` (overwritten),
-/// `dw += xᵀ · dy`, `db += Σ_rows dy`.
+/// `dw += xᵀ · dy`, `db += Σ_rows dy`. `w` in training's layout, or as rows (a frozen base
+/// held in int8, dequantised for the step: `frozen.rs`).
 fn linear_backward(
     dx: &mut [f32],
     dw: &mut [f32],
     db: &mut [f32],
     dy: &[f32],
     x: &[f32],
-    w: &[f32],
+    w: Weight<'_>,
     (rows, n_in, n_out): (usize, usize, usize),
 ) {
     let dy_view = View::new(dy, rows, n_out);
-    matmul(dx, dy_view, View::new(w, n_in, n_out).t(), false);
+    match w {
+        Weight::F32(w) => matmul(dx, dy_view, View::new(w, n_in, n_out).t(), false),
+        Weight::Rows(w) => matmul(dx, dy_view, View::new(&w.w, n_out, n_in), false),
+        Weight::Q8(w) => {
+            let mut rows = F32Rows::default();
+            w.dequantise_into(&mut rows);
+            matmul(dx, dy_view, View::new(&rows.w, n_out, n_in), false);
+        }
+    }
     // A frozen weight (LoRA's base) has no gradient buffer.
     if !dw.is_empty() {
         matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);

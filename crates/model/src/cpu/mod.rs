@@ -18,7 +18,7 @@
 //! `GradientsParams`) when asked.
 //!
 //! The room: this facade and what all of it shares (`dims.rs`: the sizes and parts the kernels
-//! read; `params.rs`: the weights as flat buffers; `block.rs`: one block's forward and backward; `product.rs`: how a block multiplies by a matrix;
+//! read; `params.rs`: the weights as flat buffers; `frozen.rs`: a LoRA run's base held in int8; `block.rs`: one block's forward and backward; `product.rs`: how a block multiplies by a matrix;
 //! `error.rs`; `spin_pool.rs`: the spinning helper threads that split one sequence's products),
 //! then three sub-rooms, each importing only what is above it here and the rooms
 //! above `cpu` (arch, nn, sample, optim):
@@ -30,6 +30,7 @@ mod block;
 mod decode;
 mod dims;
 mod error;
+mod frozen;
 mod kernels;
 mod params;
 mod product;

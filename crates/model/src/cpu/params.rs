@@ -12,7 +12,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::kernels::q8::Q8Matrix;
 use super::kernels::rows::F32Rows;
-use crate::arch::{BlockSlot, Factor, LoraTarget, Slot};
+use crate::arch::{BaseWeights, BlockSlot, Factor, LoraTarget, Slot};
 use crate::nn::Gpt;
 use crate::nn::by_path::parameters_by_path;
 use crate::optim::ParamLayout;
@@ -39,6 +39,9 @@ pub(crate) struct BlockParams {
     pub mlp_proj_b: Vec<f32>,
     /// The LoRA adapters on its matrices (all empty without).
     pub lora: BlockLora,
+    /// Its frozen matrices held in `Q8_0` (`[lora] base = "q8_0"`, `frozen.rs`), their
+    /// buffers above then empty; `None`: in f32 above.
+    pub base_q8: RowBlock,
 }
 
 /// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; empty = none.
@@ -118,18 +121,49 @@ pub(crate) struct RowBlock {
     pub mlp_proj: Option<RowMatrix>,
 }
 
+impl RowBlock {
+    /// The rows of `matrix` (named by the adapter it can take).
+    pub(crate) fn get(&self, matrix: LoraTarget) -> &Option<RowMatrix> {
+        match matrix {
+            LoraTarget::Qkv => &self.c_attn,
+            LoraTarget::AttnProj => &self.attn_proj,
+            LoraTarget::Fc => &self.c_fc,
+            LoraTarget::MlpProj => &self.mlp_proj,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, matrix: LoraTarget) -> &mut Option<RowMatrix> {
+        match matrix {
+            LoraTarget::Qkv => &mut self.c_attn,
+            LoraTarget::AttnProj => &mut self.attn_proj,
+            LoraTarget::Fc => &mut self.c_fc,
+            LoraTarget::MlpProj => &mut self.mlp_proj,
+        }
+    }
+
+    /// Bytes of its matrices (int8 rows: bytes and scales; f32 rows: 4 a weight).
+    pub(crate) fn bytes(&self) -> usize {
+        let bytes = |m: &Option<RowMatrix>| match m {
+            Some(RowMatrix::Q8(q)) => q.bytes(),
+            Some(RowMatrix::F32(r)) => 4 * r.w.len(),
+            None => 0,
+        };
+        LoraTarget::all().map(|t| bytes(self.get(t))).sum()
+    }
+}
+
 /// The field each of a block's slots is kept in: one exhaustive match each way (shared and
 /// mutable), so a slot added to the table does not compile until it has a field.
 macro_rules! block_fields {
     ($($slot:ident => $field:ident),* $(,)?) => {
         impl BlockParams {
-            fn buffer(&self, slot: BlockSlot) -> &Vec<f32> {
+            pub(crate) fn buffer(&self, slot: BlockSlot) -> &Vec<f32> {
                 match slot {
                     $(BlockSlot::$slot => &self.$field,)*
                 }
             }
 
-            fn buffer_mut(&mut self, slot: BlockSlot) -> &mut Vec<f32> {
+            pub(crate) fn buffer_mut(&mut self, slot: BlockSlot) -> &mut Vec<f32> {
                 match slot {
                     $(BlockSlot::$slot => &mut self.$field,)*
                 }
@@ -170,6 +204,8 @@ pub(crate) struct Params {
     pub ln_f_beta: Vec<f32>,
     /// Untied head `[width, vocab]`; empty when tied.
     pub lm_head: Vec<f32>,
+    /// How the frozen base's matrices are held here between uses (`[lora] base`; `frozen.rs`).
+    pub(crate) base: BaseWeights,
 }
 
 impl Params {
@@ -262,7 +298,7 @@ impl Params {
                 let Some(slot) = self.1.remove(&param.id) else {
                     return param;
                 };
-                with_values(param, self.0.slot(slot).to_vec())
+                with_values(param, self.0.values(slot))
             }
         }
         let slots = ParamLayout::of(&gpt)
@@ -286,7 +322,7 @@ impl Params {
                 };
                 let values = match trains {
                     true => self.0.slot(slot).to_vec(),
-                    false => std::mem::take(self.0.slot_mut(slot)),
+                    false => self.0.take_values(slot),
                 };
                 with_values(param, values)
             }
@@ -300,7 +336,9 @@ impl Params {
     /// requirement, zeros if ever read (the buffers hold the values).
     pub(crate) fn reclaim(&mut self, gpt: Gpt) -> Gpt {
         let slots = slots_of(&gpt);
-        gpt.map(&mut Reclaim(self, slots))
+        let hollow = gpt.map(&mut Reclaim(self, slots));
+        self.hold_base(self.base);
+        hollow
     }
 
     /// The values of `gpt`'s parameters moved into buffers that follow its layout (not copied
@@ -317,6 +355,7 @@ impl Params {
         // Every parameter counts as lent: `reclaim` moves each one's values in.
         let slots = layout.entries().iter().map(|e| (e.id, (e.slot, false)));
         let hollow = gpt.map(&mut Reclaim(&mut params, slots.collect()));
+        params.hold_base(hollow.lora_base());
         (params, hollow)
     }
 
@@ -339,9 +378,7 @@ impl Params {
     pub(crate) fn lent(&self) -> bool {
         let layout = &self.layout;
         let frozen = layout.entries().iter().filter(|e| !layout.trains(e));
-        frozen
-            .into_iter()
-            .any(|e| self.slot(e.slot).is_empty() && e.len > 0)
+        frozen.into_iter().any(|e| !self.holds(e.slot, e.len))
     }
 
     /// Copies the values of `gpt` (one host read per parameter) into buffers that follow
@@ -371,6 +408,7 @@ impl Params {
         }
         params.set_lora_scale(gpt);
         params.layout = layout;
+        params.hold_base(gpt.lora_base());
         params
     }
 

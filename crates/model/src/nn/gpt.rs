@@ -6,8 +6,8 @@ use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor};
 use tinygpt_attention::{AttentionKernel, DecodeProduct, burn_product};
 
-use crate::arch::GptConfig;
 use crate::arch::Position;
+use crate::arch::{BaseWeights, GptConfig};
 use crate::error::{GptConfigError, ModelError};
 use crate::gpu::{Kernels, rows};
 use crate::nn::block::{Block, linear, norm};
@@ -51,6 +51,10 @@ pub struct Gpt {
     /// adapters), set by [`Gpt::with_lora`] and read through [`Gpt::lora_dropout`].
     #[module(skip)]
     pub(crate) lora_dropout: f64,
+    /// How the frozen base's matrices are held while adapters train (`[lora] base`), set by
+    /// [`Gpt::with_lora`] and read through [`Gpt::lora_base`].
+    #[module(skip)]
+    pub(crate) lora_base: BaseWeights,
 }
 
 impl GptConfig {
@@ -99,6 +103,7 @@ impl Gpt {
             kernels,
             decoding: Decoding::default(),
             lora_dropout: 0.0,
+            lora_base: BaseWeights::F32,
         };
         Ok(model.with_kernels(kernels))
     }

@@ -6,9 +6,12 @@
 //! engine ([`ParamLayout::of`](crate::ParamLayout::of)) and checkpoints find by those paths.
 
 use burn::module::{Lora, Module, ParamGroup};
+use burn::nn::Linear;
+use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
-use crate::arch::{Factor, LoraConfig, LoraTarget};
+use crate::arch::q8_0::{BLOCK, round_columns};
+use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget};
 use crate::error::GptConfigError;
 
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
@@ -25,8 +28,9 @@ impl Gpt {
     /// This model with adapters of `lora`'s rank and scale on the matrices it names, in every
     /// block: `A ~ N(0, 1/rank)` (Burn's draw, from the device's random stream: seed it with
     /// [`seeded`](crate::seeded)), `B = 0`, so the model computes what it did; every base
-    /// parameter is frozen (no gradient), the factors train. Refuses a `lora` that
-    /// [`LoraConfig::validate`] refuses for this model, and a model with adapters already.
+    /// parameter is frozen (no gradient), the factors train. With `lora.base = q8_0` every
+    /// block's matrices are first rounded to `Q8_0` ([`BaseWeights::Q8_0`]). Refuses a `lora`
+    /// that [`LoraConfig::validate`] refuses for this model, and a model with adapters already.
     pub fn with_lora(self, lora: &LoraConfig) -> Result<Self, GptConfigError> {
         lora.validate(self.config())?;
         if self.lora_scale().is_some() {
@@ -40,9 +44,49 @@ impl Gpt {
             .collect();
         let burn = Lora::new(lora.rank, lora.scale() * lora.rank as f64)
             .set_param_group(ParamGroup::from_paths(paths));
-        let mut adapted = self.apply_lora(burn);
+        let base = match lora.base {
+            BaseWeights::F32 => self,
+            BaseWeights::Q8_0 => self.rounded_to_q8_0(),
+        };
+        let mut adapted = base.apply_lora(burn);
         adapted.lora_dropout = lora.dropout;
+        adapted.lora_base = lora.base;
         Ok(adapted)
+    }
+
+    /// How the frozen base's matrices are held while its adapters train (`[lora] base`):
+    /// `f32` without adapters.
+    pub fn lora_base(&self) -> BaseWeights {
+        self.lora_base
+    }
+
+    /// This model with every block's matrices rounded to `Q8_0` along their inputs (those
+    /// whose inputs are whole blocks of 32), one matrix at a time.
+    fn rounded_to_q8_0(mut self) -> Self {
+        fn round(linear: &mut Linear) {
+            let [n_in, n_out] = linear.weight.dims();
+            if !n_in.is_multiple_of(BLOCK) {
+                return;
+            }
+            linear.weight = linear.weight.clone().map(|w| {
+                let device = w.device();
+                let mut values = w
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("weights are f32");
+                round_columns(&mut values, n_in);
+                Tensor::from_data(TensorData::new(values, [n_in, n_out]), &device)
+            });
+        }
+        for block in &mut self.h {
+            round(&mut block.attn.c_attn);
+            round(&mut block.attn.c_proj);
+            if let Some(mlp) = &mut block.mlp {
+                round(&mut mlp.c_fc);
+                round(&mut mlp.c_proj);
+            }
+        }
+        self
     }
 
     /// The dropout on the adapters' inputs while training (`[lora] dropout`): 0 without
@@ -70,6 +114,7 @@ impl Gpt {
             Some(_) => {
                 let mut merged = self.materialize();
                 merged.lora_dropout = 0.0;
+                merged.lora_base = BaseWeights::F32;
                 merged
             }
             None => self,

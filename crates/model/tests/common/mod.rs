@@ -44,6 +44,7 @@ pub fn init(config: &GptConfig, device: &Device) -> tinygpt_model::Gpt {
     gpt
 }
 
+pub mod lora;
 #[path = "../../../attention/tests/support/wgpu.rs"]
 mod support_wgpu;
 #[allow(unused_imports)] // Not every test file runs on wgpu.

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use tinygpt_model::{Factor, GptConfig, LoraConfig, LoraTarget, adapter_path};
+use tinygpt_model::{BaseWeights, Factor, GptConfig, LoraConfig, LoraTarget, adapter_path};
 
 use super::foreign::{Foreign, NamedTensor, read_safetensors, write_safetensors};
 use super::run::Imported;
@@ -513,6 +513,8 @@ fn write_run(
         alpha: Some(adapters.scale * rank as f64),
         dropout: adapters.dropout,
         targets: Some(targets.clone()),
+        // PEFT's adapters name no quantisation of their base.
+        base: BaseWeights::F32,
     };
     let gpt = base.config.gpt(base.tokenizer.vocab_size());
     let mut tensors = Vec::new();

@@ -10,7 +10,8 @@ use super::adamw::Moments;
 use super::lent::{LentEntry, LentMoments};
 use super::muon::Velocities;
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
-use crate::arch::{GptConfig, LoraConfig};
+use crate::arch::q8_0::BLOCK;
+use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::params::Params;
@@ -87,6 +88,30 @@ impl FusedCpu {
         self.work.iter_mut().for_each(|w| w.checkpointing = on);
     }
 
+    /// Bytes of the weights held here: their f32 buffers, and a frozen base held in int8
+    /// (`[lora] base = "q8_0"`).
+    pub fn weight_bytes(&self) -> usize {
+        let w = &self.weights;
+        let f32s: usize = w
+            .layout()
+            .entries()
+            .iter()
+            .map(|e| w.slot(e.slot).len())
+            .sum();
+        4 * f32s + w.base_q8_bytes()
+    }
+
+    /// What [`weight_bytes`](Self::weight_bytes) is for a model of `config` with `lora`'s
+    /// adapters, from the sizes alone (the trainer's memory estimate).
+    pub fn weight_bytes_for(config: &GptConfig, lora: Option<&LoraConfig>) -> u64 {
+        let adapters = lora.map_or(0, |lora| lora.num_params(config));
+        let f32s = 4 * (config.num_params() + adapters);
+        let int8 = (int8_floats(config, lora) * config.n_layer) as u64;
+        // Each int8 weight: a byte instead of four, and a 2-byte scale every 32.
+        let block = BLOCK as u64;
+        f32s - int8 / block * (4 * block - (block + 2))
+    }
+
     /// Bytes of activations the threads hold after the last step (what checkpointing cuts).
     pub fn activation_bytes(&self) -> usize {
         4 * self
@@ -123,6 +148,7 @@ impl FusedCpu {
                 }
             }
         }
+        let base_rows = int8_floats(config, lora);
         let groups = threads.max(1).min(batch);
         let floats: usize = (0..groups)
             .map(|g| {
@@ -135,6 +161,7 @@ impl FusedCpu {
                     dropout: d.dropout > 0.0,
                     lora_ranks,
                     lora_dropout: lora.is_some_and(|lora| lora.dropout > 0.0),
+                    base_rows,
                 };
                 floats_for(&d, sizing)
             })
@@ -166,7 +193,14 @@ impl FusedCpu {
     /// but the frozen ones (LoRA's base) moved into it rather than copied: they exist once,
     /// in the model, until [`reclaim_weights`](Self::reclaim_weights); steps and losses are
     /// refused ([`FusedError::Lent`]) in between.
+    ///
+    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, and the
+    /// threads' buffers are freed first to make room for it (the next step sizes them again):
+    /// lent, the base takes what a step's activations took.
     pub fn lend_weights(&mut self, gpt: Gpt) -> Gpt {
+        if self.weights.base == BaseWeights::Q8_0 {
+            self.work.iter_mut().for_each(Workspace::release);
+        }
         self.weights.lend(gpt)
     }
 
@@ -419,6 +453,19 @@ impl FusedCpu {
             .into());
         }
         Ok(())
+    }
+}
+
+/// Weights of one block that `lora`'s base holds in int8: with a `q8_0` base, every matrix
+/// whose inputs are whole blocks of 32 (`frozen.rs`).
+fn int8_floats(config: &GptConfig, lora: Option<&LoraConfig>) -> usize {
+    match lora.map(|lora| lora.base) {
+        Some(BaseWeights::Q8_0) => LoraTarget::all()
+            .filter_map(|t| t.shape(config))
+            .filter(|(n_in, _)| n_in.is_multiple_of(BLOCK))
+            .map(|(n_in, n_out)| n_in * n_out)
+            .sum(),
+        Some(BaseWeights::F32) | None => 0,
     }
 }
 

@@ -4,12 +4,13 @@
 use crate::arch::{LoraTarget, Mlp};
 use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
 use crate::cpu::dims::Dims;
+use crate::cpu::frozen::dequantised;
 use crate::cpu::kernels::attention::{self, Shape};
 use crate::cpu::kernels::dropout::Rng;
 use crate::cpu::kernels::matmul::{View, matmul};
 use crate::cpu::kernels::norm::{self, Normed};
 use crate::cpu::kernels::{cross_entropy, rope, softcap};
-use crate::cpu::params::Params;
+use crate::cpu::params::{Params, RowBlock};
 
 /// A batch on the host: `inputs` and `targets` are `[batch, seq]` row-major; targets may be
 /// [`IGNORE_INDEX`].
@@ -155,6 +156,9 @@ pub(crate) struct Workspace {
     /// attention maps the forward uses too).
     d_resid: Vec<f32>,
     scratch: Scratch,
+    /// With a base held in int8 (`[lora] base = "q8_0"`): the block being computed's
+    /// matrices dequantised, as f32 rows.
+    base: RowBlock,
     pub grads: Params,
     /// Whether `grads` is known to be zero and shaped like the weights (set by the caller that
     /// hands it the step's sum), so the next step need not clear it.
@@ -250,6 +254,16 @@ impl Workspace {
             + self.ln_f_rstd.len()
             + self.d_resid.len()
             + scratch.iter().map(|b| b.len()).sum::<usize>()
+            + self.base.bytes() / 4
+    }
+
+    /// Frees every buffer (the next step sizes them again), keeping its settings: room for
+    /// what is lent out between steps.
+    pub(crate) fn release(&mut self) {
+        *self = Self {
+            checkpointing: self.checkpointing,
+            ..Self::default()
+        };
     }
 
     fn shape(&self) -> Shape {
@@ -284,6 +298,8 @@ impl Workspace {
         for (l, p) in w.blocks.iter().enumerate() {
             let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
             let (before, after) = self.resid.split_at_mut(l + 1);
+            let matrices = dequantised(p, &mut self.base);
+            let ctx = Ctx { matrices, ..ctx };
             block::forward(p, a, &before[l], &mut after[0], ctx, |h| {
                 attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
             });
@@ -365,6 +381,8 @@ impl Workspace {
             let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
             let (before, after) = self.resid.split_at_mut(l + 1);
             let x = &before[l];
+            let matrices = dequantised(p, &mut self.base);
+            let ctx = Ctx { matrices, ..ctx };
             if held {
                 // The same forward on the same input, masks and weights: the same
                 // activations, bit for bit (the output it rewrites is already used).
@@ -428,9 +446,9 @@ fn lora_input(d: &Dims, target: LoraTarget) -> usize {
 }
 
 /// What one thread's step sizes: `seqs` sequences of `seq` tokens, whether it keeps one
-/// block's activations or every block's, computes gradients and draws dropout masks, and the
-/// rank of the adapters on each [`LoraTarget`] (0 = none) and whether their inputs are dropped
-/// out.
+/// block's activations or every block's, computes gradients and draws dropout masks, the
+/// rank of the adapters on each [`LoraTarget`] (0 = none), whether their inputs are dropped
+/// out, and what of a block's base is dequantised for it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sizing {
     pub layers: usize,
@@ -441,6 +459,9 @@ pub(crate) struct Sizing {
     pub dropout: bool,
     pub lora_ranks: [usize; 4],
     pub lora_dropout: bool,
+    /// Floats of one block's matrices held in int8 (`[lora] base = "q8_0"`), which a step
+    /// dequantises a block at a time.
+    pub base_rows: usize,
 }
 
 /// Floats a thread's buffers hold after a step of `s` on a model of `d`, as `prepare`, the
@@ -489,7 +510,8 @@ pub(crate) fn floats_for(d: &Dims, s: Sizing) -> usize {
         + 2 * rows
         + rows * d.vocab
         + softcap
-        + 2 * s.seq * s.seq;
+        + 2 * s.seq * s.seq
+        + s.base_rows;
     if !s.grad {
         return forward;
     }

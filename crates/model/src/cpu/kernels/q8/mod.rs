@@ -26,8 +26,8 @@ use super::prefetch;
 use super::rows::F32Rows;
 use crate::fast_math::vectorized;
 
-/// Values per block.
-pub const BLOCK: usize = 32;
+use crate::arch::q8_0::quantize_block;
+pub use crate::arch::q8_0::{BLOCK, q8_0_block};
 
 /// A matrix `[rows, cols]` of `Q8_0` blocks along each row (`cols` a multiple of [`BLOCK`]),
 /// stored row after row as the row's f16 scales (`cols / 32`) and then its bytes (`cols`, two
@@ -63,6 +63,11 @@ impl Q8Matrix {
             }
         }
         m
+    }
+
+    /// Bytes it holds: a byte a weight and two a block's scale.
+    pub(crate) fn bytes(&self) -> usize {
+        2 * self.data.len()
     }
 
     /// Row `j`'s slots: its scales, then its bytes.
@@ -101,28 +106,33 @@ impl Q8Matrix {
     pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
         Self::from_rows(&F32Rows::from_columns(w, n_in).w, n_in)
     }
-}
 
-/// One block of 32 values as GGUF's `Q8_0` stores it: its f16 scale and 32 bytes, rounded as
-/// ggml's reference quantiser rounds them (what `export --dtype q8_0` writes, and what the
-/// decoder quantises its weights with: the same bytes).
-pub fn q8_0_block(x: &[f32; BLOCK]) -> (f16, [i8; BLOCK]) {
-    let mut q = [0; BLOCK];
-    let d = quantize_block(x, &mut q);
-    (f16::from_f32(d), q)
-}
-
-/// `x`'s 32 values as bytes in `q`, returning the scale `d = max|x| / 127` (0 for a zero block).
-#[inline(always)]
-fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    for (q, &v) in q.iter_mut().zip(x) {
-        // |v · id| <= 127 up to `id`'s rounding, which `as` saturates.
-        *q = (v * id).round() as i8;
+    /// Its values dequantised into `out` as `[rows, cols]` f32 rows (`q · d`, what every
+    /// product by it computes with), `out`'s allocation reused.
+    pub(crate) fn dequantise_into(&self, out: &mut F32Rows) {
+        out.rows = self.rows;
+        out.cols = self.cols;
+        out.w.resize(self.rows * self.cols, 0.0);
+        for (j, values) in out.w.chunks_exact_mut(self.cols).enumerate() {
+            let (q, d) = self.row(j);
+            let blocks = values.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
+            for ((values, q), d) in blocks.zip(d) {
+                let d = d.to_f32();
+                values
+                    .iter_mut()
+                    .zip(q)
+                    .for_each(|(v, &q)| *v = f32::from(q) * d);
+            }
+        }
     }
-    d
+
+    /// Its values dequantised as a linear layer's weight `[cols, rows]` (Burn's layout, the
+    /// inverse of [`from_columns`](Self::from_columns)).
+    pub(crate) fn to_columns(&self) -> Vec<f32> {
+        let mut rows = F32Rows::default();
+        self.dequantise_into(&mut rows);
+        rows.to_columns()
+    }
 }
 
 /// Activation rows quantised for the products: `q [rows · cols]`, f32 scales per block.

@@ -225,8 +225,8 @@ fn the_buffers_hold_what_the_estimate_reads_with_an_int8_base() {
 }
 
 /// Lent to Burn's model, the base goes as its rounded f32 values (the threads' buffers freed
-/// to make room); taken back it is the same int8 copy: the same bytes held, the same loss, the
-/// same step.
+/// first to make room); taken back it is the same int8 copy: the same bytes held, the same
+/// loss, the same step.
 #[test]
 fn the_int8_base_is_lent_and_taken_back_unchanged() {
     let _seeded = seeded();
@@ -251,6 +251,7 @@ fn the_int8_base_is_lent_and_taken_back_unchanged() {
     let (mut lending, hollow) = FusedCpu::taking(gpt.clone(), 2).unwrap();
     let held = lending.weight_bytes();
     assert_eq!(step(&mut lending), step(&mut plain));
+    lending.release_buffers();
     let model = lending.lend_weights(hollow);
     assert!(lending.lent());
     assert!(lending.loss(tokens(&ids)).is_err(), "refused while lent");

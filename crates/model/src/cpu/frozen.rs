@@ -1,15 +1,16 @@
 //! A LoRA run's frozen base held in `Q8_0` (`[lora] base = "q8_0"`, QLoRA's idea): every
-//! block's matrices whose inputs are whole blocks of 32 kept as int8 rows
-//! ([`BlockParams::base_q8`]), their f32 buffers empty, 1.0625 bytes a weight instead of 4.
-//! Training multiplies by them dequantised one block's matrices at a time ([`dequantised`]),
-//! forward and backward. Lent to Burn's model (checkpoints, samples) they go as f32 and are
-//! quantised again when taken back: the model's values were rounded to `Q8_0` when its adapters
-//! were attached ([`Gpt::with_lora`](crate::Gpt::with_lora)), and rounding them again gives the
-//! same bytes.
+//! block's matrices whose inputs are whole blocks of 32 kept in int8 ([`Int8Columns`], in
+//! [`BlockParams::base_q8`]), their f32 buffers empty, 1.0625 bytes a weight instead of 4.
+//! Training dequantises one block's matrices at a time into training's own layout
+//! ([`dequantised`]) and multiplies by them as by f32 weights, forward and backward (the same
+//! kernels as a base holding the rounded values in f32). Lent to Burn's model
+//! (checkpoints, samples) they go as f32 and are quantised again when taken back: the model's
+//! values were rounded to `Q8_0` when its adapters were attached
+//! ([`Gpt::with_lora`](crate::Gpt::with_lora)), and rounding them again gives the same bytes.
 
-use super::kernels::q8::{BLOCK, Q8Matrix};
-use super::kernels::rows::F32Rows;
+use super::kernels::q8::columns::Int8Columns;
 use super::params::{BlockParams, Params, RowBlock, RowMatrix};
+use crate::arch::q8_0::BLOCK;
 use crate::arch::{BaseWeights, BlockSlot, LoraTarget, Slot};
 
 /// The matrix a slot is, if it is one of a block's.
@@ -33,7 +34,7 @@ fn matrix(slot: BlockSlot) -> Option<LoraTarget> {
 
 impl Params {
     /// Holds the frozen base as `base` says: with `Q8_0`, every frozen block matrix whose
-    /// inputs are whole blocks moves from its f32 buffer into int8 rows, one at a time.
+    /// inputs are whole blocks moves from its f32 buffer into int8, one at a time.
     pub(crate) fn hold_base(&mut self, base: BaseWeights) {
         self.base = base;
         if base == BaseWeights::F32 {
@@ -52,72 +53,68 @@ impl Params {
                 continue;
             }
             let values = std::mem::take(block.buffer_mut(slot));
-            *block.base_q8.get_mut(target) =
-                Some(RowMatrix::Q8(Q8Matrix::from_columns(&values, n_in)));
+            block.base_q8[target as usize] = Some(Int8Columns::quantise(&values, n_in));
         }
     }
 
     /// A copy of `slot`'s values in Burn's layout (dequantised when held in int8).
     pub(crate) fn values(&self, slot: Slot) -> Vec<f32> {
         match self.int8(slot) {
-            Some(q) => q.to_columns(),
+            Some(m) => m.values(),
             None => self.slot(slot).to_vec(),
         }
     }
 
     /// `slot`'s values in Burn's layout, moved out (dequantised when held in int8, the int8
-    /// rows then dropped): its buffer is left empty.
+    /// copy then dropped): it is left empty.
     pub(crate) fn take_values(&mut self, slot: Slot) -> Vec<f32> {
-        let Some(values) = self.int8(slot).map(Q8Matrix::to_columns) else {
-            return std::mem::take(self.slot_mut(slot));
-        };
-        if let (Slot::Block(l, s), Some(target)) = (slot, block_matrix(slot)) {
-            debug_assert_eq!(self.blocks[l].buffer(s).len(), 0);
-            *self.blocks[l].base_q8.get_mut(target) = None;
+        if let (Slot::Block(l, _), Some(t)) = (slot, block_matrix(slot))
+            && let Some(m) = self.blocks[l].base_q8[t as usize].take()
+        {
+            return m.values();
         }
-        values
+        std::mem::take(self.slot_mut(slot))
     }
 
-    /// `slot`'s int8 rows, if it is held so.
-    fn int8(&self, slot: Slot) -> Option<&Q8Matrix> {
+    /// `slot`'s int8 copy, if it is held so.
+    fn int8(&self, slot: Slot) -> Option<&Int8Columns> {
         let Slot::Block(l, _) = slot else {
             return None;
         };
-        match self.blocks[l].base_q8.get(block_matrix(slot)?) {
-            Some(RowMatrix::Q8(q)) => Some(q),
-            Some(RowMatrix::F32(_)) | None => None,
-        }
+        self.blocks[l].base_q8[block_matrix(slot)? as usize].as_ref()
     }
 
-    /// Whether `slot`'s values are held here, in its buffer or as int8 rows.
+    /// Whether `slot`'s `len` values are held here, in its buffer or in int8.
     pub(crate) fn holds(&self, slot: Slot, len: usize) -> bool {
         self.int8(slot).is_some() || self.slot(slot).len() == len
     }
 
-    /// Bytes of the frozen base's int8 rows.
+    /// Bytes of the frozen base's int8 copies.
     pub(crate) fn base_q8_bytes(&self) -> usize {
-        self.blocks.iter().map(|b| b.base_q8.bytes()).sum()
+        let blocks = self.blocks.iter().flat_map(|b| b.base_q8.iter().flatten());
+        blocks.map(Int8Columns::bytes).sum()
     }
 }
 
-/// Block `p`'s int8 matrices dequantised into `out` as f32 rows (its allocations reused), for
-/// the products of a step: `None` when `p` holds them in f32 (`out` then left as it is).
+/// Block `p`'s int8 matrices dequantised into `out` in training's layout (its allocations
+/// reused), for a step's products: `None` when `p` holds them in f32 (`out` left as it is).
 pub(crate) fn dequantised<'a>(p: &BlockParams, out: &'a mut RowBlock) -> Option<&'a RowBlock> {
-    let mut any = false;
+    if p.base_q8.iter().all(Option::is_none) {
+        return None;
+    }
     for target in LoraTarget::all() {
         let out = out.get_mut(target);
-        match p.base_q8.get(target) {
-            Some(RowMatrix::Q8(q)) => {
-                if !matches!(out, Some(RowMatrix::F32(_))) {
-                    *out = Some(RowMatrix::F32(F32Rows::default()));
+        match &p.base_q8[target as usize] {
+            Some(m) => {
+                if !matches!(out, Some(RowMatrix::Columns(_))) {
+                    *out = Some(RowMatrix::Columns(Vec::new()));
                 }
-                if let Some(RowMatrix::F32(rows)) = out {
-                    q.dequantise_into(rows);
+                if let Some(RowMatrix::Columns(values)) = out {
+                    m.dequantise_into(values);
                 }
-                any = true;
             }
-            Some(RowMatrix::F32(_)) | None => *out = None,
+            None => *out = None,
         }
     }
-    any.then_some(&*out)
+    Some(out)
 }

@@ -11,6 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::kernels::q8::Q8Matrix;
+use super::kernels::q8::columns::Int8Columns;
 use super::kernels::rows::F32Rows;
 use crate::arch::{BaseWeights, BlockSlot, Factor, LoraTarget, Slot};
 use crate::nn::Gpt;
@@ -39,9 +40,9 @@ pub(crate) struct BlockParams {
     pub mlp_proj_b: Vec<f32>,
     /// The LoRA adapters on its matrices (all empty without).
     pub lora: BlockLora,
-    /// Its frozen matrices held in `Q8_0` (`[lora] base = "q8_0"`, `frozen.rs`), their
-    /// buffers above then empty; `None`: in f32 above.
-    pub base_q8: RowBlock,
+    /// Its frozen matrices held in `Q8_0` (`[lora] base = "q8_0"`, `frozen.rs`), by
+    /// [`LoraTarget`], their buffers above then empty; `None`: in f32 above.
+    pub base_q8: [Option<Int8Columns>; 4],
 }
 
 /// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; empty = none.
@@ -105,11 +106,13 @@ impl BlockLora {
 }
 
 /// A matrix as the decoder keeps it: rows of outputs, each output's weights contiguous
-/// (`[n_out, n_in]`, as GGUF stores them), in int8 or f32.
+/// (`[n_out, n_in]`, as GGUF stores them), in int8 or f32; or, for a training step, a frozen
+/// matrix dequantised into training's layout `[n_in, n_out]` (`frozen.rs`).
 #[derive(Debug, Clone)]
 pub(crate) enum RowMatrix {
     Q8(Q8Matrix),
     F32(F32Rows),
+    Columns(Vec<f32>),
 }
 
 /// One block's matrices as the decoder keeps them (`None`: in [`BlockParams`]' f32 layout).
@@ -146,6 +149,7 @@ impl RowBlock {
         let bytes = |m: &Option<RowMatrix>| match m {
             Some(RowMatrix::Q8(q)) => q.bytes(),
             Some(RowMatrix::F32(r)) => 4 * r.w.len(),
+            Some(RowMatrix::Columns(w)) => 4 * w.len(),
             None => 0,
         };
         LoraTarget::all().map(|t| bytes(self.get(t))).sum()

@@ -46,11 +46,13 @@ pub(super) enum Weight<'a> {
 }
 
 impl<'a> Weight<'a> {
-    /// The decoder's `m`, or `f32` (training's layout) where it keeps none.
+    /// The decoder's `m`, or `f32` (training's layout) where it keeps none (or a frozen
+    /// matrix dequantised in that layout).
     pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a [f32]) -> Self {
         match m {
             Some(RowMatrix::Q8(q)) => Weight::Q8(q),
             Some(RowMatrix::F32(r)) => Weight::Rows(r),
+            Some(RowMatrix::Columns(w)) => Weight::F32(w),
             None => Weight::F32(f32),
         }
     }

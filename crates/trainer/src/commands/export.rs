@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use tinygpt::interop::{self, gguf};
 use tinygpt::run::checkpoint::{Run, Which};
+use tinygpt_model::BaseWeights;
 
 /// Write a run's weights for other tools.
 ///
@@ -103,6 +104,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
                  PeftModel.from_pretrained",
                 args.out.display()
             );
+            if run.config.lora.as_ref().map(|l| l.base) == Some(BaseWeights::Q8_0) {
+                println!(
+                    "note: these adapters were trained on the base's matrices rounded to q8_0;                      onto its f32 export they compute a little differently (--format hf exports                      the run merged, as trained)"
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -17,7 +17,7 @@ use tinygpt::train::{Limits, TrainOptions, Trainer};
 /// Ctrl-C (or --max-time) saves the run; --resume continues it exactly.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton\n  tinygpt train --config finetune --init-from runs/imported --lora 16 --data chats.jsonl --out runs/chat-lora"
+    after_help = "Examples:\n  tinygpt train\n  tinygpt train --config baby --data input.txt --out runs/baby\n  tinygpt train --config my.toml --set model.n_layer=2 --set data.tokenizer=bpe --max-time 5m\n  tinygpt train --resume --out runs/baby --max-iters 4000\n  tinygpt train --config finetune --init-from runs/imported --data milton.txt --out runs/milton\n  tinygpt train --config finetune --init-from runs/imported --lora 16 --data chats.jsonl --out runs/chat-lora\n  tinygpt train --config finetune --init-from runs/imported --lora 16 --weights q8_0 --data chats.jsonl --out runs/chat-qlora"
 )]
 pub struct Args {
     /// Run configuration: a built-in preset (default, baby, modern, speedrun, ten-minutes, shakespeare-char, finetune) or a TOML file
@@ -65,6 +65,11 @@ pub struct Args {
     /// (sets lora.rank; [lora] in the config sets alpha and targets).
     #[arg(long, value_name = "RANK")]
     lora: Option<usize>,
+    /// With --lora: the frozen model's matrices as the run has them (f32), or rounded to
+    /// int8 in blocks of 32 (q8_0, QLoRA's idea), which the CPU's fused engine holds in about
+    /// a quarter of the memory (sets lora.base).
+    #[arg(long, value_name = "FORMAT", value_parser = ["f32", "q8_0"])]
+    weights: Option<String>,
 }
 
 impl Args {
@@ -83,6 +88,9 @@ impl Args {
         }
         if let Some(rank) = self.lora {
             overrides.push(format!("lora.rank={rank}"));
+        }
+        if let Some(base) = &self.weights {
+            overrides.push(format!("lora.base=\"{base}\""));
         }
         TrainOptions {
             config: self.config.as_deref().map(ConfigSource::parse),

@@ -316,6 +316,13 @@ impl RunConfig {
             apply_override(&mut table, assignment)?;
         }
         move_older_keys(&mut table);
+        if let Some(lora) = table.get("lora").and_then(|l| l.as_table())
+            && !lora.contains_key("rank")
+        {
+            bail!(
+                "[lora] has no rank: LoRA adapters (and --weights for their frozen base) need                  --lora RANK or lora.rank"
+            );
+        }
         // Through the text, so that an error quotes the line at fault.
         let text = toml::to_string(&table)?;
         let config: RunConfig =

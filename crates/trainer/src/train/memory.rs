@@ -114,13 +114,40 @@ impl Estimate {
         };
         let copies = |n: u64| params.saturating_mul(n * F32);
         let trained_copies = |n: u64| trained.saturating_mul(n * F32);
-        Self {
+        let estimate = Self {
             // The adapters' own factors beside the base.
             weights: copies(weights).saturating_add(adapters.unwrap_or(0) * F32),
             optimizer: trained_copies(optimizer),
             gradients: trained_copies(gradients),
             activations,
             overhead: OVERHEAD.saturating_add(checkpoint_copies(gpt, adapters.is_some())),
+        };
+        match engine {
+            EngineKind::Fused => estimate.with_int8_base(FusedCpu::weight_bytes_for(gpt, lora)),
+            EngineKind::Autodiff | EngineKind::Device => estimate,
+        }
+    }
+
+    /// The fused engine's peak when it holds its weights in `held` bytes: less than in f32
+    /// with a `q8_0` base (`[lora] base`). It then has two peaks: a step's, the base in int8
+    /// beside the activations, and a checkpoint's or a sample's, the base lent to Burn's model
+    /// in f32 and the activations freed to make room. The larger is the estimate.
+    fn with_int8_base(self, held: u64) -> Self {
+        if held >= self.weights {
+            return self;
+        }
+        let step = Self {
+            weights: held,
+            overhead: OVERHEAD,
+            ..self
+        };
+        let lent = Self {
+            activations: 0,
+            ..self
+        };
+        match step.total() >= lent.total() {
+            true => step,
+            false => lent,
         }
     }
 
@@ -234,6 +261,7 @@ pub fn human(bytes: u64) -> String {
 mod tests {
     use super::*;
     use crate::backend::host::available_bytes;
+    use crate::config::RunConfig;
     use crate::config::presets::ConfigSource;
 
     #[test]
@@ -303,6 +331,42 @@ mod tests {
         );
         assert_eq!(lora.weights, small.weights + 4 * adapters);
         assert!(lora.total() < small.total(), "{lora:?} {small:?}");
+    }
+
+    /// With a `q8_0` base the larger of the fused engine's two peaks: a step's (the base in
+    /// int8, beside the activations: a large batch) or the lent base's (in f32, no
+    /// activations: one short sequence); Burn's engines hold it in f32 throughout.
+    #[test]
+    fn an_int8_base_is_counted_at_the_larger_of_its_two_peaks() {
+        let load = |batch: usize, base: &str| {
+            let sets = [
+                "model.n_embd=256".to_string(),
+                "model.n_head=4".into(),
+                "lora.rank=4".into(),
+                format!("lora.base=\"{base}\""),
+                format!("train.batch_size={batch}"),
+            ];
+            ConfigSource::Preset("baby").load(&sets).unwrap()
+        };
+        let fused = |config: &RunConfig| Estimate::training(config, 65, EngineKind::Fused);
+        for batch in [1, 64] {
+            let (int8, f32) = (load(batch, "q8_0"), load(batch, "f32"));
+            let (held, plain) = (fused(&int8), fused(&f32));
+            assert!(held.total() < plain.total(), "{held:?} {plain:?}");
+            let bytes = FusedCpu::weight_bytes_for(&int8.gpt(65), int8.lora.as_ref());
+            assert!(bytes * 2 < plain.weights, "{bytes} of {plain:?}");
+            match batch {
+                // A step's activations are less than what the int8 base saves.
+                1 => assert_eq!((held.weights, held.activations), (plain.weights, 0)),
+                // The activations, and one block's base dequantised per thread.
+                _ => {
+                    assert_eq!(held.weights, bytes);
+                    assert!(held.activations > plain.activations, "{held:?} {plain:?}");
+                }
+            }
+            let burn = |config: &RunConfig| Estimate::training(config, 65, EngineKind::Autodiff);
+            assert_eq!(burn(&int8), burn(&f32));
+        }
     }
 
     #[test]

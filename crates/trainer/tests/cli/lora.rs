@@ -1,7 +1,7 @@
 //! LoRA fine-tuning through the binary: `train --init-from RUN --lora RANK` writes the adapters
-//! alone, trains them on the fused engine and on Burn's, resumes bit for bit, samples and
-//! exports merged, and refuses in one line a base that changed, an impossible rank or target,
-//! and LoRA without a base.
+//! alone, trains them on the fused engine and on Burn's (on an f32 base or one rounded to
+//! `q8_0`), resumes bit for bit, samples and exports merged, and refuses in one line a base
+//! that changed, an impossible rank or target, and LoRA without a base.
 
 use std::path::Path;
 
@@ -177,4 +177,57 @@ fn lora_dropout_trains_on_the_fused_engine_resumes_exactly_and_is_refused_elsewh
     for out in ["flex", "high"] {
         assert!(!dir.join(out).exists(), "{out} was written");
     }
+}
+
+#[test]
+fn lora_on_an_int8_base_trains_on_every_engine_resumes_exactly_and_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "5"]));
+    let int8 = ["--weights", "q8_0"];
+    ok(lora(dir, "int8", "fused", "6", &int8));
+    let config = std::fs::read_to_string(dir.join("int8/config.toml")).unwrap();
+    assert!(config.contains("base = \"q8_0\""), "{config}");
+    // The checkpoint holds the adapters alone, as any LoRA run's.
+    let tensors = weights(&dir.join("int8"));
+    assert_eq!(tensors.len(), 2 * 4);
+    // The base's matrices rounded: another loss from the first step than in f32.
+    ok(lora(dir, "plain", "fused", "6", &[]));
+    let first = |run: &str| metrics(&dir.join(run))[0].1;
+    assert_ne!(first("int8"), first("plain"));
+    assert!((first("int8") - first("plain")).abs() < 0.05);
+    // Stopped at 3 and resumed: the same adapters, bit for bit (the int8 copy is made again
+    // from the base).
+    ok(lora(dir, "halves", "fused", "3", &int8));
+    let resume = ["train", "--resume", "--out", "halves", "--max-iters", "6"];
+    ok(tinygpt(dir, &resume));
+    assert_eq!(weights(&dir.join("halves")), tensors);
+    // Burn's engines train on the same rounded values (in f32).
+    ok(lora(dir, "flex", "flex", "6", &int8));
+    assert!((first("flex") - first("int8")).abs() < 1e-4);
+    // Sampled, evaluated and exported merged into the rounded base.
+    let logits = |run: &str| {
+        let args = ["logits", "--checkpoint", run, "--tokens", "1,2,3"];
+        ok(tinygpt(dir, &args))
+    };
+    assert_ne!(logits("int8"), logits("plain"));
+    ok(tinygpt(dir, &["eval", "--checkpoint", "int8"]));
+    let generate = ["generate", "--checkpoint", "int8", "--max-new-tokens", "5"];
+    ok(tinygpt(dir, &generate));
+    // PEFT applies adapters to an f32 base: said when the adapters were trained on another.
+    let peft = [
+        "export",
+        "--checkpoint",
+        "int8",
+        "--format",
+        "peft",
+        "--out",
+        "peft",
+    ];
+    assert!(ok(tinygpt(dir, &peft)).contains("rounded to q8_0"));
+    // Without adapters to train, or changed on resume: refused, nothing written.
+    fails(train(dir, "alone", &int8), "--lora");
+    assert!(!dir.join("alone").exists());
+    let change = ["train", "--resume", "--out", "plain", "--weights", "q8_0"];
+    fails(tinygpt(dir, &change), "cannot change `lora.base`");
 }

@@ -38,17 +38,6 @@ impl F32Rows {
         }
     }
 
-    /// Back to a linear layer's weight `[cols, rows]` (Burn's layout).
-    pub(crate) fn to_columns(&self) -> Vec<f32> {
-        let mut w = vec![0.0; self.w.len()];
-        for (j, row) in self.w.chunks_exact(self.cols).enumerate() {
-            for (i, &v) in row.iter().enumerate() {
-                w[i * self.rows + j] = v;
-            }
-        }
-        w
-    }
-
     fn row(&self, j: usize) -> &[f32] {
         &self.w[j * self.cols..(j + 1) * self.cols]
     }

@@ -194,14 +194,21 @@ impl FusedCpu {
     /// in the model, until [`reclaim_weights`](Self::reclaim_weights); steps and losses are
     /// refused ([`FusedError::Lent`]) in between.
     ///
-    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, and the
-    /// threads' buffers are freed first to make room for it (the next step sizes them again):
-    /// lent, the base takes what a step's activations took.
+    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, in f32:
+    /// [`release_buffers`](Self::release_buffers) first makes room for it.
     pub fn lend_weights(&mut self, gpt: Gpt) -> Gpt {
-        if self.weights.base == BaseWeights::Q8_0 {
-            self.work.iter_mut().for_each(Workspace::release);
-        }
         self.weights.lend(gpt)
+    }
+
+    /// Frees the threads' buffers (activations and scratch) between steps; the next step
+    /// sizes them again. What makes room for a base held in int8 while it is lent out in f32.
+    pub fn release_buffers(&mut self) {
+        self.work.iter_mut().for_each(Workspace::release);
+    }
+
+    /// How the frozen base is held here (`[lora] base`; `f32` without adapters).
+    pub fn base(&self) -> BaseWeights {
+        self.weights.base
     }
 
     /// Takes back the weights [`lend_weights`](Self::lend_weights) moved into `gpt` and returns

@@ -27,6 +27,8 @@ use super::rows::F32Rows;
 use crate::fast_math::vectorized;
 
 use crate::arch::q8_0::quantize_block;
+pub(crate) mod columns;
+
 pub use crate::arch::q8_0::{BLOCK, q8_0_block};
 
 /// A matrix `[rows, cols]` of `Q8_0` blocks along each row (`cols` a multiple of [`BLOCK`]),
@@ -124,14 +126,6 @@ impl Q8Matrix {
                     .for_each(|(v, &q)| *v = f32::from(q) * d);
             }
         }
-    }
-
-    /// Its values dequantised as a linear layer's weight `[cols, rows]` (Burn's layout, the
-    /// inverse of [`from_columns`](Self::from_columns)).
-    pub(crate) fn to_columns(&self) -> Vec<f32> {
-        let mut rows = F32Rows::default();
-        self.dequantise_into(&mut rows);
-        rows.to_columns()
     }
 }
 

@@ -1,7 +1,6 @@
 //! The int8 products against their plain reference, bit for bit, on every kernel the CPU has.
 
 use super::*;
-use crate::arch::q8_0::round_columns;
 
 /// The activations' quantiser, compiled for the vector width, gives the bytes and scales
 /// of the plain one (libm's `round`: ties away from zero), ties included.
@@ -156,42 +155,5 @@ fn products_are_close_to_f32() {
                 assert!((out[r * n + j] - exact).abs() < 0.02 * scale, "{r} {j}");
             }
         }
-    }
-}
-
-/// A weight rounded to `Q8_0` and back is rounded to itself again: the quantised copy a
-/// frozen base is held in between steps can be made again from the values it lent out, bit
-/// for bit. Values of every magnitude, a zero block, and a block whose largest value is
-/// negative.
-#[test]
-fn round_trip_is_a_fixed_point() {
-    let (n_in, n_out) = (4 * BLOCK, 7);
-    let mut w: Vec<f32> = values(n_in * n_out, 9)
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * 10f32.powi(i as i32 % 9 - 5))
-        .collect();
-    // Column 2's first block (inputs 0..32 of output 2) all zero; column 3's largest negative.
-    (0..BLOCK).for_each(|i| w[i * n_out + 2] = 0.0);
-    w[5 * n_out + 3] = -40.0;
-    let mut once = w.clone();
-    round_columns(&mut once, n_in);
-    assert_ne!(once, w, "rounding changes the values");
-    let m = Q8Matrix::from_columns(&w, n_in);
-    let again = Q8Matrix::from_columns(&once, n_in);
-    assert_eq!(m.data, again.data, "the same bytes and scales");
-    assert_eq!(m.to_columns(), once, "what the int8 copy computes with");
-    let mut twice = once.clone();
-    round_columns(&mut twice, n_in);
-    assert_eq!(twice, once);
-    // Each value within half a step of its block's scale, and the scale's rounding to f16
-    // (at most 2^-11 of it, 127 times).
-    for (i, (a, b)) in w.iter().zip(&once).enumerate() {
-        let (input, output) = (i / n_out, i % n_out);
-        let d = m.row(output).1[input / BLOCK].to_f32();
-        assert!(
-            (a - b).abs() <= (0.5 + 127.0 / 2048.0) * d * 1.001,
-            "{a} vs {b}, scale {d}"
-        );
     }
 }

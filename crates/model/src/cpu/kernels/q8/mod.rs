@@ -116,15 +116,20 @@ impl Q8Matrix {
         out.cols = self.cols;
         out.w.resize(self.rows * self.cols, 0.0);
         for (j, values) in out.w.chunks_exact_mut(self.cols).enumerate() {
-            let (q, d) = self.row(j);
-            let blocks = values.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
-            for ((values, q), d) in blocks.zip(d) {
-                let d = d.to_f32();
-                values
-                    .iter_mut()
-                    .zip(q)
-                    .for_each(|(v, &q)| *v = f32::from(q) * d);
-            }
+            self.dequantise_row(j, values);
+        }
+    }
+
+    /// Row `j`'s values `q · d` into `out` `[cols]`.
+    fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        let (q, d) = self.row(j);
+        let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
+        for ((values, q), d) in blocks.zip(d) {
+            let d = d.to_f32();
+            values
+                .iter_mut()
+                .zip(q)
+                .for_each(|(v, &q)| *v = f32::from(q) * d);
         }
     }
 }
@@ -189,15 +194,7 @@ fn dequantised(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], panel: &mut 
         let j1 = (j0 + PANEL).min(n);
         panel.resize((j1 - j0) * k, 0.0);
         for (values, j) in panel.chunks_exact_mut(k).zip(j0..j1) {
-            let (q, d) = w.row(j);
-            let blocks = values.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
-            for ((values, q), d) in blocks.zip(d) {
-                let d = d.to_f32();
-                values
-                    .iter_mut()
-                    .zip(q)
-                    .for_each(|(v, &q)| *v = f32::from(q) * d);
-            }
+            w.dequantise_row(j, values);
         }
         let weights = View::new(panel, j1 - j0, k).t();
         matmul_into(

@@ -475,8 +475,9 @@ fn mlp_backward(
 }
 
 /// The backward of [`linear`] with `(rows, n_in, n_out)`: `dx = dy · wᵀ` (overwritten),
-/// `dw += xᵀ · dy`, `db += Σ_rows dy`. `w` in training's layout, or as rows (a frozen base
-/// held in int8, dequantised for the step: `frozen.rs`).
+/// `dw += xᵀ · dy`, `db += Σ_rows dy`. Training passes `w` in its own layout (a frozen base
+/// held in int8 is dequantised into that layout first: `frozen.rs`); the decoder's rows are
+/// multiplied as they are.
 fn linear_backward(
     dx: &mut [f32],
     dw: &mut [f32],

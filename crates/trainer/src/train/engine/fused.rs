@@ -26,10 +26,6 @@ pub(super) struct FusedEngine {
     threads: usize,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
-    /// Whether the frozen base is held in int8 (`[lora] base = "q8_0"`): lent out in f32
-    /// between steps in place of the step's buffers, what each move frees given back to the
-    /// system.
-    int8_base: bool,
 }
 
 impl FusedEngine {
@@ -42,7 +38,6 @@ impl FusedEngine {
         // The weights move into the buffers; the model keeps none (written in when asked).
         let muon = muon_ids(&model);
         let (mut fused, model) = FusedCpu::taking(model, threads)?;
-        let int8_base = fused.base() == BaseWeights::Q8_0;
         fused.set_checkpointing(checkpointing);
         match &optimizer.rule {
             UpdateRule::AdamW(_) => {}
@@ -62,7 +57,6 @@ impl FusedEngine {
             stale: true,
             threads,
             known: Vec::new(),
-            int8_base,
         })
     }
 
@@ -72,7 +66,7 @@ impl FusedEngine {
     fn sync(&mut self) -> Result<()> {
         self.fused.release_gradients();
         if self.stale {
-            if self.int8_base {
+            if self.int8_base() {
                 // The base goes out in f32, four times its int8 bytes: in the room the
                 // step's buffers held.
                 self.fused.release_buffers();
@@ -92,11 +86,18 @@ impl FusedEngine {
             let model = self.model.take().context(LOST)?;
             self.model = Some(self.fused.reclaim_weights(model));
             self.stale = true;
-            if self.int8_base {
+            if self.int8_base() {
                 release_freed_memory();
             }
         }
         Ok(())
+    }
+
+    /// Whether the frozen base is held in int8 (`[lora] base = "q8_0"`): lent out in f32
+    /// between steps in place of the step's buffers, what each move frees given back to the
+    /// system.
+    fn int8_base(&self) -> bool {
+        self.fused.base() == BaseWeights::Q8_0
     }
 }
 

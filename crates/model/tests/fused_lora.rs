@@ -11,9 +11,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use common::lora::{adapted, batch, check, values};
 use common::{configs, seeded};
+use tinygpt_model::parts::Position;
 use tinygpt_model::{
     AdamWSettings, FusedCpu, Gpt, GptConfig, GptConfigError, LoraConfig, LoraTarget, LrRatios,
-    ParamLayout, Slot, TokenBatch,
+    ParamLayout, Slot, TokenBatch, TrainedPart,
 };
 
 /// Every config, every matrix alone and all together: the adapters' gradients are Burn's.
@@ -37,11 +38,66 @@ fn adapter_gradients_match_burn_autodiff() {
                 dropout: 0.0,
                 targets: Some(targets.clone()),
                 base: Default::default(),
+                also_train: Vec::new(),
             };
             let gpt = adapted(&config, &lora);
             let factors = 2 * targets.len() * config.n_layer;
             assert_eq!(check(&gpt, 1), factors, "{config:?} {targets:?}");
             assert_eq!(check(&gpt, 2), factors, "{config:?} {targets:?}");
+        }
+    }
+}
+
+/// The parts of the base trained beside the adapters (`also_train`: the embedding, the head,
+/// both; tied and untied heads, learned positions and a bigram table among the configs) get
+/// Burn's gradients on the fused engine, and the rest of the base none.
+#[test]
+fn parts_trained_beside_adapters_match_burn_autodiff() {
+    let _seeded = seeded();
+    let parts = [
+        vec![TrainedPart::Embedding],
+        vec![TrainedPart::Head],
+        vec![TrainedPart::Embedding, TrainedPart::Head],
+    ];
+    for config in configs() {
+        for also_train in parts.clone() {
+            let lora = LoraConfig {
+                also_train: also_train.clone(),
+                ..LoraConfig::new(2)
+            };
+            let gpt = adapted(&config, &lora);
+            let factors = 2 * lora.targets(&config).len() * config.n_layer;
+            let layout = ParamLayout::of(&gpt);
+            let trained = layout
+                .entries()
+                .iter()
+                .filter(|e| !matches!(e.slot, Slot::Adapter { .. }) && layout.trains(e));
+            let slots: Vec<Slot> = trained.map(|e| e.slot).collect();
+            let mut embedding = vec![Slot::TokenEmbedding];
+            if config.position == Position::Learned {
+                embedding.push(Slot::PositionEmbedding);
+            }
+            if config.bigram {
+                embedding.push(Slot::BigramEmbedding);
+            }
+            let head = match config.tie_embeddings {
+                true => vec![Slot::TokenEmbedding],
+                false => vec![Slot::LmHead],
+            };
+            let want = match &also_train[..] {
+                [TrainedPart::Embedding] => embedding,
+                [TrainedPart::Head] => head,
+                _ => {
+                    let mut both = embedding;
+                    both.extend(head.into_iter().filter(|s| *s == Slot::LmHead));
+                    both
+                }
+            };
+            assert_eq!(slots, want, "{config:?} {also_train:?}");
+            for threads in [1, 2] {
+                let compared = check(&gpt, threads);
+                assert_eq!(compared, factors + slots.len(), "{config:?} {also_train:?}");
+            }
         }
     }
 }
@@ -108,7 +164,7 @@ fn adamw_moves_only_the_adapters_and_merging_keeps_the_model() {
 }
 
 /// What no model could train is refused in one line: rank 0 or above a matrix's side, an
-/// MLP target without an MLP, a target twice, adapters on adapters.
+/// MLP target without an MLP, a target or a part to train twice, adapters on adapters.
 #[test]
 fn impossible_adapters_are_refused() {
     let config = configs().remove(0);
@@ -118,6 +174,7 @@ fn impossible_adapters_are_refused() {
         dropout: 0.0,
         targets: Some(targets),
         base: Default::default(),
+        also_train: Vec::new(),
     };
     let refused = |lora: LoraConfig, config: &GptConfig| {
         let gpt = config.init(&Device::flex()).unwrap();
@@ -140,6 +197,11 @@ fn impossible_adapters_are_refused() {
         ..LoraConfig::new(2)
     };
     assert!(refused(bad_alpha, &config).contains("positive"));
+    let head_twice = LoraConfig {
+        also_train: vec![TrainedPart::Head, TrainedPart::Head],
+        ..LoraConfig::new(2)
+    };
+    assert!(refused(head_twice, &config).contains("`also_train` names `head` twice"));
     let once = config
         .init(&Device::flex())
         .unwrap()

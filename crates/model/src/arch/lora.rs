@@ -109,6 +109,31 @@ impl Factor {
     }
 }
 
+/// A part of the base that trains in full beside the adapters (`[lora] also_train`, PEFT's
+/// `modules_to_save`): what a fine-tune needs when it teaches tokens the base has never seen
+/// (a chat format's markers), whose embeddings and logits no adapter on the blocks can move.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainedPart {
+    /// The token embedding `wte`, and the learned positions `wpe` and bigram table where the
+    /// model has them. With a tied head this is the head too.
+    Embedding,
+    /// The LM head: `lm_head`, or with a tied head the token embedding it reads.
+    Head,
+}
+
+impl TrainedPart {
+    /// Its name in a `[lora]` table's `also_train`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainedPart::Embedding => "embedding",
+            TrainedPart::Head => "head",
+        }
+    }
+}
+
 /// The adapters a LoRA fine-tune trains (the trainer's `[lora]` table).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,6 +157,10 @@ pub struct LoraConfig {
     /// GGUF's int8 blocks, [`BaseWeights::Q8_0`]).
     #[serde(default, skip_serializing_if = "BaseWeights::is_f32")]
     pub base: BaseWeights,
+    /// Parts of the base trained in full beside the adapters ([`TrainedPart`], PEFT's
+    /// `modules_to_save`); default none. Checkpoints then hold those parts too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also_train: Vec<TrainedPart>,
 }
 
 /// The values a LoRA run's frozen base computes with in its blocks' four matrices.
@@ -175,6 +204,7 @@ impl LoraConfig {
             dropout: 0.0,
             targets: None,
             base: BaseWeights::F32,
+            also_train: Vec::new(),
         }
     }
 
@@ -195,8 +225,8 @@ impl LoraConfig {
 
     /// Refuses what no model of `config` could train: a rank of 0 or above a matrix's smaller
     /// side (no longer low-rank), an alpha that is not a positive number, a dropout outside
-    /// `[0, 1)`, no targets, a target
-    /// named twice, or one named that the model lacks (an MLP matrix without an MLP).
+    /// `[0, 1)`, no targets, a target or a part to train named twice, or a target the model
+    /// lacks (an MLP matrix without an MLP).
     pub fn validate(&self, config: &GptConfig) -> Result<(), GptConfigError> {
         let bad = |why: String| Err(GptConfigError::Lora(why));
         if self.rank == 0 {
@@ -210,6 +240,11 @@ impl LoraConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             let p = self.dropout;
             return bad(format!("`dropout = {p}` must be at least 0 and below 1"));
+        }
+        for (i, part) in self.also_train.iter().enumerate() {
+            if self.also_train[..i].contains(part) {
+                return bad(format!("`also_train` names `{}` twice", part.name()));
+            }
         }
         let targets = self.targets(config);
         if targets.is_empty() {
@@ -232,6 +267,29 @@ impl LoraConfig {
             }
         }
         Ok(())
+    }
+
+    /// One line for a person: rank, scale, targets, what trains and the base, e.g. `rank 16
+    /// (alpha 32) on qkv, attn_proj, fc, mlp_proj: 1.2M numbers trained, with embedding, head;
+    /// base q8_0`.
+    pub fn describe(&self, config: &GptConfig) -> String {
+        let targets: Vec<&str> = self.targets(config).iter().map(|t| t.name()).collect();
+        let trained = self.num_params(config) + self.base_params_trained(config);
+        let mut line = format!(
+            "rank {} (alpha {}) on {}: {} numbers trained",
+            self.rank,
+            self.scale() * self.rank as f64,
+            targets.join(", "),
+            trained
+        );
+        if !self.also_train.is_empty() {
+            let parts: Vec<&str> = self.also_train.iter().map(|p| p.name()).collect();
+            line += &format!(", with {}", parts.join(", "));
+        }
+        if self.base != BaseWeights::F32 {
+            line += &format!("; base {}", self.base.name());
+        }
+        line
     }
 
     /// Numbers the adapters of a model of `config` train.

@@ -18,6 +18,6 @@ pub mod parts;
 pub(crate) mod q8_0;
 
 pub use config::{BIGRAM_VOCAB, GptConfig};
-pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget};
+pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
 pub use parts::{Mlp, Norm, Position};

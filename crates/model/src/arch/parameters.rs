@@ -6,7 +6,7 @@
 //! parameters as fields; `the_table_names_every_parameter_once` checks that the two agree.
 
 use super::config::GptConfig;
-use super::lora::{Factor, LoraTarget};
+use super::lora::{Factor, LoraConfig, LoraTarget, TrainedPart};
 use super::parts::{Mlp, Norm, Position};
 
 /// One parameter slot of a GPT.
@@ -159,6 +159,44 @@ impl BlockSlot {
             BlockSlot::FcBias => vec![fc],
             BlockSlot::MlpProjWeight => vec![hidden, c],
         }
+    }
+}
+
+impl TrainedPart {
+    /// Whether parameter `slot` of a model of `config` belongs to it. An exhaustive match: a
+    /// new slot says whether it is part of the embedding or the head.
+    pub fn holds(self, slot: Slot, config: &GptConfig) -> bool {
+        let embedding = match slot {
+            Slot::TokenEmbedding | Slot::PositionEmbedding | Slot::BigramEmbedding => true,
+            Slot::Block(..)
+            | Slot::FinalNormGain
+            | Slot::FinalNormBias
+            | Slot::LmHead
+            | Slot::Adapter { .. } => false,
+        };
+        match self {
+            TrainedPart::Embedding => embedding,
+            TrainedPart::Head => {
+                slot == Slot::LmHead || (config.tie_embeddings && slot == Slot::TokenEmbedding)
+            }
+        }
+    }
+}
+
+impl LoraConfig {
+    /// Whether base parameter `slot` of a model of `config` trains beside the adapters
+    /// (`also_train` holds it).
+    pub fn trains_base(&self, slot: Slot, config: &GptConfig) -> bool {
+        self.also_train.iter().any(|part| part.holds(slot, config))
+    }
+
+    /// Numbers of the base a model of `config` trains beside the adapters (`also_train`).
+    pub fn base_params_trained(&self, config: &GptConfig) -> u64 {
+        let table = parameter_table(config).into_iter();
+        let trained = table.filter(|p| p.present && self.trains_base(p.slot, config));
+        trained
+            .map(|p| p.slot.shape(config).iter().product::<usize>() as u64)
+            .sum()
     }
 }
 

@@ -174,6 +174,10 @@ impl ParamLayout {
                 layout.push(slot, id, shape);
             }
         }
+        let config = gpt.config();
+        let trained = |slot: Slot| gpt.lora_also_train().iter().any(|p| p.holds(slot, config));
+        let slots: Vec<Slot> = layout.entries().iter().map(|e| e.slot).collect();
+        layout.train_base(slots.into_iter().filter(|&slot| trained(slot)));
         layout
     }
 

@@ -7,7 +7,7 @@ use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor};
 use tinygpt_attention::{AttentionKernel, DecodeProduct, burn_product};
 
 use crate::arch::Position;
-use crate::arch::{BaseWeights, GptConfig};
+use crate::arch::{BaseWeights, GptConfig, TrainedPart};
 use crate::error::{GptConfigError, ModelError};
 use crate::gpu::{Kernels, rows};
 use crate::nn::block::{Block, linear, norm};
@@ -55,6 +55,10 @@ pub struct Gpt {
     /// [`Gpt::with_lora`] and read through [`Gpt::lora_base`].
     #[module(skip)]
     pub(crate) lora_base: BaseWeights,
+    /// The parts of the base trained in full beside the adapters (`[lora] also_train`), set by
+    /// [`Gpt::with_lora`] and read through [`Gpt::lora_also_train`].
+    #[module(skip)]
+    pub(crate) lora_also_train: Vec<TrainedPart>,
 }
 
 impl GptConfig {
@@ -104,6 +108,7 @@ impl Gpt {
             decoding: Decoding::default(),
             lora_dropout: 0.0,
             lora_base: BaseWeights::F32,
+            lora_also_train: Vec::new(),
         };
         Ok(model.with_kernels(kernels))
     }

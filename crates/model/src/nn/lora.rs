@@ -11,7 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
 use crate::arch::q8_0::{BLOCK, round_columns};
-use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget};
+use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, parameter_table};
 use crate::error::GptConfigError;
 
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
@@ -28,7 +28,8 @@ impl Gpt {
     /// This model with adapters of `lora`'s rank and scale on the matrices it names, in every
     /// block: `A ~ N(0, 1/rank)` (Burn's draw, from the device's random stream: seed it with
     /// [`seeded`](crate::seeded)), `B = 0`, so the model computes what it did; every base
-    /// parameter is frozen (no gradient), the factors train. With `lora.base = q8_0` every
+    /// parameter is frozen (no gradient), the factors train, and so do the parts of the base
+    /// `lora.also_train` names ([`TrainedPart`]). With `lora.base = q8_0` every
     /// block's matrices are first rounded to `Q8_0` ([`BaseWeights::Q8_0`]). Refuses a `lora`
     /// that [`LoraConfig::validate`] refuses for this model, and a model with adapters already.
     pub fn with_lora(self, lora: &LoraConfig) -> Result<Self, GptConfigError> {
@@ -48,10 +49,25 @@ impl Gpt {
             BaseWeights::F32 => self,
             BaseWeights::Q8_0 => self.rounded_to_q8_0(),
         };
+        let trained: Vec<String> = parameter_table(base.config())
+            .into_iter()
+            .filter(|p| p.present && lora.trains_base(p.slot, base.config()))
+            .map(|p| p.burn)
+            .collect();
         let mut adapted = base.apply_lora(burn);
+        if !trained.is_empty() {
+            adapted = adapted.unfreeze_group(ParamGroup::from_paths(trained));
+        }
         adapted.lora_dropout = lora.dropout;
         adapted.lora_base = lora.base;
+        adapted.lora_also_train = lora.also_train.clone();
         Ok(adapted)
+    }
+
+    /// The parts of the base that train in full beside the adapters (`[lora] also_train`):
+    /// none without adapters.
+    pub fn lora_also_train(&self) -> &[TrainedPart] {
+        &self.lora_also_train
     }
 
     /// How the frozen base's matrices are held while its adapters train (`[lora] base`):
@@ -115,6 +131,7 @@ impl Gpt {
                 let mut merged = self.materialize();
                 merged.lora_dropout = 0.0;
                 merged.lora_base = BaseWeights::F32;
+                merged.lora_also_train = Vec::new();
                 merged
             }
             None => self,

@@ -43,8 +43,10 @@ impl LayoutEntry {
 pub struct ParamLayout {
     entries: Vec<LayoutEntry>,
     len: usize,
-    /// Whether LoRA adapters are among the entries: then only they train.
+    /// Whether LoRA adapters are among the entries: then only they train, and the base's
+    /// slots in `trained_base` (`[lora] also_train`).
     adapted: bool,
+    trained_base: Vec<Slot>,
 }
 
 /// Why a saved optimizer state does not fit a layout.
@@ -89,6 +91,7 @@ impl ParamLayout {
             entries,
             len,
             adapted: false,
+            trained_base: Vec::new(),
         }
     }
 
@@ -107,9 +110,17 @@ impl ParamLayout {
     }
 
     /// Whether the optimizers update `entry`: every parameter, or in a model with LoRA
-    /// adapters only the adapters' factors (the base is frozen).
+    /// adapters only the adapters' factors and the parts of the base that train beside them
+    /// (`[lora] also_train`; the rest of the base is frozen).
     pub fn trains(&self, entry: &LayoutEntry) -> bool {
-        !self.adapted || matches!(entry.slot, Slot::Adapter { .. })
+        !self.adapted
+            || matches!(entry.slot, Slot::Adapter { .. })
+            || self.trained_base.contains(&entry.slot)
+    }
+
+    /// Marks the base's `slots` as trained beside the adapters.
+    pub(crate) fn train_base(&mut self, slots: impl IntoIterator<Item = Slot>) {
+        self.trained_base.extend(slots);
     }
 
     /// Whether the model has LoRA adapters attached (its base frozen).

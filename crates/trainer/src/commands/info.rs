@@ -34,6 +34,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params_non_embedding() as f64 / 1e6
     );
     println!("parts: {}", gpt.parts());
+    if let Some(lora) = &run.config.lora {
+        println!("lora: {}", lora.describe(&gpt));
+    }
     println!(
         "tokenizer: {}, {} tokens",
         run.tokenizer.kind(),

@@ -70,6 +70,11 @@ pub struct Args {
     /// a quarter of the memory (sets lora.base).
     #[arg(long, value_name = "FORMAT", value_parser = ["f32", "q8_0"])]
     weights: Option<String>,
+    /// With --lora: parts of the model trained in full beside the adapters (PEFT's
+    /// modules_to_save), e.g. embedding,head when the new data has tokens the model never saw,
+    /// such as a chat format's markers; checkpoints then hold them too (sets lora.also_train).
+    #[arg(long, value_name = "PARTS", value_delimiter = ',', value_parser = ["embedding", "head"])]
+    also_train: Vec<String>,
 }
 
 impl Args {
@@ -91,6 +96,10 @@ impl Args {
         }
         if let Some(base) = &self.weights {
             overrides.push(format!("lora.base=\"{base}\""));
+        }
+        if !self.also_train.is_empty() {
+            let parts: Vec<String> = self.also_train.iter().map(|p| format!("{p:?}")).collect();
+            overrides.push(format!("lora.also_train=[{}]", parts.join(",")));
         }
         TrainOptions {
             config: self.config.as_deref().map(ConfigSource::parse),

@@ -320,7 +320,8 @@ impl RunConfig {
             && !lora.contains_key("rank")
         {
             bail!(
-                "[lora] has no rank: LoRA adapters (and --weights for their frozen base) need                  --lora RANK or lora.rank"
+                "[lora] has no rank: LoRA adapters (and --weights, --also-train beside them) \
+                 need --lora RANK or lora.rank"
             );
         }
         // Through the text, so that an error quotes the line at fault.

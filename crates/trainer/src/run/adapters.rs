@@ -1,22 +1,35 @@
-//! A LoRA run's checkpoint file: the adapters' factors alone (megabytes, not a copy of the
-//! model), Burn's paths as names (`h.0.attn.c_attn.weight.lora.a`). The base they apply to is
-//! named in `state.json` ([`LoraBase`](super::checkpoint::LoraBase)).
+//! A LoRA run's checkpoint file: the adapters' factors (megabytes, not a copy of the model),
+//! and the parts of the base trained beside them (`[lora] also_train`), Burn's paths as names
+//! (`h.0.attn.c_attn.weight.lora.a`, `wte.weight`). The base they apply to is named in
+//! `state.json` ([`LoraBase`](super::checkpoint::LoraBase)).
 
 use std::path::Path;
 
 use anyhow::{Result, bail};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
-use tinygpt_model::{Gpt, LoraConfig};
+use tinygpt_model::{Gpt, GptConfig, LoraConfig, TrainedPart, parameter_table};
 
 /// The tensors of a LoRA checkpoint: the adapters' factors, `….weight.lora.a` and `.b`.
 const ADAPTERS: &str = r"\.lora\.[ab]$";
 
-/// `model` with the adapters of `lora` attached and their factors read from a LoRA
-/// checkpoint's safetensors `bytes`: every factor present, nothing else in the file.
+/// Burn's paths of the parts of a model of `config` that `parts` train in full.
+fn trained_paths(config: &GptConfig, parts: &[TrainedPart]) -> Vec<String> {
+    let table = parameter_table(config).into_iter().filter(|p| p.present);
+    table
+        .filter(|p| parts.iter().any(|part| part.holds(p.slot, config)))
+        .map(|p| p.burn)
+        .collect()
+}
+
+/// `model` with the adapters of `lora` attached and their factors, and the parts of the base
+/// it trains, read from a LoRA checkpoint's safetensors `bytes`: every one present, nothing
+/// else in the file.
 pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<Gpt> {
     let mut model = model.with_lora(lora)?;
+    let trained = trained_paths(model.config(), &lora.also_train);
     let mut store = SafetensorsStore::from_bytes(Some(bytes))
         .with_regex(ADAPTERS)
+        .with_full_paths(trained.clone())
         .allow_partial(true)
         .validate(false);
     let result = model
@@ -28,6 +41,9 @@ pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<
     if let Some((path, _)) = result.missing.iter().find(|(p, _)| p.contains(".lora.")) {
         bail!("adapter `{path}` is missing (another [lora] rank or targets?)");
     }
+    if let Some((path, _)) = result.missing.iter().find(|(p, _)| trained.contains(p)) {
+        bail!("`{path}`, trained beside the adapters, is missing (another [lora] also_train?)");
+    }
     if let Some(path) = result.unused.first() {
         bail!("unexpected tensor `{path}` (another [lora] rank or targets?)");
     }
@@ -35,11 +51,14 @@ pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<
     Ok(model)
 }
 
-/// Writes `model`'s adapters' factors alone to `path`, a tensor at a time, and syncs it.
+/// Writes `model`'s adapters' factors and the parts of its base trained beside them to
+/// `path`, a tensor at a time, and syncs it.
 pub fn write_adapters(model: &Gpt, path: &Path) -> Result<()> {
+    let trained = trained_paths(model.config(), model.lora_also_train());
     let mut store = SafetensorsStore::from_file(path)
         .overwrite(true)
-        .with_regex(ADAPTERS);
+        .with_regex(ADAPTERS)
+        .with_full_paths(trained);
     model
         .save_into(&mut store)
         .map_err(|e| anyhow::anyhow!("cannot write the adapters to {}: {e}", path.display()))?;

@@ -45,8 +45,9 @@ pub struct Work<'a> {
     pub threads: usize,
     /// Activation checkpointing (`train.checkpointing`).
     pub checkpointing: bool,
-    /// With LoRA (`[lora]`): the adapters, the only parameters trained (the base is frozen:
-    /// no gradients, no optimizer state).
+    /// With LoRA (`[lora]`): the adapters, the only parameters trained with the parts of the
+    /// base `also_train` names (the rest of the base is frozen: no gradients, no optimizer
+    /// state).
     pub lora: Option<&'a LoraConfig>,
 }
 
@@ -79,7 +80,8 @@ impl Estimate {
         } = work;
         let params = gpt.num_params();
         let adapters = lora.map(|lora| lora.num_params(gpt));
-        let trained = adapters.unwrap_or(params);
+        let base_trained = lora.map_or(0, |lora| lora.base_params_trained(gpt));
+        let trained = adapters.map_or(params, |adapters| adapters + base_trained);
         let tokens = (batch_size as u64).saturating_mul(gpt.block_size as u64);
         // The fused engine splits a batch's sequences among its threads, each with its own
         // gradient buffer, but the first thread's share goes straight into the step's sum
@@ -331,6 +333,22 @@ mod tests {
         );
         assert_eq!(lora.weights, small.weights + 4 * adapters);
         assert!(lora.total() < small.total(), "{lora:?} {small:?}");
+        // Parts trained beside them (`also_train`): their gradients and moments too.
+        let parts = ConfigSource::Preset("baby")
+            .load(&[
+                "lora.rank=4".into(),
+                "lora.also_train=[\"embedding\"]".into(),
+            ])
+            .unwrap();
+        let gpt = parts.gpt(65);
+        let embedding = (gpt.vocab_size + gpt.block_size) * gpt.n_embd;
+        assert_eq!(
+            parts.lora.as_ref().unwrap().base_params_trained(&gpt),
+            embedding as u64
+        );
+        let parts = Estimate::training(&parts, 65, EngineKind::Fused);
+        assert_eq!(parts.optimizer, 2 * 4 * (adapters + embedding as u64));
+        assert_eq!(parts.weights, lora.weights);
     }
 
     /// With a `q8_0` base the larger of the fused engine's two peaks: a step's (the base in

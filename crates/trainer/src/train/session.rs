@@ -95,10 +95,14 @@ impl Trainer {
         let m = &config.model;
         let model = self.engine.model()?;
         let (params, non_embedding) = (model.num_params(), model.num_params_non_embedding());
+        let lora = match &config.lora {
+            Some(lora) => format!("\nlora: {}", lora.describe(model.config())),
+            None => String::new(),
+        };
         Ok(format!(
             "training {} layers x {} heads, n_embd {}, block {} ({params} parameters, {:.2}M \
              without wpe) on {}, {} | memory ~{} | corpus {} ({} train / {} val tokens, {} \
-             tokenizer, vocab {}) | run {}\nengine: {} on {}\nparts: {}{}",
+             tokenizer, vocab {}) | run {}\nengine: {} on {}\nparts: {}{}{}",
             m.n_layer,
             m.n_head,
             m.n_embd,
@@ -116,6 +120,7 @@ impl Trainer {
             self.engine.kind().name(),
             self.device_name,
             m.parts(),
+            lora,
             self.notes
                 .iter()
                 .map(|n| format!("\nnote: {n}"))

@@ -1,7 +1,8 @@
 //! LoRA fine-tuning through the binary: `train --init-from RUN --lora RANK` writes the adapters
 //! alone, trains them on the fused engine and on Burn's (on an f32 base or one rounded to
 //! `q8_0`), resumes bit for bit, samples and exports merged, and refuses in one line a base
-//! that changed, an impossible rank or target, and LoRA without a base.
+//! that changed, an impossible rank or target, and LoRA without a base; parts of the base
+//! trained beside the adapters (`--also-train`) are checkpointed, resumed and sampled too.
 
 use std::path::Path;
 
@@ -230,4 +231,73 @@ fn lora_on_an_int8_base_trains_on_every_engine_resumes_exactly_and_samples() {
     assert!(!dir.join("alone").exists());
     let change = ["train", "--resume", "--out", "plain", "--weights", "q8_0"];
     fails(tinygpt(dir, &change), "cannot change `lora.base`");
+}
+
+#[test]
+fn parts_trained_beside_the_adapters_train_on_every_engine_resume_exactly_and_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "5"]));
+    let parts = ["--also-train", "embedding,head"];
+    let log = ok(lora(dir, "parts", "fused", "6", &parts));
+    assert!(
+        log.contains("\nlora: rank 2 (alpha 4) on qkv, attn_proj, fc, mlp_proj: "),
+        "{log}"
+    );
+    assert!(
+        log.contains("numbers trained, with embedding, head\n"),
+        "{log}"
+    );
+    let config = std::fs::read_to_string(dir.join("parts/config.toml")).unwrap();
+    assert!(
+        config.contains("also_train = [\"embedding\", \"head\"]"),
+        "{config}"
+    );
+    // The checkpoint holds the adapters and the parts (a tied head: the token embedding,
+    // and the learned positions), trained away from the base's.
+    let tensors = weights(&dir.join("parts"));
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 2 * 4 + 2, "{names:?}");
+    let base = weights(&dir.join("base"));
+    for part in ["wte.weight", "wpe.weight"] {
+        let trained = tensors.iter().find(|(n, _)| n == part).expect(part);
+        let was = base.iter().find(|(n, _)| n == part).unwrap();
+        assert_ne!(trained.1, was.1, "{part} did not train");
+    }
+    // Stopped at 3 and resumed: the same adapters and parts, bit for bit.
+    ok(lora(dir, "halves", "fused", "3", &parts));
+    let resume = ["train", "--resume", "--out", "halves", "--max-iters", "6"];
+    ok(tinygpt(dir, &resume));
+    assert_eq!(weights(&dir.join("halves")), tensors);
+    // Burn's autodiff trains the same parts: the same losses after the steps.
+    ok(lora(dir, "flex", "flex", "6", &parts));
+    let (fused, flex) = (metrics(&dir.join("parts")), metrics(&dir.join("flex")));
+    assert_eq!(fused.len(), flex.len());
+    for (a, b) in fused.iter().zip(&flex) {
+        assert!((a.1 - b.1).abs() < 1e-3, "{fused:?} vs {flex:?}");
+    }
+    // Sampling reads them: other logits than the adapters alone give.
+    ok(lora(dir, "plain", "fused", "6", &[]));
+    let logits = |run: &str| {
+        let args = ["logits", "--checkpoint", run, "--tokens", "1,2,3"];
+        ok(tinygpt(dir, &args))
+    };
+    assert_ne!(logits("parts"), logits("plain"));
+    ok(tinygpt(dir, &["eval", "--checkpoint", "parts"]));
+    // Without adapters, an unknown part, or changed on resume: refused, nothing written.
+    fails(train(dir, "alone", &parts), "--lora");
+    let norms = ["--set", "lora.also_train=[\"norms\"]"];
+    fails(lora(dir, "norms", "fused", "2", &norms), "norms");
+    for out in ["alone", "norms"] {
+        assert!(!dir.join(out).exists(), "{out} was written");
+    }
+    let change = [
+        "train",
+        "--resume",
+        "--out",
+        "plain",
+        "--also-train",
+        "head",
+    ];
+    fails(tinygpt(dir, &change), "cannot change `lora.also_train`");
 }

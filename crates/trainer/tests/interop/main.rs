@@ -9,6 +9,7 @@ mod chat;
 mod common;
 mod llama;
 mod peft;
+mod peft_saved;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,7 +11,12 @@ use tinygpt_model::LoraTarget;
 const ADAPTERS: [(&str, &str); 2] = [("llama-lora", "llama"), ("gpt2-lora", "gpt2")];
 
 /// `tinygpt import --from fixtures/ADAPTER --base BASE --out OUT`.
-fn import_adapter(dir: &Path, adapter: &Path, base: &str, out: &str) -> std::process::Output {
+pub(super) fn import_adapter(
+    dir: &Path,
+    adapter: &Path,
+    base: &str,
+    out: &str,
+) -> std::process::Output {
     tinygpt(
         dir,
         &[
@@ -26,7 +31,7 @@ fn import_adapter(dir: &Path, adapter: &Path, base: &str, out: &str) -> std::pro
     )
 }
 
-fn export_peft(dir: &Path, run: &str, out: &str) -> std::process::Output {
+pub(super) fn export_peft(dir: &Path, run: &str, out: &str) -> std::process::Output {
     tinygpt(
         dir,
         &[
@@ -199,34 +204,43 @@ fn a_trained_lora_run_exports_to_peft_and_reads_back() {
 }
 
 /// `train --init-from BASE --lora 4`, a few steps on Paradise Lost.
-fn train_lora(dir: &Path, base: &str, out: &str) -> std::process::Output {
+pub(super) fn train_lora(dir: &Path, base: &str, out: &str) -> std::process::Output {
+    train_lora_with(dir, base, out, &[])
+}
+
+/// [`train_lora`] with `extra` arguments.
+pub(super) fn train_lora_with(
+    dir: &Path,
+    base: &str,
+    out: &str,
+    extra: &[&str],
+) -> std::process::Output {
     let corpus = corpus();
-    tinygpt(
-        dir,
-        &[
-            "train",
-            "--init-from",
-            base,
-            "--lora",
-            "4",
-            "--data",
-            corpus.to_str().unwrap(),
-            "--out",
-            out,
-            "--max-iters",
-            "4",
-            "--set",
-            "train.batch_size=2",
-            "--set",
-            "train.eval_iters=1",
-            "--set",
-            "train.eval_interval=2",
-            "--set",
-            "train.learning_rate=1e-2",
-            "--set",
-            "train.sample_tokens=0",
-        ],
-    )
+    let mut args = vec![
+        "train",
+        "--init-from",
+        base,
+        "--lora",
+        "4",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--out",
+        out,
+        "--max-iters",
+        "4",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "train.eval_iters=1",
+        "--set",
+        "train.eval_interval=2",
+        "--set",
+        "train.learning_rate=1e-2",
+        "--set",
+        "train.sample_tokens=0",
+    ];
+    args.extend(extra);
+    tinygpt(dir, &args)
 }
 
 /// A copy of the fixture adapter `name` in `dir`, `edit`ed, in a directory of its own.
@@ -264,10 +278,19 @@ fn adapters_tinygpt_cannot_read_are_one_line_and_write_nothing() {
             adapter_copy(
                 dir,
                 "llama-lora",
+                set("modules_to_save", serde_json::json!(["norm"])),
+            ),
+            "llama",
+            "modules_to_save names `norm`",
+        ),
+        (
+            adapter_copy(
+                dir,
+                "llama-lora",
                 set("modules_to_save", serde_json::json!(["lm_head"])),
             ),
             "llama",
-            "modules_to_save",
+            "holds no `lm_head.weight`",
         ),
         (
             adapter_copy(dir, "llama-lora", set("peft_type", "IA3".into())),

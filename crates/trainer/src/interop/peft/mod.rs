@@ -13,6 +13,12 @@
 //!   block-diagonal (rank `r_q + r_k + r_v`), a module without an adapter as zero columns.
 //!   Every adapter is padded with zeros to the largest rank (tinygpt's runs have one), and a
 //!   module's own scale is folded into its `B`: the model computes what PEFT's does.
+//!
+//! Parts of the base trained in full beside the adapters (`[lora] also_train`) are PEFT's
+//! `modules_to_save` (`saved.rs`).
+
+mod matrix;
+mod saved;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -20,8 +26,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use tinygpt_model::{BaseWeights, Factor, GptConfig, LoraConfig, LoraTarget, adapter_path};
+use tinygpt_model::{
+    BaseWeights, Factor, Gpt, GptConfig, LoraConfig, LoraTarget, TrainedPart, adapter_path,
+};
 
+use self::matrix::Matrix;
 use super::foreign::{Foreign, NamedTensor, read_safetensors, write_safetensors};
 use super::run::Imported;
 use crate::fs::temp_beside;
@@ -95,73 +104,6 @@ impl Family {
     }
 }
 
-/// A `[rows, cols]` matrix of f32 values, row-major.
-#[derive(Debug, Clone, PartialEq)]
-struct Matrix {
-    rows: usize,
-    cols: usize,
-    values: Vec<f32>,
-}
-
-impl Matrix {
-    fn zeros(rows: usize, cols: usize) -> Self {
-        Self {
-            rows,
-            cols,
-            values: vec![0.0; rows * cols],
-        }
-    }
-
-    fn at(&self, r: usize, c: usize) -> f32 {
-        self.values[r * self.cols + c]
-    }
-
-    fn transposed(&self) -> Self {
-        let mut t = Self::zeros(self.cols, self.rows);
-        for r in 0..self.rows {
-            for c in 0..self.cols {
-                t.values[c * self.rows + r] = self.at(r, c);
-            }
-        }
-        t
-    }
-
-    /// `self` written into `into` at row `row`, column `col`, each value times `scale`.
-    fn place(&self, into: &mut Matrix, row: usize, col: usize, scale: f32) {
-        for r in 0..self.rows {
-            for c in 0..self.cols {
-                into.values[(row + r) * into.cols + col + c] = self.at(r, c) * scale;
-            }
-        }
-    }
-
-    fn columns(&self, range: Range<usize>) -> Self {
-        let mut out = Self::zeros(self.rows, range.len());
-        for r in 0..self.rows {
-            for (i, c) in range.clone().enumerate() {
-                out.values[r * out.cols + i] = self.at(r, c);
-            }
-        }
-        out
-    }
-
-    fn named(self, name: String) -> NamedTensor {
-        let bytes = self.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        (name, vec![self.rows, self.cols], bytes)
-    }
-
-    fn from_foreign(name: &str, t: Foreign) -> Result<Self> {
-        match t.shape[..] {
-            [rows, cols] => Ok(Self {
-                rows,
-                cols,
-                values: t.values,
-            }),
-            _ => bail!("tensor `{name}` has shape {:?}, not a matrix", t.shape),
-        }
-    }
-}
-
 /// The fields of PEFT's `LoraConfig` that say what an adapter computes.
 #[derive(Deserialize)]
 struct PeftConfig {
@@ -180,6 +122,8 @@ struct PeftConfig {
     bias: String,
     #[serde(default)]
     modules_to_save: Option<Vec<String>>,
+    #[serde(default)]
+    ensure_weight_tying: bool,
     #[serde(default)]
     alpha_pattern: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
@@ -230,13 +174,6 @@ impl PeftConfig {
             bail!(
                 "the adapter trains biases (bias = {:?}); tinygpt's adapters have none",
                 self.bias
-            );
-        }
-        if self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()) {
-            bail!(
-                "the adapter carries whole modules (modules_to_save: {:?}); tinygpt's LoRA runs \
-                 hold adapters only",
-                self.modules_to_save.as_deref().unwrap_or_default()
             );
         }
         if !self.alpha_pattern.is_empty() {
@@ -300,6 +237,8 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<(usize, usize)> {
             }
         }
     }
+    let saved = saved::export(family, &gpt, lora, &mut factors)?;
+    tensors.extend(saved.tensors);
     let base = checkpoint
         .state
         .lora_base
@@ -315,7 +254,8 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<(usize, usize)> {
         "target_modules": names,
         "bias": "none",
         "fan_in_fan_out": family == Family::Gpt2,
-        "modules_to_save": null,
+        "modules_to_save": (!saved.modules.is_empty()).then_some(saved.modules),
+        "ensure_weight_tying": saved.tied,
         "use_rslora": false,
         "use_dora": false,
         "init_lora_weights": true,
@@ -369,7 +309,20 @@ pub fn import(dir: &Path, base: &Path, out: &Path) -> Result<Imported> {
         tensors.insert(bare, (name, t));
     }
     let mut notes = Vec::new();
-    let adapters = Adapters::read(&peft, family, &gpt, &mut tensors, &mut notes)?;
+    let mut adapters = Adapters::read(&peft, family, &gpt, &mut tensors, &mut notes)?;
+    let (model, _) = base.load_model(Which::Best, &burn::tensor::Device::flex())?;
+    let modules = peft.modules_to_save.clone().unwrap_or_default();
+    let saving = (&modules[..], peft.ensure_weight_tying);
+    (adapters.also_train, adapters.saved) =
+        saved::import(family, &gpt, saving, &mut tensors, &model)
+            .with_context(|| weights.display().to_string())?;
+    if let Some(modules) = peft.modules_to_save.as_ref().filter(|m| !m.is_empty()) {
+        let parts: Vec<&str> = adapters.also_train.iter().map(|p| p.name()).collect();
+        notes.push(format!(
+            "modules_to_save ({}) train in full beside the adapters: [lora] also_train = {parts:?}",
+            modules.join(", ")
+        ));
+    }
     if let Some((_, (name, _))) = tensors.into_iter().next() {
         bail!(
             "{}: unexpected tensor `{name}` (an adapter on a part tinygpt's LoRA does not \
@@ -389,7 +342,7 @@ pub fn import(dir: &Path, base: &Path, out: &Path) -> Result<Imported> {
             base.dir.display()
         ));
     }
-    write_run(adapters, base, out, notes)
+    write_run(adapters, base, model, out, notes)
 }
 
 /// Every block's packed adapters, before they are padded to one rank.
@@ -400,6 +353,9 @@ struct Adapters {
     scale: f64,
     /// PEFT's `lora_dropout`: kept as `[lora] dropout` for further training.
     dropout: f64,
+    /// The parts of the base saved whole (`modules_to_save`), and their tensors by Burn path.
+    also_train: Vec<TrainedPart>,
+    saved: Vec<NamedTensor>,
 }
 
 impl Adapters {
@@ -458,6 +414,8 @@ impl Adapters {
             packed,
             scale,
             dropout,
+            also_train: Vec::new(),
+            saved: Vec::new(),
         })
     }
 }
@@ -492,10 +450,12 @@ fn pack(
     Some((a_packed, b_packed, !shared))
 }
 
-/// Creates the LoRA run `out` of `base` holding `adapters`, padded to their largest rank.
+/// Creates the LoRA run `out` of `base` (its model `model`) holding `adapters`, padded to
+/// their largest rank.
 fn write_run(
     adapters: Adapters,
     base: Run,
+    model: Gpt,
     out: &Path,
     mut notes: Vec<String>,
 ) -> Result<Imported> {
@@ -515,6 +475,7 @@ fn write_run(
         targets: Some(targets.clone()),
         // PEFT's adapters name no quantisation of their base.
         base: BaseWeights::F32,
+        also_train: adapters.also_train,
     };
     let gpt = base.config.gpt(base.tokenizer.vocab_size());
     let mut tensors = Vec::new();
@@ -537,7 +498,7 @@ fn write_run(
     if padded {
         notes.push(format!("adapters of a lower rank (or none, in some blocks) are padded with zeros to rank {rank}"));
     }
-    let (model, _) = base.load_model(Which::Best, &burn::tensor::Device::flex())?;
+    tensors.extend(adapters.saved);
     let model = crate::run::adapters::attach_adapters(model, &lora, write_safetensors(&tensors)?)?;
     let (_, weights_sha256) = base.best_weights_file()?;
     let run: PathBuf = base

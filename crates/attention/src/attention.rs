@@ -11,6 +11,7 @@ use crate::error::{AttentionConfigError, AttentionError};
 use crate::flash::{self, flash_attention_packed};
 use crate::grouped::repeat_kv;
 use crate::kernels::{DecodeProduct, Kernels, burn_product};
+use crate::lora::project;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 use crate::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
 use crate::rope::RopeRows;
@@ -38,6 +39,10 @@ pub struct CausalSelfAttention {
     pub attn_dropout: Dropout,
     /// Dropout on the layer's output before it joins the residual stream.
     pub resid_dropout: Dropout,
+    /// Dropout on the inputs of LoRA adapters attached to `c_attn` and `c_proj` while training
+    /// (PEFT's `lora_dropout`, [`crate::lora`]); probability 0 (none) unless
+    /// [`with_adapter_dropout`](Self::with_adapter_dropout) sets it.
+    pub adapter_dropout: Dropout,
     /// Number of (query) heads.
     pub n_heads: usize,
     /// Number of key/value heads; divides `n_heads` ([`crate::grouped`]).
@@ -112,6 +117,7 @@ impl CausalSelfAttentionConfig {
             c_proj: linear(d, d, self.proj_init_std.unwrap_or(self.init_std)),
             attn_dropout: DropoutConfig::new(self.dropout).init(),
             resid_dropout: DropoutConfig::new(self.dropout).init(),
+            adapter_dropout: DropoutConfig::new(0.0).init(),
             n_heads: self.n_heads,
             n_kv_heads: self.kv_heads(),
             max_seq_len: self.max_seq_len,
@@ -149,7 +155,7 @@ impl CausalSelfAttention {
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         // Queries, keys and values side by side: [batch, seq, (heads + 2·kv_heads)·d_head].
-        let qkv = self.c_attn.forward(x);
+        let qkv = project(&self.c_attn, x, &self.adapter_dropout);
         let y = match self.core(&qkv, padded) {
             // The kernels read the heads where the projection wrote them (normalised and
             // rotated in place) and write the output as the output projection reads it.
@@ -171,7 +177,8 @@ impl CausalSelfAttention {
                 concat_heads(self.explicit(heads, Some(mask), padded).0)
             }
         };
-        Ok(self.resid_dropout.forward(self.c_proj.forward(y)))
+        let out = project(&self.c_proj, y, &self.adapter_dropout);
+        Ok(self.resid_dropout.forward(out))
     }
 
     /// Like [`forward`](Self::forward), and also returns the attention weights
@@ -186,10 +193,18 @@ impl CausalSelfAttention {
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         let mask = self.mask(batch, seq, 0, seq, key_padding);
-        let heads = self.grouped(self.heads(self.c_attn.forward(x), At::From(0)));
+        let qkv = project(&self.c_attn, x, &self.adapter_dropout);
+        let heads = self.grouped(self.heads(qkv, At::From(0)));
         let (y, weights) = self.explicit(heads, Some(mask), padded);
-        let y = self.c_proj.forward(concat_heads(y));
+        let y = project(&self.c_proj, concat_heads(y), &self.adapter_dropout);
         Ok((self.resid_dropout.forward(y), weights))
+    }
+
+    /// This layer with dropout of probability `p` on the inputs of the LoRA adapters its
+    /// projections carry, while training ([`crate::lora::project`]).
+    pub fn with_adapter_dropout(mut self, p: f64) -> Self {
+        self.adapter_dropout = DropoutConfig::new(p).init();
+        self
     }
 
     /// This layer running `kernels` (the same numbers to float rounding): for a caller that

@@ -41,6 +41,8 @@
 //!   positions: a rotation that keeps lengths and makes scores depend on distance only),
 //!   [`grouped`] (grouped-query attention: fewer key/value heads, the same outputs as multi-head
 //!   attention over repeated ones) and [`qk_norm`] (unit-RMS queries and keys: bounded scores).
+//! - [`lora`]: the product of a projection carrying a LoRA adapter whose input is dropped out
+//!   while training (PEFT's `lora_dropout`: the frozen matrix sees the whole input).
 //!
 //! Shapes use `batch` (independent sequences), `seq` (tokens), `heads`, `d_model` (the
 //! residual-stream width) and `d_head = d_model / heads`.
@@ -54,6 +56,7 @@ pub mod flash;
 pub mod grouped;
 mod kernels;
 mod kv_cache;
+pub mod lora;
 pub mod mask;
 pub mod qk_norm;
 pub mod rope;

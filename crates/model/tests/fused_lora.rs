@@ -9,7 +9,7 @@ mod common;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
-use common::lora::{adapted, batch, check, values};
+use common::lora::{adapted, batch, burn_loss, check, values};
 use common::{configs, seeded};
 use tinygpt_model::parts::Position;
 use tinygpt_model::{
@@ -347,5 +347,32 @@ mod dropout {
         for threads in [1, 3] {
             assert_eq!(run(true, threads), run(false, threads), "{threads} threads");
         }
+    }
+
+    /// Burn's forward drops the adapters' inputs too, in every adapted layer: with `B = 0` the
+    /// loss is the base's whatever the masks; with `B` drawn, two training forwards differ,
+    /// merged (or in evaluation, off the autodiff device) they do not.
+    #[test]
+    fn burns_forward_drops_the_adapters_inputs() {
+        let _seeded = seeded();
+        let config = common::modern_parts();
+        let (inputs, targets) = batch(config.vocab_size);
+        let tokens = tokens_of(&inputs, &targets);
+        let burn_loss = |gpt: &Gpt| burn_loss(gpt, &tokens);
+        let fresh = dropping(&config, 0.3, false);
+        let base = fresh.clone().merge_lora();
+        assert!((burn_loss(&fresh) - burn_loss(&base)).abs() < 1e-6);
+        let gpt = dropping(&config, 0.3, true);
+        assert_ne!(
+            burn_loss(&gpt),
+            burn_loss(&gpt),
+            "the masks are drawn afresh"
+        );
+        let merged = gpt.clone().merge_lora();
+        assert_eq!(merged.lora_dropout(), 0.0);
+        assert_eq!(burn_loss(&merged), burn_loss(&merged));
+        let eval = gpt.valid();
+        assert_eq!(burn_loss(&eval), burn_loss(&eval));
+        assert!((burn_loss(&eval) - burn_loss(&merged)).abs() < 1e-5);
     }
 }

@@ -5,6 +5,7 @@
 mod batched;
 mod decode_attention;
 mod draws;
+mod lora;
 mod newer;
 mod reference;
 mod seeds;
@@ -507,6 +508,11 @@ macro_rules! backend_tests {
             $(#[$attr])?
             fn dropout_only_in_training() {
                 run_with_dropout(super::dropout_only_in_training)
+            }
+            #[test]
+            $(#[$attr])?
+            fn adapter_dropout_drops_the_adapters_input_only() {
+                run_with_dropout(super::lora::adapter_dropout_drops_the_adapters_input_only)
             }
             #[test]
             $(#[$attr])?

@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
+use tinygpt_attention::lora::project;
 use tinygpt_attention::{CausalSelfAttention, DecodeProduct, burn_product};
 
 use super::norm::Normalization;
@@ -20,6 +21,9 @@ pub struct FeedForward {
     pub c_fc: Linear,
     pub c_proj: Linear,
     pub dropout: Dropout,
+    /// Dropout on the inputs of LoRA adapters on `c_fc` and `c_proj` while training (`[lora]
+    /// dropout`, [`tinygpt_attention::lora`]); probability 0 without.
+    pub adapter_dropout: Dropout,
     /// Which MLP: copied from the config at init, never [`Mlp::None`] (no sublayer is built
     /// then); private, so it cannot come to disagree with the config.
     #[module(skip)]
@@ -41,6 +45,7 @@ impl FeedForward {
                 c_fc: linear(d, config.fc_width(), 0.02, config.bias, device),
                 c_proj: linear(hidden, d, config.residual_init_std(), config.bias, device),
                 dropout: DropoutConfig::new(config.dropout).init(),
+                adapter_dropout: DropoutConfig::new(0.0).init(),
                 kind,
                 product: burn_product,
             }),
@@ -49,7 +54,7 @@ impl FeedForward {
 
     /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = (self.product)(&self.c_fc, x);
+        let h = self.product(&self.c_fc, x);
         let h = match self.kind {
             Mlp::Gelu => gelu(h),
             Mlp::GeluTanh => gelu_approximate(h),
@@ -61,7 +66,16 @@ impl FeedForward {
             }
             Mlp::None => unreachable!("no FeedForward is built for mlp = \"none\""),
         };
-        self.dropout.forward((self.product)(&self.c_proj, h))
+        self.dropout.forward(self.product(&self.c_proj, h))
+    }
+
+    /// `x·W + b` by the layer's product; while training, with its adapters' inputs dropped
+    /// out where `[lora] dropout` asks ([`project`]).
+    fn product(&self, layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+        match self.adapter_dropout.prob > 0.0 {
+            true => project(layer, x, &self.adapter_dropout),
+            false => (self.product)(layer, x),
+        }
     }
 }
 

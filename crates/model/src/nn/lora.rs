@@ -6,7 +6,7 @@
 //! engine ([`ParamLayout::of`](crate::ParamLayout::of)) and checkpoints find by those paths.
 
 use burn::module::{Lora, Module, ParamGroup};
-use burn::nn::Linear;
+use burn::nn::{DropoutConfig, Linear};
 use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
@@ -58,7 +58,7 @@ impl Gpt {
         if !trained.is_empty() {
             adapted = adapted.unfreeze_group(ParamGroup::from_paths(trained));
         }
-        adapted.lora_dropout = lora.dropout;
+        adapted = adapted.with_adapter_dropout(lora.dropout);
         adapted.lora_base = lora.base;
         adapted.lora_also_train = lora.also_train.clone();
         Ok(adapted)
@@ -106,10 +106,24 @@ impl Gpt {
     }
 
     /// The dropout on the adapters' inputs while training (`[lora] dropout`): 0 without
-    /// adapters or without dropout. The fused CPU engine computes it; Burn's engines do not
-    /// (the trainer refuses it there).
+    /// adapters or without dropout. The fused CPU engine draws its own masks; Burn's engines
+    /// run Burn's dropout in each adapted layer's product (`tinygpt_attention::lora`), in f32
+    /// (a mixed-precision step casts the weights, adapters merged, so the trainer refuses it
+    /// there).
     pub fn lora_dropout(&self) -> f64 {
         self.lora_dropout
+    }
+
+    /// This model with dropout `p` on its adapters' inputs, in every block's layers.
+    fn with_adapter_dropout(mut self, p: f64) -> Self {
+        self.lora_dropout = p;
+        for block in &mut self.h {
+            block.attn = block.attn.clone().with_adapter_dropout(p);
+            if let Some(mlp) = &mut block.mlp {
+                mlp.adapter_dropout = DropoutConfig::new(p).init();
+            }
+        }
+        self
     }
 
     /// The scale (`alpha / rank`) of the adapters attached, `None` without any.
@@ -128,8 +142,7 @@ impl Gpt {
     pub fn merge_lora(self) -> Self {
         match self.lora_scale() {
             Some(_) => {
-                let mut merged = self.materialize();
-                merged.lora_dropout = 0.0;
+                let mut merged = self.materialize().with_adapter_dropout(0.0);
                 merged.lora_base = BaseWeights::F32;
                 merged.lora_also_train = Vec::new();
                 merged

@@ -41,8 +41,12 @@ pub fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
     (ids[..3 * 12].to_vec(), ids[1..].to_vec())
 }
 
-/// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
-pub fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
+/// Burn's loss for the batch, through `Gpt::forward` and `cross_entropy`, without a backward.
+pub fn burn_loss(gpt: &Gpt, batch: &TokenBatch<'_>) -> f64 {
+    burn_loss_tensor(gpt, batch).into_scalar::<f32>() as f64
+}
+
+fn burn_loss_tensor(gpt: &Gpt, batch: &TokenBatch<'_>) -> Tensor<1> {
     let device = gpt.wte.weight.device();
     let shape = [batch.batch, batch.seq];
     let inputs =
@@ -51,7 +55,12 @@ pub fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParam
     let targets = Tensor::<1, Int>::from_data(targets, &device);
     let logits = gpt.forward(inputs).unwrap();
     let [b, s, v] = logits.dims();
-    let loss = cross_entropy(logits.reshape([b * s, v]), targets).unwrap();
+    cross_entropy(logits.reshape([b * s, v]), targets).unwrap()
+}
+
+/// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
+pub fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
+    let loss = burn_loss_tensor(gpt, batch);
     let value = loss.clone().into_scalar::<f32>() as f64;
     (value, GradientsParams::from_grads(loss.backward(), gpt))
 }

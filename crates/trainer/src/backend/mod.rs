@@ -158,12 +158,11 @@ impl Placement {
             ),
             (kind @ (EngineKind::Autodiff | EngineKind::Device), _) => (kind, None),
         };
-        if update.lora_dropout && decided.0 != EngineKind::Fused {
+        if update.lora_dropout && dtype != TrainDType::F32 {
             bail!(
-                "[lora] dropout is computed by the CPU's fused engine only, and this run would \
-                 train on the `{}` engine (train.dtype = \"{}\"): train in f32 with --backend \
-                 cpu, or set lora.dropout = 0",
-                decided.0.name(),
+                "[lora] dropout needs train.dtype = \"f32\": a {} step multiplies by casts of the \
+                 weights with the adapters merged in, where no adapter input is left to drop \
+                 (train in f32, or set lora.dropout = 0)",
                 dtype.name()
             );
         }

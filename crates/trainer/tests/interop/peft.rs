@@ -391,6 +391,22 @@ fn edit_config_file(path: &Path, key: &str, value: serde_json::Value) {
 #[test]
 #[ignore = "needs Python with torch + transformers + peft (TINYGPT_PYTHON): cargo test --release -- --ignored"]
 fn peft_loads_exported_adapters_needs_python() {
+    let python = peft_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    import_gpt2(dir, &fixture("llama"), "llama");
+    ok(train_lora(dir, "llama", "tuned"));
+    ok(export_peft(dir, "tuned", "tuned-peft"));
+    let tokens = [47u32, 70, 221, 45, 65, 78, 7, 83];
+    let theirs = peft_logits(&python, dir, "llama", "tuned-peft", &tokens);
+    let err = max_relative(&logits(dir, "tuned", &tokens, "flex"), &theirs);
+    eprintln!("PEFT on tinygpt's adapter: max relative error {err:.2e}");
+    assert!(err <= 1e-4, "{err}");
+}
+
+/// The Python the PEFT checks run (`TINYGPT_PYTHON`, or `python3`), which must have torch,
+/// transformers and peft: asked for without them, the check fails saying why.
+pub(super) fn peft_python() -> String {
     let python = std::env::var("TINYGPT_PYTHON").unwrap_or_else(|_| "python3".into());
     let has = Command::new(&python)
         .args(["-c", "import torch, transformers, peft"])
@@ -400,29 +416,32 @@ fn peft_loads_exported_adapters_needs_python() {
         has,
         "needs `{python}` with torch + transformers + peft (set TINYGPT_PYTHON)"
     );
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    import_gpt2(dir, &fixture("llama"), "llama");
-    ok(train_lora(dir, "llama", "tuned"));
-    ok(export_peft(dir, "tuned", "tuned-peft"));
-    let tokens = [47u32, 70, 221, 45, 65, 78, 7, 83];
+    python
+}
+
+/// PEFT's logits for `tokens` from the adapter directory `adapter` (in `dir`) loaded onto the
+/// fixture `base`'s Llama directory, in f32.
+pub(super) fn peft_logits(
+    python: &str,
+    dir: &Path,
+    base: &str,
+    adapter: &str,
+    tokens: &[u32],
+) -> Vec<Vec<f64>> {
     let script = format!(
         "import json, torch\n\
          from transformers import LlamaForCausalLM\n\
          from peft import PeftModel\n\
          base = LlamaForCausalLM.from_pretrained('{}', dtype=torch.float32)\n\
-         m = PeftModel.from_pretrained(base, 'tuned-peft').eval()\n\
+         m = PeftModel.from_pretrained(base, '{adapter}').eval()\n\
          with torch.no_grad():\n    logits = m(input_ids=torch.tensor([{tokens:?}])).logits[0].tolist()\n\
          print(json.dumps(logits))\n",
-        fixture("llama").display()
+        fixture(base).display()
     );
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .args(["-c", &script])
         .current_dir(dir)
         .output()
         .unwrap();
-    let theirs: Vec<Vec<f64>> = serde_json::from_str(ok(out).lines().last().unwrap()).unwrap();
-    let err = max_relative(&logits(dir, "tuned", &tokens, "flex"), &theirs);
-    eprintln!("PEFT on tinygpt's adapter: max relative error {err:.2e}");
-    assert!(err <= 1e-4, "{err}");
+    serde_json::from_str(ok(out).lines().last().unwrap()).unwrap()
 }

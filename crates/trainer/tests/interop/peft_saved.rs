@@ -4,7 +4,7 @@
 //! imported, and export back the same; a LoRA run trained here with `--also-train` exports and
 //! reads back the same; a tied head PEFT would have trained apart is refused in one line.
 
-use super::peft::{export_peft, import_adapter, train_lora_with};
+use super::peft::{export_peft, import_adapter, peft_logits, peft_python, train_lora_with};
 use super::*;
 use tinygpt_model::TrainedPart;
 
@@ -172,44 +172,18 @@ fn a_tied_head_trained_apart_is_refused() {
 #[test]
 #[ignore = "needs Python with torch + transformers + peft (TINYGPT_PYTHON): cargo test --release -- --ignored"]
 fn peft_loads_exported_trained_parts_needs_python() {
-    let python = std::env::var("TINYGPT_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has = Command::new(&python)
-        .args(["-c", "import torch, transformers, peft"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has,
-        "needs `{python}` with torch + transformers + peft (set TINYGPT_PYTHON)"
-    );
+    let python = peft_python();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let tokens = [47u32, 70, 221, 45, 65, 78, 7, 83];
     for base in ["llama", "llama-mqa"] {
         import_gpt2(dir, &fixture(base), base);
         let tuned = format!("{base}-tuned");
-        ok(train_lora_with(
-            dir,
-            base,
-            &tuned,
-            &["--also-train", "embedding,head"],
-        ));
-        ok(export_peft(dir, &tuned, &format!("{tuned}-peft")));
-        let script = format!(
-            "import json, torch\n\
-             from transformers import LlamaForCausalLM\n\
-             from peft import PeftModel\n\
-             base = LlamaForCausalLM.from_pretrained('{}', dtype=torch.float32)\n\
-             m = PeftModel.from_pretrained(base, '{tuned}-peft').eval()\n\
-             with torch.no_grad():\n    logits = m(input_ids=torch.tensor([{tokens:?}])).logits[0].tolist()\n\
-             print(json.dumps(logits))\n",
-            fixture(base).display()
-        );
-        let out = Command::new(&python)
-            .args(["-c", &script])
-            .current_dir(dir)
-            .output()
-            .unwrap();
-        let theirs: Vec<Vec<f64>> = serde_json::from_str(ok(out).lines().last().unwrap()).unwrap();
+        let parts = ["--also-train", "embedding,head"];
+        ok(train_lora_with(dir, base, &tuned, &parts));
+        let peft = format!("{tuned}-peft");
+        ok(export_peft(dir, &tuned, &peft));
+        let theirs = peft_logits(&python, dir, base, &peft, &tokens);
         let err = max_relative(&logits(dir, &tuned, &tokens, "flex"), &theirs);
         eprintln!(
             "PEFT on tinygpt's {base} adapter with trained parts: max relative error {err:.2e}"

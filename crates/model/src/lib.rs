@@ -46,7 +46,7 @@ mod sample;
 pub use arch::parts;
 pub use arch::{
     BIGRAM_VOCAB, BaseWeights, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName,
-    Slot, TrainedPart, parameter_table,
+    Slot, TrainedPart, parameter_table, trained_beside,
 };
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, LentEntry, LentMoments, PREFILL_CHUNK,

@@ -19,5 +19,5 @@ pub(crate) mod q8_0;
 
 pub use config::{BIGRAM_VOCAB, GptConfig};
 pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart};
-pub use parameters::{BlockSlot, ParamName, Slot, parameter_table};
+pub use parameters::{BlockSlot, ParamName, Slot, parameter_table, trained_beside};
 pub use parts::{Mlp, Norm, Position};

@@ -192,12 +192,20 @@ impl LoraConfig {
 
     /// Numbers of the base a model of `config` trains beside the adapters (`also_train`).
     pub fn base_params_trained(&self, config: &GptConfig) -> u64 {
-        let table = parameter_table(config).into_iter();
-        let trained = table.filter(|p| p.present && self.trains_base(p.slot, config));
+        let trained = trained_beside(config, &self.also_train).into_iter();
         trained
             .map(|p| p.slot.shape(config).iter().product::<usize>() as u64)
             .sum()
     }
+}
+
+/// The parameters of a model of `config` that `parts` train in full beside LoRA adapters, in
+/// the table's order.
+pub fn trained_beside(config: &GptConfig, parts: &[TrainedPart]) -> Vec<ParamName> {
+    let table = parameter_table(config).into_iter().filter(|p| p.present);
+    table
+        .filter(|p| parts.iter().any(|part| part.holds(p.slot, config)))
+        .collect()
 }
 
 impl LoraTarget {

@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 
 use super::gpt::Gpt;
 use super::lora::adapter_path;
-use crate::arch::{Factor, GptConfig, LoraTarget, Slot, parameter_table};
+use crate::arch::{Factor, GptConfig, LoraTarget, Slot, parameter_table, trained_beside};
 use crate::error::ModelError;
 use crate::optim::ParamLayout;
 
@@ -174,10 +174,8 @@ impl ParamLayout {
                 layout.push(slot, id, shape);
             }
         }
-        let config = gpt.config();
-        let trained = |slot: Slot| gpt.lora_also_train().iter().any(|p| p.holds(slot, config));
-        let slots: Vec<Slot> = layout.entries().iter().map(|e| e.slot).collect();
-        layout.train_base(slots.into_iter().filter(|&slot| trained(slot)));
+        let trained = trained_beside(gpt.config(), gpt.lora_also_train());
+        layout.train_base(trained.into_iter().map(|p| p.slot));
         layout
     }
 

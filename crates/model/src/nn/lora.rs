@@ -11,7 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
 use crate::arch::q8_0::{BLOCK, round_columns};
-use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, parameter_table};
+use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, trained_beside};
 use crate::error::GptConfigError;
 
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
@@ -49,11 +49,8 @@ impl Gpt {
             BaseWeights::F32 => self,
             BaseWeights::Q8_0 => self.rounded_to_q8_0(),
         };
-        let trained: Vec<String> = parameter_table(base.config())
-            .into_iter()
-            .filter(|p| p.present && lora.trains_base(p.slot, base.config()))
-            .map(|p| p.burn)
-            .collect();
+        let trained = trained_beside(base.config(), &lora.also_train);
+        let trained: Vec<String> = trained.into_iter().map(|p| p.burn).collect();
         let mut adapted = base.apply_lora(burn);
         if !trained.is_empty() {
             adapted = adapted.unfreeze_group(ParamGroup::from_paths(trained));

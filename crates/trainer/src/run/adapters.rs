@@ -7,18 +7,15 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
-use tinygpt_model::{Gpt, GptConfig, LoraConfig, TrainedPart, parameter_table};
+use tinygpt_model::{Gpt, GptConfig, LoraConfig, TrainedPart, trained_beside};
 
 /// The tensors of a LoRA checkpoint: the adapters' factors, `….weight.lora.a` and `.b`.
 const ADAPTERS: &str = r"\.lora\.[ab]$";
 
 /// Burn's paths of the parts of a model of `config` that `parts` train in full.
 fn trained_paths(config: &GptConfig, parts: &[TrainedPart]) -> Vec<String> {
-    let table = parameter_table(config).into_iter().filter(|p| p.present);
-    table
-        .filter(|p| parts.iter().any(|part| part.holds(p.slot, config)))
-        .map(|p| p.burn)
-        .collect()
+    let trained = trained_beside(config, parts).into_iter();
+    trained.map(|p| p.burn).collect()
 }
 
 /// `model` with the adapters of `lora` attached and their factors, and the parts of the base

@@ -9,7 +9,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Result, anyhow, bail};
-use tinygpt_model::{Gpt, GptConfig, LoraConfig, Slot, TrainedPart, parameter_table};
+use tinygpt_model::{
+    Gpt, GptConfig, LoraConfig, Slot, TrainedPart, parameter_table, trained_beside,
+};
 
 use super::matrix::Matrix;
 use super::{Family, PREFIX};
@@ -70,8 +72,7 @@ pub(super) fn export(
         modules: Vec::new(),
         tied: false,
     };
-    let table = parameter_table(gpt).into_iter().filter(|p| p.present);
-    for p in table.filter(|p| lora.trains_base(p.slot, gpt)) {
+    for p in trained_beside(gpt, &lora.also_train) {
         let (name, transposed) = hf_tensor(family, p.slot).ok_or_else(|| {
             anyhow!(
                 "PEFT has no module for `{}`, trained beside the adapters",
@@ -148,13 +149,8 @@ pub(super) fn import(
     }
     parts.sort();
     parts.dedup();
-    let lora = LoraConfig {
-        also_train: parts.clone(),
-        ..LoraConfig::new(1)
-    };
     let mut base_tensors = None;
-    let table = parameter_table(gpt).into_iter().filter(|p| p.present);
-    for p in table.filter(|p| lora.trains_base(p.slot, gpt)) {
+    for p in trained_beside(gpt, &parts) {
         if !out.contains_key(&p.burn) {
             let all = match &mut base_tensors {
                 Some(all) => all,

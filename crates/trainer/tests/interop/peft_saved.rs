@@ -58,6 +58,18 @@ fn peft_modules_to_save_give_peft_logits_and_export_back_the_same() {
     }
 }
 
+/// The fixture `base` imported into `dir`, a LoRA run of it trained with `--also-train
+/// embedding,head`, and that run exported as PEFT: the run's and the export's names.
+fn tuned_and_exported(dir: &Path, base: &str) -> (String, String) {
+    import_gpt2(dir, &fixture(base), base);
+    let tuned = format!("{base}-tuned");
+    let parts = ["--also-train", "embedding,head"];
+    ok(train_lora_with(dir, base, &tuned, &parts));
+    let peft = format!("{tuned}-peft");
+    ok(export_peft(dir, &tuned, &peft));
+    (tuned, peft)
+}
+
 /// LoRA runs trained here with `--also-train embedding,head`, on an untied and a tied base:
 /// exported as PEFT and imported back, the same logits and the same parts.
 #[test]
@@ -66,12 +78,7 @@ fn a_lora_run_with_trained_parts_exports_to_peft_and_reads_back() {
     let dir = tmp.path();
     let tokens = [47, 70, 221, 45, 65, 78, 7, 83];
     for base in ["llama", "llama-mqa"] {
-        import_gpt2(dir, &fixture(base), base);
-        let tuned = format!("{base}-tuned");
-        let parts = ["--also-train", "embedding,head"];
-        ok(train_lora_with(dir, base, &tuned, &parts));
-        let peft = format!("{tuned}-peft");
-        ok(export_peft(dir, &tuned, &peft));
+        let (tuned, peft) = tuned_and_exported(dir, base);
         let again = format!("{tuned}-again");
         ok(import_adapter(dir, &dir.join(&peft), base, &again));
         let err = max_relative(
@@ -177,12 +184,7 @@ fn peft_loads_exported_trained_parts_needs_python() {
     let dir = tmp.path();
     let tokens = [47u32, 70, 221, 45, 65, 78, 7, 83];
     for base in ["llama", "llama-mqa"] {
-        import_gpt2(dir, &fixture(base), base);
-        let tuned = format!("{base}-tuned");
-        let parts = ["--also-train", "embedding,head"];
-        ok(train_lora_with(dir, base, &tuned, &parts));
-        let peft = format!("{tuned}-peft");
-        ok(export_peft(dir, &tuned, &peft));
+        let (tuned, peft) = tuned_and_exported(dir, base);
         let theirs = peft_logits(&python, dir, base, &peft, &tokens);
         let err = max_relative(&logits(dir, &tuned, &tokens, "flex"), &theirs);
         eprintln!(

@@ -13,7 +13,8 @@ use crate::grouped::repeat_kv;
 use crate::kernels::{DecodeProduct, Kernels, burn_product};
 use crate::lora::project;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
-use crate::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
+use crate::packed_qk::{self, QkPrep};
+use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
 use crate::step::StepAt;
 
@@ -321,25 +322,23 @@ impl CausalSelfAttention {
 
     /// The projection's output `qkv` `[batch, seq, (heads + 2·kv_heads)·d_head]` for positions
     /// `0..seq`, its queries and keys normalised (QK-norm) and then rotated (RoPE) in place of
-    /// their columns when the layer does so, as [`heads`](Self::heads) does to them split:
-    /// same shape.
+    /// their columns when the layer does so, as [`heads`](Self::heads) does to them split, in
+    /// one kernel ([`packed_qk`]): same shape. Only on the flash path (a CubeCL device).
     fn packed_heads(&self, qkv: Tensor<3>) -> Tensor<3> {
         if self.rope_base.is_none() && self.qk_norm_eps.is_none() {
             return qkv;
         }
-        let [batch, seq, width] = qkv.dims();
+        let [_, seq, width] = qkv.dims();
         let (heads, kv) = (self.n_heads, self.n_kv_heads);
         let d_head = width / (heads + 2 * kv);
-        let mut qkv = qkv.reshape([batch, seq, heads + 2 * kv, d_head]);
-        let qk = QueryAndKeyHeads::new(heads + 2 * kv, heads + kv, &qkv.device());
-        if let Some(eps) = self.qk_norm_eps {
-            qkv = rms_norm_packed(qkv, &qk, eps);
-        }
-        if let Some(base) = self.rope_base {
-            let rows = RopeRows::new(0, seq, d_head, base, &qkv.device());
-            qkv = rows.apply_packed(qkv, &qk);
-        }
-        qkv.reshape([batch, seq, width])
+        let rope = self
+            .rope_base
+            .map(|base| RopeRows::new(0, seq, d_head, base, &qkv.device()));
+        let prep = QkPrep {
+            qk_norm_eps: self.qk_norm_eps,
+            rope: rope.as_ref(),
+        };
+        packed_qk::normalise_and_rotate(qkv, heads, kv, prep)
     }
 
     /// Keys and values repeated for their query heads' groups ([`repeat_kv`]): every kernel

@@ -40,7 +40,8 @@
 //! - The ideas newer GPTs add, each a lesson with its proofs in the tests: [`rope`] (rotary
 //!   positions: a rotation that keeps lengths and makes scores depend on distance only),
 //!   [`grouped`] (grouped-query attention: fewer key/value heads, the same outputs as multi-head
-//!   attention over repeated ones) and [`qk_norm`] (unit-RMS queries and keys: bounded scores).
+//!   attention over repeated ones) and [`qk_norm`] (unit-RMS queries and keys: bounded scores);
+//!   on GPUs the last two as one kernel on the projection's packed heads ([`packed_qk`]).
 //! - [`lora`]: the product of a projection carrying a LoRA adapter whose input is dropped out
 //!   while training (PEFT's `lora_dropout`: the frozen matrix sees the whole input).
 //!
@@ -58,6 +59,7 @@ mod kernels;
 mod kv_cache;
 pub mod lora;
 pub mod mask;
+pub mod packed_qk;
 pub mod qk_norm;
 pub mod rope;
 mod step;

@@ -35,7 +35,6 @@ use std::ops::Range;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::AttentionConfigError;
-use crate::qk_norm::QueryAndKeyHeads;
 
 /// The cosines and sines of every position's angles, `[max_seq, d_head]` each, in the
 /// `rotate_half` layout (the angles of pairs `0..d/2` written twice: `cat(angles, angles)`);
@@ -121,9 +120,9 @@ pub fn angles(positions: Range<usize>, d_head: usize, base: f64) -> (Vec<f32>, V
 /// when the rows are few, and no more than the attention that follows when they are many.
 #[derive(Debug, Clone)]
 pub struct RopeRows {
-    cos: Tensor<4>,
+    pub(crate) cos: Tensor<4>,
     /// The sines with the first half negated ([`signed_sines`]).
-    signed_sin: Tensor<4>,
+    pub(crate) signed_sin: Tensor<4>,
 }
 
 impl RopeRows {
@@ -169,24 +168,6 @@ impl RopeRows {
         let dtype = x.dtype();
         let (cos, signed_sin) = (self.cos.clone(), self.signed_sin.clone());
         x.clone() * cos.cast(dtype) + swap_halves(x) * signed_sin.cast(dtype)
-    }
-
-    /// The same rotation on the projection's packed heads `qkv` `[rows, seq, heads +
-    /// 2·kv_heads, d_head]` (groups q | k | v, see [`QueryAndKeyHeads`]): the query and key
-    /// groups rotated, the values as they are (their cosines 1 and sines 0, so
-    /// `v·1 + swap_halves(v)·0 = v` exactly). The flash kernels then read the three where the
-    /// projection wrote them, and the gradient is one tensor instead of three slices.
-    pub fn apply_packed(&self, qkv: Tensor<4>, heads: &QueryAndKeyHeads) -> Tensor<4> {
-        let dtype = qkv.dtype();
-        let (keep, other) = (
-            heads.keep.clone().cast(dtype),
-            heads.other.clone().cast(dtype),
-        );
-        // `[rows, 1, seq, d_head]` -> `[rows, seq, 1, d_head]`, against the groups' axis.
-        let table = |t: &Tensor<4>| t.clone().swap_dims(1, 2).cast(dtype);
-        let cos = table(&self.cos) * keep.clone() + other;
-        let signed_sin = table(&self.signed_sin) * keep;
-        qkv.clone() * cos + swap_halves(qkv) * signed_sin
     }
 }
 

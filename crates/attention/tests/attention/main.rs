@@ -1,12 +1,14 @@
 //! Behaviour of `CausalSelfAttention` on every backend: flex, ndarray and wgpu (lavapipe in CI).
 //!
-//! Each check is a function of a `Device`; `backend_tests!` runs it once per backend.
+//! Each check is a function of a `Device`; `backend_tests!` runs it once per backend. The
+//! packed QK kernels (`packed_qk`) run on wgpu only.
 
 mod batched;
 mod decode_attention;
 mod draws;
 mod lora;
 mod newer;
+mod packed_qk;
 mod reference;
 mod seeds;
 
@@ -528,11 +530,6 @@ macro_rules! backend_tests {
             $(#[$attr])?
             fn steps_decode_as_each_alone() {
                 run(super::batched::steps_decode_as_each_alone)
-            }
-            #[test]
-            $(#[$attr])?
-            fn packed_heads_are_normalised_and_rotated_in_place() {
-                run(super::newer::packed_heads_are_normalised_and_rotated_in_place)
             }
             #[test]
             $(#[$attr])?

@@ -5,8 +5,8 @@
 
 use burn::nn::RotaryEncodingConfig;
 use tinygpt_attention::grouped::{grouped_attention, repeat_kv};
-use tinygpt_attention::qk_norm::{QueryAndKeyHeads, rms_norm_heads, rms_norm_packed};
-use tinygpt_attention::rope::{RopeRows, RopeTables, rotate_half, signed_sines, swap_halves};
+use tinygpt_attention::qk_norm::rms_norm_heads;
+use tinygpt_attention::rope::{RopeTables, rotate_half, signed_sines, swap_halves};
 
 use super::*;
 
@@ -224,38 +224,6 @@ fn qk_norm_bounds_every_score() {
         scores.iter().any(|s| s.abs() > 1.0),
         "the bound is not trivially met"
     );
-}
-
-/// The flash kernels read the heads where the projection wrote them, so with QK-norm and rotary
-/// positions the layer normalises and rotates them there ([`rms_norm_packed`],
-/// [`RopeRows::apply_packed`]): the queries and keys come out as [`rms_norm_heads`] and
-/// [`RopeRows::apply`] make them split, and the values as they went in, bit for bit, even
-/// values whose squares overflow (a value head's divisor is 1, never its infinite RMS times 0).
-pub(crate) fn packed_heads_are_normalised_and_rotated_in_place(device: &Device) {
-    let (batch, seq, heads, kv, d) = (2, 7, 4, 2, 8);
-    let (groups, qk) = (heads + 2 * kv, heads + kv);
-    let shape = [batch, seq, groups, d];
-    let mut data = values(random(shape, device));
-    for (i, x) in data.iter_mut().enumerate() {
-        if (i / d) % groups >= qk && i % 5 == 0 {
-            *x = 3e20;
-        }
-    }
-    let packed = Tensor::<4>::from_data(TensorData::new(data, shape), device);
-    let rows = RopeRows::new(0, seq, d, 10000.0, device);
-    let heads_of = QueryAndKeyHeads::new(groups, qk, device);
-    let got = rows.apply_packed(rms_norm_packed(packed.clone(), &heads_of, 1e-6), &heads_of);
-    // The groups `from..from + n` split off as the layer's other paths take them:
-    // `[batch, n, seq, d_head]`.
-    let split = |t: Tensor<4>, from: usize, n: usize| t.swap_dims(1, 2).narrow(1, from, n);
-    for (from, n, what) in [(0, heads, "queries"), (heads, kv, "keys")] {
-        let want = rows.apply(rms_norm_heads(split(packed.clone(), from, n), 1e-6));
-        let got = values(split(got.clone(), from, n));
-        assert_close(&got, &values(want), 1e-6, &format!("{device:?} {what}"));
-    }
-    let (got, want) = (values(split(got, qk, kv)), values(split(packed, qk, kv)));
-    assert!(want.contains(&3e20), "no overflowing value was tested");
-    assert_eq!(got, want, "{device:?} values");
 }
 
 /// The layer with grouped heads is multi-head attention whose key/value projections are the

@@ -127,30 +127,29 @@ fn call(
         "the packed QK kernels need a CubeCL device, f32 and d_head <= {}",
         flash::MAX_D_HEAD
     );
-    let tables = |t: &Tensor<4>| t.clone().reshape([seq, d_head]).cast(qkv.dtype());
+    // f32 (asserted above), as the tables are: no cast.
+    let tables = |t: &Tensor<4>| t.clone().reshape([seq, d_head]);
     let (cos, signed_sin) = match prep.rope {
         Some(rope) => (tables(&rope.cos), tables(&rope.signed_sin)),
         // Never read without a rotation: a number uploaded (no launch) stands in for each.
         None => {
-            let unread = || {
-                let zero = TensorData::new(vec![0.0_f32], [1, 1]);
-                Tensor::<2>::from_data(zero, &qkv.device()).cast(qkv.dtype())
-            };
+            let unread =
+                || Tensor::<2>::from_data(TensorData::new(vec![0.0_f32], [1, 1]), &qkv.device());
             (unread(), unread())
         }
     };
-    let args = (groups as u32, (heads + kv_heads) as u32);
+    let (groups, qk_heads) = (groups as u32, (heads + kv_heads) as u32);
     let epsilon = prep.qk_norm_eps.unwrap_or(0.0) as f32;
-    let flags = (prep.qk_norm_eps.is_some(), prep.rope.is_some());
+    let (normalise, rotate) = (prep.qk_norm_eps.is_some(), prep.rope.is_some());
     let out = Dispatch::packed_qk_forward(
         qkv.clone().into_dispatch(),
         cos.clone().into_dispatch(),
         signed_sin.clone().into_dispatch(),
-        args.0,
-        args.1,
+        groups,
+        qk_heads,
         epsilon,
-        flags.0,
-        flags.1,
+        normalise,
+        rotate,
     );
     let grad = d_out.map(|d_out| {
         Tensor::from_dispatch(Dispatch::packed_qk_backward(
@@ -158,11 +157,11 @@ fn call(
             d_out.into_dispatch(),
             cos.into_dispatch(),
             signed_sin.into_dispatch(),
-            args.0,
-            args.1,
+            groups,
+            qk_heads,
             epsilon,
-            flags.0,
-            flags.1,
+            normalise,
+            rotate,
         ))
     });
     (Tensor::from_dispatch(out), grad)

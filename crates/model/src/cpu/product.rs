@@ -8,7 +8,7 @@ use super::kernels::q8::{self, Q8Matrix};
 use super::kernels::rope;
 use super::kernels::rows::{self, F32Rows};
 use super::params::{RowBlock, RowMatrix};
-use super::spin_pool::{SpinPool, split_columns, split_rows};
+use super::spin_pool::{Helpers, split_columns, split_rows};
 
 /// From this many rows (a prompt's chunk) a product with helpers is split by rows: each thread
 /// multiplies its rows by all the weights, which fewer rows could not pay for (every thread
@@ -33,7 +33,7 @@ pub(super) struct Ctx<'a> {
     /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
     pub rows_alone: bool,
     /// Threads a single row's products are split over (one sequence decoding), if any.
-    pub helpers: Option<&'a SpinPool>,
+    pub helpers: Option<&'a Helpers<'a>>,
 }
 
 /// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
@@ -141,7 +141,7 @@ pub(super) fn linear_split(
     x: &[f32],
     w: Weight<'_>,
     b: &[f32],
-    helpers: &SpinPool,
+    helpers: &Helpers<'_>,
 ) {
     match w {
         Weight::Q8(w) => q8::quantized(x, |x| {

@@ -6,7 +6,7 @@ use crate::cpu::block::Heads;
 use crate::cpu::dims::Dims;
 use crate::cpu::kernels::attention::{self, Shape, causal_softmax};
 use crate::cpu::kernels::matmul::{View, dot_lanes, matmul_into};
-use crate::cpu::spin_pool::{SpinPool, split_heads};
+use crate::cpu::spin_pool::{Helpers, split_heads};
 use crate::fast_math::{self, vectorized};
 
 /// One block's KV cache (`[block_size, kv_width]` keys and values), and how many of its rows
@@ -80,7 +80,7 @@ pub(super) fn attend_cached(
     h: Heads<'_>,
     mut cache: Cache<'_>,
     scores: &mut [f32],
-    helpers: &SpinPool,
+    helpers: &Helpers<'_>,
 ) {
     cache.append(h.qkv);
     let d = cache.dims;
@@ -202,6 +202,7 @@ fn weighted<'v, const D: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::spin_pool::SpinPool;
 
     /// [`attend`] written plainly: per head, the scores, their exponentials and the weighted
     /// values, each summed in key order as `attend` sums them.
@@ -231,7 +232,8 @@ mod tests {
     /// bit for bit, on one thread and split by heads over three.
     #[test]
     fn attention_over_the_cache_is_the_plain_sums_on_any_threads() {
-        let helpers = SpinPool::new(2);
+        let mut pool = SpinPool::new(2);
+        let helpers = pool.hold();
         for d in [16, 64, 128] {
             let (heads, kv_heads, visible) = (6, 2, 40);
             let wave = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<_>>();

@@ -20,7 +20,7 @@ use crate::cpu::kernels::matmul::dot;
 use crate::cpu::kernels::norm::{self, Normed};
 use crate::cpu::kernels::{rope, softcap};
 use crate::cpu::params::{Params, RowMatrix};
-use crate::cpu::spin_pool::{SpinPool, split_columns};
+use crate::cpu::spin_pool::{Helpers, SpinPool, split_columns};
 use crate::error::ModelError;
 use crate::nn::Gpt;
 use crate::optim::ParamLayout;
@@ -109,7 +109,7 @@ impl HeadRows {
         head: Option<&RowMatrix>,
         x: &[f32],
         streams: bool,
-        helpers: Option<&SpinPool>,
+        helpers: Option<&Helpers<'_>>,
     ) {
         let c = d.width;
         let n = x.len() / c;
@@ -283,7 +283,7 @@ impl FusedDecoder {
             }
             let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
             let scores = &mut self.scores;
-            let helpers = &self.helpers;
+            let helpers = self.helpers.hold();
             let p = &self.shared.weights.blocks[l];
             let ctx = Ctx {
                 dims: &d,
@@ -293,7 +293,7 @@ impl FusedDecoder {
                 streams: None,
                 matrices: Some(&self.shared.matrices.blocks[l]),
                 rows_alone: head == Head::All,
-                helpers: Some(&self.helpers),
+                helpers: Some(&helpers),
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
                 let cache = Cache {
@@ -305,32 +305,39 @@ impl FusedDecoder {
                 match (window, chunk) {
                     (true, _) => attend_window(h, cache),
                     (false, true) => attend_chunk(h, cache, scores),
-                    (false, false) => attend_cached(h, cache, scores, helpers),
+                    (false, false) => attend_cached(h, cache, scores, &helpers),
                 }
             });
-            if let Some(maps) = &mut self.maps {
-                let att = match maps.wanted[l] {
-                    true => self.acts.att.clone(),
-                    false => Vec::new(),
-                };
-                maps.kept.push(att);
-            }
+            self.keep_map(l);
             std::mem::swap(&mut self.x, &mut self.next);
         }
         if head == Head::All || (head == Head::Last && rows == 1) {
             let head_rows = self.shared.matrices.head.as_ref();
             let alone = head == Head::All;
+            let helpers = self.helpers.hold();
             self.head.forward(
                 &self.dims,
                 &self.shared.weights,
                 head_rows,
                 &self.x,
                 alone,
-                Some(&self.helpers),
+                Some(&helpers),
             );
         }
         self.cache.len += rows;
         self.cache.last = tokens[rows - 1];
+    }
+
+    /// While [`attention_maps`](Self::attention_maps) runs: block `l`'s attention weights,
+    /// just computed, kept if wanted (an empty map in their place if not).
+    fn keep_map(&mut self, l: usize) {
+        if let Some(maps) = &mut self.maps {
+            let att = match maps.wanted[l] {
+                true => self.acts.att.clone(),
+                false => Vec::new(),
+            };
+            maps.kept.push(att);
+        }
     }
 
     /// The last block of a feed of `rows` (> 1) rows after `past` cached ones, its input in
@@ -343,6 +350,7 @@ impl FusedDecoder {
         let l = self.shared.weights.blocks.len() - 1;
         let p = &self.shared.weights.blocks[l];
         let matrices = &self.shared.matrices;
+        let helpers = self.helpers.hold();
         let ctx = |first: usize, period: usize| Ctx {
             dims: &d,
             rope: &self.rope,
@@ -351,7 +359,7 @@ impl FusedDecoder {
             streams: None,
             matrices: Some(&matrices.blocks[l]),
             rows_alone: false,
-            helpers: Some(&self.helpers),
+            helpers: Some(&helpers),
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));
         let (keys, values) = (&mut self.cache.keys[l], &mut self.cache.values[l]);
@@ -384,7 +392,7 @@ impl FusedDecoder {
             head_rows,
             &self.next[..c],
             false,
-            Some(&self.helpers),
+            Some(&helpers),
         );
     }
 

@@ -365,6 +365,9 @@ mod avx2 {
     /// Block `b`'s eight lane sums as floats: its 32 byte products by `maddubs` (unsigned `|w|`
     /// times `x` carrying `w`'s sign; pairs of products, at most 2·128·127, fit `i16`) and
     /// `madd` with ones into eight `i32` lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, and block `b` of both rows is in bounds.
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn lanes(wq: &[i8], xq: &[i8], b: usize) -> __m256 {
@@ -379,6 +382,9 @@ mod avx2 {
 
     /// [`super::dot_reference`] in AVX2: four accumulator registers (the sets), the weights'
     /// scales eight blocks at a time by F16C.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
         let kb = ws.len();
@@ -445,6 +451,9 @@ mod avx512 {
     /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
     /// upper eight zero): `dpbusd` sums four products of unsigned `|w|` and `x` carrying `w`'s
     /// sign into each `i32` lane in one instruction, without the `i16` step of AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VNNI, and the blocks read are in bounds.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn lanes(wq: &[i8], xq: &[i8], b: usize, two: bool) -> __m512 {
@@ -469,6 +478,9 @@ mod avx512 {
 
     /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
     /// into the loop over the share's rows.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn row_range(
         out: &mut [f32],
@@ -486,6 +498,9 @@ mod avx512 {
     /// [`super::dot_reference`] with AVX-512 VNNI: two blocks per register, so one register
     /// holds sets 0 and 1 (blocks `4i`, `4i + 1`) and another sets 2 and 3; the scales of
     /// sixteen blocks converted and multiplied at once, each pair's picked by a permute.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below (the lengths are asserted).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {

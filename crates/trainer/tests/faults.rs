@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::watched::Watched;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -156,34 +157,26 @@ fn kill_9_at_random_moments_loses_nothing_and_resumes_bit_equal() {
 fn two_writers_exactly_one_wins_and_the_loser_names_the_winner() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(tinygpt(
-        dir,
-        &as_strs(&fused(&["--out", "run", "--max-iters", "4"])),
-    ));
-    // A long resume holds the run; a second writer starts meanwhile.
-    let mut first = spawn(
-        dir,
-        &["train", "--resume", "--out", "run", "--max-iters", "100000"].map(String::from),
-    );
-    let pid = first.id();
-    let lock = dir.join("run/lock");
-    for _ in 0..200 {
-        if std::fs::read_to_string(&lock).is_ok_and(|s| s.trim() == pid.to_string()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    let every_step = ["--set", "train.log_interval=1"];
+    let first_run = [&["--out", "run", "--max-iters", "4"][..], &every_step].concat();
+    ok(tinygpt(dir, &as_strs(&fused(&first_run))));
+    // A long resume holds the run once it has taken a step (its lock is taken before); a second
+    // writer starts then.
+    let resume = ["train", "--resume", "--out", "run", "--max-iters", "100000"];
+    let first = Watched::start_until(dir, &resume, |l| l.starts_with("step 5/"));
+    let pid = first.pid();
     let second = tinygpt(
         dir,
         &["train", "--resume", "--out", "run", "--max-iters", "8"],
     );
     fails(second, &format!("run run is in use by process {pid}"));
-    Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let status = first.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "the first writer ends by Ctrl-C");
+    first.signal("INT");
+    let (code, lines, err) = first.wait();
+    assert_eq!(
+        code,
+        Some(130),
+        "the first writer ends by Ctrl-C: {lines:?}\n{err}"
+    );
     assert!(last_step(dir, "run") > 4);
 
     // Two new runs into one directory at once: one creates it, the other is refused.
@@ -465,7 +458,7 @@ fn a_reader_that_goes_away_ends_output_quietly() {
             "2000",
         ],
         &["attention", "--checkpoint", "run", "--prompt", "Of Man"],
-        &["params", "--preset", "shakespeare-char"],
+        &["params", "--config", "shakespeare-char"],
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
             .args(args)

@@ -1,49 +1,36 @@
-//! `tinygpt params`: a preset's architecture and parameter count.
+//! `tinygpt params`: a config's architecture, parameter count and training memory.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use tinygpt::config::{TrainDType, UpdateKind};
+use tinygpt::config::UpdateKind;
+use tinygpt::config::presets::ConfigSource;
 use tinygpt::train::memory;
-use tinygpt_model::GptConfig;
 
-/// Print a preset's architecture and parameter count.
+/// Print a config's architecture, parameter count and the memory training it takes.
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  tinygpt params --preset shakespeare-char --vocab-size 65")]
+#[command(
+    after_help = "Examples:\n  tinygpt params\n  tinygpt params --config shakespeare-char --vocab-size 65\n  tinygpt params --config my.toml --set model.n_layer=12 --set train.batch_size=4"
+)]
 pub struct Args {
-    /// Which preset.
-    #[arg(long, value_enum, default_value_t = Preset::Baby)]
-    preset: Preset,
-    /// Vocabulary size (65 for tiny-shakespeare's characters).
+    /// Run configuration: a built-in preset (default, baby, modern, speedrun, ten-minutes,
+    /// shakespeare-char, finetune) or a TOML file.
+    #[arg(long, alias = "preset", default_value = "default")]
+    config: String,
+    /// Override a config key, e.g. --set model.n_layer=8 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// The tokenizer's vocabulary (65 for tiny shakespeare's characters); a config's
+    /// `model.vocab_size` pads it.
     #[arg(long, default_value_t = 65)]
     vocab_size: usize,
-    /// Sequences per micro-batch, for the memory estimate.
-    #[arg(long, default_value_t = 12)]
-    batch_size: usize,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Preset {
-    /// nanoGPT's CPU baby model: 4 layers, 4 heads, 128 wide, block 64.
-    Baby,
-    /// nanoGPT's shakespeare-char model: 6 layers, 6 heads, 384 wide, block 256.
-    ShakespeareChar,
-    /// The bare model: embeddings, one attention head with its residual, a linear head.
-    Minimal,
-    /// The baby model's sizes with nanochat's parts: rotary positions, parameter-free RMSNorm,
-    /// QK-norm, ReLU², no biases, an untied head, soft-capped logits, zero-initialised
-    /// projections.
-    Modern,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let config = match args.preset {
-        Preset::Baby => GptConfig::baby(args.vocab_size),
-        Preset::ShakespeareChar => GptConfig::shakespeare_char(args.vocab_size),
-        Preset::Minimal => GptConfig::minimal(args.vocab_size),
-        Preset::Modern => GptConfig::modern(args.vocab_size),
-    };
+    let run = ConfigSource::parse(&args.config).load(&args.overrides)?;
+    run.check_vocab(args.vocab_size)?;
+    let config = run.gpt(args.vocab_size);
     let model = config.init(&Device::flex())?;
     println!(
         "{} layers, {} heads, n_embd {}, block {}, vocab {}, bias {}, tied head {}",
@@ -61,21 +48,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model.num_params(),
         model.num_params_non_embedding() as f64 / 1e6
     );
+    let t = &run.train;
     let (engine, _) =
-        tinygpt::backend::Placement::cpu().engine_for(TrainDType::F32, UpdateKind::default())?;
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        tinygpt::backend::Placement::cpu().engine_for(t.dtype, UpdateKind::of(&run))?;
     let on = engine.on_the_cpu();
-    let work = memory::Work {
-        batch_size: args.batch_size,
-        grad_accum: 1,
-        threads,
-        checkpointing: false,
-        lora: None,
-    };
+    let estimate = memory::Estimate::training(&run, args.vocab_size, engine);
     println!(
-        "memory to train with batch {} on the CPU ({on}): ~{}",
-        args.batch_size,
-        memory::Estimate::for_model(&config, work, engine).describe()
+        "memory to train with batch {} × {} on the CPU ({on}): ~{}",
+        t.batch_size,
+        t.grad_accum,
+        estimate.describe()
     );
     Ok(ExitCode::SUCCESS)
 }

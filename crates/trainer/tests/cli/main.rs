@@ -9,10 +9,10 @@ mod int8;
 mod lora;
 mod outputs;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use common::watched::Watched;
 use common::*;
 
 #[test]
@@ -441,30 +441,46 @@ fn interrupt_when(
     signal: &str,
     until: impl Fn(&str) -> bool,
 ) -> (Option<i32>, Vec<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let done = until(&line);
-        seen.push(line);
-        if done {
-            break;
-        }
+    let child = Watched::start_until(dir, args, until);
+    child.signal(signal);
+    let (code, lines, _) = child.wait();
+    (code, lines)
+}
+
+/// `params` reads what `train` reads: every preset by name, a TOML file, `--set`; a file that
+/// is not there is one line.
+#[test]
+fn params_takes_every_preset_and_a_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (name, _) in tinygpt::config::presets::PRESETS {
+        let out = ok(tinygpt(dir, &["params", "--config", name]));
+        assert!(out.contains(" parameters ("), "{name}: {out}");
+        assert!(out.contains("memory to train with batch"), "{name}: {out}");
     }
-    let kill = Command::new("kill")
-        .args([&format!("-{signal}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    seen.extend(lines.map(Result::unwrap));
-    (child.wait().unwrap().code(), seen)
+    let baby = ok(tinygpt(dir, &["params", "--config", "baby"]));
+    assert!(baby.starts_with("4 layers, 4 heads, n_embd 128"), "{baby}");
+    assert!(
+        baby.contains("(0.80M without the position embedding"),
+        "{baby}"
+    );
+    let toml = tinygpt::config::presets::preset("baby").unwrap();
+    std::fs::write(dir.join("mine.toml"), toml).unwrap();
+    let mine = ok(tinygpt(
+        dir,
+        &[
+            "params",
+            "--config",
+            "mine.toml",
+            "--set",
+            "model.n_layer=2",
+        ],
+    ));
+    assert!(mine.starts_with("2 layers, 4 heads, n_embd 128"), "{mine}");
+    fails(
+        tinygpt(dir, &["params", "--config", "missing.toml"]),
+        "missing.toml",
+    );
 }
 
 /// Outside the repository the binary needs nothing beside it: `train` with no arguments and

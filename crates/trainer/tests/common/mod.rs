@@ -2,6 +2,7 @@
 #![allow(dead_code)] // Each test file uses its own share of them.
 
 pub mod server;
+pub mod watched;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -312,7 +312,14 @@ fn an_interrupted_prepare_leaves_no_output() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Killed once it is writing (its staging directory made), not after a guessed time.
+    while staging(dir).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "prepare ended before it made its staging directory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         child.try_wait().unwrap().is_none(),
         "prepare ended before it was killed"

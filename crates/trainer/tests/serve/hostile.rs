@@ -183,18 +183,14 @@ fn stalled_readers_hold_nothing_of_the_batch() {
         std::thread::sleep(std::time::Duration::from_millis(300));
         last.replace(tokens) == tokens
     });
-    let started = std::time::Instant::now();
     let (status, reply) = server.post_json(
         "/v1/completions",
         &json!({"prompt": "Of", "max_tokens": 20}),
     );
-    let waited = started.elapsed();
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["usage"]["completion_tokens"], 20);
-    assert!(
-        waited < std::time::Duration::from_secs(5),
-        "the third request waited {waited:?} behind two stalled readers"
-    );
+    // Answered while both stalled readers are still held: a request queued behind them could
+    // only have been answered once their 60 s write timeout cut them off (a state, not a time).
     let health = server.health();
     assert_eq!(
         (
@@ -230,12 +226,20 @@ fn an_idle_server_uses_no_cpu() {
             .collect();
         fields[0] + fields[1]
     };
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let before = ticks();
-    std::thread::sleep(std::time::Duration::from_secs(4));
-    let used = ticks() - before;
-    // A tick is 10 ms: at most 1% of a core over 4 s.
-    assert!(used <= 4, "idle for 4 s, it used {used} ticks of CPU");
+    // The server answers before the software Vulkan it looked at has wound down, later on a
+    // busy machine: it must settle, within a few windows of 4 s, to at most 4 ticks (10 ms
+    // each: 1% of a core) in a window. A server that keeps a thread spinning never does.
+    server.health();
+    let mut used = Vec::new();
+    for _ in 0..5 {
+        let before = ticks();
+        std::thread::sleep(std::time::Duration::from_secs(4));
+        used.push(ticks() - before);
+        if used.last() <= Some(&4) {
+            return;
+        }
+    }
+    panic!("idle, it used {used:?} ticks of CPU in successive windows of 4 s");
 }
 
 /// A `Content-Length` beyond `--max-body-bytes` is answered 413 at once, without waiting for a

@@ -49,8 +49,8 @@ pub use arch::{
     Slot, TrainedPart, parameter_table, trained_beside,
 };
 pub use cpu::{
-    FusedBatch, FusedCpu, FusedDecoder, FusedError, LentEntry, LentMoments, PREFILL_CHUNK,
-    TokenBatch, WeightFormat, q8_0_block, weight_bytes_per_token,
+    FusedBatch, FusedCpu, FusedDecoder, FusedError, LentWeights, MomentEntry, PREFILL_CHUNK,
+    SharedMoments, TokenBatch, WeightFormat, q8_0_block, weight_bytes_per_token,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use gpu::sum_all;

@@ -12,12 +12,13 @@
 //! run: they differ only in how the heads attend (whole causal sequences, or new rows against a
 //! KV cache), which they pass in. A block feature is written here once.
 
+use super::adapters::{self, AdapterActs};
 use super::dims::Dims;
 use super::kernels::attention::{self, Shape};
 use super::kernels::matmul::{View, matmul};
 use super::kernels::norm::{self, Normed};
 use super::kernels::rows::F32Rows;
-use super::kernels::{gelu, gelu_tanh, lora, qk_norm, relu2, swiglu};
+use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, swiglu};
 use super::params::BlockParams;
 pub(super) use super::product::{Ctx, Weight, linear_split, per_row};
 use crate::arch::{LoraTarget, Mlp};
@@ -54,18 +55,8 @@ pub(super) struct BlockActs {
     pub act: Vec<f32>,
     /// Dropout on the MLP branch `[rows, width]` (empty = none).
     pub mlp_mask: Vec<f32>,
-    /// With LoRA adapters: each adapted matrix's input times its `A`, `[rows, rank]`, by
-    /// [`LoraTarget`] (empty = no adapter).
-    pub lora_xa: [Vec<f32>; 4],
-    /// With `[lora] dropout`: the scales on each adapted matrix's input, `[rows, n_in]` by
-    /// [`LoraTarget`] (empty = none).
-    pub lora_mask: [Vec<f32>; 4],
-}
-
-/// The adapter on `target`'s matrix of `p` as the LoRA kernels take it: `A`, `B`, scale.
-fn adapter(p: &BlockParams, target: LoraTarget) -> (&[f32], &[f32], f32) {
-    let ad = p.lora.get(target);
-    (&ad.a, &ad.b, p.lora.scale)
+    /// What the LoRA adapters beside its matrices keep ([`adapters`]).
+    pub adapters: AdapterActs,
 }
 
 impl BlockActs {
@@ -90,9 +81,8 @@ impl BlockActs {
             &self.act,
             &self.mlp_mask,
         ]
-        .iter()
-        .chain(&self.lora_xa.each_ref())
-        .chain(&self.lora_mask.each_ref())
+        .into_iter()
+        .chain(self.adapters.buffers())
         .map(|b| b.len())
         .sum()
     }
@@ -161,13 +151,7 @@ pub(super) fn forward(
     let w = ctx.weight(&p.attn_proj_w, |q| &q.attn_proj);
     ctx.linear(&mut a.mid, &a.y, w, &p.attn_proj_b, rows, c, c);
     let (t, dims) = (LoraTarget::AttnProj, (rows, c, c));
-    lora::forward(
-        &mut a.mid,
-        &mut a.lora_xa[t as usize],
-        (&a.y, &a.lora_mask[t as usize]),
-        adapter(p, t),
-        dims,
-    );
+    adapters::forward(p, &mut a.adapters, t, &mut a.mid, &a.y, dims);
     apply_mask(&mut a.mid, &a.attn_mask);
     a.mid.iter_mut().zip(x).for_each(|(m, x)| *m += x);
     let activation: fn(&mut [f32], &[f32], usize) = match d.mlp {
@@ -191,19 +175,12 @@ pub(super) fn forward(
     let w = ctx.weight(&p.c_fc_w, |q| &q.c_fc);
     ctx.linear(&mut a.fc, &a.ln_2, w, &p.c_fc_b, rows, c, fc);
     let (t, dims) = (LoraTarget::Fc, (rows, c, fc));
-    lora::forward(
-        &mut a.fc,
-        &mut a.lora_xa[t as usize],
-        (&a.ln_2, &a.lora_mask[t as usize]),
-        adapter(p, t),
-        dims,
-    );
+    adapters::forward(p, &mut a.adapters, t, &mut a.fc, &a.ln_2, dims);
     activation(&mut a.act, &a.fc, hidden);
     let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
     ctx.linear(out, &a.act, w, &p.mlp_proj_b, rows, hidden, c);
     let (t, dims) = (LoraTarget::MlpProj, (rows, hidden, c));
-    let input = (&a.act[..], &a.lora_mask[t as usize][..]);
-    lora::forward(out, &mut a.lora_xa[t as usize], input, adapter(p, t), dims);
+    adapters::forward(p, &mut a.adapters, t, out, &a.act, dims);
     apply_mask(out, &a.mlp_mask);
     out.iter_mut().zip(&a.mid).for_each(|(o, m)| *o += m);
 }
@@ -229,13 +206,7 @@ pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32],
         d.qkv_width(),
     );
     let (t, dims) = (LoraTarget::Qkv, (rows, c, d.qkv_width()));
-    lora::forward(
-        &mut a.qkv,
-        &mut a.lora_xa[t as usize],
-        (&a.ln_1, &a.lora_mask[t as usize]),
-        adapter(p, t),
-        dims,
-    );
+    adapters::forward(p, &mut a.adapters, t, &mut a.qkv, &a.ln_1, dims);
     positions_forward(a, ctx);
 }
 
@@ -308,28 +279,8 @@ pub(super) fn backward(
     // mid = x + dropout(attention(ln_1(x)) · W + b)
     masked(&mut s.d_branch, d_resid, &a.attn_mask);
     let d_y = &mut s.d_wide[..rows * c];
-    let dims = (rows, c, c);
-    linear_backward(
-        d_y,
-        &mut g.attn_proj_w,
-        &mut g.attn_proj_b,
-        &s.d_branch,
-        &a.y,
-        ctx.weight(&p.attn_proj_w, |q| &q.attn_proj),
-        dims,
-    );
-    let t = LoraTarget::AttnProj;
-    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.y[..]));
-    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
-    adapter_backward(
-        d_y,
-        &mut g.lora.attn_proj,
-        &mut s.lora_t,
-        dyx,
-        xa,
-        adapter(p, t),
-        dims,
-    );
+    let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::AttnProj);
+    matrix_backward((p, g), lora, t, d_y, (&s.d_branch, &a.y), ctx, rows);
     attention::backward(
         &mut s.d_qkv,
         d_y,
@@ -340,28 +291,9 @@ pub(super) fn backward(
         shape,
     );
     positions_backward(&mut s.d_qkv, a, ctx);
-    let dims = (rows, c, d.qkv_width());
-    linear_backward(
-        &mut s.d_branch,
-        &mut g.c_attn_w,
-        &mut g.c_attn_b,
-        &s.d_qkv,
-        &a.ln_1,
-        ctx.weight(&p.c_attn_w, |q| &q.c_attn),
-        dims,
-    );
-    let (t, d_x) = (LoraTarget::Qkv, &mut s.d_branch);
-    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_qkv[..], &a.ln_1[..]));
-    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
-    adapter_backward(
-        d_x,
-        &mut g.lora.qkv,
-        &mut s.lora_t,
-        dyx,
-        xa,
-        adapter(p, t),
-        dims,
-    );
+    let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::Qkv);
+    let d_x = &mut s.d_branch;
+    matrix_backward((p, g), lora, t, d_x, (&s.d_qkv, &a.ln_1), ctx, rows);
     let (gamma, beta) = (&mut g.ln_1_gamma, &mut g.ln_1_beta);
     let stats = (&a.ln_1_mean[..], &a.ln_1_rstd[..]);
     norm::backward(
@@ -399,33 +331,12 @@ fn mlp_backward(
         Mlp::SwiGlu => None,
         Mlp::None => return,
     };
-    let (rows, c, hidden) = (a.ln_1_rstd.len(), d.width, d.hidden);
+    let (rows, hidden) = (a.ln_1_rstd.len(), d.hidden);
     masked(&mut s.d_branch, d_resid, &a.mlp_mask);
     // The activation's gradient, then (SwiGLU) the pre-activation's beside it.
     let (d_act, d_fc) = s.d_wide.split_at_mut(rows * hidden);
-    let dims = (rows, hidden, c);
-    linear_backward(
-        d_act,
-        &mut g.mlp_proj_w,
-        &mut g.mlp_proj_b,
-        &s.d_branch,
-        &a.act,
-        ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj),
-        dims,
-    );
-    let t = LoraTarget::MlpProj;
-    let (xa, dyx) = (&a.lora_xa[t as usize], (&s.d_branch[..], &a.act[..]));
-    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
-    let lora_t = &mut s.lora_t;
-    adapter_backward(
-        d_act,
-        &mut g.lora.mlp_proj,
-        lora_t,
-        dyx,
-        xa,
-        adapter(p, t),
-        dims,
-    );
+    let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::MlpProj);
+    matrix_backward((p, g), lora, t, d_act, (&s.d_branch, &a.act), ctx, rows);
     let d_fc: &[f32] = match in_place {
         Some(backward) => {
             backward(d_act, &a.fc);
@@ -437,28 +348,9 @@ fn mlp_backward(
             d_fc
         }
     };
-    let dims = (rows, c, d.fc_width);
-    linear_backward(
-        &mut s.d_branch,
-        &mut g.c_fc_w,
-        &mut g.c_fc_b,
-        d_fc,
-        &a.ln_2,
-        ctx.weight(&p.c_fc_w, |q| &q.c_fc),
-        dims,
-    );
-    let (t, d_x) = (LoraTarget::Fc, &mut s.d_branch);
-    let (xa, dyx) = (&a.lora_xa[t as usize], (d_fc, &a.ln_2[..]));
-    let dyx = (dyx.0, dyx.1, &a.lora_mask[t as usize][..]);
-    adapter_backward(
-        d_x,
-        &mut g.lora.fc,
-        &mut s.lora_t,
-        dyx,
-        xa,
-        adapter(p, t),
-        dims,
-    );
+    let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::Fc);
+    let d_x = &mut s.d_branch;
+    matrix_backward((p, g), lora, t, d_x, (d_fc, &a.ln_2), ctx, rows);
     let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
     let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
     let dout = &s.d_branch;
@@ -472,6 +364,42 @@ fn mlp_backward(
         stats,
         &p.ln_2_gamma,
     );
+}
+
+/// The backward of `target`'s matrix of the block and of its LoRA adapter, if any, over `rows`
+/// rows: `dx` gets the input's gradient (overwritten), the matrix's, its bias's and its
+/// adapter's gradients are added into `g`; `(dy, x)` are the output's gradient and the input.
+fn matrix_backward(
+    (p, g): (&BlockParams, &mut BlockParams),
+    (acts, lora_t): (&AdapterActs, &mut Vec<f32>),
+    target: LoraTarget,
+    dx: &mut [f32],
+    (dy, x): (&[f32], &[f32]),
+    ctx: Ctx<'_>,
+    rows: usize,
+) {
+    let d = ctx.dims;
+    let (dw, db, w, n_in, n_out) = match target {
+        LoraTarget::Qkv => {
+            let w = ctx.weight(&p.c_attn_w, |q| &q.c_attn);
+            (&mut g.c_attn_w, &mut g.c_attn_b, w, d.width, d.qkv_width())
+        }
+        LoraTarget::AttnProj => {
+            let w = ctx.weight(&p.attn_proj_w, |q| &q.attn_proj);
+            (&mut g.attn_proj_w, &mut g.attn_proj_b, w, d.width, d.width)
+        }
+        LoraTarget::Fc => {
+            let w = ctx.weight(&p.c_fc_w, |q| &q.c_fc);
+            (&mut g.c_fc_w, &mut g.c_fc_b, w, d.width, d.fc_width)
+        }
+        LoraTarget::MlpProj => {
+            let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
+            (&mut g.mlp_proj_w, &mut g.mlp_proj_b, w, d.hidden, d.width)
+        }
+    };
+    let dims = (rows, n_in, n_out);
+    linear_backward(dx, dw, db, dy, x, w, dims);
+    adapters::backward(p, &mut g.lora, acts, lora_t, target, dx, (dy, x), dims);
 }
 
 /// The backward of [`linear`] with `(rows, n_in, n_out)`: `dx = dy · wᵀ` (overwritten),
@@ -506,22 +434,6 @@ fn linear_backward(
             db.iter_mut().zip(row).for_each(|(b, d)| *b += d);
         }
     }
-}
-
-/// A LoRA adapter's backward ([`lora::backward`]) into its gradients `g`, `dx` holding the
-/// frozen product's part of the input's gradient; `dy_x` is the output's gradient, the input
-/// and its dropout scales.
-fn adapter_backward(
-    dx: &mut [f32],
-    g: &mut super::params::Adapter,
-    t: &mut Vec<f32>,
-    (dy, x, mask): (&[f32], &[f32], &[f32]),
-    xa: &[f32],
-    adapter: (&[f32], &[f32], f32),
-    dims: (usize, usize, usize),
-) {
-    let grads = (&mut g.a[..], &mut g.b[..]);
-    lora::backward(dx, grads, t, dy, (x, mask), xa, adapter, dims);
 }
 
 /// `x *= mask` element-wise; an empty mask (no dropout) leaves `x` alone.

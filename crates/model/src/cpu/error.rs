@@ -16,8 +16,6 @@ pub enum FusedError {
     },
     #[error("the optimizer state does not fit this model: {0}")]
     OptimizerState(String),
-    #[error("the frozen weights are lent to a model: take them back first (reclaim_weights)")]
-    Lent,
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]

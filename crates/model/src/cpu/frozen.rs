@@ -84,11 +84,6 @@ impl Params {
         self.blocks[l].base_q8[block_matrix(slot)? as usize].as_ref()
     }
 
-    /// Whether `slot`'s `len` values are held here, in its buffer or in int8.
-    pub(crate) fn holds(&self, slot: Slot, len: usize) -> bool {
-        self.int8(slot).is_some() || self.slot(slot).len() == len
-    }
-
     /// Bytes of the frozen base's int8 copies.
     pub(crate) fn base_q8_bytes(&self) -> usize {
         let blocks = self.blocks.iter().flat_map(|b| b.base_q8.iter().flatten());

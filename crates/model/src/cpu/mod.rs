@@ -18,7 +18,7 @@
 //! `GradientsParams`) when asked.
 //!
 //! The room: this facade and what all of it shares (`dims.rs`: the sizes and parts the kernels
-//! read; `params.rs`: the weights as flat buffers; `frozen.rs`: a LoRA run's base held in int8; `block.rs`: one block's forward and backward; `product.rs`: how a block multiplies by a matrix;
+//! read; `params.rs`: the weights as flat buffers; `frozen.rs`: a LoRA run's base held in int8; `block.rs`: one block's forward and backward; `adapters.rs`: the LoRA adapters beside its matrices; `product.rs`: how a block multiplies by a matrix;
 //! `error.rs`; `spin_pool.rs`: the spinning helper threads that split one sequence's products),
 //! then three sub-rooms, each importing only what is above it here and the rooms
 //! above `cpu` (arch, nn, sample, optim):
@@ -26,6 +26,7 @@
 //! - `train/`: the training step ([`FusedCpu`]), its per-thread workspaces, AdamW and Muon;
 //! - `decode/`: decoding one sequence ([`FusedDecoder`]) and many ([`FusedBatch`]).
 
+mod adapters;
 mod block;
 mod decode;
 mod dims;
@@ -40,4 +41,4 @@ mod train;
 pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
 pub use error::FusedError;
 pub use kernels::q8::q8_0_block;
-pub use train::{FusedCpu, LentEntry, LentMoments, TokenBatch};
+pub use train::{FusedCpu, LentWeights, MomentEntry, SharedMoments, TokenBatch};

@@ -95,7 +95,7 @@ impl BlockLora {
         }
     }
 
-    fn get_mut(&mut self, target: LoraTarget) -> &mut Adapter {
+    pub(crate) fn get_mut(&mut self, target: LoraTarget) -> &mut Adapter {
         match target {
             LoraTarget::Qkv => &mut self.qkv,
             LoraTarget::AttnProj => &mut self.attn_proj,
@@ -376,13 +376,6 @@ impl Params {
     /// The dropout on the adapters' inputs (0: none, or no adapters).
     pub(crate) fn lora_dropout(&self) -> f32 {
         self.blocks.first().map_or(0.0, |b| b.lora.dropout)
-    }
-
-    /// Whether a frozen parameter's values are lent out ([`lend`](Self::lend)).
-    pub(crate) fn lent(&self) -> bool {
-        let layout = &self.layout;
-        let frozen = layout.entries().iter().filter(|e| !layout.trains(e));
-        frozen.into_iter().any(|e| !self.holds(e.slot, e.len))
     }
 
     /// Copies the values of `gpt` (one host read per parameter) into buffers that follow

@@ -343,7 +343,7 @@ impl Run {
         }
         let config = self.config.gpt(self.tokenizer.vocab_size());
         let mut model = config
-            .init(device)
+            .init_with_attention(device, self.config.train.attention_kernel)
             .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))?;
         let path = checkpoint.dir.join(WEIGHTS);
         let weights = std::mem::take(&mut checkpoint.weights);
@@ -363,7 +363,7 @@ impl Run {
                 checkpoint.dir.display()
             ),
         };
-        Ok(model.with_attention_kernel(self.config.train.attention_kernel))
+        Ok(model)
     }
 
     /// Saves `model` (and, for `last`, the optimizer state) as the `which` checkpoint, with the
@@ -434,7 +434,7 @@ impl Checkpoint {
 }
 
 /// Where a checkpoint's optimizer state comes from: bytes in hand, or what writes the file
-/// itself ([`Engine::optimizer_writer`](crate::train::Engine::optimizer_writer)).
+/// itself ([`Engine::saving`](crate::train::Engine::saving)).
 pub enum OptimizerFile<'a> {
     Bytes(&'a [u8]),
     Writer(WriteFile<'a>),

@@ -31,6 +31,6 @@ mod setup;
 mod snapshot;
 pub mod state_pack;
 
-pub use engine::{Engine, Step};
+pub use engine::{Engine, Saving, Step};
 pub use session::{Limits, Outcome, Trainer, train_step};
 pub use setup::TrainOptions;

@@ -289,14 +289,15 @@ impl Trainer {
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
         // Nothing learnt from damaged token files is kept.
         self.data.verification.finished()?;
-        // Shares the fused engine's state rather than copying it; gone before the next step.
-        let optimizer = self.engine.optimizer_writer()?;
-        let model = self.engine.model()?;
+        // Shares the fused engine's state rather than copying it; both borrow the engine.
+        let saving = self.engine.saving()?;
         if best {
-            self.run.save(Which::Best, model, None, &self.state)?;
+            self.run
+                .save(Which::Best, saving.model, None, &self.state)?;
         }
-        let optimizer = Some(OptimizerFile::Writer(optimizer));
-        self.run.save(Which::Last, model, optimizer, &self.state)
+        let optimizer = Some(OptimizerFile::Writer(saving.optimizer));
+        self.run
+            .save(Which::Last, saving.model, optimizer, &self.state)
     }
 
     /// Trains to `train.max_iters`, evaluating every `eval_interval` steps and at the end,

@@ -1,13 +1,13 @@
 //! The optimizer's state as Burn serialises an optimizer's record (`optimizer.bpk`: what
 //! `optim::load_optimizer` reads): from states in memory, or from the fused engine's AdamW
-//! moments lent to a writer that copies one tensor at a time into the file, so that a
+//! moments shared with a writer that copies one tensor at a time into the file, so that a
 //! checkpoint needs no copy of the whole state.
 
 use std::path::Path;
 
 use anyhow::Result;
 use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{LentMoments, MomentState, VelocityState};
+use tinygpt_model::{MomentState, SharedMoments, VelocityState};
 
 /// An optimizer's state per parameter: AdamW's moments, and Muon's momentum for its matrices.
 #[derive(Debug, Default)]
@@ -16,17 +16,17 @@ pub struct States {
     pub muon: Vec<VelocityState>,
 }
 
-/// Tensors and scalars of a pack, in the order [`states_pack`] and [`write_lent`] both use.
+/// Tensors and scalars of a pack, in the order [`states_pack`] and [`write_shared`] both use.
 #[derive(Default)]
 struct Pack {
     tensors: Vec<burn_pack::Tensor>,
     scalars: Vec<(String, u64)>,
 }
 
-/// A tensor's values: in hand, or a moment of a lent state (`entry`, `second`).
+/// A tensor's values: in hand, or a moment of a shared state (`entry`, `second`).
 enum Values {
     Owned(Vec<f32>),
-    Lent(LentMoments, usize, bool),
+    Shared(SharedMoments, usize, bool),
 }
 
 fn f32_bytes(values: Vec<f32>, shape: &[usize]) -> Bytes {
@@ -40,14 +40,14 @@ impl Pack {
                 let (bytes, shape, dtype) = TensorData::new(values, shape.to_vec()).into_parts();
                 burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes)
             }
-            Values::Lent(lent, entry, second) => {
+            Values::Shared(shared, entry, second) => {
                 let dims = shape.to_vec();
                 let len = 4 * dims.iter().product::<usize>();
                 let dtype = burn::tensor::DType::F32;
                 burn_pack::Tensor::deferred(name, dtype, dims.clone(), Some(id), len, move || {
                     let values = match second {
-                        false => lent.moment_1(entry),
-                        true => lent.moment_2(entry),
+                        false => shared.moment_1(entry),
+                        true => shared.moment_2(entry),
                     };
                     Ok(f32_bytes(values.to_vec(), &dims))
                 })
@@ -103,14 +103,18 @@ pub fn states_pack(states: States) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Writes the pack of AdamW's `lent` state (none before the first step) and Muon's `muon` to
-/// `path` (atomically, synced), one tensor at a time: the same bytes [`states_pack`] makes of
-/// the same state.
-pub fn write_lent(path: &Path, lent: Option<LentMoments>, muon: Vec<VelocityState>) -> Result<()> {
+/// Writes the pack of AdamW's `shared` state (none before the first step) and Muon's `muon`
+/// to `path` (atomically, synced), one tensor at a time: the same bytes [`states_pack`] makes
+/// of the same state.
+pub fn write_shared(
+    path: &Path,
+    shared: Option<SharedMoments>,
+    muon: Vec<VelocityState>,
+) -> Result<()> {
     let mut pack = Pack::default();
-    if let Some(lent) = lent {
-        for (i, entry) in lent.entries().iter().enumerate() {
-            let moments = [false, true].map(|second| Values::Lent(lent.clone(), i, second));
+    if let Some(shared) = shared {
+        for (i, entry) in shared.entries().iter().enumerate() {
+            let moments = [false, true].map(|second| Values::Shared(shared.clone(), i, second));
             pack.adamw(entry.id.val(), &entry.shape, entry.time, moments);
         }
     }

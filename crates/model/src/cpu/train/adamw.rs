@@ -7,7 +7,7 @@ use crate::fast_math::vectorized;
 use crate::optim::AdamWSettings;
 
 /// The moments of every parameter, in its [`Params`]' layout.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Moments {
     pub m: Params,
     pub v: Params,

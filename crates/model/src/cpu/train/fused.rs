@@ -7,8 +7,9 @@ use std::sync::Arc;
 use burn::optim::GradientsParams;
 
 use super::adamw::Moments;
-use super::lent::{LentEntry, LentMoments};
+use super::lending::LentWeights;
 use super::muon::Velocities;
+use super::shared_moments::{MomentEntry, SharedMoments};
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
 use crate::arch::q8_0::BLOCK;
 use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
@@ -48,7 +49,7 @@ pub struct FusedCpu {
     /// then computes its share into them, not into a buffer of its own added after.
     pub(crate) grads_zero: bool,
     /// AdamW's moments, from the first [`FusedCpu::adamw_step`] or a loaded state; shared
-    /// only while lent to a serialiser ([`FusedCpu::lend_adamw_state`]).
+    /// with a serialiser while it writes them ([`FusedCpu::share_adamw_state`]).
     pub(crate) moments: Option<Arc<Moments>>,
     /// Muon's momentum for the matrices it updates, from [`FusedCpu::use_muon`].
     pub(crate) muon: Option<Velocities>,
@@ -189,15 +190,17 @@ impl FusedCpu {
         self.weights.write(gpt)
     }
 
-    /// `gpt` with the weights held here, as [`write_weights`](Self::write_weights) makes it,
-    /// but the frozen ones (LoRA's base) moved into it rather than copied: they exist once,
-    /// in the model, until [`reclaim_weights`](Self::reclaim_weights); steps and losses are
-    /// refused ([`FusedError::Lent`]) in between.
+    /// `hollow` (this engine's model, as [`taking`](Self::taking) or
+    /// [`LentWeights::reclaim`] leave it) with the weights held here, as
+    /// [`write_weights`](Self::write_weights) makes it, but the frozen ones (LoRA's base)
+    /// moved into it rather than copied: they exist once, in the model. The engine goes with
+    /// them: nothing steps or evaluates until [`LentWeights::reclaim`] gives it back.
     ///
     /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, in f32:
     /// [`release_buffers`](Self::release_buffers) first makes room for it.
-    pub fn lend_weights(&mut self, gpt: Gpt) -> Gpt {
-        self.weights.lend(gpt)
+    pub fn lend_weights(mut self, hollow: Gpt) -> LentWeights {
+        let model = self.weights.lend(hollow);
+        LentWeights::new(self, model)
     }
 
     /// Frees the threads' buffers (activations and scratch) between steps; the next step
@@ -209,18 +212,6 @@ impl FusedCpu {
     /// How the frozen base is held here (`[lora] base`; `f32` without adapters).
     pub fn base(&self) -> BaseWeights {
         self.weights.base
-    }
-
-    /// Takes back the weights [`lend_weights`](Self::lend_weights) moved into `gpt` and returns
-    /// it hollow: every parameter a lazy one of the same id and shape (the buffers hold the
-    /// values), so that it holds no copy of the weights.
-    pub fn reclaim_weights(&mut self, gpt: Gpt) -> Gpt {
-        self.weights.reclaim(gpt)
-    }
-
-    /// Whether frozen weights are lent to a model ([`lend_weights`](Self::lend_weights)).
-    pub fn lent(&self) -> bool {
-        self.weights.lent()
     }
 
     /// One AdamW step on the held weights along the held gradients (Burn's `AdamW` arithmetic,
@@ -235,40 +226,40 @@ impl FusedCpu {
     /// AdamW's state of every parameter it updates (all but Muon's matrices and a frozen base;
     /// empty before the first step), in the layout's order.
     pub fn adamw_state(&self) -> Vec<MomentState> {
-        let Some(lent) = self.lend_adamw_state() else {
+        let Some(shared) = self.share_adamw_state() else {
             return Vec::new();
         };
-        let state = |(i, entry): (usize, &LentEntry)| MomentState {
+        let state = |(i, entry): (usize, &MomentEntry)| MomentState {
             id: entry.id,
             shape: entry.shape.clone(),
             time: entry.time,
-            moment_1: lent.moment_1(i).to_vec(),
-            moment_2: lent.moment_2(i).to_vec(),
+            moment_1: shared.moment_1(i).to_vec(),
+            moment_2: shared.moment_2(i).to_vec(),
         };
-        lent.entries().iter().enumerate().map(state).collect()
+        shared.entries().iter().enumerate().map(state).collect()
     }
 
     /// AdamW's state (as [`adamw_state`](Self::adamw_state) lists it), shared rather than
-    /// copied; `None` before the first step. Drop it before the next step, which panics
-    /// while it is alive.
-    pub fn lend_adamw_state(&self) -> Option<LentMoments> {
+    /// copied; `None` before the first step. Drop it before the next step, which would
+    /// otherwise copy the moments to update them.
+    pub fn share_adamw_state(&self) -> Option<SharedMoments> {
         let moments = self.moments.as_ref()?;
         let muon = |i: usize| self.muon.as_ref().is_some_and(|m| m.updates(i));
         let layout = self.weights.layout();
-        let lent = layout
+        let entries = layout
             .entries()
             .iter()
             .zip(&moments.time)
             .enumerate()
             .filter(|(i, (entry, _))| !muon(*i) && layout.trains(entry))
-            .map(|(_, (entry, &time))| LentEntry {
+            .map(|(_, (entry, &time))| MomentEntry {
                 id: entry.id,
                 shape: entry.shape.clone(),
                 time,
                 slot: entry.slot,
             })
             .collect::<Vec<_>>();
-        Some(LentMoments::new(Arc::clone(moments), lent))
+        Some(SharedMoments::new(Arc::clone(moments), entries))
     }
 
     /// Continues from a saved AdamW state (e.g. Burn's, on resume): one entry per parameter
@@ -369,9 +360,6 @@ impl FusedCpu {
         dropout_seed: Option<u64>,
     ) -> Result<f64, FusedError> {
         self.check(&batch)?;
-        if self.weights.lent() {
-            return Err(FusedError::Lent);
-        }
         let kept = kept_targets(batch.targets)?;
         let grad_scale = scale.map(|s| s / kept as f32);
         let drops = self.dims.dropout > 0.0 || self.weights.lora_dropout() > 0.0;
@@ -476,15 +464,12 @@ fn int8_floats(config: &GptConfig, lora: Option<&LoraConfig>) -> usize {
     }
 }
 
-/// AdamW's moments to update (zero, shaped like `weights`, before the first step).
-///
-/// # Panics
-/// While they are lent out ([`FusedCpu::lend_adamw_state`]): a serialiser must finish before
-/// the next step.
+/// AdamW's moments to update (zero, shaped like `weights`, before the first step); copied
+/// first if a serialiser still shares them ([`FusedCpu::share_adamw_state`]).
 pub(crate) fn moments_mut<'a>(
     moments: &'a mut Option<Arc<Moments>>,
     weights: &Params,
 ) -> &'a mut Moments {
     let moments = moments.get_or_insert_with(|| Arc::new(Moments::zeros(weights)));
-    Arc::get_mut(moments).expect("AdamW's state is still lent out at the next step")
+    Arc::make_mut(moments)
 }

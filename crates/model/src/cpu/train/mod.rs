@@ -1,15 +1,19 @@
 //! The fused training step: [`FusedCpu`] (the facade the trainer holds, `fused.rs`; Muon's
 //! methods in `fused_muon.rs`), each thread's share of a batch (`workspace.rs`), and the two
 //! optimizers on the flat buffers (`adamw.rs`, `muon.rs`: Burn's arithmetic, bit for bit);
-//! AdamW's state lent out to be serialised a parameter at a time (`lent.rs`).
+//! AdamW's state shared with a serialiser that writes it a parameter at a time
+//! (`shared_moments.rs`); the weights lent to Burn's model for a checkpoint or a sample
+//! (`lending.rs`).
 
 mod adamw;
 mod fused;
 mod fused_muon;
-mod lent;
+mod lending;
 mod muon;
+mod shared_moments;
 mod workspace;
 
 pub use fused::FusedCpu;
-pub use lent::{LentEntry, LentMoments};
+pub use lending::LentWeights;
+pub use shared_moments::{MomentEntry, SharedMoments};
 pub use workspace::TokenBatch;

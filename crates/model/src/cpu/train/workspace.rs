@@ -119,7 +119,7 @@ fn block_acts(
         for (k, mask) in sites.into_iter().enumerate() {
             masks.fill(mask, 1 + 3 * l + k, seqs);
         }
-        for (t, mask) in a.lora_mask.iter_mut().enumerate() {
+        for (t, mask) in a.adapters.mask.iter_mut().enumerate() {
             masks.fill_with(mask, LORA_SITES + 4 * l + t, seqs, masks.lora);
         }
     }
@@ -206,7 +206,7 @@ impl Workspace {
             for t in LoraTarget::all() {
                 let adapted = lora_drop && w.blocks.first().is_some_and(|b| b.lora.has(t));
                 size(
-                    &mut a.lora_mask[t as usize],
+                    &mut a.adapters.mask[t as usize],
                     rows * lora_input(&d, t) * usize::from(adapted),
                 );
             }
@@ -327,7 +327,56 @@ impl Workspace {
 
     /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`.
     fn backward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
-        let (c, seq, shape) = (self.width, self.seq, self.shape());
+        let (seq, shape) = (self.seq, self.shape());
+        self.head_backward(w, d);
+        let ctx = Ctx {
+            dims: d,
+            rope: &self.rope,
+            first: 0,
+            period: seq,
+            streams: None,
+            matrices: None,
+            rows_alone: false,
+            helpers: None,
+        };
+        let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
+        let g = &mut self.grads;
+        for l in (0..w.blocks.len()).rev() {
+            let (p, gb) = (&w.blocks[l], &mut g.blocks[l]);
+            let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
+            let (before, after) = self.resid.split_at_mut(l + 1);
+            let x = &before[l];
+            let matrices = dequantised(p, &mut self.base);
+            let ctx = Ctx { matrices, ..ctx };
+            if held {
+                // The same forward on the same input, masks and weights: the same
+                // activations, bit for bit (the output it rewrites is already used).
+                let maps = &mut self.scratch.maps;
+                block::forward(p, a, x, &mut after[0], ctx, |h| {
+                    attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
+                });
+            }
+            block::backward(
+                p,
+                gb,
+                a,
+                x,
+                &mut self.d_resid,
+                &mut self.scratch,
+                shape,
+                ctx,
+            );
+        }
+        apply_mask(&mut self.d_resid, &self.emb_mask);
+        let c = self.width;
+        add_embedding_gradients(&mut self.grads, &self.d_resid, inputs, d, (seq, c));
+    }
+
+    /// The head's backward (soft cap, LM head, final norm): `self.d_resid` holds the gradient
+    /// of the last block's output, the head's and the final norm's gradients added into
+    /// `self.grads`.
+    fn head_backward(&mut self, w: &Params, d: &Dims) {
+        let c = self.width;
         let rows = self.ln_f.len() / c;
         if d.softcap > 0.0 {
             softcap::backward_in_place(&mut self.logits, &self.capped);
@@ -365,67 +414,40 @@ impl Workspace {
             stats,
             &w.ln_f_gamma,
         );
-        let ctx = Ctx {
-            dims: d,
-            rope: &self.rope,
-            first: 0,
-            period: seq,
-            streams: None,
-            matrices: None,
-            rows_alone: false,
-            helpers: None,
-        };
-        let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
-        for l in (0..w.blocks.len()).rev() {
-            let (p, gb) = (&w.blocks[l], &mut g.blocks[l]);
-            let a = block_acts(&mut self.blocks, held, dropout, seqs, l);
-            let (before, after) = self.resid.split_at_mut(l + 1);
-            let x = &before[l];
-            let matrices = dequantised(p, &mut self.base);
-            let ctx = Ctx { matrices, ..ctx };
-            if held {
-                // The same forward on the same input, masks and weights: the same
-                // activations, bit for bit (the output it rewrites is already used).
-                let maps = &mut self.scratch.maps;
-                block::forward(p, a, x, &mut after[0], ctx, |h| {
-                    attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
-                });
-            }
-            block::backward(
-                p,
-                gb,
-                a,
-                x,
-                &mut self.d_resid,
-                &mut self.scratch,
-                shape,
-                ctx,
-            );
+    }
+}
+
+/// The embeddings' gradients from `d_resid`, the gradient of the embedded rows: each row's
+/// into its token's row of `wte`, its position's of `wpe` and its pair's of the bigram table.
+/// Frozen embeddings (LoRA's base) have no gradient buffers.
+fn add_embedding_gradients(
+    g: &mut Params,
+    d_resid: &[f32],
+    inputs: &[i64],
+    d: &Dims,
+    (seq, c): (usize, usize),
+) {
+    for (r, (dx, &tok)) in d_resid.chunks_exact(c).zip(inputs).enumerate() {
+        let te = tok as usize * c;
+        if !g.wte.is_empty() {
+            g.wte[te..te + c]
+                .iter_mut()
+                .zip(dx)
+                .for_each(|(g, d)| *g += d);
         }
-        apply_mask(&mut self.d_resid, &self.emb_mask);
-        // Frozen embeddings (LoRA's base) have no gradient buffers.
-        for (r, (dx, &tok)) in self.d_resid.chunks_exact(c).zip(inputs).enumerate() {
-            let te = tok as usize * c;
-            if !g.wte.is_empty() {
-                g.wte[te..te + c]
-                    .iter_mut()
-                    .zip(dx)
-                    .for_each(|(g, d)| *g += d);
-            }
-            if !g.wpe.is_empty() {
-                let pe = (r % seq) * c;
-                g.wpe[pe..pe + c]
-                    .iter_mut()
-                    .zip(dx)
-                    .for_each(|(g, d)| *g += d);
-            }
-            if !g.bigram.is_empty() {
-                let be = pair(d, inputs, r, seq) * c;
-                g.bigram[be..be + c]
-                    .iter_mut()
-                    .zip(dx)
-                    .for_each(|(g, d)| *g += d);
-            }
+        if !g.wpe.is_empty() {
+            let pe = (r % seq) * c;
+            g.wpe[pe..pe + c]
+                .iter_mut()
+                .zip(dx)
+                .for_each(|(g, d)| *g += d);
+        }
+        if !g.bigram.is_empty() {
+            let be = pair(d, inputs, r, seq) * c;
+            g.bigram[be..be + c]
+                .iter_mut()
+                .zip(dx)
+                .for_each(|(g, d)| *g += d);
         }
     }
 }

@@ -4,28 +4,36 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use tinygpt_model::{BaseWeights, FusedCpu, Gpt, TokenBatch};
+use replace_with::replace_with_or_abort;
+use tinygpt_model::{BaseWeights, FusedCpu, Gpt, LentWeights, TokenBatch};
 
-use super::{Engine, LOST, OptimizerWriter, Step};
+use super::{Engine, Saving, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
 use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn};
 use crate::train::state_pack::{self, states_pack};
 
 /// The weights and the optimizer's state live in [`FusedCpu`]'s buffers between steps; the
-/// [`Gpt`] is brought up to date only when asked for (checkpoints, sampling), and the
+/// [`Gpt`] is given the weights only when asked for (checkpoints, sampling), and the
 /// optimizer's state is serialised from the buffers, so a step copies nothing to or from Burn
 /// and no Burn record of the state is held.
 pub(super) struct FusedEngine {
-    fused: Box<FusedCpu>,
+    weights: Weights,
     rule: UpdateRule,
-    /// `None` only while it is being brought up to date.
-    model: Option<Gpt>,
-    /// Whether the buffers hold weights that `model` does not have yet.
-    stale: bool,
     threads: usize,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
+}
+
+/// Where the weights are between calls: in the engine (the model a hollow of the same
+/// parameters), or lent to the model with the engine ([`LentWeights`]), which then cannot step
+/// until it is reclaimed. Moved from one to the other by value.
+enum Weights {
+    Held {
+        fused: Box<FusedCpu>,
+        hollow: Box<Gpt>,
+    },
+    Lent(Box<LentWeights>),
 }
 
 impl FusedEngine {
@@ -37,7 +45,7 @@ impl FusedEngine {
     ) -> Result<Self> {
         // The weights move into the buffers; the model keeps none (written in when asked).
         let muon = muon_ids(&model);
-        let (mut fused, model) = FusedCpu::taking(model, threads)?;
+        let (mut fused, hollow) = FusedCpu::taking(model, threads)?;
         fused.set_checkpointing(checkpointing);
         match &optimizer.rule {
             UpdateRule::AdamW(_) => {}
@@ -50,55 +58,77 @@ impl FusedEngine {
             .and_then(|()| fused.load_muon_state(states.muon))
             .context("optimizer state")?;
         Ok(Self {
-            fused: Box::new(fused),
+            weights: Weights::Held {
+                fused: Box::new(fused),
+                hollow: Box::new(hollow),
+            },
             rule: optimizer.rule,
-            model: Some(model),
-            // The hollow model has no weights: the buffers' must be written in when asked.
-            stale: true,
             threads,
             known: Vec::new(),
         })
     }
+}
 
-    /// Writes the buffers' weights into the model, having freed the gradients' buffer (there
-    /// are none between steps) so that the model's copy takes its place; a frozen base
-    /// (LoRA's) is moved in, not copied.
-    fn sync(&mut self) -> Result<()> {
-        self.fused.release_gradients();
-        if self.stale {
-            if self.int8_base() {
-                // The base goes out in f32, four times its int8 bytes: in the room the
-                // step's buffers held.
-                self.fused.release_buffers();
-                release_freed_memory();
-            }
-            let model = self.model.take().context(LOST)?;
-            self.model = Some(self.fused.lend_weights(model));
-            self.stale = false;
+impl Weights {
+    /// The engine, whichever way its weights are, to read from.
+    fn fused(&self) -> &FusedCpu {
+        match self {
+            Weights::Held { fused, .. } => fused,
+            Weights::Lent(lent) => lent.fused(),
         }
-        Ok(())
     }
 
-    /// The model's weights, written in for a checkpoint or a sample, dropped again (a frozen
-    /// base taken back into the buffers): the buffers hold them while training.
-    fn hollow(&mut self) -> Result<()> {
-        if !self.stale {
-            let model = self.model.take().context(LOST)?;
-            self.model = Some(self.fused.reclaim_weights(model));
-            self.stale = true;
-            if self.int8_base() {
-                release_freed_memory();
+    /// The model with every weight: the buffers' weights lent to it (the gradients' buffer
+    /// freed first, there are none between steps, so that the model's copy takes its place; a
+    /// frozen base moved, not copied).
+    fn lent(&mut self) -> &LentWeights {
+        replace_with_or_abort(self, |weights| match weights {
+            Weights::Held { mut fused, hollow } => {
+                fused.release_gradients();
+                let int8 = int8_base(&fused);
+                if int8 {
+                    // The base goes out in f32, four times its int8 bytes: in the room the
+                    // step's buffers held.
+                    fused.release_buffers();
+                    release_freed_memory();
+                }
+                Weights::Lent(Box::new(fused.lend_weights(*hollow)))
             }
+            lent => lent,
+        });
+        match self {
+            Weights::Lent(lent) => lent,
+            Weights::Held { .. } => unreachable!("lent just above"),
         }
-        Ok(())
     }
 
-    /// Whether the frozen base is held in int8 (`[lora] base = "q8_0"`): lent out in f32
-    /// between steps in place of the step's buffers, what each move frees given back to the
-    /// system.
-    fn int8_base(&self) -> bool {
-        self.fused.base() == BaseWeights::Q8_0
+    /// The engine to step or evaluate with: the weights taken back from the model first (a
+    /// frozen base moved back into the buffers), so that the model holds no copy of them.
+    fn held(&mut self) -> &mut FusedCpu {
+        replace_with_or_abort(self, |weights| match weights {
+            Weights::Lent(lent) => {
+                let (fused, hollow) = lent.reclaim();
+                if int8_base(&fused) {
+                    release_freed_memory();
+                }
+                Weights::Held {
+                    fused: Box::new(fused),
+                    hollow: Box::new(hollow),
+                }
+            }
+            held => held,
+        });
+        match self {
+            Weights::Held { fused, .. } => fused,
+            Weights::Lent(_) => unreachable!("reclaimed just above"),
+        }
     }
+}
+
+/// Whether the frozen base is held in int8 (`[lora] base = "q8_0"`): lent out in f32 between
+/// steps in place of the step's buffers, what each move frees given back to the system.
+fn int8_base(fused: &FusedCpu) -> bool {
+    fused.base() == BaseWeights::Q8_0
 }
 
 /// Hands the allocator's free pages back to the system. Freeing the step's buffers to lend an
@@ -124,22 +154,23 @@ impl Engine for FusedEngine {
     }
 
     fn model(&mut self) -> Result<&Gpt> {
-        self.sync()?;
-        self.model.as_ref().context(LOST)
+        Ok(self.weights.lent().model())
     }
 
-    fn optimizer_writer(&mut self) -> Result<OptimizerWriter> {
-        let lent = self.fused.lend_adamw_state();
-        let muon = self.fused.muon_state();
-        Ok(Box::new(move |path: &Path| {
-            state_pack::write_lent(path, lent, muon)
-        }))
+    fn saving(&mut self) -> Result<Saving<'_>> {
+        let lent = self.weights.lent();
+        let (moments, muon) = (lent.fused().share_adamw_state(), lent.fused().muon_state());
+        Ok(Saving {
+            model: lent.model(),
+            optimizer: Box::new(move |path: &Path| state_pack::write_shared(path, moments, muon)),
+        })
     }
 
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>> {
+        let fused = self.weights.fused();
         states_pack(States {
-            adamw: self.fused.adamw_state(),
-            muon: self.fused.muon_state(),
+            adamw: fused.adamw_state(),
+            muon: fused.muon_state(),
         })
     }
 
@@ -150,15 +181,12 @@ impl Engine for FusedEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        self.hollow()?;
+        let (fused, rule) = (self.weights.held(), &self.rule);
         let n = batches.len() as f64;
         let mut loss = 0.0;
         for (k, batch) in batches.iter().enumerate() {
             let seed = mix(dropout_seed, k, 0);
-            loss += self
-                .fused
-                .accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))?
-                / n;
+            loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
         }
         // An infinite bound measures the norm without scaling anything.
         let bound = if grad_clip > 0.0 {
@@ -166,16 +194,15 @@ impl Engine for FusedEngine {
         } else {
             f64::INFINITY
         };
-        let grad_norm = self.fused.clip_grad_norm(bound);
+        let grad_norm = fused.clip_grad_norm(bound);
         let step = Step::new(loss, grad_norm);
         if step.applied {
-            match &self.rule {
-                UpdateRule::AdamW(adamw) => self.fused.adamw_step(lr, adamw),
-                UpdateRule::Muon(adamw, muon) => self.fused.muon_step(lr, adamw, muon)?,
+            match rule {
+                UpdateRule::AdamW(adamw) => fused.adamw_step(lr, adamw),
+                UpdateRule::Muon(adamw, muon) => fused.muon_step(lr, adamw, muon)?,
             }
-            self.stale = true;
         } else {
-            self.fused.discard_gradients();
+            fused.discard_gradients();
         }
         self.known.push(step);
         Ok(())
@@ -187,13 +214,10 @@ impl Engine for FusedEngine {
 
     /// Each batch split over the engine's threads.
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
-        // A frozen base lent to the model comes back first.
-        if self.fused.lent() {
-            self.hollow()?;
-        }
+        let fused = self.weights.held();
         batches
             .iter()
-            .map(|batch| Ok(self.fused.loss(token_batch(batch))?))
+            .map(|batch| Ok(fused.loss(token_batch(batch))?))
             .collect()
     }
 }

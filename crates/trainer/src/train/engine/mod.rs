@@ -37,6 +37,7 @@ use tinygpt_model::Gpt;
 use crate::backend::{EngineKind, Placement};
 use crate::config::{RunConfig, TrainDType};
 use crate::data::Batch;
+use crate::run::checkpoint::WriteFile;
 use crate::train::optim::Optimizer;
 
 /// Trains one model; see the module docs. Every method may be called in any order.
@@ -53,15 +54,16 @@ pub trait Engine {
     /// The optimizer's state as Burn serialises it (`optimizer.bpk`), up to date.
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>>;
 
-    /// What writes [`optimizer_bytes`](Self::optimizer_bytes)' bytes to a file (a checkpoint's
-    /// `optimizer.bpk`), holding the state as it is now and borrowing nothing: the bytes in
-    /// hand, or (the fused engine) the state shared and written a tensor at a time. Called
-    /// once; drop it before the next step.
-    fn optimizer_writer(&mut self) -> Result<OptimizerWriter> {
+    /// What a checkpoint writes: the model with the latest weights, and what writes
+    /// [`optimizer_bytes`](Self::optimizer_bytes)' bytes to a file (`optimizer.bpk`): the
+    /// bytes in hand, or (the fused engine) the state shared and written a tensor at a time.
+    /// Both borrow the engine, so no step can run while either lives.
+    fn saving(&mut self) -> Result<Saving<'_>> {
         let bytes = self.optimizer_bytes()?;
-        Ok(Box::new(move |path: &Path| {
-            crate::fs::write_synced(path, &bytes)
-        }))
+        Ok(Saving {
+            model: self.model()?,
+            optimizer: Box::new(move |path: &Path| crate::fs::write_synced(path, &bytes)),
+        })
     }
 
     /// One optimizer step: gradients of the mean loss over `batches` (each weighted equally, as
@@ -83,8 +85,12 @@ pub trait Engine {
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>>;
 }
 
-/// Writes an optimizer's state to a file: see [`Engine::optimizer_writer`].
-pub type OptimizerWriter = crate::run::checkpoint::WriteFile<'static>;
+/// What a checkpoint of an engine writes: see [`Engine::saving`].
+pub struct Saving<'a> {
+    pub model: &'a Gpt,
+    /// Writes the optimizer's state to the path it is given, once.
+    pub optimizer: WriteFile<'a>,
+}
 
 /// What an engine says when asked for its model while an update replaces it (a bug).
 const LOST: &str = "the engine lost its model";

@@ -1,6 +1,7 @@
-//! AdamW's state lent out of [`FusedCpu`] to be serialised one parameter at a time, instead of
-//! copied whole: a checkpoint of a model of N parameters then needs no 2·N floats besides the
-//! moments themselves.
+//! AdamW's state shared by [`FusedCpu`] with a serialiser that writes it one parameter at a
+//! time, instead of copied whole: a checkpoint of a model of N parameters then needs no 2·N
+//! floats besides the moments themselves. (Sharing, not lending: the engine keeps reading
+//! them; only the weights are lent, see [`LentWeights`](super::LentWeights).)
 
 use std::sync::Arc;
 
@@ -9,17 +10,19 @@ use burn::module::ParamId;
 use super::adamw::Moments;
 
 /// AdamW's moments of every parameter it updates, shared with the engine until dropped
-/// (clones share them too: a serialiser's readers).
+/// (clones share them too: a serialiser's readers). A step while they are shared copies them
+/// first ([`Arc::make_mut`]); the trainer's checkpoint borrows the engine for as long as its
+/// writer lives, so none does.
 #[derive(Debug, Clone)]
-pub struct LentMoments {
+pub struct SharedMoments {
     moments: Arc<Moments>,
-    entries: Arc<[LentEntry]>,
+    entries: Arc<[MomentEntry]>,
 }
 
-/// One parameter of [`LentMoments`]: what [`MomentState`](crate::MomentState) says of it
+/// One parameter of [`SharedMoments`]: what [`MomentState`](crate::MomentState) says of it
 /// besides its values.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LentEntry {
+pub struct MomentEntry {
     pub id: ParamId,
     pub shape: Vec<usize>,
     /// Steps taken.
@@ -27,9 +30,9 @@ pub struct LentEntry {
     pub(crate) slot: crate::arch::Slot,
 }
 
-impl LentMoments {
+impl SharedMoments {
     /// `moments`' entries `entries` (each with its slot), shared.
-    pub(crate) fn new(moments: Arc<Moments>, entries: Vec<LentEntry>) -> Self {
+    pub(crate) fn new(moments: Arc<Moments>, entries: Vec<MomentEntry>) -> Self {
         Self {
             moments,
             entries: entries.into(),
@@ -37,7 +40,7 @@ impl LentMoments {
     }
 
     /// The parameters, in the layout's order (as [`FusedCpu::adamw_state`] lists them).
-    pub fn entries(&self) -> &[LentEntry] {
+    pub fn entries(&self) -> &[MomentEntry] {
         &self.entries
     }
 

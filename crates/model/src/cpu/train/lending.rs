@@ -1,0 +1,40 @@
+//! [`LentWeights`]: the fused engine with its weights lent to Burn's model, for a checkpoint
+//! or a sample. The trained weights are copied into the model; the frozen ones (LoRA's base)
+//! are moved, so that they exist once. Lending takes the engine by value and reclaiming gives
+//! it back, so a step or an evaluation while the base is in the model does not compile.
+
+use super::fused::FusedCpu;
+use crate::nn::Gpt;
+
+/// A [`FusedCpu`] whose weights are in [`model`](Self::model); see the module docs.
+#[derive(Debug)]
+pub struct LentWeights {
+    fused: FusedCpu,
+    model: Gpt,
+}
+
+impl LentWeights {
+    pub(super) fn new(fused: FusedCpu, model: Gpt) -> Self {
+        Self { fused, model }
+    }
+
+    /// The model with every weight the engine holds.
+    pub fn model(&self) -> &Gpt {
+        &self.model
+    }
+
+    /// The engine, to read what lending leaves readable (its optimizer state, its sizes);
+    /// stepping and evaluating need it back ([`reclaim`](Self::reclaim)).
+    pub fn fused(&self) -> &FusedCpu {
+        &self.fused
+    }
+
+    /// Takes back the weights moved into the model: the engine, and the model hollow (every
+    /// parameter a lazy one of the same id and shape; the engine's buffers hold the values),
+    /// so that it holds no copy of the weights.
+    pub fn reclaim(self) -> (FusedCpu, Gpt) {
+        let Self { mut fused, model } = self;
+        let hollow = fused.weights.reclaim(model);
+        (fused, hollow)
+    }
+}

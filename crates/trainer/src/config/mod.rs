@@ -4,6 +4,7 @@
 //! overrides a key before validation, so every error names the key at fault.
 
 pub mod presets;
+mod validate;
 
 use std::path::{Path, PathBuf};
 
@@ -345,101 +346,6 @@ impl RunConfig {
     /// vocabulary, else `tokens` ([`RunConfig::check_vocab`] refuses a padding too small).
     pub fn gpt(&self, tokens: usize) -> GptConfig {
         self.model.for_vocabulary(tokens)
-    }
-
-    /// Checks every value that serde cannot; the error names the key.
-    pub fn validate(&self) -> Result<()> {
-        self.model
-            .validate()
-            .map_err(|e| anyhow::anyhow!("invalid [model]: {e}"))?;
-        let t = &self.train;
-        for (key, value) in [
-            ("train.batch_size", t.batch_size),
-            ("train.grad_accum", t.grad_accum),
-            ("train.eval_interval", t.eval_interval),
-            ("train.eval_iters", t.eval_iters),
-            ("train.log_interval", t.log_interval),
-            ("train.nonfinite_limit", t.nonfinite_limit),
-        ] {
-            if value == 0 {
-                bail!("`{key}` must be at least 1, got 0");
-            }
-        }
-        for (key, value) in [
-            ("train.learning_rate", t.learning_rate),
-            ("train.min_lr", t.min_lr),
-            ("train.weight_decay", t.weight_decay),
-            ("train.grad_clip", t.grad_clip),
-        ] {
-            if !(value.is_finite() && value >= 0.0) {
-                bail!("`{key}` must be a finite number >= 0, got {value}");
-            }
-        }
-        if t.learning_rate == 0.0 {
-            bail!("`train.learning_rate` must be > 0");
-        }
-        if t.min_lr > t.learning_rate {
-            bail!(
-                "`train.min_lr` ({}) must not exceed `train.learning_rate` ({})",
-                t.min_lr,
-                t.learning_rate
-            );
-        }
-        if !(t.decay_fraction > 0.0 && t.decay_fraction <= 1.0) {
-            bail!(
-                "`train.decay_fraction` must be in (0, 1], got {}",
-                t.decay_fraction
-            );
-        }
-        for (key, value) in [
-            ("train.muon_momentum", t.muon_momentum),
-            ("train.muon_momentum_start", t.muon_momentum_start),
-        ] {
-            if !(0.0..1.0).contains(&value) {
-                bail!("`{key}` must be in [0, 1), got {value}");
-            }
-        }
-        for (key, value) in [
-            ("train.muon_learning_rate", t.muon_learning_rate),
-            ("train.muon_weight_decay", t.muon_weight_decay),
-        ] {
-            if !(value.is_finite() && value >= 0.0) {
-                bail!("`{key}` must be a finite number >= 0, got {value}");
-            }
-        }
-        for (key, value) in [
-            ("train.embedding_lr_ratio", t.embedding_lr_ratio),
-            ("train.head_lr_ratio", t.head_lr_ratio),
-        ] {
-            if !(value.is_finite() && value > 0.0) {
-                bail!("`{key}` must be a finite number > 0, got {value}");
-            }
-        }
-        for (key, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
-            if !(0.0..1.0).contains(&value) {
-                bail!("`{key}` must be in [0, 1), got {value}");
-            }
-        }
-        let d = &self.data;
-        if !(d.val_fraction > 0.0 && d.val_fraction < 1.0) {
-            bail!(
-                "`data.val_fraction` must be in (0, 1), got {}",
-                d.val_fraction
-            );
-        }
-        if d.tokenizer == TokenizerKind::Bpe && !(262..=65536).contains(&d.bpe_vocab_size) {
-            bail!(
-                "`data.bpe_vocab_size` must be in 262..=65536 (256 byte tokens, 5 special tokens, merges), got {}",
-                d.bpe_vocab_size
-            );
-        }
-        if d.batching == Batching::Documents && d.separator.is_empty() {
-            bail!("`data.separator` must not be empty with `data.batching = \"documents\"`");
-        }
-        if let Some(lora) = &self.lora {
-            lora.validate(&self.model)?;
-        }
-        self.chat.validate()
     }
 
     /// Checks that the model's vocabulary holds a tokenizer of `tokens` ids.

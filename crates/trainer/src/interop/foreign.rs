@@ -60,73 +60,35 @@ enum Elem {
 }
 
 impl ForeignTensors {
-    fn new(file: &Path) -> Self {
-        Self {
+    /// `tensors` (a file's, under their own names) under nanoGPT's names; `file` is what
+    /// errors name.
+    pub fn named(file: &Path, tensors: BTreeMap<String, Foreign>) -> Result<Self> {
+        let mut out = Self {
             file: file.to_path_buf(),
             tensors: BTreeMap::new(),
+        };
+        for (raw, tensor) in tensors {
+            let Some(name) = normalise(&raw) else {
+                continue;
+            };
+            if out.tensors.insert(name.clone(), tensor).is_some() {
+                bail!(
+                    "{}: tensor `{name}` appears twice (with and without a prefix)",
+                    file.display()
+                );
+            }
         }
+        Ok(out)
     }
 
     /// The tensors of a safetensors file.
     pub fn from_safetensors(path: &Path) -> Result<Self> {
-        let mut out = Self::new(path);
-        for_each_safetensor(path, |name, shape, elem, data| {
-            out.insert(name, shape, elem, data)
-        })?;
-        Ok(out)
+        Self::named(path, read_safetensors(path)?)
     }
 
     /// The tensors of a PyTorch file (`torch.save`), under `key` of its top-level dict.
     pub fn from_pytorch(path: &Path, key: Option<&str>) -> Result<Self> {
-        use pytorch_reader::{DType as T, PytorchReader};
-        let reader = match key {
-            Some(key) => PytorchReader::with_top_level_key(path, key),
-            None => PytorchReader::new(path),
-        }
-        .map_err(|e| anyhow!("{} cannot be read as a PyTorch file: {e}", path.display()))?;
-        let mut out = Self::new(path);
-        for (name, tensor) in reader.tensors() {
-            let elem = match tensor.dtype() {
-                T::F32 => Elem::F32,
-                T::F16 => Elem::F16,
-                T::BF16 => Elem::BF16,
-                T::F64 => Elem::F64,
-                other => bail!(
-                    "{}: tensor `{name}` is {other:?}; weights must be floating point",
-                    path.display()
-                ),
-            };
-            let bytes = tensor
-                .read()
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-            out.insert(name, tensor.shape().to_vec(), elem, &bytes)?;
-        }
-        Ok(out)
-    }
-
-    fn insert(&mut self, raw: &str, shape: Vec<usize>, elem: Elem, bytes: &[u8]) -> Result<()> {
-        let Some(name) = normalise(raw) else {
-            return Ok(());
-        };
-        let values = widen(elem, bytes);
-        if values.len() != shape.iter().product::<usize>() {
-            bail!(
-                "{}: tensor `{raw}` holds {} values for shape {shape:?}",
-                self.file.display(),
-                values.len()
-            );
-        }
-        if self
-            .tensors
-            .insert(name.clone(), Foreign { shape, values })
-            .is_some()
-        {
-            bail!(
-                "{}: tensor `{name}` appears twice (with and without a prefix)",
-                self.file.display()
-            );
-        }
-        Ok(())
+        Self::named(path, read_pytorch(path, key)?)
     }
 
     /// Whether the LM head is the token embedding: absent (Hugging Face leaves a tied head out)
@@ -222,18 +184,60 @@ fn for_each_safetensor(
 pub fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
     let mut out = BTreeMap::new();
     for_each_safetensor(path, |name, shape, elem, data| {
-        let values = widen(elem, data);
-        if values.len() != shape.iter().product::<usize>() {
-            bail!(
-                "{}: tensor `{name}` holds {} values for shape {shape:?}",
-                path.display(),
-                values.len()
-            );
-        }
-        out.insert(name.to_string(), Foreign { shape, values });
+        out.insert(name.to_string(), foreign(path, name, shape, elem, data)?);
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Every tensor of the PyTorch file (`torch.save`) `path`, under `key` of its top-level dict,
+/// under its own name, widened to f32; non-float tensors are errors naming the file and the
+/// tensor.
+pub fn read_pytorch(path: &Path, key: Option<&str>) -> Result<BTreeMap<String, Foreign>> {
+    use pytorch_reader::{DType as T, PytorchReader};
+    let reader = match key {
+        Some(key) => PytorchReader::with_top_level_key(path, key),
+        None => PytorchReader::new(path),
+    }
+    .map_err(|e| anyhow!("{} cannot be read as a PyTorch file: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for (name, tensor) in reader.tensors() {
+        let elem = match tensor.dtype() {
+            T::F32 => Elem::F32,
+            T::F16 => Elem::F16,
+            T::BF16 => Elem::BF16,
+            T::F64 => Elem::F64,
+            other => bail!(
+                "{}: tensor `{name}` is {other:?}; weights must be floating point",
+                path.display()
+            ),
+        };
+        let bytes = tensor
+            .read()
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let tensor = foreign(path, name, tensor.shape().to_vec(), elem, &bytes)?;
+        out.insert(name.clone(), tensor);
+    }
+    Ok(out)
+}
+
+/// A tensor of `path` widened to f32, its values as many as its shape says.
+fn foreign(
+    path: &Path,
+    name: &str,
+    shape: Vec<usize>,
+    elem: Elem,
+    bytes: &[u8],
+) -> Result<Foreign> {
+    let values = widen(elem, bytes);
+    if values.len() != shape.iter().product::<usize>() {
+        bail!(
+            "{}: tensor `{name}` holds {} values for shape {shape:?}",
+            path.display(),
+            values.len()
+        );
+    }
+    Ok(Foreign { shape, values })
 }
 
 /// nanoGPT's name for a file's tensor name; `None` for the causal-mask buffers.

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{GptConfig, Slot, parameter_table};
@@ -20,6 +20,7 @@ use super::foreign::{
     ForeignTensors, LM_HEAD, Layout, NamedTensor, TensorTable, burn_tensors, transpose,
     write_safetensors,
 };
+use super::hf_dir;
 use super::run::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
@@ -70,19 +71,11 @@ pub fn import(
     tokenizer: Option<&Path>,
     out: &Path,
 ) -> Result<Imported> {
-    let config_path = dir.join("config.json");
-    let hf: Gpt2Config = serde_json::from_value(config.clone())
-        .map_err(|e| anyhow!("{}: not a GPT-2 config ({e})", config_path.display()))?;
-    let model = architecture(&hf).with_context(|| config_path.display().to_string())?;
-    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-    if !tokenizer_path.exists() {
-        bail!(
-            "{} has no tokenizer.json (save it with tokenizer.save_pretrained, or pass --tokenizer)",
-            dir.display()
-        );
-    }
-    let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
-    let weights = weights_in(dir)?;
+    let hf: Gpt2Config = hf_dir::config(dir, config.clone(), "GPT-2")?;
+    let model = architecture(&hf).with_context(|| dir.join("config.json").display().to_string())?;
+    let tokenizer = hf_dir::tokenizer(dir, tokenizer)?;
+    let weights = hf_dir::weights(dir)?;
+    let weights = ForeignTensors::named(&weights.source, weights.tensors)?;
     let (config, notes) = hf_run_config(model, &tokenizer, hf.vocab_size, dir, &config)?;
     if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(
@@ -133,27 +126,6 @@ fn architecture(hf: &Gpt2Config) -> Result<GptConfig> {
         ..GptConfig::default()
     };
     Ok(model)
-}
-
-/// The weights of `dir`: `model.safetensors`, else `pytorch_model.bin`.
-fn weights_in(dir: &Path) -> Result<ForeignTensors> {
-    let safetensors = dir.join("model.safetensors");
-    let bin = dir.join("pytorch_model.bin");
-    if safetensors.exists() {
-        ForeignTensors::from_safetensors(&safetensors)
-    } else if bin.exists() {
-        ForeignTensors::from_pytorch(&bin, None)
-    } else if dir.join("model.safetensors.index.json").exists() {
-        bail!(
-            "{} holds a sharded checkpoint, which tinygpt does not read; save it unsharded",
-            dir.display()
-        )
-    } else {
-        bail!(
-            "{} has neither model.safetensors nor pytorch_model.bin",
-            dir.display()
-        )
-    }
 }
 
 /// Writes the run's `which` weights as a Hugging Face directory `out` (which must not exist, or

@@ -11,14 +11,15 @@
 //! is refused by name, never ignored.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
 
-use super::foreign::{Foreign, NamedTensor, read_safetensors, transpose, write_safetensors};
+use super::foreign::{Foreign, NamedTensor, transpose, write_safetensors};
+use super::hf_dir;
 use super::run::{Imported, create_run, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
 
@@ -186,18 +187,10 @@ pub fn import(
     block_size: Option<usize>,
     out: &Path,
 ) -> Result<Imported> {
-    let config_path = dir.join("config.json");
-    let hf: LlamaConfig = serde_json::from_value(config.clone())
-        .map_err(|e| anyhow!("{}: not a Llama config ({e})", config_path.display()))?;
-    let model = architecture(&hf, block_size).with_context(|| config_path.display().to_string())?;
-    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-    if !tokenizer_path.exists() {
-        bail!(
-            "{} has no tokenizer.json (save it with tokenizer.save_pretrained, or pass --tokenizer)",
-            dir.display()
-        );
-    }
-    let tokenizer = Tokenizer::from_hf_file(&tokenizer_path)?;
+    let hf: LlamaConfig = hf_dir::config(dir, config.clone(), "Llama")?;
+    let model = architecture(&hf, block_size)
+        .with_context(|| dir.join("config.json").display().to_string())?;
+    let tokenizer = hf_dir::tokenizer(dir, tokenizer)?;
     let (config, mut notes) = hf_run_config(model, &tokenizer, hf.vocab_size, dir, &config)?;
     if config.model.block_size < hf.max_position_embeddings {
         notes.push(format!(
@@ -205,9 +198,9 @@ pub fn import(
             config.model.block_size, hf.max_position_embeddings
         ));
     }
-    let (files, tensors) = read_weights(dir)?;
-    let model = build(&config.gpt(hf.vocab_size), tensors)
-        .map_err(|e| anyhow!("{}: {e:#}", files.display()))?;
+    let weights = hf_dir::weights(dir)?;
+    let model = build(&config.gpt(hf.vocab_size), weights.tensors)
+        .map_err(|e| anyhow!("{}: {e:#}", weights.source.display()))?;
     create_run(out, config.clone(), tokenizer, &model)?;
     Ok(Imported {
         format: "Hugging Face Llama directory",
@@ -215,45 +208,6 @@ pub fn import(
         vocab_size: hf.vocab_size,
         notes,
     })
-}
-
-/// Every tensor of `dir`'s weights: `model.safetensors`, or the shards its
-/// `model.safetensors.index.json` lists. Returns what to name in errors, and the tensors.
-fn read_weights(dir: &Path) -> Result<(PathBuf, BTreeMap<String, Foreign>)> {
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok((single.clone(), read_safetensors(&single)?));
-    }
-    let index_path = dir.join("model.safetensors.index.json");
-    let text = std::fs::read_to_string(&index_path).with_context(|| {
-        format!(
-            "{} has neither model.safetensors nor model.safetensors.index.json",
-            dir.display()
-        )
-    })?;
-    let index: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{} is invalid ({e})", index_path.display()))?;
-    let map = index
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| anyhow!("{} has no weight_map", index_path.display()))?;
-    let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
-    shards.sort_unstable();
-    shards.dedup();
-    let mut tensors = BTreeMap::new();
-    for shard in shards {
-        if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
-            bail!(
-                "{}: shard name {shard:?} leaves the directory",
-                index_path.display()
-            );
-        }
-        tensors.extend(read_safetensors(&dir.join(shard))?);
-    }
-    if let Some(name) = map.keys().find(|name| !tensors.contains_key(*name)) {
-        bail!("{}: tensor `{name}` is in no shard", index_path.display());
-    }
-    Ok((index_path, tensors))
 }
 
 /// Where a Llama checkpoint keeps what a tinygpt slot holds: its tensor names (several are

@@ -2,10 +2,11 @@
 //!
 //! - [`nanogpt`]: nanoGPT's `ckpt.pt` (a PyTorch zip-pickle: `model`, `model_args`, …) and its
 //!   `meta.pkl` char maps, read without Python.
-//! - [`hf`]: Hugging Face GPT-2 directories (`config.json`, `model.safetensors` or
-//!   `pytorch_model.bin`, `tokenizer.json`), read and written.
+//! - [`hf`]: Hugging Face GPT-2 directories, read and written.
 //! - [`llama`]: Hugging Face Llama-family directories (`LlamaForCausalLM`: SmolLM2, TinyLlama),
 //!   read and written.
+//! - [`hf_dir`]: what both read of a Hugging Face directory: `config.json`, `tokenizer.json`,
+//!   and the weights (`model.safetensors`, its shards, or `pytorch_model.bin`).
 //! - [`sidecar`]: tinygpt's own exchange file, nanoGPT-named safetensors plus a JSON sidecar.
 //! - [`gguf`]: llama.cpp's GGUF (its `gpt2` and `llama` architectures), read and written.
 //! - [`peft`]: PEFT's LoRA adapter directories, for a base run, read and written.
@@ -18,6 +19,7 @@ mod chat_files;
 pub mod foreign;
 pub mod gguf;
 pub mod hf;
+mod hf_dir;
 pub mod llama;
 pub mod nanogpt;
 pub mod peft;

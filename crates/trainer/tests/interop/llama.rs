@@ -197,7 +197,7 @@ fn llama_directories_tinygpt_cannot_read_are_one_line() {
         (
             "no-weights",
             Box::new(|d: &Path| std::fs::remove_file(d.join("model.safetensors")).unwrap()),
-            "neither model.safetensors nor model.safetensors.index.json",
+            "neither model.safetensors, model.safetensors.index.json nor pytorch_model.bin",
         ),
         (
             "short-vocab",

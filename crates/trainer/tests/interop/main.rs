@@ -14,7 +14,7 @@ mod peft_saved;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{LLAMA, corpus, fails, logits, manifest_dir, ok, tinygpt, train};
+use common::{LLAMA, corpus, fails, logits, manifest_dir, ok, tinygpt, train, weights};
 use tinygpt::run::checkpoint::Run;
 
 fn fixture(name: &str) -> PathBuf {
@@ -145,6 +145,44 @@ fn hugging_face_directory_gives_transformers_logits() {
         ],
     ));
     assert!(text.starts_with("Of Man"), "{text}");
+}
+
+/// The GPT-2 fixture's weights in two shards with `model.safetensors.index.json`, as
+/// `save_pretrained` writes a model larger than its shard size: the same run as the one file.
+#[test]
+fn a_sharded_hugging_face_gpt2_directory_imports_as_the_single_file_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let sharded = gpt2_copy(dir, "sharded", |d| {
+        let path = d.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut names: Vec<String> = file.names().into_iter().map(String::from).collect();
+        names.sort();
+        let mut weight_map = serde_json::Map::new();
+        for (k, half) in names.chunks(names.len().div_ceil(2)).enumerate() {
+            let shard = format!("model-0000{}-of-00002.safetensors", k + 1);
+            let views: Vec<_> = half
+                .iter()
+                .map(|n| (n.clone(), file.tensor(n).unwrap()))
+                .collect();
+            std::fs::write(d.join(&shard), safetensors::serialize(views, None).unwrap()).unwrap();
+            for n in half {
+                weight_map.insert(n.clone(), shard.clone().into());
+            }
+        }
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    });
+    import_gpt2(dir, &fixture("gpt2"), "one");
+    import_gpt2(dir, &sharded, "two");
+    let (one, two) = (weights(&dir.join("one")), weights(&dir.join("two")));
+    assert!(!one.is_empty());
+    assert!(
+        one == two,
+        "the sharded directory's weights differ from the one file's"
+    );
 }
 
 /// A padded vocabulary (320 rows for 300 tokens) exported to nanoGPT's names and imported

@@ -42,6 +42,8 @@
 //!   [`grouped`] (grouped-query attention: fewer key/value heads, the same outputs as multi-head
 //!   attention over repeated ones) and [`qk_norm`] (unit-RMS queries and keys: bounded scores);
 //!   on GPUs the last two as one kernel on the projection's packed heads ([`packed_qk`]).
+//! - [`next_token`]: what attention is trained for: the next-token loss, with PyTorch's
+//!   `ignore_index` (−1) for positions that must not count.
 //! - [`lora`]: the product of a projection carrying a LoRA adapter whose input is dropped out
 //!   while training (PEFT's `lora_dropout`: the frozen matrix sees the whole input).
 //!
@@ -59,6 +61,7 @@ mod kernels;
 mod kv_cache;
 pub mod lora;
 pub mod mask;
+pub mod next_token;
 pub mod packed_qk;
 pub mod qk_norm;
 pub mod rope;

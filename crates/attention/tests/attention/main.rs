@@ -8,6 +8,7 @@ mod decode_attention;
 mod draws;
 mod lora;
 mod newer;
+mod next_token;
 mod packed_qk;
 mod reference;
 mod seeds;
@@ -66,9 +67,7 @@ fn layer(
 }
 
 fn with_kernel(layer: &CausalSelfAttention, kernel: AttentionKernel) -> CausalSelfAttention {
-    let mut layer = layer.clone();
-    layer.kernel = kernel;
-    layer
+    layer.clone().with_kernel(kernel)
 }
 
 /// `[batch, seq]` padding mask from per-row flags.

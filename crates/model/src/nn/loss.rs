@@ -1,13 +1,14 @@
-//! Next-token cross-entropy with PyTorch's `ignore_index` meaning.
+//! Next-token cross-entropy with PyTorch's `ignore_index` meaning: the formula is taught in
+//! the attention crate ([`tinygpt_attention::next_token`]); here it is checked, counted on the
+//! host, and on a GPU computed by one fused kernel.
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
+use tinygpt_attention::next_token::log_likelihoods;
 
 use crate::error::LossError;
 use crate::gpu::{self, Kernels};
 
-/// Targets equal to this are skipped by [`cross_entropy`] (nanoGPT and PyTorch's examples use -1).
-pub const IGNORE_INDEX: i64 = -1;
+pub use tinygpt_attention::next_token::IGNORE_INDEX;
 
 /// Mean negative log-likelihood of `targets` under `logits`, over the targets that are not
 /// [`IGNORE_INDEX`], exactly as `F.cross_entropy(logits, targets, ignore_index=-1)`.
@@ -65,12 +66,7 @@ pub fn cross_entropy_counted(
 /// what the fused GPU kernel is tested against.
 #[doc(hidden)]
 pub fn cross_entropy_ops(logits: Tensor<2>, targets: Tensor<1, Int>, kept: usize) -> Tensor<1> {
-    let [n, _] = logits.dims();
-    let ignored = targets.clone().equal_elem(IGNORE_INDEX);
-    let keep = ignored.clone().bool_not().float();
-    let safe_targets = targets.mask_fill(ignored, 0).reshape([n, 1]);
-    let log_probs = log_softmax(logits, 1).gather(1, safe_targets).reshape([n]);
-    gpu::sum_all(log_probs * keep).neg() / kept as f32
+    gpu::sum_all(log_likelihoods(logits, targets)).neg() / kept as f32
 }
 
 /// The targets of a host-side batch that the loss counts (those not [`IGNORE_INDEX`]); none is

@@ -50,9 +50,9 @@ pub struct CausalSelfAttention {
     pub n_kv_heads: usize,
     /// Longest sequence accepted.
     pub max_seq_len: usize,
-    /// Implementation of the attention core.
+    /// Implementation of the attention core: the config's, fixed when the layer is built.
     #[module(skip)]
-    pub kernel: AttentionKernel,
+    pub(crate) kernel: AttentionKernel,
     /// Rotary positions' base, when queries and keys are rotated ([`crate::rope`]).
     #[module(skip)]
     pub rope_base: Option<f64>,
@@ -213,6 +213,18 @@ impl CausalSelfAttention {
     pub fn with_kernels(mut self, kernels: Kernels) -> Self {
         self.kernels = kernels;
         self
+    }
+
+    /// This layer's weights with its core computed by `kernel` (the same numbers to float
+    /// rounding): for comparing one core against another on the same weights.
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// How this layer computes its core (its config's [`AttentionKernel`]).
+    pub fn kernel(&self) -> AttentionKernel {
+        self.kernel
     }
 
     /// The kernels this layer runs.

@@ -494,10 +494,8 @@ fn layer_with_flash_equals_the_explicit_layer(device: &Device, config: CausalSel
     let device = device.clone().autodiff();
     device.seed(5);
     let layer = config.with_init_std(0.3).init(&device).unwrap();
-    let mut flash_layer = layer.clone();
-    flash_layer.kernel = AttentionKernel::Flash;
-    let mut explicit_layer = layer;
-    explicit_layer.kernel = AttentionKernel::Explicit;
+    let flash_layer = layer.clone().with_kernel(AttentionKernel::Flash);
+    let explicit_layer = layer.with_kernel(AttentionKernel::Explicit);
     let x = Tensor::<3>::random([3, 45, 32], Distribution::Normal(0., 1.), &device);
     let g = Tensor::<3>::random([3, 45, 32], Distribution::Normal(0., 1.), &device);
     let run = |layer: &tinygpt_attention::CausalSelfAttention| {

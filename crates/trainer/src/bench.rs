@@ -131,31 +131,9 @@ fn bench_one(
         Kernels::Cube => true,
         Kernels::Burn => false,
     };
-    if args.kernel_steps > 0 && !on_gpu {
-        anyhow::bail!(
-            "--kernels profiles the kernels of a GPU backend (wgpu or cuda), not {}",
-            backend.name()
-        );
-    }
-    if args.prompt_tokens >= config.model.block_size {
-        anyhow::bail!(
-            "--prompt-tokens {} needs a context longer than the prompt: {name} has \
-             model.block_size = {}",
-            args.prompt_tokens,
-            config.model.block_size
-        );
-    }
+    refuse(name, config, backend, args, on_gpu)?;
     let data = random_tokens(config);
-    let model = config
-        .gpt(VOCAB)
-        .init(&placement.device.clone().autodiff())?
-        .with_attention_kernel(config.train.attention_kernel);
-    let model = placement.model(model);
-    let params = model.num_params();
-    let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
-    let dtype = config.train.dtype;
-    let (kind, _) = placement.engine_for(dtype, UpdateKind::of(config))?;
-    let mut engine = engine::open(&placement, kind, model, optim, engine::Settings::of(config))?;
+    let (mut engine, params) = open_engine(config, &placement)?;
     let (seconds, first_step_s) = median_step(engine.as_mut(), &data, config, args)?.unzip();
     let kernels = match args.kernel_steps {
         0 => None,
@@ -204,6 +182,46 @@ fn bench_one(
         dtype: t.dtype.name().to_string(),
         kernels,
     })
+}
+
+/// What `args` asks that `backend` or `config` cannot give, named.
+fn refuse(
+    name: &str,
+    config: &RunConfig,
+    backend: Backend,
+    args: &BenchArgs,
+    on_gpu: bool,
+) -> Result<()> {
+    if args.kernel_steps > 0 && !on_gpu {
+        anyhow::bail!(
+            "--kernels profiles the kernels of a GPU backend (wgpu or cuda), not {}",
+            backend.name()
+        );
+    }
+    if args.prompt_tokens >= config.model.block_size {
+        anyhow::bail!(
+            "--prompt-tokens {} needs a context longer than the prompt: {name} has \
+             model.block_size = {}",
+            args.prompt_tokens,
+            config.model.block_size
+        );
+    }
+    Ok(())
+}
+
+/// The engine `train` would open for `config` on `placement`, on a fresh model of the
+/// benchmark's vocabulary, and the model's parameter count.
+fn open_engine(config: &RunConfig, placement: &Placement) -> Result<(Box<dyn Engine>, usize)> {
+    let device = placement.device.clone().autodiff();
+    let model = config
+        .gpt(VOCAB)
+        .init_with_attention(&device, config.train.attention_kernel)?;
+    let model = placement.model(model);
+    let params = model.num_params();
+    let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
+    let (kind, _) = placement.engine_for(config.train.dtype, UpdateKind::of(config))?;
+    let engine = engine::open(placement, kind, model, optim, engine::Settings::of(config))?;
+    Ok((engine, params))
 }
 
 /// Random tokens: the speed of a step does not depend on the text.

@@ -103,7 +103,7 @@ impl Dims {
 /// `tests/fused_cpu.rs`), so nothing is refused; a part they do not implement would make this
 /// return an error for [`Dims::of`] to pass on, and the trainer train it on flex. The sizes,
 /// dropout, biases, tying and the norm's ε may take any value. (How Burn computes attention,
-/// [`Gpt::with_attention_kernel`], is not the model's: the engine has its own attention.)
+/// [`GptConfig::init_with_attention`], is not the model's: the engine has its own attention.)
 fn implemented(config: &GptConfig) {
     let GptConfig {
         vocab_size: _,

@@ -5,7 +5,7 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::lora::project;
-use tinygpt_attention::{CausalSelfAttention, DecodeProduct, burn_product};
+use tinygpt_attention::{AttentionKernel, CausalSelfAttention, DecodeProduct, burn_product};
 
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
@@ -109,8 +109,9 @@ impl Block {
         config: &GptConfig,
         device: &Device,
         kernels: Kernels,
+        kernel: AttentionKernel,
     ) -> Result<Self, GptConfigError> {
-        let attn = config.attention().init(device)?;
+        let attn = config.attention().with_kernel(kernel).init(device)?;
         Ok(Self {
             ln_1: Normalization::init(config, device, kernels),
             attn,

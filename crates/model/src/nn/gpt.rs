@@ -67,16 +67,31 @@ impl GptConfig {
     /// or zero), biases 0, norms' gains 1; running the device's [`Kernels`]
     /// ([`Kernels::for_device`]).
     pub fn init(&self, device: &Device) -> Result<Gpt, GptConfigError> {
+        self.init_with_attention(device, AttentionKernel::Auto)
+    }
+
+    /// [`init`](Self::init), every block's attention computed by `kernel` (the same numbers;
+    /// see [`AttentionKernel`]). How, not what: it is the run's choice
+    /// (`train.attention_kernel`), not the architecture's, fixed when the model is built.
+    pub fn init_with_attention(
+        &self,
+        device: &Device,
+        kernel: AttentionKernel,
+    ) -> Result<Gpt, GptConfigError> {
         self.validate()?;
         if self.vocab_size == 0 {
             return Err(GptConfigError::Zero { name: "vocab_size" });
         }
-        Gpt::init(self, device)
+        Gpt::init(self, device, kernel)
     }
 }
 
 impl Gpt {
-    pub(crate) fn init(config: &GptConfig, device: &Device) -> Result<Self, GptConfigError> {
+    pub(crate) fn init(
+        config: &GptConfig,
+        device: &Device,
+        kernel: AttentionKernel,
+    ) -> Result<Self, GptConfigError> {
         let embedding = |n: usize| Embedding {
             weight: Initializer::Normal {
                 mean: 0.0,
@@ -86,7 +101,7 @@ impl Gpt {
         };
         let kernels = Kernels::for_device(device);
         let h = (0..config.n_layer)
-            .map(|_| Block::init(config, device, kernels))
+            .map(|_| Block::init(config, device, kernels, kernel))
             .collect::<Result<_, _>>()?;
         let model = Self {
             wte: embedding(config.vocab_size),
@@ -186,16 +201,6 @@ impl Gpt {
             }
         }
         self.clone().map(&mut Copy)
-    }
-
-    /// This model with every block's attention computed by `kernel` (the same numbers; see
-    /// [`AttentionKernel`]). How, not what: it is the run's choice, not the architecture's,
-    /// and models start with [`AttentionKernel::Auto`].
-    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
-        for block in &mut self.h {
-            block.attn.kernel = kernel;
-        }
-        self
     }
 
     /// The architecture this model was built from.

@@ -205,10 +205,7 @@ fn source_model(
     device: &Device,
 ) -> Result<(Gpt, LoraBase)> {
     let kernel = config.train.attention_kernel;
-    let mut model = config
-        .gpt(vocab)
-        .init(device)?
-        .with_attention_kernel(kernel);
+    let mut model = config.gpt(vocab).init_with_attention(device, kernel)?;
     let (model, weights_sha256) = match source.config.lora {
         // The init refuses a LoRA run as a base: this is a full fine-tune of its merged model.
         Some(_) => {
@@ -349,9 +346,7 @@ fn memory_check(
 fn initial_model(config: &RunConfig, vocab_size: usize, device: &Device) -> Result<Gpt> {
     let cpu = Device::flex();
     let gpt = config.gpt(vocab_size);
-    let mut model = gpt
-        .init(device)?
-        .with_attention_kernel(config.train.attention_kernel);
+    let mut model = gpt.init_with_attention(device, config.train.attention_kernel)?;
     {
         // Burn draws the weights at their first use: here, when they are copied.
         let _streams = tinygpt_model::seeded(&cpu, mix(config.train.seed, 0, INIT_STREAM));

@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use tinygpt::config::UpdateKind;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
-use tinygpt_model::{WeightFormat, weight_bytes_per_token};
+use tinygpt_model::{Gpt, GptConfig, WeightFormat, weight_bytes_per_token};
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
@@ -23,6 +23,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let gpt = run.config.gpt(run.tokenizer.vocab_size());
     let model = gpt.init(&Device::flex())?;
     println!("run {}", run.dir.display());
+    print_model(&run, &gpt, &model);
+    print_training(&run);
+    print_costs(&run, &gpt, &model)?;
+    println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
+    print!("{}", run.config.to_toml());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The architecture, its size, LoRA's adapters and the tokenizer.
+fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
     println!(
         "model: {} layers, {} heads, n_embd {}, block {}, vocab {} | {} parameters ({:.2}M without wpe)",
         gpt.n_layer,
@@ -35,13 +45,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
     );
     println!("parts: {}", gpt.parts());
     if let Some(lora) = &run.config.lora {
-        println!("lora: {}", lora.describe(&gpt));
+        println!("lora: {}", lora.describe(gpt));
     }
     println!(
         "tokenizer: {}, {} tokens",
         run.tokenizer.kind(),
         run.tokenizer.vocab_size()
     );
+}
+
+/// Where training stands (the last checkpoint's state) and whether both checkpoints are whole.
+fn print_training(run: &Run) {
     let last = run.checkpoint(Which::Last, true);
     match &last {
         Ok(last) => {
@@ -73,6 +87,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         integrity(&best),
         integrity(&last)
     );
+}
+
+/// What training and sampling it cost on this machine's CPU: the engine, the memory, the
+/// bytes a sampled token reads.
+fn print_costs(run: &Run, gpt: &GptConfig, model: &Gpt) -> Result<()> {
     // Where `auto` trains it on a machine without a GPU.
     let (engine, _) = tinygpt::backend::Placement::cpu()
         .engine_for(run.config.train.dtype, UpdateKind::of(&run.config))?;
@@ -91,15 +110,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ))
     );
     // What a sampled token reads on the CPU: the decoding cost `--weights` changes.
-    let bytes = |format| weight_bytes_per_token(&model, format).map(|b| memory::human(b as u64));
+    let bytes = |format| weight_bytes_per_token(model, format).map(|b| memory::human(b as u64));
     if let (Ok(f32s), Ok(int8)) = (bytes(WeightFormat::F32), bytes(WeightFormat::Q8_0)) {
         println!(
             "sampling on the CPU reads {f32s} of matrices a token ({int8} with --weights q8_0)"
         );
     }
-    println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
-    print!("{}", run.config.to_toml());
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// A checkpoint's state in a few words: verified, unverifiable (older runs), or what is wrong.

@@ -32,22 +32,7 @@ pub(super) fn encode_all(
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let total: u64 = sources.iter().map(|(s, _)| s.bytes).sum();
     let bar = bar(progress, total, "encoding");
-    let create = |name: &str| -> Result<TokenWriter> {
-        let path = dir.join(name);
-        let file =
-            File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(TokenWriter::new(file))
-    };
-    let mut out = Outputs {
-        train: create(TRAIN)?,
-        val: create(VAL)?,
-        counts: (0, 0),
-        offsets: (vec![0], vec![0]),
-        split_at,
-        width,
-        sha256: (Sha256::new(), Sha256::new()),
-        unhashed: Vec::new(),
-    };
+    let mut out = Outputs::create(dir, split_at, width)?;
     // One encoder per thread, kept across batches (BPE's word cache fills once).
     let mut encoders: Vec<_> = (0..threads).map(|_| tokenizer.encoder()).collect();
     for &(source, scanned) in sources {
@@ -146,6 +131,26 @@ struct Outputs {
 }
 
 impl Outputs {
+    /// Empty `train.bin` and `val.bin` in `dir`.
+    fn create(dir: &Path, split_at: Option<u64>, width: Width) -> Result<Self> {
+        let create = |name: &str| -> Result<TokenWriter> {
+            let path = dir.join(name);
+            let file =
+                File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(TokenWriter::new(file))
+        };
+        Ok(Self {
+            train: create(TRAIN)?,
+            val: create(VAL)?,
+            counts: (0, 0),
+            offsets: (vec![0], vec![0]),
+            split_at,
+            width,
+            sha256: (Sha256::new(), Sha256::new()),
+            unhashed: Vec::new(),
+        })
+    }
+
     /// Appends one encoded chunk of a held-out (`val`) or training input.
     fn write(&mut self, val: bool, encoded: EncodedChunk) -> std::io::Result<()> {
         if let Some(limit) = self.split_at.filter(|_| !val) {

@@ -58,7 +58,7 @@ struct Source {
 }
 
 /// Prepares the conversations of `options` into `dir`, an existing empty directory.
-pub fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, Phases)> {
+pub(crate) fn prepare_into(options: ConversationOptions, dir: &Path) -> Result<(Meta, Phases)> {
     let started = Instant::now();
     let sources = sources(&options)?;
     let template = ChatTemplate::new(None, &options.chat)?;
@@ -451,15 +451,9 @@ struct SplitWriter {
 
 impl SplitWriter {
     fn create(dir: &Path, ids: &str, marks: &str, width: Width) -> Result<Self> {
-        let create = |name: &str| -> Result<TokenWriter> {
-            let path = dir.join(name);
-            let file =
-                File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
-            Ok(TokenWriter::new(file))
-        };
         Ok(Self {
-            ids: create(ids)?,
-            marks: create(marks)?,
+            ids: TokenWriter::create(dir, ids)?,
+            marks: TokenWriter::create(dir, marks)?,
             width,
             written: Written {
                 offsets: vec![0],

@@ -133,15 +133,9 @@ struct Outputs {
 impl Outputs {
     /// Empty `train.bin` and `val.bin` in `dir`.
     fn create(dir: &Path, split_at: Option<u64>, width: Width) -> Result<Self> {
-        let create = |name: &str| -> Result<TokenWriter> {
-            let path = dir.join(name);
-            let file =
-                File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
-            Ok(TokenWriter::new(file))
-        };
         Ok(Self {
-            train: create(TRAIN)?,
-            val: create(VAL)?,
+            train: TokenWriter::create(dir, TRAIN)?,
+            val: TokenWriter::create(dir, VAL)?,
             counts: (0, 0),
             offsets: (vec![0], vec![0]),
             split_at,
@@ -206,12 +200,16 @@ impl TokenWriter {
     /// Bytes written between two write-backs.
     const STRIDE: u64 = 8 << 20;
 
-    pub(super) fn new(file: File) -> Self {
-        Self {
+    /// A new empty file `name` in `dir`.
+    pub(super) fn create(dir: &Path, name: &str) -> Result<Self> {
+        let path = dir.join(name);
+        let file =
+            File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Self {
             file,
             written: 0,
             handed: 0,
-        }
+        })
     }
 
     pub(super) fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {

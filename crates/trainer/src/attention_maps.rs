@@ -36,7 +36,7 @@ impl AttentionMaps {
     }
 
     /// [`compute`](Self::compute) for token ids.
-    pub fn of_tokens(
+    pub(crate) fn of_tokens(
         model: &Gpt,
         tokenizer: &Tokenizer,
         ids: &[u32],
@@ -67,7 +67,7 @@ impl AttentionMaps {
     /// [`of_tokens`](Self::of_tokens) from the fused CPU decoder's weights (f32 or int8: the
     /// weights that decoder attends with), with no Burn model; only `layer`'s maps when one is
     /// named (the others empty).
-    pub fn of_decoder(
+    pub(crate) fn of_decoder(
         decoder: &mut FusedDecoder,
         tokenizer: &Tokenizer,
         ids: &[u32],

@@ -4,12 +4,12 @@
 use sha2::{Digest, Sha256};
 
 /// Lowercase hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
 /// The SHA-256 of the file at `path` in hex, read in pieces.
-pub fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::Context;
     use std::io::Read;
     let read = || -> std::io::Result<String> {
@@ -26,7 +26,7 @@ pub fn sha256_file(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// Lowercase hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -170,7 +170,7 @@ pub fn decoder_for<'a>(
 
 /// A decoder of `streams` sequences at once (a server's requests) for `model` on the engine
 /// `kind`: the fused CPU decoder's batch, or Burn's on the model's device.
-pub fn batch_decoder<'a>(
+pub(crate) fn batch_decoder<'a>(
     kind: EngineKind,
     model: &'a Gpt,
     streams: usize,
@@ -188,7 +188,7 @@ pub fn batch_decoder<'a>(
 
 /// `inner`, giving logits of the tokenizer's `tokens` ids only (a padded vocabulary's extra
 /// rows are no tokens).
-pub fn unpadded<'a>(inner: Box<dyn Decoder + 'a>, tokens: usize) -> Box<dyn Decoder + 'a> {
+pub(crate) fn unpadded<'a>(inner: Box<dyn Decoder + 'a>, tokens: usize) -> Box<dyn Decoder + 'a> {
     match tokens < inner.vocab_size() {
         true => Box::new(Unpadded { inner, tokens }),
         false => inner,

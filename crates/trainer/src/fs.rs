@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.tmp"));
     std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -17,7 +17,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes `bytes` to the new file `path` and flushes it to disk.
-pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file =
         File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
     file.write_all(bytes)
@@ -26,7 +26,7 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// `dir` must not exist, or be an empty directory: whatever else is there is never overwritten.
-pub fn refuse_non_empty(dir: &Path) -> Result<()> {
+pub(crate) fn refuse_non_empty(dir: &Path) -> Result<()> {
     if dir
         .read_dir()
         .is_ok_and(|mut entries| entries.next().is_some())
@@ -46,7 +46,7 @@ pub fn refuse_non_empty(dir: &Path) -> Result<()> {
 /// `.NAME.PURPOSE-PID-XXXXXX` and removed when dropped. Those of the same name and purpose
 /// that a process no longer running left (killed with -9, or a second Ctrl-C) are removed
 /// first.
-pub fn temp_beside(path: &Path, purpose: &str) -> Result<tempfile::TempDir> {
+pub(crate) fn temp_beside(path: &Path, purpose: &str) -> Result<tempfile::TempDir> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let parent = parent.unwrap_or(Path::new("."));
@@ -147,7 +147,7 @@ fn flag_signals() -> Result<()> {
 
 /// On Ctrl-C, SIGTERM or SIGHUP, removes `dir` and exits 130: for commands that only write a
 /// staging directory until their last rename. Call once per process.
-pub fn on_signal_remove(dir: &Path) -> Result<()> {
+pub(crate) fn on_signal_remove(dir: &Path) -> Result<()> {
     STAGING
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -173,7 +173,7 @@ pub fn on_signal_remove(dir: &Path) -> Result<()> {
 /// Puts the directory `new` in place of `dst` with two renames: an existing `dst` first
 /// becomes `old` (replacing an earlier `old`), so a crash between them leaves one of the two.
 /// The caller decides whether `old` stays.
-pub fn swap_dir(new: &Path, dst: &Path, old: &Path) -> Result<()> {
+pub(crate) fn swap_dir(new: &Path, dst: &Path, old: &Path) -> Result<()> {
     if dst.exists() {
         if old.exists() {
             std::fs::remove_dir_all(old)?;

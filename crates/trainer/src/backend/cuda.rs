@@ -60,7 +60,7 @@ pub fn device() -> Result<Device, Unavailable> {
 /// Bytes free on the CUDA GPU now, from the driver (`cuMemGetInfo`); `None` when it cannot
 /// say.
 #[cfg(feature = "cuda")]
-pub fn free_memory() -> Option<u64> {
+pub(crate) fn free_memory() -> Option<u64> {
     // Retains the same primary context Burn uses, so this costs no second context.
     let context = cudarc::driver::CudaContext::new(0).ok()?;
     let (free, _total) = context.mem_get_info().ok()?;
@@ -68,7 +68,7 @@ pub fn free_memory() -> Option<u64> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn free_memory() -> Option<u64> {
+pub(crate) fn free_memory() -> Option<u64> {
     None
 }
 

@@ -18,7 +18,7 @@ use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
 /// variables, as CubeCL reads them itself, with (in `kernel-cache` builds) the compiled-kernel
 /// cache turned on and, where the configuration leaves the place to CubeCL's default (the
 /// `target/` of an enclosing Cargo project), the user's cache directory instead. A configuration already loaded stays as it is.
-pub fn keep_between_runs() {
+pub(crate) fn keep_between_runs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _installed = CubeClRuntimeConfig::try_set(config());

@@ -96,7 +96,7 @@ impl Placement {
     }
 
     /// Bytes the device can still allocate, where that can be known.
-    pub fn available_memory(&self) -> Option<u64> {
+    pub(crate) fn available_memory(&self) -> Option<u64> {
         match self.memory {
             Memory::Host => host::available_bytes(),
             Memory::Cuda => cuda::free_memory(),

@@ -39,12 +39,12 @@ pub struct Switches {
 
 impl Switches {
     /// The switches as the environment sets them ([`VARIABLES`]).
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
     /// The switches as `var` (a variable's value, if set) says.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
         let off = |name: &str| var(name).as_deref() == Some("0");
         Self {
             burn_ops: var("TINYGPT_BURN_OPS").is_some(),
@@ -61,7 +61,7 @@ impl Switches {
     }
 
     /// `model` running as the switches say (on a CPU, as it was: Burn's ops are all it has).
-    pub fn apply(&self, model: Gpt) -> Gpt {
+    pub(crate) fn apply(&self, model: Gpt) -> Gpt {
         let model = model.with_decoding(self.decoding);
         match self.burn_ops {
             true => model.with_kernels(Kernels::Burn),

@@ -32,7 +32,7 @@ pub fn is_jsonl(path: &Path) -> bool {
 }
 
 /// A conversation and the line of the file it is on (from 1), for errors.
-pub type Numbered = (usize, Vec<Message>);
+pub(crate) type Numbered = (usize, Vec<Message>);
 
 /// The conversations of the JSONL file at `path`.
 pub fn read(path: &Path) -> Result<Vec<Numbered>> {

@@ -31,7 +31,11 @@ impl Taught {
 impl ChatTemplate {
     /// `messages` (with at least one assistant reply) as token ids, each marked taught or not.
     /// Each piece of text is encoded on its own, so a reply's tokens never straddle the prompt.
-    pub fn render_taught(&self, messages: &[Message], tokenizer: &Tokenizer) -> Result<Taught> {
+    pub(crate) fn render_taught(
+        &self,
+        messages: &[Message],
+        tokenizer: &Tokenizer,
+    ) -> Result<Taught> {
         let mut pieces: Vec<(String, bool)> = Vec::new();
         let mut done = String::new();
         for (i, m) in messages.iter().enumerate() {

@@ -43,7 +43,7 @@ const OWN_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\
 const MAX_STOPS: usize = 8;
 
 impl ChatSection {
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == Self::default()
     }
 
@@ -151,7 +151,11 @@ impl ChatTemplate {
 
     /// The conversation as text, followed by the opening of the assistant's turn when
     /// `add_generation_prompt`.
-    pub fn render_with(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    pub(crate) fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         match self {
             Self::Transcript(t) => Ok(t.render_with(messages, add_generation_prompt)),
             Self::Jinja { template, .. } => template.render(messages, add_generation_prompt),

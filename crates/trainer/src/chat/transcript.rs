@@ -71,7 +71,7 @@ impl Transcript {
     }
 
     /// The conversation, and the assistant's opening after it when `add_generation_prompt`.
-    pub fn render_with(&self, messages: &[Message], add_generation_prompt: bool) -> String {
+    pub(crate) fn render_with(&self, messages: &[Message], add_generation_prompt: bool) -> String {
         let mut text = String::new();
         for m in messages {
             // {content} last, so a message that mentions "{role}" stays as written.

@@ -17,7 +17,7 @@ use crate::chat::ChatSection;
 use crate::data::tokenizer::TokenizerKind;
 
 /// The name by which configs refer to the corpus built into the binary ([`presets`] holds it).
-pub const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
+pub(crate) const BUILTIN_CORPUS: &str = "builtin:paradise-lost.txt";
 
 /// A whole run: architecture, data and optimisation.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -334,7 +334,7 @@ impl RunConfig {
     }
 
     /// Parses a config written by [`to_toml`](Self::to_toml) (a checkpoint's `config.toml`).
-    pub fn from_toml(text: &str) -> Result<Self> {
+    pub(crate) fn from_toml(text: &str) -> Result<Self> {
         Self::load_str(text, &[])
     }
 

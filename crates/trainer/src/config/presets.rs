@@ -34,7 +34,7 @@ pub const PRESETS: [(&str, &str); 7] = [
 const PARADISE_LOST: &str = include_str!("../../../../data/paradise-lost.txt");
 
 /// The built-in corpus when `path` names it.
-pub fn builtin_corpus(path: &Path) -> Option<&'static str> {
+pub(crate) fn builtin_corpus(path: &Path) -> Option<&'static str> {
     (path == Path::new(BUILTIN_CORPUS)).then_some(PARADISE_LOST)
 }
 

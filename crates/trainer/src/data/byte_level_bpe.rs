@@ -137,7 +137,7 @@ fn count_words<S: AsRef<str> + Sync>(chunks: &[S]) -> AHashMap<CompactString, u6
 }
 
 /// An encoder with its own word cache (one per thread).
-pub struct BpeEncoder<'a> {
+pub(crate) struct BpeEncoder<'a> {
     model: &'a BPE,
     cache: AHashMap<Box<str>, Box<[u32]>>,
     /// The byte-level form of the word being merged.

@@ -23,7 +23,7 @@ use crate::data::tokenizer::Tokenizer;
 use crate::fs::temp_beside;
 
 /// The prepared tokens inside a run directory.
-pub const RUN_DATA: &str = "data";
+pub(crate) const RUN_DATA: &str = "data";
 
 /// BPE learns from at most this much of a corpus (evenly spaced chunks).
 pub const BPE_SAMPLE_BYTES: u64 = 256 << 20;
@@ -161,7 +161,7 @@ pub fn for_run(
 
 /// The splits the run `run_dir` trained on as its own prepared copy holds them (`RUN/data/`),
 /// whatever became of the corpus they came from; `None` for a run without one (imported).
-pub fn prepared_in_run(
+pub(crate) fn prepared_in_run(
     run_dir: &Path,
     config: &RunConfig,
     tokenizer: &Tokenizer,
@@ -318,7 +318,7 @@ fn clone(tokenizer: &Tokenizer) -> Result<Tokenizer> {
 }
 
 /// Puts `temp` in place of `dst` (which may exist), the old copy removed last.
-pub fn replace_dir(temp: TempDir, dst: &Path) -> Result<()> {
+pub(crate) fn replace_dir(temp: TempDir, dst: &Path) -> Result<()> {
     let temp: PathBuf = temp.keep();
     let old = dst.with_file_name(format!(
         ".{}.old",

@@ -75,7 +75,7 @@ pub struct Batch {
 
 impl Batch {
     /// Inputs `[batch, seq]` and flattened targets `[batch * seq]` on `device`.
-    pub fn to_device(&self, device: &Device) -> (Tensor<2, Int>, Tensor<1, Int>) {
+    pub(crate) fn to_device(&self, device: &Device) -> (Tensor<2, Int>, Tensor<1, Int>) {
         let inputs = Tensor::from_data(
             TensorData::new(self.inputs.clone(), [self.batch, self.seq]),
             device,
@@ -88,13 +88,13 @@ impl Batch {
     }
 
     /// Targets the loss counts (not padding).
-    pub fn counted_targets(&self) -> usize {
+    pub(crate) fn counted_targets(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
     }
 
     /// [`counted_targets`](Self::counted_targets), none being an error (the loss would have
     /// nothing to average).
-    pub fn kept_targets(&self) -> Result<usize> {
+    pub(crate) fn kept_targets(&self) -> Result<usize> {
         Ok(tinygpt_model::kept_targets(&self.targets)?)
     }
 }

@@ -123,20 +123,20 @@ impl Documents {
 }
 
 /// The windows over a stream of `len` tokens: each predicts up to `block_size` targets.
-pub fn window_count(len: u64, block_size: usize) -> u64 {
+pub(crate) fn window_count(len: u64, block_size: usize) -> u64 {
     len.saturating_sub(1).div_ceil(block_size as u64)
 }
 
 /// Window `k` of a stream of `len` tokens, as `(start, end)`: `block_size + 1` tokens (fewer
 /// for the last), sharing its first token with the previous window's last.
-pub fn window_span(k: u64, len: u64, block_size: usize) -> (u64, u64) {
+pub(crate) fn window_span(k: u64, len: u64, block_size: usize) -> (u64, u64) {
     let start = k * block_size as u64;
     (start, (start + block_size as u64 + 1).min(len))
 }
 
 /// The document at which validation starts: the boundary nearest the last `val_fraction` of
 /// the tokens (`offsets` as in [`Documents`]), leaving at least one document on each side.
-pub fn val_start(offsets: &[u64], val_fraction: f64) -> Result<usize> {
+pub(crate) fn val_start(offsets: &[u64], val_fraction: f64) -> Result<usize> {
     let docs = offsets.len().saturating_sub(1);
     if docs < 2 {
         bail!(

@@ -21,7 +21,7 @@ pub enum Width {
 
 impl Width {
     /// The narrowest width that holds every id of a vocabulary of `vocab_size`.
-    pub fn for_vocab(vocab_size: usize) -> Self {
+    pub(crate) fn for_vocab(vocab_size: usize) -> Self {
         if vocab_size <= 1 << 16 {
             Self::U16
         } else {
@@ -37,7 +37,7 @@ impl Width {
     }
 
     /// `ids` as file bytes, appended to `out`.
-    pub fn encode_into(self, ids: &[u32], out: &mut Vec<u8>) {
+    pub(crate) fn encode_into(self, ids: &[u32], out: &mut Vec<u8>) {
         let start = out.len();
         out.resize(start + ids.len() * self.bytes(), 0);
         // Fixed-size chunks of a pre-sized buffer: the compiler vectorises these loops.
@@ -62,7 +62,7 @@ pub enum Tokens {
 }
 
 impl Tokens {
-    pub fn from_vec(ids: Vec<u32>) -> Self {
+    pub(crate) fn from_vec(ids: Vec<u32>) -> Self {
         Self::Memory(Arc::new(ids))
     }
 
@@ -97,7 +97,7 @@ impl Tokens {
     /// Asks the kernel to start reading ids `start..start + len` from disk, for a sequential
     /// pass (an evaluation sweep) that [`map`](Self::map)'s random-access advice would
     /// otherwise read a page per fault.
-    pub fn prefetch(&self, start: usize, len: usize) {
+    pub(crate) fn prefetch(&self, start: usize, len: usize) {
         #[cfg(unix)]
         if let Self::Mapped { map, width } = self {
             let w = width.bytes();
@@ -117,7 +117,7 @@ impl Tokens {
     }
 
     /// The ids `start..start + len` as i64 appended to `out` (how batches hold them).
-    pub fn extend_i64(&self, start: usize, len: usize, out: &mut Vec<i64>) {
+    pub(crate) fn extend_i64(&self, start: usize, len: usize, out: &mut Vec<i64>) {
         match self {
             Self::Memory(ids) => out.extend(ids[start..start + len].iter().map(|&t| t as i64)),
             Self::Mapped { map, width } => {

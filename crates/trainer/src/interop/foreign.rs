@@ -19,7 +19,7 @@ use crate::config::RunConfig;
 
 /// How a file stores the model's matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
+pub(crate) enum Layout {
     /// nanoGPT: every linear layer is an `nn.Linear`, `[out, in]`.
     Linear,
     /// Hugging Face GPT-2: the blocks' layers are `Conv1D`, `[in, out]` (Burn's own layout);
@@ -29,23 +29,23 @@ pub enum Layout {
 
 impl Layout {
     /// Whether `name` is stored transposed relative to Burn's `[in, out]`.
-    pub fn transposed(self, name: &ParamName) -> bool {
+    pub(crate) fn transposed(self, name: &ParamName) -> bool {
         name.transposed && (self == Layout::Linear || name.nanogpt == LM_HEAD)
     }
 }
 
-pub const LM_HEAD: &str = "lm_head.weight";
-pub const WTE: &str = "transformer.wte.weight";
+pub(crate) const LM_HEAD: &str = "lm_head.weight";
+pub(crate) const WTE: &str = "transformer.wte.weight";
 
 /// One tensor, as f32 values.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Foreign {
+pub(crate) struct Foreign {
     pub shape: Vec<usize>,
     pub values: Vec<f32>,
 }
 
 /// The tensors of one file by nanoGPT name.
-pub struct ForeignTensors {
+pub(crate) struct ForeignTensors {
     pub file: PathBuf,
     pub tensors: BTreeMap<String, Foreign>,
 }
@@ -82,12 +82,12 @@ impl ForeignTensors {
     }
 
     /// The tensors of a safetensors file.
-    pub fn from_safetensors(path: &Path) -> Result<Self> {
+    pub(crate) fn from_safetensors(path: &Path) -> Result<Self> {
         Self::named(path, read_safetensors(path)?)
     }
 
     /// The tensors of a PyTorch file (`torch.save`), under `key` of its top-level dict.
-    pub fn from_pytorch(path: &Path, key: Option<&str>) -> Result<Self> {
+    pub(crate) fn from_pytorch(path: &Path, key: Option<&str>) -> Result<Self> {
         Self::named(path, read_pytorch(path, key)?)
     }
 
@@ -98,14 +98,6 @@ impl ForeignTensors {
             (Some(head), Some(wte)) => head == wte,
             _ => true,
         }
-    }
-
-    /// Rows of the token embedding: the model's vocabulary, padding included.
-    pub fn vocab_size(&self) -> Result<usize> {
-        self.tensors
-            .get(WTE)
-            .and_then(|t| t.shape.first().copied())
-            .ok_or_else(|| anyhow!("{}: tensor `{WTE}` is missing", self.file.display()))
     }
 
     /// A model of `config` (vocabulary `vocab_size`) holding these tensors: every parameter
@@ -181,7 +173,7 @@ fn for_each_safetensor(
 }
 
 /// Every tensor of the safetensors file `path` under its own name, widened to f32.
-pub fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
+pub(crate) fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
     let mut out = BTreeMap::new();
     for_each_safetensor(path, |name, shape, elem, data| {
         out.insert(name.to_string(), foreign(path, name, shape, elem, data)?);
@@ -193,7 +185,7 @@ pub fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
 /// Every tensor of the PyTorch file (`torch.save`) `path`, under `key` of its top-level dict,
 /// under its own name, widened to f32; non-float tensors are errors naming the file and the
 /// tensor.
-pub fn read_pytorch(path: &Path, key: Option<&str>) -> Result<BTreeMap<String, Foreign>> {
+pub(crate) fn read_pytorch(path: &Path, key: Option<&str>) -> Result<BTreeMap<String, Foreign>> {
     use pytorch_reader::{DType as T, PytorchReader};
     let reader = match key {
         Some(key) => PytorchReader::with_top_level_key(path, key),
@@ -283,7 +275,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 
 /// The present parameters of a model of `config`'s shape, in nanoGPT's order (the model
 /// crate's one table of names).
-pub fn present(config: &RunConfig, vocab_size: usize) -> Vec<ParamName> {
+pub(crate) fn present(config: &RunConfig, vocab_size: usize) -> Vec<ParamName> {
     parameter_table(&config.gpt(vocab_size))
         .into_iter()
         .filter(|p| p.present)
@@ -291,12 +283,12 @@ pub fn present(config: &RunConfig, vocab_size: usize) -> Vec<ParamName> {
 }
 
 /// A tensor to write: its name, shape and little-endian f32 bytes.
-pub type NamedTensor = (String, Vec<usize>, Vec<u8>);
+pub(crate) type NamedTensor = (String, Vec<usize>, Vec<u8>);
 
 /// Shape and little-endian f32 bytes of each tensor, by Burn path.
-pub type TensorTable = HashMap<String, (Vec<usize>, Vec<u8>)>;
+pub(crate) type TensorTable = HashMap<String, (Vec<usize>, Vec<u8>)>;
 
-pub fn burn_tensors(model: &Gpt) -> Result<TensorTable> {
+pub(crate) fn burn_tensors(model: &Gpt) -> Result<TensorTable> {
     model
         .collect(None, None, false)
         .into_iter()
@@ -328,7 +320,7 @@ pub fn transpose(shape: &[usize], bytes: &[u8]) -> (Vec<usize>, Vec<u8>) {
 }
 
 /// F32 tensors as a safetensors file; deterministic (sorted names, fixed metadata).
-pub fn write_safetensors(tensors: &[NamedTensor]) -> Result<Vec<u8>> {
+pub(crate) fn write_safetensors(tensors: &[NamedTensor]) -> Result<Vec<u8>> {
     let views = tensors
         .iter()
         .map(|(name, shape, bytes)| {

@@ -71,10 +71,10 @@ fn one() -> usize {
 
 /// The context an import takes when `--block-size` is not given and the model allows more:
 /// what a laptop can fine-tune at (the memory check says if even that is too much).
-pub const DEFAULT_BLOCK: usize = 2048;
+pub(crate) const DEFAULT_BLOCK: usize = 2048;
 
 /// Whether `config.json` (already read) describes a Llama-family model.
-pub fn is_llama(config: &serde_json::Value) -> bool {
+pub(crate) fn is_llama(config: &serde_json::Value) -> bool {
     let named = |key: &str, value: &str| {
         config.get(key).and_then(|v| v.as_str()) == Some(value)
             || config

@@ -21,7 +21,7 @@ fn trained_paths(config: &GptConfig, parts: &[TrainedPart]) -> Vec<String> {
 /// `model` with the adapters of `lora` attached and their factors, and the parts of the base
 /// it trains, read from a LoRA checkpoint's safetensors `bytes`: every one present, nothing
 /// else in the file.
-pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<Gpt> {
+pub(crate) fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<Gpt> {
     let mut model = model.with_lora(lora)?;
     let trained = trained_paths(model.config(), &lora.also_train);
     let mut store = SafetensorsStore::from_bytes(Some(bytes))
@@ -50,7 +50,7 @@ pub fn attach_adapters(model: Gpt, lora: &LoraConfig, bytes: Vec<u8>) -> Result<
 
 /// Writes `model`'s adapters' factors and the parts of its base trained beside them to
 /// `path`, a tensor at a time, and syncs it.
-pub fn write_adapters(model: &Gpt, path: &Path) -> Result<()> {
+pub(crate) fn write_adapters(model: &Gpt, path: &Path) -> Result<()> {
     let trained = trained_paths(model.config(), model.lora_also_train());
     let mut store = SafetensorsStore::from_file(path)
         .overwrite(true)

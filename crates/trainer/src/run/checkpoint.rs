@@ -37,11 +37,11 @@ use crate::fs::{self, refuse_non_empty, write_atomic, write_synced};
 
 pub const CONFIG: &str = "config.toml";
 pub const TOKENIZER: &str = "tokenizer.json";
-pub const METRICS: &str = "metrics.csv";
-pub const PLOT: &str = "loss.svg";
-pub const WEIGHTS: &str = "model.safetensors";
-pub const OPTIMIZER: &str = "optimizer.bpk";
-pub const STATE: &str = "state.json";
+pub(crate) const METRICS: &str = "metrics.csv";
+pub(crate) const PLOT: &str = "loss.svg";
+pub(crate) const WEIGHTS: &str = "model.safetensors";
+pub(crate) const OPTIMIZER: &str = "optimizer.bpk";
+pub(crate) const STATE: &str = "state.json";
 
 /// Which saved weights to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -161,7 +161,7 @@ impl Run {
 
     /// Opens an existing run to write it: takes its lock first, so a second writer fails before
     /// reading anything.
-    pub fn open_to_write(dir: &Path) -> Result<Self> {
+    pub(crate) fn open_to_write(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             bail!("run {} does not exist", dir.display());
         }
@@ -238,7 +238,7 @@ impl Run {
     }
 
     /// Rewrites `config.toml` (after `--resume` changed `max_iters`, say).
-    pub fn write_config(&self) -> Result<()> {
+    pub(crate) fn write_config(&self) -> Result<()> {
         write_atomic(&self.dir.join(CONFIG), self.config.to_toml().as_bytes())
     }
 
@@ -280,7 +280,7 @@ impl Run {
     /// reading the file through (not into memory): for loading it a tensor at a time
     /// ([`load_weights_file`](super::weights::load_weights_file)). A run written before
     /// checkpoints had checksums gives the file's.
-    pub fn best_weights_file(&self) -> Result<(PathBuf, String)> {
+    pub(crate) fn best_weights_file(&self) -> Result<(PathBuf, String)> {
         let dir = self.dir.join(Which::Best.dir_name());
         let (state, path) = (read_state(&dir)?, dir.join(WEIGHTS));
         let sum = sha256_file(&path)?;
@@ -297,7 +297,7 @@ impl Run {
 
     /// Whether any `last` checkpoint was saved (damaged or not): a run stopped before its first
     /// save has none.
-    pub fn has_checkpoint(&self) -> bool {
+    pub(crate) fn has_checkpoint(&self) -> bool {
         [Which::Last.dir_name(), PREVIOUS]
             .iter()
             .any(|name| self.dir.join(name).join(STATE).exists())
@@ -305,7 +305,7 @@ impl Run {
 
     /// Moves a damaged `last` aside (to `last.damaged-<unix seconds>`), so that the next save
     /// does not rotate it over the good `prev`; it stays for inspection. Writers only.
-    pub fn set_aside_damaged_last(&self) -> Result<()> {
+    pub(crate) fn set_aside_damaged_last(&self) -> Result<()> {
         if self.lock.is_none() {
             bail!("internal: only the run's writer may move its checkpoints");
         }
@@ -337,7 +337,7 @@ impl Run {
     /// adapters attached, not merged (what training continues). Prints the checkpoint's
     /// warning, if any. Takes the checkpoint's weights (left empty), so that the file's bytes
     /// are not held twice while the model is made from them.
-    pub fn model_from(&self, checkpoint: &mut Checkpoint, device: &Device) -> Result<Gpt> {
+    pub(crate) fn model_from(&self, checkpoint: &mut Checkpoint, device: &Device) -> Result<Gpt> {
         if let Some(warning) = &checkpoint.warning {
             eprintln!("warning: {warning}");
         }
@@ -441,13 +441,13 @@ pub enum OptimizerFile<'a> {
 }
 
 /// What writes a file at the path it is given, once.
-pub type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
+pub(crate) type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
 
 /// The previous `last` checkpoint's directory name.
-pub const PREVIOUS: &str = "prev";
+pub(crate) const PREVIOUS: &str = "prev";
 
 /// Refuses `dir` if it holds a run or anything else.
-pub fn refuse_existing(dir: &Path) -> Result<()> {
+pub(crate) fn refuse_existing(dir: &Path) -> Result<()> {
     if dir.join(CONFIG).exists() {
         bail!(
             "{} already holds a run: pass --resume to continue it, or choose another --out",

@@ -11,18 +11,18 @@ use crate::checksum::sha256_hex;
 const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The placeholder to serialise as the seal before [`seal`] replaces it.
-pub fn placeholder() -> String {
+pub(crate) fn placeholder() -> String {
     UNSEALED.to_string()
 }
 
 /// `text` (serialised with [`placeholder`] as its seal) with the placeholder replaced by the
 /// text's own hash.
-pub fn seal(text: &str) -> String {
+pub(crate) fn seal(text: &str) -> String {
     text.replacen(UNSEALED, &sha256_hex(text.as_bytes()), 1)
 }
 
 /// Whether `text` carries `seal` as its seal and hashes to it.
-pub fn seal_holds(text: &str, seal: &str) -> bool {
+pub(crate) fn seal_holds(text: &str, seal: &str) -> bool {
     seal.len() == UNSEALED.len()
         && text.contains(seal)
         && sha256_hex(text.replacen(seal, UNSEALED, 1).as_bytes()) == seal

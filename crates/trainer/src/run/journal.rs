@@ -19,14 +19,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::fs::write_atomic;
 
-pub const STEPS: &str = "steps.csv";
-pub const EVALS: &str = "evals.jsonl";
+pub(crate) const STEPS: &str = "steps.csv";
+pub(crate) const EVALS: &str = "evals.jsonl";
 
 const STEPS_HEADER: &str = "step,loss,lr,grad_norm,tokens_per_s,skipped_steps,elapsed_s";
 
 /// One logged step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StepLine {
+pub(crate) struct StepLine {
     pub step: usize,
     pub loss: f64,
     pub lr: f64,
@@ -40,7 +40,7 @@ pub struct StepLine {
 
 /// One evaluation, as `evals.jsonl` holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalLine {
+pub(crate) struct EvalLine {
     pub step: usize,
     pub train_loss: f64,
     pub val_loss: f64,
@@ -54,7 +54,7 @@ pub struct EvalLine {
 }
 
 /// The two files, open for appending.
-pub struct Journal {
+pub(crate) struct Journal {
     steps: File,
     evals: File,
 }
@@ -145,14 +145,14 @@ fn keep_until(path: &Path, step: usize, step_of: impl Fn(&str) -> Option<usize>)
 
 /// The logged steps of the run in `dir`, in order (none for a run from before the journal);
 /// lines that do not parse (a header, one cut by a kill) are skipped.
-pub fn read_steps(dir: &Path) -> Vec<StepLine> {
+pub(crate) fn read_steps(dir: &Path) -> Vec<StepLine> {
     std::fs::read_to_string(dir.join(STEPS))
         .map(|text| text.lines().filter_map(parse_step).collect())
         .unwrap_or_default()
 }
 
 /// A `steps.csv` line.
-pub fn parse_step(line: &str) -> Option<StepLine> {
+pub(crate) fn parse_step(line: &str) -> Option<StepLine> {
     let f: Vec<&str> = line.split(',').collect();
     if f.len() != 7 {
         return None;

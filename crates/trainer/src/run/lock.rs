@@ -10,17 +10,17 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 /// The lock file's name in a run directory. It holds the writer's process id.
-pub const LOCK: &str = "lock";
+pub(crate) const LOCK: &str = "lock";
 
 /// The held lock; dropping it releases the run.
 #[derive(Debug)]
-pub struct RunLock {
+pub(crate) struct RunLock {
     _file: File,
 }
 
 impl RunLock {
     /// Takes the lock of the run in `dir`, or fails at once naming the process that holds it.
-    pub fn acquire(dir: &Path) -> Result<Self> {
+    pub(crate) fn acquire(dir: &Path) -> Result<Self> {
         let path = dir.join(LOCK);
         let mut file = OpenOptions::new()
             .read(true)

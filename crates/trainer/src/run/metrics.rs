@@ -26,7 +26,7 @@ pub struct Row {
 }
 
 /// The rows so far.
-pub struct Metrics {
+pub(crate) struct Metrics {
     rows: Vec<Row>,
 }
 
@@ -49,7 +49,7 @@ impl Metrics {
 
     /// Adds an eval (replacing any row at or after `step`, left by a run that was resumed from
     /// an earlier checkpoint) and rewrites the CSV and the plot.
-    pub fn record(&mut self, dir: &Path, row: Row) -> Result<()> {
+    pub(crate) fn record(&mut self, dir: &Path, row: Row) -> Result<()> {
         self.rows.retain(|r| r.step < row.step);
         self.rows.push(row);
         let mut csv = String::from(HEADER);

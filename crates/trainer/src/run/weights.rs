@@ -24,7 +24,7 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
 
 /// Writes `model`'s weights to `path` as [`weights_bytes`] would make them, a tensor at a
 /// time (no copy of the whole model in memory), and syncs the file.
-pub fn write_weights(model: &Gpt, path: &std::path::Path) -> Result<()> {
+pub(crate) fn write_weights(model: &Gpt, path: &std::path::Path) -> Result<()> {
     let mut store = SafetensorsStore::from_file(path).overwrite(true);
     model
         .save_into(&mut store)
@@ -52,7 +52,7 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
 /// are read from the file as it is made, so the file is never held whole beside the model (a
 /// fine-tune of a large model peaks at one copy of it, not two). Every tensor must be present,
 /// f32, of its parameter's shape, and the file must hold no other.
-pub fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
+pub(crate) fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (start, tensors) = read_header(&file)

@@ -24,7 +24,7 @@ impl Stop {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StreamOptions {
+pub(crate) struct StreamOptions {
     /// Send a last chunk with `usage` (and no choices) before `[DONE]`.
     #[serde(default)]
     pub include_usage: bool,
@@ -33,7 +33,7 @@ pub struct StreamOptions {
 /// `POST /v1/attention`: the attention weights of every layer and head for a prompt.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AttentionRequest {
+pub(crate) struct AttentionRequest {
     /// Accepted and ignored, as in completions.
     #[serde(default, rename = "model")]
     pub _model: Option<String>,
@@ -53,7 +53,7 @@ pub struct AttentionRequest {
 /// rows (query `q` attends to keys `0..=q`, so row `q` has `q + 1` weights: the causal mask's
 /// zeros are left out).
 #[derive(Debug, Serialize)]
-pub struct AttentionResponse {
+pub(crate) struct AttentionResponse {
     pub object: &'static str,
     pub model: String,
     /// Each token's text.
@@ -85,7 +85,7 @@ impl Usage {
 
 /// An error as OpenAI sends it: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub param: Option<&'static str>,
@@ -110,7 +110,7 @@ impl ApiError {
         }
     }
 
-    pub fn with_code(mut self, code: &'static str) -> Self {
+    pub(crate) fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
     }

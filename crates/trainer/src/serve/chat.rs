@@ -22,7 +22,7 @@ use crate::chat::Message;
 
 /// `POST /v1/chat/completions`, OpenAI's fields (the sampler's are in [`SamplerFields`]).
 #[derive(Debug, Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     pub messages: Vec<WireMessage>,
     /// Tokens to generate at most (default: the server's `--max-tokens`).
     pub max_completion_tokens: Option<usize>,
@@ -99,7 +99,7 @@ const MAX_TOP_LOGPROBS: usize = 20;
 
 /// A message as clients send it: `content` a string, a list of text parts, or null.
 #[derive(Debug, Deserialize)]
-pub struct WireMessage {
+pub(crate) struct WireMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
@@ -119,7 +119,7 @@ pub enum Content {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Part {
+pub(crate) struct Part {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]

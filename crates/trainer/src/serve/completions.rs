@@ -19,7 +19,7 @@ use super::state::{Shared, State, body, encode_prompt, now, submit};
 
 /// `POST /v1/completions`, OpenAI's fields (the sampler's are in [`SamplerFields`]).
 #[derive(Debug, Deserialize)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     pub prompt: Prompt,
     /// Tokens to generate at most (OpenAI's default: 16); 0 with `echo` scores the prompt.
     pub max_tokens: Option<usize>,

@@ -28,7 +28,7 @@ use tokio::time::Sleep;
 use super::stats::Stats;
 
 /// The largest request head (request line and headers) a connection may buffer.
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// The kernel's send buffer for each connection (Linux doubles it). Autotuned, it grows to
 /// megabytes: memory a client that stops reading holds, and time the server takes to notice
@@ -202,7 +202,7 @@ fn is_connection_error(e: &io::Error) -> bool {
 
 /// A socket whose writes fail once the client has taken nothing for `limit`: the answer's
 /// stream then ends, its event channel closes, and the worker generating for it stops.
-pub struct WriteDeadline {
+pub(crate) struct WriteDeadline {
     inner: TcpStream,
     limit: Duration,
     /// Running while a write waits on a full socket; gone once one goes through.

@@ -7,7 +7,7 @@
 const SPARE: u64 = 32;
 
 /// `wanted` connections, or fewer where the descriptor limit cannot hold them (with a note).
-pub fn connection_budget(wanted: usize) -> usize {
+pub(crate) fn connection_budget(wanted: usize) -> usize {
     let Some(limit) = raise_soft_limit() else {
         return wanted;
     };

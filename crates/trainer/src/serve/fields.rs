@@ -14,7 +14,7 @@ use super::state::{State, encode};
 
 /// The sampler's fields, the same in `/v1/completions` and `/v1/chat/completions`.
 #[derive(Debug, Default, Deserialize)]
-pub struct SamplerFields {
+pub(crate) struct SamplerFields {
     /// OpenAI's default: 1.
     pub temperature: Option<f32>,
     /// OpenAI's default: 1.
@@ -51,7 +51,7 @@ pub struct SamplerFields {
 }
 
 /// The keys of [`SamplerFields`].
-pub const SAMPLER_FIELDS: &[&str] = &[
+pub(crate) const SAMPLER_FIELDS: &[&str] = &[
     "temperature",
     "top_p",
     "n",
@@ -71,7 +71,7 @@ pub const SAMPLER_FIELDS: &[&str] = &[
 ];
 
 /// The most choices one request may ask for (`n` times the prompts).
-pub const MAX_CHOICES: usize = 16;
+pub(crate) const MAX_CHOICES: usize = 16;
 
 impl SamplerFields {
     pub fn stream(&self) -> bool {
@@ -188,7 +188,7 @@ impl SamplerFields {
 /// `body` parsed as `T` once its keys are checked: a key of `refused` whose value is not null
 /// (nor an `allowed` value of it) is a 400 naming it and why; any key in neither list is an
 /// unknown field.
-pub fn parse_checked<T: DeserializeOwned>(
+pub(crate) fn parse_checked<T: DeserializeOwned>(
     body: &[u8],
     known: &[&[&str]],
     refused: &[Refusal],
@@ -226,7 +226,7 @@ pub fn parse_checked<T: DeserializeOwned>(
 
 /// An OpenAI field tinygpt cannot honour, and why; `allowed` lets values through that ask for
 /// nothing (e.g. `tool_choice: "none"`).
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub field: &'static str,
     pub why: &'static str,
     pub allowed: fn(&serde_json::Value) -> bool,

@@ -9,7 +9,7 @@ use crate::data::tokenizer::Tokenizer;
 /// What a request asks the model for: one or more choices, each a prompt and a seed, sampled
 /// with the same settings.
 #[derive(Debug)]
-pub struct Generation {
+pub(crate) struct Generation {
     pub choices: Vec<ChoiceSpec>,
     /// The sampler's settings; `seed` is each choice's own, `max_new_tokens` may be 0 (score
     /// the prompt only, with `echo`).
@@ -22,7 +22,7 @@ pub struct Generation {
 
 /// One choice: its prompt and its sampler's seed.
 #[derive(Debug)]
-pub struct ChoiceSpec {
+pub(crate) struct ChoiceSpec {
     pub prompt: Vec<u32>,
     pub seed: u64,
 }
@@ -30,7 +30,7 @@ pub struct ChoiceSpec {
 /// A token as the client sees it: its text, its log-probability (none for a prompt's first
 /// token, which nothing predicts) and the most likely tokens at its place.
 #[derive(Debug, Clone)]
-pub struct TokenLogprob {
+pub(crate) struct TokenLogprob {
     pub text: String,
     pub logprob: Option<f32>,
     pub top: Vec<(String, f32)>,

@@ -68,7 +68,7 @@ impl Model {
 
     /// How many layers' maps an attention request makes: the decoder computes only the layer
     /// asked for; Burn's forward computes every layer whatever is asked.
-    pub fn attention_layers(&self, layer: Option<usize>) -> usize {
+    pub(crate) fn attention_layers(&self, layer: Option<usize>) -> usize {
         match self.decoding {
             Decoding::Burn(_) => self.config.n_layer,
             Decoding::Fused(_) => layer.map_or(self.config.n_layer, |_| 1),

@@ -30,7 +30,7 @@ pub enum Refused {
 }
 
 /// The worker threads and the queue's sending end.
-pub struct Pool {
+pub(crate) struct Pool {
     queue: Mutex<Option<SyncSender<Job>>>,
     pub stats: Arc<Stats>,
     workers: Mutex<Vec<JoinHandle<()>>>,
@@ -67,7 +67,7 @@ impl Pool {
     }
 
     /// Queues `job`, or says why not at once (never waits).
-    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+    pub(crate) fn submit(&self, job: Job) -> Result<(), Refused> {
         let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let sender = queue.as_ref().ok_or(Refused::Closed)?;
         // Counted before the send: a worker may take the job (and count it down) at once.
@@ -85,7 +85,7 @@ impl Pool {
     }
 
     /// Closes the queue, lets the workers finish what they hold, and waits for them.
-    pub fn shut_down(&self) {
+    pub(crate) fn shut_down(&self) {
         drop(
             self.queue
                 .lock()

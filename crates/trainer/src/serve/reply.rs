@@ -13,7 +13,7 @@ use super::api::{ApiError, Usage};
 use super::generation::{Event, TokenLogprob};
 
 /// Pieces of text a generation may run ahead of its client.
-pub const EVENTS_IN_FLIGHT: usize = 64;
+pub(crate) const EVENTS_IN_FLIGHT: usize = 64;
 
 /// What every response of one request shares.
 pub struct Head {
@@ -91,7 +91,7 @@ pub async fn collect(
 }
 
 /// How one kind of response writes its stream's chunks.
-pub trait Framing: Send + 'static {
+pub(crate) trait Framing: Send + 'static {
     /// Text of choice `index` (with its tokens' log-probabilities when asked).
     fn piece(&mut self, index: usize, text: String, tokens: Vec<TokenLogprob>) -> Vec<u8>;
     /// Choice `index` is done.
@@ -104,7 +104,7 @@ pub trait Framing: Send + 'static {
 /// Server-sent events: a `data: {chunk}` per event as `framing` writes it, then `data: [DONE]`.
 /// When the client goes away, hyper drops this stream and with it the receiver, which cancels
 /// the generation.
-pub fn sse(events: mpsc::Receiver<Event>, framing: impl Framing) -> Response {
+pub(crate) fn sse(events: mpsc::Receiver<Event>, framing: impl Framing) -> Response {
     let stream = futures_util::stream::unfold(Some((events, framing)), |state| async move {
         let (mut events, mut framing) = state?;
         let (bytes, more) = match events.recv().await {

@@ -17,7 +17,7 @@ use super::api::{ApiError, json};
 use super::state::Shared;
 use super::{attention, chat, completions, playground, tokenize};
 
-pub fn router(state: Shared) -> Router {
+pub(crate) fn router(state: Shared) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat))

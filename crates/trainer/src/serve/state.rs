@@ -15,7 +15,7 @@ use super::pool::{Job, Model, Pool, Refused};
 use crate::data::tokenizer::Tokenizer;
 
 /// What every handler shares.
-pub struct State {
+pub(crate) struct State {
     pub name: String,
     pub created: u64,
     pub model: Arc<Model>,

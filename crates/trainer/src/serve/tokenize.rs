@@ -14,7 +14,7 @@ use super::state::{Shared, body, encode, encode_prompt};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TokenizeRequest {
+pub(crate) struct TokenizeRequest {
     pub content: String,
     /// Start with the token the model's tokenizer starts a prompt with (an imported
     /// Llama-family model's BOS), as llama.cpp's `add_special` does.
@@ -27,7 +27,7 @@ pub struct TokenizeRequest {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DetokenizeRequest {
+pub(crate) struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 

@@ -29,7 +29,7 @@ use tinygpt_model::{AdamWSettings, Gpt, MomentState, ParamLayout};
 const CAT_GROUP: usize = 8;
 
 /// AdamW's state on the device; see the module docs.
-pub struct DeviceAdamW {
+pub(crate) struct DeviceAdamW {
     settings: AdamWSettings,
     /// Where each parameter lives in the flat buffers.
     layout: ParamLayout,
@@ -161,7 +161,7 @@ impl DeviceAdamW {
     }
 
     /// The state as Burn records it (read back from the device: for checkpoints only).
-    pub fn moment_states(&self) -> Result<Vec<MomentState>> {
+    pub(crate) fn moment_states(&self) -> Result<Vec<MomentState>> {
         let read = |t: &Tensor<1>| -> Result<Vec<f32>> {
             t.clone()
                 .into_data()

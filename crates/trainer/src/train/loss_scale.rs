@@ -13,12 +13,12 @@
 use burn::tensor::{Bool, Device, Tensor};
 
 /// The first scale (PyTorch's default), 2^16.
-pub const INITIAL_SCALE: f32 = 65536.0;
+pub(crate) const INITIAL_SCALE: f32 = 65536.0;
 /// Finite steps in a row after which the scale doubles (PyTorch's default).
-pub const GROWTH_INTERVAL: f32 = 2000.0;
+pub(crate) const GROWTH_INTERVAL: f32 = 2000.0;
 
 /// The scale and its growth counter, on the device; see the module docs.
-pub struct LossScale {
+pub(crate) struct LossScale {
     /// `[1]`: what the loss is multiplied by before the backward pass.
     scale: Tensor<1>,
     /// `[1]`: finite steps since the scale last changed.

@@ -36,7 +36,7 @@ pub struct Estimate {
 
 /// How a model is trained, for [`Estimate::for_model`].
 #[derive(Debug, Clone, Copy)]
-pub struct Work<'a> {
+pub(crate) struct Work<'a> {
     /// Sequences per micro-batch.
     pub batch_size: usize,
     /// Micro-batches per step.
@@ -70,7 +70,7 @@ impl Estimate {
     }
 
     /// For training a model of `gpt`'s shape as `work` says on `engine`.
-    pub fn for_model(gpt: &GptConfig, work: Work, engine: EngineKind) -> Self {
+    pub(crate) fn for_model(gpt: &GptConfig, work: Work, engine: EngineKind) -> Self {
         let Work {
             batch_size,
             grad_accum,
@@ -180,7 +180,7 @@ impl Estimate {
 
     /// Refuses the run when it cannot fit in the `available` bytes of `memory` ("memory", "GPU
     /// memory"); `None` (the amount cannot be known) checks nothing.
-    pub fn check_fits(&self, available: Option<u64>, memory: &str) -> Result<()> {
+    pub(crate) fn check_fits(&self, available: Option<u64>, memory: &str) -> Result<()> {
         let Some(available) = available else {
             return Ok(());
         };

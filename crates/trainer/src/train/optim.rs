@@ -108,7 +108,7 @@ pub fn learning_rate(config: &RunConfig, step: usize) -> f64 {
 }
 
 /// AdamW's settings for `model` under `config`: betas, epsilon, and which parameters decay.
-pub fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
+pub(crate) fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
     let t = &config.train;
     AdamWSettings {
         beta_1: t.beta1 as f32,
@@ -121,7 +121,7 @@ pub fn adamw_settings(config: &RunConfig, model: &Gpt) -> AdamWSettings {
 }
 
 /// Each group's learning rate over the schedule's, as `[train]` sets them.
-pub fn lr_ratios(config: &RunConfig) -> LrRatios {
+pub(crate) fn lr_ratios(config: &RunConfig) -> LrRatios {
     LrRatios {
         embedding: config.train.embedding_lr_ratio,
         head: config.train.head_lr_ratio,
@@ -155,7 +155,7 @@ impl<O: burn::optim::Optimizer> burn::optim::Optimizer for Scaled<O> {
 }
 
 /// Muon's settings under `config`.
-pub fn muon_settings(config: &RunConfig) -> MuonSettings {
+pub(crate) fn muon_settings(config: &RunConfig) -> MuonSettings {
     let t = &config.train;
     MuonSettings {
         lr_ratio: t.muon_learning_rate / t.learning_rate,
@@ -196,7 +196,7 @@ fn muon_updates(slot: Slot) -> bool {
 }
 
 /// The ids of the parameters Muon updates ([`muon_updates`]).
-pub fn muon_ids(model: &Gpt) -> Vec<ParamId> {
+pub(crate) fn muon_ids(model: &Gpt) -> Vec<ParamId> {
     let layout = ParamLayout::of(model);
     layout
         .entries()
@@ -268,7 +268,7 @@ fn lr_groups(ratios: &LrRatios, model: &Gpt) -> Vec<(f64, Vec<ParamId>)> {
 }
 
 /// `optim`'s record as a checkpoint's `optimizer.bpk` holds it.
-pub fn record_bytes(optim: &ModuleOptimizer) -> Result<Vec<u8>> {
+pub(crate) fn record_bytes(optim: &ModuleOptimizer) -> Result<Vec<u8>> {
     let bytes = optim
         .into_bytes()
         .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
@@ -286,7 +286,7 @@ pub fn load_optimizer(config: &RunConfig, model: &Gpt, bytes: Vec<u8>) -> Result
 /// serialisation: AdamW's `{id}.momentum.moment_1`, `.moment_2` and the scalar
 /// `{id}.momentum.time`; Muon's `{id}.velocity` and the scalar `{id}.step`
 /// ([`crate::train::muon::MuonState`]). Empty before the first step.
-pub fn states_from_burn(optim: &ModuleOptimizer) -> Result<States> {
+pub(crate) fn states_from_burn(optim: &ModuleOptimizer) -> Result<States> {
     let bytes = optim
         .into_bytes()
         .map_err(|e| anyhow::anyhow!("cannot serialise the optimizer state: {e:?}"))?;
@@ -338,7 +338,7 @@ pub fn states_from_burn(optim: &ModuleOptimizer) -> Result<States> {
 }
 
 /// AdamW's state in `optim` (see [`states_from_burn`]); Muon's there is an error.
-pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
+pub(crate) fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
     let states = states_from_burn(optim)?;
     if !states.muon.is_empty() {
         bail!("the optimizer state holds Muon's momentum where only AdamW's was expected");
@@ -348,7 +348,10 @@ pub fn moments_from_burn(optim: &ModuleOptimizer) -> Result<Vec<MomentState>> {
 
 /// `template` (the run's optimizer: its groups and settings) holding `states`, through Burn's
 /// serialisation, the names [`states_from_burn`] reads.
-pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<ModuleOptimizer> {
+pub(crate) fn burn_from_states(
+    template: &ModuleOptimizer,
+    states: States,
+) -> Result<ModuleOptimizer> {
     let bytes = Bytes::from_bytes_vec(super::state_pack::states_pack(states)?);
     template
         .clone()
@@ -357,7 +360,7 @@ pub fn burn_from_states(template: &ModuleOptimizer, states: States) -> Result<Mo
 }
 
 /// [`burn_from_states`] with AdamW's state only.
-pub fn burn_from_moments(
+pub(crate) fn burn_from_moments(
     template: &ModuleOptimizer,
     states: Vec<MomentState>,
 ) -> Result<ModuleOptimizer> {

@@ -8,7 +8,7 @@ use crate::progress::Progress;
 use crate::run::checkpoint::TrainState;
 
 /// The run's clocks: wall time, time spent evaluating, and the window tokens/s is measured over.
-pub struct Clock {
+pub(crate) struct Clock {
     pub(super) started: Instant,
     elapsed_before: f64,
     pub(super) eval_time: Duration,

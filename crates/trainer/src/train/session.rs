@@ -139,7 +139,7 @@ impl Trainer {
     }
 
     /// Tokens one optimizer step consumes.
-    pub fn tokens_per_step(&self) -> u64 {
+    pub(crate) fn tokens_per_step(&self) -> u64 {
         let t = &self.config.train;
         (t.batch_size * self.config.model.block_size * t.grad_accum) as u64
     }
@@ -411,7 +411,7 @@ impl Trainer {
 
     /// The mean loss over every token of the validation split, each predicted once from
     /// windows of up to `block_size` tokens (`tinygpt eval`'s measure), on the engine.
-    pub fn whole_val_loss(&mut self) -> Result<f64> {
+    pub(crate) fn whole_val_loss(&mut self) -> Result<f64> {
         let t = &self.config.train;
         let batches: Vec<Batch> =
             sweep(&self.data.val, self.config.model.block_size, t.batch_size).collect();
@@ -445,7 +445,7 @@ impl Trainer {
 
 /// Whether a run of `config` evaluates (and checkpoints) when it reaches `step`: every
 /// `eval_interval` steps and at the end.
-pub fn evaluates_at(config: &RunConfig, step: usize) -> bool {
+pub(crate) fn evaluates_at(config: &RunConfig, step: usize) -> bool {
     step.is_multiple_of(config.train.eval_interval) || step == config.train.max_iters
 }
 

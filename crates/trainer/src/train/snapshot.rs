@@ -17,7 +17,7 @@ use crate::run::journal::EvalLine;
 
 /// The most tokens of the prompt whose attention is recorded: a heatmap a person can read, and
 /// a journal line of a few tens of kilobytes.
-pub const PROMPT_TOKENS: usize = 32;
+pub(crate) const PROMPT_TOKENS: usize = 32;
 
 /// The prompt every evaluation of a run of `config` uses: `train.sample_prompt`, or the start
 /// of the validation split.
@@ -56,7 +56,7 @@ fn head(split: &Split, n: usize) -> Vec<u32> {
 }
 
 /// What an evaluation's snapshot is taken of.
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub model: &'a Gpt,
     pub engine: EngineKind,
     pub tokenizer: &'a Tokenizer,

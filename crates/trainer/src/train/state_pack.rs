@@ -90,7 +90,7 @@ impl Pack {
 
 /// `states` as the pack's bytes, written straight into one buffer: the state is held twice
 /// at most (`states` and the buffer), never as a Burn record besides.
-pub fn states_pack(states: States) -> Result<Vec<u8>> {
+pub(crate) fn states_pack(states: States) -> Result<Vec<u8>> {
     let mut pack = Pack::default();
     for state in states.adamw {
         let moments = [state.moment_1, state.moment_2].map(Values::Owned);
@@ -106,7 +106,7 @@ pub fn states_pack(states: States) -> Result<Vec<u8>> {
 /// Writes the pack of AdamW's `shared` state (none before the first step) and Muon's `muon`
 /// to `path` (atomically, synced), one tensor at a time: the same bytes [`states_pack`] makes
 /// of the same state.
-pub fn write_shared(
+pub(crate) fn write_shared(
     path: &Path,
     shared: Option<SharedMoments>,
     muon: Vec<VelocityState>,

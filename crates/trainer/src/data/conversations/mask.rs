@@ -19,7 +19,7 @@ pub enum Mask {
 }
 
 impl Mask {
-    pub fn from_vec(marks: Vec<u8>) -> Self {
+    pub(crate) fn from_vec(marks: Vec<u8>) -> Self {
         Self::Memory(Arc::new(marks))
     }
 

@@ -69,7 +69,7 @@ impl Summary {
 
 /// How many of `n` conversations are validation: the last `fraction`, at least one, and at
 /// least one left to train on.
-pub fn val_count(n: usize, fraction: f64) -> usize {
+pub(crate) fn val_count(n: usize, fraction: f64) -> usize {
     ((n as f64 * fraction).round() as usize).clamp(1, n.saturating_sub(1).max(1))
 }
 
@@ -92,7 +92,7 @@ pub fn split(
 
 /// The train and val splits of these stores for `block_size`; a split left with no
 /// conversation is an error.
-pub fn from_stores(
+pub(crate) fn from_stores(
     train: Store,
     val: Store,
     block_size: usize,
@@ -185,7 +185,7 @@ impl Conversations {
     }
 
     /// Targets the loss counts in one pass (a row's first token is never a target).
-    pub fn taught_targets(&self) -> usize {
+    pub(crate) fn taught_targets(&self) -> usize {
         self.taught_targets
     }
 
@@ -200,7 +200,7 @@ impl Conversations {
     }
 
     /// The tokens of the first conversation before its first reply: its prompt.
-    pub fn first_prompt(&self) -> Vec<u32> {
+    pub(crate) fn first_prompt(&self) -> Vec<u32> {
         let row = self.row(0);
         let end = row.taught.iter().position(|&t| t).unwrap_or(row.ids.len());
         row.ids[..end].to_vec()

@@ -16,7 +16,7 @@ use crate::data::tokens::Tokens;
 /// Conversations end to end: their ids `[tokens]`, taught marks `[tokens]` (1 taught), and where
 /// each starts, then the end `[conversations + 1]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     pub ids: Vec<u32>,
     pub taught: Vec<u8>,
     pub offsets: Vec<u64>,
@@ -38,10 +38,6 @@ impl Rendered {
         self.offsets.len() - 1
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Tokens held.
     pub fn tokens(&self) -> u64 {
         self.ids.len() as u64
@@ -59,7 +55,7 @@ impl Rendered {
     }
 
     /// `other`'s conversations after these.
-    pub fn append(&mut self, other: Rendered) {
+    pub(crate) fn append(&mut self, other: Rendered) {
         let base = self.ids.len() as u64;
         self.ids.extend(other.ids);
         self.taught.extend(other.taught);
@@ -68,7 +64,7 @@ impl Rendered {
     }
 
     /// Splits off conversations `at..` as their own stream.
-    pub fn split_off(&mut self, at: usize) -> Rendered {
+    pub(crate) fn split_off(&mut self, at: usize) -> Rendered {
         let from = self.offsets[at];
         let offsets = self.offsets[at..].iter().map(|o| o - from).collect();
         self.offsets.truncate(at + 1);
@@ -80,7 +76,7 @@ impl Rendered {
     }
 
     /// These conversations as a split's storage, in memory.
-    pub fn into_store(self) -> Store {
+    pub(crate) fn into_store(self) -> Store {
         Store {
             ids: Tokens::from_vec(self.ids),
             taught: Mask::from_vec(self.taught),
@@ -91,7 +87,7 @@ impl Rendered {
 
 /// Each of `conversations` rendered with `template` and `tokenizer`, in order, on every core.
 /// A conversation the template cannot render is an error naming its line.
-pub fn render_all(
+pub(crate) fn render_all(
     conversations: &[Numbered],
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
@@ -114,7 +110,7 @@ pub fn render_all(
 }
 
 /// `work` over contiguous parts of `items`, one part per core; the results in order.
-pub fn par_chunks<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+pub(crate) fn par_chunks<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let size = items.len().div_ceil(threads).max(1);
     if items.len() <= size {
@@ -136,7 +132,7 @@ pub fn par_chunks<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> R + Sync
 /// The text a new tokenizer learns from one conversation: what `template` writes for it (no
 /// generation prompt), in pieces cut at tinygpt's special tokens, which are tokens of their own
 /// and never text to learn (nor do words on either side of one run together).
-pub fn learning_pieces(
+pub(crate) fn learning_pieces(
     template: &ChatTemplate,
     (line, messages): &Numbered,
 ) -> Result<Vec<String>> {

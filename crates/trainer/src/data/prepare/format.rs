@@ -244,7 +244,7 @@ impl Prepared {
     }
 
     /// The train and val token streams, mapped from disk.
-    pub fn splits(&self) -> Result<(Tokens, Tokens)> {
+    pub(crate) fn splits(&self) -> Result<(Tokens, Tokens)> {
         let width = self.meta.width;
         Ok((
             Tokens::map(&self.dir.join(TRAIN), width)?,

@@ -94,7 +94,7 @@ fn staged(
 }
 
 /// Prepares `options` into `dir`, an existing empty directory.
-pub fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases)> {
+pub(crate) fn prepare_into(options: PrepareOptions, dir: &Path) -> Result<(Meta, Phases)> {
     let started = Instant::now();
     let (sources, mut scan) = scan_inputs(&options, dir)?;
     let scanned = Instant::now();

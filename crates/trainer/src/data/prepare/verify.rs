@@ -208,7 +208,7 @@ impl Verification {
     }
 
     /// The verification's error if it has found one; `Ok` while it runs.
-    pub fn so_far(&self) -> Result<()> {
+    pub(crate) fn so_far(&self) -> Result<()> {
         self.settle(false)
     }
 

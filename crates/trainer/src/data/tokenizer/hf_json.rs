@@ -11,7 +11,7 @@ use super::Tokenizer;
 impl Tokenizer {
     /// A Hugging Face `tokenizer.json` file. One that spells a char vocabulary (as
     /// [`to_hf_json`](Self::to_hf_json) writes it) becomes a char tokenizer again.
-    pub fn from_hf_file(path: &std::path::Path) -> Result<Self> {
+    pub(crate) fn from_hf_file(path: &std::path::Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         // JSON first: `tokenizers` panics on a syntax error inside `decoder` when it parses
@@ -31,7 +31,7 @@ impl Tokenizer {
     }
 
     /// A Hugging Face `tokenizer.json`, already parsed as JSON.
-    pub fn from_hf_value(json: Value) -> Result<Self> {
+    pub(crate) fn from_hf_value(json: Value) -> Result<Self> {
         let tokenizer =
             serde_json::from_value::<tokenizers::Tokenizer>(json).map_err(|e| anyhow!("{e}"))?;
         Ok(match char_vocabulary(&tokenizer) {
@@ -41,7 +41,7 @@ impl Tokenizer {
     }
 
     /// This tokenizer as a Hugging Face `tokenizer.json`.
-    pub fn to_hf_json(&self) -> Result<String> {
+    pub(crate) fn to_hf_json(&self) -> Result<String> {
         let value = match self {
             Self::Bpe(t) => serde_json::to_value(&t.hf)?,
             Self::Char { itos, specials, .. } => {

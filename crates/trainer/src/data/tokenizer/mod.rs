@@ -68,7 +68,7 @@ impl Deref for Bpe {
 
 /// Encodes text as [`Tokenizer::encode`] does, faster for a long stream of text: byte-level BPE
 /// keeps a cache of the words it has seen ([`BpeEncoder`]).
-pub struct Encoder<'a> {
+pub(crate) struct Encoder<'a> {
     tokenizer: &'a Tokenizer,
     bpe: Option<BpeEncoder<'a>>,
 }
@@ -118,14 +118,14 @@ impl Tokenizer {
 
     /// A char tokenizer of these characters (ids in sorted order), then tinygpt's special
     /// tokens.
-    pub fn from_char_set(chars: BTreeSet<char>) -> Self {
+    pub(crate) fn from_char_set(chars: BTreeSet<char>) -> Self {
         let specials = special::OWN.iter().map(|s| s.to_string()).collect();
         Self::from_chars(chars.into_iter().collect(), specials)
     }
 
     /// Learns byte-level BPE with `vocab_size` tokens in all from `chunks` (pieces of text each
     /// cut between words, e.g. at a newline): the learnt ones, then tinygpt's special tokens.
-    pub fn train_bpe<S: AsRef<str> + Sync>(chunks: &[S], vocab_size: usize) -> Result<Self> {
+    pub(crate) fn train_bpe<S: AsRef<str> + Sync>(chunks: &[S], vocab_size: usize) -> Result<Self> {
         let learnt = vocab_size.saturating_sub(special::OWN.len());
         let mut hf = byte_level_bpe::learn(chunks, learnt)?;
         let own = special::OWN.map(|s| tokenizers::AddedToken::from(s, true));
@@ -172,7 +172,7 @@ impl Tokenizer {
     }
 
     /// The `data.tokenizer` setting that makes this kind of tokenizer.
-    pub fn kind_setting(&self) -> TokenizerKind {
+    pub(crate) fn kind_setting(&self) -> TokenizerKind {
         match self {
             Self::Char { .. } => TokenizerKind::Char,
             Self::Bpe(_) => TokenizerKind::Bpe,
@@ -202,7 +202,7 @@ impl Tokenizer {
     }
 
     /// The id of the special token `text`.
-    pub fn special_id(&self, text: &str) -> Option<u32> {
+    pub(crate) fn special_id(&self, text: &str) -> Option<u32> {
         self.specials()
             .iter()
             .find(|s| s.text == text)
@@ -217,12 +217,12 @@ impl Tokenizer {
 
     /// The token that ends a text: an export's EOS (tinygpt's end of text, or an imported
     /// tokenizer's EOS).
-    pub fn end_of_text(&self) -> Option<u32> {
+    pub(crate) fn end_of_text(&self) -> Option<u32> {
         special::end_of_text(self.specials())
     }
 
     /// The text of special token `id`.
-    pub fn special_text(&self, id: Option<u32>) -> Option<&str> {
+    pub(crate) fn special_text(&self, id: Option<u32>) -> Option<&str> {
         let id = id?;
         self.specials()
             .iter()
@@ -266,7 +266,7 @@ impl Tokenizer {
     }
 
     /// An encoder for long texts, with its own state (BPE: a word cache); one per thread.
-    pub fn encoder(&self) -> Encoder<'_> {
+    pub(crate) fn encoder(&self) -> Encoder<'_> {
         Encoder {
             tokenizer: self,
             bpe: match self {
@@ -308,7 +308,7 @@ impl Tokenizer {
     /// Units of text token `id` stands for: 1 character (char) or its bytes (byte-level BPE,
     /// whose token strings spell one byte per character; SentencePiece's, where `▁` is a space
     /// and `<0xE3>` one byte); none for a special token.
-    pub fn units(&self, id: u32) -> usize {
+    pub(crate) fn units(&self, id: u32) -> usize {
         if self.specials().iter().any(|s| s.id == id) {
             return 0;
         }

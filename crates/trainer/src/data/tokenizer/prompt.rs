@@ -11,7 +11,7 @@ use super::Tokenizer;
 impl Tokenizer {
     /// The token every prompt starts with, if this tokenizer puts one before a text (read
     /// once, when the tokenizer is made).
-    pub fn prompt_start(&self) -> Option<u32> {
+    pub(crate) fn prompt_start(&self) -> Option<u32> {
         match self {
             Self::Bpe(t) => t.prompt_start,
             Self::Char { .. } => None,

@@ -9,18 +9,18 @@
 //! transformers reads a rendered conversation.
 
 /// The end of a text: between documents, and the BOS and EOS of every export.
-pub const END_OF_TEXT: &str = "<|endoftext|>";
+pub(crate) const END_OF_TEXT: &str = "<|endoftext|>";
 /// Opens a system turn of tinygpt's chat format.
-pub const SYSTEM: &str = "<|system|>";
+pub(crate) const SYSTEM: &str = "<|system|>";
 /// Opens a user turn.
-pub const USER: &str = "<|user|>";
+pub(crate) const USER: &str = "<|user|>";
 /// Opens the assistant's turn.
-pub const ASSISTANT: &str = "<|assistant|>";
+pub(crate) const ASSISTANT: &str = "<|assistant|>";
 /// Ends a turn.
-pub const END: &str = "<|end|>";
+pub(crate) const END: &str = "<|end|>";
 
 /// The special tokens a tokenizer tinygpt learns gets, in id order after the learnt ones.
-pub const OWN: [&str; 5] = [END_OF_TEXT, SYSTEM, USER, ASSISTANT, END];
+pub(crate) const OWN: [&str; 5] = [END_OF_TEXT, SYSTEM, USER, ASSISTANT, END];
 
 /// Names of the token that starts a text, in other tokenizers (GPT-2's, Llama's, Llama 3's).
 const STARTS: [&str; 3] = [END_OF_TEXT, "<s>", "<|begin_of_text|>"];
@@ -56,7 +56,7 @@ pub fn start_of_text(specials: &[Special]) -> Option<u32> {
 
 /// The token that ends a text among `specials`: tinygpt's end of text, else an EOS by its
 /// usual name.
-pub fn end_of_text(specials: &[Special]) -> Option<u32> {
+pub(crate) fn end_of_text(specials: &[Special]) -> Option<u32> {
     first_named(&ENDS, specials)
 }
 
@@ -108,7 +108,7 @@ pub fn pieces<'a>(text: &'a str, specials: &[Special]) -> Vec<Piece<'a>> {
 }
 
 /// The special tokens of a Hugging Face tokenizer (its `added_tokens` marked `special`), by id.
-pub fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
+pub(crate) fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
     let mut specials: Vec<Special> = tokenizer
         .get_added_tokens_decoder()
         .into_iter()
@@ -125,7 +125,7 @@ pub fn specials_of(tokenizer: &tokenizers::Tokenizer) -> Vec<Special> {
 }
 
 /// The one special token `hf`'s post-processor writes in front of a text, if it writes one.
-pub fn prompt_start(hf: &tokenizers::Tokenizer, specials: &[Special]) -> Option<u32> {
+pub(crate) fn prompt_start(hf: &tokenizers::Tokenizer, specials: &[Special]) -> Option<u32> {
     let ids = |special| hf.encode("a", special).ok().map(|e| e.get_ids().to_vec());
     let (with, without) = (ids(true)?, ids(false)?);
     let at = (0..=with.len().checked_sub(without.len())?)

@@ -28,7 +28,7 @@ pub(super) const UNUSED: i32 = 5;
 pub(super) const USER_DEFINED: i32 = 4;
 
 /// GPT-2's byte alphabet: the printable character that stands for each byte.
-pub fn byte_alphabet() -> [char; 256] {
+pub(crate) fn byte_alphabet() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut extra = 0u32;
     for (b, slot) in table.iter_mut().enumerate() {

@@ -18,7 +18,7 @@ use anyhow::{Result, anyhow, bail, ensure};
 const MAGIC: &[u8; 4] = b"GGUF";
 const VERSION: u32 = 3;
 /// `general.alignment` when a file does not set it.
-pub const DEFAULT_ALIGNMENT: usize = 32;
+pub(crate) const DEFAULT_ALIGNMENT: usize = 32;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

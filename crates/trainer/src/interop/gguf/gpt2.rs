@@ -18,7 +18,7 @@ use crate::interop::hf;
 /// What Hugging Face's GPT-2 holds ([`hf::expressible`], which matches on every part of the
 /// architecture); an exact GELU (erf) is computed with tanh's approximation, the only GELU
 /// llama.cpp's `gpt2` has (none of its architectures computes erf's).
-pub fn expressible(config: &GptConfig) -> Result<Vec<Approximation>, String> {
+pub(crate) fn expressible(config: &GptConfig) -> Result<Vec<Approximation>, String> {
     let hint = "train with GPT-2's parts (learned positions, LayerNorm, GELU)";
     match hf::expressible(config) {
         Ok("gelu_new") => Ok(vec![]),
@@ -28,7 +28,7 @@ pub fn expressible(config: &GptConfig) -> Result<Vec<Approximation>, String> {
 }
 
 /// `gpt2.*` metadata of a model of `config`.
-pub fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
+pub(crate) fn hparams(config: &GptConfig) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     vec![
         ("gpt2.context_length".into(), u32_of(config.block_size)),

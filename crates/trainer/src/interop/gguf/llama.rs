@@ -45,7 +45,7 @@ impl Flavour {
 
     /// Whether the file's query and key rows are in neighbouring pairs (llama.cpp's
     /// `LLAMA_ROPE_TYPE_NORM`), which tinygpt's halves are reordered into.
-    pub fn interleaves(self) -> bool {
+    pub(crate) fn interleaves(self) -> bool {
         match self {
             Flavour::Llama | Flavour::Arcee => true,
             Flavour::Qwen3 => false,
@@ -55,7 +55,7 @@ impl Flavour {
 
 /// The flavour that computes what a model of `config` computes; else the part `llama` lacks
 /// (`qwen3`'s when the model has QK-norm) and the settings a model it computes is trained with.
-pub fn expressible(config: &GptConfig) -> Result<Flavour, String> {
+pub(crate) fn expressible(config: &GptConfig) -> Result<Flavour, String> {
     let exportable = "train with Llama's parts (--set model.position=\"rope\" --set \
                       model.norm=\"rms\" --set model.mlp=\"swiglu\", no logit soft-cap; \
                       from the modern preset: --set model.mlp=\"swiglu\" --set \
@@ -105,7 +105,7 @@ fn arcee(config: &GptConfig, exportable: &str) -> Result<Flavour, String> {
 }
 
 /// `llama.*` (or `qwen3.*`, `arcee.*`) metadata of a model of `config`.
-pub fn hparams(config: &GptConfig, flavour: Flavour) -> Vec<(String, Value)> {
+pub(crate) fn hparams(config: &GptConfig, flavour: Flavour) -> Vec<(String, Value)> {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     let entries: Vec<(String, Value)> = vec![
         ("llama.vocab_size".into(), u32_of(config.vocab_size)),
@@ -187,7 +187,7 @@ fn name(hf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
 
 /// Hugging Face's name for a tensor of llama.cpp's `llama`, and the heads whose rows to put
 /// back in tinygpt's rotary layout; `None` for a tensor tinygpt has no place for.
-pub fn hf_name(gguf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
+pub(crate) fn hf_name(gguf: &str, config: &GptConfig) -> Option<(String, Option<usize>)> {
     if let Some((_, theirs)) = WHOLE.iter().find(|(ours, _)| *ours == gguf) {
         return Some((theirs.to_string(), None));
     }
@@ -217,7 +217,7 @@ fn interleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
 }
 
 /// [`interleave`] undone: row `2i + h` of each head back to `h * d/2 + i`.
-pub fn deinterleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
+pub(crate) fn deinterleave(values: &[f32], heads: usize, width: usize) -> Vec<f32> {
     let d = values.len() / width / heads;
     let mut out = vec![0.0; values.len()];
     for head in 0..heads {

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use super::file::TensorType;
 
 /// Values per `Q8_0` block.
-pub const Q8_0_BLOCK: usize = 32;
+pub(crate) const Q8_0_BLOCK: usize = 32;
 
 /// `values` stored as `kind` (for `Q8_0`, their count a multiple of 32).
 pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {

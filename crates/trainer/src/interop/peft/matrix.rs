@@ -27,7 +27,7 @@ impl Matrix {
         self.values[r * self.cols + c]
     }
 
-    pub fn transposed(&self) -> Self {
+    pub(crate) fn transposed(&self) -> Self {
         let mut t = Self::zeros(self.cols, self.rows);
         for r in 0..self.rows {
             for c in 0..self.cols {
@@ -61,7 +61,7 @@ impl Matrix {
         (name, vec![self.rows, self.cols], bytes)
     }
 
-    pub fn from_foreign(name: &str, t: Foreign) -> Result<Self> {
+    pub(crate) fn from_foreign(name: &str, t: Foreign) -> Result<Self> {
         match t.shape[..] {
             [rows, cols] => Ok(Self {
                 rows,

@@ -277,7 +277,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<(usize, usize)> {
 }
 
 /// Whether `dir` is a PEFT adapter directory.
-pub fn is_adapter(dir: &Path) -> bool {
+pub(crate) fn is_adapter(dir: &Path) -> bool {
     dir.join(CONFIG).exists()
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use burn::optim::GradientsParams;
 
 use super::adamw::Moments;
-use super::lending::LentWeights;
 use super::muon::Velocities;
 use super::shared_moments::{MomentEntry, SharedMoments};
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
@@ -190,21 +189,9 @@ impl FusedCpu {
         self.weights.write(gpt)
     }
 
-    /// `hollow` (this engine's model, as [`taking`](Self::taking) or
-    /// [`LentWeights::reclaim`] leave it) with the weights held here, as
-    /// [`write_weights`](Self::write_weights) makes it, but the frozen ones (LoRA's base)
-    /// moved into it rather than copied: they exist once, in the model. The engine goes with
-    /// them: nothing steps or evaluates until [`LentWeights::reclaim`] gives it back.
-    ///
-    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, in f32:
-    /// [`release_buffers`](Self::release_buffers) first makes room for it.
-    pub fn lend_weights(mut self, hollow: Gpt) -> LentWeights {
-        let model = self.weights.lend(hollow);
-        LentWeights::new(self, model)
-    }
-
     /// Frees the threads' buffers (activations and scratch) between steps; the next step
-    /// sizes them again. What makes room for a base held in int8 while it is lent out in f32.
+    /// sizes them again. What makes room for a base held in int8 while it is lent out in f32
+    /// ([`lend_weights`](Self::lend_weights)).
     pub fn release_buffers(&mut self) {
         self.work.iter_mut().for_each(Workspace::release);
     }

@@ -13,11 +13,22 @@ pub struct LentWeights {
     model: Gpt,
 }
 
-impl LentWeights {
-    pub(super) fn new(fused: FusedCpu, model: Gpt) -> Self {
-        Self { fused, model }
+impl FusedCpu {
+    /// `hollow` (this engine's model, as [`taking`](FusedCpu::taking) or
+    /// [`LentWeights::reclaim`] leave it) with the weights held here, as
+    /// [`write_weights`](Self::write_weights) makes it, but the frozen ones (LoRA's base)
+    /// moved into it rather than copied: they exist once, in the model. The engine goes with
+    /// them: nothing steps or evaluates until [`LentWeights::reclaim`] gives it back.
+    ///
+    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, in f32:
+    /// [`release_buffers`](Self::release_buffers) first makes room for it.
+    pub fn lend_weights(mut self, hollow: Gpt) -> LentWeights {
+        let model = self.weights.lend(hollow);
+        LentWeights { fused: self, model }
     }
+}
 
+impl LentWeights {
     /// The model with every weight the engine holds.
     pub fn model(&self) -> &Gpt {
         &self.model

@@ -45,8 +45,8 @@ mod sample;
 
 pub use arch::parts;
 pub use arch::{
-    BIGRAM_VOCAB, BaseWeights, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName,
-    Slot, TrainedPart, parameter_table, trained_beside,
+    BaseWeights, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName, Slot,
+    TrainedPart, parameter_table, trained_beside,
 };
 pub use cpu::{
     FusedBatch, FusedCpu, FusedDecoder, FusedError, LentWeights, MomentEntry, PREFILL_CHUNK,
@@ -60,9 +60,8 @@ pub use nn::{
     rms_norm, seeded,
 };
 pub use optim::{
-    AdamWSettings, CLIP_EPSILON, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings,
-    NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, ParamLayout, VelocityState,
-    clip_factor, clip_factor_on_device,
+    AdamWSettings, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings, NEWTON_SCHULZ,
+    NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, ParamLayout, VelocityState, clip_factor_on_device,
 };
 pub use sample::{
     BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Replay,

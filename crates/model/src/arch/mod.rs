@@ -17,7 +17,7 @@ mod parameters;
 pub mod parts;
 pub(crate) mod q8_0;
 
-pub use config::{BIGRAM_VOCAB, GptConfig};
+pub use config::GptConfig;
 pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table, trained_beside};
 pub use parts::{Mlp, Norm, Position};

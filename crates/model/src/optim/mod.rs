@@ -13,7 +13,7 @@ mod clip;
 mod layout;
 mod state;
 
-pub use clip::{CLIP_EPSILON, clip_factor, clip_factor_on_device};
+pub use clip::{clip_factor, clip_factor_on_device};
 pub use layout::{LayoutEntry, LayoutError, ParamLayout};
 pub use state::{
     AdamWSettings, LrRatios, MomentState, MuonSettings, NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON,

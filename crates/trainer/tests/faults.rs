@@ -28,10 +28,7 @@ fn fused(extra: &[&str]) -> Vec<String> {
 }
 
 fn spawn(dir: &Path, args: &[String]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-        .args(args)
-        .current_dir(dir)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+    command(dir, args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -460,10 +457,7 @@ fn a_reader_that_goes_away_ends_output_quietly() {
         &["attention", "--checkpoint", "run", "--prompt", "Of Man"],
         &["params", "--config", "shakespeare-char"],
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-            .args(args)
-            .current_dir(dir)
-            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        let mut child = command(dir, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

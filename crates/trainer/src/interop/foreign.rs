@@ -147,15 +147,13 @@ impl ForeignTensors {
     }
 }
 
-/// Calls `f` with the name, shape, element type and bytes of every tensor of the safetensors
-/// file `path`; non-float tensors are errors naming the file and the tensor.
-fn for_each_safetensor(
-    path: &Path,
-    mut f: impl FnMut(&str, Vec<usize>, Elem, &[u8]) -> Result<()>,
-) -> Result<()> {
+/// Every tensor of the safetensors file `path` under its own name, widened to f32;
+/// non-float tensors are errors naming the file and the tensor.
+pub(crate) fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow!("{} is not a valid safetensors file ({e})", path.display()))?;
+    let mut out = BTreeMap::new();
     for (name, view) in file.tensors() {
         let elem = match view.dtype() {
             Dtype::F32 => Elem::F32,
@@ -167,18 +165,9 @@ fn for_each_safetensor(
                 path.display()
             ),
         };
-        f(&name, view.shape().to_vec(), elem, view.data())?;
+        let tensor = foreign(path, &name, view.shape().to_vec(), elem, view.data())?;
+        out.insert(name, tensor);
     }
-    Ok(())
-}
-
-/// Every tensor of the safetensors file `path` under its own name, widened to f32.
-pub(crate) fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
-    let mut out = BTreeMap::new();
-    for_each_safetensor(path, |name, shape, elem, data| {
-        out.insert(name.to_string(), foreign(path, name, shape, elem, data)?);
-        Ok(())
-    })?;
     Ok(out)
 }
 

@@ -53,14 +53,19 @@ pub fn corpus() -> PathBuf {
     manifest_dir().join("../../data/paradise-lost.txt")
 }
 
-/// Runs `tinygpt args` in `dir`.
-pub fn tinygpt(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinygpt"))
+/// `tinygpt args` to run in `dir`, not started yet.
+pub fn command<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tinygpt"));
+    command
         .args(args)
         .current_dir(dir)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .output()
-        .expect("the binary runs")
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    command
+}
+
+/// Runs `tinygpt args` in `dir`.
+pub fn tinygpt(dir: &Path, args: &[&str]) -> Output {
+    command(dir, args).output().expect("the binary runs")
 }
 
 pub fn stdout(out: &Output) -> String {

@@ -21,10 +21,7 @@ impl Watched {
     /// `tinygpt args` in `dir`, once it prints a line for which `until` holds. A process that
     /// ends first fails the test with what it printed.
     pub fn start_until(dir: &Path, args: &[&str], until: impl Fn(&str) -> bool) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tinygpt"))
-            .args(args)
-            .current_dir(dir)
-            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        let mut child = super::command(dir, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

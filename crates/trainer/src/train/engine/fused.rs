@@ -85,8 +85,7 @@ impl Weights {
         replace_with_or_abort(self, |weights| match weights {
             Weights::Held { mut fused, hollow } => {
                 fused.release_gradients();
-                let int8 = int8_base(&fused);
-                if int8 {
+                if int8_base(&fused) {
                     // The base goes out in f32, four times its int8 bytes: in the room the
                     // step's buffers held.
                     fused.release_buffers();

@@ -28,10 +28,11 @@ impl AdapterActs {
     }
 }
 
-/// The adapter on `target`'s matrix of `p` as the LoRA kernels take it: `A`, `B`, scale.
-fn adapter(p: &BlockParams, target: LoraTarget) -> (&[f32], &[f32], f32) {
+/// The adapter on `target`'s matrix of `p` as the LoRA kernels take it: `A`, `B`, scale;
+/// `None` when that matrix has none.
+fn adapter(p: &BlockParams, target: LoraTarget) -> Option<(&[f32], &[f32], f32)> {
     let ad = p.lora.get(target);
-    (&ad.a, &ad.b, p.lora.scale)
+    Some((ad.a.get()?, ad.b.values(), p.lora.scale))
 }
 
 /// `out [rows, n_out] += s · ((x ⊙ m) · A) · B` for the adapter on `target`'s matrix of `p`
@@ -45,9 +46,12 @@ pub(super) fn forward(
     x: &[f32],
     dims: (usize, usize, usize),
 ) {
+    let Some(adapter) = adapter(p, target) else {
+        return;
+    };
     let t = target as usize;
     let input = (x, &acts.mask[t][..]);
-    lora::forward(out, &mut acts.xa[t], input, adapter(p, target), dims);
+    lora::forward(out, &mut acts.xa[t], input, adapter, dims);
 }
 
 /// The backward of [`forward`]: `dx` holds the frozen product's part of the input's gradient
@@ -64,18 +68,12 @@ pub(super) fn backward(
     (dy, x): (&[f32], &[f32]),
     dims: (usize, usize, usize),
 ) {
+    let Some(adapter) = adapter(p, target) else {
+        return;
+    };
     let k = target as usize;
     let grads = g.get_mut(target);
-    let grads = (&mut grads.a[..], &mut grads.b[..]);
+    let grads = (grads.a.values_mut(), grads.b.values_mut());
     let input = (x, &acts.mask[k][..]);
-    lora::backward(
-        dx,
-        grads,
-        t,
-        dy,
-        input,
-        &acts.xa[k],
-        adapter(p, target),
-        dims,
-    );
+    lora::backward(dx, grads, t, dy, input, &acts.xa[k], adapter, dims);
 }

@@ -149,7 +149,7 @@ pub(super) fn forward(
         att_mask: &a.att_mask,
     });
     let w = ctx.weight(&p.attn_proj_w, |q| &q.attn_proj);
-    ctx.linear(&mut a.mid, &a.y, w, &p.attn_proj_b, rows, c, c);
+    ctx.linear(&mut a.mid, &a.y, w, p.attn_proj_b.get(), rows, c, c);
     let (t, dims) = (LoraTarget::AttnProj, (rows, c, c));
     adapters::forward(p, &mut a.adapters, t, &mut a.mid, &a.y, dims);
     apply_mask(&mut a.mid, &a.attn_mask);
@@ -170,15 +170,16 @@ pub(super) fn forward(
         mean: &mut a.ln_2_mean,
         rstd: &mut a.ln_2_rstd,
     };
-    norm::forward(d.norm, ln_2, &a.mid, &p.ln_2_gamma, &p.ln_2_beta, d.epsilon);
+    let (gamma, beta) = (p.ln_2_gamma.get(), p.ln_2_beta.get());
+    norm::forward(d.norm, ln_2, &a.mid, gamma, beta, d.epsilon);
     let fc = d.fc_width;
     let w = ctx.weight(&p.c_fc_w, |q| &q.c_fc);
-    ctx.linear(&mut a.fc, &a.ln_2, w, &p.c_fc_b, rows, c, fc);
+    ctx.linear(&mut a.fc, &a.ln_2, w, p.c_fc_b.get(), rows, c, fc);
     let (t, dims) = (LoraTarget::Fc, (rows, c, fc));
     adapters::forward(p, &mut a.adapters, t, &mut a.fc, &a.ln_2, dims);
     activation(&mut a.act, &a.fc, hidden);
     let w = ctx.weight(&p.mlp_proj_w, |q| &q.mlp_proj);
-    ctx.linear(out, &a.act, w, &p.mlp_proj_b, rows, hidden, c);
+    ctx.linear(out, &a.act, w, p.mlp_proj_b.get(), rows, hidden, c);
     let (t, dims) = (LoraTarget::MlpProj, (rows, hidden, c));
     adapters::forward(p, &mut a.adapters, t, out, &a.act, dims);
     apply_mask(out, &a.mlp_mask);
@@ -195,12 +196,13 @@ pub(super) fn queries_keys_values(p: &BlockParams, a: &mut BlockActs, x: &[f32],
         mean: &mut a.ln_1_mean,
         rstd: &mut a.ln_1_rstd,
     };
-    norm::forward(d.norm, ln_1, x, &p.ln_1_gamma, &p.ln_1_beta, d.epsilon);
+    let (gamma, beta) = (p.ln_1_gamma.get(), p.ln_1_beta.get());
+    norm::forward(d.norm, ln_1, x, gamma, beta, d.epsilon);
     ctx.linear(
         &mut a.qkv,
         &a.ln_1,
         ctx.weight(&p.c_attn_w, |q| &q.c_attn),
-        &p.c_attn_b,
+        p.c_attn_b.get(),
         rows,
         c,
         d.qkv_width(),
@@ -294,18 +296,10 @@ pub(super) fn backward(
     let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::Qkv);
     let d_x = &mut s.d_branch;
     matrix_backward((p, g), lora, t, d_x, (&s.d_qkv, &a.ln_1), ctx, rows);
-    let (gamma, beta) = (&mut g.ln_1_gamma, &mut g.ln_1_beta);
+    let (gamma, beta) = (g.ln_1_gamma.get_mut(), g.ln_1_beta.get_mut());
     let stats = (&a.ln_1_mean[..], &a.ln_1_rstd[..]);
-    norm::backward(
-        d.norm,
-        d_resid,
-        gamma,
-        beta,
-        &s.d_branch,
-        x,
-        stats,
-        &p.ln_1_gamma,
-    );
+    let (dout, gain) = (&s.d_branch, p.ln_1_gamma.get());
+    norm::backward(d.norm, d_resid, gamma, beta, dout, x, stats, gain);
 }
 
 /// An activation's backward that turns the output's gradient into the input's where it lies.
@@ -351,19 +345,10 @@ fn mlp_backward(
     let (lora, t) = ((&a.adapters, &mut s.lora_t), LoraTarget::Fc);
     let d_x = &mut s.d_branch;
     matrix_backward((p, g), lora, t, d_x, (d_fc, &a.ln_2), ctx, rows);
-    let (gamma, beta) = (&mut g.ln_2_gamma, &mut g.ln_2_beta);
+    let (gamma, beta) = (g.ln_2_gamma.get_mut(), g.ln_2_beta.get_mut());
     let stats = (&a.ln_2_mean[..], &a.ln_2_rstd[..]);
-    let dout = &s.d_branch;
-    norm::backward(
-        d.norm,
-        d_resid,
-        gamma,
-        beta,
-        dout,
-        &a.mid,
-        stats,
-        &p.ln_2_gamma,
-    );
+    let (dout, gain) = (&s.d_branch, p.ln_2_gamma.get());
+    norm::backward(d.norm, d_resid, gamma, beta, dout, &a.mid, stats, gain);
 }
 
 /// The backward of `target`'s matrix of the block and of its LoRA adapter, if any, over `rows`
@@ -398,18 +383,17 @@ fn matrix_backward(
         }
     };
     let dims = (rows, n_in, n_out);
-    linear_backward(dx, dw, db, dy, x, w, dims);
+    linear_backward(dx, (dw.get_mut(), db.get_mut()), dy, x, w, dims);
     adapters::backward(p, &mut g.lora, acts, lora_t, target, dx, (dy, x), dims);
 }
 
 /// The backward of [`linear`] with `(rows, n_in, n_out)`: `dx = dy · wᵀ` (overwritten),
-/// `dw += xᵀ · dy`, `db += Σ_rows dy`. Training passes `w` in its own layout (a frozen base
-/// held in int8 is dequantised into that layout first: `frozen.rs`); the decoder's rows are
-/// multiplied as they are.
+/// `dw += xᵀ · dy`, `db += Σ_rows dy` (`None`: no bias, or a frozen weight or bias: LoRA's
+/// base). Training passes `w` in its own layout (a frozen base held in int8 is dequantised into
+/// that layout first: `frozen.rs`); the decoder's rows are multiplied as they are.
 fn linear_backward(
     dx: &mut [f32],
-    dw: &mut [f32],
-    db: &mut [f32],
+    (dw, db): (Option<&mut [f32]>, Option<&mut [f32]>),
     dy: &[f32],
     x: &[f32],
     w: Weight<'_>,
@@ -425,11 +409,10 @@ fn linear_backward(
             matmul(dx, dy_view, View::new(&rows.w, n_out, n_in), false);
         }
     }
-    // A frozen weight (LoRA's base) has no gradient buffer.
-    if !dw.is_empty() {
+    if let Some(dw) = dw {
         matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);
     }
-    if !db.is_empty() {
+    if let Some(db) = db {
         for row in dy.chunks_exact(n_out) {
             db.iter_mut().zip(row).for_each(|(b, d)| *b += d);
         }

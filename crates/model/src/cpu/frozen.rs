@@ -1,6 +1,7 @@
 //! A LoRA run's frozen base held in `Q8_0` (`[lora] base = "q8_0"`, QLoRA's idea): every
 //! block's matrices whose inputs are whole blocks of 32 kept in int8 ([`Int8Columns`], in
-//! [`BlockParams::base_q8`]), their f32 buffers empty, 1.0625 bytes a weight instead of 4.
+//! [`BlockParams::base_q8`]), their f32 buffers [`Buffer::Elsewhere`], 1.0625 bytes a weight
+//! instead of 4.
 //! Training dequantises one block's matrices at a time into training's own layout
 //! ([`dequantised`]) and multiplies by them as by f32 weights, forward and backward (the same
 //! kernels as a base holding the rounded values in f32). Lent to Burn's model
@@ -8,6 +9,7 @@
 //! values were rounded to `Q8_0` when its adapters were attached
 //! ([`Gpt::with_lora`](crate::Gpt::with_lora)), and rounding them again gives the same bytes.
 
+use super::buffer::Buffer;
 use super::kernels::q8::columns::Int8Columns;
 use super::params::{BlockParams, Params, RowBlock, RowMatrix};
 use crate::arch::q8_0::BLOCK;
@@ -49,11 +51,12 @@ impl Params {
                 continue;
             };
             let block = &mut self.blocks[l];
-            if block.buffer(slot).is_empty() || !n_in.is_multiple_of(BLOCK) {
+            if !n_in.is_multiple_of(BLOCK) {
                 continue;
             }
-            let values = std::mem::take(block.buffer_mut(slot));
-            block.base_q8[target as usize] = Some(Int8Columns::quantise(&values, n_in));
+            if let Some(values) = block.buffer_mut(slot).take(Buffer::Elsewhere) {
+                block.base_q8[target as usize] = Some(Int8Columns::quantise(&values, n_in));
+            }
         }
     }
 
@@ -61,19 +64,20 @@ impl Params {
     pub(crate) fn values(&self, slot: Slot) -> Vec<f32> {
         match self.int8(slot) {
             Some(m) => m.values(),
-            None => self.slot(slot).to_vec(),
+            None => self.slot(slot).values().to_vec(),
         }
     }
 
     /// `slot`'s values in Burn's layout, moved out (dequantised when held in int8, the int8
-    /// copy then dropped): it is left empty.
+    /// copy then dropped): it is left [`Buffer::Elsewhere`].
     pub(crate) fn take_values(&mut self, slot: Slot) -> Vec<f32> {
         if let (Slot::Block(l, _), Some(t)) = (slot, block_matrix(slot))
             && let Some(m) = self.blocks[l].base_q8[t as usize].take()
         {
             return m.values();
         }
-        std::mem::take(self.slot_mut(slot))
+        let taken = self.slot_mut(slot).take(Buffer::Elsewhere);
+        taken.expect("a parameter lent is held")
     }
 
     /// `slot`'s int8 copy, if it is held so.

@@ -28,6 +28,7 @@
 
 mod adapters;
 mod block;
+mod buffer;
 mod decode;
 mod dims;
 mod error;

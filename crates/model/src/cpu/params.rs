@@ -10,6 +10,7 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::buffer::Buffer;
 use super::kernels::q8::Q8Matrix;
 use super::kernels::q8::columns::Int8Columns;
 use super::kernels::rows::F32Rows;
@@ -18,49 +19,50 @@ use crate::nn::Gpt;
 use crate::nn::by_path::parameters_by_path;
 use crate::optim::ParamLayout;
 
-/// One block's parameters. Linear weights are `[in, out]` as in Burn; empty = absent (no bias,
-/// no gain for `rms_unit`, no shift for RMSNorm, no MLP for `mlp = "none"`).
+/// One block's parameters. Linear weights are `[in, out]` as in Burn; what a model lacks (no
+/// bias, no gain for `rms_unit`, no shift for RMSNorm, no MLP for `mlp = "none"`) is
+/// [`Buffer::Absent`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BlockParams {
-    pub ln_1_gamma: Vec<f32>,
-    pub ln_1_beta: Vec<f32>,
+    pub ln_1_gamma: Buffer,
+    pub ln_1_beta: Buffer,
     /// `[width, qkv_width]` (`3·width` without grouped heads).
-    pub c_attn_w: Vec<f32>,
-    pub c_attn_b: Vec<f32>,
+    pub c_attn_w: Buffer,
+    pub c_attn_b: Buffer,
     /// `[width, width]`.
-    pub attn_proj_w: Vec<f32>,
-    pub attn_proj_b: Vec<f32>,
-    pub ln_2_gamma: Vec<f32>,
-    pub ln_2_beta: Vec<f32>,
+    pub attn_proj_w: Buffer,
+    pub attn_proj_b: Buffer,
+    pub ln_2_gamma: Buffer,
+    pub ln_2_beta: Buffer,
     /// `[width, fc_width]` (`hidden`, or `2·hidden` for SwiGLU's gate and up).
-    pub c_fc_w: Vec<f32>,
-    pub c_fc_b: Vec<f32>,
+    pub c_fc_w: Buffer,
+    pub c_fc_b: Buffer,
     /// `[hidden, width]`.
-    pub mlp_proj_w: Vec<f32>,
-    pub mlp_proj_b: Vec<f32>,
-    /// The LoRA adapters on its matrices (all empty without).
+    pub mlp_proj_w: Buffer,
+    pub mlp_proj_b: Buffer,
+    /// The LoRA adapters on its matrices (all absent without).
     pub lora: BlockLora,
     /// Its frozen matrices held in `Q8_0` (`[lora] base = "q8_0"`, `frozen.rs`), by
-    /// [`LoraTarget`], their buffers above then empty; `None`: in f32 above.
+    /// [`LoraTarget`], their buffers above then [`Buffer::Elsewhere`]; `None`: in f32 above.
     pub base_q8: [Option<Int8Columns>; 4],
 }
 
-/// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; empty = none.
+/// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; both absent without one.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Adapter {
-    pub a: Vec<f32>,
-    pub b: Vec<f32>,
+    pub a: Buffer,
+    pub b: Buffer,
 }
 
 impl Adapter {
-    pub(crate) fn factor(&self, factor: Factor) -> &Vec<f32> {
+    pub(crate) fn factor(&self, factor: Factor) -> &Buffer {
         match factor {
             Factor::A => &self.a,
             Factor::B => &self.b,
         }
     }
 
-    fn factor_mut(&mut self, factor: Factor) -> &mut Vec<f32> {
+    fn factor_mut(&mut self, factor: Factor) -> &mut Buffer {
         match factor {
             Factor::A => &mut self.a,
             Factor::B => &mut self.b,
@@ -83,7 +85,7 @@ pub(crate) struct BlockLora {
 impl BlockLora {
     /// Whether `target`'s matrix has an adapter.
     pub(crate) fn has(&self, target: LoraTarget) -> bool {
-        !self.get(target).a.is_empty()
+        self.get(target).a != Buffer::Absent
     }
 
     pub(crate) fn get(&self, target: LoraTarget) -> &Adapter {
@@ -161,13 +163,13 @@ impl RowBlock {
 macro_rules! block_fields {
     ($($slot:ident => $field:ident),* $(,)?) => {
         impl BlockParams {
-            pub(crate) fn buffer(&self, slot: BlockSlot) -> &Vec<f32> {
+            pub(crate) fn buffer(&self, slot: BlockSlot) -> &Buffer {
                 match slot {
                     $(BlockSlot::$slot => &self.$field,)*
                 }
             }
 
-            pub(crate) fn buffer_mut(&mut self, slot: BlockSlot) -> &mut Vec<f32> {
+            pub(crate) fn buffer_mut(&mut self, slot: BlockSlot) -> &mut Buffer {
                 match slot {
                     $(BlockSlot::$slot => &mut self.$field,)*
                 }
@@ -192,28 +194,29 @@ block_fields! {
 }
 
 /// Every parameter of a [`Gpt`] (or a gradient of the same shape): a buffer per slot of its
-/// [`ParamLayout`], kept in fields by kind for the kernels; absent slots are empty.
+/// [`ParamLayout`], kept in fields by kind for the kernels; slots outside the layout are
+/// [`Buffer::Absent`], a gradient of a frozen parameter [`Buffer::Frozen`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Params {
     /// The parameters there are, in the order every loop over all of them takes.
     layout: Arc<ParamLayout>,
     /// `[vocab, width]`; also the LM head when tied.
-    pub wte: Vec<f32>,
+    pub wte: Buffer,
     /// `[block_size, width]`.
-    pub wpe: Vec<f32>,
-    /// The bigram table, `[(vocab + 1)·vocab, width]` (empty without one).
-    pub bigram: Vec<f32>,
+    pub wpe: Buffer,
+    /// The bigram table, `[(vocab + 1)·vocab, width]` (absent without one).
+    pub bigram: Buffer,
     pub blocks: Vec<BlockParams>,
-    pub ln_f_gamma: Vec<f32>,
-    pub ln_f_beta: Vec<f32>,
-    /// Untied head `[width, vocab]`; empty when tied.
-    pub lm_head: Vec<f32>,
+    pub ln_f_gamma: Buffer,
+    pub ln_f_beta: Buffer,
+    /// Untied head `[width, vocab]`; absent when tied.
+    pub lm_head: Buffer,
     /// How the frozen base's matrices are held here between uses (`[lora] base`; `frozen.rs`).
     pub(crate) base: BaseWeights,
 }
 
 impl Params {
-    fn buffer(&self, slot: Slot) -> &Vec<f32> {
+    fn buffer(&self, slot: Slot) -> &Buffer {
         match slot {
             Slot::TokenEmbedding => &self.wte,
             Slot::PositionEmbedding => &self.wpe,
@@ -231,7 +234,7 @@ impl Params {
         }
     }
 
-    fn buffer_mut(&mut self, slot: Slot) -> &mut Vec<f32> {
+    fn buffer_mut(&mut self, slot: Slot) -> &mut Buffer {
         match slot {
             Slot::TokenEmbedding => &mut self.wte,
             Slot::PositionEmbedding => &mut self.wpe,
@@ -259,12 +262,12 @@ impl Params {
         self.layout.clone()
     }
 
-    /// The buffer of `slot` (empty where the model lacks it).
-    pub(crate) fn slot(&self, slot: Slot) -> &[f32] {
+    /// The buffer of `slot` ([`Buffer::Absent`] where the model lacks it).
+    pub(crate) fn slot(&self, slot: Slot) -> &Buffer {
         self.buffer(slot)
     }
 
-    pub(crate) fn slot_mut(&mut self, slot: Slot) -> &mut Vec<f32> {
+    pub(crate) fn slot_mut(&mut self, slot: Slot) -> &mut Buffer {
         self.buffer_mut(slot)
     }
 
@@ -274,19 +277,17 @@ impl Params {
     pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize, pair: usize) {
         let c = out.len();
         let (te, pe) = (token * c, position * c);
-        if self.wpe.is_empty() {
-            out.copy_from_slice(&self.wte[te..te + c]);
-        } else {
-            for ((x, a), b) in out
-                .iter_mut()
-                .zip(&self.wte[te..te + c])
-                .zip(&self.wpe[pe..pe + c])
-            {
-                *x = a + b;
+        let wte = self.wte.values();
+        match self.wpe.get() {
+            None => out.copy_from_slice(&wte[te..te + c]),
+            Some(wpe) => {
+                for ((x, a), b) in out.iter_mut().zip(&wte[te..te + c]).zip(&wpe[pe..pe + c]) {
+                    *x = a + b;
+                }
             }
         }
-        if !self.bigram.is_empty() {
-            let row = &self.bigram[pair * c..(pair + 1) * c];
+        if let Some(bigram) = self.bigram.get() {
+            let row = &bigram[pair * c..(pair + 1) * c];
             out.iter_mut().zip(row).for_each(|(x, b)| *x += b);
         }
     }
@@ -315,7 +316,8 @@ impl Params {
 
     /// `gpt` with these values as its parameters, as [`write`](Self::write) makes it, but a
     /// frozen parameter's (LoRA's base, [`ParamLayout::trains`]) moved into it rather than
-    /// copied: its buffer here is left empty until [`reclaim`](Self::reclaim) takes it back.
+    /// copied: its buffer here is [`Buffer::Elsewhere`] until [`reclaim`](Self::reclaim) takes
+    /// it back.
     /// On the CPU backends the values then exist once, in the model.
     pub(crate) fn lend(&mut self, gpt: Gpt) -> Gpt {
         struct Lend<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
@@ -325,7 +327,7 @@ impl Params {
                     return param;
                 };
                 let values = match trains {
-                    true => self.0.slot(slot).to_vec(),
+                    true => self.0.slot(slot).values().to_vec(),
                     false => self.0.take_values(slot),
                 };
                 with_values(param, values)
@@ -398,10 +400,8 @@ impl Params {
         );
         for entry in own.entries() {
             let values = by_id.remove(&entry.id).expect("the model's own parameter");
-            *params.slot_mut(entry.slot) = values
-                .into_data()
-                .try_into_vec::<f32>()
-                .expect("parameters are f32");
+            let values = values.into_data().try_into_vec::<f32>();
+            *params.slot_mut(entry.slot) = Buffer::Held(values.expect("parameters are f32"));
         }
         params.set_lora_scale(gpt);
         params.layout = layout;
@@ -410,19 +410,17 @@ impl Params {
     }
 
     /// Zeros shaped like `like`'s trained parameters, kept allocations reused: gradients and
-    /// optimizer moments. A frozen parameter's buffer (the base of a model with LoRA adapters,
-    /// [`ParamLayout::trains`]) is left empty, and the kernels compute no gradient into it.
+    /// optimizer moments. A frozen parameter's (the base of a model with LoRA adapters,
+    /// [`ParamLayout::trains`]) is [`Buffer::Frozen`]: the kernels compute no gradient for it.
     pub(crate) fn zero_like(&mut self, like: &Self) {
         self.blocks.resize_with(like.blocks.len(), Default::default);
         self.layout = like.layout.clone();
         for entry in like.layout.entries() {
+            let len = entry.shape.iter().product();
             let buffer = self.slot_mut(entry.slot);
             match like.layout.trains(entry) {
-                true => {
-                    buffer.clear();
-                    buffer.resize(like.slot(entry.slot).len(), 0.0);
-                }
-                false => *buffer = Vec::new(),
+                true => buffer.zero(len),
+                false => *buffer = Buffer::Frozen,
             }
         }
     }
@@ -430,10 +428,12 @@ impl Params {
     /// `self += other`, slot by slot.
     pub(crate) fn add(&mut self, other: &Self) {
         for entry in other.layout.entries() {
-            let sum = self.slot_mut(entry.slot);
-            sum.iter_mut()
-                .zip(other.slot(entry.slot))
-                .for_each(|(a, b)| *a += b);
+            if let (Some(sum), Some(add)) = (
+                self.slot_mut(entry.slot).get_mut(),
+                other.slot(entry.slot).get(),
+            ) {
+                sum.iter_mut().zip(add).for_each(|(a, b)| *a += b);
+            }
         }
     }
 
@@ -444,7 +444,7 @@ impl Params {
             .entries()
             .iter()
             .map(|entry| {
-                let values = self.slot(entry.slot);
+                let values = self.slot(entry.slot).or_none();
                 values.iter().map(|&g| f64::from(g * g)).sum::<f64>()
             })
             .sum();
@@ -455,8 +455,9 @@ impl Params {
     pub(crate) fn scale(&mut self, factor: f32) {
         let layout = self.layout.clone();
         for entry in layout.entries() {
-            let values = self.slot_mut(entry.slot);
-            values.iter_mut().for_each(|g| *g *= factor);
+            if let Some(values) = self.slot_mut(entry.slot).get_mut() {
+                values.iter_mut().for_each(|g| *g *= factor);
+            }
         }
     }
 
@@ -475,7 +476,7 @@ impl Params {
             let Some(param) = by_id.remove(&entry.id) else {
                 continue;
             };
-            let values = self.slot(entry.slot);
+            let values = self.slot(entry.slot).values();
             let device: Device = param.device().inner();
             let flat =
                 Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
@@ -510,8 +511,9 @@ fn slots_of(gpt: &Gpt) -> HashMap<ParamId, (Slot, bool)> {
         .collect()
 }
 
-/// Moves the values of the parameters marked frozen (`false`) whose buffers are empty into
-/// them, and leaves every parameter a lazy one of zeros.
+/// Moves the values of the parameters marked frozen (`false`) whose values are not here (lent,
+/// or never read: [`Params::take`]) into their buffers, and leaves every parameter a lazy one
+/// of zeros.
 struct Reclaim<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
 impl ModuleMapper for Reclaim<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
@@ -519,9 +521,9 @@ impl ModuleMapper for Reclaim<'_> {
         let (device, shape) = (tensor.device(), tensor.shape());
         let require_grad = tensor.is_require_grad();
         match self.1.remove(&id) {
-            Some((slot, false)) if self.0.slot(slot).is_empty() => {
+            Some((slot, false)) if !self.0.slot(slot).is_held() => {
                 let values = tensor.into_data().try_into_vec::<f32>();
-                *self.0.slot_mut(slot) = values.expect("parameters are f32");
+                *self.0.slot_mut(slot) = Buffer::Held(values.expect("parameters are f32"));
             }
             _ => drop(tensor),
         }

@@ -2,6 +2,7 @@
 //! decoder's rows of outputs in int8 or f32; one row's outputs, or many rows, split over helper
 //! threads. [`Ctx`] carries what a block computes with besides its weights.
 
+use super::buffer::Buffer;
 use super::dims::Dims;
 use super::kernels::matmul::linear;
 use super::kernels::q8::{self, Q8Matrix};
@@ -48,12 +49,19 @@ pub(super) enum Weight<'a> {
 impl<'a> Weight<'a> {
     /// The decoder's `m`, or `f32` (training's layout) where it keeps none (or a frozen
     /// matrix dequantised in that layout).
-    pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a [f32]) -> Self {
+    pub(super) fn of(m: Option<&'a RowMatrix>, f32: &'a Buffer) -> Self {
         match m {
-            Some(RowMatrix::Q8(q)) => Weight::Q8(q),
-            Some(RowMatrix::F32(r)) => Weight::Rows(r),
-            Some(RowMatrix::Columns(w)) => Weight::F32(w),
-            None => Weight::F32(f32),
+            Some(m) => Weight::rows(m),
+            None => Weight::F32(f32.values()),
+        }
+    }
+
+    /// The matrix `m` as the decoder keeps it.
+    pub(super) fn rows(m: &'a RowMatrix) -> Self {
+        match m {
+            RowMatrix::Q8(q) => Weight::Q8(q),
+            RowMatrix::F32(r) => Weight::Rows(r),
+            RowMatrix::Columns(w) => Weight::F32(w),
         }
     }
 
@@ -89,7 +97,7 @@ impl<'a> Ctx<'a> {
     /// them so.
     pub(super) fn weight<'w>(
         &self,
-        f32: &'w [f32],
+        f32: &'w Buffer,
         which: fn(&RowBlock) -> &Option<RowMatrix>,
     ) -> Weight<'w>
     where
@@ -106,11 +114,13 @@ impl<'a> Ctx<'a> {
         out: &mut [f32],
         x: &[f32],
         w: Weight<'_>,
-        b: &[f32],
+        b: Option<&[f32]>,
         rows: usize,
         n_in: usize,
         n_out: usize,
     ) {
+        // The product kernels read an empty bias as none, as llm.c's read a null one.
+        let b = b.unwrap_or(&[]);
         let (out, x) = (&mut out[..rows * n_out], &x[..rows * n_in]);
         let helpers = self.helpers.filter(|h| h.parts() > 1);
         match helpers {

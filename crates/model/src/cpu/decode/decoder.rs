@@ -122,7 +122,8 @@ impl HeadRows {
                 mean: &mut self.mean[i..i + 1],
                 rstd: &mut self.rstd[i..i + 1],
             };
-            norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+            let (gamma, beta) = (w.ln_f_gamma.get(), w.ln_f_beta.get());
+            norm::forward(d.norm, ln_f, x, gamma, beta, d.epsilon);
         }
         self.logits.resize(n * d.vocab, 0.0);
         if let Some(helpers) = helpers.filter(|h| n == 1 && h.parts() > 1) {
@@ -134,12 +135,12 @@ impl HeadRows {
                 }
                 None => split_columns(helpers, &mut self.logits, &|part, j0| {
                     for (logit, j) in part.iter_mut().zip(j0..) {
-                        *logit = dot(h, &w.wte[j * c..(j + 1) * c]);
+                        *logit = dot(h, &w.wte.values()[j * c..(j + 1) * c]);
                     }
                 }),
             }
         } else if let Some(head) = head {
-            let weight = Weight::of(Some(head), &[]);
+            let weight = Weight::rows(head);
             weight.product(
                 &mut self.logits,
                 &self.ln_f,
@@ -153,7 +154,7 @@ impl HeadRows {
                 .chunks_exact_mut(d.vocab)
                 .zip(self.ln_f.chunks_exact(c));
             for (logits, h) in rows {
-                for (logit, row) in logits.iter_mut().zip(w.wte.chunks_exact(c)) {
+                for (logit, row) in logits.iter_mut().zip(w.wte.values().chunks_exact(c)) {
                     *logit = dot(h, row);
                 }
             }

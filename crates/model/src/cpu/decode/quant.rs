@@ -4,6 +4,7 @@
 //! too (as llama.cpp keeps it). A tied head stays the embedding's rows, which it already is.
 
 use crate::arch::Mlp;
+use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
@@ -33,18 +34,15 @@ pub(crate) struct RowWeights {
 }
 
 /// `w [n_in, n_out]` as rows in `format` (`Q8_0` only when `n_in` is whole blocks; f32 rows
-/// otherwise), its buffer in [`Params`] then freed.
-fn take(w: &mut Vec<f32>, n_in: usize, format: WeightFormat) -> Option<RowMatrix> {
-    if w.is_empty() {
-        return None;
-    }
+/// otherwise), its buffer in [`Params`] then freed (`None`: a matrix the model lacks).
+fn take(w: &mut Buffer, n_in: usize, format: WeightFormat) -> Option<RowMatrix> {
+    let w = w.take(Buffer::Elsewhere)?;
     let rows = match format {
         WeightFormat::Q8_0 if n_in.is_multiple_of(BLOCK) => {
-            RowMatrix::Q8(Q8Matrix::from_columns(w, n_in))
+            RowMatrix::Q8(Q8Matrix::from_columns(&w, n_in))
         }
-        WeightFormat::F32 | WeightFormat::Q8_0 => RowMatrix::F32(F32Rows::from_columns(w, n_in)),
+        WeightFormat::F32 | WeightFormat::Q8_0 => RowMatrix::F32(F32Rows::from_columns(&w, n_in)),
     };
-    *w = Vec::new();
     Some(rows)
 }
 
@@ -59,10 +57,12 @@ impl RowWeights {
             c_fc: take(&mut p.c_fc_w, c, format),
             mlp_proj: take(&mut p.mlp_proj_w, d.hidden, format),
         };
-        let head = match (w.lm_head.is_empty(), format, c.is_multiple_of(BLOCK)) {
-            (true, WeightFormat::Q8_0, true) => Some(RowMatrix::Q8(Q8Matrix::from_rows(&w.wte, c))),
-            (true, _, _) => None,
-            (false, _, _) => take(&mut w.lm_head, c, format),
+        let head = match (&w.lm_head, format, c.is_multiple_of(BLOCK)) {
+            (Buffer::Absent, WeightFormat::Q8_0, true) => {
+                Some(RowMatrix::Q8(Q8Matrix::from_rows(w.wte.values(), c)))
+            }
+            (Buffer::Absent, _, _) => None,
+            (_, _, _) => take(&mut w.lm_head, c, format),
         };
         Self {
             blocks: w.blocks.iter_mut().map(block).collect(),

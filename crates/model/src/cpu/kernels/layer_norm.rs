@@ -6,14 +6,14 @@ use crate::fast_math::vectorized;
 vectorized! {
     /// `out = (x - mean) / √(var + ε) · gamma + beta` per row of `x [rows, width]`, ε the
     /// model's `layer_norm_eps`; keeps each row's mean and `1/√(var + ε)` for the backward pass.
-    /// `beta` may be empty (no bias).
+    /// `beta` `None`: no shift.
     pub(crate) fn forward(
         out: &mut [f32],
         mean: &mut [f32],
         rstd: &mut [f32],
         x: &[f32],
         gamma: &[f32],
-        beta: &[f32],
+        beta: Option<&[f32]>,
         epsilon: f32,
     ) {
         let width = gamma.len();
@@ -22,13 +22,16 @@ vectorized! {
             // The biased variance, as PyTorch's and Burn's LayerNorm.
             let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / width as f32;
             let s = 1.0 / (var + epsilon).sqrt();
-            if beta.is_empty() {
-                for ((o, v), g) in out.iter_mut().zip(row).zip(gamma) {
-                    *o = (v - m) * s * g;
+            match beta {
+                None => {
+                    for ((o, v), g) in out.iter_mut().zip(row).zip(gamma) {
+                        *o = (v - m) * s * g;
+                    }
                 }
-            } else {
-                for (((o, v), g), b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
-                    *o = (v - m) * s * g + b;
+                Some(beta) => {
+                    for (((o, v), g), b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
+                        *o = (v - m) * s * g + b;
+                    }
                 }
             }
             mean[r] = m;
@@ -39,18 +42,20 @@ vectorized! {
 
 vectorized! {
     /// Adds the gradient of the loss with respect to `x` to `dx`, and to `gamma`/`beta` into
-    /// `dgamma`/`dbeta` (empty when there is no bias), given `dout`.
+    /// `dgamma`/`dbeta` (`None`: no shift, or a frozen one; a frozen gain), given `dout`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         dx: &mut [f32],
-        dgamma: &mut [f32],
-        dbeta: &mut [f32],
+        dgamma: Option<&mut [f32]>,
+        dbeta: Option<&mut [f32]>,
         dout: &[f32],
         x: &[f32],
         mean: &[f32],
         rstd: &[f32],
         gamma: &[f32],
     ) {
+        let mut dgamma = dgamma;
+        let mut dbeta = dbeta;
         let width = gamma.len();
         let rows = dout.chunks_exact(width).zip(x.chunks_exact(width));
         for (r, ((dout, x), dx)) in rows.zip(dx.chunks_exact_mut(width)).enumerate() {
@@ -68,14 +73,15 @@ vectorized! {
             dn_n_mean /= width as f32;
             for (i, ((d, v), g)) in dout.iter().zip(x).zip(gamma).enumerate() {
                 let n = (v - m) * s;
-                // A frozen gain (LoRA's base) has no gradient buffer.
-                if let Some(dg) = dgamma.get_mut(i) {
-                    *dg += n * d;
+                if let Some(dgamma) = dgamma.as_deref_mut() {
+                    dgamma[i] += n * d;
                 }
                 dx[i] += s * (d * g - dn_mean - n * dn_n_mean);
             }
-            for (db, d) in dbeta.iter_mut().zip(dout) {
-                *db += d;
+            if let Some(dbeta) = dbeta.as_deref_mut() {
+                for (db, d) in dbeta.iter_mut().zip(dout) {
+                    *db += d;
+                }
             }
         }
     }

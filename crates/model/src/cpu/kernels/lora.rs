@@ -24,7 +24,7 @@ const CHUNK: usize = 64;
 pub(crate) type Input<'a> = (&'a [f32], &'a [f32]);
 
 /// `out [rows, n_out] += scale · ((x ⊙ m) · a) · b`, keeping `xa = (x ⊙ m) · a` `[rows,
-/// rank]`; `a` `[n_in, rank]`, `b` `[rank, n_out]`. Nothing with an empty `a` (no adapter).
+/// rank]`; `a` `[n_in, rank]`, `b` `[rank, n_out]`.
 pub(crate) fn forward(
     out: &mut [f32],
     xa: &mut Vec<f32>,
@@ -32,9 +32,6 @@ pub(crate) fn forward(
     (a, b, scale): (&[f32], &[f32], f32),
     (rows, n_in, n_out): (usize, usize, usize),
 ) {
-    if a.is_empty() {
-        return;
-    }
     let rank = a.len() / n_in;
     xa.resize(rows * rank, 0.0);
     let a_view = View::new(a, n_in, rank);
@@ -53,7 +50,7 @@ pub(crate) fn forward(
 
 /// The backward of [`forward`]: `da += scale · (x ⊙ m)ᵀ · (dy · bᵀ)`, `db += scale · xaᵀ · dy`,
 /// and `dx += scale · ((dy · bᵀ) · aᵀ) ⊙ m` (`dx` holds the frozen product's part already); `t`
-/// is scratch. Nothing with an empty `a`.
+/// is scratch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dx: &mut [f32],
@@ -65,9 +62,6 @@ pub(crate) fn backward(
     (a, b, scale): (&[f32], &[f32], f32),
     (rows, n_in, n_out): (usize, usize, usize),
 ) {
-    if a.is_empty() {
-        return;
-    }
     let rank = a.len() / n_in;
     t.resize(rows * rank, 0.0);
     let dy = View::new(dy, rows, n_out);

@@ -13,18 +13,21 @@ pub(crate) struct Normed<'a> {
     pub rstd: &'a mut [f32],
 }
 
-/// `out = norm(x)` per row of `x [rows, width]`, with the gain and shift given (empty =
-/// absent).
+/// `out = norm(x)` per row of `x [rows, width]`, with the gain and shift the model has
+/// (LayerNorm always has a gain).
 pub(crate) fn forward(
     kind: Norm,
     n: Normed<'_>,
     x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
+    gamma: Option<&[f32]>,
+    beta: Option<&[f32]>,
     epsilon: f32,
 ) {
     match kind {
-        Norm::Layer => layer_norm::forward(n.out, n.mean, n.rstd, x, gamma, beta, epsilon),
+        Norm::Layer => {
+            let gamma = gamma.expect("LayerNorm has a gain");
+            layer_norm::forward(n.out, n.mean, n.rstd, x, gamma, beta, epsilon);
+        }
         Norm::Rms | Norm::RmsUnit => rms_norm::forward(n.out, n.rstd, x, gamma, epsilon),
         Norm::None => n.out.copy_from_slice(x),
     }
@@ -34,20 +37,24 @@ pub(crate) fn forward(
 pub(crate) type Stats<'a> = (&'a [f32], &'a [f32]);
 
 /// Adds the gradient with respect to `x` to `dx` and those of the gain and shift into
-/// `dgamma`/`dbeta` (empty when absent), given `dout`.
+/// `dgamma`/`dbeta` (`None` where the model has no such parameter or it does not train), given
+/// `dout`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     kind: Norm,
     dx: &mut [f32],
-    dgamma: &mut [f32],
-    dbeta: &mut [f32],
+    dgamma: Option<&mut [f32]>,
+    dbeta: Option<&mut [f32]>,
     dout: &[f32],
     x: &[f32],
     (mean, rstd): Stats<'_>,
-    gamma: &[f32],
+    gamma: Option<&[f32]>,
 ) {
     match kind {
-        Norm::Layer => layer_norm::backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma),
+        Norm::Layer => {
+            let gamma = gamma.expect("LayerNorm has a gain");
+            layer_norm::backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma);
+        }
         Norm::Rms | Norm::RmsUnit => rms_norm::backward(dx, dgamma, dout, x, rstd, gamma),
         Norm::None => dx.iter_mut().zip(dout).for_each(|(dx, d)| *dx += d),
     }

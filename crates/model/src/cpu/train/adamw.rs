@@ -79,10 +79,10 @@ impl Moments {
             let slot = entry.slot;
             let (m, v) = (self.m.slot_mut(slot), self.v.slot_mut(slot));
             update(
-                weights.slot_mut(slot),
-                grads.slot(slot),
-                m,
-                v,
+                weights.slot_mut(slot).values_mut(),
+                grads.slot(slot).values(),
+                m.values_mut(),
+                v.values_mut(),
                 &scalars,
                 decay != 0.0,
             );

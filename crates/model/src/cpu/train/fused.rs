@@ -12,6 +12,7 @@ use super::shared_moments::{MomentEntry, SharedMoments};
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
 use crate::arch::q8_0::BLOCK;
 use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
+use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::params::Params;
@@ -267,8 +268,8 @@ impl FusedCpu {
         let mut moments = Moments::zeros(&self.weights);
         for ((entry, state), time) in layout.entries().iter().zip(ordered).zip(&mut moments.time) {
             if let Some(state) = state {
-                *moments.m.slot_mut(entry.slot) = state.moment_1;
-                *moments.v.slot_mut(entry.slot) = state.moment_2;
+                *moments.m.slot_mut(entry.slot) = Buffer::Held(state.moment_1);
+                *moments.v.slot_mut(entry.slot) = Buffer::Held(state.moment_2);
                 *time = state.time;
             }
         }

@@ -122,7 +122,7 @@ impl FusedCpu {
         let mut matrices: Vec<&mut Velocity> = muon.entries.iter_mut().flatten().collect();
         for v in matrices.iter_mut() {
             let momentum = settings.momentum_at(v.step) as f32;
-            let g = self.grads.slot(v.slot);
+            let g = self.grads.slot(v.slot).values();
             for ((v, u), &g) in v.v.iter_mut().zip(&mut v.update).zip(g) {
                 *v = g + momentum * *v;
                 *u = momentum * *v + g;
@@ -145,7 +145,7 @@ impl FusedCpu {
         let keep = (1.0 - lr * settings.weight_decay) as f32;
         for v in matrices {
             let scale = (lr * (v.rows as f64 / v.cols as f64).max(1.0).sqrt()) as f32;
-            let w = self.weights.slot_mut(v.slot);
+            let w = self.weights.slot_mut(v.slot).values_mut();
             w.iter_mut()
                 .zip(&v.update)
                 .for_each(|(w, u)| *w = *w * keep - scale * u);

@@ -46,11 +46,11 @@ impl SharedMoments {
 
     /// Entry `i`'s first moment.
     pub fn moment_1(&self, i: usize) -> &[f32] {
-        self.moments.m.slot(self.entries[i].slot)
+        self.moments.m.slot(self.entries[i].slot).or_none()
     }
 
     /// Entry `i`'s second moment.
     pub fn moment_2(&self, i: usize) -> &[f32] {
-        self.moments.v.slot(self.entries[i].slot)
+        self.moments.v.slot(self.entries[i].slot).or_none()
     }
 }

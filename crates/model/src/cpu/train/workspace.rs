@@ -3,6 +3,7 @@
 
 use crate::arch::{LoraTarget, Mlp};
 use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
+use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::frozen::dequantised;
 use crate::cpu::kernels::attention::{self, Shape};
@@ -310,15 +311,22 @@ impl Workspace {
             mean: &mut self.ln_f_mean,
             rstd: &mut self.ln_f_rstd,
         };
-        norm::forward(d.norm, ln_f, x, &w.ln_f_gamma, &w.ln_f_beta, d.epsilon);
+        let (gamma, beta) = (w.ln_f_gamma.get(), w.ln_f_beta.get());
+        norm::forward(d.norm, ln_f, x, gamma, beta, d.epsilon);
         let rows = x.len() / c;
         let h = View::new(&self.ln_f, rows, c);
-        if w.lm_head.is_empty() {
-            let vocab = w.wte.len() / c;
-            matmul(&mut self.logits, h, View::new(&w.wte, vocab, c).t(), false);
-        } else {
-            let vocab = w.lm_head.len() / c;
-            matmul(&mut self.logits, h, View::new(&w.lm_head, c, vocab), false);
+        match &w.lm_head {
+            // Tied: the embedding's rows are the head's columns.
+            Buffer::Absent => {
+                let wte = w.wte.values();
+                let vocab = wte.len() / c;
+                matmul(&mut self.logits, h, View::new(wte, vocab, c).t(), false);
+            }
+            head => {
+                let head = head.values();
+                let vocab = head.len() / c;
+                matmul(&mut self.logits, h, View::new(head, c, vocab), false);
+            }
         }
         if d.softcap > 0.0 {
             softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
@@ -387,39 +395,35 @@ impl Workspace {
         let dl = View::new(dlogits, rows, vocab);
         let h = View::new(&self.ln_f, rows, c);
         let d_branch = &mut self.scratch.d_branch;
-        // A frozen head (LoRA's base) has no gradient buffer.
-        if w.lm_head.is_empty() {
-            matmul(d_branch, dl, View::new(&w.wte, vocab, c), false);
-            if !g.wte.is_empty() {
-                matmul(&mut g.wte, dl.t(), h, true);
+        // A frozen head (LoRA's base) has no gradient.
+        match &w.lm_head {
+            Buffer::Absent => {
+                matmul(d_branch, dl, View::new(w.wte.values(), vocab, c), false);
+                if let Some(g) = g.wte.get_mut() {
+                    matmul(g, dl.t(), h, true);
+                }
             }
-        } else {
-            matmul(d_branch, dl, View::new(&w.lm_head, c, vocab).t(), false);
-            if !g.lm_head.is_empty() {
-                matmul(&mut g.lm_head, h.t(), dl, true);
+            head => {
+                matmul(d_branch, dl, View::new(head.values(), c, vocab).t(), false);
+                if let Some(g) = g.lm_head.get_mut() {
+                    matmul(g, h.t(), dl, true);
+                }
             }
         }
         self.d_resid.fill(0.0);
         let x = self.resid.last().expect("embedding at least");
         let stats = (&self.ln_f_mean[..], &self.ln_f_rstd[..]);
-        let (dgamma, dbeta) = (&mut g.ln_f_gamma, &mut g.ln_f_beta);
-        let dout = &self.scratch.d_branch;
-        norm::backward(
-            d.norm,
-            &mut self.d_resid,
-            dgamma,
-            dbeta,
-            dout,
-            x,
-            stats,
-            &w.ln_f_gamma,
-        );
+        let (dgamma, dbeta) = (g.ln_f_gamma.get_mut(), g.ln_f_beta.get_mut());
+        let (dout, gain) = (&self.scratch.d_branch, w.ln_f_gamma.get());
+        let d_resid = &mut self.d_resid;
+        norm::backward(d.norm, d_resid, dgamma, dbeta, dout, x, stats, gain);
     }
 }
 
 /// The embeddings' gradients from `d_resid`, the gradient of the embedded rows: each row's
 /// into its token's row of `wte`, its position's of `wpe` and its pair's of the bigram table.
-/// Frozen embeddings (LoRA's base) have no gradient buffers.
+/// Frozen embeddings (LoRA's base) have no gradients, and a model without a position or
+/// bigram table none of its own.
 fn add_embedding_gradients(
     g: &mut Params,
     d_resid: &[f32],
@@ -427,27 +431,19 @@ fn add_embedding_gradients(
     d: &Dims,
     (seq, c): (usize, usize),
 ) {
+    let add = |table: &mut [f32], row: usize, dx: &[f32]| {
+        let row = &mut table[row * c..(row + 1) * c];
+        row.iter_mut().zip(dx).for_each(|(g, d)| *g += d);
+    };
     for (r, (dx, &tok)) in d_resid.chunks_exact(c).zip(inputs).enumerate() {
-        let te = tok as usize * c;
-        if !g.wte.is_empty() {
-            g.wte[te..te + c]
-                .iter_mut()
-                .zip(dx)
-                .for_each(|(g, d)| *g += d);
+        if let Some(wte) = g.wte.get_mut() {
+            add(wte, tok as usize, dx);
         }
-        if !g.wpe.is_empty() {
-            let pe = (r % seq) * c;
-            g.wpe[pe..pe + c]
-                .iter_mut()
-                .zip(dx)
-                .for_each(|(g, d)| *g += d);
+        if let Some(wpe) = g.wpe.get_mut() {
+            add(wpe, r % seq, dx);
         }
-        if !g.bigram.is_empty() {
-            let be = pair(d, inputs, r, seq) * c;
-            g.bigram[be..be + c]
-                .iter_mut()
-                .zip(dx)
-                .for_each(|(g, d)| *g += d);
+        if let Some(bigram) = g.bigram.get_mut() {
+            add(bigram, pair(d, inputs, r, seq), dx);
         }
     }
 }

@@ -11,8 +11,8 @@
 //!    and the sampler's loops over a vocabulary vectorise with.
 //! 1. **`arch`**: what the model is, with no Burn in it: [`GptConfig`] with its presets
 //!    ([`GptConfig::baby`], [`GptConfig::shakespeare_char`], [`GptConfig::modern`],
-//!    [`GptConfig::minimal`]), its [`parts`], and [`parameter_table`]: every parameter under
-//!    Burn's and nanoGPT's names.
+//!    [`GptConfig::minimal`]), its [`parts`], and [`names::parameter_table`]: every parameter
+//!    under Burn's and nanoGPT's names.
 //! 2. **`sample`**: how a next token is chosen, for every engine: [`GenerateOptions`]
 //!    (temperature, top-k, top-p, repetition penalty, stop sequences), [`generate`] and
 //!    [`score`] over any [`Decoder`], and the [`BatchDecoder`] a server drives.
@@ -31,8 +31,10 @@
 //!    hand-written kernels (tested against Burn's autodiff), and [`FusedDecoder`] /
 //!    [`FusedBatch`], decoding with a KV cache.
 //!
-//! Everything a user of the crate needs is re-exported here, and the rooms are private except
-//! [`gpu`], whose kernels the trainer (its device AdamW) and the tests call directly.
+//! What a user of the crate calls is re-exported here; the rooms are private except [`gpu`],
+//! whose kernels the trainer (its device AdamW) and the tests call directly. Three modules
+//! gather what the tinygpt trainer needs beyond that: [`names`] (every parameter's names),
+//! [`step`] (the pieces of a training step it assembles) and [`decoding`] (below the decoders).
 
 mod arch;
 mod cpu;
@@ -44,26 +46,51 @@ mod optim;
 mod sample;
 
 pub use arch::parts;
-pub use arch::{
-    BaseWeights, BlockSlot, Factor, GptConfig, LoraConfig, LoraTarget, ParamName, Slot,
-    TrainedPart, parameter_table, trained_beside,
-};
-pub use cpu::{
-    FusedBatch, FusedCpu, FusedDecoder, FusedError, LentWeights, MomentEntry, PREFILL_CHUNK,
-    SharedMoments, TokenBatch, WeightFormat, q8_0_block, weight_bytes_per_token,
-};
+pub use arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
+pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, TokenBatch, WeightFormat};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use gpu::sum_all;
 pub use nn::{
-    Block, DecodeStep, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Ids, Normalization,
-    adapter_path, befores, cross_entropy, cross_entropy_counted, cross_entropy_ops, kept_targets,
-    rms_norm, seeded,
+    Block, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy, seeded,
 };
 pub use optim::{
-    AdamWSettings, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings, NEWTON_SCHULZ,
-    NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, ParamLayout, VelocityState, clip_factor_on_device,
+    AdamWSettings, LayoutEntry, LayoutError, LrRatios, MomentState, MuonSettings, ParamLayout,
+    VelocityState,
 };
 pub use sample::{
-    BatchDecoder, Continuation, Decoder, Feed, Finish, GenerateOptions, Pick, Picked, Replay,
-    Sampled, generate, generate_batch, generate_cancellable, host_reads, score,
+    BatchDecoder, Continuation, Decoder, Finish, GenerateOptions, Sampled, generate,
+    generate_batch, generate_cancellable, score,
 };
+
+/// Every parameter under the names it goes by: its place in the model ([`Slot`](names::Slot)),
+/// Burn's path, nanoGPT's and Hugging Face's names ([`parameter_table`](names::parameter_table)),
+/// PEFT's for the adapters: what importers, exporters and optimizer groups match on.
+pub mod names {
+    pub use crate::arch::{
+        BlockSlot, Factor, ParamName, Slot, TrainedPart, parameter_table, trained_beside,
+    };
+    pub use crate::nn::adapter_path;
+}
+
+/// The pieces of a training step that the tinygpt trainer puts together itself: the loss over
+/// the kept targets and its count (and RMSNorm) by Burn's ops, clipping on the device, Muon's Newton–Schulz constants, and
+/// what the fused engine lends Burn's model ([`LentWeights`](step::LentWeights)) or shares with
+/// a checkpoint writer ([`SharedMoments`](step::SharedMoments)).
+pub mod step {
+    pub use crate::cpu::{LentWeights, MomentEntry, SharedMoments};
+    /// RMSNorm by Burn's ops, what the fused GPU kernel ([`gpu::rms_norm`](crate::gpu::rms_norm))
+    /// is tested against.
+    pub use crate::nn::rms_norm as rms_norm_ops;
+    pub use crate::nn::{cross_entropy_counted, cross_entropy_ops, kept_targets};
+    pub use crate::optim::{
+        NEWTON_SCHULZ, NEWTON_SCHULZ_EPSILON, NEWTON_SCHULZ_STEPS, clip_factor_on_device,
+    };
+}
+
+/// Below [`Decoder`] and [`BatchDecoder`]: a step's inputs ([`Ids`](decoding::Ids)), how a
+/// server's batcher feeds and replays streams, the sampler on the device, and what decoding
+/// costs (host reads, weight bytes a token, the prefill chunk, GGUF's `Q8_0` block).
+pub mod decoding {
+    pub use crate::cpu::{PREFILL_CHUNK, q8_0_block, weight_bytes_per_token};
+    pub use crate::nn::{DecodeStep, Ids, befores};
+    pub use crate::sample::{Feed, Pick, Picked, Replay, host_reads};
+}

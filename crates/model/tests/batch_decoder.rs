@@ -10,7 +10,7 @@ use common::{configs, seeded, sliding, tokens};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptBatch, GptConfig,
-    Replay, generate, generate_batch,
+    decoding::Replay, generate, generate_batch,
 };
 
 /// A generation to run: its prompt and its sampler's settings.

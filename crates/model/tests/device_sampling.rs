@@ -10,8 +10,8 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    DecodeStep, Decoder, Decoding, FusedDecoder, GenerateOptions, GptConfig, Pick, Sampled,
-    generate_cancellable,
+    Decoder, Decoding, FusedDecoder, GenerateOptions, GptConfig, Sampled, decoding::DecodeStep,
+    decoding::Pick, generate_cancellable,
 };
 
 /// Uniform numbers in [0, 1) from a fixed-seed xorshift: the same on every run.

@@ -7,8 +7,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::{configs, seeded, tokens};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, PREFILL_CHUNK,
-    generate,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError,
+    decoding::PREFILL_CHUNK, generate,
 };
 
 /// The last position's logits of `Gpt::forward` over `context`.

@@ -14,7 +14,7 @@ use common::{configs, seeded};
 use tinygpt_model::parts::Position;
 use tinygpt_model::{
     AdamWSettings, FusedCpu, Gpt, GptConfig, GptConfigError, LoraConfig, LoraTarget, LrRatios,
-    ParamLayout, Slot, TokenBatch, TrainedPart,
+    ParamLayout, TokenBatch, names::Slot, names::TrainedPart,
 };
 
 /// Every config, every matrix alone and all together: the adapters' gradients are Burn's.

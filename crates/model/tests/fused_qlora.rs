@@ -11,8 +11,8 @@ use common::lora::{adapted, batch, check};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    AdamWSettings, BaseWeights, BlockSlot, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios,
-    ParamLayout, Slot, TokenBatch, q8_0_block,
+    AdamWSettings, BaseWeights, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios, ParamLayout,
+    TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
 };
 
 /// Adapters of `rank` on every matrix, the base in `Q8_0`.

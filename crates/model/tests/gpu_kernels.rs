@@ -15,7 +15,7 @@ use tinygpt_model::gpu::rows::{self, MAX_ROWS};
 use tinygpt_model::gpu::{
     cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
-use tinygpt_model::{GptConfig, cross_entropy_ops, sum_all};
+use tinygpt_model::{GptConfig, gpu::sum_all, step::cross_entropy_ops};
 
 /// Numbers in [-scale, scale) from a fixed-seed xorshift.
 fn numbers(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -177,7 +177,7 @@ fn the_fused_layer_norm_is_burns() {
 }
 
 /// RMSNorm is the LayerNorm kernels uncentred: equal to the Burn ops of
-/// [`tinygpt_model::rms_norm`] under autodiff, forward and gradients, with and without the
+/// [`tinygpt_model::step::rms_norm_ops`] under autodiff, forward and gradients, with and without the
 /// gain; called directly, its statistics are a zero mean and `1/√(mean(x²) + ε)`.
 #[test]
 #[cfg_attr(
@@ -204,7 +204,7 @@ fn the_fused_rms_norm_is_the_burn_ops() {
                 let y = match fused {
                     true => rms_norm(x.clone(), g.clone(), 1e-5),
                     false => {
-                        let y = tinygpt_model::rms_norm(
+                        let y = tinygpt_model::step::rms_norm_ops(
                             x.clone().reshape([1, rows, channels]),
                             g.clone(),
                             1e-5,
@@ -423,7 +423,8 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
         let inputs = Tensor::<2, Int>::from_data(TensorData::new(tokens.clone(), [3, 16]), device);
         let t = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [48]), device);
         let logits = reads.forward(inputs).unwrap().reshape([48, 37]);
-        let loss = tinygpt_model::cross_entropy_counted(logits, t, kept, model.kernels()).unwrap();
+        let loss =
+            tinygpt_model::step::cross_entropy_counted(logits, t, kept, model.kernels()).unwrap();
         let value = read(loss.clone())[0];
         let grads = loss.backward();
         results.push((value, gradients(model, &grads)));

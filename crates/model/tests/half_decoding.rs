@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::tensor::{DType, Device, FloatDType};
 use common::seeded;
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{DecodeStep, Decoder, Gpt, GptConfig};
+use tinygpt_model::{Decoder, Gpt, GptConfig, decoding::DecodeStep};
 
 /// The logits after each of `tokens`: the first 5 fed as a prompt, then one at a time.
 fn logits_along(decoder: &mut dyn Decoder, tokens: &[u32]) -> Vec<Vec<f32>> {

@@ -7,8 +7,8 @@ mod common;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::{configs, seeded, tokens};
 use tinygpt_model::{
-    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, WeightFormat, generate,
-    weight_bytes_per_token,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, WeightFormat,
+    decoding::weight_bytes_per_token, generate,
 };
 
 /// Every decoder config at width 96 (whole blocks of 32 for every matrix), so each is

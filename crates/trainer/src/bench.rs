@@ -14,7 +14,8 @@ use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, GenerateOptions, Replay, generate, generate_batch, weight_bytes_per_token,
+    BatchDecoder, GenerateOptions, decoding::Replay, decoding::weight_bytes_per_token, generate,
+    generate_batch,
 };
 
 use crate::backend::{Backend, EngineKind, Placement, describe};

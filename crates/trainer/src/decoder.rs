@@ -5,8 +5,8 @@
 use anyhow::{Result, bail};
 use burn::tensor::FloatDType;
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, Pick, Picked,
-    Replay, WeightFormat,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, WeightFormat,
+    decoding::Pick, decoding::Picked, decoding::Replay,
 };
 
 use crate::backend::{EngineKind, Placement};

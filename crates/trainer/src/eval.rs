@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tinygpt_model::{FusedDecoder, Gpt, IGNORE_INDEX, WeightFormat, cross_entropy_counted};
+use tinygpt_model::{FusedDecoder, Gpt, IGNORE_INDEX, WeightFormat, step::cross_entropy_counted};
 
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Split, sweep};

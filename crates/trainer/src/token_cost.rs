@@ -10,7 +10,7 @@
 //!   shapes too). A decoder whose kernels change with the position, a cache that grows per
 //!   token say, compiles on every token; one with fixed shapes compiles none;
 //! - **host reads per token**: the decoders' reads back to the host
-//!   ([`tinygpt_model::host_reads`]); each one waits for the device.
+//!   ([`tinygpt_model::decoding::host_reads`]); each one waits for the device.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,14 +49,14 @@ pub fn warm_up<T>(pass: impl FnOnce() -> Result<T>) -> Result<(T, Warm)> {
 /// tokens cost after `warm`.
 pub fn count(warm: &Warm, pass: impl FnOnce() -> Result<usize>) -> Result<TokenCost> {
     let launches = Arc::new(Launches::default());
-    let reads_before = tinygpt_model::host_reads();
+    let reads_before = tinygpt_model::decoding::host_reads();
     let collecting = LaunchedKernels::new();
     let tokens = {
         let _watching = LaunchObservation::new(launches.clone());
         pass()?
     };
     let launched = collecting.finish();
-    let reads = tinygpt_model::host_reads() - reads_before;
+    let reads = tinygpt_model::decoding::host_reads() - reads_before;
     let per_token = |n: f64| n / tokens.max(1) as f64;
     Ok(TokenCost {
         launches_per_token: per_token(launches.0.load(Ordering::Relaxed) as f64),

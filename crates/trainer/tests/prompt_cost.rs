@@ -12,7 +12,7 @@
 use tinygpt::backend::Backend;
 use tinygpt::token_cost::{count, warm_up};
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{BatchDecoder, DecodeStep, Decoder, Gpt, GptBatch, GptConfig};
+use tinygpt_model::{BatchDecoder, Decoder, Gpt, GptBatch, GptConfig, decoding::DecodeStep};
 
 const VOCAB: usize = 40;
 

@@ -13,7 +13,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use tinygpt::backend::Backend;
 use tinygpt::token_cost::{count, warm_up};
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{DecodeStep, Decoder, Gpt, GptConfig, Pick};
+use tinygpt_model::{Decoder, Gpt, GptConfig, decoding::DecodeStep, decoding::Pick};
 
 const VOCAB: usize = 40;
 /// Tokens sampled before the counted 100 (the block is 128: no window rebuild).

@@ -4,7 +4,7 @@ use burn::module::Param;
 use burn::tensor::{Device, Distribution, Tensor};
 use tinygpt_model::GptConfig;
 use tinygpt_model::parts::{Mlp, Norm, Position};
-use tinygpt_model::{Decoder, ModelError, Pick, Picked};
+use tinygpt_model::{Decoder, ModelError, decoding::Pick, decoding::Picked};
 
 /// Weights and inputs are drawn from the CPU backends' generators, which every test thread
 /// shares (and Burn draws weights lazily, at first use): each test holds this lock and seeds the

@@ -5,7 +5,7 @@
 //! ([`Backend::placement`](super::Backend::placement)). docs/backends.md lists them.
 
 use tinygpt_model::gpu::Kernels;
-use tinygpt_model::{DecodeStep, Decoding, Gpt};
+use tinygpt_model::{Decoding, Gpt, decoding::DecodeStep};
 
 /// Each switch: the variable, and what setting it does.
 pub const VARIABLES: [(&str, &str); 4] = [

@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use tinygpt::config::UpdateKind;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
-use tinygpt_model::{Gpt, GptConfig, WeightFormat, weight_bytes_per_token};
+use tinygpt_model::{Gpt, GptConfig, WeightFormat, decoding::weight_bytes_per_token};
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .slice([0..1, 0..seq - 1])
                 .reshape([seq - 1, vocab]);
             // Every target is a token (none ignored): `seq - 1` of them.
-            tinygpt_model::cross_entropy_counted(head, targets, seq - 1, model.kernels())
+            tinygpt_model::step::cross_entropy_counted(head, targets, seq - 1, model.kernels())
                 .map(|l| l.into_scalar::<f32>())
         })
         .transpose()?;

@@ -95,7 +95,7 @@ impl Batch {
     /// [`counted_targets`](Self::counted_targets), none being an error (the loss would have
     /// nothing to average).
     pub(crate) fn kept_targets(&self) -> Result<usize> {
-        Ok(tinygpt_model::kept_targets(&self.targets)?)
+        Ok(tinygpt_model::step::kept_targets(&self.targets)?)
     }
 }
 

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
-use tinygpt_model::{Gpt, ParamName, parameter_table};
+use tinygpt_model::{Gpt, names::ParamName, names::parameter_table};
 
 use crate::config::RunConfig;
 

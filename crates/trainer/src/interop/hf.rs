@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position};
-use tinygpt_model::{GptConfig, Slot, parameter_table};
+use tinygpt_model::{GptConfig, names::Slot, names::parameter_table};
 
 use super::chat_files;
 use super::foreign::{

@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
-use tinygpt_model::{BlockSlot, GptConfig, Slot, parameter_table};
+use tinygpt_model::{GptConfig, names::BlockSlot, names::Slot, names::parameter_table};
 
 use super::foreign::{Foreign, NamedTensor, transpose, write_safetensors};
 use super::hf_dir;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
-use tinygpt_model::{Gpt, GptConfig, LoraConfig, TrainedPart, trained_beside};
+use tinygpt_model::{Gpt, GptConfig, LoraConfig, names::TrainedPart, names::trained_beside};
 
 /// The tensors of a LoRA checkpoint: the adapters' factors, `….weight.lora.a` and `.b`.
 const ADAPTERS: &str = r"\.lora\.[ab]$";

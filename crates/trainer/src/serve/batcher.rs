@@ -25,7 +25,8 @@ use std::ops::Range;
 
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, Continuation, Finish, FusedBatch, GenerateOptions, PREFILL_CHUNK, Replay,
+    BatchDecoder, Continuation, Finish, FusedBatch, GenerateOptions, decoding::PREFILL_CHUNK,
+    decoding::Replay,
 };
 use tokio::sync::mpsc::{self, error::TrySendError};
 

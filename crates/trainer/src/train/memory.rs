@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{FusedCpu, GptConfig, LoraConfig, parameter_table};
+use tinygpt_model::{FusedCpu, GptConfig, LoraConfig, names::parameter_table};
 
 use crate::backend::EngineKind;
 use crate::config::RunConfig;

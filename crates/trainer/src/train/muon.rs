@@ -17,8 +17,8 @@ use burn_pack::Scalar;
 
 pub use tinygpt_model::MuonSettings;
 use tinygpt_model::{
-    NEWTON_SCHULZ as NS, NEWTON_SCHULZ_EPSILON as NS_EPSILON, NEWTON_SCHULZ_STEPS as NS_STEPS,
-    sum_all,
+    gpu::sum_all, step::NEWTON_SCHULZ as NS, step::NEWTON_SCHULZ_EPSILON as NS_EPSILON,
+    step::NEWTON_SCHULZ_STEPS as NS_STEPS,
 };
 
 /// Muon as one of Burn's per-parameter optimizers (a group of a `ModuleOptimizer`).

@@ -8,7 +8,8 @@ use burn::module::{ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, LearningRate, ModuleOptimizer};
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use tinygpt_model::{
-    AdamWSettings, BlockSlot, Gpt, LrRatios, MomentState, ParamLayout, Slot, VelocityState,
+    AdamWSettings, Gpt, LrRatios, MomentState, ParamLayout, VelocityState, names::BlockSlot,
+    names::Slot,
 };
 
 pub use super::state_pack::States;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use burn::tensor::{Bytes, TensorData};
-use tinygpt_model::{MomentState, SharedMoments, VelocityState};
+use tinygpt_model::{MomentState, VelocityState, step::SharedMoments};
 
 /// An optimizer's state per parameter: AdamW's moments, and Muon's momentum for its matrices.
 #[derive(Debug, Default)]

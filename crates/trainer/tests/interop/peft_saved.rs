@@ -6,7 +6,7 @@
 
 use super::peft::{export_peft, import_adapter, peft_logits, peft_python, train_lora_with};
 use super::*;
-use tinygpt_model::TrainedPart;
+use tinygpt_model::names::TrainedPart;
 
 /// The fixtures: adapter directory, its base's directory.
 const SAVED: [(&str, &str); 2] = [

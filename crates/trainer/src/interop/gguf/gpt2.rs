@@ -4,7 +4,7 @@
 //! head is tied, as llama.cpp's converter writes it.
 
 use anyhow::{Result, anyhow};
-use tinygpt_model::{BlockSlot, Gpt, GptConfig, Slot, parameter_table};
+use tinygpt_model::{Gpt, GptConfig, names::BlockSlot, names::Slot, names::parameter_table};
 
 use super::difference::Approximation;
 use super::file::{Tensor, TensorType, Value};

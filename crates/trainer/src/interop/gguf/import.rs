@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value as Json, json};
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{GptConfig, Slot, parameter_table};
+use tinygpt_model::{GptConfig, names::Slot, names::parameter_table};
 
 use super::architecture::Architecture;
 use super::file::{Gguf, Tensor, Value};

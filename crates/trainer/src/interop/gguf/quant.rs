@@ -39,7 +39,7 @@ pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
 /// uses too: a Q8_0 file imported and sampled in int8 has its own bytes back).
 fn q8_0_block(x: &[f32]) -> [u8; 34] {
     let x: &[f32; Q8_0_BLOCK] = x.try_into().expect("whole blocks");
-    let (d, q) = tinygpt_model::q8_0_block(x);
+    let (d, q) = tinygpt_model::decoding::q8_0_block(x);
     let mut block = [0u8; 34];
     block[..2].copy_from_slice(&d.to_le_bytes());
     for (b, q) in block[2..].iter_mut().zip(q) {

@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tinygpt_model::{
-    BaseWeights, Factor, Gpt, GptConfig, LoraConfig, LoraTarget, TrainedPart, adapter_path,
+    BaseWeights, Gpt, GptConfig, LoraConfig, LoraTarget, names::Factor, names::TrainedPart,
+    names::adapter_path,
 };
 
 use self::matrix::Matrix;

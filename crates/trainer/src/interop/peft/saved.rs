@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, anyhow, bail};
 use tinygpt_model::{
-    Gpt, GptConfig, LoraConfig, Slot, TrainedPart, parameter_table, trained_beside,
+    Gpt, GptConfig, LoraConfig, names::Slot, names::TrainedPart, names::parameter_table,
+    names::trained_beside,
 };
 
 use super::matrix::Matrix;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Tensor};
-use tinygpt_model::{Gpt, clip_factor_on_device, cross_entropy_counted, sum_all};
+use tinygpt_model::{Gpt, gpu::sum_all, step::clip_factor_on_device, step::cross_entropy_counted};
 
 use super::Step;
 use crate::config::TrainDType;

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::{Gpt, LrRatios, sum_all};
+use tinygpt_model::{Gpt, LrRatios, gpu::sum_all};
 
 use super::burn_step::{BurnModel, clip_scale, read_steps};
 use super::{Engine, Step};

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use replace_with::replace_with_or_abort;
-use tinygpt_model::{BaseWeights, FusedCpu, Gpt, LentWeights, TokenBatch};
+use tinygpt_model::{BaseWeights, FusedCpu, Gpt, TokenBatch, step::LentWeights};
 
 use super::{Engine, Saving, Step};
 use crate::backend::EngineKind;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use burn::tensor::{Device, Distribution, Tensor};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig};
+use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig, Pass};
 
 struct Shape {
     name: &'static str,
@@ -61,7 +61,9 @@ fn bench(c: &mut Criterion) {
                 );
                 group.bench_function(BenchmarkId::new("forward+backward", &id), |b| {
                     b.iter(|| {
-                        let y = layer.forward(x.clone().require_grad(), None).unwrap();
+                        let y = layer
+                            .forward(x.clone().require_grad(), None, Pass::Train)
+                            .unwrap();
                         let grads = y.sum().backward();
                         // Read one gradient back so the backend finishes the work.
                         layer.c_attn.weight.grad(&grads).unwrap().into_data()
@@ -71,7 +73,12 @@ fn bench(c: &mut Criterion) {
                 let layer = config.init(&device).unwrap();
                 let x = x.clone().to_device(&device);
                 group.bench_function(BenchmarkId::new("inference", &id), |b| {
-                    b.iter(|| layer.forward(x.clone(), None).unwrap().into_data())
+                    b.iter(|| {
+                        layer
+                            .forward(x.clone(), None, Pass::Infer)
+                            .unwrap()
+                            .into_data()
+                    })
                 });
             }
         }

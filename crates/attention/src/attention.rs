@@ -14,6 +14,7 @@ use crate::kernels::{DecodeProduct, Kernels, burn_product};
 use crate::lora::project;
 use crate::mask::{causal_mask_with_offset, mask_then_softmax};
 use crate::packed_qk::{self, QkPrep};
+use crate::pass::Pass;
 use crate::qk_norm::rms_norm_heads;
 use crate::rope::RopeRows;
 use crate::step::StepAt;
@@ -143,7 +144,8 @@ impl CausalSelfAttention {
         self.c_attn.weight.dtype()
     }
 
-    /// Attends over `x`: `[batch, seq, d_model] -> [batch, seq, d_model]`.
+    /// Attends over `x`: `[batch, seq, d_model] -> [batch, seq, d_model]`, as a training step's
+    /// forward or not (`pass`, [`crate::pass`]).
     ///
     /// `key_padding`: optional `[batch, seq]`, `true` where the token is padding. Padded keys get
     /// weight 0; a query whose keys are all padding gets zeros, never `NaN`.
@@ -151,17 +153,19 @@ impl CausalSelfAttention {
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
+        pass: Pass,
     ) -> Result<Tensor<3>, AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
+        check_pass(&x, pass)?;
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         // Queries, keys and values side by side: [batch, seq, (heads + 2·kv_heads)·d_head].
-        let qkv = project(&self.c_attn, x, &self.adapter_dropout);
-        let y = match self.core(&qkv, padded) {
+        let qkv = project(&self.c_attn, x, &self.adapter_dropout, pass);
+        let y = match self.core(padded, pass) {
             // The kernels read the heads where the projection wrote them (normalised and
             // rotated in place) and write the output as the output projection reads it.
             Core::Flash => {
-                let dropout = self.dropout_probability(&qkv.device());
+                let dropout = self.dropout_probability(pass);
                 let heads = (self.n_heads, self.n_kv_heads);
                 flash_attention_packed(self.packed_heads(qkv), heads.0, heads.1, dropout)
             }
@@ -175,11 +179,11 @@ impl CausalSelfAttention {
             Core::Explicit => {
                 let heads = self.grouped(self.heads(qkv, At::From(0)));
                 let mask = self.mask(batch, seq, 0, seq, key_padding);
-                concat_heads(self.explicit(heads, Some(mask), padded).0)
+                concat_heads(self.explicit(heads, Some(mask), padded, pass).0)
             }
         };
-        let out = project(&self.c_proj, y, &self.adapter_dropout);
-        Ok(self.resid_dropout.forward(out))
+        let out = project(&self.c_proj, y, &self.adapter_dropout, pass);
+        Ok(pass.dropout(&self.resid_dropout, out))
     }
 
     /// Like [`forward`](Self::forward), and also returns the attention weights
@@ -189,16 +193,18 @@ impl CausalSelfAttention {
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
+        pass: Pass,
     ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
         let [batch, seq, _] = self.check_input(&x, 0)?;
+        check_pass(&x, pass)?;
         check_padding(&key_padding, batch, seq)?;
         let padded = key_padding.is_some();
         let mask = self.mask(batch, seq, 0, seq, key_padding);
-        let qkv = project(&self.c_attn, x, &self.adapter_dropout);
+        let qkv = project(&self.c_attn, x, &self.adapter_dropout, pass);
         let heads = self.grouped(self.heads(qkv, At::From(0)));
-        let (y, weights) = self.explicit(heads, Some(mask), padded);
-        let y = project(&self.c_proj, concat_heads(y), &self.adapter_dropout);
-        Ok((self.resid_dropout.forward(y), weights))
+        let (y, weights) = self.explicit(heads, Some(mask), padded, pass);
+        let y = project(&self.c_proj, concat_heads(y), &self.adapter_dropout, pass);
+        Ok((pass.dropout(&self.resid_dropout, y), weights))
     }
 
     /// This layer with dropout of probability `p` on the inputs of the LoRA adapters its
@@ -264,32 +270,24 @@ impl CausalSelfAttention {
         Ok(dims)
     }
 
-    /// Dropout only acts when training: its flag is on and the tensors track gradients.
-    pub(crate) fn dropout_active(&self, device: &Device) -> bool {
-        self.attn_dropout.prob > 0.0
-            && self.attn_dropout.training.is_enabled()
-            && device.is_autodiff()
-    }
-
-    /// The attention weights' dropout probability for a call on `device`: 0 outside training.
-    fn dropout_probability(&self, device: &Device) -> f64 {
-        match self.dropout_active(device) {
+    /// The attention weights' dropout probability on `pass`: 0 outside training.
+    fn dropout_probability(&self, pass: Pass) -> f64 {
+        match pass.drops(&self.attn_dropout) {
             true => self.attn_dropout.prob,
             false => 0.0,
         }
     }
 
-    /// Which core attends over `qkv` (`[batch, seq, (heads + 2·kv_heads)·d_head]`): the layer's
-    /// [`AttentionKernel`] and [`Kernels`], both fixed when it was built, for what the call
-    /// brings (gradients tracked or not, padding, the projections' dtype).
-    fn core(&self, qkv: &Tensor<3>, padded: bool) -> Core {
-        let training = qkv.device().is_autodiff();
+    /// Which core attends: the layer's [`AttentionKernel`] and [`Kernels`], both fixed when it
+    /// was built, for what the call brings (its pass, padding; the projections' dtype).
+    fn core(&self, padded: bool, pass: Pass) -> Core {
+        let training = pass == Pass::Train;
         let d_head = self.d_model() / self.n_heads;
         let flash = !padded && flash::supported(self.kernels, self.dtype(), d_head);
         match self.kernel {
             AttentionKernel::Flash if flash => Core::Flash,
             AttentionKernel::Auto if flash && training => Core::Flash,
-            AttentionKernel::Sdpa if !self.dropout_active(&qkv.device()) => Core::Sdpa,
+            AttentionKernel::Sdpa if !pass.drops(&self.attn_dropout) => Core::Sdpa,
             // Under autodiff the SDPA op was slower than the explicit one on CPU, and padding
             // needs a materialised mask anyway.
             AttentionKernel::Auto if !training && !padded => Core::Sdpa,
@@ -400,6 +398,7 @@ impl CausalSelfAttention {
         Heads { q, k, v }: Heads,
         mask: Option<Tensor<4, Bool>>,
         zero_hidden: bool,
+        pass: Pass,
     ) -> (Tensor<4>, Tensor<4>) {
         let d_head = q.dims()[3];
         let dtype = v.dtype();
@@ -417,9 +416,8 @@ impl CausalSelfAttention {
             Some(mask) => mask_then_softmax(scores, mask),
             None => burn::tensor::activation::softmax(scores, 3),
         };
-        let y = self
-            .attn_dropout
-            .forward(weights.clone().cast(dtype))
+        let y = pass
+            .dropout(&self.attn_dropout, weights.clone().cast(dtype))
             .matmul(v);
         (y, weights)
     }
@@ -444,6 +442,15 @@ pub(crate) fn sdpa(
         is_causal,
     };
     attention(q, k, v, mask, None, options)
+}
+
+/// A training pass needs a device that tracks gradients: nothing else could take its backward,
+/// and Burn's dropout acts only there.
+fn check_pass(x: &Tensor<3>, pass: Pass) -> Result<(), AttentionError> {
+    match pass {
+        Pass::Train if !x.device().is_autodiff() => Err(AttentionError::TrainWithoutGradients),
+        Pass::Train | Pass::Infer => Ok(()),
+    }
 }
 
 fn check_padding(

@@ -11,9 +11,9 @@ use crate::error::AttentionConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttentionKernel {
-    /// By what a call brings: in training on a layer running
-    /// [`Kernels::Cube`](crate::Kernels::Cube) (a GPU), [`Flash`](AttentionKernel::Flash); in
-    /// inference without padding, [`Sdpa`](AttentionKernel::Sdpa); otherwise
+    /// By what a call brings ([`Pass`](crate::Pass), padding): on a training pass on a layer
+    /// running [`Kernels::Cube`](crate::Kernels::Cube) (a GPU), [`Flash`](AttentionKernel::Flash);
+    /// on an inference pass without padding, [`Sdpa`](AttentionKernel::Sdpa); otherwise
     /// [`Explicit`](AttentionKernel::Explicit).
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops: the code that

@@ -5,7 +5,7 @@
 //! Each gives what [`forward`](CausalSelfAttention::forward) gives over the whole sequence, to
 //! float rounding; the tests check it.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 
 use crate::attention::{At, CausalSelfAttention, Heads, concat_heads, sdpa};
 use crate::config::AttentionKernel;
@@ -13,6 +13,7 @@ use crate::decode_attention::decode_attention;
 use crate::error::AttentionError;
 use crate::kv_cache::KvCache;
 use crate::mask::lengths_mask;
+use crate::pass::Pass;
 use crate::step::{Seen, StepAt};
 
 impl CausalSelfAttention {
@@ -42,9 +43,9 @@ impl CausalSelfAttention {
         // One new token may see every key a growing cache holds: no mask at all. A fixed cache
         // hides its rows not written yet as if they were future tokens.
         let mask = (new > 1 || keys > past + new).then(|| self.mask(batch, new, past, keys, None));
-        let y = match mask.is_none() && self.sdpa_without_mask(&heads.q.device()) {
+        let y = match mask.is_none() && self.sdpa_without_mask() {
             true => sdpa(heads, None, false),
-            false => self.explicit(heads, mask, false).0,
+            false => self.explicit(heads, mask, false, Pass::Infer).0,
         };
         Ok(self.project(concat_heads(y)))
     }
@@ -102,7 +103,9 @@ impl CausalSelfAttention {
             Seen::Hidden(hidden) => {
                 let heads = self.grouped(Heads { q, k, v });
                 let mask = hidden.clone().expand([rows, self.n_heads, new, capacity]);
-                Ok(self.project(concat_heads(self.explicit(heads, Some(mask), false).0)))
+                Ok(self.project(concat_heads(
+                    self.explicit(heads, Some(mask), false, Pass::Infer).0,
+                )))
             }
         }
     }
@@ -162,22 +165,22 @@ impl CausalSelfAttention {
             k: Tensor::cat(stacked_keys, 0),
             v: Tensor::cat(stacked_values, 0),
         });
-        Ok(self.project(concat_heads(self.explicit(heads, Some(mask), false).0)))
+        Ok(self.project(concat_heads(
+            self.explicit(heads, Some(mask), false, Pass::Infer).0,
+        )))
     }
 
     /// The heads' outputs side by side, `[rows, new, d_model]`, through the output projection
-    /// (and the residual dropout, inactive outside training).
+    /// (decoding is an inference pass: no dropout).
     fn project(&self, y: Tensor<3>) -> Tensor<3> {
-        self.resid_dropout
-            .forward((self.decode_product)(&self.c_proj, y))
+        (self.decode_product)(&self.c_proj, y)
     }
 
-    /// Whether a call on `device` whose every key is visible takes Burn's SDPA op (see
-    /// [`AttentionKernel`]): asked for it and no dropout, or `auto` outside training.
-    fn sdpa_without_mask(&self, device: &Device) -> bool {
+    /// Whether a decode call whose every key is visible takes Burn's SDPA op (see
+    /// [`AttentionKernel`]): asked for it, or left to the layer (decoding never trains).
+    fn sdpa_without_mask(&self) -> bool {
         match self.kernel {
-            AttentionKernel::Sdpa => !self.dropout_active(device),
-            AttentionKernel::Auto => !device.is_autodiff(),
+            AttentionKernel::Sdpa | AttentionKernel::Auto => true,
             AttentionKernel::Explicit | AttentionKernel::Flash => false,
         }
     }

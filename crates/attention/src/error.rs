@@ -34,6 +34,8 @@ pub enum AttentionError {
     WidthMismatch { expected: usize, got: usize },
     #[error("input sequence is empty")]
     EmptySequence,
+    #[error("a training pass needs a device that tracks gradients (an autodiff device)")]
+    TrainWithoutGradients,
     #[error("padding mask has shape {got:?}, expected [batch, seq] = {expected:?}")]
     PaddingMaskShape {
         expected: [usize; 2],

@@ -32,7 +32,8 @@
 //!   attention in one kernel that never writes the `[seq, seq]` weights to memory, with its own
 //!   backward. Where a layer runs ([`Kernels`]: Burn's ops or tinygpt's CubeCL kernels) is
 //!   decided once, when it is built, from its device; each call then takes what the layer's
-//!   [`AttentionKernel`] asks for what the call brings (training or not, padding). A GPU's
+//!   [`AttentionKernel`] asks for what the call brings: its [`Pass`] (a training step or
+//!   not, said by the caller: [`pass`]) and its padding. A GPU's
 //!   decode step attends in one kernel per layer ([`decode_attention`]: a query over a fixed
 //!   cache, the keys past its position hidden).
 //! - The building blocks on plain score tensors: [`mask::causal_mask`], [`mask::tril`],
@@ -63,6 +64,7 @@ pub mod lora;
 pub mod mask;
 pub mod next_token;
 pub mod packed_qk;
+pub mod pass;
 pub mod qk_norm;
 pub mod rope;
 mod step;
@@ -72,4 +74,5 @@ pub use config::{AttentionKernel, CausalSelfAttentionConfig};
 pub use error::{AttentionConfigError, AttentionError};
 pub use kernels::{DecodeProduct, Kernels, burn_product};
 pub use kv_cache::KvCache;
+pub use pass::Pass;
 pub use step::{StepAt, StepTables};

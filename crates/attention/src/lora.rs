@@ -17,17 +17,19 @@
 //! (dropping `x` before `W + s·A·B` would also drop what the frozen matrix sees, changing the
 //! model the adapter is fitted to). [`project`] is that product: a layer whose weight carries an
 //! adapter and whose adapter dropout is active multiplies in two paths; any other layer, and
-//! every layer outside training (Burn's dropout is the identity there), is `x·W + b` as before.
+//! every layer on an inference [`Pass`], is `x·W + b` as before.
 
 use burn::nn::{Dropout, Linear};
 use burn::tensor::Tensor;
 
-/// `x·W + b` for `x` `[batch, seq, d_in]` → `[batch, seq, d_out]`; while training, a weight
-/// carrying a LoRA adapter multiplies as `x·W₀ + s·(dropout(x)·A)·B + b`, `W₀` the frozen base
-/// (no gradient), `A`, `B` and `s` the adapter's.
-pub fn project(layer: &Linear, x: Tensor<3>, dropout: &Dropout) -> Tensor<3> {
+use crate::Pass;
+
+/// `x·W + b` for `x` `[batch, seq, d_in]` → `[batch, seq, d_out]`; on a training pass, a
+/// weight carrying a LoRA adapter multiplies as `x·W₀ + s·(dropout(x)·A)·B + b`, `W₀` the
+/// frozen base (no gradient), `A`, `B` and `s` the adapter's.
+pub fn project(layer: &Linear, x: Tensor<3>, dropout: &Dropout, pass: Pass) -> Tensor<3> {
     let adapter = layer.weight.adapter();
-    let (Some(adapter), true) = (adapter, dropout.prob > 0.0) else {
+    let (Some(adapter), true) = (adapter, pass.drops(dropout)) else {
         return layer.forward(x);
     };
     let base = layer.weight.base().unsqueeze::<3>();

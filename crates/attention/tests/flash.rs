@@ -5,7 +5,7 @@ use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use tinygpt_attention::flash::{
     self, flash_attention, flash_attention_packed_parts, flash_attention_parts,
 };
-use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig};
+use tinygpt_attention::{AttentionKernel, CausalSelfAttentionConfig, Pass};
 
 type Shape4 = [usize; 4];
 
@@ -499,7 +499,7 @@ fn layer_with_flash_equals_the_explicit_layer(device: &Device, config: CausalSel
     let x = Tensor::<3>::random([3, 45, 32], Distribution::Normal(0., 1.), &device);
     let g = Tensor::<3>::random([3, 45, 32], Distribution::Normal(0., 1.), &device);
     let run = |layer: &tinygpt_attention::CausalSelfAttention| {
-        let y = layer.forward(x.clone(), None).unwrap();
+        let y = layer.forward(x.clone(), None, Pass::Train).unwrap();
         let grads = (y.clone() * g.clone()).sum().backward();
         let w = layer.c_attn.weight.val().grad(&grads).unwrap();
         let p = layer.c_proj.weight.val().grad(&grads).unwrap();

@@ -8,7 +8,7 @@
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptBatch, GptConfig, Pass,
     cross_entropy,
 };
 
@@ -39,7 +39,7 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements((batch * block) as u64));
         group.bench_function(BenchmarkId::new("forward+backward", backend), |b| {
             b.iter(|| {
-                let logits = model.forward(inputs.clone()).unwrap();
+                let logits = model.forward(inputs.clone(), Pass::Train).unwrap();
                 let loss = cross_entropy(logits.reshape([batch * block, vocab]), targets.clone());
                 let grads = loss.unwrap().backward();
                 model.wte.weight.grad(&grads).unwrap().into_data()

@@ -60,6 +60,8 @@ pub use sample::{
     BatchDecoder, Continuation, Decoder, Finish, GenerateOptions, Sampled, generate,
     generate_batch, generate_cancellable, score,
 };
+/// Whether a forward is part of a training step, said at each call ([`Gpt::forward`]).
+pub use tinygpt_attention::Pass;
 
 /// Every parameter under the names it goes by: its place in the model ([`Slot`](names::Slot)),
 /// Burn's path, nanoGPT's and Hugging Face's names ([`parameter_table`](names::parameter_table)),

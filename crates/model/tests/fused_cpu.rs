@@ -11,7 +11,7 @@ use common::{seeded, sliding};
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{
     AdamWSettings, FusedCpu, FusedDecoder, FusedError, Gpt, GptConfig, IGNORE_INDEX, LossError,
-    ModelError, TokenBatch, cross_entropy,
+    ModelError, Pass, TokenBatch, cross_entropy,
 };
 
 /// A small deterministic token stream.
@@ -51,7 +51,7 @@ fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
         TensorData::new(batch.targets.to_vec(), [batch.batch * batch.seq]),
         &device,
     );
-    let logits = gpt.forward(inputs).unwrap();
+    let logits = gpt.forward(inputs, Pass::Train).unwrap();
     let [b, s, v] = logits.dims();
     let loss = cross_entropy(logits.reshape([b * s, v]), targets).unwrap();
     let value = loss.clone().into_scalar::<f32>() as f64;

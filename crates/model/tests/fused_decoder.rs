@@ -7,7 +7,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::{configs, seeded, tokens};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, Pass,
     decoding::PREFILL_CHUNK, generate,
 };
 
@@ -18,7 +18,7 @@ fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
         TensorData::new(ids, [1, context.len()]),
         &gpt.wte.weight.device(),
     );
-    let logits = gpt.forward(ids).unwrap();
+    let logits = gpt.forward(ids, Pass::Infer).unwrap();
     let [_, seq, vocab] = logits.dims();
     logits
         .slice([0..1, seq - 1..seq, 0..vocab])

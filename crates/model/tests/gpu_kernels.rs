@@ -15,7 +15,7 @@ use tinygpt_model::gpu::rows::{self, MAX_ROWS};
 use tinygpt_model::gpu::{
     cross_entropy, cross_entropy_parts, embedding, layer_norm, layer_norm_parts, rms_norm,
 };
-use tinygpt_model::{GptConfig, gpu::sum_all, step::cross_entropy_ops};
+use tinygpt_model::{GptConfig, Pass, gpu::sum_all, step::cross_entropy_ops};
 
 /// Numbers in [-scale, scale) from a fixed-seed xorshift.
 fn numbers(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -422,7 +422,10 @@ fn the_model_on_a_gpu_takes_the_fused_kernels_and_trains_as_on_the_cpu() {
     ] {
         let inputs = Tensor::<2, Int>::from_data(TensorData::new(tokens.clone(), [3, 16]), device);
         let t = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [48]), device);
-        let logits = reads.forward(inputs).unwrap().reshape([48, 37]);
+        let logits = reads
+            .forward(inputs, Pass::Train)
+            .unwrap()
+            .reshape([48, 37]);
         let loss =
             tinygpt_model::step::cross_entropy_counted(logits, t, kept, model.kernels()).unwrap();
         let value = read(loss.clone())[0];

@@ -7,7 +7,7 @@ mod common;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::{configs, seeded, tokens};
 use tinygpt_model::{
-    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, WeightFormat,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, Pass, WeightFormat,
     decoding::weight_bytes_per_token, generate,
 };
 
@@ -150,7 +150,11 @@ fn forward(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
         TensorData::new(ids, [1, context.len()]),
         &gpt.wte.weight.device(),
     );
-    gpt.forward(ids).unwrap().into_data().try_to_vec().unwrap()
+    gpt.forward(ids, Pass::Infer)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap()
 }
 
 /// The bytes a token reads: 4 a weight in f32; 34 per 32 in int8 where rows are whole blocks,

@@ -2,7 +2,9 @@
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tinygpt_model::{FusedDecoder, Gpt, IGNORE_INDEX, WeightFormat, step::cross_entropy_counted};
+use tinygpt_model::{
+    FusedDecoder, Gpt, IGNORE_INDEX, Pass, WeightFormat, step::cross_entropy_counted,
+};
 
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Split, sweep};
@@ -34,7 +36,7 @@ pub fn evaluate(
     for batch in sweep(split, block_size, 16) {
         let counted = batch.counted_targets();
         let (inputs, targets) = batch.to_device(device);
-        let logits = model.forward(inputs)?;
+        let logits = model.forward(inputs, Pass::Infer)?;
         let [b, s, v] = logits.dims();
         let kept = batch.kept_targets()?;
         let loss =
@@ -169,7 +171,7 @@ impl Scorer<'_> {
                 let data: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
                 let inputs =
                     Tensor::<2, Int>::from_data(TensorData::new(data, [1, ids.len()]), &device);
-                let logits = model.forward(inputs)?;
+                let logits = model.forward(inputs, Pass::Infer)?;
                 let vocab = logits.dims()[2];
                 let values: Vec<f32> = logits
                     .into_data()

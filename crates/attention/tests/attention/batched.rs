@@ -51,7 +51,7 @@ pub(super) fn rows_decode_as_each_alone(device: &Device) {
             let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
             let got = layer.forward_rows(Tensor::cat(rows, 0), &mut refs).unwrap();
             for (r, (x, &n)) in xs.iter().zip(&lengths).enumerate() {
-                let whole = layer.forward(x.clone(), None).unwrap();
+                let whole = layer.forward(x.clone(), None, Pass::Infer).unwrap();
                 assert_close(
                     &values(got.clone().narrow(0, r, 1)),
                     &values(whole.narrow(1, n + step, 1)),
@@ -108,7 +108,7 @@ pub(super) fn steps_decode_as_each_alone(device: &Device) {
         let xs: Vec<Tensor<3>> = lengths.iter().map(|&n| random([1, n, d], device)).collect();
         let wholes: Vec<Tensor<3>> = xs
             .iter()
-            .map(|x| layer.forward(x.clone(), None).unwrap())
+            .map(|x| layer.forward(x.clone(), None, Pass::Infer).unwrap())
             .collect();
         let mut cache = KvCache::with_capacity(max_seq);
         for step in 0..max_seq {
@@ -194,7 +194,7 @@ pub(super) fn prompts_go_through_the_step_in_padded_chunks(device: &Device) {
             .collect();
         let wholes: Vec<Tensor<3>> = xs
             .iter()
-            .map(|x| layer.forward(x.clone(), None).unwrap())
+            .map(|x| layer.forward(x.clone(), None, Pass::Infer).unwrap())
             .collect();
         let mut cache = KvCache::with_capacity(max_seq);
         for chunk in 0..lengths.iter().max().unwrap().div_ceil(new) {

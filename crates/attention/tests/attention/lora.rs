@@ -5,6 +5,7 @@
 use burn::module::{Lora, Module, ModuleMapper, Param};
 use burn::nn::{DropoutConfig, Linear};
 use burn::tensor::{Device, Tensor};
+use tinygpt_attention::Pass;
 use tinygpt_attention::lora::project;
 
 use super::draws::random;
@@ -52,7 +53,7 @@ pub(super) fn adapter_dropout_drops_the_adapters_input_only(device: &Device) {
     let dropout = DropoutConfig::new(0.5).init();
     let seed = 7;
     ad.seed(seed);
-    let y = project(&layer, x.clone(), &dropout);
+    let y = project(&layer, x.clone(), &dropout, Pass::Train);
     // The same draw again: the mask the product used (0 or 1/(1-p) = 2).
     ad.seed(seed);
     let mask = dropout.forward(x.ones_like());
@@ -76,9 +77,12 @@ pub(super) fn adapter_dropout_drops_the_adapters_input_only(device: &Device) {
     assert!(adapter.a.val().grad(&grads).is_some());
     assert!(adapter.b.val().grad(&grads).is_some());
     assert!(layer.weight.base().grad(&grads).is_none());
-    // Outside training (no autodiff), dropout is the identity: the merged product.
+    // On an inference pass dropout is the identity: the merged product, whether the device
+    // tracks gradients or not.
+    let got = values(project(&layer, x.clone(), &dropout, Pass::Infer));
+    assert_eq!(got, merged, "an inference pass under autodiff");
     let eval = layer.valid();
     let x = x.inner();
-    let got = values(project(&eval, x.clone(), &dropout));
+    let got = values(project(&eval, x.clone(), &dropout, Pass::Infer));
     assert_close(&got, &values(eval.forward(x)), 1e-5, "inference");
 }

@@ -23,7 +23,7 @@ use tinygpt_attention::mask::{
 };
 use tinygpt_attention::{
     AttentionConfigError, AttentionError, AttentionKernel, CausalSelfAttention,
-    CausalSelfAttentionConfig, Kernels, KvCache, StepAt, StepTables,
+    CausalSelfAttentionConfig, Kernels, KvCache, Pass, StepAt, StepTables,
 };
 
 // ---------------------------------------------------------------- helpers
@@ -83,12 +83,12 @@ fn causality(device: &Device) {
     let layer = layer(32, 4, 16, device);
     let (batch, seq, d) = (2, 10, 32);
     let x = random([batch, seq, d], device);
-    let before = values(layer.forward(x.clone(), None).unwrap());
+    let before = values(layer.forward(x.clone(), None, Pass::Infer).unwrap());
     for j in [0, 4, seq - 1] {
         let changed = x
             .clone()
             .slice_assign([0..batch, j..j + 1, 0..d], random([batch, 1, d], device));
-        let after = values(layer.forward(changed, None).unwrap());
+        let after = values(layer.forward(changed, None, Pass::Infer).unwrap());
         for b in 0..batch {
             for t in 0..seq {
                 let row = |v: &[f32]| v[(b * seq + t) * d..(b * seq + t + 1) * d].to_vec();
@@ -115,11 +115,11 @@ fn batch_independence(device: &Device) {
     let layer = layer(32, 4, 16, device);
     let (batch, seq, d) = (3, 9, 32);
     let x = random([batch, seq, d], device);
-    let together = values(layer.forward(x.clone(), None).unwrap());
+    let together = values(layer.forward(x.clone(), None, Pass::Infer).unwrap());
     for b in 0..batch {
         let alone = values(
             layer
-                .forward(x.clone().slice([b..b + 1, 0..seq, 0..d]), None)
+                .forward(x.clone().slice([b..b + 1, 0..seq, 0..d]), None, Pass::Infer)
                 .unwrap(),
         );
         let part = &together[b * seq * d..(b + 1) * seq * d];
@@ -139,7 +139,7 @@ fn padding_mask(device: &Device) {
     ];
     let pad = padding(&pad_rows, device);
     let (y, weights) = layer
-        .forward_with_weights(x.clone(), Some(pad.clone()))
+        .forward_with_weights(x.clone(), Some(pad.clone()), Pass::Infer)
         .unwrap();
     let y = values(y);
     assert!(
@@ -149,7 +149,7 @@ fn padding_mask(device: &Device) {
 
     let real = values(
         layer
-            .forward(x.clone().slice([0..1, 0..4, 0..d]), None)
+            .forward(x.clone().slice([0..1, 0..4, 0..d]), None, Pass::Infer)
             .unwrap(),
     );
     assert_close(&y[..4 * d], &real, 1e-5, "right-padded vs unpadded");
@@ -177,7 +177,7 @@ fn padding_mask(device: &Device) {
     assert_close(&y, &expect, 1e-5, "padded explicit vs f64 reference");
     let sdpa = values(
         with_kernel(&layer, AttentionKernel::Sdpa)
-            .forward(x, Some(pad))
+            .forward(x, Some(pad), Pass::Infer)
             .unwrap(),
     );
     assert_close(&sdpa, &expect, 1e-5, "padded SDPA vs f64 reference");
@@ -188,7 +188,7 @@ fn weights_are_causal(device: &Device) {
     let layer = layer(24, 3, 12, device);
     let (batch, heads, seq) = (2, 3, 7);
     let (_, weights) = layer
-        .forward_with_weights(random([batch, seq, 24], device), None)
+        .forward_with_weights(random([batch, seq, 24], device), None, Pass::Infer)
         .unwrap();
     assert_eq!(weights.dims(), [batch, heads, seq, seq]);
     let w = values(weights);
@@ -241,7 +241,7 @@ fn sdpa_explicit_reference_agree(device: &Device) {
     ] {
         let got = values(
             with_kernel(&layer, kernel)
-                .forward(x.clone(), None)
+                .forward(x.clone(), None, Pass::Infer)
                 .unwrap(),
         );
         assert_close(&got, &expect, 1e-5, &format!("{kernel:?} vs f64 reference"));
@@ -249,7 +249,11 @@ fn sdpa_explicit_reference_agree(device: &Device) {
     // The same under autodiff, where the module records a graph.
     let ad = device.clone().autodiff();
     let tracked = layer.clone().to_device(&ad);
-    let got = values(tracked.forward(x.to_device(&ad), None).unwrap());
+    let got = values(
+        tracked
+            .forward(x.to_device(&ad), None, Pass::Infer)
+            .unwrap(),
+    );
     assert_close(&got, &expect, 1e-5, "autodiff vs f64 reference");
 }
 
@@ -278,9 +282,9 @@ fn kv_cache_matches_full_forward(device: &Device) {
     let layer = layer(32, 4, 12, device);
     let (batch, seq, d) = (2, 12, 32);
     let x = random([batch, seq, d], device);
-    let full = layer.forward(x.clone(), None).unwrap();
+    let full = layer.forward(x.clone(), None, Pass::Infer).unwrap();
     let short = random([batch, 5, d], device);
-    let short_full = values(layer.forward(short.clone(), None).unwrap());
+    let short_full = values(layer.forward(short.clone(), None, Pass::Infer).unwrap());
     for (kernel, fixed) in [
         AttentionKernel::Auto,
         AttentionKernel::Explicit,
@@ -335,7 +339,9 @@ fn gradients_stay_finite(device: &Device) {
     let pad = padding(&rows, &device);
     let mut losses = Vec::new();
     for step in 0..40 {
-        let y = layer.forward(x.clone(), Some(pad.clone())).unwrap();
+        let y = layer
+            .forward(x.clone(), Some(pad.clone()), Pass::Train)
+            .unwrap();
         let loss = (y - target.clone()).powf_scalar(2.0).mean();
         let value = values(loss.clone())[0];
         assert!(value.is_finite(), "loss at step {step} is {value}");
@@ -384,19 +390,34 @@ fn gradients_stay_finite(device: &Device) {
     );
 }
 
-/// Dropout acts in training only: training forwards differ, inference forwards are identical.
+/// Dropout acts on a training pass only, as the call says: training forwards differ; inference
+/// forwards of the same layer on the same device are identical and equal the reference; a
+/// training pass where nothing tracks gradients is refused.
 fn dropout_only_in_training(device: &Device) {
     let ad = device.clone().autodiff();
     let layer = drawn(&config(32, 4, 16).with_dropout(0.5), &ad);
     let x = random([2, 8, 32], &ad);
-    let a = values(layer.forward(x.clone(), None).unwrap());
-    let b = values(layer.forward(x.clone(), None).unwrap());
+    let a = values(layer.forward(x.clone(), None, Pass::Train).unwrap());
+    let b = values(layer.forward(x.clone(), None, Pass::Train).unwrap());
     assert_ne!(a, b, "training forwards were identical despite dropout 0.5");
+    let tracked = values(layer.forward(x.clone(), None, Pass::Infer).unwrap());
+    assert_eq!(
+        tracked,
+        values(layer.forward(x.clone(), None, Pass::Infer).unwrap()),
+        "an inference pass on a device that tracks gradients dropped out"
+    );
 
     let eval = layer.valid();
+    let err = eval
+        .forward(random([2, 8, 32], device), None, Pass::Train)
+        .unwrap_err();
+    assert!(
+        matches!(err, AttentionError::TrainWithoutGradients),
+        "{err}"
+    );
     let x = x.to_device(&device.clone());
-    let c = values(eval.forward(x.clone(), None).unwrap());
-    let d = values(eval.forward(x.clone(), None).unwrap());
+    let c = values(eval.forward(x.clone(), None, Pass::Infer).unwrap());
+    let d = values(eval.forward(x.clone(), None, Pass::Infer).unwrap());
     assert_eq!(c, d, "inference is not deterministic");
     let expect = reference(&eval, &values(x), [2, 8, 32], None);
     assert_close(
@@ -405,17 +426,22 @@ fn dropout_only_in_training(device: &Device) {
         1e-5,
         "inference with dropout configured vs reference",
     );
+    assert_close(&tracked, &expect, 1e-5, "an inference pass under autodiff");
 }
 
 fn too_long_is_an_error(device: &Device) {
     let layer = layer(16, 2, 8, device);
-    let err = layer.forward(random([1, 9, 16], device), None).unwrap_err();
+    let err = layer
+        .forward(random([1, 9, 16], device), None, Pass::Infer)
+        .unwrap_err();
     assert_eq!(err, AttentionError::SequenceTooLong { len: 9, max: 8 });
     assert_eq!(
         err.to_string(),
         "sequence of 9 tokens is longer than the context of 8 tokens"
     );
-    let err = layer.forward(random([1, 4, 12], device), None).unwrap_err();
+    let err = layer
+        .forward(random([1, 4, 12], device), None, Pass::Infer)
+        .unwrap_err();
     assert_eq!(
         err,
         AttentionError::WidthMismatch {
@@ -426,6 +452,7 @@ fn too_long_is_an_error(device: &Device) {
     let err = layer.forward(
         random([2, 4, 16], device),
         Some(padding(&[&[false; 3]], device)),
+        Pass::Infer,
     );
     assert_eq!(
         err.unwrap_err(),

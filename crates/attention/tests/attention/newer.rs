@@ -270,8 +270,8 @@ fn grouped_layer_equals_multi_head_layer_over_repeated_projections() {
         for kernel in [AttentionKernel::Explicit, AttentionKernel::Sdpa] {
             let (g, f) = (with_kernel(&grouped, kernel), with_kernel(&full, kernel));
             assert_close(
-                &values(g.forward(x.clone(), None).unwrap()),
-                &values(f.forward(x.clone(), None).unwrap()),
+                &values(g.forward(x.clone(), None, Pass::Infer).unwrap()),
+                &values(f.forward(x.clone(), None, Pass::Infer).unwrap()),
                 1e-5,
                 &format!("{kernel:?}, rope {rope:?}"),
             );
@@ -295,7 +295,7 @@ fn rotary_grouped_layer_decodes_as_it_forwards() {
         &device,
     );
     let x = random([2, seq, d], &device);
-    let whole = values(layer.forward(x.clone(), None).unwrap());
+    let whole = values(layer.forward(x.clone(), None, Pass::Infer).unwrap());
     for mut cache in [KvCache::new(), KvCache::with_capacity(seq)] {
         let mut pieces = Vec::new();
         for range in [0..4, 4..5, 5..11] {

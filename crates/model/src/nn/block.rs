@@ -5,7 +5,7 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::{Bool, Device, Tensor};
 use tinygpt_attention::lora::project;
-use tinygpt_attention::{AttentionKernel, CausalSelfAttention, DecodeProduct, burn_product};
+use tinygpt_attention::{AttentionKernel, CausalSelfAttention, DecodeProduct, Pass, burn_product};
 
 use super::norm::Normalization;
 use crate::arch::{GptConfig, Mlp};
@@ -52,9 +52,9 @@ impl FeedForward {
         }
     }
 
-    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self.product(&self.c_fc, x);
+    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`, dropping out on a training `pass`.
+    pub fn forward(&self, x: Tensor<3>, pass: Pass) -> Tensor<3> {
+        let h = self.product(&self.c_fc, x, pass);
         let h = match self.kind {
             Mlp::Gelu => gelu(h),
             Mlp::GeluTanh => gelu_approximate(h),
@@ -66,14 +66,14 @@ impl FeedForward {
             }
             Mlp::None => unreachable!("no FeedForward is built for mlp = \"none\""),
         };
-        self.dropout.forward(self.product(&self.c_proj, h))
+        pass.dropout(&self.dropout, self.product(&self.c_proj, h, pass))
     }
 
-    /// `x·W + b` by the layer's product; while training, with its adapters' inputs dropped
+    /// `x·W + b` by the layer's product; on a training pass, with its adapters' inputs dropped
     /// out where `[lora] dropout` asks ([`project`]).
-    fn product(&self, layer: &Linear, x: Tensor<3>) -> Tensor<3> {
-        match self.adapter_dropout.prob > 0.0 {
-            true => project(layer, x, &self.adapter_dropout),
+    fn product(&self, layer: &Linear, x: Tensor<3>, pass: Pass) -> Tensor<3> {
+        match pass.drops(&self.adapter_dropout) {
+            true => project(layer, x, &self.adapter_dropout, pass),
             false => (self.product)(layer, x),
         }
     }
@@ -120,27 +120,30 @@ impl Block {
         })
     }
 
-    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`; `key_padding` as in
+    /// `[batch, seq, n_embd] -> [batch, seq, n_embd]`; `key_padding` and `pass` as in
     /// [`CausalSelfAttention::forward`].
     pub fn forward(
         &self,
         x: Tensor<3>,
         key_padding: Option<Tensor<2, Bool>>,
+        pass: Pass,
     ) -> Result<Tensor<3>, tinygpt_attention::AttentionError> {
-        let a = self.attn.forward(self.attn_input(x.clone()), key_padding)?;
-        Ok(self.feed_forward(residual(x, a)))
+        let a = self
+            .attn
+            .forward(self.attn_input(x.clone()), key_padding, pass)?;
+        Ok(self.feed_forward(residual(x, a), pass))
     }
 
-    /// Like [`forward`](Self::forward), also returning the attention weights
-    /// `[batch, heads, seq, seq]`.
+    /// Like [`forward`](Self::forward) on an inference pass, also returning the attention
+    /// weights `[batch, heads, seq, seq]`.
     pub fn forward_with_weights(
         &self,
         x: Tensor<3>,
     ) -> Result<(Tensor<3>, Tensor<4>), tinygpt_attention::AttentionError> {
-        let (a, weights) = self
-            .attn
-            .forward_with_weights(self.attn_input(x.clone()), None)?;
-        Ok((self.feed_forward(residual(x, a)), weights))
+        let (a, weights) =
+            self.attn
+                .forward_with_weights(self.attn_input(x.clone()), None, Pass::Infer)?;
+        Ok((self.feed_forward(residual(x, a), Pass::Infer), weights))
     }
 
     /// `ln_1(x)`, in f32 like the residual stream, then in the attention's dtype.
@@ -148,12 +151,12 @@ impl Block {
         norm(&self.ln_1, x).cast(self.attn.dtype())
     }
 
-    pub(crate) fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn feed_forward(&self, x: Tensor<3>, pass: Pass) -> Tensor<3> {
         match &self.mlp {
             Some(mlp) => {
                 let h = norm(&self.ln_2, x.clone());
                 let h = h.cast(mlp.c_fc.weight.dtype());
-                residual(x, mlp.forward(h))
+                residual(x, mlp.forward(h, pass))
             }
             None => x,
         }

@@ -4,7 +4,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Initializer, Linear};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor};
-use tinygpt_attention::{AttentionKernel, DecodeProduct, burn_product};
+use tinygpt_attention::{AttentionKernel, DecodeProduct, Pass, burn_product};
 
 use crate::arch::Position;
 use crate::arch::{BaseWeights, GptConfig, TrainedPart};
@@ -223,8 +223,8 @@ impl Gpt {
     /// Token ids must be in `0..vocab_size`: check ids that do not come from the model's own
     /// tokenizer with [`check_tokens`](Self::check_tokens) on the host first. The forward pass
     /// itself never reads back from the device, so a GPU step does not stall on it.
-    pub fn forward(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, ModelError> {
-        self.forward_padded(tokens, None)
+    pub fn forward(&self, tokens: Tensor<2, Int>, pass: Pass) -> Result<Tensor<3>, ModelError> {
+        self.forward_padded(tokens, None, pass)
     }
 
     /// [`forward`](Self::forward) with a key-padding mask `[batch, seq]` (`true` = padding).
@@ -232,11 +232,12 @@ impl Gpt {
         &self,
         tokens: Tensor<2, Int>,
         key_padding: Option<Tensor<2, Bool>>,
+        pass: Pass,
     ) -> Result<Tensor<3>, ModelError> {
         let pairs = self.window_pairs(&tokens);
-        let mut x = self.embed(tokens, pairs, 0)?;
+        let mut x = self.embed(tokens, pairs, 0, pass)?;
         for block in &self.h {
-            x = block.forward(x, key_padding.clone())?;
+            x = block.forward(x, key_padding.clone(), pass)?;
         }
         Ok(self.head(x))
     }
@@ -248,7 +249,7 @@ impl Gpt {
         tokens: Tensor<2, Int>,
     ) -> Result<(Tensor<3>, Vec<Tensor<4>>), ModelError> {
         let pairs = self.window_pairs(&tokens);
-        let mut x = self.embed(tokens, pairs, 0)?;
+        let mut x = self.embed(tokens, pairs, 0, Pass::Infer)?;
         let mut maps = Vec::with_capacity(self.h.len());
         for block in &self.h {
             let (y, weights) = block.forward_with_weights(x)?;
@@ -265,6 +266,7 @@ impl Gpt {
         tokens: Tensor<2, Int>,
         pairs: Option<Tensor<2, Int>>,
         past: usize,
+        pass: Pass,
     ) -> Result<Tensor<3>, ModelError> {
         let seq = tokens.dims()[1];
         if past + seq > self.block_size() {
@@ -277,7 +279,7 @@ impl Gpt {
         let device = tokens.device();
         let positions =
             Tensor::<1, Int>::arange(past as i64..(past + seq) as i64, &device).reshape([1, seq]);
-        self.embed_at(tokens, positions, pairs)
+        self.embed_at(tokens, positions, pairs, pass)
     }
 
     /// Token + position (+ bigram) embeddings of `tokens` `[batch, seq]` at `positions`
@@ -289,10 +291,11 @@ impl Gpt {
         tokens: Tensor<2, Int>,
         positions: Tensor<2, Int>,
         pairs: Option<Tensor<2, Int>>,
+        pass: Pass,
     ) -> Result<Tensor<3>, ModelError> {
         let [batch, seq] = tokens.dims();
         let n_embd = self.wte.weight.dims()[1];
-        let x = self.embed_tokens(tokens);
+        let x = self.embed_tokens(tokens, pass);
         // Rotary positions enter inside attention, not here.
         let x = match (&self.wpe, self.config.position) {
             (Some(wpe), Position::Learned) => {
@@ -305,7 +308,7 @@ impl Gpt {
             (Some(_), None) => return Err(ModelError::BigramPairs),
             (None, _) => x,
         };
-        Ok(self.drop.forward(x))
+        Ok(pass.dropout(&self.drop, x))
     }
 
     /// The bigram table's rows of `tokens` `[batch, seq]` as a training window sees them: each
@@ -326,11 +329,11 @@ impl Gpt {
     /// The token embeddings of `tokens` (`[batch, seq]`): `[batch, seq, n_embd]`. Training on a
     /// GPU with a small vocabulary, the embedding's gradient is a one-hot product
     /// ([`gpu::embedding`](crate::gpu::embedding)) rather than Burn's scatter; the same rows.
-    fn embed_tokens(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+    fn embed_tokens(&self, tokens: Tensor<2, Int>, pass: Pass) -> Tensor<3> {
         let weights = self.wte.weight.val();
         // Tracked, not only a leaf: a step's tied embedding is read through one node of its own
         // ([`Gpt::autocast`]).
-        let one_hot_gradient = weights.device().is_autodiff()
+        let one_hot_gradient = pass == Pass::Train
             && self.kernels.fuse(weights.dtype())
             && self.vocab_size() <= crate::gpu::ONE_HOT_VOCAB;
         match one_hot_gradient {

@@ -5,7 +5,9 @@
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
-use tinygpt_model::{FusedCpu, Gpt, GptConfig, LoraConfig, ParamLayout, TokenBatch, cross_entropy};
+use tinygpt_model::{
+    FusedCpu, Gpt, GptConfig, LoraConfig, ParamLayout, Pass, TokenBatch, cross_entropy,
+};
 
 /// `config`'s model with `lora`'s adapters, its `B` factors drawn (they start at zero, where
 /// `A`'s gradient is zero too: drawn, both are tested).
@@ -43,24 +45,25 @@ pub fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
 
 /// Burn's loss for the batch, through `Gpt::forward` and `cross_entropy`, without a backward.
 pub fn burn_loss(gpt: &Gpt, batch: &TokenBatch<'_>) -> f64 {
-    burn_loss_tensor(gpt, batch).into_scalar::<f32>() as f64
+    let loss = burn_loss_tensor(gpt, batch, Pass::Infer);
+    loss.into_scalar::<f32>() as f64
 }
 
-fn burn_loss_tensor(gpt: &Gpt, batch: &TokenBatch<'_>) -> Tensor<1> {
+fn burn_loss_tensor(gpt: &Gpt, batch: &TokenBatch<'_>, pass: Pass) -> Tensor<1> {
     let device = gpt.wte.weight.device();
     let shape = [batch.batch, batch.seq];
     let inputs =
         Tensor::<2, Int>::from_data(TensorData::new(batch.inputs.to_vec(), shape), &device);
     let targets = TensorData::new(batch.targets.to_vec(), [batch.batch * batch.seq]);
     let targets = Tensor::<1, Int>::from_data(targets, &device);
-    let logits = gpt.forward(inputs).unwrap();
+    let logits = gpt.forward(inputs, pass).unwrap();
     let [b, s, v] = logits.dims();
     cross_entropy(logits.reshape([b * s, v]), targets).unwrap()
 }
 
 /// Burn's loss and gradients for the batch, through `Gpt::forward` and `cross_entropy`.
 pub fn burn_reference(gpt: &Gpt, batch: &TokenBatch<'_>) -> (f64, GradientsParams) {
-    let loss = burn_loss_tensor(gpt, batch);
+    let loss = burn_loss_tensor(gpt, batch, Pass::Train);
     let value = loss.clone().into_scalar::<f32>() as f64;
     (value, GradientsParams::from_grads(loss.backward(), gpt))
 }

@@ -104,8 +104,8 @@ fn soft_capped_logits_stay_inside_the_cap() {
     capped = capped.load_record(raw.clone().into_record());
     let tokens = ints(&[1, 5, 2, 7, 3, 5, 9, 1], [1, 8], &device);
     let (raw, capped) = (
-        values(raw.forward(tokens.clone()).unwrap()),
-        values(capped.forward(tokens).unwrap()),
+        values(raw.forward(tokens.clone(), Pass::Infer).unwrap()),
+        values(capped.forward(tokens, Pass::Infer).unwrap()),
     );
     assert!(
         raw.iter().any(|l| l.abs() > 10.0),
@@ -199,7 +199,7 @@ fn context_shift_rebuilds_once_per_half_block() {
         }
         let window: Vec<i64> = tokens[start..].iter().map(|&t| t.into()).collect();
         let logits = model
-            .forward(ints(&window, [1, window.len()], &device))
+            .forward(ints(&window, [1, window.len()], &device), Pass::Infer)
             .unwrap();
         let last = values(logits.slice([0..1, window.len() - 1..window.len(), 0..20]));
         let best = (0..20)
@@ -265,7 +265,7 @@ fn scoring_equals_the_forward_pass_window_by_window() {
         let start = next.saturating_sub(16);
         let window: Vec<i64> = tokens[start..next].iter().map(|&t| t.into()).collect();
         let logits = model
-            .forward(ints(&window, [1, window.len()], &device))
+            .forward(ints(&window, [1, window.len()], &device), Pass::Infer)
             .unwrap();
         let row = values(log_softmax(logits, 2).slice([0..1, next - start - 1..next - start]));
         let got = &scored[next - 1];
@@ -280,7 +280,9 @@ fn scoring_equals_the_forward_pass_window_by_window() {
         assert!((got.top[0].1 - best).abs() < 1e-4 && got.top.len() == 3);
     }
     let first: Vec<i64> = tokens[..16].iter().map(|&t| t.into()).collect();
-    let logits = model.forward(ints(&first[..15], [1, 15], &device)).unwrap();
+    let logits = model
+        .forward(ints(&first[..15], [1, 15], &device), Pass::Infer)
+        .unwrap();
     let targets = Tensor::<1, Int>::from_data(TensorData::new(first[1..].to_vec(), [15]), &device);
     let loss = cross_entropy(logits.reshape([15, 12]), targets)
         .unwrap()

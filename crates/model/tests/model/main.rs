@@ -15,7 +15,7 @@ use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 
 use tinygpt_model::{
     GenerateError, GenerateOptions, Gpt, GptConfig, GptConfigError, IGNORE_INDEX, LossError,
-    ModelError, cross_entropy, generate, generate_cancellable, score,
+    ModelError, Pass, cross_entropy, generate, generate_cancellable, score,
 };
 
 /// burn-ndarray is deprecated upstream in favour of flex; tinygpt still supports and tests it.
@@ -43,13 +43,13 @@ fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Ten
 }
 
 /// Mean next-token loss of `tokens[:, :-1] -> tokens[:, 1:]`.
-fn lm_loss(model: &Gpt, tokens: Tensor<2, Int>) -> Tensor<1> {
+fn lm_loss(model: &Gpt, tokens: Tensor<2, Int>, pass: Pass) -> Tensor<1> {
     let [batch, seq] = tokens.dims();
     let inputs = tokens.clone().slice([0..batch, 0..seq - 1]);
     let targets = tokens
         .slice([0..batch, 1..seq])
         .reshape([batch * (seq - 1)]);
-    let logits = model.forward(inputs).unwrap();
+    let logits = model.forward(inputs, pass).unwrap();
     cross_entropy(
         logits.reshape([batch * (seq - 1), model.vocab_size()]),
         targets,
@@ -69,7 +69,7 @@ fn fit(
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init();
     let mut losses = Vec::new();
     for _ in 0..max_steps {
-        let loss = lm_loss(&model, tokens.clone());
+        let loss = lm_loss(&model, tokens.clone(), Pass::Train);
         let value = values(loss.clone())[0];
         assert!(value.is_finite(), "loss became {value}");
         losses.push(value);
@@ -121,7 +121,10 @@ fn forward_shapes() {
     ] {
         let model = config.init(&device).unwrap();
         let logits = model
-            .forward(random_tokens(3, 17, config.vocab_size, &device))
+            .forward(
+                random_tokens(3, 17, config.vocab_size, &device),
+                Pass::Infer,
+            )
             .unwrap();
         assert_eq!(logits.dims(), [3, 17, config.vocab_size]);
     }
@@ -181,7 +184,11 @@ fn loss_at_init_is_ln_vocab() {
         GptConfig::shakespeare_char(65).with_n_layer(2),
     ] {
         let model = config.init(&device).unwrap();
-        let loss = values(lm_loss(&model, random_tokens(8, 33, 65, &device)))[0];
+        let loss = values(lm_loss(
+            &model,
+            random_tokens(8, 33, 65, &device),
+            Pass::Infer,
+        ))[0];
         let expected = uniform + config.n_embd as f32 * 0.02f32.powi(2) / 2.0;
         println!(
             "n_embd {}: loss at init {loss:.4}, ln(65) = {uniform:.4}, expected {expected:.4}",
@@ -245,7 +252,9 @@ fn bad_tokens_and_long_inputs_are_errors() {
             vocab_size: 10
         }
     );
-    let err = model.forward(random_tokens(1, 9, 10, &device)).unwrap_err();
+    let err = model
+        .forward(random_tokens(1, 9, 10, &device), Pass::Infer)
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "sequence of 9 tokens is longer than the context of 8 tokens"
@@ -344,7 +353,9 @@ fn padding_a_batch_changes_no_parameter_gradient() {
     let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6, 5];
     let run = |inputs: Vec<i64>, targets: Vec<i64>| {
         let len = inputs.len();
-        let logits = model.forward(ints(&inputs, [1, len], &device)).unwrap();
+        let logits = model
+            .forward(ints(&inputs, [1, len], &device), Pass::Train)
+            .unwrap();
         let t = Tensor::<1, Int>::from_data(TensorData::new(targets, [len]), &device);
         let loss = cross_entropy(logits.reshape([len, 13]), t).unwrap();
         let grads = loss.backward();
@@ -447,12 +458,12 @@ fn wgpu_matches_flex() {
     let flex = Device::flex();
     let model = GptConfig::baby(65).with_n_layer(2).init(&flex).unwrap();
     let tokens = random_tokens(2, 33, 65, &flex);
-    let on_flex = values(lm_loss(&model, tokens.clone()))[0];
+    let on_flex = values(lm_loss(&model, tokens.clone(), Pass::Infer))[0];
     // Moved, the model is told the GPU's kernels (the fused norms run on wgpu).
     let moved = model
         .to_device(&wgpu)
         .with_kernels(Kernels::for_device(&wgpu));
-    let on_wgpu = values(lm_loss(&moved, tokens.to_device(&wgpu)))[0];
+    let on_wgpu = values(lm_loss(&moved, tokens.to_device(&wgpu), Pass::Infer))[0];
     assert!(
         (on_flex - on_wgpu).abs() < 1e-4,
         "flex {on_flex} vs wgpu {on_wgpu}"

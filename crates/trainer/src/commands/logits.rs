@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tinygpt_model::Pass;
 
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -32,7 +33,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     model.check_tokens(&ids)?;
     let seq = ids.len();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [1, seq]), &device);
-    let logits = model.forward(input)?;
+    let logits = model.forward(input, Pass::Infer)?;
     let vocab = model.vocab_size();
     let loss = (seq > 1)
         .then(|| {

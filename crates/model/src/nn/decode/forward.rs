@@ -4,7 +4,7 @@
 //! the attention's own are in `tinygpt_attention`'s `decode.rs`.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use tinygpt_attention::{AttentionError, KvCache, StepAt, StepTables};
+use tinygpt_attention::{AttentionError, KvCache, Pass, StepAt, StepTables};
 
 use crate::error::ModelError;
 use crate::gpu::Kernels;
@@ -71,7 +71,7 @@ impl Gpt {
         caches: &mut [KvCache],
     ) -> Result<Tensor<3>, ModelError> {
         let past = caches.first().map_or(0, KvCache::len);
-        let mut x = self.embed(ids.tokens, ids.pairs, past)?;
+        let mut x = self.embed(ids.tokens, ids.pairs, past, Pass::Infer)?;
         for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
             x = block.forward_cached(x, cache)?;
         }
@@ -107,7 +107,7 @@ impl Gpt {
         let device = self.wte.weight.device();
         let positions = Tensor::from_data(TensorData::new(positions, [rows, 1]), &device);
         let ids = self.ids(tokens, before, [rows, 1]);
-        let mut x = self.embed_at(ids.tokens, positions, ids.pairs)?;
+        let mut x = self.embed_at(ids.tokens, positions, ids.pairs, Pass::Infer)?;
         for (l, block) in self.h.iter().enumerate() {
             let mut layer: Vec<&mut KvCache> = caches.iter_mut().map(|c| &mut c[l]).collect();
             x = block.forward_rows(x, &mut layer)?;
@@ -145,7 +145,7 @@ impl Gpt {
         caches: &mut [KvCache],
     ) -> Result<Tensor<2>, ModelError> {
         let (rows, new) = (at.rows(), at.tokens_per_row());
-        let mut x = self.embed_at(ids.tokens, at.positions(), ids.pairs)?;
+        let mut x = self.embed_at(ids.tokens, at.positions(), ids.pairs, Pass::Infer)?;
         for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
             x = block.forward_step(x, at, cache)?;
         }
@@ -192,7 +192,7 @@ impl Block {
         let a = self
             .attn
             .forward_cached(self.attn_input(x.clone()), cache)?;
-        Ok(self.feed_forward(residual(x, a)))
+        Ok(self.feed_forward(residual(x, a), Pass::Infer))
     }
 
     /// Continuous batching's step, one token a row (see
@@ -203,7 +203,7 @@ impl Block {
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor<3>, AttentionError> {
         let a = self.attn.forward_rows(self.attn_input(x.clone()), caches)?;
-        Ok(self.feed_forward(residual(x, a)))
+        Ok(self.feed_forward(residual(x, a), Pass::Infer))
     }
 
     /// The decode step, one token a row or a prompt's chunk, positions on the device (see
@@ -217,6 +217,6 @@ impl Block {
         let a = self
             .attn
             .forward_step(self.attn_input(x.clone()), at, cache)?;
-        Ok(self.feed_forward(residual(x, a)))
+        Ok(self.feed_forward(residual(x, a), Pass::Infer))
     }
 }

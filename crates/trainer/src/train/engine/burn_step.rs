@@ -6,7 +6,9 @@ use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Tensor};
-use tinygpt_model::{Gpt, gpu::sum_all, step::clip_factor_on_device, step::cross_entropy_counted};
+use tinygpt_model::{
+    Gpt, Pass, gpu::sum_all, step::clip_factor_on_device, step::cross_entropy_counted,
+};
 
 use super::Step;
 use crate::config::TrainDType;
@@ -121,7 +123,7 @@ fn gradients(
         // through which the gradients reach the f32 `model`; each backward consumes its own,
         // so each micro-batch makes them again.
         let compute = model.autocast(dtype);
-        let loss = batch_loss(&compute, batch, &device)? / n;
+        let loss = batch_loss(&compute, batch, &device, Pass::Train)? / n;
         let scaled = match &loss_scale {
             Some(scale) => loss.clone() * Tensor::from_inner(scale.clone()),
             None => loss.clone(),
@@ -135,11 +137,11 @@ fn gradients(
 
 /// Mean next-token loss of a batch through Burn. The batch's ids and its count of kept targets
 /// are checked on the host, so nothing is read back from the device.
-fn batch_loss(model: &Gpt, batch: &Batch, device: &Device) -> Result<Tensor<1>> {
+fn batch_loss(model: &Gpt, batch: &Batch, device: &Device, pass: Pass) -> Result<Tensor<1>> {
     model.check_tokens(&batch.inputs)?;
     let kept = batch.kept_targets()?;
     let (inputs, targets) = batch.to_device(device);
-    let logits = model.forward(inputs)?;
+    let logits = model.forward(inputs, pass)?;
     let [b, s, v] = logits.dims();
     Ok(cross_entropy_counted(
         logits.reshape([b * s, v]),
@@ -160,9 +162,11 @@ fn losses(
 ) -> Result<Vec<f64>> {
     // Estimated as trained: in the step's precision.
     let model = model.valid().autocast(dtype);
-    let losses = parallel(batches, workers, |batch| batch_loss(&model, batch, device))
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    let losses = parallel(batches, workers, |batch| {
+        batch_loss(&model, batch, device, Pass::Infer)
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
     if losses.is_empty() {
         return Ok(Vec::new());
     }

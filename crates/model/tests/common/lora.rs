@@ -43,9 +43,16 @@ pub fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
     (ids[..3 * 12].to_vec(), ids[1..].to_vec())
 }
 
-/// Burn's loss for the batch, through `Gpt::forward` and `cross_entropy`, without a backward.
+/// Burn's loss for the batch, through `Gpt::forward` and `cross_entropy`, without a backward:
+/// an inference pass.
 pub fn burn_loss(gpt: &Gpt, batch: &TokenBatch<'_>) -> f64 {
     let loss = burn_loss_tensor(gpt, batch, Pass::Infer);
+    loss.into_scalar::<f32>() as f64
+}
+
+/// [`burn_loss`] on a training pass (dropout acts), without a backward.
+pub fn burn_training_loss(gpt: &Gpt, batch: &TokenBatch<'_>) -> f64 {
+    let loss = burn_loss_tensor(gpt, batch, Pass::Train);
     loss.into_scalar::<f32>() as f64
 }
 

@@ -221,7 +221,14 @@ fn open_engine(config: &RunConfig, placement: &Placement) -> Result<(Box<dyn Eng
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
     let (kind, _) = placement.engine_for(config.train.dtype, UpdateKind::of(config))?;
-    let engine = engine::open(placement, kind, model, optim, engine::Settings::of(config))?;
+    let engine = engine::open(
+        placement,
+        kind,
+        model,
+        optim,
+        engine::Settings::of(config),
+        None,
+    )?;
     Ok((engine, params))
 }
 

@@ -34,6 +34,7 @@ pub mod checksum;
 pub mod config;
 pub mod data;
 pub mod decoder;
+pub mod distributed;
 pub mod eval;
 pub mod fs;
 pub mod interop;

@@ -50,6 +50,7 @@ fn train(
         backend,
         resume,
         init_from: None,
+        ranks: None,
     };
     let mut trainer = Trainer::open(&options).unwrap_or_else(|e| panic!("{out}: {e:#}"));
     let start = trainer.describe().unwrap();

@@ -49,10 +49,22 @@ enum Command {
     Params(params::Args),
 }
 
-/// Runs the parsed command.
+/// Runs the parsed command. Started by an MPI launcher as one of several ranks, `train` trains
+/// one run over them; any other command refuses (each rank would do the same work).
 pub fn run(cli: Cli) -> Result<ExitCode> {
+    if let Command::Train(args) = cli.command {
+        return train::run(args, tinygpt::distributed::start()?);
+    }
+    if let Some(launch) = tinygpt::distributed::Launch::detect()?.filter(|l| l.size > 1) {
+        anyhow::bail!(
+            "{} started {} ranks: only `tinygpt train` runs over several; start this command \
+             as one process",
+            launch.launcher,
+            launch.size
+        );
+    }
     match cli.command {
-        Command::Train(args) => train::run(args),
+        Command::Train(_) => unreachable!("trained above"),
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Info(args) => info::run(args),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tinygpt::backend::Backend;
 use tinygpt::config::presets::ConfigSource;
+use tinygpt::distributed::Ranks;
 use tinygpt::train::{Limits, TrainOptions, Trainer};
 
 /// Train a GPT on a text file; writes a run directory (weights, tokenizer, metrics, plot).
@@ -78,8 +79,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// The session's options: the flags that set config keys become overrides.
-    fn options(&self) -> TrainOptions {
+    /// The session's options (over `ranks`, when several): the flags that set config keys
+    /// become overrides.
+    fn options(&self, ranks: Option<Ranks>) -> TrainOptions {
         let mut overrides = self.set.clone();
         if let Some(data) = &self.data {
             let path = toml::Value::String(data.display().to_string());
@@ -108,11 +110,36 @@ impl Args {
             backend: self.backend,
             resume: self.resume,
             init_from: self.init_from.clone(),
+            ranks,
         }
     }
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Trains alone, or as one of `ranks`: rank 0 as alone (it writes the run), the others
+/// following it. A rank that fails says so and ends the whole job, so that none is left
+/// waiting for it.
+pub fn run(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
+    let Some(ranks) = ranks else {
+        return lead(args, None);
+    };
+    let result = match ranks.leads() {
+        true => lead(args, Some(ranks.clone())),
+        false => {
+            let options = args.options(Some(ranks.clone()));
+            tinygpt::train::follow(&options, &ranks).map(|()| ExitCode::SUCCESS)
+        }
+    };
+    if let Err(err) = &result {
+        let err = format!("{err:#}").replace('\n', " ");
+        let (rank, size, host) = (ranks.rank(), ranks.size(), ranks.host());
+        eprintln!("tinygpt: error: rank {rank} of {size} (host {host}): {err}");
+        ranks.abort(1);
+    }
+    result
+}
+
+/// The run this process writes: alone, or as rank 0 of `ranks`.
+fn lead(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
@@ -126,7 +153,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(loss) = args.to_loss.filter(|l| !(l.is_finite() && *l > 0.0)) {
         anyhow::bail!("--to-loss must be a loss > 0, got {loss}");
     }
-    let mut trainer = Trainer::open(&args.options())?;
+    let mut trainer = Trainer::open(&args.options(ranks))?;
     println!("{}", trainer.describe()?);
     let limits = Limits {
         stop: &stop,

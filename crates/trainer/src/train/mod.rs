@@ -17,14 +17,19 @@
 //! muon.rs          Muon as one of Burn's per-parameter optimizers (its settings and state)
 //! state_pack.rs    the optimizer's state as `optimizer.bpk`, written a tensor at a time
 //! memory.rs        the memory a run needs, checked before it allocates
+//! ranks.rs         a run over ranks: what rank 0 hands the others, its word before each step,
+//!                  the checks that every rank holds what rank 0 holds
+//! follower.rs      a rank other than 0: the steps rank 0 orders, nothing written
 //! ```
 
 pub mod device_adamw;
 pub mod engine;
+mod follower;
 pub mod loss_scale;
 pub mod memory;
 pub mod muon;
 pub mod optim;
+mod ranks;
 mod report;
 pub mod session;
 mod setup;
@@ -32,5 +37,6 @@ mod snapshot;
 pub mod state_pack;
 
 pub use engine::{Engine, Saving, Step};
+pub use follower::follow;
 pub use session::{Limits, Outcome, Trainer, train_step};
 pub use setup::TrainOptions;

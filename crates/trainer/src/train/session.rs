@@ -82,6 +82,10 @@ pub struct Trainer {
     /// Steps whose outcome [`Trainer::settle`] has accounted.
     pub(super) settled: usize,
     pub(super) resumed: bool,
+    /// The ranks this process (rank 0) trains the run with, when there are several.
+    pub(super) ranks: Option<crate::distributed::Ranks>,
+    /// A checkpoint was written since the ranks last compared their weights.
+    pub(super) checkpointed: bool,
 }
 
 impl Trainer {
@@ -149,6 +153,7 @@ impl Trainer {
     /// non-finite loss or norm skips its update.
     /// What it saw is accounted by [`Trainer::settle`].
     pub fn step(&mut self) -> Result<()> {
+        self.order(true)?;
         train_step(
             self.engine.as_mut(),
             &self.data,
@@ -289,6 +294,7 @@ impl Trainer {
     pub fn checkpoint(&mut self, best: bool) -> Result<()> {
         // Nothing learnt from damaged token files is kept.
         self.data.verification.finished()?;
+        self.checkpointed = self.ranks.is_some();
         // Shares the fused engine's state rather than copying it; both borrow the engine.
         let saving = self.engine.saving()?;
         if best {
@@ -358,6 +364,7 @@ impl Trainer {
                 })?;
             }
         }
+        self.order(false)?;
         progress.finish();
         let summary = clock.summary(&self.state, self.tokens_per_step(), &self.run.dir);
         println!("{summary}");
@@ -365,6 +372,21 @@ impl Trainer {
             dir: self.run.dir.clone(),
             interrupted,
         })
+    }
+
+    /// Over ranks: tells the others to take the next step (`go`) or that the run is over,
+    /// every rank first comparing its weights with this one's when a checkpoint was written.
+    fn order(&mut self, go: bool) -> Result<()> {
+        let Some(ranks) = &self.ranks else {
+            return Ok(());
+        };
+        let check = std::mem::take(&mut self.checkpointed);
+        let at = self.state.step;
+        super::ranks::Order { at, go, check }.exchange(ranks);
+        if check {
+            super::ranks::check_weights(ranks, self.engine.as_mut(), at)?;
+        }
+        Ok(())
     }
 
     fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<()> {

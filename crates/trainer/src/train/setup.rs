@@ -20,6 +20,7 @@ use crate::config::presets::ConfigSource;
 use crate::config::{RunConfig, UpdateKind};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, corpus, mix};
+use crate::distributed::Ranks;
 use crate::run::checkpoint::{self, LoraBase, Run, TrainState, Which};
 use crate::run::journal::Journal;
 use crate::run::metrics::Metrics;
@@ -63,6 +64,8 @@ pub struct TrainOptions {
     /// Fine-tune: start from this run's best weights, with its tokenizer and architecture
     /// (`model.dropout` stays this config's) and a fresh optimizer.
     pub init_from: Option<PathBuf>,
+    /// The ranks training the run with this process (rank 0), when there are several.
+    pub ranks: Option<Ranks>,
 }
 
 impl Trainer {
@@ -78,18 +81,20 @@ impl Trainer {
         let sample_prompt = snapshot::sample_prompt(config, tokenizer, &data)?;
         let (kind, engine_note) =
             placement.engine_for(config.train.dtype, UpdateKind::of(config))?;
+        if let Some(ranks) = &options.ranks {
+            super::ranks::refuse_unsupported(ranks, config, kind)?;
+        }
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
         let model = placement.model(model);
         let config = config.clone();
         let optimizer = Optimizer::for_run(&config, &model, optim);
-        let engine = engine::open(
-            &placement,
-            kind,
-            model,
-            optimizer,
-            engine::Settings::of(&config),
-        )?;
+        let ranks = options.ranks.as_ref();
+        let settings = match ranks {
+            Some(ranks) => engine::Settings::for_ranks(&config, ranks),
+            None => engine::Settings::of(&config),
+        };
+        let mut engine = engine::open(&placement, kind, model, optimizer, settings, ranks)?;
         let notes = placement
             .note
             .clone()
@@ -97,6 +102,10 @@ impl Trainer {
             .chain(engine_note)
             .collect();
         let run = dir.into_run()?;
+        if let Some(ranks) = ranks {
+            super::ranks::Handoff::send(ranks, &config, &run.tokenizer, engine.as_mut())?;
+            super::ranks::check_data(ranks, &data, &config)?;
+        }
         let metrics = Metrics::open(&run.dir)?;
         let evaluates_first = evaluates_at(&config, state.step);
         let journal = Journal::open(&run.dir, state.step, evaluates_first)?;
@@ -116,6 +125,8 @@ impl Trainer {
             memory,
             skipped_in_a_row: 0,
             resumed: options.resume,
+            ranks: options.ranks.clone(),
+            checkpointed: false,
         })
     }
 }

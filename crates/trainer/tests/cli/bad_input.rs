@@ -167,3 +167,47 @@ fn bad_checkpoints_and_prompts_are_errors_and_nothing_is_overwritten() {
         "failed commands changed the checkpoint"
     );
 }
+
+/// Started by a launcher as one of several ranks, a binary built without MPI refuses: each rank
+/// would otherwise train a run of its own into the same directory.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn several_ranks_without_mpi_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::command(
+        dir.path(),
+        &[
+            "train",
+            "--config",
+            "baby",
+            "--out",
+            "run",
+            "--max-iters",
+            "1",
+        ],
+    )
+    .env("OMPI_COMM_WORLD_SIZE", "2")
+    .env("OMPI_COMM_WORLD_RANK", "0")
+    .output()
+    .unwrap();
+    fails(
+        out,
+        "built without MPI: build it with `cargo build --release --features mpi`",
+    );
+    assert!(!dir.path().join("run").exists(), "nothing written");
+}
+
+/// Only `train` runs over ranks: any other command started so would do the same work N times.
+#[test]
+fn commands_other_than_train_refuse_several_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::command(dir.path(), &["params", "--config", "baby"])
+        .env("PMI_SIZE", "2")
+        .env("PMI_RANK", "1")
+        .output()
+        .unwrap();
+    fails(
+        out,
+        "mpiexec (Hydra) started 2 ranks: only `tinygpt train` runs over several",
+    );
+}

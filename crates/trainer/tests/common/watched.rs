@@ -21,7 +21,13 @@ impl Watched {
     /// `tinygpt args` in `dir`, once it prints a line for which `until` holds. A process that
     /// ends first fails the test with what it printed.
     pub fn start_until(dir: &Path, args: &[&str], until: impl Fn(&str) -> bool) -> Self {
-        let mut child = super::command(dir, args)
+        Self::spawn_until(super::command(dir, args), until)
+    }
+
+    /// `command` (a `tinygpt`, or a launcher of several), once it prints a line for which
+    /// `until` holds.
+    pub fn spawn_until(mut command: Command, until: impl Fn(&str) -> bool) -> Self {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -46,9 +52,7 @@ impl Watched {
         if !reached {
             let status = child.wait().unwrap();
             let err = stderr.join().unwrap();
-            panic!(
-                "tinygpt {args:?} ended ({status}) before the line waited for:\n{seen:#?}\n{err}"
-            );
+            panic!("{command:?} ended ({status}) before the line waited for:\n{seen:#?}\n{err}");
         }
         let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect());
         Self {

@@ -311,6 +311,30 @@ impl FusedCpu {
         self.reset_gradients();
     }
 
+    /// Every held gradient (a trained parameter's: frozen ones have none), in the layout's
+    /// order, for `f` to change in place: data-parallel training adds them up over its ranks
+    /// between the last micro-batch and [`clip_grad_norm`](Self::clip_grad_norm).
+    pub fn for_each_gradient(&mut self, mut f: impl FnMut(&mut [f32])) {
+        self.allocate_gradients();
+        let layout = self.grads.shared_layout();
+        for entry in layout.entries() {
+            if let Some(g) = self.grads.slot_mut(entry.slot).get_mut() {
+                f(g);
+            }
+        }
+        self.grads_zero = false;
+    }
+
+    /// Every weight held here in f32, in the layout's order (a frozen base held in int8 is
+    /// not): what a checksum of the weights reads.
+    pub fn for_each_weight(&self, mut f: impl FnMut(&[f32])) {
+        for entry in self.weights.layout().entries() {
+            if let Some(w) = self.weights.slot(entry.slot).get() {
+                f(w);
+            }
+        }
+    }
+
     /// Frees the gradients' buffer while none are held (between steps: a checkpoint, a
     /// sample); the next step allocates it again.
     pub fn release_gradients(&mut self) {

@@ -10,6 +10,7 @@ use tinygpt_model::{BaseWeights, FusedCpu, Gpt, TokenBatch, step::LentWeights};
 use super::{Engine, Saving, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
+use crate::distributed::Ranks;
 use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn};
 use crate::train::state_pack::{self, states_pack};
 
@@ -23,6 +24,8 @@ pub(super) struct FusedEngine {
     threads: usize,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
+    /// The ranks a step's micro-batches are dealt to, when there are several.
+    ranks: Option<Ranks>,
 }
 
 /// Where the weights are between calls: in the engine (the model a hollow of the same
@@ -42,6 +45,7 @@ impl FusedEngine {
         optimizer: Optimizer,
         threads: usize,
         checkpointing: bool,
+        ranks: Option<Ranks>,
     ) -> Result<Self> {
         // The weights move into the buffers; the model keeps none (written in when asked).
         let muon = muon_ids(&model);
@@ -65,6 +69,7 @@ impl FusedEngine {
             rule: optimizer.rule,
             threads,
             known: Vec::new(),
+            ranks,
         })
     }
 }
@@ -149,7 +154,14 @@ impl Engine for FusedEngine {
     }
 
     fn describe(&self) -> String {
-        format!("fused CPU engine on {} threads", self.threads)
+        match &self.ranks {
+            Some(ranks) => format!(
+                "fused CPU engine on {} threads a rank, {} ranks (MPI)",
+                self.threads,
+                ranks.size()
+            ),
+            None => format!("fused CPU engine on {} threads", self.threads),
+        }
     }
 
     fn model(&mut self) -> Result<&Gpt> {
@@ -183,9 +195,19 @@ impl Engine for FusedEngine {
         let (fused, rule) = (self.weights.held(), &self.rule);
         let n = batches.len() as f64;
         let mut loss = 0.0;
-        for (k, batch) in batches.iter().enumerate() {
+        // Over ranks, rank r takes micro-batches r, r + N, …: each with its global index's
+        // dropout seed, so the work is the one process's, split.
+        let (rank, size) = self.ranks.as_ref().map_or((0, 1), |r| (r.rank(), r.size()));
+        for (k, batch) in batches.iter().enumerate().skip(rank).step_by(size) {
             let seed = mix(dropout_seed, k, 0);
             loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
+        }
+        if let Some(ranks) = &self.ranks {
+            // Two ranks add a + b as one process does: bit for bit; more in another order.
+            fused.for_each_gradient(|g| ranks.sum_f32(g));
+            let mut sum = [loss];
+            ranks.sum_f64(&mut sum);
+            loss = sum[0];
         }
         // An infinite bound measures the norm without scaling anything.
         let bound = if grad_clip > 0.0 {
@@ -209,6 +231,17 @@ impl Engine for FusedEngine {
 
     fn outcomes(&mut self, _wait: bool) -> Result<Vec<Step>> {
         Ok(std::mem::take(&mut self.known))
+    }
+
+    /// The f32 buffers themselves: no copy into the model.
+    fn weights_checksum(&mut self) -> Result<[u8; 32]> {
+        use sha2::Digest;
+        let mut hash = sha2::Sha256::new();
+        self.weights.held().for_each_weight(|w| {
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            hash.update(&bytes);
+        });
+        Ok(hash.finalize().into())
     }
 
     /// Each batch split over the engine's threads.

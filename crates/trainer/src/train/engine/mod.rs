@@ -37,6 +37,7 @@ use tinygpt_model::Gpt;
 use crate::backend::{EngineKind, Placement};
 use crate::config::{RunConfig, TrainDType};
 use crate::data::Batch;
+use crate::distributed::Ranks;
 use crate::run::checkpoint::WriteFile;
 use crate::train::optim::Optimizer;
 
@@ -83,6 +84,13 @@ pub trait Engine {
     /// Mean loss of each batch under the current weights (no gradients, no dropout), in the
     /// precision the steps compute in.
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>>;
+
+    /// SHA-256 of the weights' bytes: what the ranks of one run compare at each checkpoint.
+    fn weights_checksum(&mut self) -> Result<[u8; 32]> {
+        use sha2::Digest;
+        let bytes = crate::run::weights::weights_bytes(self.model()?)?;
+        Ok(sha2::Sha256::digest(&bytes).into())
+    }
 }
 
 /// What a checkpoint of an engine writes: see [`Engine::saving`].
@@ -153,18 +161,33 @@ impl Settings {
             checkpointing: config.train.checkpointing,
         }
     }
+
+    /// What `config` asks for on one of `ranks`: unless `train.threads` says, the host's
+    /// cores shared by its ranks (2 ranks on 2 cores run a thread each, never 4).
+    pub fn for_ranks(config: &RunConfig, ranks: &Ranks) -> Self {
+        let mut settings = Self::of(config);
+        if config.train.threads == 0 {
+            settings.threads = (config.workers() / ranks.local_size().max(1)).max(1);
+        }
+        settings
+    }
 }
 
 /// The engine `kind` ([`Placement::engine_for`]'s choice, made once by the caller) for `model`
 /// on the autodiff form of `placement`'s device and `optimizer`, its steps computed as
-/// `settings` say.
+/// `settings` say; with `ranks`, each step's micro-batches dealt to them and their gradients
+/// added up (the fused engine alone, so far).
 pub fn open(
     placement: &Placement,
     kind: EngineKind,
     model: Gpt,
     optimizer: Optimizer,
     settings: Settings,
+    ranks: Option<&Ranks>,
 ) -> Result<Box<dyn Engine>> {
+    if let Some(ranks) = ranks.filter(|_| kind != EngineKind::Fused) {
+        anyhow::bail!("the {} engine cannot train over {ranks:?}", kind.name());
+    }
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;
@@ -203,6 +226,7 @@ pub fn open(
             optimizer,
             threads,
             checkpointing,
+            ranks.cloned(),
         )?),
     })
 }

@@ -21,7 +21,7 @@ fn checkpointed(
         dtype: TrainDType::F32,
         checkpointing,
     };
-    open(&placement, kind, model, optim, settings).unwrap()
+    open(&placement, kind, model, optim, settings, None).unwrap()
 }
 
 /// Five steps of `config` (with dropout, two micro-batches a step) on each engine train the

@@ -58,7 +58,7 @@ fn open_for(
         dtype,
         checkpointing: false,
     };
-    let engine = open(placement, kind, model, optimizer, settings)?;
+    let engine = open(placement, kind, model, optimizer, settings, None)?;
     Ok((engine, note))
 }
 

@@ -1,0 +1,234 @@
+//! Training over MPI ranks (the `mpi` feature; docs/distributed.md): `mpirun -np 2 tinygpt
+//! train` is the one-process run, split. Built only with the feature, which needs an MPI; run
+//! by README's second test command, under Open MPI's `mpirun`.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::watched::Watched;
+use common::{TINY, stderr, stdout};
+
+/// `mpirun -np ranks tinygpt args` in `dir`, not started yet.
+fn mpirun_command(dir: &Path, ranks: usize, args: &[String]) -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .args(["--oversubscribe", "--bind-to", "none", "-np"])
+        .arg(ranks.to_string())
+        .arg(env!("CARGO_BIN_EXE_tinygpt"))
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        // Containers run as root and lack cross-memory attach.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    command
+}
+
+/// `mpirun -np ranks tinygpt args` in `dir`, run to its end.
+fn mpirun(dir: &Path, ranks: usize, args: &[String]) -> Output {
+    let mut command = mpirun_command(dir, ranks, args);
+    command.output().expect("mpirun runs (install openmpi-bin)")
+}
+
+/// One process's `tinygpt args` in `dir`.
+fn alone(dir: &Path, args: &[String]) -> Output {
+    common::command(dir, args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// A run of `config` to `steps` (dropout on, the schedule's length fixed whatever `steps`),
+/// one thread a process, `grad_accum` micro-batches, into `out`.
+fn args(config: &str, out: &str, grad_accum: usize, steps: usize) -> Vec<String> {
+    let corpus = common::corpus().display().to_string();
+    let mut args: Vec<String> = [
+        "train",
+        "--config",
+        config,
+        "--data",
+        &corpus,
+        "--out",
+        out,
+        "--backend",
+        "fused",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--max-iters".into(), steps.to_string()]);
+    for set in [
+        "train.threads=1".to_string(),
+        "model.dropout=0.1".into(),
+        "train.log_interval=1".into(),
+        "train.lr_decay_iters=400".into(),
+        format!("train.grad_accum={grad_accum}"),
+    ] {
+        args.extend(["--set".into(), set]);
+    }
+    args.extend(TINY.map(String::from));
+    args
+}
+
+/// `train --resume` of the run `out` to step 20 on the fused engine.
+fn resume_to_20(out: &str) -> Vec<String> {
+    let line = format!("train --resume --out {out} --max-iters 20 --backend fused");
+    line.split(' ').map(String::from).collect()
+}
+
+/// `steps.csv`'s step, loss, learning rate and gradient norm (not its times).
+fn steps(run: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(run.join("steps.csv")).expect("steps.csv");
+    let columns = |line: &str| line.split(',').take(4).collect::<Vec<_>>().join(",");
+    text.lines().map(columns).collect()
+}
+
+/// The tensors of a checkpoint's weights, by name (their bytes, not the file's metadata).
+fn tensors(run: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(run.join("last/model.safetensors")).expect("weights");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect();
+    tensors.sort();
+    tensors
+}
+
+#[test]
+fn two_ranks_train_the_one_process_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    for config in ["baby", "modern"] {
+        let (one, two) = (format!("{config}-alone"), format!("{config}-ranked"));
+        let out = alone(dir.path(), &args(config, &one, 2, 12));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let out = mpirun(dir.path(), 2, &args(config, &two, 2, 12));
+        assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+        // Rank 0 alone speaks: one start line, naming the ranks.
+        let said = stdout(&out);
+        assert_eq!(said.matches("engine: fused").count(), 1, "{said}");
+        assert!(said.contains("2 ranks"), "{said}");
+        let (one, two) = (dir.path().join(one), dir.path().join(two));
+        assert_eq!(steps(&one), steps(&two), "{config}: steps.csv");
+        assert_eq!(steps(&two).len(), 13, "a line a step");
+        assert!(tensors(&one) == tensors(&two), "{config}: the weights");
+    }
+}
+
+#[test]
+fn four_micro_batches_over_two_ranks_agree_to_float_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = alone(dir.path(), &args("baby", "alone", 4, 12));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mpirun(dir.path(), 2, &args("baby", "ranked", 4, 12));
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let loss = |run: &str| -> Vec<f64> {
+        steps(&dir.path().join(run))[1..]
+            .iter()
+            .map(|line| line.split(',').nth(1).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (one, two) = (loss("alone"), loss("ranked"));
+    assert_eq!(one.len(), two.len());
+    for (step, (a, r)) in one.iter().zip(&two).enumerate() {
+        assert!((a - r).abs() <= 1e-5 * a.abs(), "step {step}: {a} vs {r}");
+    }
+}
+
+/// Half the steps over two ranks, the rest in one process, and the other way round: the
+/// uninterrupted run, bit for bit (rank 0 hands a resumed run's state to the others).
+#[test]
+fn a_run_resumes_with_another_number_of_ranks_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = alone(dir.path(), &args("baby", "whole", 2, 20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mpirun(dir.path(), 2, &args("baby", "ranks-first", 2, 10));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = alone(dir.path(), &resume_to_20("ranks-first"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = alone(dir.path(), &args("baby", "ranks-last", 2, 10));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mpirun(dir.path(), 2, &resume_to_20("ranks-last"));
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let whole = dir.path().join("whole");
+    for run in ["ranks-first", "ranks-last"] {
+        let run = dir.path().join(run);
+        assert_eq!(steps(&whole), steps(&run), "{}", run.display());
+        assert!(tensors(&whole) == tensors(&run), "{}", run.display());
+    }
+}
+
+/// A rank killed mid-run ends the whole job (none left waiting in an all-reduce), the last
+/// checkpoint is whole, and resuming it gives the uninterrupted run.
+#[test]
+fn a_killed_rank_ends_the_job_and_its_last_checkpoint_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let command = mpirun_command(dir.path(), 2, &args("baby", "killed", 2, 400));
+    // TINY checkpoints every 5 steps: past step 12, step 10's checkpoint is written.
+    let job = Watched::spawn_until(command, |line| line.starts_with("step 12/"));
+    let rank_1 = rank_pid(dir.path(), 1).expect("rank 1 runs");
+    let killed = Command::new("kill")
+        .args(["-KILL", &rank_1.to_string()])
+        .status();
+    assert!(killed.unwrap().success());
+    let (code, _, err) = job.wait();
+    assert_ne!(code, Some(0), "the job failed: {err}");
+    assert!(rank_pid(dir.path(), 0).is_none(), "no rank is left running");
+    let state = std::fs::read_to_string(dir.path().join("killed/last/state.json")).unwrap();
+    let step: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let step = step["step"].as_u64().unwrap() as usize;
+    // Step 10's, or a later one rank 0 saved when the launcher stopped it between steps.
+    assert!(step >= 10, "checkpoint at step {step}");
+    let out = alone(dir.path(), &resume_to_20("killed"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = alone(dir.path(), &args("baby", "whole", 2, 20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (whole, killed) = (dir.path().join("whole"), dir.path().join("killed"));
+    assert_eq!(steps(&whole), steps(&killed));
+    assert!(tensors(&whole) == tensors(&killed));
+}
+
+/// The process of rank `rank` of a job running in `dir`, if one runs.
+fn rank_pid(dir: &Path, rank: usize) -> Option<u32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cwd = std::fs::read_link(entry.path().join("cwd")).ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let ours = cwd == dir.canonicalize().ok()?
+                && environ.split(|&b| b == 0).any(|v| v == want.as_bytes());
+            ours.then_some(pid)
+        })
+}
+
+#[test]
+fn micro_batches_that_cannot_be_dealt_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mpirun(dir.path(), 2, &args("baby", "odd", 3, 12));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("multiple of 2"), "{err}");
+    assert!(err.contains("train.grad_accum=4"), "says what works: {err}");
+    assert!(!dir.path().join("odd").exists(), "nothing written");
+}
+
+#[test]
+fn a_launcher_and_mpi_that_disagree_are_named_both() {
+    // The launcher's variables say two ranks; MPI, started alone, counts one.
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::command(dir.path(), &args("baby", "run", 2, 12))
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_RANK", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("says 2 ranks but MPI counts 1"), "{err}");
+    assert!(!dir.path().join("run").exists());
+}

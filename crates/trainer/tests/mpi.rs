@@ -72,9 +72,9 @@ fn args(config: &str, out: &str, grad_accum: usize, steps: usize) -> Vec<String>
     args
 }
 
-/// `train --resume` of the run `out` to step 20 on the fused engine.
-fn resume_to_20(out: &str) -> Vec<String> {
-    let line = format!("train --resume --out {out} --max-iters 20 --backend fused");
+/// `train --resume` of the run `out` to step `end` on the fused engine.
+fn resume_to(out: &str, end: usize) -> Vec<String> {
+    let line = format!("train --resume --out {out} --max-iters {end} --backend fused");
     line.split(' ').map(String::from).collect()
 }
 
@@ -83,6 +83,29 @@ fn steps(run: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(run.join("steps.csv")).expect("steps.csv");
     let columns = |line: &str| line.split(',').take(4).collect::<Vec<_>>().join(",");
     text.lines().map(columns).collect()
+}
+
+/// Asserts that the runs `one` and `two` in `dir` logged the same steps, their losses within
+/// 1e-5 of each other (relative).
+fn close(dir: &Path, one: &str, two: &str) {
+    let losses = |run: &str| -> Vec<f64> {
+        steps(&dir.join(run))[1..]
+            .iter()
+            .map(|line| line.split(',').nth(1).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (one, two) = (losses(one), losses(two));
+    assert!(
+        !one.is_empty() && one.len() == two.len(),
+        "{one:?} vs {two:?}"
+    );
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "step {}: {a} vs {b}",
+            step + 1
+        );
+    }
 }
 
 /// The tensors of a checkpoint's weights, by name (their bytes, not the file's metadata).
@@ -125,17 +148,24 @@ fn four_micro_batches_over_two_ranks_agree_to_float_rounding() {
     assert!(out.status.success(), "{}", stderr(&out));
     let out = mpirun(dir.path(), 2, &args("baby", "ranked", 4, 12));
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    let loss = |run: &str| -> Vec<f64> {
-        steps(&dir.path().join(run))[1..]
-            .iter()
-            .map(|line| line.split(',').nth(1).unwrap().parse().unwrap())
-            .collect()
+    close(dir.path(), "alone", "ranked");
+}
+
+/// Burn's CPU engine over two ranks: each micro-batch's dropout drawn from the step's seed and
+/// its index, the gradients added up through the host.
+#[test]
+fn burns_engine_over_two_ranks_trains_the_one_process_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let flex = |mut args: Vec<String>| {
+        let at = args.iter().position(|a| a == "fused").unwrap();
+        args[at] = "flex".into();
+        args
     };
-    let (one, two) = (loss("alone"), loss("ranked"));
-    assert_eq!(one.len(), two.len());
-    for (step, (a, r)) in one.iter().zip(&two).enumerate() {
-        assert!((a - r).abs() <= 1e-5 * a.abs(), "step {step}: {a} vs {r}");
-    }
+    let out = alone(dir.path(), &flex(args("baby", "alone", 2, 8)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mpirun(dir.path(), 2, &flex(args("baby", "ranked", 2, 8)));
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    close(dir.path(), "alone", "ranked");
 }
 
 /// Half the steps over two ranks, the rest in one process, and the other way round: the
@@ -147,11 +177,11 @@ fn a_run_resumes_with_another_number_of_ranks_exactly() {
     assert!(out.status.success(), "{}", stderr(&out));
     let out = mpirun(dir.path(), 2, &args("baby", "ranks-first", 2, 10));
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = alone(dir.path(), &resume_to_20("ranks-first"));
+    let out = alone(dir.path(), &resume_to("ranks-first", 20));
     assert!(out.status.success(), "{}", stderr(&out));
     let out = alone(dir.path(), &args("baby", "ranks-last", 2, 10));
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = mpirun(dir.path(), 2, &resume_to_20("ranks-last"));
+    let out = mpirun(dir.path(), 2, &resume_to("ranks-last", 20));
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     let whole = dir.path().join("whole");
     for run in ["ranks-first", "ranks-last"] {
@@ -176,19 +206,61 @@ fn a_killed_rank_ends_the_job_and_its_last_checkpoint_resumes_exactly() {
     assert!(killed.unwrap().success());
     let (code, _, err) = job.wait();
     assert_ne!(code, Some(0), "the job failed: {err}");
-    assert!(rank_pid(dir.path(), 0).is_none(), "no rank is left running");
-    let state = std::fs::read_to_string(dir.path().join("killed/last/state.json")).unwrap();
-    let step: serde_json::Value = serde_json::from_str(&state).unwrap();
-    let step = step["step"].as_u64().unwrap() as usize;
+    assert!(ranks_end(dir.path()), "a rank is left running");
+    let step = resumes_as_if_never_stopped(dir.path(), "killed");
     // Step 10's, or a later one rank 0 saved when the launcher stopped it between steps.
     assert!(step >= 10, "checkpoint at step {step}");
-    let out = alone(dir.path(), &resume_to_20("killed"));
+}
+
+/// Resumes the run `run` in `dir` from its last checkpoint to 5 steps past it, and asserts it
+/// then equals a run never stopped (bit for bit: steps.csv and the weights); returns the step
+/// the checkpoint was at.
+fn resumes_as_if_never_stopped(dir: &Path, run: &str) -> usize {
+    let state = std::fs::read_to_string(dir.join(run).join("last/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let step = state["step"].as_u64().unwrap() as usize;
+    let out = alone(dir, &resume_to(run, step + 5));
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = alone(dir.path(), &args("baby", "whole", 2, 20));
+    let whole = format!("{run}-whole");
+    let out = alone(dir, &args("baby", &whole, 2, step + 5));
     assert!(out.status.success(), "{}", stderr(&out));
-    let (whole, killed) = (dir.path().join("whole"), dir.path().join("killed"));
-    assert_eq!(steps(&whole), steps(&killed));
-    assert!(tensors(&whole) == tensors(&killed));
+    let (whole, run) = (dir.join(whole), dir.join(run));
+    assert_eq!(steps(&whole), steps(&run));
+    assert!(tensors(&whole) == tensors(&run));
+    step
+}
+
+/// Ctrl-C to `mpirun` (which passes it on to every rank) saves once and ends every rank, as
+/// one process does; resuming gives the uninterrupted run.
+#[test]
+fn ctrl_c_to_mpirun_saves_once_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let command = mpirun_command(dir.path(), 2, &args("baby", "stopped", 2, 400));
+    let job = Watched::spawn_until(command, |line| line.starts_with("step 7/"));
+    job.signal("INT");
+    let (code, lines, err) = job.wait();
+    assert_ne!(code, Some(0), "{err}");
+    let saved: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("interrupted at step"))
+        .collect();
+    assert_eq!(saved.len(), 1, "saved once: {lines:#?}\n{err}");
+    assert!(ranks_end(dir.path()), "a rank is left running");
+    // Saved where it stopped (the signal reaches the ranks a moment after `mpirun`).
+    resumes_as_if_never_stopped(dir.path(), "stopped");
+}
+
+/// Whether both ranks of the job in `dir` are gone within 30 s of `mpirun` ending (it may end
+/// as it kills them, not after): the bound on a job whose rank died.
+fn ranks_end(dir: &Path) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rank_pid(dir, 0).is_some() || rank_pid(dir, 1).is_some() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
 }
 
 /// The process of rank `rank` of a job running in `dir`, if one runs.

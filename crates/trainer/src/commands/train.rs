@@ -119,14 +119,22 @@ impl Args {
 /// following it. A rank that fails says so and ends the whole job, so that none is left
 /// waiting for it.
 pub fn run(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
+    // Every rank may be signalled (mpirun passes Ctrl-C on as SIGTERM); rank 0 hears of any
+    // rank's at the next step and stops them all. Only the rank that writes says so.
+    let follows = ranks.as_ref().is_some_and(|r| !r.leads());
+    let stop = stop_on_signal(!follows)?;
     let Some(ranks) = ranks else {
-        return lead(args, None);
+        return lead(args, None, &stop);
     };
     let result = match ranks.leads() {
-        true => lead(args, Some(ranks.clone())),
+        true => lead(args, Some(ranks.clone()), &stop),
         false => {
             let options = args.options(Some(ranks.clone()));
-            tinygpt::train::follow(&options, &ranks).map(|()| ExitCode::SUCCESS)
+            let stopped = tinygpt::train::follow(&options, &ranks, &stop);
+            stopped.map(|stopped| match stopped {
+                true => ExitCode::from(130),
+                false => ExitCode::SUCCESS,
+            })
         }
     };
     if let Err(err) = &result {
@@ -138,8 +146,8 @@ pub fn run(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
     result
 }
 
-/// The run this process writes: alone, or as rank 0 of `ranks`.
-fn lead(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
+/// A flag Ctrl-C (or SIGTERM) sets, saying so when `say`; a second one leaves at once.
+fn stop_on_signal(say: bool) -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
@@ -147,16 +155,23 @@ fn lead(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
             // Second Ctrl-C: leave now. Checkpoints are written atomically.
             std::process::exit(130);
         }
-        eprintln!("\ntinygpt: stopping after this step and saving (Ctrl-C again to quit now)");
+        if say {
+            eprintln!("\ntinygpt: stopping after this step and saving (Ctrl-C again to quit now)");
+        }
     })
     .context("cannot install the Ctrl-C handler")?;
+    Ok(stop)
+}
+
+/// The run this process writes: alone, or as rank 0 of `ranks`.
+fn lead(args: Args, ranks: Option<Ranks>, stop: &AtomicBool) -> Result<ExitCode> {
     if let Some(loss) = args.to_loss.filter(|l| !(l.is_finite() && *l > 0.0)) {
         anyhow::bail!("--to-loss must be a loss > 0, got {loss}");
     }
     let mut trainer = Trainer::open(&args.options(ranks))?;
     println!("{}", trainer.describe()?);
     let limits = Limits {
-        stop: &stop,
+        stop,
         max_time: args.max_time,
         to_loss: args.to_loss,
     };

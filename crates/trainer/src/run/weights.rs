@@ -22,6 +22,25 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
         .map_err(|e| anyhow::anyhow!("cannot serialise the weights: {e}"))
 }
 
+/// SHA-256 of `model`'s weights: every float parameter's values in f32, in module order. Not
+/// of [`weights_bytes`], whose header Burn writes in an order of its own (equal weights, other
+/// bytes).
+pub fn weights_checksum(model: &Gpt) -> [u8; 32] {
+    use sha2::Digest;
+    struct Hash(sha2::Sha256);
+    impl ModuleVisitor for Hash {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let values = param.val().into_data().convert::<f32>();
+            let values = values.try_into_vec::<f32>().expect("f32 values");
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.0.update(&bytes);
+        }
+    }
+    let mut hash = Hash(sha2::Sha256::new());
+    model.visit(&mut hash);
+    hash.0.finalize().into()
+}
+
 /// Writes `model`'s weights to `path` as [`weights_bytes`] would make them, a tensor at a
 /// time (no copy of the whole model in memory), and syncs the file.
 pub(crate) fn write_weights(model: &Gpt, path: &std::path::Path) -> Result<()> {

@@ -4,6 +4,7 @@
 //! ends the whole job (the caller aborts every rank).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 
@@ -16,8 +17,9 @@ use crate::config::UpdateKind;
 use crate::data::corpus;
 use crate::distributed::Ranks;
 
-/// Trains as rank `ranks.rank()` until rank 0 says the run is over.
-pub fn follow(options: &TrainOptions, ranks: &Ranks) -> Result<()> {
+/// Trains as rank `ranks.rank()` until rank 0 says the run is over; whether it ended because a
+/// rank was signalled (`stop`, set by this one's Ctrl-C handler, or another's).
+pub fn follow(options: &TrainOptions, ranks: &Ranks, stop: &AtomicBool) -> Result<bool> {
     let placement = options.backend.placement()?;
     let Handoff {
         config,
@@ -51,13 +53,20 @@ pub fn follow(options: &TrainOptions, ranks: &Ranks) -> Result<()> {
     let optimizer = Optimizer::for_run(&config, &model, burn);
     let settings = Settings::for_ranks(&config, ranks);
     let mut engine = engine::open(&placement, kind, model, optimizer, settings, Some(ranks))?;
+    let mut stopped = false;
     loop {
-        let order = Order::default().exchange(ranks);
+        let asked = stop.load(Ordering::SeqCst);
+        let order = Order {
+            stop: asked,
+            ..Order::default()
+        }
+        .exchange(ranks);
+        stopped |= order.stop;
         if order.check {
             check_weights(ranks, engine.as_mut(), order.at)?;
         }
         if !order.go {
-            return Ok(());
+            return Ok(stopped);
         }
         train_step(engine.as_mut(), &data, &config, order.at)?;
         // Rank 0 accounts the outcomes; here they are only let go.

@@ -28,12 +28,16 @@ pub(crate) fn refuse_unsupported(
              train.grad_accum={up}), or start a number of ranks that divides {accum}"
         );
     }
-    if kind != EngineKind::Fused {
-        bail!(
-            "over several ranks only the fused CPU engine trains so far; this run would take \
-             the {} engine (use --backend fused, with f32 steps)",
-            kind.name()
-        );
+    match kind {
+        EngineKind::Fused => {}
+        EngineKind::Autodiff if config.train.dtype == crate::config::TrainDType::F32 => {}
+        EngineKind::Autodiff | EngineKind::Device => bail!(
+            "over several ranks the fused CPU engine and Burn's CPU engines train, in f32, so \
+             far; this run would take the {} engine in {:?} (use --backend fused or flex, \
+             train.dtype = \"f32\")",
+            kind.name(),
+            config.train.dtype
+        ),
     }
     if config.lora.is_some() {
         bail!("LoRA does not train over several ranks yet: fine-tune with one process");
@@ -95,24 +99,31 @@ impl Handoff {
 
 /// Rank 0's word before each step: `at` steps are done; take step `at` when `go` (else the
 /// run is over), after checking the weights when `check` (rank 0 has just written a checkpoint
-/// of them).
+/// of them). And every rank's: `stop` when any was signalled (Ctrl-C), which rank 0 then
+/// stops the run for, saving, at its next word.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Order {
     pub at: usize,
     pub go: bool,
     pub check: bool,
+    pub stop: bool,
 }
 
 impl Order {
-    /// Rank 0 says it; every rank gets it.
+    /// Rank 0's `at`, `go` and `check` on every rank, with `stop` when any rank's was set: one
+    /// all-reduce, the other ranks adding zeros to rank 0's word and their own `stop`.
     pub(crate) fn exchange(self, ranks: &Ranks) -> Self {
-        let mut bytes = (self.at as u64).to_le_bytes().to_vec();
-        bytes.extend([u8::from(self.go), u8::from(self.check)]);
-        ranks.broadcast(&mut bytes);
+        let leads = ranks.leads();
+        let said = |v: bool| f64::from(u8::from(leads && v));
+        let at = if leads { self.at as f64 } else { 0.0 };
+        let stop = f64::from(u8::from(self.stop));
+        let mut values = [at, said(self.go), said(self.check), stop];
+        ranks.sum_f64(&mut values);
         Self {
-            at: u64::from_le_bytes(bytes[..8].try_into().expect("eight bytes")) as usize,
-            go: bytes[8] == 1,
-            check: bytes[9] == 1,
+            at: values[0] as usize,
+            go: values[1] > 0.0,
+            check: values[2] > 0.0,
+            stop: values[3] > 0.0,
         }
     }
 }

@@ -86,6 +86,8 @@ pub struct Trainer {
     pub(super) ranks: Option<crate::distributed::Ranks>,
     /// A checkpoint was written since the ranks last compared their weights.
     pub(super) checkpointed: bool,
+    /// Another rank was signalled to stop (Ctrl-C): the run stops as for this one's.
+    pub(super) stop_asked: bool,
 }
 
 impl Trainer {
@@ -333,7 +335,7 @@ impl Trainer {
             let over_time = limits
                 .max_time
                 .is_some_and(|m| clock.started.elapsed() >= m);
-            let stopped = limits.stop.load(Ordering::SeqCst);
+            let stopped = limits.stop.load(Ordering::SeqCst) || self.stop_asked;
             if stopped || over_time {
                 // Ending on --max-time is ending as asked; only Ctrl-C is an interruption.
                 interrupted = stopped;
@@ -382,7 +384,15 @@ impl Trainer {
         };
         let check = std::mem::take(&mut self.checkpointed);
         let at = self.state.step;
-        super::ranks::Order { at, go, check }.exchange(ranks);
+        let stop = false;
+        let order = super::ranks::Order {
+            at,
+            go,
+            check,
+            stop,
+        }
+        .exchange(ranks);
+        self.stop_asked |= order.stop;
         if check {
             super::ranks::check_weights(ranks, self.engine.as_mut(), at)?;
         }

@@ -127,6 +127,7 @@ impl Trainer {
             resumed: options.resume,
             ranks: options.ranks.clone(),
             checkpointed: false,
+            stop_asked: false,
         })
     }
 }

@@ -11,6 +11,7 @@ use super::{Engine, Step};
 use crate::backend::EngineKind;
 use crate::config::TrainDType;
 use crate::data::Batch;
+use crate::distributed::Ranks;
 use crate::train::optim::{Optimizer, UpdateRule, record_bytes};
 
 /// `Gpt::forward`, the loss and `backward()`, then Burn's optimizer (AdamW, or Muon beside it).
@@ -21,6 +22,8 @@ pub(super) struct AutodiffEngine {
     optim: ModuleOptimizer,
     /// Outcomes of steps taken, not yet handed out.
     known: Vec<Step>,
+    /// The ranks a step's micro-batches are dealt to, when there are several.
+    ranks: Option<Ranks>,
 }
 
 impl AutodiffEngine {
@@ -30,6 +33,7 @@ impl AutodiffEngine {
         device: Device,
         threads: usize,
         dtype: TrainDType,
+        ranks: Option<Ranks>,
     ) -> Self {
         // Burn's optimizer is the rule here.
         let optim = match optimizer.rule {
@@ -39,6 +43,7 @@ impl AutodiffEngine {
             burn: BurnModel::new(model, device, threads, dtype),
             optim,
             known: Vec::new(),
+            ranks,
         }
     }
 }
@@ -67,7 +72,8 @@ impl Engine for AutodiffEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed)?;
+        let ranks = self.ranks.as_ref();
+        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed, ranks)?;
         let norm = clip_global_norm(self.burn.held()?, &mut grads, grad_clip, loss_scale)
             .unwrap_or_else(|| Tensor::zeros([1], &self.burn.device));
         let stats = Tensor::cat(vec![loss.inner(), norm], 0);

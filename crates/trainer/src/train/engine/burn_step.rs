@@ -5,14 +5,15 @@
 use anyhow::{Context, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, FloatDType, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use tinygpt_model::{
     Gpt, Pass, gpu::sum_all, step::clip_factor_on_device, step::cross_entropy_counted,
 };
 
 use super::Step;
 use crate::config::TrainDType;
-use crate::data::Batch;
+use crate::data::{Batch, mix};
+use crate::distributed::Ranks;
 use crate::train::loss_scale::LossScale;
 
 /// What both Burn engines hold: the model, where it runs, and what its steps compute in.
@@ -46,14 +47,22 @@ impl BurnModel {
         self.model.take().context(super::LOST)
     }
 
-    /// [`gradients`] of the held model.
+    /// [`gradients`] of the held model; with `ranks`, of this rank's micro-batches, then
+    /// added up over the ranks.
     pub fn gradients(
         &self,
         batches: &[Batch],
         dropout_seed: u64,
+        ranks: Option<&Ranks>,
     ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
         let model = self.held()?;
-        gradients(model, batches, dropout_seed, &self.precision)
+        let (mut grads, mut loss, scale) =
+            gradients(model, batches, dropout_seed, &self.precision, ranks)?;
+        if let Some(ranks) = ranks {
+            sum_over(ranks, model, &mut grads);
+            loss = summed(ranks, loss)?;
+        }
+        Ok((grads, loss, scale))
     }
 
     /// [`losses`] of the held model, in the steps' precision.
@@ -95,28 +104,33 @@ impl Precision {
     }
 }
 
-/// Gradients of the mean loss over `batches` through Burn's autodiff on the model's autodiff
-/// device (with its checkpointing strategy; dropout masks from `dropout_seed`) in `precision`,
-/// still multiplied by its loss scale and not clipped; the mean loss `[1]`, on the device; and
-/// the loss scale they carry.
+/// Gradients of the mean loss over `batches` (with `ranks`, over this rank's share of them:
+/// micro-batch `k` where `k mod N` is its rank) through Burn's autodiff on the model's autodiff
+/// device (with its checkpointing strategy; micro-batch `k`'s dropout masks from `dropout_seed`
+/// and `k`) in `precision`, still multiplied by its loss scale and not clipped; the mean loss
+/// `[1]`, on the device; and the loss scale they carry.
 fn gradients(
     model: &Gpt,
     batches: &[Batch],
     dropout_seed: u64,
     precision: &Precision,
+    ranks: Option<&Ranks>,
 ) -> Result<(GradientsParams, Tensor<1>, Option<Tensor<1>>)> {
     let (device, dtype) = (model.wte.weight.device(), precision.dtype);
     let loss_scale = precision.scale();
-    // Held until the step's draws are made: another trainer in this process seeding at once
-    // would interleave its draws with these.
-    let _streams = tinygpt_model::seeded(&device, dropout_seed);
-    // Flash attention's in-kernel dropout draws its masks from its own stream: seeded per step
-    // too, so a resumed run drops the same weights.
-    tinygpt_attention::flash::seed_dropout(dropout_seed);
     let n = batches.len() as f64;
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum = Tensor::<1>::zeros([1], &device);
-    for batch in batches {
+    let (rank, size) = ranks.map_or((0, 1), |r| (r.rank(), r.size()));
+    for (k, batch) in batches.iter().enumerate().skip(rank).step_by(size) {
+        // Each micro-batch's masks from the step's seed and its index alone, as the fused
+        // engine draws them: dealt to another rank, a micro-batch drops what it drops in one
+        // process. Held until its draws are made: another trainer in this process seeding at
+        // once would interleave its draws with these. Flash attention's in-kernel dropout
+        // draws from a stream of its own, seeded alike.
+        let seed = mix(dropout_seed, k, 0);
+        let _streams = tinygpt_model::seeded(&device, seed);
+        tinygpt_attention::flash::seed_dropout(seed);
         // One thread: Burn's autodiff shares parameter leaf nodes between graphs, and two
         // backward passes running at once panic ("graph tape has already been consumed").
         // The casts to the step's dtype (and a tied embedding's one read) are graph nodes
@@ -133,6 +147,38 @@ fn gradients(
         accumulator.accumulate(model, grads);
     }
     Ok((accumulator.grads(), loss_sum, loss_scale))
+}
+
+/// `grads` added up over `ranks`, parameter by parameter in `model`'s order, through the host.
+fn sum_over(ranks: &Ranks, model: &Gpt, grads: &mut GradientsParams) {
+    struct Sum<'a>(&'a mut GradientsParams, &'a Ranks);
+    impl ModuleVisitor for Sum<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let Some(g) = self.0.remove::<D>(param.id) else {
+                return;
+            };
+            let (shape, device) = (g.shape(), g.device());
+            let mut values = g
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .expect("gradients convert to f32");
+            self.1.sum_f32(&mut values);
+            let data = TensorData::new(values, shape);
+            self.0
+                .register(param.id, Tensor::<D>::from_data(data, &device));
+        }
+    }
+    model.visit(&mut Sum(grads, ranks));
+}
+
+/// `loss` (`[1]`) added up over `ranks`.
+fn summed(ranks: &Ranks, loss: Tensor<1>) -> Result<Tensor<1>> {
+    let device = loss.device();
+    let values = loss.into_data().convert::<f32>().try_into_vec::<f32>();
+    let mut values = values.map_err(|e| anyhow::anyhow!("loss: {e:?}"))?;
+    ranks.sum_f32(&mut values);
+    Ok(Tensor::from_data(TensorData::new(values, [1]), &device))
 }
 
 /// Mean next-token loss of a batch through Burn. The batch's ids and its count of kept targets

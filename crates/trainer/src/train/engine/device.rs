@@ -104,7 +104,7 @@ impl Engine for DeviceEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed)?;
+        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed, None)?;
         let flat = self.adamw.flatten(&mut grads);
         let squares = sum_all(flat.clone().square());
         let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);

@@ -85,11 +85,9 @@ pub trait Engine {
     /// precision the steps compute in.
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>>;
 
-    /// SHA-256 of the weights' bytes: what the ranks of one run compare at each checkpoint.
+    /// SHA-256 of the weights' values: what the ranks of one run compare at each checkpoint.
     fn weights_checksum(&mut self) -> Result<[u8; 32]> {
-        use sha2::Digest;
-        let bytes = crate::run::weights::weights_bytes(self.model()?)?;
-        Ok(sha2::Sha256::digest(&bytes).into())
+        Ok(crate::run::weights::weights_checksum(self.model()?))
     }
 }
 
@@ -185,7 +183,7 @@ pub fn open(
     settings: Settings,
     ranks: Option<&Ranks>,
 ) -> Result<Box<dyn Engine>> {
-    if let Some(ranks) = ranks.filter(|_| kind != EngineKind::Fused) {
+    if let Some(ranks) = ranks.filter(|_| kind == EngineKind::Device) {
         anyhow::bail!("the {} engine cannot train over {ranks:?}", kind.name());
     }
     // Every engine reads the config beside the weights (the fused ones build their buffers
@@ -213,6 +211,7 @@ pub fn open(
             device,
             threads,
             dtype,
+            ranks.cloned(),
         )),
         EngineKind::Device => Box::new(device::DeviceEngine::new(
             burn_model(model),

@@ -121,23 +121,31 @@ fn tensors(run: &Path) -> Vec<(String, Vec<u8>)> {
     tensors
 }
 
+/// AdamW (baby, modern) and Muon beside it (modern): the same steps and weights.
 #[test]
 fn two_ranks_train_the_one_process_run_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    for config in ["baby", "modern"] {
-        let (one, two) = (format!("{config}-alone"), format!("{config}-ranked"));
-        let out = alone(dir.path(), &args(config, &one, 2, 12));
+    let muon = ["--set".to_string(), "train.optimizer=\"muon\"".into()];
+    for (config, extra) in [
+        ("baby", &[][..]),
+        ("modern", &[][..]),
+        ("modern", &muon[..]),
+    ] {
+        let name = format!("{config}{}", if extra.is_empty() { "" } else { "-muon" });
+        let (one, two) = (format!("{name}-alone"), format!("{name}-ranked"));
+        let run = |out: &str| [args(config, out, 2, 12), extra.to_vec()].concat();
+        let out = alone(dir.path(), &run(&one));
         assert!(out.status.success(), "{}", stderr(&out));
-        let out = mpirun(dir.path(), 2, &args(config, &two, 2, 12));
+        let out = mpirun(dir.path(), 2, &run(&two));
         assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
         // Rank 0 alone speaks: one start line, naming the ranks.
         let said = stdout(&out);
         assert_eq!(said.matches("engine: fused").count(), 1, "{said}");
         assert!(said.contains("2 ranks"), "{said}");
         let (one, two) = (dir.path().join(one), dir.path().join(two));
-        assert_eq!(steps(&one), steps(&two), "{config}: steps.csv");
+        assert_eq!(steps(&one), steps(&two), "{name}: steps.csv");
         assert_eq!(steps(&two).len(), 13, "a line a step");
-        assert!(tensors(&one) == tensors(&two), "{config}: the weights");
+        assert!(tensors(&one) == tensors(&two), "{name}: the weights");
     }
 }
 

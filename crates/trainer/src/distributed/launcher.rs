@@ -69,11 +69,17 @@ impl Launch {
         Ok(None)
     }
 
-    /// Threads for each rank on this host when the config leaves it to tinygpt: its cores
-    /// shared by the ranks on it, so that 2 ranks on 2 cores never run 4 threads.
+    /// Threads for each rank on this host when the config leaves it to tinygpt
+    /// ([`threads_per_rank`]).
     pub fn threads_per_rank(&self, cores: usize) -> usize {
-        (cores / self.local_size.unwrap_or(1)).max(1)
+        threads_per_rank(cores, self.local_size.unwrap_or(1))
     }
+}
+
+/// A host's `cores` shared by the `local_size` ranks on it (at least one thread each), so that
+/// 2 ranks on 2 cores never run 4 threads.
+pub fn threads_per_rank(cores: usize, local_size: usize) -> usize {
+    (cores / local_size.max(1)).max(1)
 }
 
 /// The number `text` starts with (Slurm writes tasks per node as `2(x3),1`: the first node's).

@@ -26,7 +26,7 @@ use std::rc::Rc;
 use anyhow::Result;
 
 pub use collective::{Collective, Ranks};
-pub use launcher::Launch;
+pub use launcher::{Launch, threads_per_rank};
 
 /// The ranks this process trains with: `None` when it runs alone (no launcher, or a launcher
 /// of one rank). Started by a launcher as one of several, it starts MPI (the `mpi` feature),

@@ -32,13 +32,20 @@ pub fn weights_checksum(model: &Gpt) -> [u8; 32] {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let values = param.val().into_data().convert::<f32>();
             let values = values.try_into_vec::<f32>().expect("f32 values");
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            self.0.update(&bytes);
+            hash_values(&mut self.0, &values);
         }
     }
     let mut hash = Hash(sha2::Sha256::new());
     model.visit(&mut hash);
     hash.0.finalize().into()
+}
+
+/// Adds `values` to `hash` as their little-endian bytes: how [`weights_checksum`] and the fused
+/// engine's own checksum read a buffer.
+pub(crate) fn hash_values(hash: &mut sha2::Sha256, values: &[f32]) {
+    use sha2::Digest;
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    hash.update(&bytes);
 }
 
 /// Writes `model`'s weights to `path` as [`weights_bytes`] would make them, a tensor at a

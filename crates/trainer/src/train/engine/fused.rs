@@ -237,10 +237,10 @@ impl Engine for FusedEngine {
     fn weights_checksum(&mut self) -> Result<[u8; 32]> {
         use sha2::Digest;
         let mut hash = sha2::Sha256::new();
-        self.weights.held().for_each_weight(|w| {
-            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-            hash.update(&bytes);
-        });
+        let hash_values = crate::run::weights::hash_values;
+        self.weights
+            .held()
+            .for_each_weight(|w| hash_values(&mut hash, w));
         Ok(hash.finalize().into())
     }
 

@@ -165,7 +165,8 @@ impl Settings {
     pub fn for_ranks(config: &RunConfig, ranks: &Ranks) -> Self {
         let mut settings = Self::of(config);
         if config.train.threads == 0 {
-            settings.threads = (config.workers() / ranks.local_size().max(1)).max(1);
+            let cores = config.workers();
+            settings.threads = crate::distributed::threads_per_rank(cores, ranks.local_size());
         }
         settings
     }

@@ -176,6 +176,40 @@ fn burns_engine_over_two_ranks_trains_the_one_process_run() {
     close(dir.path(), "alone", "ranked");
 }
 
+/// LoRA on an int8 base, adapter dropout on, started over two ranks and resumed over two: the
+/// one process's run, bit for bit (only the adapters' gradients are added up; rank 0 hands the
+/// base, read from the run it names, with the adapters).
+#[test]
+fn lora_over_two_ranks_trains_and_resumes_the_one_process_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = alone(dir.path(), &args("baby", "base", 2, 5));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lora = |out: &str, steps: usize| {
+        let mut args = args("baby", out, 2, steps);
+        let at = args.iter().position(|a| a == "--config").unwrap();
+        args.splice(
+            at..at + 2,
+            ["--init-from", "base", "--lora", "4"].map(String::from),
+        );
+        let int8 = ["--weights", "q8_0", "--set", "lora.dropout=0.1"];
+        args.extend(int8.map(String::from));
+        args
+    };
+    let out = alone(dir.path(), &lora("whole", 10));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mpirun(dir.path(), 2, &lora("ranked", 5));
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let out = mpirun(dir.path(), 2, &resume_to("ranked", 10));
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let (whole, ranked) = (dir.path().join("whole"), dir.path().join("ranked"));
+    assert_eq!(steps(&whole), steps(&ranked));
+    assert_eq!(steps(&ranked).len(), 11, "a line a step");
+    let adapters = tensors(&ranked);
+    let names: Vec<_> = adapters.iter().map(|(name, _)| name).collect();
+    assert_eq!(adapters.len(), 2 * 4, "the adapters alone: {names:?}");
+    assert!(tensors(&whole) == adapters);
+}
+
 /// Half the steps over two ranks, the rest in one process, and the other way round: the
 /// uninterrupted run, bit for bit (rank 0 hands a resumed run's state to the others).
 #[test]

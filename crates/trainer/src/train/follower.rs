@@ -46,6 +46,10 @@ pub fn follow(options: &TrainOptions, ranks: &Ranks, stop: &AtomicBool) -> Resul
     let mut model = config
         .gpt(tokenizer.vocab_size())
         .init_with_attention(&device, kernel)?;
+    if let Some(lora) = &config.lora {
+        // The adapters' shapes; their factors (and the base) come with rank 0's weights.
+        model = model.with_lora(lora)?;
+    }
     crate::run::weights::load_weights(&mut model, weights)?;
     let model = crate::run::weights::restore_param_ids(model, &param_ids)?;
     let model = placement.model(model);

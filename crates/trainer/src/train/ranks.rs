@@ -39,9 +39,6 @@ pub(crate) fn refuse_unsupported(
             config.train.dtype
         ),
     }
-    if config.lora.is_some() {
-        bail!("LoRA does not train over several ranks yet: fine-tune with one process");
-    }
     Ok(())
 }
 

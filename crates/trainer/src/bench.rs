@@ -118,7 +118,7 @@ pub fn bench(args: &BenchArgs, mut report: impl FnMut(&BenchResult)) -> Result<(
 }
 
 /// The vocabulary of the random tokens: tiny shakespeare's.
-pub(crate) const VOCAB: usize = 65;
+pub const VOCAB: usize = 65;
 
 fn bench_one(
     name: &str,
@@ -214,9 +214,13 @@ fn refuse(
 /// benchmark's vocabulary, and the model's parameter count.
 fn open_engine(config: &RunConfig, placement: &Placement) -> Result<(Box<dyn Engine>, usize)> {
     let device = placement.device.clone().autodiff();
-    let model = config
+    let mut model = config
         .gpt(VOCAB)
         .init_with_attention(&device, config.train.attention_kernel)?;
+    if let Some(lora) = &config.lora {
+        // `--set lora.rank=R`: a LoRA run's step, the base frozen.
+        model = model.with_lora(lora)?;
+    }
     let model = placement.model(model);
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));

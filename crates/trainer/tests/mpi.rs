@@ -321,6 +321,56 @@ fn rank_pid(dir: &Path, rank: usize) -> Option<u32> {
         })
 }
 
+/// `bench --all-reduce` adds up what a step over ranks does: every trained parameter of a
+/// full run, the adapters alone of a LoRA run.
+#[test]
+fn the_all_reduce_bench_times_the_trained_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = ["bench", "--all-reduce", "--json", "--config", "baby"]
+            .map(String::from)
+            .to_vec();
+        args.extend(["--iters", "2", "--warmup", "0"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = mpirun(dir.path(), 2, &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let said = stdout(&out);
+        let lines: Vec<_> = said.lines().collect();
+        assert_eq!(lines.len(), 1, "rank 0 alone prints: {said}");
+        serde_json::from_str(lines[0]).unwrap()
+    };
+    // The model's parameters, as one process's bench counts them.
+    let out = alone(
+        dir.path(),
+        &[
+            "bench",
+            "--json",
+            "--config",
+            "baby",
+            "--iters",
+            "1",
+            "--sample-tokens",
+            "0",
+        ]
+        .map(String::from),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let step: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let full = bench(&[]);
+    assert_eq!(full["ranks"], 2);
+    assert_eq!(full["trained_params"], step["params"]);
+    let params = full["trained_params"].as_u64().unwrap();
+    assert_eq!(full["bytes"].as_u64().unwrap(), 4 * params);
+    assert!(full["per_tensor_s"].as_f64().unwrap() > 0.0);
+    assert!(full["one_buffer_s"].as_f64().unwrap() > 0.0);
+    // Rank 4 on baby's four matrices a block (width 128: qkv 128→384, proj 128→128, fc
+    // 128→512, proj 512→128), A and B each: rank × (inputs + outputs) a matrix.
+    let lora = bench(&["--set", "lora.rank=4"]);
+    let per_block = 4 * ((128 + 384) + (128 + 128) + (128 + 512) + (512 + 128));
+    assert_eq!(lora["trained_params"], 4 * per_block);
+    assert_eq!(lora["tensors"], 4 * 4 * 2);
+}
+
 #[test]
 fn micro_batches_that_cannot_be_dealt_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();

@@ -47,7 +47,8 @@ pub struct Args {
     /// Sample with the matrices kept as f32, bf16, f16 or q8_0 (see `generate --weights`).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
-    /// Override a key of every config, `section.key=value` (e.g. `train.dtype=bf16`); repeatable.
+    /// Override a key of every config, `section.key=value` (e.g. `train.dtype=bf16`, or
+    /// `lora.rank=16` for a LoRA run's step on a frozen base); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
     /// After the timed steps, count and time the kernels that N more steps launch, by kind
@@ -56,12 +57,31 @@ pub struct Args {
     /// (one token for each of --streams), of which a recorded step shows only its replay.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3", default_value_t = 0)]
     kernels: usize,
+    /// Under `mpirun -np N` (a build with MPI): time the all-reduce of each config's trained
+    /// gradients instead, as a step over N ranks adds them up (one tensor at a time, and as one
+    /// buffer), --iters rounds after --warmup; `--set lora.rank=R` for a LoRA run's adapters,
+    /// `--vocab` for a model's vocabulary.
+    #[arg(long)]
+    all_reduce: bool,
+    /// With --all-reduce: the model's vocabulary (tiny shakespeare's characters otherwise).
+    #[arg(long, value_name = "N", requires = "all_reduce")]
+    vocab: Option<usize>,
     /// JSON lines instead of a table.
     #[arg(long)]
     json: bool,
 }
 
+impl Args {
+    /// Whether this is `--all-reduce`, which runs under a launcher's ranks.
+    pub fn times_all_reduce(&self) -> bool {
+        self.all_reduce
+    }
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
+    if args.all_reduce {
+        return all_reduce(args);
+    }
     if !args.json {
         println!("{}", bench::header());
     }
@@ -86,5 +106,56 @@ pub fn run(args: Args) -> Result<ExitCode> {
             println!("{}", bench::row(result));
         }
     })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--all-reduce`: the all-reduce of each config's trained gradients over the ranks the
+/// launcher started; rank 0 prints.
+fn all_reduce(args: Args) -> Result<ExitCode> {
+    use tinygpt::config::presets::ConfigSource;
+    use tinygpt::distributed::cost;
+    let Some(ranks) = tinygpt::distributed::start()? else {
+        anyhow::bail!(
+            "--all-reduce times what ranks add up: start it under a launcher with two ranks or \
+             more (mpirun -np 2 tinygpt bench --all-reduce), in a build with MPI"
+        );
+    };
+    let vocab = args.vocab.unwrap_or(tinygpt::bench::VOCAB);
+    let latency = cost::latency(&ranks, args.iters.max(100));
+    if ranks.leads() && !args.json {
+        println!(
+            "{} ranks on {}; an all-reduce of 4 bytes takes {:.1} µs",
+            ranks.size(),
+            ranks.host(),
+            latency * 1e6
+        );
+        println!(
+            "{:<16} {:>12} {:>10} {:>8} {:>14} {:>14} {:>10}",
+            "config", "trained", "MB", "tensors", "per tensor ms", "one buffer ms", "bus GB/s"
+        );
+    }
+    for name in &args.configs {
+        let config = ConfigSource::parse(name).load(&args.overrides)?;
+        let c = cost::reduce_cost(&ranks, name, &config, vocab, args.warmup, args.iters)?;
+        if !ranks.leads() {
+            continue;
+        }
+        if args.json {
+            let mut value = serde_json::to_value(&c)?;
+            value["latency_s"] = latency.into();
+            println!("{value}");
+        } else {
+            println!(
+                "{:<16} {:>12} {:>10.2} {:>8} {:>14.3} {:>14.3} {:>10.2}",
+                c.config,
+                c.trained_params,
+                c.bytes as f64 / 1e6,
+                c.tensors,
+                c.per_tensor_s * 1e3,
+                c.one_buffer_s * 1e3,
+                c.bus_bytes_per_s / 1e9
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -50,11 +50,14 @@ enum Command {
 }
 
 /// Runs the parsed command. Started by an MPI launcher as one of several ranks, `train` trains
-/// one run over them; any other command refuses (each rank would do the same work).
+/// one run over them, and `bench --all-reduce` times their all-reduce; any other command
+/// refuses (each rank would do the same work).
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    if let Command::Train(args) = cli.command {
-        return train::run(args, tinygpt::distributed::start()?);
-    }
+    let command = match cli.command {
+        Command::Train(args) => return train::run(args, tinygpt::distributed::start()?),
+        Command::Bench(args) if args.times_all_reduce() => return bench::run(args),
+        command => command,
+    };
     if let Some(launch) = tinygpt::distributed::Launch::detect()?.filter(|l| l.size > 1) {
         anyhow::bail!(
             "{} started {} ranks: only `tinygpt train` runs over several; start this command \
@@ -63,7 +66,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             launch.size
         );
     }
-    match cli.command {
+    match command {
         Command::Train(_) => unreachable!("trained above"),
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),

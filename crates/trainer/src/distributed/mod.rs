@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! collective.rs what the ranks do together (the Collective trait) and the Ranks handle
+//! cost.rs       what adding up a run's gradients costs (`bench --all-reduce`)
 //! launcher.rs   which launcher started this process, as which rank (read before MPI starts)
 //! mpi_world.rs  the ranks through MPI (the `mpi` feature: rsmpi over Open MPI or MPICH)
 //! ```
@@ -16,6 +17,7 @@
 //! as one of several ranks refuses, rather than run as N separate runs writing one directory.
 
 mod collective;
+pub mod cost;
 mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi_world;

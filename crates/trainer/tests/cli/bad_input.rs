@@ -211,3 +211,13 @@ fn commands_other_than_train_refuse_several_ranks() {
         "mpiexec (Hydra) started 2 ranks: only `tinygpt train` runs over several",
     );
 }
+
+/// `bench --all-reduce` times what ranks add up: started alone, it says how to start it.
+#[test]
+fn all_reduce_bench_alone_says_to_start_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::command(dir.path(), &["bench", "--all-reduce"])
+        .output()
+        .unwrap();
+    fails(out, "start it under a launcher with two ranks or more");
+}

@@ -33,6 +33,7 @@ pub struct Args {
     /// Run directory (default: runs/<config name>). Must not exist unless --resume.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// The device and engine (with --resume: the run's own unless given).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
     /// Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable).
@@ -129,8 +130,8 @@ pub fn run(args: Args, ranks: Option<Ranks>) -> Result<ExitCode> {
     let result = match ranks.leads() {
         true => lead(args, Some(ranks.clone()), &stop),
         false => {
-            let options = args.options(Some(ranks.clone()));
-            let stopped = tinygpt::train::follow(&options, &ranks, &stop);
+            // Rank 0 resolves the run (its config, backend, weights) and hands it over.
+            let stopped = tinygpt::train::follow(&ranks, &stop);
             stopped.map(|stopped| match stopped {
                 true => ExitCode::from(130),
                 false => ExitCode::SUCCESS,

@@ -94,6 +94,11 @@ pub struct TrainState {
     /// adapters alone ([`super::lora`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_base: Option<LoraBase>,
+    /// The `--backend` the run was trained with (`auto` included): what `--resume` takes
+    /// unless given another, so that a run continues on its own engine. Absent in runs written
+    /// before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 /// Where a LoRA run's base weights are: a run directory, and the SHA-256 of its `best`
@@ -293,6 +298,15 @@ impl Run {
             );
         }
         Ok((path, sum))
+    }
+
+    /// The `--backend` the newest readable `last` checkpoint (or `prev`) was trained with, if
+    /// it says; a damaged one says nothing here (loading it says why).
+    pub(crate) fn trained_backend(&self) -> Option<String> {
+        [Which::Last.dir_name(), PREVIOUS]
+            .iter()
+            .find_map(|name| read_state(&self.dir.join(name)).ok())
+            .and_then(|state| state.backend)
     }
 
     /// Whether any `last` checkpoint was saved (damaged or not): a run stopped before its first

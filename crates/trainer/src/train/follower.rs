@@ -12,16 +12,15 @@ use super::engine::{self, Settings};
 use super::optim::{Optimizer, load_optimizer};
 use super::ranks::{Handoff, Order, check_data, check_weights};
 use super::session::train_step;
-use super::setup::TrainOptions;
 use crate::config::UpdateKind;
 use crate::data::corpus;
 use crate::distributed::Ranks;
 
 /// Trains as rank `ranks.rank()` until rank 0 says the run is over; whether it ended because a
 /// rank was signalled (`stop`, set by this one's Ctrl-C handler, or another's).
-pub fn follow(options: &TrainOptions, ranks: &Ranks, stop: &AtomicBool) -> Result<bool> {
-    let placement = options.backend.placement()?;
+pub fn follow(ranks: &Ranks, stop: &AtomicBool) -> Result<bool> {
     let Handoff {
+        backend,
         config,
         tokenizer,
         weights,
@@ -40,6 +39,15 @@ pub fn follow(options: &TrainOptions, ranks: &Ranks, stop: &AtomicBool) -> Resul
         )
     })?;
     check_data(ranks, &data, &config)?;
+    // Rank 0's backend (a resumed run's own where `--backend` was not given), this host's
+    // device of it.
+    let placement = backend.placement().with_context(|| {
+        let (rank, host) = (ranks.rank(), ranks.host());
+        format!(
+            "rank {rank} (host {host}) cannot start the {} backend",
+            backend.name()
+        )
+    })?;
     let (kind, _) = placement.engine_for(config.train.dtype, UpdateKind::of(&config))?;
     let device = placement.device.clone().autodiff();
     let kernel = config.train.attention_kernel;

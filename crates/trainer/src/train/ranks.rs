@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::engine::Engine;
-use crate::backend::EngineKind;
+use crate::backend::{Backend, EngineKind};
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, step_rng};
@@ -44,8 +44,12 @@ pub(crate) fn refuse_unsupported(
 
 /// What rank 0 resolved (a new run, one resumed, one fine-tuned from another) and hands the
 /// other ranks, so that they read nothing of the run directory and need no shared file system:
-/// the config, the tokenizer, the weights with their parameter ids, the optimizer's state.
+/// the backend, the config, the tokenizer, the weights with their parameter ids, the
+/// optimizer's state.
 pub(crate) struct Handoff {
+    /// The backend rank 0 trains on (a resumed run's own, where `--backend` was not given):
+    /// every rank runs the same engine.
+    pub backend: Backend,
     pub config: RunConfig,
     pub tokenizer: Tokenizer,
     /// `model.safetensors`' bytes.
@@ -56,13 +60,16 @@ pub(crate) struct Handoff {
 }
 
 impl Handoff {
-    /// Rank 0: hands `engine`'s weights and state, `config` and `tokenizer` to the others.
+    /// Rank 0: hands `backend`, `engine`'s weights and state, `config` and `tokenizer` to the
+    /// others.
     pub(crate) fn send(
         ranks: &Ranks,
         config: &RunConfig,
         tokenizer: &Tokenizer,
+        backend: Backend,
         engine: &mut dyn Engine,
     ) -> Result<()> {
+        ranks.broadcast_text(backend.name())?;
         ranks.broadcast_text(&config.to_toml())?;
         ranks.broadcast_text(&tokenizer.to_json()?)?;
         let mut optimizer = engine.optimizer_bytes()?;
@@ -77,6 +84,9 @@ impl Handoff {
 
     /// The other ranks: what rank 0 [`send`](Self::send)s.
     pub(crate) fn receive(ranks: &Ranks) -> Result<Self> {
+        let backend = ranks.broadcast_text("")?;
+        let backend = <Backend as clap::ValueEnum>::from_str(&backend, true)
+            .map_err(|_| anyhow::anyhow!("rank 0 trains on a backend unknown here: {backend}"))?;
         let config = RunConfig::load_str(&ranks.broadcast_text("")?, &[])
             .context("the config rank 0 sent")?;
         let tokenizer = Tokenizer::from_json(&ranks.broadcast_text("")?)?;
@@ -85,6 +95,7 @@ impl Handoff {
         ranks.broadcast(&mut weights);
         ranks.broadcast(&mut optimizer);
         Ok(Self {
+            backend,
             config,
             tokenizer,
             weights,

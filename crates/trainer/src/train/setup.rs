@@ -72,10 +72,15 @@ impl Trainer {
     /// Set-up, in this order: the config with its tokenizer and data, the memory check, the
     /// weights and optimizer, the engine, and last the run directory.
     pub fn open(options: &TrainOptions) -> Result<Self> {
-        let placement = options.backend.placement()?;
-        let (dir, data) = match options.resume {
-            true => resume_run(options).map(|(run, data)| (RunDir::Existing(run), data))?,
-            false => new_run(options)?,
+        let (dir, data, backend, placement) = if options.resume {
+            let (run, data) = resume_run(options)?;
+            let (backend, placement) = resumed_placement(&run, options.backend)?;
+            (RunDir::Existing(run), data, backend, placement)
+        } else {
+            // Before the corpus is prepared: a backend that cannot start says so at once.
+            let placement = options.backend.placement()?;
+            let (dir, data) = new_run(options)?;
+            (dir, data, options.backend, placement)
         };
         let (config, tokenizer) = dir.config_and_tokenizer();
         let sample_prompt = snapshot::sample_prompt(config, tokenizer, &data)?;
@@ -85,7 +90,8 @@ impl Trainer {
             super::ranks::refuse_unsupported(ranks, config, kind)?;
         }
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
-        let (model, optim, state) = weights(&dir, &placement.device.clone().autodiff())?;
+        let (model, optim, mut state) = weights(&dir, &placement.device.clone().autodiff())?;
+        state.backend = Some(backend.name().to_string());
         let model = placement.model(model);
         let config = config.clone();
         let optimizer = Optimizer::for_run(&config, &model, optim);
@@ -103,7 +109,8 @@ impl Trainer {
             .collect();
         let run = dir.into_run()?;
         if let Some(ranks) = ranks {
-            super::ranks::Handoff::send(ranks, &config, &run.tokenizer, engine.as_mut())?;
+            let handoff = super::ranks::Handoff::send;
+            handoff(ranks, &config, &run.tokenizer, backend, engine.as_mut())?;
             super::ranks::check_data(ranks, &data, &config)?;
         }
         let metrics = Metrics::open(&run.dir)?;
@@ -130,6 +137,27 @@ impl Trainer {
             stop_asked: false,
         })
     }
+}
+
+/// The backend `--resume` continues `run` on, started: the one given, or (`auto`) the one the
+/// run was trained with, so that it continues on its own engine (another is the same run only
+/// to float rounding).
+fn resumed_placement(run: &Run, given: Backend) -> Result<(Backend, Placement)> {
+    let recorded = match (given, run.trained_backend()) {
+        (Backend::Auto, Some(name)) => name,
+        _ => return Ok((given, given.placement()?)),
+    };
+    let elsewhere = || {
+        format!(
+            "{} was trained with --backend {recorded}, which cannot start here; give --backend \
+             to continue it on another (the same run to float rounding)",
+            run.dir.display()
+        )
+    };
+    let backend = <Backend as clap::ValueEnum>::from_str(&recorded, true)
+        .map_err(|_| anyhow::anyhow!(elsewhere()))?;
+    let placement = backend.placement().with_context(elsewhere)?;
+    Ok((backend, placement))
 }
 
 /// The run directory a session trains: one being continued, or one to create once set-up has

@@ -176,6 +176,29 @@ fn burns_engine_over_two_ranks_trains_the_one_process_run() {
     close(dir.path(), "alone", "ranked");
 }
 
+/// Burn's engine on a GPU through wgpu (Mesa's lavapipe where there is none) and Burn's CPU
+/// engine in bf16: their gradients through the host, the one process's run to float rounding.
+#[test]
+fn burns_gpu_engine_and_bf16_steps_over_two_ranks_train_the_one_process_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = |backend: &str, extra: &[&str], mut args: Vec<String>| {
+        let at = args.iter().position(|a| a == "fused").unwrap();
+        args[at] = backend.into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let bf16 = ["--set", "train.dtype=bf16"];
+    for (name, backend, extra) in [("wgpu", "wgpu", &[][..]), ("bf16", "flex", &bf16[..])] {
+        let (one, two) = (format!("{name}-alone"), format!("{name}-ranked"));
+        let out = alone(dir.path(), &on(backend, extra, args("baby", &one, 2, 6)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let out = mpirun(dir.path(), 2, &on(backend, extra, args("baby", &two, 2, 6)));
+        assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains("2 ranks"), "{}", stdout(&out));
+        close(dir.path(), &one, &two);
+    }
+}
+
 /// LoRA on an int8 base, adapter dropout on, started over two ranks and resumed over two: the
 /// one process's run, bit for bit (only the adapters' gradients are added up; rank 0 hands the
 /// base, read from the run it names, with the adapters).

@@ -35,40 +35,41 @@ pub enum Unavailable {
     NoLibdevice,
 }
 
-/// The CUDA device tinygpt runs on (GPU 0 of those `CUDA_VISIBLE_DEVICES` shows), or why there
-/// is none.
+/// The CUDA device tinygpt runs on, with its ordinal: of the GPUs `CUDA_VISIBLE_DEVICES` shows,
+/// GPU `local_rank mod count` (GPU 0 for one process; one GPU a rank when a host runs as many
+/// ranks as it has GPUs), or why there is none.
 #[cfg(feature = "cuda")]
-pub fn device() -> Result<Device, Unavailable> {
+pub fn device(local_rank: usize) -> Result<(Device, usize), Unavailable> {
     use burn::tensor::DeviceType;
     // SAFETY: only tries to dlopen each of the driver library's names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(Unavailable::NoDriver);
     }
-    let device = Device::enumerate(DeviceType::Cuda)
-        .into_vec()
-        .into_iter()
-        .next()
-        .ok_or(Unavailable::NoGpu)?;
+    let gpus = Device::enumerate(DeviceType::Cuda).into_vec();
+    if gpus.is_empty() {
+        return Err(Unavailable::NoGpu);
+    }
+    let ordinal = local_rank % gpus.len();
     libdevice().ok_or(Unavailable::NoLibdevice)?;
-    Ok(device)
+    Ok((gpus[ordinal].clone(), ordinal))
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn device() -> Result<Device, Unavailable> {
+pub fn device(_local_rank: usize) -> Result<(Device, usize), Unavailable> {
     Err(Unavailable::NotCompiled)
 }
-/// Bytes free on the CUDA GPU now, from the driver (`cuMemGetInfo`); `None` when it cannot
-/// say.
+/// Bytes free on CUDA GPU `ordinal` now, from the driver (`cuMemGetInfo`); `None` when it
+/// cannot say.
 #[cfg(feature = "cuda")]
-pub(crate) fn free_memory() -> Option<u64> {
+pub(crate) fn free_memory(ordinal: usize) -> Option<u64> {
     // Retains the same primary context Burn uses, so this costs no second context.
-    let context = cudarc::driver::CudaContext::new(0).ok()?;
+    let context = cudarc::driver::CudaContext::new(ordinal).ok()?;
     let (free, _total) = context.mem_get_info().ok()?;
     Some(free as u64)
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn free_memory() -> Option<u64> {
+pub(crate) fn free_memory(_ordinal: usize) -> Option<u64> {
     None
 }
 

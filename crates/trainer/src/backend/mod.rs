@@ -44,8 +44,8 @@ pub enum Backend {
 pub enum Memory {
     /// The host's: the CPU backends.
     Host,
-    /// A CUDA GPU's: the driver reports what is free.
-    Cuda,
+    /// CUDA GPU `n`'s: the driver reports what is free.
+    Cuda(usize),
     /// A wgpu device's: wgpu cannot report it.
     Unreported,
 }
@@ -99,7 +99,7 @@ impl Placement {
     pub(crate) fn available_memory(&self) -> Option<u64> {
         match self.memory {
             Memory::Host => host::available_bytes(),
-            Memory::Cuda => cuda::free_memory(),
+            Memory::Cuda(ordinal) => cuda::free_memory(ordinal),
             Memory::Unreported => None,
         }
     }
@@ -210,6 +210,13 @@ impl Backend {
     /// The device and engine this backend means on this machine; a GPU backend without its
     /// device is an error.
     pub fn placement(self) -> Result<Placement> {
+        self.placement_for(0)
+    }
+
+    /// [`placement`](Self::placement) for the `local_rank`-th of the ranks on this host: a GPU
+    /// backend takes the host's GPU `local_rank mod count` of its kind, one GPU a rank when a
+    /// host runs as many ranks as it has GPUs.
+    pub fn placement_for(self, local_rank: usize) -> Result<Placement> {
         kernels::keep_between_runs();
         // The device, its name, the engine, and what says how much memory the device has.
         let fused = (Device::flex(), "flex", EngineKind::Fused, Memory::Host);
@@ -218,22 +225,27 @@ impl Backend {
             Self::Fused => fused,
             Self::Flex => (Device::flex(), "flex", EngineKind::Autodiff, Memory::Host),
             Self::Ndarray => (ndarray(), "ndarray", EngineKind::Autodiff, Memory::Host),
-            Self::Wgpu => match wgpu_devices().into_iter().next() {
+            Self::Wgpu => match nth(wgpu_devices(), local_rank) {
                 Some(device) => (device, "wgpu", EngineKind::Device, Memory::Unreported),
                 None => bail!(
                     "--backend wgpu: no wgpu adapter found (no GPU driver, and no software Vulkan \
                      such as Mesa's lavapipe); use --backend flex"
                 ),
             },
-            Self::Cuda => (cuda::device()?, "cuda", EngineKind::Device, Memory::Cuda),
-            Self::Auto => match cuda::device() {
-                Ok(device) => (device, "cuda", EngineKind::Device, Memory::Cuda),
+            Self::Cuda => {
+                let (device, ordinal) = cuda::device(local_rank)?;
+                (device, "cuda", EngineKind::Device, Memory::Cuda(ordinal))
+            }
+            Self::Auto => match cuda::device(local_rank) {
+                Ok((device, ordinal)) => {
+                    (device, "cuda", EngineKind::Device, Memory::Cuda(ordinal))
+                }
                 Err(why) => {
                     // A GPU that is there but cannot run is worth a word; no driver is not.
                     if why == cuda::Unavailable::NoLibdevice {
                         note = Some(format!("{why}; auto takes the next backend"));
                     }
-                    match physical_gpu() {
+                    match physical_gpu(local_rank) {
                         Some(gpu) => (gpu, "wgpu", EngineKind::Device, Memory::Unreported),
                         None => fused,
                     }
@@ -277,16 +289,26 @@ pub fn describe(device: &Device) -> String {
 /// on a CPU, the CPU backends are faster than wgpu over it. Asked of the adapter list by kind,
 /// without opening a device: an opened one keeps its driver's threads for the life of the
 /// process (a software Vulkan's poll thread costs an idle `serve` a tenth of a core).
-fn physical_gpu() -> Option<Device> {
+fn physical_gpu(local_rank: usize) -> Option<Device> {
     let listed = wgpu_devices();
-    [
-        DeviceKind::DiscreteGpu(0),
-        DeviceKind::IntegratedGpu(0),
-        DeviceKind::VirtualGpu(0),
-    ]
-    .into_iter()
-    .map(Device::wgpu)
-    .find(|card| listed.contains(card))
+    let kinds: [fn(usize) -> DeviceKind; 3] = [
+        DeviceKind::DiscreteGpu,
+        DeviceKind::IntegratedGpu,
+        DeviceKind::VirtualGpu,
+    ];
+    kinds.into_iter().find_map(|kind| {
+        let cards = (0..listed.len()).map(|i| Device::wgpu(kind(i)));
+        nth(
+            cards.filter(|card| listed.contains(card)).collect(),
+            local_rank,
+        )
+    })
+}
+
+/// Device `local_rank mod count` of `devices`, `None` when there are none.
+fn nth(devices: Vec<Device>, local_rank: usize) -> Option<Device> {
+    let count = devices.len();
+    devices.into_iter().nth(local_rank.checked_rem(count)?)
 }
 
 fn wgpu_devices() -> Vec<Device> {

@@ -15,6 +15,8 @@ pub trait Collective {
     fn size(&self) -> usize;
     /// Ranks on this host (threads are shared among them).
     fn local_size(&self) -> usize;
+    /// This rank's place among them, `0..local_size`: which of the host's GPUs it takes.
+    fn local_rank(&self) -> usize;
     /// This rank's host, for messages.
     fn host(&self) -> String;
     /// Adds `values` up over the ranks, element by element: every rank gets the sums.

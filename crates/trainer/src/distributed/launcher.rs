@@ -4,7 +4,8 @@
 
 use anyhow::{Context, Result, bail};
 
-/// A launcher's word on this process: one of `size` ranks, `local_size` of them on this host.
+/// A launcher's word on this process: one of `size` ranks, `local_size` of them on this host,
+/// the `local_rank`-th there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
     /// The launcher, as a user would name it.
@@ -13,25 +14,36 @@ pub struct Launch {
     pub rank: usize,
     /// Ranks on this host, where the launcher says.
     pub local_size: Option<usize>,
+    /// This rank's place among them (which GPU it takes), where the launcher says.
+    pub local_rank: Option<usize>,
 }
 
-/// Each launcher's variables: world size, rank, ranks on this host.
-const LAUNCHERS: [(&str, &str, &str, &str); 3] = [
+/// Each launcher's variables: world size, rank, ranks on this host, rank on this host.
+const LAUNCHERS: [(&str, [&str; 4]); 3] = [
     (
         "Open MPI's mpirun",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        [
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ],
     ),
     // MPICH's and Intel MPI's Hydra (`mpiexec`).
-    ("mpiexec (Hydra)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"),
+    (
+        "mpiexec (Hydra)",
+        ["PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"],
+    ),
     // A job step's tasks; SLURM_NTASKS alone is also set in a batch script, which is one
     // process.
     (
         "Slurm's srun",
-        "SLURM_STEP_NUM_TASKS",
-        "SLURM_PROCID",
-        "SLURM_STEP_TASKS_PER_NODE",
+        [
+            "SLURM_STEP_NUM_TASKS",
+            "SLURM_PROCID",
+            "SLURM_STEP_TASKS_PER_NODE",
+            "SLURM_LOCALID",
+        ],
     ),
 ];
 
@@ -43,7 +55,7 @@ impl Launch {
 
     /// [`detect`](Self::detect) over the variables `var` gives.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
-        for (launcher, size, rank, local) in LAUNCHERS {
+        for (launcher, [size, rank, local, local_rank]) in LAUNCHERS {
             let Some(size_text) = var(size) else {
                 continue;
             };
@@ -64,6 +76,7 @@ impl Launch {
                 size: size_n,
                 rank: rank_n,
                 local_size: local_size.filter(|&n| n > 0),
+                local_rank: var(local_rank).and_then(|t| leading_number(&t).ok()),
             }));
         }
         Ok(None)
@@ -113,10 +126,12 @@ mod tests {
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_RANK", "3"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
         ])
         .unwrap()
         .unwrap();
         assert_eq!((ompi.size, ompi.rank, ompi.local_size), (4, 3, Some(2)));
+        assert_eq!(ompi.local_rank, Some(1));
         assert_eq!(ompi.threads_per_rank(16), 8);
         let hydra = launch(&[("PMI_SIZE", "2"), ("PMI_RANK", "0")])
             .unwrap()
@@ -130,10 +145,14 @@ mod tests {
             ("SLURM_STEP_NUM_TASKS", "8"),
             ("SLURM_PROCID", "5"),
             ("SLURM_STEP_TASKS_PER_NODE", "4(x2)"),
+            ("SLURM_LOCALID", "1"),
         ])
         .unwrap()
         .unwrap();
-        assert_eq!((srun.rank, srun.local_size), (5, Some(4)));
+        assert_eq!(
+            (srun.rank, srun.local_size, srun.local_rank),
+            (5, Some(4), Some(1))
+        );
         // A batch script: the job's tasks, but this is one process.
         assert_eq!(launch(&[("SLURM_NTASKS", "8")]).unwrap(), None);
     }

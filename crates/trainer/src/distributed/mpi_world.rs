@@ -15,6 +15,7 @@ pub(super) struct MpiWorld {
     // Dropped after `world`: MPI is finalised last.
     world: SimpleCommunicator,
     local_size: usize,
+    local_rank: usize,
     _universe: Universe,
 }
 
@@ -37,6 +38,7 @@ impl MpiWorld {
         Ok(Self {
             world,
             local_size: launch.local_size.unwrap_or(1),
+            local_rank: launch.local_rank.unwrap_or(0),
             _universe: universe,
         })
     }
@@ -53,6 +55,10 @@ impl Collective for MpiWorld {
 
     fn local_size(&self) -> usize {
         self.local_size
+    }
+
+    fn local_rank(&self) -> usize {
+        self.local_rank
     }
 
     fn host(&self) -> String {

@@ -39,9 +39,9 @@ pub fn follow(ranks: &Ranks, stop: &AtomicBool) -> Result<bool> {
         )
     })?;
     check_data(ranks, &data, &config)?;
-    // Rank 0's backend (a resumed run's own where `--backend` was not given), this host's
-    // device of it.
-    let placement = backend.placement().with_context(|| {
+    // Rank 0's backend (a resumed run's own where `--backend` was not given); a GPU's, this
+    // host's GPU for this rank.
+    let placement = backend.placement_for(ranks.local_rank()).with_context(|| {
         let (rank, host) = (ranks.rank(), ranks.host());
         format!(
             "rank {rank} (host {host}) cannot start the {} backend",

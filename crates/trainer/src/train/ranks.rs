@@ -6,19 +6,15 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::engine::Engine;
-use crate::backend::{Backend, EngineKind};
+use crate::backend::Backend;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, step_rng};
 use crate::distributed::Ranks;
 
-/// What one run over ranks needs that one process does not: refused in one line otherwise,
-/// before anything is written.
-pub(crate) fn refuse_unsupported(
-    ranks: &Ranks,
-    config: &RunConfig,
-    kind: EngineKind,
-) -> Result<()> {
+/// What one run over ranks needs that one process does not, micro-batches that can be dealt to
+/// them: refused in one line otherwise, before anything is written.
+pub(crate) fn refuse_undealt(ranks: &Ranks, config: &RunConfig) -> Result<()> {
     let (n, accum) = (ranks.size(), config.train.grad_accum);
     if !accum.is_multiple_of(n) {
         let up = accum.div_ceil(n) * n;
@@ -27,17 +23,6 @@ pub(crate) fn refuse_unsupported(
              are split among them, so it must be a multiple of {n} (e.g. --set \
              train.grad_accum={up}), or start a number of ranks that divides {accum}"
         );
-    }
-    match kind {
-        EngineKind::Fused => {}
-        EngineKind::Autodiff if config.train.dtype == crate::config::TrainDType::F32 => {}
-        EngineKind::Autodiff | EngineKind::Device => bail!(
-            "over several ranks the fused CPU engine and Burn's CPU engines train, in f32, so \
-             far; this run would take the {} engine in {:?} (use --backend fused or flex, \
-             train.dtype = \"f32\")",
-            kind.name(),
-            config.train.dtype
-        ),
     }
     Ok(())
 }

@@ -72,13 +72,15 @@ impl Trainer {
     /// Set-up, in this order: the config with its tokenizer and data, the memory check, the
     /// weights and optimizer, the engine, and last the run directory.
     pub fn open(options: &TrainOptions) -> Result<Self> {
+        // Over ranks, a GPU a rank: the host's local rank picks it.
+        let local_rank = options.ranks.as_ref().map_or(0, |r| r.local_rank());
         let (dir, data, backend, placement) = if options.resume {
             let (run, data) = resume_run(options)?;
-            let (backend, placement) = resumed_placement(&run, options.backend)?;
+            let (backend, placement) = resumed_placement(&run, options.backend, local_rank)?;
             (RunDir::Existing(run), data, backend, placement)
         } else {
             // Before the corpus is prepared: a backend that cannot start says so at once.
-            let placement = options.backend.placement()?;
+            let placement = options.backend.placement_for(local_rank)?;
             let (dir, data) = new_run(options)?;
             (dir, data, options.backend, placement)
         };
@@ -87,7 +89,7 @@ impl Trainer {
         let (kind, engine_note) =
             placement.engine_for(config.train.dtype, UpdateKind::of(config))?;
         if let Some(ranks) = &options.ranks {
-            super::ranks::refuse_unsupported(ranks, config, kind)?;
+            super::ranks::refuse_undealt(ranks, config)?;
         }
         let memory = memory_check(config, tokenizer.vocab_size(), kind, &placement)?;
         let (model, optim, mut state) = weights(&dir, &placement.device.clone().autodiff())?;
@@ -142,10 +144,10 @@ impl Trainer {
 /// The backend `--resume` continues `run` on, started: the one given, or (`auto`) the one the
 /// run was trained with, so that it continues on its own engine (another is the same run only
 /// to float rounding).
-fn resumed_placement(run: &Run, given: Backend) -> Result<(Backend, Placement)> {
+fn resumed_placement(run: &Run, given: Backend, local_rank: usize) -> Result<(Backend, Placement)> {
     let recorded = match (given, run.trained_backend()) {
         (Backend::Auto, Some(name)) => name,
-        _ => return Ok((given, given.placement()?)),
+        _ => return Ok((given, given.placement_for(local_rank)?)),
     };
     let elsewhere = || {
         format!(
@@ -156,8 +158,8 @@ fn resumed_placement(run: &Run, given: Backend) -> Result<(Backend, Placement)> 
     };
     let backend = <Backend as clap::ValueEnum>::from_str(&recorded, true)
         .map_err(|_| anyhow::anyhow!(elsewhere()))?;
-    let placement = backend.placement().with_context(elsewhere)?;
-    Ok((backend, placement))
+    let placement = backend.placement_for(local_rank);
+    Ok((backend, placement.with_context(elsewhere)?))
 }
 
 /// The run directory a session trains: one being continued, or one to create once set-up has

@@ -54,7 +54,11 @@ impl Engine for AutodiffEngine {
     }
 
     fn describe(&self) -> String {
-        self.burn.precision.describe("Burn autodiff")
+        let engine = self.burn.precision.describe("Burn autodiff");
+        match &self.ranks {
+            Some(ranks) => format!("{engine}, {} ranks (MPI)", ranks.size()),
+            None => engine,
+        }
     }
 
     fn model(&mut self) -> Result<&Gpt> {

@@ -11,6 +11,7 @@ use super::{Engine, Step};
 use crate::backend::EngineKind;
 use crate::config::TrainDType;
 use crate::data::Batch;
+use crate::distributed::Ranks;
 use crate::train::device_adamw::DeviceAdamW;
 use crate::train::optim::{
     Optimizer, UpdateRule, burn_from_moments, moments_from_burn, record_bytes,
@@ -32,15 +33,18 @@ pub(super) struct DeviceEngine {
     pending: Vec<Tensor<1>>,
     /// Outcomes read back, not yet handed out.
     known: Vec<Step>,
+    /// The ranks the gradients are added up over (through the host), when there are several.
+    ranks: Option<Ranks>,
 }
 
 impl DeviceEngine {
+    /// The engine for `model` on `device`, with `threads` host threads and steps in `dtype`.
     pub fn new(
         model: Gpt,
         optimizer: Optimizer,
         device: Device,
-        threads: usize,
-        dtype: TrainDType,
+        (threads, dtype): (usize, TrainDType),
+        ranks: Option<Ranks>,
     ) -> Result<Self> {
         let optim = optimizer.burn;
         let states = moments_from_burn(&optim).context("optimizer state")?;
@@ -63,6 +67,7 @@ impl DeviceEngine {
             adamw: Box::new(adamw),
             pending: Vec::new(),
             known: Vec::new(),
+            ranks,
         })
     }
 
@@ -81,9 +86,14 @@ impl Engine for DeviceEngine {
     }
 
     fn describe(&self) -> String {
-        self.burn
+        let engine = self
+            .burn
             .precision
-            .describe("Burn autodiff, AdamW on the device")
+            .describe("Burn autodiff, AdamW on the device");
+        match &self.ranks {
+            Some(ranks) => format!("{engine}, {} ranks (MPI, through the host)", ranks.size()),
+            None => engine,
+        }
     }
 
     fn model(&mut self) -> Result<&Gpt> {
@@ -104,7 +114,8 @@ impl Engine for DeviceEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
-        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed, None)?;
+        let ranks = self.ranks.as_ref();
+        let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed, ranks)?;
         let flat = self.adamw.flatten(&mut grads);
         let squares = sum_all(flat.clone().square());
         let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);

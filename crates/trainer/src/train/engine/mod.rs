@@ -184,9 +184,6 @@ pub fn open(
     settings: Settings,
     ranks: Option<&Ranks>,
 ) -> Result<Box<dyn Engine>> {
-    if let Some(ranks) = ranks.filter(|_| kind == EngineKind::Device) {
-        anyhow::bail!("the {} engine cannot train over {ranks:?}", kind.name());
-    }
     // Every engine reads the config beside the weights (the fused ones build their buffers
     // from it, checkpoints save it): they must agree.
     model.check_config()?;
@@ -218,8 +215,8 @@ pub fn open(
             burn_model(model),
             optimizer,
             device,
-            threads,
-            dtype,
+            (threads, dtype),
+            ranks.cloned(),
         )?),
         EngineKind::Fused => Box::new(fused::FusedEngine::new(
             model,

@@ -16,13 +16,9 @@ tinygpt=${TINYGPT:-target/release/tinygpt}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-mkdir -p "$work/data/shakespeare_char"
-cp "$input" "$work/data/shakespeare_char/input.txt"
-cp "$nanogpt/data/shakespeare_char/prepare.py" "$work/data/shakespeare_char/"
-# train.py reads configurator.py, its config and the data from the working directory.
-cp "$nanogpt"/{train.py,model.py,configurator.py} "$work/"
-cp -r "$nanogpt/config" "$work/"
-(cd "$work" && "$python" data/shakespeare_char/prepare.py >/dev/null)
+# shellcheck source=scripts/nanogpt-workdir.sh
+source "$(dirname "$0")/nanogpt-workdir.sh"
+nanogpt_workdir "$nanogpt" "$python" "$input" "$work"
 
 # nanoGPT's README, "I only have a macbook": the baby model on the CPU.
 start=$(date +%s.%N)

@@ -18,12 +18,9 @@ torchrun="$(dirname "$python")/torchrun"
 work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
-mkdir -p "$work/data/shakespeare_char"
-cp "$input" "$work/data/shakespeare_char/input.txt"
-cp "$nanogpt/data/shakespeare_char/prepare.py" "$work/data/shakespeare_char/"
-cp "$nanogpt"/{train.py,model.py,configurator.py} "$work/"
-cp -r "$nanogpt/config" "$work/"
-(cd "$work" && "$python" data/shakespeare_char/prepare.py >/dev/null)
+# shellcheck source=scripts/nanogpt-workdir.sh
+source "$(dirname "$0")/nanogpt-workdir.sh"
+nanogpt_workdir "$nanogpt" "$python" "$input" "$work"
 # train.py's DDP branch puts each rank on a GPU; on the CPU it must stay there (three lines).
 sed -i "s/^    device = f'cuda:{ddp_local_rank}'/    device = device if device == 'cpu' else f'cuda:{ddp_local_rank}'/;
         s/^    torch.cuda.set_device(device)/    if device != 'cpu': torch.cuda.set_device(device)/;

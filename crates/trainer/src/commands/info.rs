@@ -77,7 +77,10 @@ fn print_training(run: &Run) {
                     (Some(v), Some(s)) => format!("{v:.4} at step {s}"),
                     _ => "-".into(),
                 }
-            )
+            );
+            if let Some(backend) = &state.backend {
+                println!("backend: {backend} (what `train --resume` continues on)");
+            }
         }
         Err(_) => println!("trained: no readable checkpoint"),
     }

@@ -58,6 +58,10 @@ fn train_info_generate_eval() {
 
     let info = ok(tinygpt(dir, &["info", "--checkpoint", "run"]));
     assert!(info.contains("tokenizer: char, 71 tokens"), "{info}");
+    assert!(
+        info.contains("backend: flex (what `train --resume` continues on)"),
+        "{info}"
+    );
     assert!(info.contains("trained: 30 of 30 steps"), "{info}");
     assert!(info.contains("n_embd = 32"), "{info}");
     assert!(info.contains("of matrices a token ("), "{info}");

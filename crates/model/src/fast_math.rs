@@ -55,8 +55,8 @@ pub(crate) fn normal_cdf_pdf(x: f32) -> (f32, f32) {
 
 /// Defines a function whose body is compiled three times: for AVX-512, for AVX2 + FMA, and for
 /// the baseline (SSE2); each call runs the widest one the CPU has (the feature check is a
-/// cached flag read). The body's loops then vectorise 16 or 8 lanes wide, where the default
-/// x86-64 target would give 4.
+/// cached flag read), AVX-512 only in a build with the `avx512` feature. The body's loops then
+/// vectorise 16 or 8 lanes wide, where the default x86-64 target would give 4.
 macro_rules! vectorized {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
@@ -69,7 +69,7 @@ macro_rules! vectorized {
                 fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has the features `avx512` is compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
@@ -85,6 +85,23 @@ macro_rules! vectorized {
     };
 }
 pub(crate) use vectorized;
+
+/// The widest vector instructions the fused engine's kernels (gemm's products and `vectorized`
+/// loops) take on this CPU in this build: `"avx512"` (a build with the `avx512` feature on a
+/// CPU with AVX-512), `"avx2"` (AVX2 + FMA), or `"baseline"`.
+pub fn instruction_set() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if cfg!(feature = "avx512") && has!("avx512f") {
+            return "avx512";
+        }
+        if has!("avx2") && has!("fma") {
+            return "avx2";
+        }
+    }
+    "baseline"
+}
 
 #[cfg(test)]
 mod tests {

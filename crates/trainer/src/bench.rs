@@ -36,6 +36,9 @@ pub struct BenchResult {
     pub config: String,
     pub backend: String,
     pub device: String,
+    /// The widest vector instructions the CPU kernels take here (`avx512`, `avx2`,
+    /// `baseline`): the CPU's, unless the build leaves AVX-512 out.
+    pub cpu_instructions: String,
     pub params: usize,
     pub batch: usize,
     pub block: usize,
@@ -181,6 +184,7 @@ fn bench_one(
         weight_bytes_per_token: sampled.weight_bytes,
         peak_rss_mib: peak_rss_mib(),
         dtype: t.dtype.name().to_string(),
+        cpu_instructions: tinygpt_model::instruction_set().to_string(),
         kernels,
     })
 }

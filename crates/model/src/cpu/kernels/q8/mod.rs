@@ -305,7 +305,8 @@ pub(crate) fn kernels() -> Vec<Kernel> {
     {
         use std::arch::is_x86_feature_detected as has;
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+        let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+        if cfg!(feature = "avx512") && avx2 && avx512 {
             // SAFETY (both): the features the kernel is compiled for were just detected.
             found.push(Kernel {
                 name: "avx512-vnni",

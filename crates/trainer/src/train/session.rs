@@ -54,9 +54,21 @@ pub struct Outcome {
 pub struct Estimate {
     pub train_loss: f64,
     pub val_loss: f64,
+    /// The standard error of `val_loss`, from the spread of its batches' losses; `None` from
+    /// fewer than [`MIN_BATCHES_FOR_ERROR`] batches, too few to say.
+    pub val_error: Option<f64>,
     /// The best validation loss so far.
     pub improved: bool,
 }
+
+/// Batches an estimate needs before its spread is taken as its standard error: from fewer, the
+/// sample deviation is too often far below the true one.
+const MIN_BATCHES_FOR_ERROR: usize = 10;
+
+/// How far above a `--to-loss` target an estimate must be for the whole split not to be
+/// measured: this many of its standard errors, and this share of the target (the whole split's
+/// windows are not the estimate's random ones).
+const FAR_ABOVE: (f64, f64) = (8.0, 0.05);
 
 /// A run being trained: its directory, data, engine (weights and optimizer) and state.
 pub struct Trainer {
@@ -234,6 +246,7 @@ impl Trainer {
     pub fn evaluate(&mut self, elapsed_s: f64) -> Result<Estimate> {
         let (t, step) = (&self.config.train, self.state.step);
         let mut means = [0.0; 2];
+        let mut val_error = None;
         for (k, split) in [&self.data.train, &self.data.val].into_iter().enumerate() {
             let mut rng = step_rng(t.seed, step, EVAL_STREAM + k as u64);
             let batches: Vec<Batch> = (0..t.eval_iters)
@@ -241,6 +254,9 @@ impl Trainer {
                 .collect();
             let losses = self.engine.losses(&batches)?;
             means[k] = losses.iter().sum::<f64>() / t.eval_iters as f64;
+            if k == 1 {
+                val_error = standard_error(&losses);
+            }
         }
         let [train_loss, val_loss] = means;
         if !(train_loss.is_finite() && val_loss.is_finite()) {
@@ -287,6 +303,7 @@ impl Trainer {
         Ok(Estimate {
             train_loss,
             val_loss,
+            val_error,
             improved,
         })
     }
@@ -322,9 +339,9 @@ impl Trainer {
         loop {
             let step = self.state.step;
             if evaluates_at(&self.config, step) {
-                self.evaluate_and_save(&mut clock, &progress)?;
+                let estimate = self.evaluate_and_save(&mut clock, &progress)?;
                 if let Some(target) = limits.to_loss
-                    && self.reached(target, &mut clock, &progress)?
+                    && self.reached(target, &estimate, &mut clock, &progress)?
                 {
                     break;
                 }
@@ -399,7 +416,7 @@ impl Trainer {
         Ok(())
     }
 
-    fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<()> {
+    fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<Estimate> {
         self.settle(true, progress)?;
         let eval_start = Instant::now();
         let estimate = self.evaluate(clock.elapsed_s())?;
@@ -416,12 +433,32 @@ impl Trainer {
         clock.eval_time += eval_start.elapsed();
         // tokens/s in the progress line measures training only.
         clock.window = (Instant::now(), self.state.step);
-        Ok(())
+        Ok(estimate)
     }
 
     /// With `--to-loss`: the loss over the whole validation split (its time counted as
     /// evaluation, not training), and whether it is at most `target`; saying so when it is.
-    fn reached(&mut self, target: f64, clock: &mut Clock, progress: &Progress) -> Result<bool> {
+    /// Not measured where the `estimate` just made is far above the target ([`FAR_ABOVE`]):
+    /// at step 0, say, a pass over the split that cannot reach it.
+    fn reached(
+        &mut self,
+        target: f64,
+        estimate: &Estimate,
+        clock: &mut Clock,
+        progress: &Progress,
+    ) -> Result<bool> {
+        let (errors, share) = FAR_ABOVE;
+        if let Some(error) = estimate.val_error
+            && estimate.val_loss - target > (errors * error).max(share * target)
+        {
+            progress.say(format!(
+                "whole-split val loss not measured: the estimate {:.4} is far above the target \
+                 {target} ({:.0} standard errors)",
+                estimate.val_loss,
+                (estimate.val_loss - target) / error
+            ));
+            return Ok(false);
+        }
         let started = Instant::now();
         let loss = self.whole_val_loss()?;
         clock.eval_time += started.elapsed();
@@ -499,4 +536,16 @@ pub fn train_step(
     let dropout_seed = mix(t.seed, step, DROPOUT_STREAM);
     let lr = learning_rate(config, step);
     engine.step(&batches, dropout_seed, t.grad_clip, lr)
+}
+
+/// The standard error of the mean of `losses` (each a batch's), from their sample deviation;
+/// `None` from fewer than [`MIN_BATCHES_FOR_ERROR`].
+fn standard_error(losses: &[f64]) -> Option<f64> {
+    let n = losses.len();
+    if n < MIN_BATCHES_FOR_ERROR {
+        return None;
+    }
+    let mean = losses.iter().sum::<f64>() / n as f64;
+    let variance = losses.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    Some((variance / n as f64).sqrt())
 }

@@ -380,6 +380,31 @@ fn to_loss_stops_at_the_first_evaluation_under_the_target() {
         train(dir, "bad", &["--to-loss", "0"]),
         "--to-loss must be a loss > 0",
     );
+    // From ten batches an estimate has a standard error: one far above the target is not
+    // followed by a pass over the whole split, which could not reach it.
+    let ten = ["--set", "train.eval_iters=10"];
+    let far = [
+        &["--max-iters", "4", "--to-loss", "0.01"][..],
+        &every_2,
+        &ten,
+    ]
+    .concat();
+    let out = ok(train(dir, "far-estimated", &far));
+    let skipped = out
+        .lines()
+        .filter(|l| l.starts_with("whole-split val loss not measured: the estimate "))
+        .count();
+    assert_eq!(skipped, 3, "steps 0, 2 and 4: {out}");
+    assert!(!out.contains("whole-split val loss 4"), "{out}");
+    // Near the target, the whole split is measured as before.
+    let near = [
+        &["--max-iters", "4", "--to-loss", &target][..],
+        &every_2,
+        &ten,
+    ]
+    .concat();
+    let out = ok(train(dir, "near-estimated", &near));
+    assert!(out.contains("at step 2:"), "{out}");
 }
 
 #[test]

@@ -69,15 +69,12 @@ macro_rules! vectorized {
                 fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
-                if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features `avx512` is compiled for.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                match $crate::fast_math::instruction_set() {
+                    // SAFETY: `instruction_set` names the features the CPU has.
+                    $crate::fast_math::InstructionSet::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
+                    $crate::fast_math::InstructionSet::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::fast_math::InstructionSet::Baseline => {}
                 }
             }
             body($($arg),*)
@@ -87,20 +84,43 @@ macro_rules! vectorized {
 pub(crate) use vectorized;
 
 /// The widest vector instructions the fused engine's kernels (gemm's products and `vectorized`
-/// loops) take on this CPU in this build: `"avx512"` (a build with the `avx512` feature on a
-/// CPU with AVX-512), `"avx2"` (AVX2 + FMA), or `"baseline"`.
-pub fn instruction_set() -> &'static str {
+/// loops) take on this CPU in this build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstructionSet {
+    /// AVX-512 (with AVX2 and FMA): a build with the `avx512` feature on a CPU that has it.
+    Avx512,
+    /// AVX2 and FMA.
+    Avx2,
+    /// What every x86-64 (or other) CPU has.
+    Baseline,
+}
+
+impl InstructionSet {
+    /// `"avx512"`, `"avx2"` or `"baseline"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Avx2 => "avx2",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
+/// See [`InstructionSet`]: the one rule `vectorized` functions dispatch by (each check is a
+/// cached flag read).
+pub fn instruction_set() -> InstructionSet {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if cfg!(feature = "avx512") && has!("avx512f") {
-            return "avx512";
+        let avx2 = has!("avx2") && has!("fma");
+        if cfg!(feature = "avx512") && avx2 && has!("avx512f") {
+            return InstructionSet::Avx512;
         }
-        if has!("avx2") && has!("fma") {
-            return "avx2";
+        if avx2 {
+            return InstructionSet::Avx2;
         }
     }
-    "baseline"
+    InstructionSet::Baseline
 }
 
 #[cfg(test)]

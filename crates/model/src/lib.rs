@@ -49,7 +49,7 @@ pub use arch::parts;
 pub use arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, TokenBatch, WeightFormat};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
-pub use fast_math::instruction_set;
+pub use fast_math::{InstructionSet, instruction_set};
 pub use nn::{
     Block, Decoding, FeedForward, Gpt, GptBatch, IGNORE_INDEX, Normalization, cross_entropy, seeded,
 };

@@ -14,8 +14,8 @@ use rand::RngExt;
 use serde::Serialize;
 use tinygpt_model::gpu::Kernels;
 use tinygpt_model::{
-    BatchDecoder, GenerateOptions, decoding::Replay, decoding::weight_bytes_per_token, generate,
-    generate_batch,
+    BatchDecoder, GenerateOptions, Gpt, decoding::Replay, decoding::weight_bytes_per_token,
+    generate, generate_batch,
 };
 
 use crate::backend::{Backend, EngineKind, Placement, describe};
@@ -184,7 +184,7 @@ fn bench_one(
         weight_bytes_per_token: sampled.weight_bytes,
         peak_rss_mib: peak_rss_mib(),
         dtype: t.dtype.name().to_string(),
-        cpu_instructions: tinygpt_model::instruction_set().to_string(),
+        cpu_instructions: tinygpt_model::instruction_set().name().to_string(),
         kernels,
     })
 }
@@ -217,14 +217,7 @@ fn refuse(
 /// The engine `train` would open for `config` on `placement`, on a fresh model of the
 /// benchmark's vocabulary, and the model's parameter count.
 fn open_engine(config: &RunConfig, placement: &Placement) -> Result<(Box<dyn Engine>, usize)> {
-    let device = placement.device.clone().autodiff();
-    let mut model = config
-        .gpt(VOCAB)
-        .init_with_attention(&device, config.train.attention_kernel)?;
-    if let Some(lora) = &config.lora {
-        // `--set lora.rank=R`: a LoRA run's step, the base frozen.
-        model = model.with_lora(lora)?;
-    }
+    let model = model_of(config, VOCAB, &placement.device.clone().autodiff())?;
     let model = placement.model(model);
     let params = model.num_params();
     let optim = Optimizer::for_run(config, &model, optimizer(config, &model));
@@ -238,6 +231,22 @@ fn open_engine(config: &RunConfig, placement: &Placement) -> Result<(Box<dyn Eng
         None,
     )?;
     Ok((engine, params))
+}
+
+/// A fresh model of `config` for a vocabulary of `vocab` on `device`, with its `[lora]`
+/// adapters when it has them (`--set lora.rank=R`: a LoRA run's step, the base frozen): what a
+/// benchmark measures.
+pub(crate) fn model_of(
+    config: &RunConfig,
+    vocab: usize,
+    device: &burn::tensor::Device,
+) -> Result<Gpt> {
+    let kernel = config.train.attention_kernel;
+    let model = config.gpt(vocab).init_with_attention(device, kernel)?;
+    Ok(match &config.lora {
+        Some(lora) => model.with_lora(lora)?,
+        None => model,
+    })
 }
 
 /// Random tokens: the speed of a step does not depend on the text.

@@ -264,6 +264,11 @@ impl Backend {
         })
     }
 
+    /// The backend [`name`](Self::name) names (as a run's `state.json` records it), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(name, true).ok()
+    }
+
     /// The name as typed on the command line.
     pub fn name(self) -> &'static str {
         match self {

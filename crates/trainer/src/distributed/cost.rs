@@ -13,7 +13,6 @@ use serde::Serialize;
 use super::Ranks;
 use crate::config::RunConfig;
 use burn::tensor::Device;
-use tinygpt_model::Gpt;
 
 /// One config's all-reduce, measured.
 #[derive(Debug, Clone, Serialize)]
@@ -129,12 +128,7 @@ fn trained_sizes(config: &RunConfig, vocab: usize) -> Result<Vec<usize>> {
         }
     }
     // Under autodiff: what trains is what asks for a gradient.
-    let device = Device::flex().autodiff();
-    let kernel = config.train.attention_kernel;
-    let mut model: Gpt = config.gpt(vocab).init_with_attention(&device, kernel)?;
-    if let Some(lora) = &config.lora {
-        model = model.with_lora(lora)?;
-    }
+    let model = crate::bench::model_of(config, vocab, &Device::flex().autodiff())?;
     let mut trained = Trained(Vec::new());
     model.visit(&mut trained);
     Ok(trained.0)

@@ -69,9 +69,9 @@ impl Handoff {
 
     /// The other ranks: what rank 0 [`send`](Self::send)s.
     pub(crate) fn receive(ranks: &Ranks) -> Result<Self> {
-        let backend = ranks.broadcast_text("")?;
-        let backend = <Backend as clap::ValueEnum>::from_str(&backend, true)
-            .map_err(|_| anyhow::anyhow!("rank 0 trains on a backend unknown here: {backend}"))?;
+        let name = ranks.broadcast_text("")?;
+        let backend = Backend::from_name(&name)
+            .with_context(|| format!("rank 0 trains on a backend unknown here: {name}"))?;
         let config = RunConfig::load_str(&ranks.broadcast_text("")?, &[])
             .context("the config rank 0 sent")?;
         let tokenizer = Tokenizer::from_json(&ranks.broadcast_text("")?)?;

@@ -401,6 +401,7 @@ impl Trainer {
         };
         let check = std::mem::take(&mut self.checkpointed);
         let at = self.state.step;
+        // Rank 0's own Ctrl-C is `limits.stop`, read in the loop; the others' come back here.
         let stop = false;
         let order = super::ranks::Order {
             at,

@@ -111,8 +111,8 @@ impl Trainer {
             .collect();
         let run = dir.into_run()?;
         if let Some(ranks) = ranks {
-            let handoff = super::ranks::Handoff::send;
-            handoff(ranks, &config, &run.tokenizer, backend, engine.as_mut())?;
+            let tokenizer = &run.tokenizer;
+            super::ranks::Handoff::send(ranks, &config, tokenizer, backend, engine.as_mut())?;
             super::ranks::check_data(ranks, &data, &config)?;
         }
         let metrics = Metrics::open(&run.dir)?;
@@ -156,8 +156,7 @@ fn resumed_placement(run: &Run, given: Backend, local_rank: usize) -> Result<(Ba
             run.dir.display()
         )
     };
-    let backend = <Backend as clap::ValueEnum>::from_str(&recorded, true)
-        .map_err(|_| anyhow::anyhow!(elsewhere()))?;
+    let backend = Backend::from_name(&recorded).ok_or_else(|| anyhow::anyhow!(elsewhere()))?;
     let placement = backend.placement_for(local_rank);
     Ok((backend, placement.with_context(elsewhere)?))
 }

@@ -38,12 +38,12 @@ pub(super) struct DeviceEngine {
 }
 
 impl DeviceEngine {
-    /// The engine for `model` on `device`, with `threads` host threads and steps in `dtype`.
     pub fn new(
         model: Gpt,
         optimizer: Optimizer,
         device: Device,
-        (threads, dtype): (usize, TrainDType),
+        threads: usize,
+        dtype: TrainDType,
         ranks: Option<Ranks>,
     ) -> Result<Self> {
         let optim = optimizer.burn;

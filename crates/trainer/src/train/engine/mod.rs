@@ -215,7 +215,8 @@ pub fn open(
             burn_model(model),
             optimizer,
             device,
-            (threads, dtype),
+            threads,
+            dtype,
             ranks.cloned(),
         )?),
         EngineKind::Fused => Box::new(fused::FusedEngine::new(

@@ -120,6 +120,10 @@ fn all_reduce(args: Args) -> Result<ExitCode> {
              more (mpirun -np 2 tinygpt bench --all-reduce), in a build with MPI"
         );
     };
+    // Every config read before anything is timed or printed: a bad name is one line.
+    let configs = (args.configs.iter())
+        .map(|name| Ok((name, ConfigSource::parse(name).load(&args.overrides)?)))
+        .collect::<Result<Vec<_>>>()?;
     let vocab = args.vocab.unwrap_or(tinygpt::bench::VOCAB);
     let latency = cost::latency(&ranks, args.iters.max(100));
     if ranks.leads() && !args.json {
@@ -134,9 +138,8 @@ fn all_reduce(args: Args) -> Result<ExitCode> {
             "config", "trained", "MB", "tensors", "per tensor ms", "one buffer ms", "bus GB/s"
         );
     }
-    for name in &args.configs {
-        let config = ConfigSource::parse(name).load(&args.overrides)?;
-        let c = cost::reduce_cost(&ranks, name, &config, vocab, args.warmup, args.iters)?;
+    for (name, config) in &configs {
+        let c = cost::reduce_cost(&ranks, name, config, vocab, args.warmup, args.iters)?;
         if !ranks.leads() {
             continue;
         }

@@ -47,7 +47,9 @@ mod sample;
 
 pub use arch::parts;
 pub use arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
-pub use cpu::{FusedBatch, FusedCpu, FusedDecoder, FusedError, TokenBatch, WeightFormat};
+pub use cpu::{
+    FusedBatch, FusedCpu, FusedDecoder, FusedError, GradientSum, TokenBatch, WeightFormat,
+};
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use fast_math::{InstructionSet, instruction_set};
 pub use nn::{

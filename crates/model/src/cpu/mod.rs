@@ -42,4 +42,4 @@ mod train;
 pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
 pub use error::FusedError;
 pub use kernels::q8::q8_0_block;
-pub use train::{FusedCpu, LentWeights, MomentEntry, SharedMoments, TokenBatch};
+pub use train::{FusedCpu, GradientSum, LentWeights, MomentEntry, SharedMoments, TokenBatch};

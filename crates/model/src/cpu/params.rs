@@ -193,6 +193,51 @@ block_fields! {
     MlpProjBias => mlp_proj_b,
 }
 
+/// Where a slot's buffer is kept within its block: one of the block's parameters, or a factor
+/// of one of its LoRA adapters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InBlock {
+    Param(BlockSlot),
+    Factor(LoraTarget, Factor),
+}
+
+/// The block `slot` belongs to and its place there; `None` for the embeddings, the final norm
+/// and the head, which no block holds.
+pub(crate) fn in_block(slot: Slot) -> Option<(usize, InBlock)> {
+    match slot {
+        Slot::Block(l, s) => Some((l, InBlock::Param(s))),
+        Slot::Adapter {
+            layer,
+            target,
+            factor,
+            ..
+        } => Some((layer, InBlock::Factor(target, factor))),
+        Slot::TokenEmbedding
+        | Slot::PositionEmbedding
+        | Slot::BigramEmbedding
+        | Slot::FinalNormGain
+        | Slot::FinalNormBias
+        | Slot::LmHead => None,
+    }
+}
+
+impl BlockParams {
+    /// The buffer kept at `at`.
+    pub(crate) fn part(&self, at: InBlock) -> &Buffer {
+        match at {
+            InBlock::Param(s) => self.buffer(s),
+            InBlock::Factor(target, factor) => self.lora.get(target).factor(factor),
+        }
+    }
+
+    pub(crate) fn part_mut(&mut self, at: InBlock) -> &mut Buffer {
+        match at {
+            InBlock::Param(s) => self.buffer_mut(s),
+            InBlock::Factor(target, factor) => self.lora.get_mut(target).factor_mut(factor),
+        }
+    }
+}
+
 /// Every parameter of a [`Gpt`] (or a gradient of the same shape): a buffer per slot of its
 /// [`ParamLayout`], kept in fields by kind for the kernels; slots outside the layout are
 /// [`Buffer::Absent`], a gradient of a frozen parameter [`Buffer::Frozen`].
@@ -425,9 +470,9 @@ impl Params {
         }
     }
 
-    /// `self += other`, slot by slot.
-    pub(crate) fn add(&mut self, other: &Self) {
-        for entry in other.layout.entries() {
+    /// `self += other`, slot by slot, for the slots `keep` keeps.
+    pub(crate) fn add_where(&mut self, other: &Self, keep: impl Fn(Slot) -> bool) {
+        for entry in other.layout.entries().iter().filter(|e| keep(e.slot)) {
             if let (Some(sum), Some(add)) = (
                 self.slot_mut(entry.slot).get_mut(),
                 other.slot(entry.slot).get(),

@@ -134,8 +134,15 @@ fn all_reduce(args: Args) -> Result<ExitCode> {
             latency * 1e6
         );
         println!(
-            "{:<16} {:>12} {:>10} {:>8} {:>14} {:>14} {:>10}",
-            "config", "trained", "MB", "tensors", "per tensor ms", "one buffer ms", "bus GB/s"
+            "{:<16} {:>12} {:>10} {:>8} {:>14} {:>14} {:>14} {:>10}",
+            "config",
+            "trained",
+            "MB",
+            "tensors",
+            "per tensor ms",
+            "one buffer ms",
+            "overlapped ms",
+            "bus GB/s"
         );
     }
     for (name, config) in &configs {
@@ -148,14 +155,18 @@ fn all_reduce(args: Args) -> Result<ExitCode> {
             value["latency_s"] = latency.into();
             println!("{value}");
         } else {
+            let overlapped = c
+                .overlapped_s
+                .map_or("-".to_string(), |s| format!("{:.3}", s * 1e3));
             println!(
-                "{:<16} {:>12} {:>10.2} {:>8} {:>14.3} {:>14.3} {:>10.2}",
+                "{:<16} {:>12} {:>10.2} {:>8} {:>14.3} {:>14.3} {:>14} {:>10.2}",
                 c.config,
                 c.trained_params,
                 c.bytes as f64 / 1e6,
                 c.tensors,
                 c.per_tensor_s * 1e3,
                 c.one_buffer_s * 1e3,
+                overlapped,
                 c.bus_bytes_per_s / 1e9
             );
         }

@@ -5,6 +5,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use anyhow::Result;
+use tinygpt_model::GradientSum;
 
 /// What the ranks of one run do together. Every rank makes the same calls in the same order;
 /// a call returns when every rank has made it.
@@ -25,6 +26,9 @@ pub trait Collective {
     fn sum_f64(&self, values: &mut [f64]);
     /// Rank 0's `bytes` on every rank (the others' replaced).
     fn broadcast(&self, bytes: &mut Vec<u8>);
+    /// The gradients' all-reduce, callable from a thread of the engine's own while its other
+    /// threads compute (the fused engine's overlap); `None` if the ranks cannot.
+    fn overlapped_sum(&self) -> Option<&dyn GradientSum>;
     /// Ends every rank of the job now with `code`: what a failing rank does, so that no rank is
     /// left waiting in a collective for one that is gone.
     fn abort(&self, code: i32) -> !;

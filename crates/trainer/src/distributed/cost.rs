@@ -29,6 +29,10 @@ pub struct ReduceCost {
     pub per_tensor_s: f64,
     /// Median seconds to copy them into one buffer, all-reduce it and copy them back.
     pub one_buffer_s: f64,
+    /// Median seconds to all-reduce them one tensor at a time from a thread of its own, as the
+    /// fused engine does while its backward goes on (on an idle machine here); `None` where
+    /// MPI allows no calls from other threads.
+    pub overlapped_s: Option<f64>,
     /// Bus bandwidth of the faster form, bytes/s: `bytes · 2(N−1)/N / seconds`, the figure
     /// that a ring all-reduce's link carries (nccl-tests' convention), comparable across N.
     pub bus_bytes_per_s: f64,
@@ -81,6 +85,14 @@ pub fn reduce_cost(
         }
     };
     let one_buffer_s = timed(ranks, warmup, rounds, one_buffer);
+    let overlapped_s = ranks.overlapped_sum().map(|sum| {
+        let from_a_thread = || {
+            std::thread::scope(|scope| {
+                scope.spawn(|| tensors.iter_mut().for_each(|t| sum.sum(t)));
+            })
+        };
+        timed(ranks, warmup, rounds, from_a_thread)
+    });
     let n = ranks.size() as f64;
     let bytes = total * std::mem::size_of::<f32>();
     let best = per_tensor_s.min(one_buffer_s);
@@ -92,6 +104,7 @@ pub fn reduce_cost(
         tensors: sizes.len(),
         per_tensor_s,
         one_buffer_s,
+        overlapped_s,
         bus_bytes_per_s: bytes as f64 * 2.0 * (n - 1.0) / n / best,
     })
 }

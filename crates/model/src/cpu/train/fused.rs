@@ -8,6 +8,7 @@ use burn::optim::GradientsParams;
 
 use super::adamw::Moments;
 use super::muon::Velocities;
+use super::overlap::{BlockDone, FailOnPanic, GradientSum, LayerSums};
 use super::shared_moments::{MomentEntry, SharedMoments};
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
 use crate::arch::q8_0::BLOCK;
@@ -15,7 +16,7 @@ use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
-use crate::cpu::params::Params;
+use crate::cpu::params::{Params, in_block};
 use crate::error::ModelError;
 use crate::nn::{Gpt, IGNORE_INDEX, kept_targets};
 use crate::optim::{AdamWSettings, MomentState, ParamLayout, clip_factor};
@@ -294,6 +295,30 @@ impl FusedCpu {
         self.run(batch, Some(scale), dropout_seed)
     }
 
+    /// [`accumulate`](Self::accumulate), then every held gradient summed over the ranks of a
+    /// data-parallel run by `ranks` (call it on a rank's last micro-batch of a step): each
+    /// block's as soon as every thread's backward has passed it, on a thread of its own while
+    /// the backward goes on (llm.c's overlap), the embeddings' and the head's at the end. The
+    /// sums are those of `accumulate` followed by `ranks` on every gradient, bit for bit.
+    pub fn accumulate_summed(
+        &mut self,
+        batch: TokenBatch<'_>,
+        scale: f32,
+        dropout_seed: Option<u64>,
+        ranks: &dyn GradientSum,
+    ) -> Result<f64, FusedError> {
+        let loss = self.run_reducing(batch, Some(scale), dropout_seed, Some(ranks))?;
+        let layout = self.grads.shared_layout();
+        for entry in layout.entries() {
+            if in_block(entry.slot).is_none()
+                && let Some(g) = self.grads.slot_mut(entry.slot).get_mut()
+            {
+                ranks.sum(g);
+            }
+        }
+        Ok(loss)
+    }
+
     /// Scales the held gradients by `min(1, max_norm / (‖g‖ + 1e-6))`, ‖g‖ the norm of all of
     /// them together (PyTorch's `clip_grad_norm_`), and returns ‖g‖.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
@@ -371,6 +396,18 @@ impl FusedCpu {
         scale: Option<f32>,
         dropout_seed: Option<u64>,
     ) -> Result<f64, FusedError> {
+        self.run_reducing(batch, scale, dropout_seed, None)
+    }
+
+    /// [`run`](Self::run); with `ranks` (and gradients), each block's summed gradient is summed
+    /// over them as it is complete (`overlap.rs`).
+    fn run_reducing(
+        &mut self,
+        batch: TokenBatch<'_>,
+        scale: Option<f32>,
+        dropout_seed: Option<u64>,
+        ranks: Option<&dyn GradientSum>,
+    ) -> Result<f64, FusedError> {
         self.check(&batch)?;
         let kept = kept_targets(batch.targets)?;
         let grad_scale = scale.map(|s| s / kept as f32);
@@ -387,6 +424,16 @@ impl FusedCpu {
             std::mem::swap(&mut self.grads, &mut self.work[0].grads);
             self.work[0].grads_zero = true;
         }
+        let ranks = ranks.filter(|_| grad_scale.is_some());
+        let layer_sums = ranks.map(|_| {
+            // Over zero gradients thread 0's buffers become the sums (as `direct` above).
+            let held = match direct {
+                true => Vec::new(),
+                false => std::mem::take(&mut self.grads.blocks),
+            };
+            let layers = self.weights.blocks.len();
+            LayerSums::new(self.weights.layout(), held, layers, groups)
+        });
         let (dims, weights) = (self.dims, &self.weights);
         // Contiguous groups of sequences, the first ones one longer when it does not divide.
         let mut jobs = Vec::with_capacity(groups);
@@ -398,29 +445,46 @@ impl FusedCpu {
                 first,
                 seqs,
                 batch: &batch,
+                block_done: layer_sums
+                    .as_ref()
+                    .map(|sums| BlockDone { sums, thread: g }),
             });
             first += seqs;
         }
+        let layer_sums_ref = layer_sums.as_ref();
         let sums: Vec<f64> = std::thread::scope(|scope| {
+            let reducer = layer_sums_ref
+                .zip(ranks)
+                .map(|(sums, ranks)| scope.spawn(move || sums.reduce(ranks)));
+            let run = move |job: Job<'_>| {
+                let _fail = layer_sums_ref.map(FailOnPanic);
+                job.run(dims, weights, grad_scale, dropout)
+            };
             let mut jobs = jobs.into_iter();
             let here = jobs.next().expect("at least one sequence");
-            let handles: Vec<_> = jobs
-                .map(|job| scope.spawn(move || job.run(dims, weights, grad_scale, dropout)))
-                .collect();
-            let mut sums = vec![here.run(dims, weights, grad_scale, dropout)];
+            let handles: Vec<_> = jobs.map(|job| scope.spawn(move || run(job))).collect();
+            let mut sums = vec![run(here)];
             sums.extend(
                 handles
                     .into_iter()
                     .map(|h| h.join().expect("worker panicked")),
             );
+            if let Some(reducer) = reducer {
+                reducer.join().expect("the reducing thread panicked");
+            }
             sums
         });
         if direct {
             std::mem::swap(&mut self.grads, &mut self.work[0].grads);
         }
+        if let Some(layer_sums) = layer_sums {
+            layer_sums.finish(&mut self.grads);
+        }
         if grad_scale.is_some() {
+            // With the blocks summed as they were complete, the rest is left to add.
+            let rest = |slot| ranks.is_none() || in_block(slot).is_none();
             for work in &self.work[usize::from(direct)..groups] {
-                self.grads.add(&work.grads);
+                self.grads.add_where(&work.grads, rest);
             }
             self.grads_zero = false;
         }

@@ -1,6 +1,7 @@
 //! A batch on the host ([`TokenBatch`]) and one thread's part of a step: its activation buffers, kept between calls, and the forward and
 //! backward passes over them, layer by layer.
 
+use super::overlap::BlockDone;
 use crate::arch::{LoraTarget, Mlp};
 use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
 use crate::cpu::buffer::Buffer;
@@ -30,6 +31,9 @@ pub(crate) struct Job<'a> {
     pub first: usize,
     pub seqs: usize,
     pub batch: &'a TokenBatch<'a>,
+    /// Told of each block's final gradient as the backward leaves it (the overlapped sum over
+    /// ranks, `overlap.rs`).
+    pub block_done: Option<BlockDone<'a>>,
 }
 
 impl Job<'_> {
@@ -61,7 +65,7 @@ impl Job<'_> {
         work.forward(w, inputs, &dims);
         let loss = cross_entropy::forward(&mut work.logits, targets, grad_scale);
         if grad_scale.is_some() {
-            work.backward(w, inputs, &dims);
+            work.backward(w, inputs, &dims, self.block_done);
         }
         loss
     }
@@ -333,8 +337,15 @@ impl Workspace {
         }
     }
 
-    /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`.
-    fn backward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
+    /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`;
+    /// `block_done` is handed each block's as it is complete (and may take its buffers).
+    fn backward(
+        &mut self,
+        w: &Params,
+        inputs: &[i64],
+        d: &Dims,
+        block_done: Option<BlockDone<'_>>,
+    ) {
         let (seq, shape) = (self.seq, self.shape());
         self.head_backward(w, d);
         let ctx = Ctx {
@@ -374,6 +385,9 @@ impl Workspace {
                 shape,
                 ctx,
             );
+            if let Some(done) = block_done {
+                done.done(l, gb);
+            }
         }
         apply_mask(&mut self.d_resid, &self.emb_mask);
         let c = self.width;

@@ -156,9 +156,13 @@ impl Engine for FusedEngine {
     fn describe(&self) -> String {
         match &self.ranks {
             Some(ranks) => format!(
-                "fused CPU engine on {} threads a rank, {} ranks (MPI)",
+                "fused CPU engine on {} threads a rank, {} ranks (MPI; {})",
                 self.threads,
-                ranks.size()
+                ranks.size(),
+                match ranks.overlapped_sum() {
+                    Some(_) => "each block's gradients summed as its backward ends",
+                    None => "gradients summed after each step",
+                }
             ),
             None => format!("fused CPU engine on {} threads", self.threads),
         }
@@ -198,13 +202,26 @@ impl Engine for FusedEngine {
         // Over ranks, rank r takes micro-batches r, r + N, …: each with its global index's
         // dropout seed, so the work is the one process's, split.
         let (rank, size) = self.ranks.as_ref().map_or((0, 1), |r| (r.rank(), r.size()));
-        for (k, batch) in batches.iter().enumerate().skip(rank).step_by(size) {
-            let seed = mix(dropout_seed, k, 0);
-            loss += fused.accumulate(token_batch(batch), 1.0 / n as f32, Some(seed))? / n;
+        let mine: Vec<usize> = (rank..batches.len()).step_by(size).collect();
+        // The rank's last micro-batch sums each block's gradients over the ranks as its
+        // backward ends, where MPI allows it; otherwise all are summed after.
+        let overlapped = self.ranks.as_ref().and_then(|r| r.overlapped_sum());
+        for &k in &mine {
+            let (batch, seed, scale) = (
+                token_batch(&batches[k]),
+                mix(dropout_seed, k, 0),
+                1.0 / n as f32,
+            );
+            loss += match overlapped.filter(|_| Some(&k) == mine.last()) {
+                Some(ranks) => fused.accumulate_summed(batch, scale, Some(seed), ranks)?,
+                None => fused.accumulate(batch, scale, Some(seed))?,
+            } / n;
         }
         if let Some(ranks) = &self.ranks {
             // Two ranks add a + b as one process does: bit for bit; more in another order.
-            fused.for_each_gradient(|g| ranks.sum_f32(g));
+            if overlapped.is_none() {
+                fused.for_each_gradient(|g| ranks.sum_f32(g));
+            }
             let mut sum = [loss];
             ranks.sum_f64(&mut sum);
             loss = sum[0];

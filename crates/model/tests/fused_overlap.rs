@@ -1,8 +1,8 @@
 //! The fused step's gradients summed over ranks while its backward goes on
 //! (`FusedCpu::accumulate_summed`) against the step followed by the same sum on every gradient:
 //! the same values bit for bit, for every config, one to three threads, dropout, checkpointing,
-//! a second micro-batch and LoRA (on an f32 and an int8 base); each block's sum taken on a
-//! thread of its own, the last block first, the embeddings and the head after.
+//! a second micro-batch and LoRA (on an f32 and an int8 base); each block's sum taken as one
+//! buffer on a thread of its own, the last block first, the embeddings and the head after.
 
 mod common;
 
@@ -58,8 +58,8 @@ fn block_of(slot: Slot) -> Option<usize> {
     }
 }
 
-/// The lengths the sum is called with: each block's trained gradients, the last block first,
-/// then the rest, each in the layout's order.
+/// The lengths the sum is called with: each block's trained gradients as one buffer, the last
+/// block first, then the rest a tensor at a time, in the layout's order.
 fn expected_calls(gpt: &Gpt) -> (Vec<usize>, usize) {
     let layout = ParamLayout::of(gpt);
     let trained: Vec<_> = layout
@@ -75,12 +75,8 @@ fn expected_calls(gpt: &Gpt) -> (Vec<usize>, usize) {
         .map_or(0, |l| l + 1);
     let mut calls = Vec::new();
     for l in (0..layers).rev() {
-        calls.extend(
-            trained
-                .iter()
-                .filter(|e| block_of(e.slot) == Some(l))
-                .map(len),
-        );
+        let block = trained.iter().filter(|e| block_of(e.slot) == Some(l));
+        calls.push(block.map(len).sum());
     }
     let in_blocks = calls.len();
     calls.extend(

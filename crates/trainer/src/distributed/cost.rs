@@ -29,9 +29,10 @@ pub struct ReduceCost {
     pub per_tensor_s: f64,
     /// Median seconds to copy them into one buffer, all-reduce it and copy them back.
     pub one_buffer_s: f64,
-    /// Median seconds to all-reduce them one tensor at a time from a thread of its own, as the
-    /// fused engine does while its backward goes on (on an idle machine here); `None` where
-    /// MPI allows no calls from other threads.
+    /// Median seconds to all-reduce them as one buffer through the fused engine's overlapped
+    /// sum (MPI's non-blocking all-reduce, tested between sleeps on a thread of its own, as the
+    /// engine sums a block at a time while its backward goes on; here on an idle machine);
+    /// `None` where MPI allows no calls from other threads.
     pub overlapped_s: Option<f64>,
     /// Bus bandwidth of the faster form, bytes/s: `bytes · 2(N−1)/N / seconds`, the figure
     /// that a ring all-reduce's link carries (nccl-tests' convention), comparable across N.
@@ -88,7 +89,7 @@ pub fn reduce_cost(
     let overlapped_s = ranks.overlapped_sum().map(|sum| {
         let from_a_thread = || {
             std::thread::scope(|scope| {
-                scope.spawn(|| tensors.iter_mut().for_each(|t| sum.sum(t)));
+                scope.spawn(|| sum.sum(&mut flat));
             })
         };
         timed(ranks, warmup, rounds, from_a_thread)

@@ -111,16 +111,30 @@ impl LayerSums {
     }
 
     /// Sums every block's gradient over the ranks, the last block first, each as soon as every
-    /// thread has added its share.
+    /// thread has added its share: its trained buffers copied into one, so that a block is one
+    /// all-reduce (few and large, as PyTorch's DDP buckets them: a norm's gain alone would
+    /// pay the network's latency for a few hundred values).
     pub(crate) fn reduce(&self, ranks: &dyn GradientSum) {
+        let mut flat = Vec::new();
         for l in (0..self.turns.len()).rev() {
             let Some(mut turn) = self.wait(l, |turn| turn.next == self.threads) else {
                 return;
             };
             let sum = turn.sum.as_mut().expect("every thread has added its share");
+            flat.clear();
+            for &at in &self.parts[l] {
+                flat.extend_from_slice(sum.part(at).get().unwrap_or_default());
+            }
+            if flat.is_empty() {
+                continue;
+            }
+            ranks.sum(&mut flat);
+            let mut rest = &flat[..];
             for &at in &self.parts[l] {
                 if let Some(values) = sum.part_mut(at).get_mut() {
-                    ranks.sum(values);
+                    let (mine, after) = rest.split_at(values.len());
+                    values.copy_from_slice(mine);
+                    rest = after;
                 }
             }
         }

@@ -435,23 +435,8 @@ impl FusedCpu {
             LayerSums::new(self.weights.layout(), held, layers, groups)
         });
         let (dims, weights) = (self.dims, &self.weights);
-        // Contiguous groups of sequences, the first ones one longer when it does not divide.
-        let mut jobs = Vec::with_capacity(groups);
-        let mut first = 0;
-        for (g, work) in self.work.iter_mut().take(groups).enumerate() {
-            let seqs = batch.batch / groups + usize::from(g < batch.batch % groups);
-            jobs.push(Job {
-                work,
-                first,
-                seqs,
-                batch: &batch,
-                block_done: layer_sums
-                    .as_ref()
-                    .map(|sums| BlockDone { sums, thread: g }),
-            });
-            first += seqs;
-        }
         let layer_sums_ref = layer_sums.as_ref();
+        let jobs = split(&mut self.work[..groups], &batch, layer_sums_ref);
         let sums: Vec<f64> = std::thread::scope(|scope| {
             let reducer = layer_sums_ref
                 .zip(ranks)
@@ -525,6 +510,31 @@ impl FusedCpu {
         }
         Ok(())
     }
+}
+
+/// `batch` split over the threads' workspaces: contiguous groups of sequences, the first ones
+/// one longer when it does not divide; each told of `sums` when the blocks are summed as their
+/// backward ends.
+fn split<'a>(
+    work: &'a mut [Workspace],
+    batch: &'a TokenBatch<'a>,
+    sums: Option<&'a LayerSums>,
+) -> Vec<Job<'a>> {
+    let groups = work.len();
+    let mut first = 0;
+    let mut jobs = Vec::with_capacity(groups);
+    for (g, work) in work.iter_mut().enumerate() {
+        let seqs = batch.batch / groups + usize::from(g < batch.batch % groups);
+        jobs.push(Job {
+            work,
+            first,
+            seqs,
+            batch,
+            block_done: sums.map(|sums| BlockDone { sums, thread: g }),
+        });
+        first += seqs;
+    }
+    jobs
 }
 
 /// Weights of one block that `lora`'s base holds in int8: with a `q8_0` base, every matrix

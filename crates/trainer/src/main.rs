@@ -88,16 +88,8 @@ fn prepare_environment() {
         // SAFETY: single-threaded here, nothing else reads the environment concurrently.
         unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
     }
-    // Open MPI's non-blocking all-reduce (the fused engine's sums during the backward) picks
-    // reduce-then-broadcast below four ranks: each gradient crosses the link twice, one way at
-    // a time. Its ring sends both ways at once: 4.7 s instead of 8.9 s for the 135M shape's
-    // gradients between two ranks at 1 Gbit/s. A user's own choice stands; other MPIs
-    // ignore the name.
-    #[cfg(feature = "mpi")]
-    if std::env::var_os("OMPI_MCA_coll_libnbc_iallreduce_algorithm").is_none() {
-        // SAFETY: single-threaded here, nothing else reads the environment concurrently.
-        unsafe { std::env::set_var("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1") };
-    }
+    // SAFETY: single-threaded here, nothing else reads the environment concurrently.
+    unsafe { tinygpt::distributed::prepare_environment() };
 }
 
 #[cfg(test)]

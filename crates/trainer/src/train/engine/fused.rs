@@ -202,17 +202,17 @@ impl Engine for FusedEngine {
         // Over ranks, rank r takes micro-batches r, r + N, …: each with its global index's
         // dropout seed, so the work is the one process's, split.
         let (rank, size) = self.ranks.as_ref().map_or((0, 1), |r| (r.rank(), r.size()));
-        let mine: Vec<usize> = (rank..batches.len()).step_by(size).collect();
+        let last = (rank..batches.len()).step_by(size).next_back();
         // The rank's last micro-batch sums each block's gradients over the ranks as its
         // backward ends, where MPI allows it; otherwise all are summed after.
         let overlapped = self.ranks.as_ref().and_then(|r| r.overlapped_sum());
-        for &k in &mine {
+        for k in (rank..batches.len()).step_by(size) {
             let (batch, seed, scale) = (
                 token_batch(&batches[k]),
                 mix(dropout_seed, k, 0),
                 1.0 / n as f32,
             );
-            loss += match overlapped.filter(|_| Some(&k) == mine.last()) {
+            loss += match overlapped.filter(|_| Some(k) == last) {
                 Some(ranks) => fused.accumulate_summed(batch, scale, Some(seed), ranks)?,
                 None => fused.accumulate(batch, scale, Some(seed))?,
             } / n;

@@ -3,9 +3,11 @@
 # "baby" config for 2000 steps on tiny shakespeare; its checkpoint's loss over the whole
 # validation split (tinygpt eval) is the target; tinygpt then trains CONFIG with --to-loss to
 # that target (once per seed in SEEDS, default 1337). Prints both times and their ratio. One
-# program at a time; run nothing else.
+# program at a time; run nothing else. tinygpt evaluates where CONFIG says (train.eval_interval:
+# every 250 steps in baby and modern, as nanoGPT's; only at its end in speedrun), or every
+# EVAL_INTERVAL steps when that is set.
 #
-#   [SEEDS="1337 1 2"] scripts/to-loss-vs-nanogpt.sh NANOGPT_DIR PYTHON INPUT_TXT [CONFIG]
+#   [SEEDS="1337 1 2"] [EVAL_INTERVAL=N] scripts/to-loss-vs-nanogpt.sh NANOGPT_DIR PYTHON INPUT_TXT [CONFIG]
 #
 # NANOGPT_DIR: a checkout of nanoGPT; PYTHON: one with torch and numpy; INPUT_TXT: tiny
 # shakespeare (or another text: nanoGPT's char prepare.py reads any); CONFIG: a tinygpt preset
@@ -46,8 +48,8 @@ for seed in ${SEEDS:-1337}; do
   rm -rf "$work/tiny"
   start=$(date +%s.%N)
   "$tinygpt" train --config "$config" --data "$input" --out "$work/tiny" --to-loss "$target" \
-    --seed "$seed" --set train.eval_interval=250 --set train.eval_iters=20 \
-    --set train.sample_tokens=0 >"$work/tinygpt.log"
+    --seed "$seed" ${EVAL_INTERVAL:+--set train.eval_interval=$EVAL_INTERVAL} \
+    --set train.eval_iters=20 --set train.sample_tokens=0 >"$work/tinygpt.log"
   tiny_wall=$(echo "$(date +%s.%N) - $start" | bc)
   reached=$(grep -E '^reached' "$work/tinygpt.log" || true)
   if [ -z "$reached" ]; then

@@ -51,7 +51,8 @@ pub struct Args {
     max_time: Option<Duration>,
     /// Stop at the first evaluation (every train.eval_interval steps) where the loss over the
     /// whole validation split is at most this, and say how long training took to get there
-    /// (evaluations not counted): time to a good model.
+    /// (evaluations not counted): time to a good model. New weights are not evaluated at step
+    /// 0 when the target is far below a uniform guess's loss.
     #[arg(long, value_name = "LOSS")]
     to_loss: Option<f64>,
     /// Seed of the initial weights, batches and dropout (overrides train.seed).

@@ -35,6 +35,7 @@ pub mod session;
 mod setup;
 mod snapshot;
 pub mod state_pack;
+mod to_loss;
 
 pub use engine::{Engine, Saving, Step};
 pub use follower::follow;

@@ -21,7 +21,7 @@ use super::report::Clock;
 use super::snapshot::Snapshot;
 use crate::backend::describe;
 use crate::config::{RunConfig, TrainDType};
-use crate::data::{Batch, Dataset, mix, step_rng, sweep};
+use crate::data::{Batch, Dataset, mix, step_rng};
 use crate::progress::Progress;
 use crate::run::checkpoint::{OptimizerFile, Run, TrainState, Which};
 use crate::run::journal::{Journal, StepLine};
@@ -55,8 +55,10 @@ pub struct Estimate {
     pub train_loss: f64,
     pub val_loss: f64,
     /// The standard error of `val_loss`, from the spread of its batches' losses; `None` from
-    /// fewer than [`MIN_BATCHES_FOR_ERROR`] batches, too few to say.
+    /// fewer than [`MIN_BATCHES_FOR_ERROR`] batches, too few to say, and for the whole split.
     pub val_error: Option<f64>,
+    /// `val_loss` is the loss over the whole validation split, not an estimate.
+    pub whole_split: bool,
     /// The best validation loss so far.
     pub improved: bool,
 }
@@ -64,11 +66,6 @@ pub struct Estimate {
 /// Batches an estimate needs before its spread is taken as its standard error: from fewer, the
 /// sample deviation is too often far below the true one.
 const MIN_BATCHES_FOR_ERROR: usize = 10;
-
-/// How far above a `--to-loss` target an estimate must be for the whole split not to be
-/// measured: this many of its standard errors, and this share of the target (the whole split's
-/// windows are not the estimate's random ones).
-const FAR_ABOVE: (f64, f64) = (8.0, 0.05);
 
 /// A run being trained: its directory, data, engine (weights and optimizer) and state.
 pub struct Trainer {
@@ -94,6 +91,8 @@ pub struct Trainer {
     /// Steps whose outcome [`Trainer::settle`] has accounted.
     pub(super) settled: usize,
     pub(super) resumed: bool,
+    /// The weights are a new initialisation: neither resumed nor from `--init-from`.
+    pub(super) new_weights: bool,
     /// The ranks this process (rank 0) trains the run with, when there are several.
     pub(super) ranks: Option<crate::distributed::Ranks>,
     /// A checkpoint was written since the ranks last compared their weights.
@@ -241,13 +240,22 @@ impl Trainer {
     }
 
     /// Mean loss over `eval_iters` random batches of each split, drawn from a stream of their
-    /// own (so evaluating never changes the training batches); recorded in the state and
-    /// `metrics.csv`.
-    pub fn evaluate(&mut self, elapsed_s: f64) -> Result<Estimate> {
-        let (t, step) = (&self.config.train, self.state.step);
+    /// own (so evaluating never changes the training batches), or over the whole validation
+    /// split where `whole_split`; recorded in the state and `metrics.csv`.
+    pub fn evaluate(&mut self, elapsed_s: f64, whole_split: bool) -> Result<Estimate> {
+        let step = self.state.step;
         let mut means = [0.0; 2];
         let mut val_error = None;
-        for (k, split) in [&self.data.train, &self.data.val].into_iter().enumerate() {
+        if whole_split {
+            means[1] = self.whole_val_loss()?;
+        }
+        let t = &self.config.train;
+        let splits = [&self.data.train, &self.data.val];
+        for (k, split) in splits
+            .into_iter()
+            .enumerate()
+            .take(2 - whole_split as usize)
+        {
             let mut rng = step_rng(t.seed, step, EVAL_STREAM + k as u64);
             let batches: Vec<Batch> = (0..t.eval_iters)
                 .map(|_| self.data.sample(split, t.batch_size, &mut rng))
@@ -304,6 +312,7 @@ impl Trainer {
             train_loss,
             val_loss,
             val_error,
+            whole_split,
             improved,
         })
     }
@@ -338,8 +347,8 @@ impl Trainer {
         let mut interrupted = false;
         loop {
             let step = self.state.step;
-            if evaluates_at(&self.config, step) {
-                let estimate = self.evaluate_and_save(&mut clock, &progress)?;
+            if evaluates_at(&self.config, step) && !self.unlearnt_above(limits.to_loss, &progress) {
+                let estimate = self.evaluate_and_save(&mut clock, &progress, limits.to_loss)?;
                 if let Some(target) = limits.to_loss
                     && self.reached(target, &estimate, &mut clock, &progress)?
                 {
@@ -417,15 +426,24 @@ impl Trainer {
         Ok(())
     }
 
-    fn evaluate_and_save(&mut self, clock: &mut Clock, progress: &Progress) -> Result<Estimate> {
+    /// Evaluates ([`Trainer::evaluate`]) and checkpoints. With `--to-loss`, the last step's
+    /// validation loss is the whole split's, which the target needs there in any case.
+    fn evaluate_and_save(
+        &mut self,
+        clock: &mut Clock,
+        progress: &Progress,
+        to_loss: Option<f64>,
+    ) -> Result<Estimate> {
         self.settle(true, progress)?;
         let eval_start = Instant::now();
-        let estimate = self.evaluate(clock.elapsed_s())?;
+        let whole_split = to_loss.is_some() && self.state.step >= self.config.train.max_iters;
+        let estimate = self.evaluate(clock.elapsed_s(), whole_split)?;
         progress.say(format!(
-            "step {}: train loss {:.4}, val loss {:.4}{}",
+            "step {}: train loss {:.4}, val loss {:.4}{}{}",
             self.state.step,
             estimate.train_loss,
             estimate.val_loss,
+            if whole_split { " (whole split)" } else { "" },
             if estimate.improved { " (best)" } else { "" }
         ));
         if self.state.step > 0 || self.resumed {
@@ -435,63 +453,6 @@ impl Trainer {
         // tokens/s in the progress line measures training only.
         clock.window = (Instant::now(), self.state.step);
         Ok(estimate)
-    }
-
-    /// With `--to-loss`: the loss over the whole validation split (its time counted as
-    /// evaluation, not training), and whether it is at most `target`; saying so when it is.
-    /// Not measured where the `estimate` just made is far above the target ([`FAR_ABOVE`]):
-    /// at step 0, say, a pass over the split that cannot reach it.
-    fn reached(
-        &mut self,
-        target: f64,
-        estimate: &Estimate,
-        clock: &mut Clock,
-        progress: &Progress,
-    ) -> Result<bool> {
-        let (errors, share) = FAR_ABOVE;
-        if let Some(error) = estimate.val_error
-            && estimate.val_loss - target > (errors * error).max(share * target)
-        {
-            progress.say(format!(
-                "whole-split val loss not measured: the estimate {:.4} is far above the target \
-                 {target} ({:.0} standard errors)",
-                estimate.val_loss,
-                (estimate.val_loss - target) / error
-            ));
-            return Ok(false);
-        }
-        let started = Instant::now();
-        let loss = self.whole_val_loss()?;
-        clock.eval_time += started.elapsed();
-        clock.window = (Instant::now(), self.state.step);
-        let reached = loss <= target;
-        let tokens = self.state.tokens;
-        let training = (clock.started.elapsed() - clock.eval_time).as_secs_f64();
-        progress.say(match reached {
-            true => format!(
-                "reached whole-split val loss {loss:.4} <= {target} at step {}: {training:.1}s of \
-                 training ({:.1}s wall with evaluations), {tokens} tokens",
-                self.state.step,
-                clock.started.elapsed().as_secs_f64()
-            ),
-            false => format!("whole-split val loss {loss:.4} (target {target})"),
-        });
-        Ok(reached)
-    }
-
-    /// The mean loss over every token of the validation split, each predicted once from
-    /// windows of up to `block_size` tokens (`tinygpt eval`'s measure), on the engine.
-    pub(crate) fn whole_val_loss(&mut self) -> Result<f64> {
-        let t = &self.config.train;
-        let batches: Vec<Batch> =
-            sweep(&self.data.val, self.config.model.block_size, t.batch_size).collect();
-        let losses = self.engine.losses(&batches)?;
-        let (mut nats, mut tokens) = (0.0, 0usize);
-        for (batch, loss) in batches.iter().zip(losses) {
-            nats += loss * batch.counted_targets() as f64;
-            tokens += batch.counted_targets();
-        }
-        Ok(nats / tokens.max(1) as f64)
     }
 
     fn stop_and_save(&mut self, clock: &Clock, progress: &Progress, over_time: bool) -> Result<()> {

@@ -134,6 +134,7 @@ impl Trainer {
             memory,
             skipped_in_a_row: 0,
             resumed: options.resume,
+            new_weights: !options.resume && options.init_from.is_none(),
             ranks: options.ranks.clone(),
             checkpointed: false,
             stop_asked: false,

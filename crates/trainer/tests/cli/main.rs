@@ -324,24 +324,32 @@ fn max_time_saves_and_exits_zero() {
 /// `--to-loss`: the loss it measures is `tinygpt eval`'s over the whole validation split; a
 /// target the run never reaches trains to `max_iters` saying where it stood at each evaluation;
 /// the first target it reaches ends the run there, saying after how many steps, seconds of
-/// training and tokens; a target that is not a loss is one line.
+/// training and tokens; a target that is not a loss is one line. New weights are not evaluated
+/// at step 0 when the target is far below a uniform guess's loss; weights from a run are.
 #[test]
 fn to_loss_stops_at_the_first_evaluation_under_the_target() {
     use tinygpt::run::checkpoint::{Run, Which};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let every_2 = ["--set", "train.eval_interval=2"];
+    let whole_split = |out: &str| -> Vec<f64> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix("whole-split val loss "))
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect()
+    };
     let out = ok(train(
         dir,
         "far",
         &[&["--max-iters", "4", "--to-loss", "0.01"][..], &every_2].concat(),
     ));
-    let losses: Vec<f64> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("whole-split val loss "))
-        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
-        .collect();
-    assert_eq!(losses.len(), 3, "steps 0, 2 and 4: {out}");
+    assert!(
+        out.contains("step 0 not evaluated: new weights score about ln("),
+        "{out}"
+    );
+    assert!(!out.contains("step 0: train loss"), "{out}");
+    let losses = whole_split(&out);
+    assert_eq!(losses.len(), 2, "steps 2 and 4: {out}");
     assert!(!out.contains("reached"), "{out}");
     let eval = ok(tinygpt(
         dir,
@@ -354,15 +362,16 @@ fn to_loss_stops_at_the_first_evaluation_under_the_target() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{eval}"));
     assert!(
-        (measured - losses[2]).abs() < 1e-3,
+        (measured - losses[1]).abs() < 1e-3,
         "{measured} vs {losses:?}"
     );
-    // Between the step-0 and the step-2 loss: reached at step 2, not before, not after.
+    // Between the step-2 and the step-4 loss: reached at step 4, not before, not after.
+    assert!(losses[1] < losses[0], "{losses:?}");
     let target = format!("{}", (losses[0] + losses[1]) / 2.0);
-    let near = [&["--max-iters", "4", "--to-loss", &target][..], &every_2].concat();
+    let near = [&["--max-iters", "6", "--to-loss", &target][..], &every_2].concat();
     let out = ok(train(dir, "near", &near));
     assert!(out.contains("reached whole-split val loss"), "{out}");
-    assert!(out.contains(&format!("<= {target} at step 2:")), "{out}");
+    assert!(out.contains(&format!("<= {target} at step 4:")), "{out}");
     assert!(
         out.contains("s of training") && out.contains("tokens"),
         "{out}"
@@ -374,8 +383,23 @@ fn to_loss_stops_at_the_first_evaluation_under_the_target() {
             .unwrap()
             .state
             .step,
-        2
+        4
     );
+    // A target above a uniform guess's loss: new weights are evaluated at step 0, and reach it.
+    let out = ok(train(dir, "above", &["--to-loss", "100"]));
+    assert!(out.contains("<= 100 at step 0:"), "{out}");
+    // Weights from a run are evaluated at step 0, however far the target.
+    let from = [
+        "--init-from",
+        "far",
+        "--max-iters",
+        "2",
+        "--to-loss",
+        "0.01",
+    ];
+    let out = ok(train(dir, "from", &[&from[..], &every_2].concat()));
+    assert!(!out.contains("not evaluated"), "{out}");
+    assert_eq!(whole_split(&out).len(), 2, "steps 0 and 2: {out}");
     fails(
         train(dir, "bad", &["--to-loss", "0"]),
         "--to-loss must be a loss > 0",
@@ -394,17 +418,23 @@ fn to_loss_stops_at_the_first_evaluation_under_the_target() {
         .lines()
         .filter(|l| l.starts_with("whole-split val loss not measured: the estimate "))
         .count();
-    assert_eq!(skipped, 3, "steps 0, 2 and 4: {out}");
-    assert!(!out.contains("whole-split val loss 4"), "{out}");
+    assert_eq!(skipped, 1, "step 2: {out}");
+    // The last step's validation loss is the whole split's, measured once.
+    assert_eq!(whole_split(&out), [losses[1]], "{out}");
+    assert!(out.contains("step 4: train loss "), "{out}");
+    assert!(
+        out.contains(&format!("val loss {:.4} (whole split)", losses[1])),
+        "{out}"
+    );
     // Near the target, the whole split is measured as before.
     let near = [
-        &["--max-iters", "4", "--to-loss", &target][..],
+        &["--max-iters", "6", "--to-loss", &target][..],
         &every_2,
         &ten,
     ]
     .concat();
     let out = ok(train(dir, "near-estimated", &near));
-    assert!(out.contains("at step 2:"), "{out}");
+    assert!(out.contains("at step 4:"), "{out}");
 }
 
 #[test]

@@ -76,8 +76,8 @@ impl Trainer {
         let training = (clock.started.elapsed() - clock.eval_time).as_secs_f64();
         progress.say(match reached {
             true => format!(
-                "reached whole-split val loss {loss:.4} <= {target} at step {}: {training:.1}s of \
-                 training ({:.1}s wall with evaluations), {tokens} tokens",
+                "reached whole-split val loss {loss:.4} <= {target} at step {}: {training:.2}s of \
+                 training ({:.2}s wall with evaluations), {tokens} tokens",
                 self.state.step,
                 clock.started.elapsed().as_secs_f64()
             ),

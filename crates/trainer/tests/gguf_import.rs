@@ -191,8 +191,8 @@ fn blocks(kind: TensorType, count: usize, seed: u64) -> Vec<u8> {
         })
         .collect();
     let scales: &[usize] = match kind {
-        TensorType::Q4_0 | TensorType::Q8_0 => &[0],
-        TensorType::Q4_K => &[0, 2],
+        TensorType::Q4_0 | TensorType::Q5_0 | TensorType::Q8_0 => &[0],
+        TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q4_K | TensorType::Q5_K => &[0, 2],
         TensorType::Q6_K => &[208],
         _ => &[],
     };
@@ -215,8 +215,12 @@ fn every_quantised_type_dequantises_as_llama_cpps_reader_does() {
     let dir = tmp.path();
     let kinds = [
         (TensorType::Q4_0, 32),
+        (TensorType::Q4_1, 32),
+        (TensorType::Q5_0, 32),
+        (TensorType::Q5_1, 32),
         (TensorType::Q8_0, 32),
         (TensorType::Q4_K, 256),
+        (TensorType::Q5_K, 256),
         (TensorType::Q6_K, 256),
         (TensorType::F16, 1),
         (TensorType::BF16, 1),

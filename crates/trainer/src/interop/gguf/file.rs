@@ -98,22 +98,34 @@ pub enum TensorType {
     F16,
     /// 32 values: an f16 scale and 32 four-bit values.
     Q4_0,
+    /// 32 values: an f16 scale and minimum, 32 four-bit values.
+    Q4_1,
+    /// 32 values: an f16 scale, 32 five-bit values (their fifth bits in one 32-bit word).
+    Q5_0,
+    /// 32 values: an f16 scale and minimum, 32 five-bit values.
+    Q5_1,
     Q8_0,
     /// 256 values in 8 groups of 32: f16 scale and minimum, six-bit group scales and minimums,
     /// four-bit values.
     Q4_K,
+    /// 256 values in 8 groups of 32: as `Q4_K`, with a fifth bit per value.
+    Q5_K,
     /// 256 values in 16 groups of 16: an f16 scale, eight-bit group scales, six-bit values.
     Q6_K,
     BF16,
 }
 
 impl TensorType {
-    const ALL: [TensorType; 7] = [
+    const ALL: [TensorType; 11] = [
         TensorType::F32,
         TensorType::F16,
         TensorType::Q4_0,
+        TensorType::Q4_1,
+        TensorType::Q5_0,
+        TensorType::Q5_1,
         TensorType::Q8_0,
         TensorType::Q4_K,
+        TensorType::Q5_K,
         TensorType::Q6_K,
         TensorType::BF16,
     ];
@@ -123,8 +135,12 @@ impl TensorType {
             TensorType::F32 => 0,
             TensorType::F16 => 1,
             TensorType::Q4_0 => 2,
+            TensorType::Q4_1 => 3,
+            TensorType::Q5_0 => 6,
+            TensorType::Q5_1 => 7,
             TensorType::Q8_0 => 8,
             TensorType::Q4_K => 12,
+            TensorType::Q5_K => 13,
             TensorType::Q6_K => 14,
             TensorType::BF16 => 30,
         }
@@ -136,8 +152,12 @@ impl TensorType {
             TensorType::F32 => "F32",
             TensorType::F16 => "F16",
             TensorType::Q4_0 => "Q4_0",
+            TensorType::Q4_1 => "Q4_1",
+            TensorType::Q5_0 => "Q5_0",
+            TensorType::Q5_1 => "Q5_1",
             TensorType::Q8_0 => "Q8_0",
             TensorType::Q4_K => "Q4_K",
+            TensorType::Q5_K => "Q5_K",
             TensorType::Q6_K => "Q6_K",
             TensorType::BF16 => "BF16",
         }
@@ -149,14 +169,23 @@ impl TensorType {
             TensorType::F32 => (1, 4),
             TensorType::F16 | TensorType::BF16 => (1, 2),
             TensorType::Q4_0 => (32, 18),
+            TensorType::Q4_1 => (32, 20),
+            TensorType::Q5_0 => (32, 22),
+            TensorType::Q5_1 => (32, 24),
             TensorType::Q8_0 => (32, 34),
             TensorType::Q4_K => (256, 144),
+            TensorType::Q5_K => (256, 176),
             TensorType::Q6_K => (256, 210),
         }
     }
 
     fn from_id(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// The names of the types tinygpt reads, for errors.
+    fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
     }
 
     /// The bytes of a tensor of `ne` elements per row and `rows` rows, or why it cannot be.
@@ -180,6 +209,46 @@ impl TensorType {
             .and_then(|b| usize::try_from(b).ok())
             .ok_or_else(|| anyhow!("a tensor of {ne:?} elements is too large"))
     }
+}
+
+/// ggml's names of the types tinygpt does not read, by id (ggml.h's `ggml_type`, as of
+/// gguf-py 0.19).
+const UNREAD: [(u32, &str); 23] = [
+    (9, "Q8_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K"),
+    (15, "Q8_K"),
+    (16, "IQ2_XXS"),
+    (17, "IQ2_XS"),
+    (18, "IQ3_XXS"),
+    (19, "IQ1_S"),
+    (20, "IQ4_NL"),
+    (21, "IQ3_S"),
+    (22, "IQ2_S"),
+    (23, "IQ4_XS"),
+    (24, "I8"),
+    (25, "I16"),
+    (26, "I32"),
+    (27, "I64"),
+    (28, "F64"),
+    (29, "IQ1_M"),
+    (34, "TQ1_0"),
+    (35, "TQ2_0"),
+    (39, "MXFP4"),
+    (40, "NVFP4"),
+    (41, "Q1_0"),
+];
+
+/// Why tensor `name` of ggml type `id` cannot be read, naming the type and those that can.
+fn unread_type(name: &str, id: u32) -> anyhow::Error {
+    let kind = match UNREAD.iter().find(|(i, _)| *i == id) {
+        Some((_, known)) => format!("{known} (ggml type {id})"),
+        None => format!("ggml type {id}"),
+    };
+    anyhow!(
+        "tensor {name} is stored as {kind}, which tinygpt does not read; it reads {}",
+        TensorType::names()
+    )
 }
 
 /// One tensor: its name, `ne` (innermost first), storage type and bytes.
@@ -292,9 +361,7 @@ impl Gguf {
                 .map(|_| r.u64(&format!("the shape of {name}")))
                 .collect::<Result<Vec<_>>>()?;
             let id = r.u32(&format!("the type of {name}"))?;
-            let kind = TensorType::from_id(id).ok_or_else(|| {
-                anyhow!("tensor {name} is of ggml type {id}, which tinygpt does not read")
-            })?;
+            let kind = TensorType::from_id(id).ok_or_else(|| unread_type(&name, id))?;
             let offset = r.u64(&format!("the offset of {name}"))?;
             infos.push((name, ne, kind, offset));
         }
@@ -510,6 +577,35 @@ mod tests {
         v4[4] = 4;
         let e = Gguf::from_bytes(&v4).unwrap_err().to_string();
         assert!(e.contains("GGUF version 4"), "{e}");
+    }
+
+    /// A tensor of a type tinygpt does not read is refused in one line that names the type,
+    /// by ggml's name where it has one, and the types that are read.
+    #[test]
+    fn an_unread_type_is_named() {
+        let bytes = sample().to_bytes().unwrap();
+        // Tensor `q`'s header: its name, two dimensions (32, 1), then its type (8, Q8_0).
+        let mut header = vec![1, 0, 0, 0, 0, 0, 0, 0, b'q', 2, 0, 0, 0];
+        header.extend(32u64.to_le_bytes());
+        header.extend(1u64.to_le_bytes());
+        let at = bytes
+            .windows(header.len())
+            .position(|w| w == header)
+            .unwrap()
+            + header.len();
+        assert_eq!(bytes[at..at + 4], 8u32.to_le_bytes());
+        for (id, named) in [(23u32, "IQ4_XS (ggml type 23)"), (99, "ggml type 99")] {
+            let mut bad = bytes.clone();
+            bad[at..at + 4].copy_from_slice(&id.to_le_bytes());
+            let e = Gguf::from_bytes(&bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "tensor q is stored as {named}, which tinygpt does not read"
+                )) && e.contains("it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     proptest! {

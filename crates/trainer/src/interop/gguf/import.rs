@@ -1,5 +1,5 @@
 //! `tinygpt import --from FILE.gguf`: llama.cpp's `gpt2` and `llama` files as a run directory,
-//! every tensor dequantised to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K), the tokenizer,
+//! every tensor dequantised to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), the tokenizer,
 //! chat template and end-of-turn token from the metadata.
 //!
 //! A `llama` file goes through the Hugging Face Llama import's own checks and builder

@@ -29,7 +29,13 @@ pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
             .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
             .collect(),
         TensorType::Q8_0 => values.chunks(Q8_0_BLOCK).flat_map(q8_0_block).collect(),
-        TensorType::Q4_0 | TensorType::Q4_K | TensorType::Q6_K => {
+        TensorType::Q4_0
+        | TensorType::Q4_1
+        | TensorType::Q5_0
+        | TensorType::Q5_1
+        | TensorType::Q4_K
+        | TensorType::Q5_K
+        | TensorType::Q6_K => {
             bail!("tinygpt reads {} but does not write it", kind.name())
         }
     })
@@ -69,7 +75,11 @@ pub fn decode(bytes: &[u8], kind: TensorType) -> Result<Vec<f32>> {
                 out.extend(b[2..].iter().map(|&q| f32::from(q as i8) * d));
             }
             TensorType::Q4_0 => q4_0_block(b, &mut out),
+            TensorType::Q4_1 => q4_1_block(b, &mut out),
+            TensorType::Q5_0 => q5_block(b, &mut out, false),
+            TensorType::Q5_1 => q5_block(b, &mut out, true),
             TensorType::Q4_K => q4_k_block(b, &mut out),
+            TensorType::Q5_K => q5_k_block(b, &mut out),
             TensorType::Q6_K => q6_k_block(b, &mut out),
         }
     }
@@ -86,6 +96,34 @@ fn q4_0_block(b: &[u8], out: &mut Vec<f32>) {
     let (d, qs) = (half(b, 0), &b[2..18]);
     out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
     out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+}
+
+/// ggml's `dequantize_row_q4_1`, one block: `d`, `m`, then 16 bytes of nibbles as in `Q4_0`,
+/// each value `nibble · d + m`.
+fn q4_1_block(b: &[u8], out: &mut Vec<f32>) {
+    let (d, m, qs) = (half(b, 0), half(b, 2), &b[4..20]);
+    out.extend(qs.iter().map(|&q| f32::from(q & 0x0F) * d + m));
+    out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
+}
+
+/// ggml's `dequantize_row_q5_0` (`with_min` false: `d`, each value `(q - 16) · d`) and
+/// `dequantize_row_q5_1` (`d`, `m`, each value `q · d + m`), one block: after the scales, a
+/// little-endian 32-bit word whose bit `j` is value `j`'s fifth bit, then nibbles as in `Q4_0`.
+fn q5_block(b: &[u8], out: &mut Vec<f32>, with_min: bool) {
+    let (d, at) = (half(b, 0), if with_min { 4 } else { 2 });
+    let m = if with_min { half(b, 2) } else { 0.0 };
+    let high = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let qs = &b[at + 4..at + 20];
+    let value = |j: usize, nibble: u8| i32::from(nibble) | (((high >> j) & 1) << 4) as i32;
+    for half in 0..2 {
+        out.extend(qs.iter().enumerate().map(|(j, &q)| {
+            let q = value(j + 16 * half, if half == 0 { q & 0x0F } else { q >> 4 });
+            match with_min {
+                true => q as f32 * d + m,
+                false => (q - 16) as f32 * d,
+            }
+        }));
+    }
 }
 
 /// ggml's `get_scale_min_k4`: group `j`'s six-bit scale and minimum from the 12 packed bytes.
@@ -110,6 +148,24 @@ fn q4_k_block(b: &[u8], out: &mut Vec<f32>) {
         let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
         out.extend(q.iter().map(|&q| d1 * f32::from(q & 0x0F) - m1));
         out.extend(q.iter().map(|&q| d2 * f32::from(q >> 4) - m2));
+    }
+}
+
+/// ggml's `dequantize_row_q5_K`, one block of 256: `d`, `dmin`, 12 bytes of group scales and
+/// minimums (as `Q4_K`'s), 32 bytes of fifth bits (bit `g` of byte `l`: value `l` of group
+/// `g`), 128 bytes of nibbles; each value `d·scale · (nibble + 16·bit) - dmin·min`.
+fn q5_k_block(b: &[u8], out: &mut Vec<f32>) {
+    let (d, min, scales) = (half(b, 0), half(b, 2), &b[4..16]);
+    let (qh, qs) = (&b[16..48], &b[48..176]);
+    for (chunk, q) in qs.chunks_exact(32).enumerate() {
+        for (g, shift) in [(2 * chunk, 0), (2 * chunk + 1, 4)] {
+            let (sc, m) = scale_min_k4(g, scales);
+            let (d, m) = (d * f32::from(sc), min * f32::from(m));
+            out.extend(q.iter().zip(qh).map(|(&q, &h)| {
+                let q = ((q >> shift) & 0x0F) | (((h >> g) & 1) << 4);
+                d * f32::from(q) - m
+            }));
+        }
     }
 }
 
@@ -232,5 +288,79 @@ mod tests {
         assert_eq!(v[0], 0.5 * 3.0 * ((5 | 3 << 4) - 32) as f32);
         assert_eq!(v[32], 0.5 * -2.0 * ((1 | 2 << 4) - 32) as f32);
         assert_eq!(v[64], 0.0, "scale 0");
+    }
+
+    /// The types llama.cpp falls back to (and `Q4_1`, `Q5_K`), one block each built by hand,
+    /// against ggml's formulas worked out here.
+    #[test]
+    fn q4_1_q5_0_q5_1_and_q5_k_blocks_decode_as_ggml_does() {
+        let f16 = |v: f32| f16::from_f32(v).to_le_bytes();
+        let mut q4_1 = vec![0u8; 20];
+        q4_1[..2].copy_from_slice(&f16(0.5));
+        q4_1[2..4].copy_from_slice(&f16(-1.0));
+        q4_1[4] = 0x3F; // value 0: nibble 15; value 16: nibble 3
+        let v = decode(&q4_1, TensorType::Q4_1).unwrap();
+        assert_eq!((v.len(), v[0], v[16], v[1]), (32, 6.5, 0.5, -1.0));
+
+        // Fifth bits: value 0's (bit 0) and value 17's (bit 17).
+        let high = (1u32 | 1 << 17).to_le_bytes();
+        let mut q5_0 = vec![0u8; 22];
+        q5_0[..2].copy_from_slice(&f16(0.25));
+        q5_0[2..6].copy_from_slice(&high);
+        q5_0[6] = 0x02; // value 0: nibble 2; value 16: nibble 0
+        q5_0[7] = 0x31; // value 1: nibble 1; value 17: nibble 3
+        let v = decode(&q5_0, TensorType::Q5_0).unwrap();
+        assert_eq!(v.len(), 32);
+        assert_eq!(
+            (v[0], v[16], v[1], v[17]),
+            (
+                ((2 | 16) - 16) as f32 * 0.25,
+                -16.0 * 0.25,
+                (1 - 16) as f32 * 0.25,
+                ((3 | 16) - 16) as f32 * 0.25
+            )
+        );
+
+        let mut q5_1 = vec![0u8; 24];
+        q5_1[..2].copy_from_slice(&f16(0.5));
+        q5_1[2..4].copy_from_slice(&f16(2.0));
+        q5_1[4..8].copy_from_slice(&high);
+        q5_1[8] = 0x02;
+        q5_1[9] = 0x31;
+        let v = decode(&q5_1, TensorType::Q5_1).unwrap();
+        assert_eq!(
+            (v[0], v[16], v[1], v[17]),
+            (18.0 * 0.5 + 2.0, 2.0, 1.0 * 0.5 + 2.0, 19.0 * 0.5 + 2.0)
+        );
+
+        // Q4_K's scales (group 0: scale 3, minimum 1; group 4: 50 and 21), and fifth bits: byte
+        // 0's bit 0 (group 0, value 0) and bit 5 (group 5, value 0).
+        let mut q5_k = vec![0u8; 176];
+        q5_k[..2].copy_from_slice(&f16(0.25));
+        q5_k[2..4].copy_from_slice(&f16(2.0));
+        let scales = &mut q5_k[4..16];
+        scales[0] = 0b11_000011;
+        scales[4] = 0b01_000001;
+        scales[8] = 0x52;
+        scales[9] = 0x07; // group 5: scale 7 (| 0 << 4), minimum 0
+        q5_k[16] = 0b10_0001;
+        q5_k[48] = 0x74; // group 0 value 0: nibble 4; group 1 value 0: nibble 7
+        q5_k[48 + 64] = 0x5A; // group 4 value 0: nibble 10; group 5 value 0: nibble 5
+        let v = decode(&q5_k, TensorType::Q5_K).unwrap();
+        assert_eq!(v.len(), 256);
+        assert_eq!(v[0], 0.25 * 3.0 * 20.0 - 2.0 * 1.0);
+        assert_eq!(v[32], 0.0, "group 1: scale and minimum 0");
+        assert_eq!(v[128], 0.25 * 50.0 * 10.0 - 2.0 * 21.0);
+        assert_eq!(v[160], 0.25 * 7.0 * 21.0);
+        for kind in [
+            TensorType::Q4_1,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+            TensorType::Q5_K,
+        ] {
+            let err = encode(&v, kind).unwrap_err().to_string();
+            assert!(err.contains("does not write"), "{err}");
+        }
+        assert!(decode(&q5_k[..175], TensorType::Q5_K).is_err());
     }
 }

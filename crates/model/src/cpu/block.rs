@@ -408,6 +408,13 @@ fn linear_backward(
             w.dequantise_into(&mut rows);
             matmul(dx, dy_view, View::new(&rows.w, n_out, n_in), false);
         }
+        Weight::Q4(w) => {
+            let mut rows = vec![0.0; n_out * n_in];
+            for (j, row) in rows.chunks_exact_mut(n_in).enumerate() {
+                w.dequantise_row(j, row);
+            }
+            matmul(dx, dy_view, View::new(&rows, n_out, n_in), false);
+        }
     }
     if let Some(dw) = dw {
         matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);

@@ -11,6 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
+use super::kernels::q4_0::Q4Matrix;
 use super::kernels::q8::Q8Matrix;
 use super::kernels::q8::columns::Int8Columns;
 use super::kernels::rows::F32Rows;
@@ -113,6 +114,7 @@ impl BlockLora {
 #[derive(Debug, Clone)]
 pub(crate) enum RowMatrix {
     Q8(Q8Matrix),
+    Q4(Q4Matrix),
     F32(F32Rows),
     Columns(Vec<f32>),
 }
@@ -150,6 +152,7 @@ impl RowBlock {
     pub(crate) fn bytes(&self) -> usize {
         let bytes = |m: &Option<RowMatrix>| match m {
             Some(RowMatrix::Q8(q)) => q.bytes(),
+            Some(RowMatrix::Q4(q)) => q.bytes(),
             Some(RowMatrix::F32(r)) => 4 * r.w.len(),
             Some(RowMatrix::Columns(w)) => 4 * w.len(),
             None => 0,

@@ -1,5 +1,6 @@
-//! `--weights q8_0`: a trained run sampled, scored and benchmarked with int8 matrices on the
-//! fused CPU decoder, close to f32; asked of another backend, one line and a non-zero exit.
+//! `--weights q8_0` and `q4_0`: a trained run sampled, scored and benchmarked with int8 or
+//! four-bit matrices on the fused CPU decoder, close to f32; asked of another backend, one
+//! line and a non-zero exit.
 
 use super::common::*;
 
@@ -13,7 +14,7 @@ fn loss(eval: &str) -> f64 {
 }
 
 #[test]
-fn int8_weights_sample_score_and_bench_close_to_f32() {
+fn quantised_weights_sample_score_and_bench_close_to_f32() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let extra = ["--max-iters", "40", "--set", "train.learning_rate=1e-2"];
@@ -38,13 +39,15 @@ fn int8_weights_sample_score_and_bench_close_to_f32() {
             ],
         ))
     };
-    let (f32s, int8) = (generate("f32"), generate("q8_0"));
-    assert!(int8.starts_with("Of Man"), "{int8}");
-    assert_eq!(
-        int8.chars().count(),
-        f32s.chars().count(),
-        "{int8:?} vs {f32s:?}"
-    );
+    let f32s = generate("f32");
+    for int8 in [generate("q8_0"), generate("q4_0")] {
+        assert!(int8.starts_with("Of Man"), "{int8}");
+        assert_eq!(
+            int8.chars().count(),
+            f32s.chars().count(),
+            "{int8:?} vs {f32s:?}"
+        );
+    }
 
     let eval = |weights: &str| {
         ok(tinygpt(
@@ -66,6 +69,13 @@ fn int8_weights_sample_score_and_bench_close_to_f32() {
     assert!(
         (a - b).abs() < 0.02 * a,
         "f32 {f32_eval} vs int8 {int8_eval}"
+    );
+    let four_eval = eval("q4_0");
+    assert!(four_eval.contains("q4_0 matrices"), "{four_eval}");
+    let c = loss(&four_eval);
+    assert!(
+        (a - c).abs() < 0.05 * a && c != a,
+        "f32 {f32_eval} vs four bits {four_eval}"
     );
 
     let bench = |weights: &str| -> serde_json::Value {
@@ -89,21 +99,26 @@ fn int8_weights_sample_score_and_bench_close_to_f32() {
     let (f32_bench, int8_bench) = (bench("f32"), bench("q8_0"));
     assert_eq!(int8_bench["weights"], "q8_0");
     let bytes = |v: &serde_json::Value| v["weight_bytes_per_token"].as_u64().unwrap();
-    // 34 bytes per 32 weights against 128.
+    // 34 bytes per 32 weights against 128; 18 in four bits.
     assert_eq!(
         bytes(&int8_bench) * 128,
         bytes(&f32_bench) * 34,
         "{int8_bench}"
     );
+    let four_bench = bench("q4_0");
+    assert_eq!(four_bench["weights"], "q4_0");
+    assert_eq!(bytes(&four_bench) * 128, bytes(&f32_bench) * 18);
 }
 
 #[test]
-fn int8_weights_elsewhere_are_one_line() {
+fn quantised_weights_elsewhere_are_one_line() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     ok(train(dir, "run", &["--max-iters", "2"]));
-    let why = "--weights q8_0 runs on the fused CPU decoder only";
-    for command in ["generate", "eval", "serve"] {
+    for (command, weights) in ["generate", "eval", "serve"]
+        .into_iter()
+        .flat_map(|c| [(c, "q8_0"), (c, "q4_0")])
+    {
         let args = [
             command,
             "--checkpoint",
@@ -111,9 +126,10 @@ fn int8_weights_elsewhere_are_one_line() {
             "--backend",
             "flex",
             "--weights",
-            "q8_0",
+            weights,
         ];
-        fails(tinygpt(dir, &args), why);
+        let why = format!("--weights {weights} runs on the fused CPU decoder only");
+        fails(tinygpt(dir, &args), &why);
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) mod lora;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod prefetch;
+pub(crate) mod q4_0;
 pub mod q8;
 pub(crate) mod qk_norm;
 pub(crate) mod relu2;

@@ -123,14 +123,19 @@ impl Q8Matrix {
     /// Row `j`'s values `q · d` into `out` `[cols]`.
     fn dequantise_row(&self, j: usize, out: &mut [f32]) {
         let (q, d) = self.row(j);
-        let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
-        for ((values, q), d) in blocks.zip(d) {
-            let d = d.to_f32();
-            values
-                .iter_mut()
-                .zip(q)
-                .for_each(|(v, &q)| *v = f32::from(q) * d);
-        }
+        dequantise_blocks(q, d, out);
+    }
+}
+
+/// Blocks of 32 bytes `q` with scales `d` as their values `q · d` into `out`.
+pub(in crate::cpu::kernels) fn dequantise_blocks(q: &[i8], d: &[f16], out: &mut [f32]) {
+    let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
+    for ((values, q), d) in blocks.zip(d) {
+        let d = d.to_f32();
+        values
+            .iter_mut()
+            .zip(q)
+            .for_each(|(v, &q)| *v = f32::from(q) * d);
     }
 }
 
@@ -176,25 +181,46 @@ const PANEL: usize = 64;
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` in int8 (each row as it would be alone)
 /// or, `int8` false, by f32 products of the dequantised weights.
 pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
-    thread_local! {
-        static PANEL: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
-    }
     match int8 {
         true => quantized(x, |rows| rows_times(out, rows, w, b)),
-        false => PANEL.with_borrow_mut(|panel| dequantised(out, x, w, b, panel)),
+        false => dequantised_product(out, x, w.cols, w.rows, b, |j, values| {
+            w.dequantise_row(j, values)
+        }),
     }
 }
 
-/// [`linear`] for many rows: panels of [`PANEL`] weight rows dequantised into `panel`, each
-/// multiplied by all of `x` in f32.
-fn dequantised(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], panel: &mut Vec<f32>) {
-    let (k, n) = (w.cols, w.rows);
+/// `out [rows, n] = x [rows, k] · wᵀ + b` for a quantised `w` of `n` rows of `k`, whose row `j`
+/// `dequantise(j, values)` writes: panels of [`PANEL`] rows dequantised into this thread's
+/// scratch, each multiplied by all of `x` in f32 (a prompt's chunk).
+pub(crate) fn dequantised_product(
+    out: &mut [f32],
+    x: &[f32],
+    k: usize,
+    n: usize,
+    b: &[f32],
+    dequantise: impl Fn(usize, &mut [f32]),
+) {
+    thread_local! {
+        static PANEL: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default();
+    }
+    PANEL.with_borrow_mut(|panel| dequantised(out, x, k, n, b, panel, dequantise))
+}
+
+fn dequantised(
+    out: &mut [f32],
+    x: &[f32],
+    k: usize,
+    n: usize,
+    b: &[f32],
+    panel: &mut Vec<f32>,
+    dequantise: impl Fn(usize, &mut [f32]),
+) {
     let rows = x.len() / k;
     for j0 in (0..n).step_by(PANEL) {
         let j1 = (j0 + PANEL).min(n);
         panel.resize((j1 - j0) * k, 0.0);
         for (values, j) in panel.chunks_exact_mut(k).zip(j0..j1) {
-            w.dequantise_row(j, values);
+            dequantise(j, values);
         }
         let weights = View::new(panel, j1 - j0, k).t();
         matmul_into(
@@ -358,14 +384,12 @@ pub(crate) fn dot_reference(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(in crate::cpu::kernels) mod avx2 {
     use super::BLOCK;
     use half::f16;
     use std::arch::x86_64::*;
 
-    /// Block `b`'s eight lane sums as floats: its 32 byte products by `maddubs` (unsigned `|w|`
-    /// times `x` carrying `w`'s sign; pairs of products, at most 2·128·127, fit `i16`) and
-    /// `madd` with ones into eight `i32` lanes.
+    /// Block `b`'s eight lane sums as floats ([`products`] of its bytes).
     ///
     /// # Safety
     /// The CPU has AVX2, and block `b` of both rows is in bounds.
@@ -375,10 +399,18 @@ mod avx2 {
         // SAFETY: the caller keeps block `b` of both rows in bounds.
         unsafe {
             let w = _mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast());
-            let x = _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast());
-            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            products(w, _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
         }
+    }
+
+    /// Two blocks of 32 signed bytes' eight lane sums (lane `l`: bytes `4l..4l + 4`) as
+    /// floats: `maddubs` (unsigned `|w|` times `x` carrying `w`'s sign; pairs of products, at
+    /// most 2·128·127, fit `i16`) and `madd` with ones into eight `i32` lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::kernels) fn products(w: __m256i, x: __m256i) -> __m256 {
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 
     /// [`super::dot_reference`] in AVX2: four accumulator registers (the sets), the weights'
@@ -390,6 +422,26 @@ mod avx2 {
     pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
         let kb = ws.len();
         assert!(wq.len() >= kb * BLOCK && xq.len() >= kb * BLOCK && xd.len() >= kb);
+        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
+        unsafe { dot_with(ws, xd, |b| lanes(wq, xq, b)) }
+    }
+
+    /// The sum [`super::dot_reference`] makes of `lanes(b)`, block `b`'s eight lane sums, for
+    /// blocks `0..ws.len()` (`Q8_0`'s lanes, or another type's widened to them): block `b`
+    /// times `ws[b] · xd[b]` into accumulator set `b mod 4`, the scales eight blocks at a
+    /// time by F16C, then the sets and the lanes summed in the reference's order.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `xd` holds `ws.len()` scales; `lanes` may be called
+    /// for every block `< ws.len()`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::cpu::kernels) unsafe fn dot_with(
+        ws: &[f16],
+        xd: &[f32],
+        lanes: impl Fn(usize) -> __m256,
+    ) -> f32 {
+        let kb = ws.len();
         let mut sets = [_mm256_setzero_ps(); 4];
         let mut scales = [0f32; 8];
         for b0 in (0..kb).step_by(8) {
@@ -407,10 +459,10 @@ mod avx2 {
             }
             // `b0` is a multiple of 8, so local block `i` goes to set `i mod 4`. Every set is
             // named by a constant so that the four stay in registers.
-            // SAFETY (both closures' callers): block `b0 + i < kb` is in bounds (asserted).
+            // SAFETY: block `b0 + i < kb` (the caller's contract), and `xd` holds it.
             let step = |i: usize, set: __m256| unsafe {
                 let s = _mm256_set1_ps(scales[i] * *xd.get_unchecked(b0 + i));
-                _mm256_fmadd_ps(lanes(wq, xq, b0 + i), s, set)
+                _mm256_fmadd_ps(lanes(b0 + i), s, set)
             };
             let mut i = 0;
             while i + 4 <= n {
@@ -556,4 +608,4 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(in crate::cpu::kernels) mod tests;

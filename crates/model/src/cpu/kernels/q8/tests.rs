@@ -23,7 +23,8 @@ fn vector_quantiser_rounds_as_the_plain_one() {
     assert_eq!((rows.q, rows.d), (q, d));
 }
 
-fn values(len: usize, seed: u32) -> Vec<f32> {
+/// Values in -2.5..2.5 from `seed`, the same on every run.
+pub(in crate::cpu::kernels) fn values(len: usize, seed: u32) -> Vec<f32> {
     (0..len as u32)
         .map(|i| ((i * 7919 + seed * 104729) % 251) as f32 / 50.0 - 2.5)
         .collect()

@@ -88,10 +88,19 @@ impl Q4Matrix {
         )
     }
 
-    /// Row `j`'s values `(nibble - 8) · d` into `out` `[cols]` (ggml's `dequantize_row_q4_0`).
+    /// Row `j`'s values `(nibble - 8) · d` into `out` `[cols]` (ggml's `dequantize_row_q4_0`),
+    /// allocating nothing: a prompt's product dequantises every row of every matrix.
     pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
         let (q, d) = self.row(j);
-        q8::dequantise_blocks(&widen(q), d, out);
+        let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(NIBBLES));
+        for ((values, q), d) in blocks.zip(d) {
+            let d = d.to_f32();
+            let (low, high) = values.split_at_mut(NIBBLES);
+            for ((l, h), &n) in low.iter_mut().zip(high).zip(q) {
+                *l = f32::from((n & 0x0F) as i8 - 8) * d;
+                *h = f32::from((n >> 4) as i8 - 8) * d;
+            }
+        }
     }
 }
 

@@ -27,6 +27,13 @@ fn blocks_quantise_as_ggml_does() {
     m.dequantise_row(0, &mut back);
     assert_eq!(&back[..7], &[-8.0, 4.0, 7.0, 7.0, 0.0, 7.0, 0.0]);
     assert_eq!(back[16], -3.0);
+    // Any row: each value is its widened byte times its block's scale.
+    let any = Q4Matrix::from_rows(&values(96, 3), 96);
+    let (mut row, widened) = (vec![0.0; 96], widen(any.row(0).0));
+    any.dequantise_row(0, &mut row);
+    for (i, v) in row.iter().enumerate() {
+        assert_eq!(*v, f32::from(widened[i]) * any.row(0).1[i / BLOCK].to_f32());
+    }
     let zero = Q4Matrix::from_rows(&[0.0; 32], 32);
     assert_eq!(zero.row(0).1, &[f16::ZERO]);
     assert_eq!(m.bytes(), 18, "GGUF's block: an f16 and 16 bytes");

@@ -128,7 +128,7 @@ impl Q8Matrix {
 }
 
 /// Blocks of 32 bytes `q` with scales `d` as their values `q · d` into `out`.
-pub(in crate::cpu::kernels) fn dequantise_blocks(q: &[i8], d: &[f16], out: &mut [f32]) {
+fn dequantise_blocks(q: &[i8], d: &[f16], out: &mut [f32]) {
     let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(BLOCK));
     for ((values, q), d) in blocks.zip(d) {
         let d = d.to_f32();

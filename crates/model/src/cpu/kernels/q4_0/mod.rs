@@ -92,14 +92,15 @@ impl Q4Matrix {
     /// allocating nothing: a prompt's product dequantises every row of every matrix.
     pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
         let (q, d) = self.row(j);
+        let mut widened = [0i8; BLOCK];
         let blocks = out.chunks_exact_mut(BLOCK).zip(q.chunks_exact(NIBBLES));
         for ((values, q), d) in blocks.zip(d) {
             let d = d.to_f32();
-            let (low, high) = values.split_at_mut(NIBBLES);
-            for ((l, h), &n) in low.iter_mut().zip(high).zip(q) {
-                *l = f32::from((n & 0x0F) as i8 - 8) * d;
-                *h = f32::from((n >> 4) as i8 - 8) * d;
-            }
+            widen_block(q, &mut widened);
+            values
+                .iter_mut()
+                .zip(widened)
+                .for_each(|(v, q)| *v = f32::from(q) * d);
         }
     }
 }
@@ -170,20 +171,33 @@ pub(crate) fn dot_kernels() -> Vec<(&'static str, Dot)> {
     found
 }
 
-/// The numbers every kernel computes: [`q8::dot_reference`] of the row's widened bytes.
+/// The numbers every kernel computes: [`q8::dot_reference`] of the row's widened bytes. CPUs
+/// without AVX2 run it, so it widens a block at a time and allocates nothing.
 pub(crate) fn dot_reference(wq: &[u8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
-    q8::dot_reference(&widen(wq), ws, xq, xd)
+    q8::dot_reference_with(ws, xq, xd, |b, w| {
+        widen_block(&wq[b * NIBBLES..(b + 1) * NIBBLES], w)
+    })
+}
+
+/// A block's 16 bytes of nibbles as the 32 bytes `nibble - 8`, in value order.
+fn widen_block(nibbles: &[u8], out: &mut [i8; BLOCK]) {
+    let (low, high) = out.split_at_mut(NIBBLES);
+    for ((l, h), &n) in low.iter_mut().zip(high).zip(nibbles) {
+        (*l, *h) = ((n & 0x0F) as i8 - 8, (n >> 4) as i8 - 8);
+    }
 }
 
 /// Blocks of nibbles as the bytes `nibble - 8`, in value order.
+#[cfg(test)]
 pub(crate) fn widen(nibbles: &[u8]) -> Vec<i8> {
-    nibbles
+    let mut out = vec![0; nibbles.len() * 2];
+    for (q, o) in nibbles
         .chunks_exact(NIBBLES)
-        .flat_map(|b| {
-            let low = b.iter().map(|&n| (n & 0x0F) as i8 - 8);
-            low.chain(b.iter().map(|&n| (n >> 4) as i8 - 8))
-        })
-        .collect()
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        widen_block(q, o.try_into().expect("a block"));
+    }
+    out
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -368,9 +368,23 @@ pub(crate) fn kernels() -> Vec<Kernel> {
 /// end, lane `l` is `(set0 + set2) + (set1 + set3)`, and the lanes are summed as
 /// `((0+4) + (2+6)) + ((1+5) + (3+7))`.
 pub(crate) fn dot_reference(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
+    dot_reference_with(ws, xq, xd, |b, w| {
+        w.copy_from_slice(&wq[b * BLOCK..(b + 1) * BLOCK])
+    })
+}
+
+/// [`dot_reference`] of weight blocks that `block(b, bytes)` writes as 32 signed bytes (another
+/// type's blocks widened to `Q8_0`'s, one at a time: nothing allocated).
+pub(crate) fn dot_reference_with(
+    ws: &[f16],
+    xq: &[i8],
+    xd: &[f32],
+    block: impl Fn(usize, &mut [i8; BLOCK]),
+) -> f32 {
     let mut sets = [[0f32; 8]; 4];
-    let blocks = wq.chunks_exact(BLOCK).zip(xq.chunks_exact(BLOCK));
-    for (b, ((w, x), (&dw, &dx))) in blocks.zip(ws.iter().zip(xd)).enumerate() {
+    let mut w = [0i8; BLOCK];
+    for (b, (x, (&dw, &dx))) in xq.chunks_exact(BLOCK).zip(ws.iter().zip(xd)).enumerate() {
+        block(b, &mut w);
         let s = dw.to_f32() * dx;
         for (l, acc) in sets[b % 4].iter_mut().enumerate() {
             let sum: i32 = (4 * l..4 * l + 4)

@@ -3,11 +3,14 @@
 //! quantised activations as `Q8_0`'s ([`q8::Q8Rows`]: blocks of 32 signed bytes, an f32 scale).
 //!
 //! 0.5625 bytes a weight against `Q8_0`'s 1.0625: a token of decoding reads about half the
-//! bytes. A block's nibbles widen to the bytes `nibble - 8` in registers, and from there the
-//! product is `Q8_0`'s: the same lanes, the same sums in the same order. So a `Q4_0` row
-//! times an activation row is, bit for bit, [`q8::dot_reference`] of its widened bytes, which
-//! the tests check. A product of many rows (a prompt) multiplies the dequantised weights in
-//! f32, as `Q8_0`'s does.
+//! bytes. Each block's eight lane sums (four products each) are those of its nibbles widened
+//! to the bytes `nibble - 8`, exact in integers, and from there the product is `Q8_0`'s: the
+//! same lanes, the same sums in the same order. So a `Q4_0` row times an activation row is,
+//! bit for bit, [`q8::dot_reference`] of its widened bytes, which the tests check for each
+//! kernel: AVX2 widens in registers and takes `Q8_0`'s byte products; AVX-512 VNNI keeps the
+//! nibbles unsigned (`dpbusd`'s first operand), two blocks a register, and subtracts
+//! `Σ 8 · x`. A product of many rows (a prompt) multiplies the dequantised weights in f32, as
+//! `Q8_0`'s does.
 
 use half::f16;
 
@@ -119,7 +122,20 @@ pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4Matrix, b: &[f32], quant
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
 /// of a token's product.
 pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32], j0: usize) {
-    let dot = dot_kernel();
+    (kernel().rows)(out, x, w, b, j0)
+}
+
+/// [`row_range`] with `dot`: inlined into each kernel's `rows`, so that the kernel's product
+/// is inlined into the loop too (no call through a pointer for each row).
+#[inline(always)]
+fn each_row(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &Q4Matrix,
+    b: &[f32],
+    j0: usize,
+    dot: impl Fn(&[u8], &[f16], &[i8], &[f32]) -> f32,
+) {
     for (o, j) in out.iter_mut().zip(j0..) {
         let (wq, ws) = w.row(j);
         *o = dot(wq, ws, &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
@@ -132,7 +148,7 @@ fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32]) {
     let (k, n) = (w.cols, w.rows);
     let kb = k / BLOCK;
     let rows = x.q.len() / k;
-    let dot = dot_kernel();
+    let dot = kernel().dot;
     for j in 0..n {
         let (wq, ws) = w.row(j);
         let bias = b.get(j).copied().unwrap_or(0.0);
@@ -145,29 +161,58 @@ fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32]) {
 
 /// A weight row (`wq [k / 2]` nibbles, its scales `ws [k / 32]`) times a quantised activation
 /// row (`xq [k]`, `xd [k / 32]`).
-pub(crate) type Dot = fn(&[u8], &[f16], &[i8], &[f32]) -> f32;
+type Dot = fn(&[u8], &[f16], &[i8], &[f32]) -> f32;
 
-/// The fastest exact product this CPU runs, chosen once.
-fn dot_kernel() -> Dot {
-    static FASTEST: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
-    *FASTEST.get_or_init(|| dot_kernels()[0].1)
+/// A thread's share of a token's product, as [`row_range`].
+type Rows = fn(&mut [f32], &Q8Rows, &Q4Matrix, &[f32], usize);
+
+/// One exact kernel: a row's product, and a share of rows with that product inlined.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    /// What the tests call it when its floats differ from the reference's.
+    #[cfg_attr(not(test), allow(dead_code))]
+    name: &'static str,
+    dot: Dot,
+    rows: Rows,
 }
 
-/// Every product this CPU runs, fastest first, by name; the last is the reference. Each
-/// computes the same floats bit for bit.
-pub(crate) fn dot_kernels() -> Vec<(&'static str, Dot)> {
-    let mut found: Vec<(&'static str, Dot)> = Vec::new();
+/// The fastest exact kernel this CPU runs, chosen once.
+fn kernel() -> Kernel {
+    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *FASTEST.get_or_init(|| kernels()[0])
+}
+
+/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
+/// same floats bit for bit.
+pub(crate) fn kernels() -> Vec<Kernel> {
+    let mut found = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") && has!("f16c") {
-            // SAFETY: the features the kernel is compiled for were just detected.
-            found.push(("avx2", |wq, ws, xq, xd| unsafe {
-                avx2::dot(wq, ws, xq, xd)
-            }));
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+        if cfg!(feature = "avx512") && avx2 && avx512 {
+            // SAFETY (both): the features the kernel is compiled for were just detected.
+            found.push(Kernel {
+                name: "avx512-vnni",
+                dot: |wq, ws, xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
+                rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+            });
+        }
+        if avx2 {
+            // SAFETY (both): as above.
+            found.push(Kernel {
+                name: "avx2",
+                dot: |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
+                rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
+            });
         }
     }
-    found.push(("reference", dot_reference));
+    found.push(Kernel {
+        name: "reference",
+        dot: dot_reference,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+    });
     found
 }
 
@@ -236,6 +281,112 @@ mod avx2 {
         assert!(wq.len() >= kb * NIBBLES && xq.len() >= kb * BLOCK && xd.len() >= kb);
         // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
         unsafe { dot_with(ws, xd, |b| lanes(wq, xq, b)) }
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
+    /// into the loop over the share's rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::Q4Matrix,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+            dot(wq, ws, xq, xd)
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{BLOCK, NIBBLES};
+    use crate::cpu::kernels::q8::avx512::dot_with;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
+    /// upper eight zero). The nibbles stay unsigned, as `dpbusd` wants its first operand:
+    /// lane `l`'s `Σ (n - 8) · x` is `Σ n · x - Σ 8 · x`, two `dpbusd` sums exact in `i32`,
+    /// so the lanes are the widened bytes' to the bit. (The activations' `Σ 8 · x` computed
+    /// once a token and loaded instead measured slower on a Zen 5.)
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VNNI, and the blocks read are in bounds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn lanes(wq: &[u8], xq: &[i8], b: usize, two: bool) -> __m512 {
+        // SAFETY: the caller keeps the blocks read in bounds.
+        unsafe {
+            let (n, x) = match two {
+                true => {
+                    // Two blocks' 16 bytes each as 128-bit lanes [b, b, b+1, b+1], the second
+                    // of each pair shifted to its high nibbles: value order.
+                    let q = _mm256_loadu_si256(wq.as_ptr().add(b * NIBBLES).cast());
+                    let pairs = _mm512_permutexvar_epi64(
+                        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                        _mm512_castsi256_si512(q),
+                    );
+                    let high = _mm512_srli_epi16(pairs, 4);
+                    (
+                        _mm512_mask_blend_epi64(0b1100_1100, pairs, high),
+                        _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
+                    )
+                }
+                false => {
+                    let q = _mm_loadu_si128(wq.as_ptr().add(b * NIBBLES).cast());
+                    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+                    (
+                        _mm512_zextsi256_si512(both),
+                        _mm512_zextsi256_si512(_mm256_loadu_si256(
+                            xq.as_ptr().add(b * BLOCK).cast(),
+                        )),
+                    )
+                }
+            };
+            let n = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
+            let zero = _mm512_setzero_si512();
+            let products = _mm512_dpbusd_epi32(zero, n, x);
+            let offsets = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), x);
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
+        }
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: `Q8_0`'s sum of these lanes.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot(wq: &[u8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
+        let kb = ws.len();
+        assert!(wq.len() >= kb * NIBBLES && xq.len() >= kb * BLOCK && xd.len() >= kb);
+        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
+        unsafe { dot_with(ws, xd, |b, two| lanes(wq, xq, b, two)) }
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
+    /// into the loop over the share's rows.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::Q4Matrix,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+            dot(wq, ws, xq, xd)
+        })
     }
 }
 

@@ -53,23 +53,25 @@ fn every_kernel_gives_the_reference_bits() {
         x.quantize(&values(k, 7 + kb as u32));
         let want = dot_reference(wq, ws, &x.q, &x.d);
         assert_eq!(want, q8::dot_reference(&widen(wq), ws, &x.q, &x.d));
-        for (name, dot) in dot_kernels() {
+        for Kernel { name, dot, .. } in kernels() {
             let got = dot(wq, ws, &x.q, &x.d);
             assert_eq!(got.to_bits(), want.to_bits(), "{name}, {kb} blocks");
         }
     }
-    // Nibbles of 0 (-8) and scale 1 against bytes of ±127: the integer sum exactly.
-    let xq: Vec<i8> = (0..64)
-        .map(|i| if i % 3 == 0 { -127 } else { 127 })
+    // Nibbles of 0 (-8) and of 15 (7), scale 1, against bytes of ±127 (scale 1 too): the
+    // integer sums exactly.
+    let values: Vec<f32> = (0..64)
+        .map(|i| if i % 3 == 0 { -127.0 } else { 127.0 })
         .collect();
-    let sum: i32 = xq.iter().map(|&x| -8 * i32::from(x)).sum();
-    let wq = [0u8; 32];
-    for (name, dot) in dot_kernels() {
-        assert_eq!(
-            dot(&wq, &[f16::ONE; 2], &xq, &[1.0; 2]),
-            sum as f32,
-            "{name}"
-        );
+    let mut x = Q8Rows::default();
+    x.quantize(&values);
+    assert_eq!(x.d, [1.0; 2]);
+    for (n, w) in [(0x00, -8), (0xFF, 7)] {
+        let sum: i32 = x.q.iter().map(|&x| w * i32::from(x)).sum();
+        for kernel in kernels() {
+            let got = (kernel.dot)(&[n; 32], &[f16::ONE; 2], &x.q, &x.d);
+            assert_eq!(got, sum as f32, "{}, nibbles {n:#x}", kernel.name);
+        }
     }
 }
 
@@ -96,10 +98,12 @@ fn shares_and_rows_give_the_reference_numbers() {
     }
     let mut first = Q8Rows::default();
     first.quantize(&x[..k]);
-    let mut split = vec![0.0; n];
-    row_range(&mut split[..7], &first, &w, &b, 0);
-    row_range(&mut split[7..], &first, &w, &b, 7);
-    assert_eq!(split, out[..n], "a row split in two ranges");
+    for Kernel { name, rows, .. } in kernels() {
+        let mut split = vec![0.0; n];
+        rows(&mut split[..7], &first, &w, &b, 0);
+        rows(&mut split[7..], &first, &w, &b, 7);
+        assert_eq!(split, out[..n], "{name}: a row split in two ranges");
+    }
 }
 
 /// Weights in Burn's `[n_in, n_out]` layout come out as rows of outputs; the product is
@@ -131,4 +135,24 @@ fn products_are_close_to_f32() {
             }
         }
     }
+}
+
+/// The kernels tested above are every one this CPU can run: a CPU with AVX-512 VNNI (and a
+/// build with the `avx512` feature) tests that kernel, one with AVX2 the AVX2 kernel.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_cpus_kernels_are_all_tested() {
+    use std::arch::is_x86_feature_detected as has;
+    let names: Vec<_> = kernels().iter().map(|k| k.name).collect();
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+    let mut want = Vec::new();
+    if cfg!(feature = "avx512") && avx2 && vnni {
+        want.push("avx512-vnni");
+    }
+    if avx2 {
+        want.push("avx2");
+    }
+    want.push("reference");
+    assert_eq!(names, want);
 }

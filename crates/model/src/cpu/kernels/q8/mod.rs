@@ -510,7 +510,7 @@ pub(in crate::cpu::kernels) mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(in crate::cpu::kernels) mod avx512 {
     use super::BLOCK;
     use half::f16;
     use std::arch::x86_64::*;
@@ -562,9 +562,7 @@ mod avx512 {
         })
     }
 
-    /// [`super::dot_reference`] with AVX-512 VNNI: two blocks per register, so one register
-    /// holds sets 0 and 1 (blocks `4i`, `4i + 1`) and another sets 2 and 3; the scales of
-    /// sixteen blocks converted and multiplied at once, each pair's picked by a permute.
+    /// [`super::dot_reference`] with AVX-512 VNNI.
     ///
     /// # Safety
     /// The CPU has every feature named below (the lengths are asserted).
@@ -573,6 +571,27 @@ mod avx512 {
     pub(super) unsafe fn dot(wq: &[i8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
         let kb = ws.len();
         assert!(wq.len() >= kb * BLOCK && xq.len() >= kb * BLOCK && xd.len() >= kb);
+        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
+        unsafe { dot_with(ws, xd, |b, two| lanes(wq, xq, b, two)) }
+    }
+
+    /// The sum [`super::dot_reference`] makes of `lanes(b, two)`, blocks `b` and `b + 1`'s
+    /// lane sums as sixteen floats (`two` false: block `b`'s, the upper eight +0), for blocks
+    /// `0..ws.len()`: two blocks per register, so one register holds sets 0 and 1 (blocks
+    /// `4i`, `4i + 1`) and another sets 2 and 3; the scales of sixteen blocks converted and
+    /// multiplied at once, each pair's picked by a permute.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below; `xd` holds `ws.len()` scales; `lanes` may be
+    /// called for every block `< ws.len()` (and `b + 1` with `two`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(in crate::cpu::kernels) unsafe fn dot_with(
+        ws: &[f16],
+        xd: &[f32],
+        lanes: impl Fn(usize, bool) -> __m512,
+    ) -> f32 {
+        let kb = ws.len();
         let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         for b0 in (0..kb).step_by(16) {
@@ -595,7 +614,7 @@ mod avx512 {
                 // 2, 6, 10, 14 sets 2/3. A lone last block leaves the upper lanes +0, which
                 // adds nothing.
                 let step = |i: usize, two: bool, set: __m512| {
-                    _mm512_fmadd_ps(lanes(wq, xq, b0 + i, two), scale(i), set)
+                    _mm512_fmadd_ps(lanes(b0 + i, two), scale(i), set)
                 };
                 let mut i = 0;
                 while i + 4 <= n {

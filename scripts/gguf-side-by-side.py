@@ -4,14 +4,14 @@
 For each shape (SmolLM2-135M's: 30 layers, width 576, 9 query and 3 key/value heads, SwiGLU
 1536, θ 100000, tied, 49,152 embedding rows; and the shakespeare-char preset's, with GELU's tanh
 form so that llama.cpp computes it), the script makes a run with random weights (one training
-step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0
-(`llama_model_quantize`), and times:
+step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0, Q5_0 and
+Q4_K_M (`llama_model_quantize`), and times:
 
 - llama.cpp (llama-cpp-python, `n_threads` 2, its default f16 KV cache): a prompt
   of P tokens in one batch (prompt tokens/s), then, from a one-token prompt, N tokens one at a
   time (decode tokens/s, greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
-  run's config, `--weights f32`, `q8_0` and `q4_0` (a token's products split over every
+  run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (a token's products split over every
   core by outputs, a prompt's by rows);
 - the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
   its own half), best of 3, so each decode figure can say what share of the ceiling it reads
@@ -151,12 +151,16 @@ def main():
             ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
             probe.close()
             share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
-            params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype, params.nthread = 2, THREADS  # LLAMA_FTYPE_MOSTLY_Q4_0
-            code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
-                                                  str(work / "q4_0.gguf").encode(), params)
-            assert code == 0, f"llama_model_quantize: {code}"
-            for dtype in ["f32", "q8_0", "q4_0"]:
+            # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0, _Q5_0 and _Q4_K_M (at a width
+            # that is not a multiple of 256, mostly Q5_0, the embedding Q8_0).
+            for dtype, ftype in [("q4_0", 2), ("q5_0", 8), ("q4_k_m", 15)]:
+                params = llama_cpp.llama_model_quantize_default_params()
+                params.ftype, params.nthread = ftype, THREADS
+                code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
+                                                      str(work / f"{dtype}.gguf").encode(), params)
+                assert code == 0, f"llama_model_quantize: {code}"
+            first = len(rows)
+            for dtype in ["f32", "q8_0", "q4_0", "q5_0", "q4_k_m"]:
                 gguf = work / f"{dtype}.gguf"
                 pp, tg = llama_cpp_speed(gguf, ids, new)
                 rows.append({"shape": name, "engine": "llama.cpp", "weights": dtype,
@@ -164,14 +168,14 @@ def main():
                              "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "bytes_per_token": gguf.stat().st_size,
                              "share_of_read_ceiling": share(gguf.stat().st_size, tg, THREADS)})
-            for weights in ["f32", "q8_0", "q4_0"]:
+            for weights in ["f32", "q8_0", "q5_0", "q4_0"]:
                 pp, tg, size = tinygpt_speed(args.tinygpt, work / "run", n_prompt, new, weights)
                 rows.append({"shape": name, "engine": "tinygpt", "weights": weights,
                              "threads": os.cpu_count(), "prompt_tokens": n_prompt,
                              "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
-            for row in rows[-6:]:
+            for row in rows[first:]:
                 print(json.dumps(row), flush=True)
     return 0
 

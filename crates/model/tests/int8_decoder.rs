@@ -1,4 +1,4 @@
-//! The fused decoder with its matrices in `Q8_0` (`WeightFormat::Q8_0`; `Q4_0` beside it where
+//! The fused decoder with its matrices in `Q8_0` (`WeightFormat::Q8_0`; `Q5_0` and `Q4_0` beside it where
 //! said): logits within a stated bound of f32's on every architecture, streams of a batch
 //! computed as alone, every row of a window scored as `Gpt::forward` scores it, and the bytes
 //! a token reads.
@@ -27,13 +27,17 @@ fn max_abs(v: &[f32]) -> f32 {
 
 /// After a prompt and each of 20 tokens, int8 logits are within 3% of the largest f32 logit
 /// (measured on these configs: 0.3% to 2.7%), four-bit ones (`Q4_0`: steps 16 times coarser)
-/// within 40% (measured: 3.8% to 29%, on random weights), and not equal to them (the matrices
-/// were quantised).
+/// within 40% (measured: 3.8% to 29%, on random weights), five-bit ones (`Q5_0`) within 25%
+/// (measured: 1.6% to 18%), and not equal to them (the matrices were quantised).
 #[test]
 fn int8_logits_stay_close_to_f32() {
     let _seeded = seeded();
     let device = Device::flex();
-    let formats = [(WeightFormat::Q8_0, 0.03), (WeightFormat::Q4_0, 0.4)];
+    let formats = [
+        (WeightFormat::Q8_0, 0.03),
+        (WeightFormat::Q5_0, 0.25),
+        (WeightFormat::Q4_0, 0.4),
+    ];
     for (config, (format, bound)) in int8_configs()
         .into_iter()
         .flat_map(|c| formats.map(|f| (c.clone(), f)))
@@ -134,6 +138,7 @@ fn window_logits_are_every_rows_logits() {
         let formats = [
             (WeightFormat::F32, 1e-4),
             (WeightFormat::Q8_0, 0.03),
+            (WeightFormat::Q5_0, 0.25),
             (WeightFormat::Q4_0, 0.4),
         ];
         for (format, bound) in formats {
@@ -188,6 +193,8 @@ fn bytes_per_token_count_the_matrices() {
     assert_eq!(int8, weights / 32 * 34);
     let four_bits = weight_bytes_per_token(&gpt, WeightFormat::Q4_0).unwrap();
     assert_eq!(four_bits, weights / 32 * 18);
+    let five_bits = weight_bytes_per_token(&gpt, WeightFormat::Q5_0).unwrap();
+    assert_eq!(five_bits, weights / 32 * 22);
     let narrow = common::small().init(&device).unwrap();
     assert_eq!(
         weight_bytes_per_token(&narrow, WeightFormat::Q8_0).unwrap(),
@@ -220,7 +227,13 @@ fn threads_change_no_logit() {
     for config in int8_configs() {
         let gpt = common::init(&config, &device);
         let stream = tokens(40, config.vocab_size);
-        for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        let formats = [
+            WeightFormat::F32,
+            WeightFormat::Q8_0,
+            WeightFormat::Q5_0,
+            WeightFormat::Q4_0,
+        ];
+        for format in formats {
             let mut one = FusedDecoder::with_weights(&gpt, format).unwrap();
             let mut three = FusedDecoder::with_weights(&gpt, format)
                 .unwrap()

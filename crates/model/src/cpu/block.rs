@@ -387,6 +387,21 @@ fn matrix_backward(
     adapters::backward(p, &mut g.lora, acts, lora_t, target, dx, (dy, x), dims);
 }
 
+/// `dx = dy · wᵀ` for a block-quantised `w` of `n_out` rows of `n_in` whose row `j`
+/// `dequantise(j, row)` writes (a cold path: the decoder's matrices are not trained).
+fn dequantised_dx(
+    dx: &mut [f32],
+    dy: View<'_>,
+    (n_out, n_in): (usize, usize),
+    dequantise: impl Fn(usize, &mut [f32]),
+) {
+    let mut rows = vec![0.0; n_out * n_in];
+    for (j, row) in rows.chunks_exact_mut(n_in).enumerate() {
+        dequantise(j, row);
+    }
+    matmul(dx, dy, View::new(&rows, n_out, n_in), false);
+}
+
 /// The backward of [`linear`] with `(rows, n_in, n_out)`: `dx = dy · wᵀ` (overwritten),
 /// `dw += xᵀ · dy`, `db += Σ_rows dy` (`None`: no bias, or a frozen weight or bias: LoRA's
 /// base). Training passes `w` in its own layout (a frozen base held in int8 is dequantised into
@@ -408,13 +423,8 @@ fn linear_backward(
             w.dequantise_into(&mut rows);
             matmul(dx, dy_view, View::new(&rows.w, n_out, n_in), false);
         }
-        Weight::Q4(w) => {
-            let mut rows = vec![0.0; n_out * n_in];
-            for (j, row) in rows.chunks_exact_mut(n_in).enumerate() {
-                w.dequantise_row(j, row);
-            }
-            matmul(dx, dy_view, View::new(&rows, n_out, n_in), false);
-        }
+        Weight::Q4(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
+        Weight::Q5(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
     }
     if let Some(dw) = dw {
         matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);

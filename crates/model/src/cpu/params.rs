@@ -12,6 +12,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
 use super::kernels::q4_0::Q4Matrix;
+use super::kernels::q5_0::Q5Matrix;
 use super::kernels::q8::Q8Matrix;
 use super::kernels::q8::columns::Int8Columns;
 use super::kernels::rows::F32Rows;
@@ -115,6 +116,7 @@ impl BlockLora {
 pub(crate) enum RowMatrix {
     Q8(Q8Matrix),
     Q4(Q4Matrix),
+    Q5(Q5Matrix),
     F32(F32Rows),
     Columns(Vec<f32>),
 }
@@ -153,6 +155,7 @@ impl RowBlock {
         let bytes = |m: &Option<RowMatrix>| match m {
             Some(RowMatrix::Q8(q)) => q.bytes(),
             Some(RowMatrix::Q4(q)) => q.bytes(),
+            Some(RowMatrix::Q5(q)) => q.bytes(),
             Some(RowMatrix::F32(r)) => 4 * r.w.len(),
             Some(RowMatrix::Columns(w)) => 4 * w.len(),
             None => 0,

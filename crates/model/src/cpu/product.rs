@@ -6,6 +6,7 @@ use super::buffer::Buffer;
 use super::dims::Dims;
 use super::kernels::matmul::linear;
 use super::kernels::q4_0::{self, Q4Matrix};
+use super::kernels::q5_0::{self, Q5Matrix};
 use super::kernels::q8::{self, Q8Matrix};
 use super::kernels::rope;
 use super::kernels::rows::{self, F32Rows};
@@ -39,12 +40,13 @@ pub(super) struct Ctx<'a> {
 }
 
 /// A linear layer's weight: `[n_in, n_out]` in f32 (training's layout), or the decoder's rows
-/// of outputs in int8, four bits or f32.
+/// of outputs in int8, four or five bits, or f32.
 #[derive(Clone, Copy)]
 pub(super) enum Weight<'a> {
     F32(&'a [f32]),
     Q8(&'a Q8Matrix),
     Q4(&'a Q4Matrix),
+    Q5(&'a Q5Matrix),
     Rows(&'a F32Rows),
 }
 
@@ -63,6 +65,7 @@ impl<'a> Weight<'a> {
         match m {
             RowMatrix::Q8(q) => Weight::Q8(q),
             RowMatrix::Q4(q) => Weight::Q4(q),
+            RowMatrix::Q5(q) => Weight::Q5(q),
             RowMatrix::F32(r) => Weight::Rows(r),
             RowMatrix::Columns(w) => Weight::F32(w),
         }
@@ -75,6 +78,7 @@ impl<'a> Weight<'a> {
         match self {
             Weight::Q8(w) => q8::product(out, x, w, b, per_row),
             Weight::Q4(w) => q4_0::product(out, x, w, b, per_row),
+            Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
         }
@@ -143,8 +147,10 @@ impl<'a> Ctx<'a> {
     /// [`per_row`] for this block's rows, decided on the whole product so that a thread's
     /// share of its rows is computed as the whole would be.
     fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
-        matches!(w, Weight::Q8(_) | Weight::Q4(_) | Weight::Rows(_))
-            && per_row(self.rows_alone || self.streams.is_some(), rows)
+        matches!(
+            w,
+            Weight::Q8(_) | Weight::Q4(_) | Weight::Q5(_) | Weight::Rows(_)
+        ) && per_row(self.rows_alone || self.streams.is_some(), rows)
     }
 }
 
@@ -163,6 +169,9 @@ pub(super) fn linear_split(
         }),
         Weight::Q4(w) => q8::quantized(x, |x| {
             split_columns(helpers, out, &|part, j0| q4_0::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q5(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q5_0::row_range(part, x, w, b, j0));
         }),
         Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
             rows::row_range(part, x, w, b, j0);

@@ -44,7 +44,7 @@ pub struct Args {
     /// counts them all).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     streams: u64,
-    /// Sample with the matrices kept as f32, bf16, f16, q8_0 or q4_0 (see `generate --weights`).
+    /// Sample with the matrices kept as f32, bf16, f16, q8_0, q5_0 or q4_0 (see `generate --weights`).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
     /// Override a key of every config, `section.key=value` (e.g. `train.dtype=bf16`, or

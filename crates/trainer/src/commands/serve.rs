@@ -30,8 +30,8 @@ pub struct Args {
     checkpoint: PathBuf,
     /// How the model's matrices are kept while sampling: f32 as trained; bf16 or f16 on a GPU
     /// (half the bytes a token reads, summed in f32); q8_0 on the CPU (int8 in blocks of 32,
-    /// GGUF's Q8_0: about a quarter of the bytes); q4_0 there (four bits in blocks of 32,
-    /// GGUF's Q4_0: about an eighth, for more accuracy lost).
+    /// GGUF's Q8_0: about a quarter of the bytes); q5_0 and q4_0 there (five and four bits in
+    /// blocks of 32, GGUF's Q5_0 and Q4_0: about a sixth and an eighth, for more accuracy lost).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
     /// Address to listen on. Anything but loopback needs --api-key.

@@ -1,5 +1,5 @@
-//! `--weights q8_0` and `q4_0`: a trained run sampled, scored and benchmarked with int8 or
-//! four-bit matrices on the fused CPU decoder, close to f32; asked of another backend, one
+//! `--weights q8_0`, `q5_0` and `q4_0`: a trained run sampled, scored and benchmarked with
+//! int8, five- or four-bit matrices on the fused CPU decoder, close to f32; asked of another backend, one
 //! line and a non-zero exit.
 
 use super::common::*;
@@ -40,7 +40,7 @@ fn quantised_weights_sample_score_and_bench_close_to_f32() {
         ))
     };
     let f32s = generate("f32");
-    for int8 in [generate("q8_0"), generate("q4_0")] {
+    for int8 in [generate("q8_0"), generate("q5_0"), generate("q4_0")] {
         assert!(int8.starts_with("Of Man"), "{int8}");
         assert_eq!(
             int8.chars().count(),
@@ -77,6 +77,13 @@ fn quantised_weights_sample_score_and_bench_close_to_f32() {
         (a - c).abs() < 0.05 * a && c != a,
         "f32 {f32_eval} vs four bits {four_eval}"
     );
+    let five_eval = eval("q5_0");
+    assert!(five_eval.contains("q5_0 matrices"), "{five_eval}");
+    let f = loss(&five_eval);
+    assert!(
+        (a - f).abs() < 0.03 * a && f != a,
+        "f32 {f32_eval} vs five bits {five_eval}"
+    );
 
     let bench = |weights: &str| -> serde_json::Value {
         let out = ok(tinygpt(
@@ -99,7 +106,7 @@ fn quantised_weights_sample_score_and_bench_close_to_f32() {
     let (f32_bench, int8_bench) = (bench("f32"), bench("q8_0"));
     assert_eq!(int8_bench["weights"], "q8_0");
     let bytes = |v: &serde_json::Value| v["weight_bytes_per_token"].as_u64().unwrap();
-    // 34 bytes per 32 weights against 128; 18 in four bits.
+    // 34 bytes per 32 weights against 128; 22 in five bits, 18 in four.
     assert_eq!(
         bytes(&int8_bench) * 128,
         bytes(&f32_bench) * 34,
@@ -108,6 +115,9 @@ fn quantised_weights_sample_score_and_bench_close_to_f32() {
     let four_bench = bench("q4_0");
     assert_eq!(four_bench["weights"], "q4_0");
     assert_eq!(bytes(&four_bench) * 128, bytes(&f32_bench) * 18);
+    let five_bench = bench("q5_0");
+    assert_eq!(five_bench["weights"], "q5_0");
+    assert_eq!(bytes(&five_bench) * 128, bytes(&f32_bench) * 22);
 }
 
 #[test]
@@ -117,7 +127,7 @@ fn quantised_weights_elsewhere_are_one_line() {
     ok(train(dir, "run", &["--max-iters", "2"]));
     for (command, weights) in ["generate", "eval", "serve"]
         .into_iter()
-        .flat_map(|c| [(c, "q8_0"), (c, "q4_0")])
+        .flat_map(|c| [(c, "q8_0"), (c, "q5_0"), (c, "q4_0")])
     {
         let args = [
             command,

@@ -1,5 +1,6 @@
 //! The decoder's matrices: each block's four and the LM head laid out as rows of outputs once,
-//! when the decoder is made, in f32, int8 (`Q8_0`) or four bits (`Q4_0`), quantised then. Embeddings, norms,
+//! when the decoder is made, in f32, int8 (`Q8_0`), four bits (`Q4_0`) or five (`Q5_0`),
+//! quantised then. Embeddings, norms,
 //! biases and the KV cache stay f32; a matrix whose rows are not whole blocks of 32 stays f32
 //! too (as llama.cpp keeps it). A tied head stays the embedding's rows, which it already is.
 
@@ -8,6 +9,7 @@ use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
 use crate::cpu::kernels::q4_0::Q4Matrix;
+use crate::cpu::kernels::q5_0::Q5Matrix;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
 use crate::cpu::kernels::rows::F32Rows;
 use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
@@ -26,6 +28,10 @@ pub enum WeightFormat {
     /// GGUF's `Q4_0`: blocks of 32 four-bit values and an f16 scale, 0.5625 bytes a weight,
     /// times the activations quantised as for `Q8_0`.
     Q4_0,
+    /// GGUF's `Q5_0`: blocks of 32 five-bit values and an f16 scale, 0.6875 bytes a weight,
+    /// times the activations quantised as for `Q8_0` (what llama.cpp's "Q4_K_M" files hold
+    /// where rows are not a multiple of 256 long).
+    Q5_0,
 }
 
 /// Every block's matrices and the LM head as rows.
@@ -48,7 +54,10 @@ fn take(w: &mut Buffer, n_in: usize, format: WeightFormat) -> Option<RowMatrix> 
         WeightFormat::Q4_0 if n_in.is_multiple_of(BLOCK) => {
             RowMatrix::Q4(Q4Matrix::from_columns(&w, n_in))
         }
-        WeightFormat::F32 | WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
+        WeightFormat::Q5_0 if n_in.is_multiple_of(BLOCK) => {
+            RowMatrix::Q5(Q5Matrix::from_columns(&w, n_in))
+        }
+        WeightFormat::F32 | WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 => {
             RowMatrix::F32(F32Rows::from_columns(&w, n_in))
         }
     };
@@ -73,6 +82,9 @@ impl RowWeights {
             (Buffer::Absent, WeightFormat::Q4_0, true) => {
                 Some(RowMatrix::Q4(Q4Matrix::from_rows(w.wte.values(), c)))
             }
+            (Buffer::Absent, WeightFormat::Q5_0, true) => {
+                Some(RowMatrix::Q5(Q5Matrix::from_rows(w.wte.values(), c)))
+            }
             (Buffer::Absent, _, _) => None,
             (_, _, _) => take(&mut w.lm_head, c, format),
         };
@@ -91,7 +103,10 @@ pub fn weight_bytes_per_token(gpt: &Gpt, format: WeightFormat) -> Result<usize, 
     let bytes = |n_in: usize, n_out: usize| match format {
         WeightFormat::Q8_0 if n_in.is_multiple_of(BLOCK) => n_in * n_out / BLOCK * (BLOCK + 2),
         WeightFormat::Q4_0 if n_in.is_multiple_of(BLOCK) => n_in * n_out / BLOCK * (BLOCK / 2 + 2),
-        WeightFormat::F32 | WeightFormat::Q8_0 | WeightFormat::Q4_0 => 4 * n_in * n_out,
+        WeightFormat::Q5_0 if n_in.is_multiple_of(BLOCK) => n_in * n_out / BLOCK * (BLOCK / 2 + 6),
+        WeightFormat::F32 | WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 => {
+            4 * n_in * n_out
+        }
     };
     let c = d.width;
     let mlp = match d.mlp {

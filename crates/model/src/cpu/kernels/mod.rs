@@ -3,6 +3,7 @@
 //! `train/` and `decode/` run the blocks. A kernel imports only other kernels.
 
 pub(crate) mod attention;
+pub(crate) mod blocks;
 pub(crate) mod cross_entropy;
 pub(crate) mod dropout;
 pub(crate) mod gelu;
@@ -13,6 +14,7 @@ pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod prefetch;
 pub(crate) mod q4_0;
+pub(crate) mod q5_0;
 pub mod q8;
 pub(crate) mod qk_norm;
 pub(crate) mod relu2;

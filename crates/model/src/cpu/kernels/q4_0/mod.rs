@@ -14,6 +14,7 @@
 
 use half::f16;
 
+use super::blocks::{self, BlockMatrix, each_row};
 use super::q8::{self, BLOCK, Q8Rows};
 use super::rows::F32Rows;
 
@@ -21,15 +22,15 @@ use super::rows::F32Rows;
 /// first 16, the high for the rest (ggml's layout).
 const NIBBLES: usize = BLOCK / 2;
 
-/// A matrix `[rows, cols]` of `Q4_0` blocks along each row (`cols` a multiple of [`BLOCK`]).
+/// A matrix `[rows, cols]` of `Q4_0` blocks along each row (`cols` a multiple of [`BLOCK`]),
+/// stored row after row as the row's f16 scales (`cols / 32`) and then its nibbles (`cols / 2`
+/// bytes, four to an `f16` slot): a thread's share of a token's product is one stream of
+/// reads, as `Q8_0`'s is.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Q4Matrix {
     pub rows: usize,
     pub cols: usize,
-    /// `[rows, cols / 32]`.
-    scales: Vec<f16>,
-    /// `[rows, cols / 2]`: each block's 16 bytes.
-    nibbles: Vec<u8>,
+    data: Vec<f16>,
 }
 
 /// One block of 32 values as ggml's reference quantiser writes it (`quantize_row_q4_0_ref`):
@@ -57,18 +58,22 @@ impl Q4Matrix {
     pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {
         assert!(cols.is_multiple_of(BLOCK), "a Q4_0 row is whole blocks");
         let rows = values.len() / cols;
-        let mut nibbles = vec![0u8; rows * cols / 2];
-        let scales = values
-            .chunks_exact(BLOCK)
-            .zip(nibbles.chunks_exact_mut(NIBBLES))
-            .map(|(x, q)| quantize_block(x, q))
-            .collect();
-        Self {
+        let mut m = Self {
             rows,
             cols,
-            scales,
-            nibbles,
+            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 4)],
+        };
+        for (j, values) in values.chunks_exact(cols).enumerate() {
+            let (q, d) = m.row_mut(j);
+            for ((x, q), d) in values
+                .chunks_exact(BLOCK)
+                .zip(q.chunks_exact_mut(NIBBLES))
+                .zip(d)
+            {
+                *d = quantize_block(x, q);
+            }
         }
+        m
     }
 
     /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`.
@@ -78,17 +83,32 @@ impl Q4Matrix {
 
     /// Bytes it holds: half a byte a weight and two a block's scale.
     pub(crate) fn bytes(&self) -> usize {
-        self.nibbles.len() + 2 * self.scales.len()
+        2 * self.data.len()
+    }
+
+    /// Row `j`'s slots: its scales, then its nibbles.
+    fn slots(&self, j: usize) -> std::ops::Range<usize> {
+        let stride = self.cols / BLOCK + self.cols / 4;
+        j * stride..(j + 1) * stride
     }
 
     /// Row `j`: its nibbles `[cols / 2]` and its blocks' scales `[cols / 32]`.
     #[inline]
     pub(crate) fn row(&self, j: usize) -> (&[u8], &[f16]) {
-        let (nb, kb) = (self.cols / 2, self.cols / BLOCK);
-        (
-            &self.nibbles[j * nb..(j + 1) * nb],
-            &self.scales[j * kb..(j + 1) * kb],
-        )
+        let (d, q) = self.data[self.slots(j)].split_at(self.cols / BLOCK);
+        // SAFETY: `q` is `cols / 4` initialised `f16`s, `cols / 2` bytes; `u8` has no
+        // alignment and every bit pattern is a value.
+        let q = unsafe { std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), self.cols / 2) };
+        (q, d)
+    }
+
+    /// [`Self::row`], to write.
+    pub(crate) fn row_mut(&mut self, j: usize) -> (&mut [u8], &mut [f16]) {
+        let (cols, slots) = (self.cols, self.slots(j));
+        let (d, q) = self.data[slots].split_at_mut(cols / BLOCK);
+        // SAFETY: as in `row`, and `q` is borrowed mutably once, here.
+        let q = unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr().cast::<u8>(), cols / 2) };
+        (q, d)
     }
 
     /// Row `j`'s values `(nibble - 8) · d` into `out` `[cols]` (ggml's `dequantize_row_q4_0`),
@@ -111,12 +131,7 @@ impl Q4Matrix {
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
 /// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
 pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4Matrix, b: &[f32], quantised: bool) {
-    match quantised {
-        true => q8::quantized(x, |rows| rows_times(out, rows, w, b)),
-        false => q8::dequantised_product(out, x, w.cols, w.rows, b, |j, values| {
-            w.dequantise_row(j, values)
-        }),
-    }
+    blocks::product(out, x, w, b, quantised, kernel())
 }
 
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
@@ -125,56 +140,27 @@ pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32], j0
     (kernel().rows)(out, x, w, b, j0)
 }
 
-/// [`row_range`] with `dot`: inlined into each kernel's `rows`, so that the kernel's product
-/// is inlined into the loop too (no call through a pointer for each row).
-#[inline(always)]
-fn each_row(
-    out: &mut [f32],
-    x: &Q8Rows,
-    w: &Q4Matrix,
-    b: &[f32],
-    j0: usize,
-    dot: impl Fn(&[u8], &[f16], &[i8], &[f32]) -> f32,
-) {
-    for (o, j) in out.iter_mut().zip(j0..) {
-        let (wq, ws) = w.row(j);
-        *o = dot(wq, ws, &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
+/// A row: its nibbles `[cols / 2]` and its blocks' scales `[cols / 32]`.
+type Row<'a> = (&'a [u8], &'a [f16]);
+
+impl BlockMatrix for Q4Matrix {
+    type Row<'a> = Row<'a>;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    #[inline]
+    fn row(&self, j: usize) -> Row<'_> {
+        Q4Matrix::row(self, j)
+    }
+
+    fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        Q4Matrix::dequantise_row(self, j, out)
     }
 }
 
-/// [`product`]'s quantised form, `x` already quantised: each weight row goes past every
-/// activation row while it is in cache.
-fn rows_times(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32]) {
-    let (k, n) = (w.cols, w.rows);
-    let kb = k / BLOCK;
-    let rows = x.q.len() / k;
-    let dot = kernel().dot;
-    for j in 0..n {
-        let (wq, ws) = w.row(j);
-        let bias = b.get(j).copied().unwrap_or(0.0);
-        for r in 0..rows {
-            let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
-            out[r * n + j] = dot(wq, ws, xq, xd) + bias;
-        }
-    }
-}
-
-/// A weight row (`wq [k / 2]` nibbles, its scales `ws [k / 32]`) times a quantised activation
-/// row (`xq [k]`, `xd [k / 32]`).
-type Dot = fn(&[u8], &[f16], &[i8], &[f32]) -> f32;
-
-/// A thread's share of a token's product, as [`row_range`].
-type Rows = fn(&mut [f32], &Q8Rows, &Q4Matrix, &[f32], usize);
-
-/// One exact kernel: a row's product, and a share of rows with that product inlined.
-#[derive(Clone, Copy)]
-pub(crate) struct Kernel {
-    /// What the tests call it when its floats differ from the reference's.
-    #[cfg_attr(not(test), allow(dead_code))]
-    name: &'static str,
-    dot: Dot,
-    rows: Rows,
-}
+type Kernel = blocks::Kernel<Q4Matrix>;
 
 /// The fastest exact kernel this CPU runs, chosen once.
 fn kernel() -> Kernel {
@@ -195,7 +181,7 @@ pub(crate) fn kernels() -> Vec<Kernel> {
             // SAFETY (both): the features the kernel is compiled for were just detected.
             found.push(Kernel {
                 name: "avx512-vnni",
-                dot: |wq, ws, xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
+                dot: |(wq, ws), xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
                 rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
             });
         }
@@ -203,15 +189,19 @@ pub(crate) fn kernels() -> Vec<Kernel> {
             // SAFETY (both): as above.
             found.push(Kernel {
                 name: "avx2",
-                dot: |wq, ws, xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
+                dot: |(wq, ws), xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
                 rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
             });
         }
     }
     found.push(Kernel {
         name: "reference",
-        dot: dot_reference,
-        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+        dot: |(wq, ws), xq, xd| dot_reference(wq, ws, xq, xd),
+        rows: |out, x, w, b, j0| {
+            each_row(out, x, w, b, j0, |(wq, ws), xq, xd| {
+                dot_reference(wq, ws, xq, xd)
+            })
+        },
     });
     found
 }
@@ -246,7 +236,7 @@ pub(crate) fn widen(nibbles: &[u8]) -> Vec<i8> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(in crate::cpu::kernels) mod avx2 {
     use super::{BLOCK, NIBBLES};
     use crate::cpu::kernels::q8::avx2::{dot_with, products};
     use half::f16;
@@ -263,12 +253,23 @@ mod avx2 {
     unsafe fn lanes(wq: &[u8], xq: &[i8], b: usize) -> __m256 {
         // SAFETY: the caller keeps block `b` of both rows in bounds.
         unsafe {
-            let packed = _mm_loadu_si128(wq.as_ptr().add(b * NIBBLES).cast());
-            let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-            let nibbles = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-            let w = _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+            let w = _mm256_sub_epi8(nibbles(wq, b), _mm256_set1_epi8(8));
             products(w, _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
         }
+    }
+
+    /// Block `b`'s 16 bytes of nibbles as 32 unsigned bytes in value order (low nibbles in
+    /// the lower half, high in the upper).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, and block `b` is in bounds.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::kernels) unsafe fn nibbles(wq: &[u8], b: usize) -> __m256i {
+        // SAFETY: the caller keeps block `b` in bounds.
+        let packed = unsafe { _mm_loadu_si128(wq.as_ptr().add(b * NIBBLES).cast()) };
+        let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
     }
 
     /// [`super::dot_reference`] in AVX2: `Q8_0`'s sum of these lanes.
@@ -297,14 +298,14 @@ mod avx2 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+        super::each_row(out, x, w, b, j0, |(wq, ws), xq, xd| unsafe {
             dot(wq, ws, xq, xd)
         })
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(in crate::cpu::kernels) mod avx512 {
     use super::{BLOCK, NIBBLES};
     use crate::cpu::kernels::q8::avx512::dot_with;
     use half::f16;
@@ -323,38 +324,45 @@ mod avx512 {
     unsafe fn lanes(wq: &[u8], xq: &[i8], b: usize, two: bool) -> __m512 {
         // SAFETY: the caller keeps the blocks read in bounds.
         unsafe {
-            let (n, x) = match two {
+            let x = match two {
+                true => _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
+                false => {
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
+                }
+            };
+            let products = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles(wq, b, two), x);
+            let offsets = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), x);
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
+        }
+    }
+
+    /// Blocks `b` and `b + 1`'s nibbles as 64 unsigned bytes in value order (`two` false:
+    /// block `b`'s 32, the upper half zero). Two blocks' 16 bytes each go to 128-bit lanes
+    /// `[b, b, b+1, b+1]`, the second of each pair shifted to its high nibbles.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, and the blocks read are in bounds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2")]
+    pub(in crate::cpu::kernels) unsafe fn nibbles(wq: &[u8], b: usize, two: bool) -> __m512i {
+        // SAFETY: the caller keeps the blocks read in bounds.
+        let n = unsafe {
+            match two {
                 true => {
-                    // Two blocks' 16 bytes each as 128-bit lanes [b, b, b+1, b+1], the second
-                    // of each pair shifted to its high nibbles: value order.
                     let q = _mm256_loadu_si256(wq.as_ptr().add(b * NIBBLES).cast());
                     let pairs = _mm512_permutexvar_epi64(
                         _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
                         _mm512_castsi256_si512(q),
                     );
-                    let high = _mm512_srli_epi16(pairs, 4);
-                    (
-                        _mm512_mask_blend_epi64(0b1100_1100, pairs, high),
-                        _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
-                    )
+                    _mm512_mask_blend_epi64(0b1100_1100, pairs, _mm512_srli_epi16(pairs, 4))
                 }
                 false => {
                     let q = _mm_loadu_si128(wq.as_ptr().add(b * NIBBLES).cast());
-                    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-                    (
-                        _mm512_zextsi256_si512(both),
-                        _mm512_zextsi256_si512(_mm256_loadu_si256(
-                            xq.as_ptr().add(b * BLOCK).cast(),
-                        )),
-                    )
+                    _mm512_zextsi256_si512(_mm256_set_m128i(_mm_srli_epi16(q, 4), q))
                 }
-            };
-            let n = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
-            let zero = _mm512_setzero_si512();
-            let products = _mm512_dpbusd_epi32(zero, n, x);
-            let offsets = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), x);
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
-        }
+            }
+        };
+        _mm512_and_si512(n, _mm512_set1_epi8(0x0F))
     }
 
     /// [`super::dot_reference`] with AVX-512 VNNI: `Q8_0`'s sum of these lanes.
@@ -384,7 +392,7 @@ mod avx512 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |wq, ws, xq, xd| unsafe {
+        super::each_row(out, x, w, b, j0, |(wq, ws), xq, xd| unsafe {
             dot(wq, ws, xq, xd)
         })
     }

@@ -46,15 +46,16 @@ fn every_kernel_gives_the_reference_bits() {
     for kb in [1, 2, 3, 4, 5, 7, 8, 9, 17, 18] {
         let k = kb * BLOCK;
         let mut w = Q4Matrix::from_rows(&values(k, kb as u32), k);
-        w.nibbles[0] = 0x0F;
-        w.nibbles[k / 2 - 1] = 0xF0;
+        let (nibbles, _) = w.row_mut(0);
+        nibbles[0] = 0x0F;
+        nibbles[k / 2 - 1] = 0xF0;
         let (wq, ws) = w.row(0);
         let mut x = Q8Rows::default();
         x.quantize(&values(k, 7 + kb as u32));
         let want = dot_reference(wq, ws, &x.q, &x.d);
         assert_eq!(want, q8::dot_reference(&widen(wq), ws, &x.q, &x.d));
         for Kernel { name, dot, .. } in kernels() {
-            let got = dot(wq, ws, &x.q, &x.d);
+            let got = dot((wq, ws), &x.q, &x.d);
             assert_eq!(got.to_bits(), want.to_bits(), "{name}, {kb} blocks");
         }
     }
@@ -69,7 +70,7 @@ fn every_kernel_gives_the_reference_bits() {
     for (n, w) in [(0x00, -8), (0xFF, 7)] {
         let sum: i32 = x.q.iter().map(|&x| w * i32::from(x)).sum();
         for kernel in kernels() {
-            let got = (kernel.dot)(&[n; 32], &[f16::ONE; 2], &x.q, &x.d);
+            let got = (kernel.dot)((&[n; 32], &[f16::ONE; 2]), &x.q, &x.d);
             assert_eq!(got, sum as f32, "{}, nibbles {n:#x}", kernel.name);
         }
     }

@@ -1,0 +1,90 @@
+//! What the decoding products of GGUF's block types that widen to `Q8_0`'s lanes share
+//! (`Q4_0`, `Q5_0`): a matrix of rows in blocks of 32, a kernel's two entries (a row's product
+//! and a thread's share of rows with that product inlined), and the loops around them.
+//!
+//! Each type's module defines its blocks, its kernels and their exact reference; the loops here
+//! are the same for all, so each output is computed the same way whichever loop reaches it.
+
+use super::q8::{self, Q8Rows};
+
+/// A matrix `[rows, cols]` of blocks along each row.
+pub(crate) trait BlockMatrix: Sync {
+    /// Everything a row's product reads: its blocks' values and scales.
+    type Row<'a>: Copy
+    where
+        Self: 'a;
+    /// `(rows, cols)`.
+    fn shape(&self) -> (usize, usize);
+    /// Row `j`.
+    fn row(&self, j: usize) -> Self::Row<'_>;
+    /// Row `j`'s values into `out [cols]`, allocating nothing (a prompt's product dequantises
+    /// every row).
+    fn dequantise_row(&self, j: usize, out: &mut [f32]);
+}
+
+/// A weight row times a quantised activation row (`xq [k]`, `xd [k / 32]`).
+pub(crate) type Dot<M> = for<'a> fn(<M as BlockMatrix>::Row<'a>, &[i8], &[f32]) -> f32;
+
+/// A thread's share of a token's product, as [`each_row`].
+pub(crate) type Rows<M> = fn(&mut [f32], &Q8Rows, &M, &[f32], usize);
+
+/// One exact kernel: a row's product, and a share of rows with that product inlined.
+pub(crate) struct Kernel<M: BlockMatrix + 'static> {
+    /// What the tests call it when its floats differ from the reference's.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub name: &'static str,
+    pub dot: Dot<M>,
+    pub rows: Rows<M>,
+}
+
+impl<M: BlockMatrix> Clone for Kernel<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M: BlockMatrix> Copy for Kernel<M> {}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b` (`b` empty: no
+/// bias) by `dot`: inlined into each kernel's `rows`, so that the kernel's product is inlined
+/// into the loop too (no call through a pointer for each row).
+#[inline(always)]
+pub(crate) fn each_row<M: BlockMatrix>(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &M,
+    b: &[f32],
+    j0: usize,
+    dot: impl Fn(M::Row<'_>, &[i8], &[f32]) -> f32,
+) {
+    for (o, j) in out.iter_mut().zip(j0..) {
+        *o = dot(w.row(j), &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
+    }
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `kernel`'s quantised products (each row
+/// as it would be alone: each weight row goes past every activation row while it is in
+/// cache), or, `quantised` false, by f32 products of the dequantised weights.
+pub(crate) fn product<M: BlockMatrix>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &M,
+    b: &[f32],
+    quantised: bool,
+    kernel: Kernel<M>,
+) {
+    let (n, k) = w.shape();
+    match quantised {
+        true => q8::quantized(x, |x| {
+            let (kb, rows) = (k / q8::BLOCK, x.q.len() / k);
+            for j in 0..n {
+                let (row, bias) = (w.row(j), b.get(j).copied().unwrap_or(0.0));
+                for r in 0..rows {
+                    let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
+                    out[r * n + j] = (kernel.dot)(row, xq, xd) + bias;
+                }
+            }
+        }),
+        false => q8::dequantised_product(out, x, k, n, b, |j, values| w.dequantise_row(j, values)),
+    }
+}

@@ -1,0 +1,398 @@
+//! Five-bit weights for decoding: GGUF's `Q5_0` (blocks of 32 values along a weight row, one
+//! f16 scale each; a value's low four bits as `Q4_0`'s nibbles, its fifth bit in the block's
+//! 32-bit word of high bits: value = `(q - 16) · d`), multiplied by the activations quantised as
+//! for `Q8_0` ([`q8::Q8Rows`]).
+//!
+//! 0.6875 bytes a weight. llama.cpp writes the matrices of a "Q4_K_M" file in `Q5_0` where their
+//! rows are not a multiple of 256 long (SmolLM2-135M's 576, 360M's 960). As with `Q4_0`, each
+//! block's lane sums are those of its values widened to the bytes `q - 16`, exact in integers,
+//! and the rest is `Q8_0`'s product: a row times an activation row is, bit for bit,
+//! [`q8::dot_reference`] of the widened bytes, which the tests check for each kernel. AVX2 sets
+//! the fifth bits from the word and takes `Q8_0`'s byte products; AVX-512 VNNI keeps `q`
+//! unsigned into `dpbusd` and subtracts `Σ 16 · x`.
+
+use half::f16;
+
+use super::blocks::{self, BlockMatrix, each_row};
+use super::q8::{self, BLOCK, Q8Rows};
+use super::rows::F32Rows;
+
+/// Bytes of a block's low nibbles (value `i` in byte `i mod 16`, the low nibble for the first
+/// 16: `Q4_0`'s layout).
+const NIBBLES: usize = BLOCK / 2;
+
+/// A matrix `[rows, cols]` of `Q5_0` blocks along each row (`cols` a multiple of [`BLOCK`]),
+/// stored row after row as the row's f16 scales (`cols / 32`), its words of high bits
+/// (`cols / 32`, two `f16` slots each) and its low nibbles (`cols / 2` bytes): a thread's share
+/// of a token's product is one stream of reads.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Q5Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    data: Vec<f16>,
+}
+
+/// A row: its low nibbles `[cols / 2]`, its words of high bits `[cols / 32]` (bit `i` of a
+/// block's little-endian word is value `i`'s fifth bit; bytes, since a row's words need not be
+/// aligned) and its scales `[cols / 32]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Row<'a> {
+    pub nibbles: &'a [u8],
+    pub high: &'a [[u8; 4]],
+    pub scales: &'a [f16],
+}
+
+impl Row<'_> {
+    /// Block `b`'s word of high bits.
+    fn high(&self, b: usize) -> u32 {
+        u32::from_le_bytes(self.high[b])
+    }
+}
+
+/// One block of 32 values as ggml's reference quantiser writes it (`quantize_row_q5_0_ref`):
+/// `d = v / -16` for the value `v` of the largest magnitude (the first such), rounded to f16;
+/// each value's `q = min(31, trunc(x · (1/d) + 16.5))`, `1/d` taken from the f32 `d`. Returns
+/// the scale and the high bits.
+pub(crate) fn quantize_block(x: &[f32], nibbles: &mut [u8]) -> (f16, u32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            (amax, max) = (v.abs(), v);
+        }
+    }
+    let d = max / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    // C's `(int8_t)` truncates toward zero; `x · id + 16.5` is at least 0.5 here.
+    let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+    let mut high = 0u32;
+    for (j, b) in nibbles.iter_mut().enumerate() {
+        let (low, up) = (q(x[j]), q(x[j + NIBBLES]));
+        *b = (low & 0x0F) | ((up & 0x0F) << 4);
+        high |= (u32::from(low >> 4) << j) | (u32::from(up >> 4) << (j + NIBBLES));
+    }
+    (f16::from_f32(d), high)
+}
+
+impl Q5Matrix {
+    /// `values [rows, cols]` quantised row by row by [`quantize_block`].
+    pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {
+        assert!(cols.is_multiple_of(BLOCK), "a Q5_0 row is whole blocks");
+        let rows = values.len() / cols;
+        let mut m = Self {
+            rows,
+            cols,
+            data: vec![f16::ZERO; rows * Self::stride(cols)],
+        };
+        for (j, values) in values.chunks_exact(cols).enumerate() {
+            let (nibbles, high, scales) = m.row_mut(j);
+            let blocks = values
+                .chunks_exact(BLOCK)
+                .zip(nibbles.chunks_exact_mut(NIBBLES));
+            for ((x, q), (d, h)) in blocks.zip(scales.iter_mut().zip(high)) {
+                let (scale, word) = quantize_block(x, q);
+                (*d, *h) = (scale, word.to_le_bytes());
+            }
+        }
+        m
+    }
+
+    /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`.
+    pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
+        Self::from_rows(&F32Rows::from_columns(w, n_in).w, n_in)
+    }
+
+    /// Bytes it holds: GGUF's 22 a block (16 of nibbles, 4 of high bits, 2 of scale).
+    pub(crate) fn bytes(&self) -> usize {
+        2 * self.data.len()
+    }
+
+    /// `f16` slots a row of `cols` takes: 11 a block.
+    fn stride(cols: usize) -> usize {
+        cols / BLOCK * 11
+    }
+
+    /// Row `j`.
+    #[inline]
+    pub(crate) fn row(&self, j: usize) -> Row<'_> {
+        let (kb, stride) = (self.cols / BLOCK, Self::stride(self.cols));
+        let (scales, rest) = self.data[j * stride..(j + 1) * stride].split_at(kb);
+        let bytes = rest.as_ptr().cast::<u8>();
+        // SAFETY: `rest` is `10 · kb` initialised `f16`s, `20 · kb` bytes: the words' `4 · kb`,
+        // then the nibbles' `16 · kb`; `u8` and `[u8; 4]` have no alignment and every bit
+        // pattern is a value.
+        let (high, nibbles) = unsafe {
+            (
+                std::slice::from_raw_parts(bytes.cast::<[u8; 4]>(), kb),
+                std::slice::from_raw_parts(bytes.add(4 * kb), 16 * kb),
+            )
+        };
+        Row {
+            nibbles,
+            high,
+            scales,
+        }
+    }
+
+    /// Row `j`'s nibbles, words and scales, to write.
+    pub(crate) fn row_mut(&mut self, j: usize) -> (&mut [u8], &mut [[u8; 4]], &mut [f16]) {
+        let (kb, stride) = (self.cols / BLOCK, Self::stride(self.cols));
+        let (scales, rest) = self.data[j * stride..(j + 1) * stride].split_at_mut(kb);
+        let bytes = rest.as_mut_ptr().cast::<u8>();
+        // SAFETY: as in `row`; the two slices do not overlap and `rest` is borrowed mutably
+        // once, here.
+        let (high, nibbles) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(bytes.cast::<[u8; 4]>(), kb),
+                std::slice::from_raw_parts_mut(bytes.add(4 * kb), 16 * kb),
+            )
+        };
+        (nibbles, high, scales)
+    }
+
+    /// Row `j`'s values `(q - 16) · d` into `out` `[cols]` (ggml's `dequantize_row_q5_0`).
+    pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        let row = self.row(j);
+        let mut widened = [0i8; BLOCK];
+        for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let d = row.scales[b].to_f32();
+            widen_block(row, b, &mut widened);
+            values
+                .iter_mut()
+                .zip(widened)
+                .for_each(|(v, q)| *v = f32::from(q) * d);
+        }
+    }
+}
+
+impl BlockMatrix for Q5Matrix {
+    type Row<'a> = Row<'a>;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    #[inline]
+    fn row(&self, j: usize) -> Row<'_> {
+        Q5Matrix::row(self, j)
+    }
+
+    fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        Q5Matrix::dequantise_row(self, j, out)
+    }
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
+/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q5Matrix, b: &[f32], quantised: bool) {
+    blocks::product(out, x, w, b, quantised, kernel())
+}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
+/// of a token's product.
+pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q5Matrix, b: &[f32], j0: usize) {
+    (kernel().rows)(out, x, w, b, j0)
+}
+
+type Kernel = blocks::Kernel<Q5Matrix>;
+
+/// The fastest exact kernel this CPU runs, chosen once.
+fn kernel() -> Kernel {
+    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *FASTEST.get_or_init(|| kernels()[0])
+}
+
+/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
+/// same floats bit for bit.
+pub(crate) fn kernels() -> Vec<Kernel> {
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+        if cfg!(feature = "avx512") && avx2 && avx512 {
+            // SAFETY (both): the features the kernel is compiled for were just detected.
+            found.push(Kernel {
+                name: "avx512-vnni",
+                dot: |w, xq, xd| unsafe { avx512::dot(w, xq, xd) },
+                rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+            });
+        }
+        if avx2 {
+            // SAFETY (both): as above.
+            found.push(Kernel {
+                name: "avx2",
+                dot: |w, xq, xd| unsafe { avx2::dot(w, xq, xd) },
+                rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
+            });
+        }
+    }
+    found.push(Kernel {
+        name: "reference",
+        dot: dot_reference,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+    });
+    found
+}
+
+/// The numbers every kernel computes: [`q8::dot_reference`] of the row's widened bytes. CPUs
+/// without AVX2 run it, so it widens a block at a time and allocates nothing.
+pub(crate) fn dot_reference(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+    q8::dot_reference_with(w.scales, xq, xd, |b, out| widen_block(w, b, out))
+}
+
+/// Block `b`'s values as the 32 bytes `q - 16`, in value order.
+fn widen_block(w: Row<'_>, b: usize, out: &mut [i8; BLOCK]) {
+    let (nibbles, high) = (&w.nibbles[b * NIBBLES..(b + 1) * NIBBLES], w.high(b));
+    let fifth = |i: usize| (((high >> i) & 1) << 4) as u8;
+    for (i, &n) in nibbles.iter().enumerate() {
+        out[i] = ((n & 0x0F) | fifth(i)) as i8 - 16;
+        out[i + NIBBLES] = ((n >> 4) | fifth(i + NIBBLES)) as i8 - 16;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{BLOCK, Row};
+    use crate::cpu::kernels::q4_0::avx2::nibbles;
+    use crate::cpu::kernels::q8::avx2::{dot_with, products};
+    use std::arch::x86_64::*;
+
+    /// Block `b`'s eight lane sums as floats: its values widened to the bytes `q - 16` (the
+    /// nibbles, the fifth bits spread from the word to a byte each, as ggml's
+    /// `bytes_from_bits_32`: a byte whose bit is clear gets `0xF0`, which makes the byte
+    /// `nibble - 16`), then `Q8_0`'s products.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, and block `b` of both rows is in bounds.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(w: Row<'_>, xq: &[i8], b: usize) -> __m256 {
+        // Byte `i` of the word's copy picks byte `i / 8` of the bits, then every bit but
+        // `i mod 8` is set: the byte is all ones where value `i`'s fifth bit is.
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+        // SAFETY: the caller keeps block `b` of both rows in bounds.
+        unsafe {
+            let word = u32::from_le_bytes(*w.high.get_unchecked(b));
+            let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, others), _mm256_set1_epi8(-1));
+            let w = _mm256_or_si256(
+                nibbles(w.nibbles, b),
+                _mm256_andnot_si256(set, _mm256_set1_epi8(0xF0u8 as i8)),
+            );
+            products(w, _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
+        }
+    }
+
+    /// [`super::dot_reference`] in AVX2: `Q8_0`'s sum of these lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+        let kb = w.scales.len();
+        assert!(w.nibbles.len() >= kb * BLOCK / 2 && w.high.len() >= kb);
+        assert!(xq.len() >= kb * BLOCK && xd.len() >= kb);
+        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
+        unsafe { dot_with(w.scales, xd, |b| lanes(w, xq, b)) }
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
+    /// into the loop over the share's rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::Q5Matrix,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, xq, xd| unsafe { dot(w, xq, xd) })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{BLOCK, Row};
+    use crate::cpu::kernels::q4_0::avx512::nibbles;
+    use crate::cpu::kernels::q8::avx512::dot_with;
+    use std::arch::x86_64::*;
+
+    /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
+    /// upper eight zero): the nibbles with `0x10` added where the high bits say (the two
+    /// blocks' words are one 64-bit byte mask), unsigned into `dpbusd`, less a `dpbusd` of
+    /// sixteens: `Σ (q - 16) · x`, exact in `i32`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VNNI, and the blocks read are in bounds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn lanes(w: Row<'_>, xq: &[i8], b: usize, two: bool) -> __m512 {
+        // SAFETY: the caller keeps the blocks read in bounds.
+        unsafe {
+            // Two little-endian words read as one: block `b + 1`'s bits above block `b`'s.
+            let words = w.high.as_ptr().add(b);
+            let (high, x) = match two {
+                true => (
+                    u64::from_le_bytes(words.cast::<[u8; 8]>().read()),
+                    _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
+                ),
+                false => (
+                    u64::from(u32::from_le_bytes(*words)),
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast())),
+                ),
+            };
+            let n = nibbles(w.nibbles, b, two);
+            let q = _mm512_mask_add_epi8(n, high, n, _mm512_set1_epi8(0x10));
+            let zero = _mm512_setzero_si512();
+            let products = _mm512_dpbusd_epi32(zero, q, x);
+            let offsets = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), x);
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
+        }
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: `Q8_0`'s sum of these lanes.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+        let kb = w.scales.len();
+        assert!(w.nibbles.len() >= kb * BLOCK / 2 && w.high.len() >= kb);
+        assert!(xq.len() >= kb * BLOCK && xd.len() >= kb);
+        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
+        unsafe { dot_with(w.scales, xd, |b, two| lanes(w, xq, b, two)) }
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
+    /// into the loop over the share's rows.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::Q5Matrix,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, xq, xd| unsafe { dot(w, xq, xd) })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -95,7 +95,9 @@ pub mod step {
 /// server's batcher feeds and replays streams, the sampler on the device, and what decoding
 /// costs (host reads, weight bytes a token, the prefill chunk, GGUF's `Q8_0` block).
 pub mod decoding {
-    pub use crate::cpu::{PREFILL_CHUNK, q8_0_block, weight_bytes_per_token};
+    pub use crate::cpu::{
+        PREFILL_CHUNK, q4_0_block, q5_0_block, q8_0_block, weight_bytes_per_token,
+    };
     pub use crate::nn::{DecodeStep, Ids, befores};
     pub use crate::sample::{Feed, Pick, Picked, Replay, host_reads};
 }

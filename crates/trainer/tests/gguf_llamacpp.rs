@@ -363,3 +363,50 @@ fn llama_cpps_converter_writes_a_bpe_gpt2_as_tinygpt_does() {
 fn llama_cpps_converter_writes_a_llama_as_tinygpt_does() {
     check_converted("llama", 1e-4);
 }
+
+/// A tensor as `quantised.json` records it: its ggml type and the SHA-256 of its data.
+#[derive(Deserialize, PartialEq, Debug)]
+struct Stored {
+    r#type: String,
+    sha256: String,
+}
+
+/// `tinygpt export --dtype q8_0|q5_0|q4_0` writes the very bytes llama.cpp's own quantiser
+/// (`llama_model_quantize`, every matrix at the file type's type, no importance matrix) wrote
+/// from the run's f32 export: each tensor's type and the SHA-256 of its data
+/// (`scripts/gguf-quantised-fixture.py` saved them in `llama/quantised.json`).
+#[test]
+fn quantised_exports_are_the_bytes_llama_cpp_writes() {
+    let run = fixture("llama");
+    let text = std::fs::read_to_string(run.join("quantised.json")).unwrap();
+    let theirs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Stored>> =
+        serde_json::from_str(&text).unwrap();
+    assert_eq!(theirs.len(), 3, "q8_0, q5_0 and q4_0");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (dtype, tensors) in &theirs {
+        let out = format!("{dtype}.gguf");
+        let args = [
+            "export",
+            "--checkpoint",
+            run.to_str().unwrap(),
+            "--format",
+            "gguf",
+        ];
+        ok(tinygpt(
+            dir,
+            &[&args[..], &["--dtype", dtype, "--out", &out]].concat(),
+        ));
+        let own = Gguf::from_bytes(&std::fs::read(dir.join(&out)).unwrap()).unwrap();
+        assert_eq!(own.tensors.len(), tensors.len(), "{dtype}");
+        let quantised = tensors.values().filter(|t| t.r#type != "F32").count();
+        assert!(quantised >= 14, "{dtype}: {quantised} matrices quantised");
+        for t in &own.tensors {
+            let stored = Stored {
+                r#type: t.kind.name().to_string(),
+                sha256: format!("{:x}", Sha256::digest(&t.data)),
+            };
+            assert_eq!(Some(&stored), tensors.get(&t.name), "{dtype}: {}", t.name);
+        }
+    }
+}

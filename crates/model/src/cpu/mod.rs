@@ -41,5 +41,7 @@ mod train;
 
 pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
 pub use error::FusedError;
+pub use kernels::q4_0::q4_0_block;
+pub use kernels::q5_0::q5_0_block;
 pub use kernels::q8::q8_0_block;
 pub use train::{FusedCpu, GradientSum, LentWeights, MomentEntry, SharedMoments, TokenBatch};

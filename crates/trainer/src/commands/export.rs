@@ -17,8 +17,8 @@ use tinygpt_model::BaseWeights;
 /// Studio (GPT-2-shaped models as llama.cpp's gpt2 architecture, rotary + RMSNorm + SwiGLU
 /// models as its llama, with QK-norm as its qwen3, with ReLU² as its arcee, with the tokenizer
 /// and chat template), its matrices as --dtype says; it
-/// prints what the file changes (an exact GELU computed with tanh's approximation, f16 or q8_0
-/// matrices), measured on the run's validation text.
+/// prints what the file changes (an exact GELU computed with tanh's approximation, f16, q8_0,
+/// q5_0 or q4_0 matrices), measured on the run's validation text.
 /// --format peft writes a LoRA run's adapters alone as a PEFT adapter directory, for
 /// PeftModel.from_pretrained on the base's --format hf export. Every other format merges a LoRA
 /// run's adapters into its base.
@@ -36,9 +36,10 @@ pub struct Args {
     /// The file (nanogpt, gguf) or directory (hf, peft) to write.
     #[arg(long, value_name = "PATH")]
     out: PathBuf,
-    /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0 is llama.cpp's
-    /// 8-bit blocks (a quarter of f32's bytes); matrices whose rows are not a multiple of 32
-    /// long stay f16. [default: f32]
+    /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0, q5_0 and q4_0
+    /// are llama.cpp's 8-, 5- and 4-bit blocks (about a quarter, a sixth and an eighth of f32's
+    /// bytes), written as llama.cpp's own quantiser writes them; matrices whose rows are not a
+    /// multiple of 32 long stay f16. [default: f32]
     #[arg(long, value_enum)]
     dtype: Option<gguf::Dtype>,
     #[arg(long, value_enum, default_value_t = Which::Best)]

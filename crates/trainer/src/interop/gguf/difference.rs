@@ -1,8 +1,9 @@
 //! What a GGUF file changes in what a model computes, measured: a part llama.cpp approximates
-//! ([`Approximation`]) and matrices stored in f16 or q8_0 each move the logits a little. The
+//! ([`Approximation`]) and matrices stored in f16, q8_0, q5_0 or q4_0 each move the logits. The
 //! export scores the model as trained and the model as the file holds it on the same windows
-//! of the run's validation text, by the code `eval` scores with (`--weights f16|q8_0`: the
-//! same figures), and says how far apart they are.
+//! of the run's validation text, by the code `eval` scores with (`--weights f16|q8_0|q5_0|q4_0`:
+//! the same figures: the embedding's rows looked up in f32, where llama.cpp reads them from
+//! the file's blocks), and says how far apart they are.
 
 use anyhow::Result;
 use burn::tensor::Device;
@@ -99,6 +100,8 @@ pub fn measure(
         Dtype::F32 => {}
         Dtype::F16 => changes.push("with f16 matrices".into()),
         Dtype::Q8_0 => changes.push("with q8_0 matrices".into()),
+        Dtype::Q5_0 => changes.push("with q5_0 matrices".into()),
+        Dtype::Q4_0 => changes.push("with q4_0 matrices".into()),
     }
     if changes.is_empty() {
         return Report::Exact;
@@ -153,16 +156,21 @@ fn compare_file(
 ) -> Result<Comparison> {
     let file_model = as_file_computes(model, config, approximations, &Device::flex())?;
     let cast;
+    let decoded = |format| -> Result<Scorer<'_>> {
+        Ok(Scorer::Decoded(Box::new(FusedDecoder::with_weights(
+            &file_model,
+            format,
+        )?)))
+    };
     let other = match dtype {
         Dtype::F32 => Scorer::Forward(&file_model),
         Dtype::F16 => {
             cast = Weights::F16.cast(file_model.clone())?;
             Scorer::Forward(&cast)
         }
-        Dtype::Q8_0 => Scorer::Decoded(Box::new(FusedDecoder::with_weights(
-            &file_model,
-            WeightFormat::Q8_0,
-        )?)),
+        Dtype::Q8_0 => decoded(WeightFormat::Q8_0)?,
+        Dtype::Q5_0 => decoded(WeightFormat::Q5_0)?,
+        Dtype::Q4_0 => decoded(WeightFormat::Q4_0)?,
     };
     let block_size = run.config.model.block_size;
     compare(

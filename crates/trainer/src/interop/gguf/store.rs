@@ -15,6 +15,12 @@ pub enum Dtype {
     /// multiple of 32 long stays f16.
     #[value(name = "q8_0")]
     Q8_0,
+    /// ggml's 5-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16).
+    #[value(name = "q5_0")]
+    Q5_0,
+    /// ggml's 4-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16).
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl Dtype {
@@ -23,8 +29,14 @@ impl Dtype {
         match (self, dims) {
             (_, 1) | (Dtype::F32, _) => TensorType::F32,
             (Dtype::F16, _) => TensorType::F16,
-            (Dtype::Q8_0, _) if ne0.is_multiple_of(quant::Q8_0_BLOCK as u64) => TensorType::Q8_0,
-            (Dtype::Q8_0, _) => TensorType::F16,
+            (Dtype::Q8_0 | Dtype::Q5_0 | Dtype::Q4_0, _)
+                if !ne0.is_multiple_of(quant::Q8_0_BLOCK as u64) =>
+            {
+                TensorType::F16
+            }
+            (Dtype::Q8_0, _) => TensorType::Q8_0,
+            (Dtype::Q5_0, _) => TensorType::Q5_0,
+            (Dtype::Q4_0, _) => TensorType::Q4_0,
         }
     }
 
@@ -34,6 +46,8 @@ impl Dtype {
             Dtype::F32 => 0,
             Dtype::F16 => 1,
             Dtype::Q8_0 => 7,
+            Dtype::Q5_0 => 8,
+            Dtype::Q4_0 => 2,
         }
     }
 }

@@ -53,6 +53,15 @@ pub(crate) fn quantize_block(x: &[f32], nibbles: &mut [u8]) -> f16 {
     f16::from_f32(d)
 }
 
+/// One block of 32 values as GGUF's `Q4_0` stores it: its f16 scale and 16 bytes of nibbles
+/// (value `i` in byte `i mod 16`, the low nibble for the first 16), as the decoder's
+/// `--weights q4_0` holds it and `export --dtype q4_0` writes it.
+pub fn q4_0_block(x: &[f32; BLOCK]) -> (f16, [u8; NIBBLES]) {
+    let mut q = [0; NIBBLES];
+    let d = quantize_block(x, &mut q);
+    (d, q)
+}
+
 impl Q4Matrix {
     /// `values [rows, cols]` quantised row by row by [`quantize_block`].
     pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {

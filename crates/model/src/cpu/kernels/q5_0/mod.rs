@@ -73,6 +73,15 @@ pub(crate) fn quantize_block(x: &[f32], nibbles: &mut [u8]) -> (f16, u32) {
     (f16::from_f32(d), high)
 }
 
+/// One block of 32 values as GGUF's `Q5_0` stores it: its f16 scale, its word of fifth bits
+/// (bit `i` for value `i`) and 16 bytes of low nibbles (`Q4_0`'s order), as the decoder's
+/// `--weights q5_0` holds it and `export --dtype q5_0` writes it.
+pub fn q5_0_block(x: &[f32; BLOCK]) -> (f16, u32, [u8; NIBBLES]) {
+    let mut q = [0; NIBBLES];
+    let (d, high) = quantize_block(x, &mut q);
+    (d, high, q)
+}
+
 impl Q5Matrix {
     /// `values [rows, cols]` quantised row by row by [`quantize_block`].
     pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {

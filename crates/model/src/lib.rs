@@ -48,7 +48,8 @@ mod sample;
 pub use arch::parts;
 pub use arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 pub use cpu::{
-    FusedBatch, FusedCpu, FusedDecoder, FusedError, GradientSum, TokenBatch, WeightFormat,
+    BlockPlan, FusedBatch, FusedCpu, FusedDecoder, FusedError, GradientSum, Matrices, Segment,
+    TokenBatch, WeightFormat, WeightPlan,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use fast_math::{InstructionSet, instruction_set};

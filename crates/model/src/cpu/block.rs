@@ -19,7 +19,7 @@ use super::kernels::matmul::{View, matmul};
 use super::kernels::norm::{self, Normed};
 use super::kernels::rows::F32Rows;
 use super::kernels::{gelu, gelu_tanh, qk_norm, relu2, swiglu};
-use super::params::BlockParams;
+use super::params::{BlockParams, stacked_row_values};
 pub(super) use super::product::{Ctx, Weight, linear_split, per_row};
 use crate::arch::{LoraTarget, Mlp};
 
@@ -425,6 +425,9 @@ fn linear_backward(
         }
         Weight::Q4(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
         Weight::Q5(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
+        Weight::Stacked(parts) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| {
+            stacked_row_values(parts, j, r)
+        }),
     }
     if let Some(dw) = dw {
         matmul(dw, View::new(x, rows, n_in).t(), dy_view, true);

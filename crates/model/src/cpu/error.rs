@@ -16,6 +16,8 @@ pub enum FusedError {
     },
     #[error("the optimizer state does not fit this model: {0}")]
     OptimizerState(String),
+    #[error("the matrices' storage does not fit the model: {0}")]
+    Storage(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]

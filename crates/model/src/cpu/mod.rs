@@ -39,7 +39,10 @@ mod product;
 mod spin_pool;
 mod train;
 
-pub use decode::{FusedBatch, FusedDecoder, PREFILL_CHUNK, WeightFormat, weight_bytes_per_token};
+pub use decode::{
+    BlockPlan, FusedBatch, FusedDecoder, Matrices, PREFILL_CHUNK, Segment, WeightFormat,
+    WeightPlan, weight_bytes_per_token,
+};
 pub use error::FusedError;
 pub use kernels::q4_0::q4_0_block;
 pub use kernels::q5_0::q5_0_block;

@@ -118,6 +118,9 @@ pub(crate) enum RowMatrix {
     Q4(Q4Matrix),
     Q5(Q5Matrix),
     F32(F32Rows),
+    /// Ranges of output rows stored each its own way (a file's `attn_q`, `attn_k`, `attn_v` as
+    /// one matrix), top to bottom; none of them stacked again.
+    Stacked(Vec<RowMatrix>),
     Columns(Vec<f32>),
 }
 
@@ -152,15 +155,64 @@ impl RowBlock {
 
     /// Bytes of its matrices (int8 rows: bytes and scales; f32 rows: 4 a weight).
     pub(crate) fn bytes(&self) -> usize {
-        let bytes = |m: &Option<RowMatrix>| match m {
-            Some(RowMatrix::Q8(q)) => q.bytes(),
-            Some(RowMatrix::Q4(q)) => q.bytes(),
-            Some(RowMatrix::Q5(q)) => q.bytes(),
-            Some(RowMatrix::F32(r)) => 4 * r.w.len(),
-            Some(RowMatrix::Columns(w)) => 4 * w.len(),
-            None => 0,
-        };
+        let bytes = |m: &Option<RowMatrix>| m.as_ref().map_or(0, RowMatrix::bytes);
         LoraTarget::all().map(|t| bytes(self.get(t))).sum()
+    }
+}
+
+/// Output row `j` of the matrix `parts` stack (top to bottom) into `out [n_in]`.
+pub(crate) fn stacked_row_values(parts: &[RowMatrix], j: usize, out: &mut [f32]) {
+    let mut j = j;
+    for part in parts {
+        let n = part.out_rows(out.len());
+        if j < n {
+            return part.row_values(j, out);
+        }
+        j -= n;
+    }
+}
+
+impl RowMatrix {
+    /// Its output rows, for rows `n_in` long.
+    pub(crate) fn out_rows(&self, n_in: usize) -> usize {
+        match self {
+            RowMatrix::Q8(q) => q.rows,
+            RowMatrix::Q4(q) => q.rows,
+            RowMatrix::Q5(q) => q.rows,
+            RowMatrix::F32(r) => r.rows,
+            RowMatrix::Columns(w) => w.len() / n_in,
+            RowMatrix::Stacked(parts) => parts.iter().map(|p| p.out_rows(n_in)).sum(),
+        }
+    }
+
+    /// Output row `j`'s weights into `out [n_in]` (what every product by it multiplies).
+    pub(crate) fn row_values(&self, j: usize, out: &mut [f32]) {
+        let n_in = out.len();
+        match self {
+            RowMatrix::Q8(q) => q.dequantise_row(j, out),
+            RowMatrix::Q4(q) => q.dequantise_row(j, out),
+            RowMatrix::Q5(q) => q.dequantise_row(j, out),
+            RowMatrix::F32(r) => out.copy_from_slice(&r.w[j * n_in..(j + 1) * n_in]),
+            RowMatrix::Columns(w) => {
+                let n_out = w.len() / n_in;
+                out.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = w[i * n_out + j]);
+            }
+            RowMatrix::Stacked(parts) => stacked_row_values(parts, j, out),
+        }
+    }
+
+    /// Bytes it holds (blocks: values and scales; f32: 4 a weight).
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            RowMatrix::Q8(q) => q.bytes(),
+            RowMatrix::Q4(q) => q.bytes(),
+            RowMatrix::Q5(q) => q.bytes(),
+            RowMatrix::F32(r) => 4 * r.w.len(),
+            RowMatrix::Columns(w) => 4 * w.len(),
+            RowMatrix::Stacked(parts) => parts.iter().map(RowMatrix::bytes).sum(),
+        }
     }
 }
 

@@ -48,6 +48,8 @@ pub(super) enum Weight<'a> {
     Q4(&'a Q4Matrix),
     Q5(&'a Q5Matrix),
     Rows(&'a F32Rows),
+    /// Ranges of output rows, each its own way, top to bottom.
+    Stacked(&'a [RowMatrix]),
 }
 
 impl<'a> Weight<'a> {
@@ -68,6 +70,7 @@ impl<'a> Weight<'a> {
             RowMatrix::Q5(q) => Weight::Q5(q),
             RowMatrix::F32(r) => Weight::Rows(r),
             RowMatrix::Columns(w) => Weight::F32(w),
+            RowMatrix::Stacked(parts) => Weight::Stacked(parts),
         }
     }
 
@@ -81,8 +84,53 @@ impl<'a> Weight<'a> {
             Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
+            Weight::Stacked(parts) => {
+                let n_out = out.len() / (x.len() / n_in);
+                each_part(parts, n_in, n_out, b, |part, first, b| {
+                    let rows = x.len() / n_in;
+                    let n = part.out_rows(n_in);
+                    if rows == 1 {
+                        return Weight::rows(part).product(
+                            &mut out[first..first + n],
+                            x,
+                            b,
+                            per_row,
+                            n_in,
+                        );
+                    }
+                    // Many rows: the part's outputs into scratch, then into their columns.
+                    let mut scratch = vec![0.0; rows * n];
+                    Weight::rows(part).product(&mut scratch, x, b, per_row, n_in);
+                    for (o, s) in out.chunks_exact_mut(n_out).zip(scratch.chunks_exact(n)) {
+                        o[first..first + n].copy_from_slice(s);
+                    }
+                });
+            }
         }
     }
+}
+
+/// `f(part, first output, its bias)` for each part of a stacked matrix of `n_out` outputs whose
+/// rows are `n_in` long, `b` the whole bias (empty: none).
+fn each_part(
+    parts: &[RowMatrix],
+    n_in: usize,
+    n_out: usize,
+    b: &[f32],
+    mut f: impl FnMut(&RowMatrix, usize, &[f32]),
+) {
+    let mut first = 0;
+    for part in parts {
+        let n = part.out_rows(n_in);
+        let bias = if b.is_empty() {
+            b
+        } else {
+            &b[first..first + n]
+        };
+        f(part, first, bias);
+        first += n;
+    }
+    debug_assert_eq!(first, n_out, "the parts fill the matrix");
 }
 
 /// Whether a product of `rows` rows by the decoder's rows runs row by row, each as a token
@@ -149,7 +197,7 @@ impl<'a> Ctx<'a> {
     fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
         matches!(
             w,
-            Weight::Q8(_) | Weight::Q4(_) | Weight::Q5(_) | Weight::Rows(_)
+            Weight::Q8(_) | Weight::Q4(_) | Weight::Q5(_) | Weight::Rows(_) | Weight::Stacked(_)
         ) && per_row(self.rows_alone || self.streams.is_some(), rows)
     }
 }
@@ -178,5 +226,18 @@ pub(super) fn linear_split(
         }),
         // Training's layout (the decoder keeps its matrices as rows): on this thread.
         Weight::F32(w) => linear(out, x, w, b, 1, x.len(), out.len()),
+        Weight::Stacked(parts) => {
+            let n_out = out.len();
+            each_part(parts, x.len(), n_out, b, |part, first, b| {
+                let n = part.out_rows(x.len());
+                linear_split(
+                    &mut out[first..first + n],
+                    x,
+                    Weight::rows(part),
+                    b,
+                    helpers,
+                );
+            });
+        }
     }
 }

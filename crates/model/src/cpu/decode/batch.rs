@@ -12,6 +12,7 @@
 use super::attend::attend;
 use super::cache::StreamCache;
 use super::decoder::{FusedDecoder, HeadRows};
+use super::plan::Matrices;
 use super::quant::WeightFormat;
 use crate::cpu::block::{self, BlockActs, Ctx, Heads};
 use crate::cpu::dims::Dims;
@@ -54,10 +55,10 @@ impl FusedBatch {
     pub fn with_weights(
         gpt: &Gpt,
         streams: usize,
-        format: WeightFormat,
+        matrices: impl Into<Matrices>,
     ) -> Result<Self, FusedError> {
         Ok(Self::sharing(
-            &FusedDecoder::with_weights(gpt, format)?,
+            &FusedDecoder::with_weights(gpt, matrices)?,
             streams,
         ))
     }

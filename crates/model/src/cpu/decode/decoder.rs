@@ -12,6 +12,7 @@ use tinygpt_attention::AttentionError;
 
 use super::attend::{Cache, attend, attend_cached, attend_chunk, attend_window};
 use super::cache::StreamCache;
+use super::plan::Matrices;
 use super::quant::{RowWeights, WeightFormat};
 use crate::cpu::block::{self, BlockActs, Ctx, Weight, linear_split};
 use crate::cpu::dims::Dims;
@@ -172,8 +173,11 @@ impl FusedDecoder {
         Self::with_weights(gpt, WeightFormat::F32)
     }
 
-    /// [`FusedDecoder::new`], the matrices kept in `format` (quantised once, here).
-    pub fn with_weights(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
+    /// [`FusedDecoder::new`], the matrices kept in `format`, or each as a [`WeightPlan`]
+    /// says (quantised once, here).
+    ///
+    /// [`WeightPlan`]: super::WeightPlan
+    pub fn with_weights(gpt: &Gpt, matrices: impl Into<Matrices>) -> Result<Self, FusedError> {
         // LoRA adapters are merged into their matrices: a decoder reads dense weights.
         let merged;
         let gpt = match gpt.lora_scale() {
@@ -185,7 +189,7 @@ impl FusedDecoder {
         };
         let dims = Dims::of(gpt)?;
         let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
-        let matrices = RowWeights::take(&mut weights, &dims, format);
+        let matrices = matrices.into().take(&mut weights, &dims)?;
         Ok(Self::on(
             dims,
             Arc::new(DecoderWeights { weights, matrices }),

@@ -8,8 +8,10 @@ mod attend;
 mod batch;
 mod cache;
 mod decoder;
+mod plan;
 mod quant;
 
 pub use batch::FusedBatch;
 pub use decoder::{FusedDecoder, PREFILL_CHUNK};
+pub use plan::{BlockPlan, Matrices, Segment, WeightPlan};
 pub use quant::{WeightFormat, weight_bytes_per_token};

@@ -121,7 +121,7 @@ impl Q8Matrix {
     }
 
     /// Row `j`'s values `q · d` into `out` `[cols]`.
-    fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+    pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
         let (q, d) = self.row(j);
         dequantise_blocks(q, d, out);
     }

@@ -1,0 +1,198 @@
+//! The decoder's matrices each stored as a file says: a [`WeightPlan`] names, for every block's
+//! four matrices and the head, the storage of each range of output rows (a GGUF file's
+//! `attn_q`, `attn_k` and `attn_v` are one `c_attn` here, and llama.cpp may store them in
+//! different types). A range in a type of blocks of 32 is quantised by ggml's reference
+//! quantiser, which gives a file made by that quantiser its own blocks back.
+
+use std::sync::Arc;
+
+use super::quant::{RowWeights, WeightFormat};
+use crate::arch::Mlp;
+use crate::cpu::buffer::Buffer;
+use crate::cpu::dims::Dims;
+use crate::cpu::error::FusedError;
+use crate::cpu::kernels::q4_0::Q4Matrix;
+use crate::cpu::kernels::q5_0::Q5Matrix;
+use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
+use crate::cpu::kernels::rows::F32Rows;
+use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
+use crate::nn::Gpt;
+
+/// `rows` consecutive output rows of a matrix, stored as `format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub rows: usize,
+    pub format: WeightFormat,
+}
+
+/// One block's matrices, each as its segments (top to bottom: their rows add up to the
+/// matrix's outputs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockPlan {
+    /// Queries, keys and values `[n_embd → q + k + v]`.
+    pub qkv: Vec<Segment>,
+    /// The attention's output projection.
+    pub attn_proj: Vec<Segment>,
+    /// The MLP's first matrix (SwiGLU's gate, then up).
+    pub fc: Vec<Segment>,
+    /// The MLP's second matrix (empty where the block has no MLP).
+    pub mlp_proj: Vec<Segment>,
+}
+
+/// How the decoder stores each matrix: per block, and the head's (the embedding's rows where
+/// tied).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightPlan {
+    pub blocks: Vec<BlockPlan>,
+    pub head: Vec<Segment>,
+}
+
+impl WeightPlan {
+    /// Every matrix of `gpt` one segment in `format`: the plan [`Matrices::Uniform`] follows.
+    pub fn uniform(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
+        let d = Dims::of(gpt)?;
+        let one = |rows: usize| vec![Segment { rows, format }];
+        let mlp = match d.mlp {
+            Mlp::None => (vec![], vec![]),
+            Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => (one(d.fc_width), one(d.width)),
+        };
+        let block = BlockPlan {
+            qkv: one(d.qkv_width()),
+            attn_proj: one(d.width),
+            fc: mlp.0,
+            mlp_proj: mlp.1,
+        };
+        Ok(Self {
+            blocks: vec![block; gpt.h.len()],
+            head: one(d.vocab),
+        })
+    }
+}
+
+/// The decoder's matrices: every one in one format, or each as a plan says.
+#[derive(Debug, Clone)]
+pub enum Matrices {
+    Uniform(WeightFormat),
+    Planned(Arc<WeightPlan>),
+}
+
+impl From<WeightFormat> for Matrices {
+    fn from(format: WeightFormat) -> Self {
+        Matrices::Uniform(format)
+    }
+}
+
+impl Matrices {
+    /// `w`'s matrices as rows, leaving in `w` only what stays in its layout (as
+    /// [`RowWeights::take`]); a plan that does not fit the model is an error naming the matrix.
+    pub(crate) fn take(&self, w: &mut Params, d: &Dims) -> Result<RowWeights, FusedError> {
+        match self {
+            Matrices::Uniform(format) => Ok(RowWeights::take(w, d, *format)),
+            Matrices::Planned(plan) => planned(w, d, plan),
+        }
+    }
+}
+
+fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, FusedError> {
+    if plan.blocks.len() != w.blocks.len() {
+        return Err(misfit(format!(
+            "the plan has {} blocks, the model {}",
+            plan.blocks.len(),
+            w.blocks.len()
+        )));
+    }
+    let (c, hidden) = (d.width, d.hidden);
+    let mut blocks = Vec::with_capacity(plan.blocks.len());
+    for (l, (p, b)) in w.blocks.iter_mut().zip(&plan.blocks).enumerate() {
+        let part = |name: &str| format!("block {l}'s {name}");
+        let block = |p: &mut BlockParams| -> Result<RowBlock, FusedError> {
+            Ok(RowBlock {
+                c_attn: segmented(
+                    &mut p.c_attn_w,
+                    c,
+                    &b.qkv,
+                    &part("queries, keys and values"),
+                )?,
+                attn_proj: segmented(&mut p.attn_proj_w, c, &b.attn_proj, &part("projection"))?,
+                c_fc: segmented(&mut p.c_fc_w, c, &b.fc, &part("first MLP matrix"))?,
+                mlp_proj: segmented(
+                    &mut p.mlp_proj_w,
+                    hidden,
+                    &b.mlp_proj,
+                    &part("MLP projection"),
+                )?,
+            })
+        };
+        blocks.push(block(p)?);
+    }
+    let head = match &w.lm_head {
+        // Tied: the embedding's rows, which its lookup still reads in f32.
+        Buffer::Absent => Some(stacked(w.wte.values(), c, &plan.head, "head")?),
+        _ => segmented(&mut w.lm_head, c, &plan.head, "head")?,
+    };
+    Ok(RowWeights { blocks, head })
+}
+
+/// `w [n_in, n_out]` as rows stored as `segments` say, its buffer then freed (`None`: a
+/// matrix the model lacks, whose segments must be none).
+fn segmented(
+    w: &mut Buffer,
+    n_in: usize,
+    segments: &[Segment],
+    name: &str,
+) -> Result<Option<RowMatrix>, FusedError> {
+    match w.take(Buffer::Elsewhere) {
+        None if segments.is_empty() => Ok(None),
+        None => Err(misfit(format!("the model has no {name}"))),
+        Some(w) => stacked(&F32Rows::from_columns(&w, n_in).w, n_in, segments, name).map(Some),
+    }
+}
+
+/// `rows [n_out, n_in]` stored as `segments` say: one matrix where there is one segment.
+fn stacked(
+    rows: &[f32],
+    n_in: usize,
+    segments: &[Segment],
+    name: &str,
+) -> Result<RowMatrix, FusedError> {
+    let n_out = rows.len() / n_in;
+    let total: usize = segments.iter().map(|s| s.rows).sum();
+    if total != n_out || segments.iter().any(|s| s.rows == 0) {
+        return Err(misfit(format!(
+            "the {name}'s segments hold {total} rows, the matrix {n_out}"
+        )));
+    }
+    let mut parts = Vec::with_capacity(segments.len());
+    let mut first = 0;
+    for s in segments {
+        let values = &rows[first * n_in..(first + s.rows) * n_in];
+        parts.push(stored(values, n_in, s.format));
+        first += s.rows;
+    }
+    Ok(match parts.len() {
+        1 => parts.pop().expect("one part"),
+        _ => RowMatrix::Stacked(parts),
+    })
+}
+
+/// Rows `[n, n_in]` stored as `format` (f32 where a row is not whole blocks, as llama.cpp
+/// keeps such a matrix).
+fn stored(rows: &[f32], n_in: usize, format: WeightFormat) -> RowMatrix {
+    let blocks = n_in.is_multiple_of(BLOCK);
+    match format {
+        WeightFormat::Q8_0 if blocks => RowMatrix::Q8(Q8Matrix::from_rows(rows, n_in)),
+        WeightFormat::Q5_0 if blocks => RowMatrix::Q5(Q5Matrix::from_rows(rows, n_in)),
+        WeightFormat::Q4_0 if blocks => RowMatrix::Q4(Q4Matrix::from_rows(rows, n_in)),
+        WeightFormat::F32 | WeightFormat::Q8_0 | WeightFormat::Q5_0 | WeightFormat::Q4_0 => {
+            RowMatrix::F32(F32Rows {
+                rows: rows.len() / n_in,
+                cols: n_in,
+                w: rows.to_vec(),
+            })
+        }
+    }
+}
+
+fn misfit(why: String) -> FusedError {
+    FusedError::Storage(why)
+}

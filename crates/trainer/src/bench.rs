@@ -328,10 +328,11 @@ fn sampling(
         ..GenerateOptions::default()
     };
     let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
-    let mut decoder = decoder(placement, &inference, inference.vocab_size(), args.weights)?;
+    let weights = args.weights.into();
+    let mut decoder = decoder(placement, &inference, inference.vocab_size(), &weights)?;
     let mut batch = match args.streams {
         1 => None,
-        n => Some(batch_decoder(kind, &inference, n, args.weights)?),
+        n => Some(batch_decoder(kind, &inference, n, &weights)?),
     };
     let mut pass = || -> Result<(usize, f64)> {
         let start = Instant::now();
@@ -390,7 +391,7 @@ fn profile_sampling(
 ) -> Result<KernelProfile> {
     let inference = args.weights.cast(engine.model()?.valid())?;
     let (kind, _) = placement.engine_for(TrainDType::F32, OptimizerKind::AdamW)?;
-    let mut batch = batch_decoder(kind, &inference, args.streams, args.weights)?;
+    let mut batch = batch_decoder(kind, &inference, args.streams, &args.weights.into())?;
     let steps = steps.min(batch.block_size());
     let batch = &mut *batch;
     (0..batch.streams()).for_each(|s| batch.clear(s));

@@ -2,15 +2,19 @@
 //! placement's engine calls for (the fused CPU decoder, or Burn's on the model's device), and
 //! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use anyhow::{Result, bail};
 use burn::tensor::FloatDType;
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, ModelError, WeightFormat,
-    decoding::Pick, decoding::Picked, decoding::Replay,
+    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, Matrices, ModelError,
+    WeightFormat, WeightPlan, decoding::Pick, decoding::Picked, decoding::Replay,
 };
 
 use crate::backend::{EngineKind, Placement};
 use crate::config::{OptimizerKind, TrainDType};
+use crate::interop::gguf::kept::FileTypes;
 
 /// `--weights`: how sampling keeps the model's matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -38,6 +42,10 @@ pub enum Weights {
     /// accuracy; CPU only (the fused decoder).
     #[value(name = "q5_0")]
     Q5_0,
+    /// each matrix in the type the GGUF file the run was imported from stores it (Q8_0, Q5_0,
+    /// Q4_0, f32; the types tinygpt has no kernels for yet, such as Q4_K and Q6_K, in q8_0);
+    /// CPU only (the fused decoder).
+    File,
 }
 
 impl Weights {
@@ -50,13 +58,14 @@ impl Weights {
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
             Self::Q5_0 => "q5_0",
+            Self::File => "file",
         }
     }
 
     /// The dtype Burn's decoder computes its products in (q8_0 is the fused decoder's own).
     fn dtype(self) -> FloatDType {
         match self {
-            Self::F32 | Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => FloatDType::F32,
+            Self::F32 | Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::File => FloatDType::F32,
             Self::Bf16 => FloatDType::BF16,
             Self::F16 => FloatDType::F16,
         }
@@ -71,7 +80,14 @@ impl Weights {
             (Self::Q8_0, EngineKind::Fused) => WeightFormat::Q8_0,
             (Self::Q4_0, EngineKind::Fused) => WeightFormat::Q4_0,
             (Self::Q5_0, EngineKind::Fused) => WeightFormat::Q5_0,
-            (Self::Q8_0 | Self::Q4_0 | Self::Q5_0, EngineKind::Autodiff | EngineKind::Device) => {
+            (Self::File, EngineKind::Fused) => bail!(
+                "--weights file decodes a run imported from a GGUF file, each matrix in the \
+                 file's type: it needs that run (generate, eval, serve)"
+            ),
+            (
+                Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::File,
+                EngineKind::Autodiff | EngineKind::Device,
+            ) => {
                 bail!(
                     "--weights {} runs on the fused CPU decoder only (--backend fused, or auto on a \
                  machine without a GPU); this backend samples with f32, bf16 or f16 weights",
@@ -123,6 +139,62 @@ impl Weights {
     }
 }
 
+/// `--weights` for one run: `file` read as the run's imported types ([`FileTypes`]).
+#[derive(Debug, Clone)]
+pub struct DecodeWeights {
+    pub weights: Weights,
+    plan: Option<Arc<WeightPlan>>,
+}
+
+impl From<Weights> for DecodeWeights {
+    fn from(weights: Weights) -> Self {
+        Self {
+            weights,
+            plan: None,
+        }
+    }
+}
+
+impl DecodeWeights {
+    /// `weights` for the run in `dir`, and a line for the user where `file` could not keep a
+    /// type (no kernel for it yet). `file` on a run that was not imported from a GGUF file is
+    /// an error.
+    pub fn for_run(weights: Weights, dir: &Path) -> Result<(Self, Option<String>)> {
+        if weights != Weights::File {
+            return Ok((weights.into(), None));
+        }
+        let Some(types) = FileTypes::read(dir)? else {
+            bail!(
+                "--weights file decodes each matrix in the type of the GGUF file a run was \
+                 imported from; {} was not imported from one (q8_0, q5_0 or q4_0 quantise it)",
+                dir.display()
+            );
+        };
+        let (plan, substituted) = types.plan()?;
+        let note = (!substituted.is_empty()).then(|| {
+            format!(
+                "{}: {} matrices decode as q8_0 (no kernels for them yet)",
+                types.file,
+                substituted.join(", ")
+            )
+        });
+        let weights = Self {
+            weights,
+            plan: Some(plan),
+        };
+        Ok((weights, note))
+    }
+
+    /// The fused decoder's matrices on the engine `kind` ([`Weights::format`], or the run's
+    /// file types).
+    pub fn matrices(&self, kind: EngineKind) -> Result<Matrices> {
+        match (&self.plan, kind) {
+            (Some(plan), EngineKind::Fused) => Ok(Matrices::Planned(plan.clone())),
+            _ => Ok(self.weights.format(kind)?.into()),
+        }
+    }
+}
+
 /// The decoder that samples from `model` where `placement` runs it: the fused CPU decoder when
 /// [`Placement::engine_for`] picks the fused engine, Burn on the model's device otherwise. A model whose vocabulary is
 /// padded past the tokenizer's `tokens` ids only ever gives logits (and so samples) of real
@@ -131,7 +203,7 @@ pub fn decoder<'a>(
     placement: &Placement,
     model: &'a Gpt,
     tokens: usize,
-    weights: Weights,
+    weights: &DecodeWeights,
 ) -> Result<Box<dyn Decoder + 'a>> {
     decoder_for(sampling_engine(placement)?, model, tokens, weights)
 }
@@ -158,11 +230,15 @@ pub fn return_freed_memory() {
 /// The fused CPU decoder of `model`, as [`decoder_for`] makes it on the fused engine. It keeps
 /// the weights it needs in its own layout (rows of f32 or int8), so the caller can free
 /// `model`'s tensors once it is made and sample holding one copy of the weights, not two.
-pub fn fused_decoder(model: &Gpt, tokens: usize, weights: Weights) -> Result<Box<dyn Decoder>> {
-    let format = weights.format(EngineKind::Fused)?;
+pub fn fused_decoder(
+    model: &Gpt,
+    tokens: usize,
+    weights: &DecodeWeights,
+) -> Result<Box<dyn Decoder>> {
+    let matrices = weights.matrices(EngineKind::Fused)?;
     // One sequence's products split over every core (the same logits on any count).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let fused = FusedDecoder::with_weights(model, format)?.with_threads(threads);
+    let fused = FusedDecoder::with_weights(model, matrices)?.with_threads(threads);
     Ok(unpadded(Box::new(fused), tokens))
 }
 
@@ -171,14 +247,14 @@ pub fn decoder_for<'a>(
     kind: EngineKind,
     model: &'a Gpt,
     tokens: usize,
-    weights: Weights,
+    weights: &DecodeWeights,
 ) -> Result<Box<dyn Decoder + 'a>> {
     match kind {
         EngineKind::Fused => fused_decoder(model, tokens, weights),
         EngineKind::Autodiff | EngineKind::Device => {
             // Int8 asked of this engine is an error here, never a silent f32.
-            weights.format(kind)?;
-            weights.check(model)?;
+            weights.weights.format(kind)?;
+            weights.weights.check(model)?;
             Ok(unpadded(Box::new(model.decoder()), tokens))
         }
     }
@@ -190,13 +266,13 @@ pub(crate) fn batch_decoder<'a>(
     kind: EngineKind,
     model: &'a Gpt,
     streams: usize,
-    weights: Weights,
+    weights: &DecodeWeights,
 ) -> Result<Box<dyn BatchDecoder + 'a>> {
-    let format = weights.format(kind)?;
+    let matrices = weights.matrices(kind)?;
     Ok(match kind {
-        EngineKind::Fused => Box::new(FusedBatch::with_weights(model, streams, format)?),
+        EngineKind::Fused => Box::new(FusedBatch::with_weights(model, streams, matrices)?),
         EngineKind::Autodiff | EngineKind::Device => {
-            weights.check(model)?;
+            weights.weights.check(model)?;
             Box::new(GptBatch::new(model, streams))
         }
     })

@@ -2,9 +2,7 @@
 
 use anyhow::{Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tinygpt_model::{
-    FusedDecoder, Gpt, IGNORE_INDEX, Pass, WeightFormat, step::cross_entropy_counted,
-};
+use tinygpt_model::{FusedDecoder, Gpt, IGNORE_INDEX, Matrices, Pass, step::cross_entropy_counted};
 
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Split, sweep};
@@ -47,16 +45,17 @@ pub fn evaluate(
     Ok(tally.finish())
 }
 
-/// [`evaluate`] by the fused CPU decoder with its matrices in `format` (`eval --weights`): each
-/// window's logits row by row as sampling computes them, the loss summed in f64.
+/// [`evaluate`] by the fused CPU decoder with its matrices kept as `matrices` says (`eval
+/// --weights`): each window's logits row by row as sampling computes them, the loss summed in
+/// f64.
 pub fn evaluate_decoded(
     model: &Gpt,
     tokenizer: &Tokenizer,
     split: &Split,
     block_size: usize,
-    format: WeightFormat,
+    matrices: impl Into<Matrices>,
 ) -> Result<Evaluation> {
-    let mut decoder = FusedDecoder::with_weights(model, format)?;
+    let mut decoder = FusedDecoder::with_weights(model, matrices)?;
     let mut tally = Tally::default();
     for_each_window(split, block_size, usize::MAX, |ids, targets| {
         let (mut nats, mut counted) = (0.0, 0);

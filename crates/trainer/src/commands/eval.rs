@@ -9,7 +9,7 @@ use tinygpt::chat::{ChatTemplate, jsonl};
 use tinygpt::config::{OptimizerKind, TrainDType};
 use tinygpt::data::{self, Split, read_corpus};
 use tinygpt::data::{conversations, corpus};
-use tinygpt::decoder::Weights;
+use tinygpt::decoder::{DecodeWeights, Weights};
 use tinygpt::eval::{evaluate, evaluate_decoded};
 use tinygpt::run::checkpoint::{Run, Which};
 
@@ -63,18 +63,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 args.weights.name()
             ),
         ),
-        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 => {
+        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
             let engine = placement
                 .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
                 .0;
-            let format = args.weights.format(engine)?;
-            let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, format)?;
+            let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
+            if let Some(note) = note {
+                eprintln!("{note}");
+            }
+            let matrices = weights.matrices(engine)?;
+            let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, matrices)?;
+            let kept = match args.weights {
+                Weights::File => "the GGUF file's".to_string(),
+                _ => args.weights.name().to_string(),
+            };
             (
                 result,
-                format!(
-                    "the fused CPU decoder with {} matrices",
-                    args.weights.name()
-                ),
+                format!("the fused CPU decoder with {kept} matrices"),
             )
         }
     };

@@ -9,7 +9,9 @@ use tinygpt::backend::Backend;
 use tinygpt::backend::EngineKind;
 use tinygpt::chat::{ChatSection, ChatTemplate, Message};
 use tinygpt::data::tokenizer::{TextStream, Tokenizer};
-use tinygpt::decoder::{Weights, decoder_for, fused_decoder, return_freed_memory, sampling_engine};
+use tinygpt::decoder::{
+    DecodeWeights, Weights, decoder_for, fused_decoder, return_freed_memory, sampling_engine,
+};
 use tinygpt::run::checkpoint::Which;
 use tinygpt_model::{GenerateOptions, generate};
 
@@ -156,18 +158,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::after(tokenizer, &prompt_ids);
     let (vocab, kind) = (tokenizer.vocab_size(), sampling_engine(&placement)?);
+    let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let on_device;
     let mut decoder = match kind {
         // The fused decoder keeps its own copy of the weights: the model's is freed here.
         EngineKind::Fused => {
-            let fused = fused_decoder(&model, vocab, args.weights)?;
+            let fused = fused_decoder(&model, vocab, &weights)?;
             drop(model);
             return_freed_memory();
             fused
         }
         EngineKind::Autodiff | EngineKind::Device => {
             on_device = args.weights.cast(model)?;
-            decoder_for(kind, &on_device, vocab, args.weights)?
+            decoder_for(kind, &on_device, vocab, &weights)?
         }
     };
     let written = write!(out, "{echo}");

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use burn::tensor::Device;
 use tinygpt::config::UpdateKind;
+use tinygpt::interop::gguf::kept::FileTypes;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
 use tinygpt_model::{Gpt, GptConfig, WeightFormat, decoding::weight_bytes_per_token};
@@ -52,6 +53,15 @@ fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
         run.tokenizer.kind(),
         run.tokenizer.vocab_size()
     );
+    match FileTypes::read(&run.dir) {
+        Ok(Some(types)) => println!(
+            "imported from {}: matrices {} (--weights file decodes each in its type)",
+            types.file,
+            types.summary()
+        ),
+        Ok(None) => {}
+        Err(e) => println!("imported file's types: unreadable ({e:#})"),
+    }
 }
 
 /// Where training stands (the last checkpoint's state) and whether both checkpoints are whole.

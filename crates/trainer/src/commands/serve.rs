@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::chat::{ChatTemplate, TemplateFile};
-use tinygpt::decoder::Weights;
+use tinygpt::decoder::{DecodeWeights, Weights};
 use tinygpt::run::checkpoint::Which;
 use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, serve};
 
@@ -146,7 +146,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .dir
         .file_name()
         .map_or_else(|| "tinygpt".into(), |n| n.to_string_lossy().into_owned());
-    let model = Model::new(gpt, placement, run.tokenizer, args.weights)?;
+    let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    let model = Model::new(gpt, placement, run.tokenizer, weights)?;
     let workers = options.max_concurrent;
     let at_once = match workers {
         1 => format!("1 worker, a batch of up to {}", options.max_batch),

@@ -101,7 +101,7 @@ pub(super) fn work(model: &Model, engine: EngineKind, jobs: &Jobs, worker: usize
                 }
                 Kernels::Burn => gpt,
             };
-            batch_decoder(engine, gpt, max_batch, model.weights)
+            batch_decoder(engine, gpt, max_batch, &model.weights)
         }
     };
     let Ok(mut batch) = batch else {

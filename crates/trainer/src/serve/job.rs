@@ -11,7 +11,7 @@ use super::generation::{Event, Generation};
 use crate::attention_maps::AttentionMaps;
 use crate::backend::{EngineKind, Placement};
 use crate::data::tokenizer::Tokenizer;
-use crate::decoder::Weights;
+use crate::decoder::DecodeWeights;
 
 /// What the workers need of the model: what they decode on, where it lives, its tokenizer.
 pub struct Model {
@@ -21,7 +21,7 @@ pub struct Model {
     pub placement: Placement,
     pub tokenizer: Tokenizer,
     /// How the decoder keeps the matrices (`--weights`).
-    pub weights: Weights,
+    pub weights: DecodeWeights,
 }
 
 /// What the workers decode on.
@@ -41,18 +41,18 @@ impl Model {
         gpt: Gpt,
         placement: Placement,
         tokenizer: Tokenizer,
-        weights: Weights,
+        weights: DecodeWeights,
     ) -> Result<Self> {
         let engine = crate::decoder::sampling_engine(&placement)?;
         let config = gpt.config().clone();
         let decoding = match engine {
             EngineKind::Fused => {
-                let decoder = FusedDecoder::with_weights(&gpt, weights.format(engine)?)?;
+                let decoder = FusedDecoder::with_weights(&gpt, weights.matrices(engine)?)?;
                 drop(gpt);
                 Decoding::Fused(Box::new(decoder))
             }
             EngineKind::Autodiff | EngineKind::Device => {
-                Decoding::Burn(Box::new(weights.cast(gpt)?))
+                Decoding::Burn(Box::new(weights.weights.cast(gpt)?))
             }
         };
         // Making the decoder's rows (and dropping Burn's model) freed memory.

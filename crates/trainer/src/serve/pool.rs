@@ -46,7 +46,7 @@ impl Pool {
         queue: usize,
     ) -> Result<Self> {
         let engine = engine(&model)?;
-        model.weights.format(engine)?;
+        model.weights.matrices(engine)?;
         check_memory(&model, workers, max_batch)?;
         let (sender, receiver) = sync_channel(queue);
         let jobs = Arc::new(batcher::Jobs::new(receiver, workers, max_batch));

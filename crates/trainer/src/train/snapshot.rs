@@ -103,7 +103,7 @@ impl Snapshot<'_> {
             return Ok(String::new());
         }
         let vocab = self.tokenizer.vocab_size();
-        let mut decoder = decoder_for(self.engine, self.model, vocab, Weights::F32)?;
+        let mut decoder = decoder_for(self.engine, self.model, vocab, &Weights::F32.into())?;
         let options = GenerateOptions {
             max_new_tokens: tokens,
             seed: self.config.train.seed,

@@ -146,6 +146,11 @@ impl TensorType {
         }
     }
 
+    /// The type ggml calls `name`.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
     /// ggml's name for it.
     pub fn name(self) -> &'static str {
         match self {

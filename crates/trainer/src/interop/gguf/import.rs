@@ -17,6 +17,7 @@ use tinygpt_model::{GptConfig, names::Slot, names::parameter_table};
 
 use super::architecture::Architecture;
 use super::file::{Gguf, Tensor, Value};
+use super::kept::FileTypes;
 use super::llama::Flavour;
 use super::{gpt2, llama, quant, vocabulary};
 use crate::data::tokenizer::Tokenizer;
@@ -75,7 +76,13 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
             hf_llama::build(&gpt, tensors).map_err(named)?
         }
     };
+    let types = FileTypes::of(&gguf, &gpt, architecture, path).map_err(named)?;
     create_run(out, config.clone(), tokenizer, &model)?;
+    types.write(out)?;
+    notes.push(format!(
+        "its matrices' types kept for --weights file: {}",
+        types.summary()
+    ));
     Ok(Imported {
         format: match architecture {
             Architecture::Gpt2 => "GGUF, llama.cpp's gpt2",

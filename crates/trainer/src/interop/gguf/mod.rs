@@ -13,7 +13,8 @@
 //! - [`gpt2`]: GPT-2-shaped models as llama.cpp's `gpt2` architecture.
 //! - [`llama`]: rotary + RMSNorm + SwiGLU models as llama.cpp's `llama` architecture (with
 //!   QK-norm as `qwen3`, with ReLU² as `arcee`).
-//! - [`import`]: a `gpt2` or `llama` file as a run directory.
+//! - [`import`]: a `gpt2` or `llama` file as a run directory; [`kept`]: the types its
+//!   matrices were stored in, kept with the run for `--weights file`.
 //!
 //! The container is small enough to own: reading it checks every count, length and offset
 //! against the bytes there, which the Rust GGUF crates we read did not all promise for files
@@ -25,6 +26,7 @@ mod difference;
 pub mod file;
 mod gpt2;
 mod import;
+pub mod kept;
 mod llama;
 mod pre;
 pub mod quant;

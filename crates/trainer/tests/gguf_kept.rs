@@ -1,0 +1,159 @@
+//! `--weights file`: a run imported from a quantised GGUF file keeps its matrices' types
+//! (`file-types.json`, shown by `info`) and decodes each range of rows in its file's type: a
+//! q5_0 file as `--weights q5_0` does, to the logit; a file of mixed types (Q8_0 value
+//! projections among Q4_0 matrices, as llama.cpp's mixes keep some matrices in more bits)
+//! between its two types; a type without kernels in q8_0, said in one line; a run not
+//! imported from a GGUF file refused in one line.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use tinygpt::interop::gguf::file::{Gguf, TensorType};
+use tinygpt::interop::gguf::quant;
+
+/// Llama's parts at width 64 (whole blocks of 32 for every matrix), trained 3 steps.
+fn trained(dir: &Path) {
+    let wide = [
+        "--set",
+        "model.n_embd=64",
+        "--set",
+        "model.mlp_hidden=128",
+        "--max-iters",
+        "3",
+    ];
+    ok(train_on(dir, "run", "fused", &[LLAMA, &wide].concat()));
+}
+
+fn eval_loss(line: &str) -> f64 {
+    let part = line.split(" | ").find(|p| p.starts_with("loss ")).unwrap();
+    part[5..].trim().parse().unwrap()
+}
+
+fn run_with(dir: &Path, command: &str, run: &str, weights: &str) -> String {
+    let args = match command {
+        "generate" => vec![
+            "generate",
+            "--checkpoint",
+            run,
+            "--prompt",
+            "the",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "24",
+        ],
+        _ => vec!["eval", "--checkpoint", run, "--data", "val.txt"],
+    };
+    let weights = ["--backend", "fused", "--weights", weights];
+    ok(tinygpt(dir, &[&args[..], &weights].concat()))
+}
+
+#[test]
+fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    std::fs::write(dir.join("val.txt"), words(7, 300).join(" ")).unwrap();
+    let export = |dtype: &str, out: &str| {
+        let args = [
+            "export",
+            "--checkpoint",
+            "run",
+            "--which",
+            "last",
+            "--format",
+            "gguf",
+        ];
+        ok(tinygpt(
+            dir,
+            &[&args[..], &["--dtype", dtype, "--out", out]].concat(),
+        ))
+    };
+    export("q5_0", "q5.gguf");
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "q5.gguf", "--out", "q5"],
+    ));
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "q5"]));
+    assert!(
+        info.contains("imported from q5.gguf: matrices Q5_0 ×"),
+        "{info}"
+    );
+    for command in ["generate", "eval"] {
+        let (file, q5) = (
+            run_with(dir, command, "q5", "file"),
+            run_with(dir, command, "q5", "q5_0"),
+        );
+        match command {
+            "generate" => assert_eq!(file, q5),
+            _ => {
+                assert!(file.contains("the GGUF file's matrices"), "{file}");
+                assert_eq!(eval_loss(&file), eval_loss(&q5), "{file} vs {q5}");
+            }
+        }
+    }
+
+    // Every value projection in Q8_0, every other matrix in Q4_0.
+    export("f32", "f32.gguf");
+    let mut file = Gguf::from_bytes(&std::fs::read(dir.join("f32.gguf")).unwrap()).unwrap();
+    for t in &mut file.tensors {
+        if t.ne.len() == 2 && t.ne[0] % 32 == 0 {
+            let values = quant::decode(&t.data, t.kind).unwrap();
+            t.kind = match t.name.contains("attn_v") {
+                true => TensorType::Q8_0,
+                false => TensorType::Q4_0,
+            };
+            t.data = quant::encode(&values, t.kind).unwrap();
+        }
+    }
+    std::fs::write(dir.join("mixed.gguf"), file.to_bytes().unwrap()).unwrap();
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "mixed.gguf", "--out", "mixed"],
+    ));
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "mixed"]));
+    assert!(
+        info.contains("matrices Q4_0 ×") && info.contains("Q8_0 ×1"),
+        "{info}"
+    );
+    let loss = |weights: &str| eval_loss(&run_with(dir, "eval", "mixed", weights));
+    let (mixed, four, eight, f32s) = (loss("file"), loss("q4_0"), loss("q8_0"), loss("f32"));
+    assert!(mixed != four && mixed != eight, "{mixed} {four} {eight}");
+    assert!((mixed - f32s).abs() < 0.05 * f32s, "{mixed} vs f32 {f32s}");
+    assert!(!run_with(dir, "generate", "mixed", "file").is_empty());
+
+    // A type without kernels decodes in q8_0, said once; a type that is none is refused.
+    let types = dir.join("mixed/file-types.json");
+    let text = std::fs::read_to_string(&types).unwrap();
+    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q6_K\"", 1)).unwrap();
+    let args = ["generate", "--checkpoint", "mixed", "--backend", "fused"];
+    let out = tinygpt(
+        dir,
+        &[&args[..], &["--weights", "file", "--max-new-tokens", "4"]].concat(),
+    );
+    ok(out.clone());
+    let said = stderr(&out);
+    assert!(said.contains("Q6_K matrices decode as q8_0"), "{said}");
+    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q9_9\"", 1)).unwrap();
+    fails(
+        tinygpt(dir, &[&args[..], &["--weights", "file"]].concat()),
+        "Q9_9 is not a ggml type tinygpt reads",
+    );
+    fails(
+        tinygpt(
+            dir,
+            &[
+                "generate",
+                "--checkpoint",
+                "run",
+                "--backend",
+                "fused",
+                "--weights",
+                "file",
+            ],
+        ),
+        "was not imported from one",
+    );
+}

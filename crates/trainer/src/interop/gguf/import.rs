@@ -76,7 +76,8 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
             hf_llama::build(&gpt, tensors).map_err(named)?
         }
     };
-    let types = FileTypes::of(&gguf, &gpt, architecture, path).map_err(named)?;
+    let fused_qkv = architecture == Architecture::Gpt2;
+    let types = FileTypes::of(&gguf, &gpt, fused_qkv, path).map_err(named)?;
     create_run(out, config.clone(), tokenizer, &model)?;
     types.write(out)?;
     notes.push(format!(

@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 use tinygpt_model::parts::Mlp;
 use tinygpt_model::{BlockPlan, GptConfig, Segment, WeightFormat, WeightPlan};
 
-use super::architecture::Architecture;
 use super::file::{Gguf, TensorType};
 
 /// The run file that holds them.
@@ -45,9 +44,9 @@ pub struct FileTypes {
     pub head: Vec<Range>,
 }
 
-/// The file's tensors, by llama.cpp's name, that make up each decoder matrix of a model of
-/// `gpt` computed as `architecture`, top to bottom.
-fn sources(architecture: Architecture, gpt: &GptConfig, l: usize) -> [Vec<String>; 4] {
+/// The file's tensors, by llama.cpp's name, that make up each decoder matrix of block `l` of a
+/// model of `gpt`, top to bottom (`fused_qkv`: one `attn_qkv`, as llama.cpp's `gpt2`).
+fn sources(fused_qkv: bool, gpt: &GptConfig, l: usize) -> [Vec<String>; 4] {
     let blk = |parts: &[&str]| {
         parts
             .iter()
@@ -63,22 +62,17 @@ fn sources(architecture: Architecture, gpt: &GptConfig, l: usize) -> [Vec<String
         Mlp::None => vec![],
         Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => blk(&["ffn_down"]),
     };
-    let qkv = match architecture {
-        Architecture::Gpt2 => blk(&["attn_qkv"]),
-        Architecture::Llama(_) => blk(&["attn_q", "attn_k", "attn_v"]),
+    let qkv = match fused_qkv {
+        true => blk(&["attn_qkv"]),
+        false => blk(&["attn_q", "attn_k", "attn_v"]),
     };
     [qkv, blk(&["attn_output"]), fc, down]
 }
 
 impl FileTypes {
-    /// The types of `gguf`'s matrices (a model of `gpt`, read as `architecture`), read from
-    /// `file`.
-    pub(super) fn of(
-        gguf: &Gguf,
-        gpt: &GptConfig,
-        architecture: Architecture,
-        file: &Path,
-    ) -> Result<Self> {
+    /// The types of `gguf`'s matrices (a model of `gpt`; `fused_qkv` as [`sources`]), read
+    /// from `file`.
+    pub(super) fn of(gguf: &Gguf, gpt: &GptConfig, fused_qkv: bool, file: &Path) -> Result<Self> {
         let ranges = |names: &[String]| -> Result<Vec<Range>> {
             names
                 .iter()
@@ -96,7 +90,7 @@ impl FileTypes {
         };
         let mut blocks = Vec::with_capacity(gpt.n_layer);
         for l in 0..gpt.n_layer {
-            let [qkv, proj, fc, down] = sources(architecture, gpt, l);
+            let [qkv, proj, fc, down] = sources(fused_qkv, gpt, l);
             blocks.push(BlockTypes {
                 qkv: ranges(&qkv)?,
                 attn_proj: ranges(&proj)?,

@@ -180,30 +180,7 @@ fn kernel() -> Kernel {
 /// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
 /// same floats bit for bit.
 pub(crate) fn kernels() -> Vec<Kernel> {
-    let mut found = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
-        if cfg!(feature = "avx512") && avx2 && avx512 {
-            // SAFETY (both): the features the kernel is compiled for were just detected.
-            found.push(Kernel {
-                name: "avx512-vnni",
-                dot: |(wq, ws), xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
-                rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
-            });
-        }
-        if avx2 {
-            // SAFETY (both): as above.
-            found.push(Kernel {
-                name: "avx2",
-                dot: |(wq, ws), xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
-                rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
-            });
-        }
-    }
-    found.push(Kernel {
+    let reference = Kernel {
         name: "reference",
         dot: |(wq, ws), xq, xd| dot_reference(wq, ws, xq, xd),
         rows: |out, x, w, b, j0| {
@@ -211,8 +188,25 @@ pub(crate) fn kernels() -> Vec<Kernel> {
                 dot_reference(wq, ws, xq, xd)
             })
         },
-    });
-    found
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
+        // is compiled for.
+        let avx512 = Kernel {
+            name: "avx512-vnni",
+            dot: |(wq, ws), xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
+            rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+        };
+        let avx2 = Kernel {
+            name: "avx2",
+            dot: |(wq, ws), xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
+            rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
+        };
+        blocks::runnable(avx512, avx2, reference)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    vec![reference]
 }
 
 /// The numbers every kernel computes: [`q8::dot_reference`] of the row's widened bytes. CPUs

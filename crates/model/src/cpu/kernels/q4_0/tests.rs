@@ -137,23 +137,3 @@ fn products_are_close_to_f32() {
         }
     }
 }
-
-/// The kernels tested above are every one this CPU can run: a CPU with AVX-512 VNNI (and a
-/// build with the `avx512` feature) tests that kernel, one with AVX2 the AVX2 kernel.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn the_cpus_kernels_are_all_tested() {
-    use std::arch::is_x86_feature_detected as has;
-    let names: Vec<_> = kernels().iter().map(|k| k.name).collect();
-    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-    let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
-    let mut want = Vec::new();
-    if cfg!(feature = "avx512") && avx2 && vnni {
-        want.push("avx512-vnni");
-    }
-    if avx2 {
-        want.push("avx2");
-    }
-    want.push("reference");
-    assert_eq!(names, want);
-}

@@ -153,3 +153,28 @@ fn products_are_close_to_f32() {
         }
     }
 }
+
+/// The kernels the tests of both block types go through are every one this CPU can run: a CPU
+/// with AVX-512 VNNI (and a build with the `avx512` feature) has that kernel, one with AVX2 the
+/// AVX2 kernel, every CPU the reference.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_kernel_the_cpu_runs_is_listed() {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+    let mut want = Vec::new();
+    if cfg!(feature = "avx512") && avx2 && vnni {
+        want.push("avx512-vnni");
+    }
+    if avx2 {
+        want.push("avx2");
+    }
+    want.push("reference");
+    let q4: Vec<_> = crate::cpu::kernels::q4_0::kernels()
+        .iter()
+        .map(|k| k.name)
+        .collect();
+    let q5: Vec<_> = kernels().iter().map(|k| k.name).collect();
+    assert_eq!((q4, q5), (want.clone(), want));
+}

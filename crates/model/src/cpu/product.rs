@@ -85,9 +85,12 @@ impl<'a> Weight<'a> {
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
             Weight::Stacked(parts) => {
-                let n_out = out.len() / (x.len() / n_in);
+                let rows = x.len() / n_in;
+                if rows == 0 {
+                    return;
+                }
+                let n_out = out.len() / rows;
                 each_part(parts, n_in, n_out, b, |part, first, b| {
-                    let rows = x.len() / n_in;
                     let n = part.out_rows(n_in);
                     if rows == 1 {
                         return Weight::rows(part).product(

@@ -7,7 +7,7 @@ use super::dims::Dims;
 use super::kernels::matmul::linear;
 use super::kernels::q4_0::{self, Q4Matrix};
 use super::kernels::q5_0::{self, Q5Matrix};
-use super::kernels::q8::{self, Q8Matrix};
+use super::kernels::q8::{self, Q8Matrix, Q8Rows};
 use super::kernels::rope;
 use super::kernels::rows::{self, F32Rows};
 use super::params::{RowBlock, RowMatrix};
@@ -229,18 +229,52 @@ pub(super) fn linear_split(
         }),
         // Training's layout (the decoder keeps its matrices as rows): on this thread.
         Weight::F32(w) => linear(out, x, w, b, 1, x.len(), out.len()),
-        Weight::Stacked(parts) => {
-            let n_out = out.len();
-            each_part(parts, x.len(), n_out, b, |part, first, b| {
-                let n = part.out_rows(x.len());
-                linear_split(
-                    &mut out[first..first + n],
-                    x,
-                    Weight::rows(part),
-                    b,
-                    helpers,
-                );
+        // The activations quantised once for every part, and one split of all the outputs.
+        Weight::Stacked(parts) => q8::quantized(x, |xq| {
+            split_columns(helpers, out, &|share, j0| {
+                stacked_range(share, x, xq, parts, b, j0);
             });
+        }),
+    }
+}
+
+/// Outputs `j0..j0 + out.len()` of one row `x` (`xq`: it quantised) times the stacked matrix
+/// `parts` plus `b` (empty: none): each output as its part's own share of a token computes it.
+fn stacked_range(
+    out: &mut [f32],
+    x: &[f32],
+    xq: &Q8Rows,
+    parts: &[RowMatrix],
+    b: &[f32],
+    j0: usize,
+) {
+    let (n_in, end) = (x.len(), j0 + out.len());
+    let mut first = 0;
+    for part in parts {
+        let n = part.out_rows(n_in);
+        let (lo, hi) = (j0.max(first), end.min(first + n));
+        if lo < hi {
+            let share = &mut out[lo - j0..hi - j0];
+            let bias = if b.is_empty() {
+                b
+            } else {
+                &b[first..first + n]
+            };
+            let local = lo - first;
+            match part {
+                RowMatrix::Q8(w) => q8::row_range(share, xq, w, bias, local),
+                RowMatrix::Q4(w) => q4_0::row_range(share, xq, w, bias, local),
+                RowMatrix::Q5(w) => q5_0::row_range(share, xq, w, bias, local),
+                RowMatrix::F32(w) => rows::row_range(share, x, w, bias, local),
+                RowMatrix::Columns(w) => {
+                    for (o, j) in share.iter_mut().zip(local..) {
+                        let dot = (0..n_in).map(|i| x[i] * w[i * n + j]).sum::<f32>();
+                        *o = dot + bias.get(j).copied().unwrap_or(0.0);
+                    }
+                }
+                RowMatrix::Stacked(inner) => stacked_range(share, x, xq, inner, bias, local),
+            }
         }
+        first += n;
     }
 }

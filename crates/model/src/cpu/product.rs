@@ -84,31 +84,24 @@ impl<'a> Weight<'a> {
             Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
-            Weight::Stacked(parts) => {
-                let rows = x.len() / n_in;
-                if rows == 0 {
-                    return;
+            Weight::Stacked(parts) => match x.len() / n_in {
+                0 => {}
+                // A token: the activations quantised once for every part.
+                1 => q8::quantized(x, |xq| stacked_range(out, x, xq, parts, b, 0)),
+                // Many rows: each part's outputs into scratch, then into their columns.
+                rows => {
+                    let n_out = out.len() / rows;
+                    let mut scratch = Vec::new();
+                    each_part(parts, n_in, n_out, b, |part, first, b| {
+                        let n = part.out_rows(n_in);
+                        scratch.resize(rows * n, 0.0);
+                        Weight::rows(part).product(&mut scratch, x, b, per_row, n_in);
+                        for (o, s) in out.chunks_exact_mut(n_out).zip(scratch.chunks_exact(n)) {
+                            o[first..first + n].copy_from_slice(s);
+                        }
+                    });
                 }
-                let n_out = out.len() / rows;
-                each_part(parts, n_in, n_out, b, |part, first, b| {
-                    let n = part.out_rows(n_in);
-                    if rows == 1 {
-                        return Weight::rows(part).product(
-                            &mut out[first..first + n],
-                            x,
-                            b,
-                            per_row,
-                            n_in,
-                        );
-                    }
-                    // Many rows: the part's outputs into scratch, then into their columns.
-                    let mut scratch = vec![0.0; rows * n];
-                    Weight::rows(part).product(&mut scratch, x, b, per_row, n_in);
-                    for (o, s) in out.chunks_exact_mut(n_out).zip(scratch.chunks_exact(n)) {
-                        o[first..first + n].copy_from_slice(s);
-                    }
-                });
-            }
+            },
         }
     }
 }

@@ -48,8 +48,8 @@ mod sample;
 pub use arch::parts;
 pub use arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 pub use cpu::{
-    BlockPlan, FusedBatch, FusedCpu, FusedDecoder, FusedError, GradientSum, Matrices, Segment,
-    TokenBatch, WeightFormat, WeightPlan,
+    BlockPlan, BlockType, FileBlocks, FusedBatch, FusedCpu, FusedDecoder, FusedError, GradientSum,
+    Matrices, Segment, Storage, TokenBatch, WeightFormat, WeightPlan,
 };
 pub use error::{GenerateError, GptConfigError, LossError, ModelError};
 pub use fast_math::{InstructionSet, instruction_set};

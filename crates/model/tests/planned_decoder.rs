@@ -42,16 +42,10 @@ fn cut(segments: &[Segment], first: WeightFormat, rest: WeightFormat) -> Vec<Seg
     segments
         .iter()
         .flat_map(|s| match s.rows {
-            0 | 1 => vec![*s],
+            0 | 1 => vec![s.clone()],
             n => vec![
-                Segment {
-                    rows: n / 3,
-                    format: first,
-                },
-                Segment {
-                    rows: n - n / 3,
-                    format: rest,
-                },
+                Segment::quantised(n / 3, first),
+                Segment::quantised(n - n / 3, rest),
             ],
         })
         .collect()

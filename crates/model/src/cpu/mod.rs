@@ -40,8 +40,8 @@ mod spin_pool;
 mod train;
 
 pub use decode::{
-    BlockPlan, FusedBatch, FusedDecoder, Matrices, PREFILL_CHUNK, Segment, WeightFormat,
-    WeightPlan, weight_bytes_per_token,
+    BlockPlan, BlockType, FileBlocks, FusedBatch, FusedDecoder, Matrices, PREFILL_CHUNK, Segment,
+    Storage, WeightFormat, WeightPlan, weight_bytes_per_token,
 };
 pub use error::FusedError;
 pub use kernels::q4_0::q4_0_block;

@@ -11,6 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
+use super::kernels::k_quants::{q4_k::Q4KMatrix, q6_k::Q6KMatrix};
 use super::kernels::q4_0::Q4Matrix;
 use super::kernels::q5_0::Q5Matrix;
 use super::kernels::q8::Q8Matrix;
@@ -117,6 +118,10 @@ pub(crate) enum RowMatrix {
     Q8(Q8Matrix),
     Q4(Q4Matrix),
     Q5(Q5Matrix),
+    /// A file's `Q4_K` blocks, as it stores them.
+    Q4K(Q4KMatrix),
+    /// A file's `Q6_K` blocks, as it stores them.
+    Q6K(Q6KMatrix),
     F32(F32Rows),
     /// Ranges of output rows stored each its own way (a file's `attn_q`, `attn_k`, `attn_v` as
     /// one matrix), top to bottom; none of them stacked again.
@@ -179,6 +184,8 @@ impl RowMatrix {
             RowMatrix::Q8(q) => q.rows,
             RowMatrix::Q4(q) => q.rows,
             RowMatrix::Q5(q) => q.rows,
+            RowMatrix::Q4K(q) => q.rows,
+            RowMatrix::Q6K(q) => q.rows,
             RowMatrix::F32(r) => r.rows,
             RowMatrix::Columns(w) => w.len() / n_in,
             RowMatrix::Stacked(parts) => parts.iter().map(|p| p.out_rows(n_in)).sum(),
@@ -192,6 +199,8 @@ impl RowMatrix {
             RowMatrix::Q8(q) => q.dequantise_row(j, out),
             RowMatrix::Q4(q) => q.dequantise_row(j, out),
             RowMatrix::Q5(q) => q.dequantise_row(j, out),
+            RowMatrix::Q4K(q) => q.dequantise_row(j, out),
+            RowMatrix::Q6K(q) => q.dequantise_row(j, out),
             RowMatrix::F32(r) => out.copy_from_slice(&r.w[j * n_in..(j + 1) * n_in]),
             RowMatrix::Columns(w) => {
                 let n_out = w.len() / n_in;
@@ -209,6 +218,8 @@ impl RowMatrix {
             RowMatrix::Q8(q) => q.bytes(),
             RowMatrix::Q4(q) => q.bytes(),
             RowMatrix::Q5(q) => q.bytes(),
+            RowMatrix::Q4K(q) => q.bytes(),
+            RowMatrix::Q6K(q) => q.bytes(),
             RowMatrix::F32(r) => 4 * r.w.len(),
             RowMatrix::Columns(w) => 4 * w.len(),
             RowMatrix::Stacked(parts) => parts.iter().map(RowMatrix::bytes).sum(),

@@ -4,6 +4,8 @@
 
 use super::buffer::Buffer;
 use super::dims::Dims;
+use super::kernels::k_quants::q4_k::{self, Q4KMatrix};
+use super::kernels::k_quants::q6_k::{self, Q6KMatrix};
 use super::kernels::matmul::linear;
 use super::kernels::q4_0::{self, Q4Matrix};
 use super::kernels::q5_0::{self, Q5Matrix};
@@ -47,6 +49,8 @@ pub(super) enum Weight<'a> {
     Q8(&'a Q8Matrix),
     Q4(&'a Q4Matrix),
     Q5(&'a Q5Matrix),
+    Q4K(&'a Q4KMatrix),
+    Q6K(&'a Q6KMatrix),
     Rows(&'a F32Rows),
     /// Ranges of output rows, each its own way, top to bottom.
     Stacked(&'a [RowMatrix]),
@@ -68,6 +72,8 @@ impl<'a> Weight<'a> {
             RowMatrix::Q8(q) => Weight::Q8(q),
             RowMatrix::Q4(q) => Weight::Q4(q),
             RowMatrix::Q5(q) => Weight::Q5(q),
+            RowMatrix::Q4K(q) => Weight::Q4K(q),
+            RowMatrix::Q6K(q) => Weight::Q6K(q),
             RowMatrix::F32(r) => Weight::Rows(r),
             RowMatrix::Columns(w) => Weight::F32(w),
             RowMatrix::Stacked(parts) => Weight::Stacked(parts),
@@ -82,6 +88,8 @@ impl<'a> Weight<'a> {
             Weight::Q8(w) => q8::product(out, x, w, b, per_row),
             Weight::Q4(w) => q4_0::product(out, x, w, b, per_row),
             Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
+            Weight::Q4K(w) => q4_k::product(out, x, w, b, per_row),
+            Weight::Q6K(w) => q6_k::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
             Weight::Stacked(parts) => match x.len() / n_in {
@@ -193,7 +201,13 @@ impl<'a> Ctx<'a> {
     fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
         matches!(
             w,
-            Weight::Q8(_) | Weight::Q4(_) | Weight::Q5(_) | Weight::Rows(_) | Weight::Stacked(_)
+            Weight::Q8(_)
+                | Weight::Q4(_)
+                | Weight::Q5(_)
+                | Weight::Q4K(_)
+                | Weight::Q6K(_)
+                | Weight::Rows(_)
+                | Weight::Stacked(_)
         ) && per_row(self.rows_alone || self.streams.is_some(), rows)
     }
 }
@@ -216,6 +230,12 @@ pub(super) fn linear_split(
         }),
         Weight::Q5(w) => q8::quantized(x, |x| {
             split_columns(helpers, out, &|part, j0| q5_0::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q4K(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q4_k::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q6K(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q6_k::row_range(part, x, w, b, j0));
         }),
         Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
             rows::row_range(part, x, w, b, j0);
@@ -258,6 +278,8 @@ fn stacked_range(
                 RowMatrix::Q8(w) => q8::row_range(share, xq, w, bias, local),
                 RowMatrix::Q4(w) => q4_0::row_range(share, xq, w, bias, local),
                 RowMatrix::Q5(w) => q5_0::row_range(share, xq, w, bias, local),
+                RowMatrix::Q4K(w) => q4_k::row_range(share, xq, w, bias, local),
+                RowMatrix::Q6K(w) => q6_k::row_range(share, xq, w, bias, local),
                 RowMatrix::F32(w) => rows::row_range(share, x, w, bias, local),
                 RowMatrix::Columns(w) => {
                     for (o, j) in share.iter_mut().zip(local..) {

@@ -2,7 +2,8 @@
 //! four matrices and the head, the storage of each range of output rows (a GGUF file's
 //! `attn_q`, `attn_k` and `attn_v` are one `c_attn` here, and llama.cpp may store them in
 //! different types). A range in a type of blocks of 32 is quantised by ggml's reference
-//! quantiser, which gives a file made by that quantiser its own blocks back.
+//! quantiser, which gives a file made by that quantiser its own blocks back; a range in a
+//! k-quant is the file's own blocks ([`Storage::Blocks`]), multiplied as they are.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use crate::arch::Mlp;
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
+use crate::cpu::kernels::k_quants::{KMatrix, q4_k::Q4K, q6_k::Q6K};
 use crate::cpu::kernels::q4_0::Q4Matrix;
 use crate::cpu::kernels::q5_0::Q5Matrix;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
@@ -18,11 +20,46 @@ use crate::cpu::kernels::rows::F32Rows;
 use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
 use crate::nn::Gpt;
 
-/// `rows` consecutive output rows of a matrix, stored as `format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `rows` consecutive output rows of a matrix, stored as `storage` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     pub rows: usize,
-    pub format: WeightFormat,
+    pub storage: Storage,
+}
+
+/// Where a segment's rows come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// The model's values, quantised as `format` (or kept in f32).
+    Quantise(WeightFormat),
+    /// A file's blocks, as it stores them.
+    Blocks(FileBlocks),
+}
+
+/// A GGUF k-quant the decoder multiplies as a file stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum BlockType {
+    Q4_K,
+    Q6_K,
+}
+
+/// A range of a file's tensor: `[rows, n_in]` values in `kind`'s super-blocks, row after row,
+/// as the file stores them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBlocks {
+    pub kind: BlockType,
+    pub bytes: Arc<[u8]>,
+}
+
+impl Segment {
+    /// `rows` rows of the model's values quantised as `format`.
+    pub fn quantised(rows: usize, format: WeightFormat) -> Self {
+        Self {
+            rows,
+            storage: Storage::Quantise(format),
+        }
+    }
 }
 
 /// One block's matrices, each as its segments (top to bottom: their rows add up to the
@@ -51,7 +88,7 @@ impl WeightPlan {
     /// Every matrix of `gpt` one segment in `format`: the plan [`Matrices::Uniform`] follows.
     pub fn uniform(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
         let d = Dims::of(gpt)?;
-        let one = |rows: usize| vec![Segment { rows, format }];
+        let one = |rows: usize| vec![Segment::quantised(rows, format)];
         let mlp = match d.mlp {
             Mlp::None => (vec![], vec![]),
             Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => (one(d.fc_width), one(d.width)),
@@ -166,7 +203,15 @@ fn stacked(
     let mut first = 0;
     for s in segments {
         let values = &rows[first * n_in..(first + s.rows) * n_in];
-        parts.push(stored(values, n_in, s.format));
+        parts.push(match &s.storage {
+            Storage::Quantise(format) => stored(values, n_in, *format),
+            Storage::Blocks(blocks) => kept(blocks, s.rows, n_in).ok_or_else(|| {
+                misfit(format!(
+                    "the {name}'s {:?} blocks do not hold {} rows of {n_in}",
+                    blocks.kind, s.rows
+                ))
+            })?,
+        });
         first += s.rows;
     }
     Ok(match parts.len() {
@@ -190,6 +235,15 @@ fn stored(rows: &[f32], n_in: usize, format: WeightFormat) -> RowMatrix {
                 w: rows.to_vec(),
             })
         }
+    }
+}
+
+/// A file's blocks of `rows` rows of `n_in`, as it stores them; `None` where they do not fit.
+fn kept(blocks: &FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
+    let bytes = blocks.bytes.clone();
+    match blocks.kind {
+        BlockType::Q4_K => KMatrix::<Q4K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q4K),
+        BlockType::Q6_K => KMatrix::<Q6K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q6K),
     }
 }
 

@@ -1,11 +1,12 @@
-//! What the decoding products of GGUF's block types that widen to `Q8_0`'s lanes share
-//! (`Q4_0`, `Q5_0`): a matrix of rows in blocks of 32, a kernel's two entries (a row's product
-//! and a thread's share of rows with that product inlined), and the loops around them.
+//! What the decoding products of GGUF's block types multiplied by `Q8_0`'s activations share
+//! (`Q4_0`, `Q5_0`, and the k-quants `Q4_K`, `Q6_K`): a matrix of rows of blocks, a kernel's
+//! two entries (a row's product and a thread's share of rows with that product inlined), and
+//! the loops around them.
 //!
 //! Each type's module defines its blocks, its kernels and their exact reference; the loops here
 //! are the same for all, so each output is computed the same way whichever loop reaches it.
 
-use super::q8::{self, Q8Rows};
+use super::q8::{self, Q8Rows, XRow};
 
 /// A matrix `[rows, cols]` of blocks along each row.
 pub(crate) trait BlockMatrix: Sync {
@@ -22,8 +23,8 @@ pub(crate) trait BlockMatrix: Sync {
     fn dequantise_row(&self, j: usize, out: &mut [f32]);
 }
 
-/// A weight row times a quantised activation row (`xq [k]`, `xd [k / 32]`).
-pub(crate) type Dot<M> = for<'a> fn(<M as BlockMatrix>::Row<'a>, &[i8], &[f32]) -> f32;
+/// A weight row times a quantised activation row.
+pub(crate) type Dot<M> = for<'a, 'x> fn(<M as BlockMatrix>::Row<'a>, XRow<'x>) -> f32;
 
 /// A thread's share of a token's product, as [`each_row`].
 pub(crate) type Rows<M> = fn(&mut [f32], &Q8Rows, &M, &[f32], usize);
@@ -55,10 +56,11 @@ pub(crate) fn each_row<M: BlockMatrix>(
     w: &M,
     b: &[f32],
     j0: usize,
-    dot: impl Fn(M::Row<'_>, &[i8], &[f32]) -> f32,
+    dot: impl Fn(M::Row<'_>, XRow<'_>) -> f32,
 ) {
+    let x = x.one();
     for (o, j) in out.iter_mut().zip(j0..) {
-        *o = dot(w.row(j), &x.q, &x.d) + b.get(j).copied().unwrap_or(0.0);
+        *o = dot(w.row(j), x) + b.get(j).copied().unwrap_or(0.0);
     }
 }
 
@@ -76,12 +78,11 @@ pub(crate) fn product<M: BlockMatrix>(
     let (n, k) = w.shape();
     match quantised {
         true => q8::quantized(x, |x| {
-            let (kb, rows) = (k / q8::BLOCK, x.q.len() / k);
+            let rows = x.q.len() / k;
             for j in 0..n {
                 let (row, bias) = (w.row(j), b.get(j).copied().unwrap_or(0.0));
                 for r in 0..rows {
-                    let (xq, xd) = (&x.q[r * k..(r + 1) * k], &x.d[r * kb..(r + 1) * kb]);
-                    out[r * n + j] = (kernel.dot)(row, xq, xd) + bias;
+                    out[r * n + j] = (kernel.dot)(row, x.row(r, k)) + bias;
                 }
             }
         }),

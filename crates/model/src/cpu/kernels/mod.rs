@@ -8,6 +8,7 @@ pub(crate) mod cross_entropy;
 pub(crate) mod dropout;
 pub(crate) mod gelu;
 pub(crate) mod gelu_tanh;
+pub(crate) mod k_quants;
 pub(crate) mod layer_norm;
 pub(crate) mod lora;
 pub(crate) mod matmul;

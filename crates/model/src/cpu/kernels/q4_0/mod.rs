@@ -182,10 +182,10 @@ fn kernel() -> Kernel {
 pub(crate) fn kernels() -> Vec<Kernel> {
     let reference = Kernel {
         name: "reference",
-        dot: |(wq, ws), xq, xd| dot_reference(wq, ws, xq, xd),
+        dot: |(wq, ws), x| dot_reference(wq, ws, x.q, x.d),
         rows: |out, x, w, b, j0| {
-            each_row(out, x, w, b, j0, |(wq, ws), xq, xd| {
-                dot_reference(wq, ws, xq, xd)
+            each_row(out, x, w, b, j0, |(wq, ws), x| {
+                dot_reference(wq, ws, x.q, x.d)
             })
         },
     };
@@ -195,12 +195,12 @@ pub(crate) fn kernels() -> Vec<Kernel> {
         // is compiled for.
         let avx512 = Kernel {
             name: "avx512-vnni",
-            dot: |(wq, ws), xq, xd| unsafe { avx512::dot(wq, ws, xq, xd) },
+            dot: |(wq, ws), x| unsafe { avx512::dot(wq, ws, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
         };
         let avx2 = Kernel {
             name: "avx2",
-            dot: |(wq, ws), xq, xd| unsafe { avx2::dot(wq, ws, xq, xd) },
+            dot: |(wq, ws), x| unsafe { avx2::dot(wq, ws, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
         };
         blocks::runnable(avx512, avx2, reference)
@@ -301,8 +301,8 @@ pub(in crate::cpu::kernels) mod avx2 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |(wq, ws), xq, xd| unsafe {
-            dot(wq, ws, xq, xd)
+        super::each_row(out, x, w, b, j0, |(wq, ws), x| unsafe {
+            dot(wq, ws, x.q, x.d)
         })
     }
 }
@@ -395,8 +395,8 @@ pub(in crate::cpu::kernels) mod avx512 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |(wq, ws), xq, xd| unsafe {
-            dot(wq, ws, xq, xd)
+        super::each_row(out, x, w, b, j0, |(wq, ws), x| unsafe {
+            dot(wq, ws, x.q, x.d)
         })
     }
 }

@@ -215,8 +215,8 @@ fn kernel() -> Kernel {
 pub(crate) fn kernels() -> Vec<Kernel> {
     let reference = Kernel {
         name: "reference",
-        dot: dot_reference,
-        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+        dot: |w, x| dot_reference(w, x.q, x.d),
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, |w, x| dot_reference(w, x.q, x.d)),
     };
     #[cfg(target_arch = "x86_64")]
     {
@@ -224,12 +224,12 @@ pub(crate) fn kernels() -> Vec<Kernel> {
         // is compiled for.
         let avx512 = Kernel {
             name: "avx512-vnni",
-            dot: |w, xq, xd| unsafe { avx512::dot(w, xq, xd) },
+            dot: |w, x| unsafe { avx512::dot(w, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
         };
         let avx2 = Kernel {
             name: "avx2",
-            dot: |w, xq, xd| unsafe { avx2::dot(w, xq, xd) },
+            dot: |w, x| unsafe { avx2::dot(w, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
         };
         blocks::runnable(avx512, avx2, reference)
@@ -321,7 +321,7 @@ mod avx2 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |w, xq, xd| unsafe { dot(w, xq, xd) })
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x.q, x.d) })
     }
 }
 
@@ -393,7 +393,7 @@ mod avx512 {
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |w, xq, xd| unsafe { dot(w, xq, xd) })
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x.q, x.d) })
     }
 }
 

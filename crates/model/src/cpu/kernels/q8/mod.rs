@@ -139,11 +139,23 @@ fn dequantise_blocks(q: &[i8], d: &[f16], out: &mut [f32]) {
     }
 }
 
-/// Activation rows quantised for the products: `q [rows · cols]`, f32 scales per block.
+/// Activation rows quantised for the products: `q [rows · cols]`, f32 scales per block, and
+/// each block's sum of bytes (exact in f32: at most 32 · 127), which the types with a minimum
+/// per block (`Q4_K`) multiply by it once per block instead of once per value.
 #[derive(Debug, Default)]
 pub(crate) struct Q8Rows {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
+    pub sums: Vec<f32>,
+}
+
+/// One quantised activation row of [`Q8Rows`]: its bytes `[k]`, its blocks' scales and sums
+/// `[k / 32]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct XRow<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f32],
+    pub sums: &'a [f32],
 }
 
 impl Q8Rows {
@@ -153,6 +165,26 @@ impl Q8Rows {
         self.q.resize(x.len(), 0);
         self.d.resize(x.len() / BLOCK, 0.0);
         quantize_blocks(x, &mut self.q, &mut self.d);
+        self.sums.clear();
+        let sum = |q: &[i8]| q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+        self.sums.extend(self.q.chunks_exact(BLOCK).map(sum));
+    }
+
+    /// Row `r` of rows `k` long.
+    #[inline]
+    pub(crate) fn row(&self, r: usize, k: usize) -> XRow<'_> {
+        let kb = k / BLOCK;
+        XRow {
+            q: &self.q[r * k..(r + 1) * k],
+            d: &self.d[r * kb..(r + 1) * kb],
+            sums: &self.sums[r * kb..(r + 1) * kb],
+        }
+    }
+
+    /// The whole of a single row.
+    #[inline]
+    pub(crate) fn one(&self) -> XRow<'_> {
+        self.row(0, self.q.len())
     }
 }
 

@@ -1,0 +1,226 @@
+//! GGUF's k-quants for decoding, kept in the blocks a file stores them in: `Q4_K` (super-blocks
+//! of 256 values in eight groups of 32, each group a 6-bit scale and a 6-bit minimum: value =
+//! `d · sc · q − dmin · m`, `q` four bits) and `Q6_K` (sixteen groups of 16, each an 8-bit
+//! scale: value = `d · sc · (q − 32)`, `q` six bits). llama.cpp writes a "Q4_K_M" file's
+//! matrices in them where rows are a multiple of 256 long (SmolLM2-1.7B's 2048; the 135M's
+//! 1536-long down projections).
+//!
+//! The activations are quantised as for `Q8_0` ([`q8::Q8Rows`]: blocks of 32, an f32 scale
+//! each), finer than ggml's `q8_K` (one scale per 256), so each group of 32 of a row's product
+//! is exact in integers and takes one float scale: [`Sets`] defines the sum (eight lanes of four
+//! products, four sets of lanes, `Q8_0`'s order), and every kernel computes it bit for bit.
+
+use std::sync::Arc;
+
+use half::f16;
+
+use super::blocks::BlockMatrix;
+use super::q8::{BLOCK, XRow};
+
+pub(crate) mod q4_k;
+pub(crate) mod q6_k;
+
+/// Values in a super-block.
+pub const SUPER: usize = 256;
+
+/// Groups of 32 (activation blocks) in a super-block.
+const GROUPS: usize = SUPER / BLOCK;
+
+/// A k-quant type's super-block: its bytes and its values.
+pub(crate) trait KType: Sync + Send + 'static {
+    /// Bytes of a super-block.
+    const BYTES: usize;
+    /// The super-block's 256 values, as ggml's `dequantize_row_*` computes them.
+    fn dequantise(block: &[u8], out: &mut [f32]);
+}
+
+/// A matrix `[rows, cols]` of super-blocks along each row (`cols` a multiple of [`SUPER`]),
+/// stored as GGUF stores it: row after row, each row its super-blocks' bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct KMatrix<T> {
+    pub rows: usize,
+    pub cols: usize,
+    data: Arc<[u8]>,
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<T: KType> KMatrix<T> {
+    /// `bytes`, a file's tensor of `rows` rows of `cols`, as it stores them (shared, not
+    /// copied); `None` where its length or `cols` does not fit.
+    pub(crate) fn from_bytes(bytes: Arc<[u8]>, rows: usize, cols: usize) -> Option<Self> {
+        let fits = cols > 0 && cols.is_multiple_of(SUPER);
+        (fits && bytes.len() == rows * Self::stride(cols)).then_some(Self {
+            rows,
+            cols,
+            data: bytes,
+            kind: std::marker::PhantomData,
+        })
+    }
+
+    /// Bytes of a row of `cols`.
+    pub(crate) fn stride(cols: usize) -> usize {
+        cols / SUPER * T::BYTES
+    }
+
+    /// Bytes it holds: GGUF's.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Row `j`'s super-blocks.
+    #[inline]
+    pub(crate) fn row(&self, j: usize) -> &[u8] {
+        let stride = Self::stride(self.cols);
+        &self.data[j * stride..(j + 1) * stride]
+    }
+
+    /// Row `j`'s values into `out [cols]`.
+    pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        let blocks = self.row(j).chunks_exact(T::BYTES);
+        for (block, values) in blocks.zip(out.chunks_exact_mut(SUPER)) {
+            T::dequantise(block, values);
+        }
+    }
+}
+
+impl<T: KType> BlockMatrix for KMatrix<T> {
+    type Row<'a> = &'a [u8];
+
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    #[inline]
+    fn row(&self, j: usize) -> &[u8] {
+        KMatrix::row(self, j)
+    }
+
+    fn dequantise_row(&self, j: usize, out: &mut [f32]) {
+        KMatrix::dequantise_row(self, j, out)
+    }
+}
+
+/// The f16 at `bytes[at..at + 2]` as f32.
+#[inline]
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// The sum every k-quant kernel computes, in plain Rust: group `b`'s eight integer lane sums
+/// (lane `l`: values `4l..4l + 4`), times its float scale, into set `b mod 4` by one fused
+/// multiply-add each (`Q8_0`'s [`super::q8::dot_reference`]); and, for types with minimums,
+/// group `b`'s activation sum times its minimum's scale into lane `b mod 8` of `mins`. The
+/// result is the sets' total less the minimums'.
+pub(crate) struct Sets {
+    sets: [[f32; 8]; 4],
+    mins: [f32; 8],
+}
+
+impl Sets {
+    pub(crate) fn new() -> Self {
+        Self {
+            sets: [[0.0; 8]; 4],
+            mins: [0.0; 8],
+        }
+    }
+
+    /// Group `b`'s lanes times `scale`.
+    pub(crate) fn add(&mut self, b: usize, lanes: [i32; 8], scale: f32) {
+        for (acc, lane) in self.sets[b % 4].iter_mut().zip(lanes) {
+            *acc = (lane as f32).mul_add(scale, *acc);
+        }
+    }
+
+    /// Group `b`'s activation sum times its minimum's scale.
+    pub(crate) fn add_min(&mut self, b: usize, sum: f32, scale: f32) {
+        self.mins[b % 8] = sum.mul_add(scale, self.mins[b % 8]);
+    }
+
+    pub(crate) fn total(&self) -> f32 {
+        let s = &self.sets;
+        let lanes: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+        across(lanes) - across(self.mins)
+    }
+}
+
+/// Eight lanes summed as the vector code does: `((0+4) + (2+6)) + ((1+5) + (3+7))`.
+fn across(l: [f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// Group `b`'s lanes `Σ_{i<4} w(4l + i) · x[4l + i]` of a row's values `w(i)` (as `i32`).
+#[inline]
+fn lanes(x: XRow<'_>, b: usize, w: impl Fn(usize) -> i32) -> [i32; 8] {
+    let x = &x.q[b * BLOCK..(b + 1) * BLOCK];
+    std::array::from_fn(|l| (4 * l..4 * l + 4).map(|i| w(i) * i32::from(x[i])).sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(in crate::cpu::kernels) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::Sets::total`] of four set registers and a register of minimums.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::cpu::kernels) fn total(sets: [__m256; 4], mins: __m256) -> f32 {
+        let acc = _mm256_add_ps(
+            _mm256_add_ps(sets[0], sets[2]),
+            _mm256_add_ps(sets[1], sets[3]),
+        );
+        across(acc) - across(mins)
+    }
+
+    /// [`super::across`] of a register.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::kernels) fn across(v: __m256) -> f32 {
+        let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)))
+    }
+
+    /// The f16 at `bytes[at..at + 2]` as f32, by F16C ([`super::half`]'s value).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(in crate::cpu::kernels) fn half(bytes: &[u8], at: usize) -> f32 {
+        let bits = i32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+    }
+
+    /// The eight lane sums of 32 bytes `w` (unsigned, at most 63) times `x`, as `i16` pairs
+    /// (`maddubs`: a pair at most 2 · 63 · 127).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::kernels) fn pairs(w: __m256i, x: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(w, x)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(in crate::cpu::kernels) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::Sets::total`] of the register of sets 0 and 1 (`low`), of sets 2 and 3
+    /// (`high`), and a register of minimums.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(in crate::cpu::kernels) fn total(low: __m512, high: __m512, mins: __m256) -> f32 {
+        let sets = _mm512_add_ps(low, high);
+        let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sets), 1));
+        let acc = _mm256_add_ps(_mm512_castps512_ps256(sets), upper);
+        super::avx2::across(acc) - super::avx2::across(mins)
+    }
+
+    /// Sixteen scales for a pair of groups: `scales[i]` in the low eight lanes,
+    /// `scales[i + 1]` in the high eight.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::cpu::kernels) fn pair_scale(scales: __m256, i: usize) -> __m512 {
+        let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let index = _mm512_add_epi32(pick, _mm512_set1_epi32(i as i32));
+        _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scales))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! `Q4_K`: 144 bytes for 256 values: `d` and `dmin` (f16), twelve bytes of eight 6-bit scales
+//! and eight 6-bit minimums, and 128 bytes of nibbles (bytes `32p..32p + 32` hold group `2p` in
+//! their low nibbles and group `2p + 1` in their high ones). Value `i` of group `g` is
+//! `(d · sc_g) · q − dmin · m_g`.
+//!
+//! A group's product with an activation block `x = xd · xq` is
+//! `xd · (d · sc_g) · Σ q · xq − xd · (dmin · m_g) · Σ xq`: the first sum in lanes as `Q8_0`'s,
+//! the second the block's sum of bytes kept with the activations ([`super::super::q8::Q8Rows`]),
+//! eight groups' minimums in one vector multiply-add.
+
+use super::super::blocks::{self, each_row};
+use super::super::q8::{BLOCK, Q8Rows, XRow};
+use super::{GROUPS, KMatrix, KType, SUPER, Sets, half, lanes};
+
+/// The type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q4K;
+
+/// A `Q4_K` matrix.
+pub(crate) type Q4KMatrix = KMatrix<Q4K>;
+
+/// Where a super-block's parts are.
+const D: usize = 0;
+const DMIN: usize = 2;
+const SCALES: usize = 4;
+const QS: usize = 16;
+
+impl KType for Q4K {
+    const BYTES: usize = 144;
+
+    fn dequantise(block: &[u8], out: &mut [f32]) {
+        let (d, dmin) = (half(block, D), half(block, DMIN));
+        let (sc, m) = scales(&block[SCALES..QS]);
+        for (g, values) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let (d1, m1) = (d * f32::from(sc[g]), dmin * f32::from(m[g]));
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = d1 * f32::from(nibble(block, g, i)) - m1;
+            }
+        }
+    }
+}
+
+/// The eight groups' 6-bit scales and minimums (ggml's `get_scale_min_k4`): groups 0–3's in
+/// the low six bits of bytes 0–3 and 4–7, groups 4–7's low four bits in bytes 8–11 and their
+/// top two in the top bits of bytes 0–7. Shifts and masks on words, as ggml's vector code.
+#[inline]
+pub(crate) fn scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let (six, four, two) = (0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303);
+    let sc_high = (w2 & four) | (((w0 >> 6) & two) << 4);
+    let m_high = ((w2 >> 4) & four) | (((w1 >> 6) & two) << 4);
+    let join = |low: u32, high: u32| (u64::from(low) | (u64::from(high) << 32)).to_le_bytes();
+    (join(w0 & six, sc_high), join(w1 & six, m_high))
+}
+
+/// Value `i`'s nibble of group `g`.
+#[inline]
+fn nibble(block: &[u8], g: usize, i: usize) -> u8 {
+    let byte = block[QS + (g / 2) * BLOCK + i];
+    if g.is_multiple_of(2) {
+        byte & 0x0F
+    } else {
+        byte >> 4
+    }
+}
+
+/// The numbers every kernel computes for a row times an activation row ([`Sets`]): group `b`'s
+/// lanes of `q · xq` times `(d · sc) · xd`, its activation sum times `(dmin · m) · xd`.
+pub(crate) fn dot_reference(w: &[u8], x: XRow<'_>) -> f32 {
+    let mut sets = Sets::new();
+    for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+        let (d, dmin) = (half(block, D), half(block, DMIN));
+        let (sc, m) = scales(&block[SCALES..QS]);
+        for g in 0..GROUPS {
+            let b = s * GROUPS + g;
+            let q = lanes(x, b, |i| i32::from(nibble(block, g, i)));
+            sets.add(b, q, (d * f32::from(sc[g])) * x.d[b]);
+            sets.add_min(b, x.sums[b], (dmin * f32::from(m[g])) * x.d[b]);
+        }
+    }
+    sets.total()
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
+/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4KMatrix, b: &[f32], quantised: bool) {
+    blocks::product(out, x, w, b, quantised, kernel())
+}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
+/// of a token's product.
+pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q4KMatrix, b: &[f32], j0: usize) {
+    (kernel().rows)(out, x, w, b, j0)
+}
+
+type Kernel = blocks::Kernel<Q4KMatrix>;
+
+fn kernel() -> Kernel {
+    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *FASTEST.get_or_init(|| kernels()[0])
+}
+
+/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
+/// same floats bit for bit.
+pub(crate) fn kernels() -> Vec<Kernel> {
+    let reference = Kernel {
+        name: "reference",
+        dot: dot_reference,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
+        // is compiled for.
+        let avx512 = Kernel {
+            name: "avx512-vnni",
+            dot: |w, x| unsafe { avx512::dot(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+        };
+        let avx2 = Kernel {
+            name: "avx2",
+            dot: |w, x| unsafe { avx2::dot(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
+        };
+        blocks::runnable(avx512, avx2, reference)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    vec![reference]
+}
+
+/// A super-block's groups' scales `(d · sc) · xd` and minimums' `(dmin · m) · xd` as vectors
+/// of eight (group order), for groups `8s..8s + 8` of the activations.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `block` is a super-block, `x` holds group `8s + 7`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn group_scales(
+    block: &[u8],
+    x: XRow<'_>,
+    s: usize,
+) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    let (sc, m) = scales(&block[SCALES..QS]);
+    let widen = |v: [u8; 8]| {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(
+            u64::from_le_bytes(v) as i64,
+        )))
+    };
+    // SAFETY: the caller keeps groups `8s..8s + 8` of `x` in bounds.
+    let xd = unsafe { _mm256_loadu_ps(x.d.as_ptr().add(s * GROUPS)) };
+    // `d` and `dmin`, the block's first four bytes, by one F16C conversion.
+    let pair = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+        block[D],
+        block[D + 1],
+        block[DMIN],
+        block[DMIN + 1],
+    ])));
+    let d = _mm256_broadcastss_ps(pair);
+    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(pair));
+    (
+        _mm256_mul_ps(_mm256_mul_ps(d, widen(sc)), xd),
+        _mm256_mul_ps(_mm256_mul_ps(dmin, widen(m)), xd),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::avx2::{pairs, total};
+    use super::{BLOCK, GROUPS, Q4K, QS, SUPER, XRow, group_scales};
+    use crate::cpu::kernels::k_quants::KType;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_reference`] in AVX2: a pair of groups' nibbles from one load of 32 bytes,
+    /// each group's lanes by `maddubs` and `madd`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(w: &[u8], x: XRow<'_>) -> f32 {
+        let n = w.len() / Q4K::BYTES;
+        assert!(x.q.len() >= n * SUPER && x.d.len() >= n * GROUPS && x.sums.len() >= n * GROUPS);
+        let mut sets = [_mm256_setzero_ps(); 4];
+        let mut mins = _mm256_setzero_ps();
+        let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+            // SAFETY: groups `8s..8s + 8` of `x` are in bounds (asserted); so are the
+            // super-block's 128 bytes of nibbles.
+            unsafe {
+                let (scales, min_scales) = group_scales(block, x, s);
+                let sums = _mm256_loadu_ps(x.sums.as_ptr().add(s * GROUPS));
+                mins = _mm256_fmadd_ps(sums, min_scales, mins);
+                let mut each = [0f32; 8];
+                _mm256_storeu_ps(each.as_mut_ptr(), scales);
+                let xq = x.q.as_ptr().add(s * SUPER);
+                for p in 0..GROUPS / 2 {
+                    let q = _mm256_loadu_si256(block.as_ptr().add(QS + p * BLOCK).cast());
+                    let (lo, hi) = (
+                        _mm256_and_si256(q, low),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                    );
+                    let x0 = _mm256_loadu_si256(xq.add(2 * p * BLOCK).cast());
+                    let x1 = _mm256_loadu_si256(xq.add((2 * p + 1) * BLOCK).cast());
+                    let l0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs(lo, x0), ones));
+                    let l1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs(hi, x1), ones));
+                    // Groups `2p` and `2p + 1` go to sets `2p mod 4` and the next.
+                    let (a, b) = ((2 * p) % 4, (2 * p + 1) % 4);
+                    sets[a] = _mm256_fmadd_ps(l0, _mm256_set1_ps(each[2 * p]), sets[a]);
+                    sets[b] = _mm256_fmadd_ps(l1, _mm256_set1_ps(each[2 * p + 1]), sets[b]);
+                }
+            }
+        }
+        total(sets, mins)
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::super::KMatrix<Q4K>,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x) })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::avx512::{pair_scale, total};
+    use super::{BLOCK, GROUPS, Q4K, QS, SUPER, XRow, group_scales};
+    use crate::cpu::kernels::k_quants::KType;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: a pair of groups' nibbles (low, high) in
+    /// one register, unsigned into `dpbusd` against the pair's 64 activation bytes.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot(w: &[u8], x: XRow<'_>) -> f32 {
+        let n = w.len() / Q4K::BYTES;
+        assert!(x.q.len() >= n * SUPER && x.d.len() >= n * GROUPS && x.sums.len() >= n * GROUPS);
+        let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut mins = _mm256_setzero_ps();
+        let mask = _mm256_set1_epi8(0x0F);
+        for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+            // SAFETY: as in the AVX2 kernel.
+            unsafe {
+                let (scales, min_scales) = group_scales(block, x, s);
+                let sums = _mm256_loadu_ps(x.sums.as_ptr().add(s * GROUPS));
+                mins = _mm256_fmadd_ps(sums, min_scales, mins);
+                let xq = x.q.as_ptr().add(s * SUPER);
+                for p in 0..GROUPS / 2 {
+                    let q = _mm256_loadu_si256(block.as_ptr().add(QS + p * BLOCK).cast());
+                    let lo = _mm256_and_si256(q, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+                    let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    let xs = _mm512_loadu_si512(xq.add(2 * p * BLOCK).cast());
+                    let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xs);
+                    let lanes = _mm512_cvtepi32_ps(sums);
+                    // Pairs 0 and 2 are sets 0 and 1, pairs 1 and 3 sets 2 and 3.
+                    let scale = pair_scale(scales, 2 * p);
+                    match p % 2 {
+                        0 => low = _mm512_fmadd_ps(lanes, scale, low),
+                        _ => high = _mm512_fmadd_ps(lanes, scale, high),
+                    }
+                }
+            }
+        }
+        total(low, high, mins)
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn row_range(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::super::KMatrix<Q4K>,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x) })
+    }
+}

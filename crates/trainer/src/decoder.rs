@@ -170,14 +170,7 @@ impl DecodeWeights {
                 dir.display()
             );
         };
-        let (plan, substituted) = types.plan()?;
-        let note = (!substituted.is_empty()).then(|| {
-            format!(
-                "{}: {} matrices decode as q8_0 (no kernels for them yet)",
-                types.file,
-                substituted.join(", ")
-            )
-        });
+        let (plan, note) = types.plan(dir)?;
         let weights = Self {
             weights,
             plan: Some(plan),

@@ -127,7 +127,7 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
     // A type without kernels decodes in q8_0, said once; a type that is none is refused.
     let types = dir.join("mixed/file-types.json");
     let text = std::fs::read_to_string(&types).unwrap();
-    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q6_K\"", 1)).unwrap();
+    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q5_K\"", 1)).unwrap();
     let args = ["generate", "--checkpoint", "mixed", "--backend", "fused"];
     let out = tinygpt(
         dir,
@@ -135,7 +135,23 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
     );
     ok(out.clone());
     let said = stderr(&out);
-    assert!(said.contains("Q6_K matrices decode as q8_0"), "{said}");
+    assert!(
+        said.contains("Q5_K matrices decode as q8_0 (no kernels"),
+        "{said}"
+    );
+    // A k-quant whose blocks the run does not keep (imported before they were kept): q8_0 too,
+    // and the line says how to keep them.
+    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q6_K\"", 1)).unwrap();
+    let out = tinygpt(
+        dir,
+        &[&args[..], &["--weights", "file", "--max-new-tokens", "4"]].concat(),
+    );
+    ok(out.clone());
+    let said = stderr(&out);
+    assert!(
+        said.contains("Q6_K matrices decode as q8_0 (the run keeps no blocks"),
+        "{said}"
+    );
     std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q9_9\"", 1)).unwrap();
     fails(
         tinygpt(dir, &[&args[..], &["--weights", "file"]].concat()),

@@ -54,11 +54,22 @@ fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
         run.tokenizer.vocab_size()
     );
     match FileTypes::read(&run.dir) {
-        Ok(Some(types)) => println!(
-            "imported from {}: matrices {} (--weights file decodes each in its type)",
-            types.file,
-            types.summary()
-        ),
+        Ok(Some(types)) => {
+            println!(
+                "imported from {}: matrices {} (--weights file decodes each in its type)",
+                types.file,
+                types.summary()
+            );
+            let (kept, bytes) = types.kept();
+            if kept > 0 {
+                println!(
+                    "kept blocks: {kept} k-quant matrices, {:.1} MB as the file stores them \
+                     (checksummed, in {})",
+                    bytes as f64 / 1e6,
+                    tinygpt::interop::gguf::kept::BLOCKS
+                );
+            }
+        }
         Ok(None) => {}
         Err(e) => println!("imported file's types: unreadable ({e:#})"),
     }

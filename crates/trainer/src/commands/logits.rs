@@ -7,7 +7,10 @@ use tinygpt_model::Pass;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt::backend::Backend;
+use tinygpt::config::{OptimizerKind, TrainDType};
+use tinygpt::decoder::{DecodeWeights, Weights};
 use tinygpt::run::checkpoint::Which;
+use tinygpt_model::FusedDecoder;
 
 /// Print the logits for given tokens as JSON: {"phase": "logits", "shape", "logits", "loss"}.
 #[derive(clap::Args)]
@@ -24,13 +27,36 @@ pub struct Args {
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// The matrices as sampling keeps them (q8_0, q5_0, q4_0: the fused CPU decoder's blocks;
+    /// file: each in the type of the GGUF file the run was imported from; bf16, f16: half
+    /// precision), every row computed as a sampled token's is; f32: the model as trained.
+    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    weights: Weights,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (_, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
-    let device = placement.device;
+    let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;
+    let model = match args.weights {
+        Weights::F32 => model,
+        Weights::Bf16 | Weights::F16 => args.weights.cast(model)?,
+        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
+            let engine = placement
+                .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
+                .0;
+            let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
+            if let Some(note) = note {
+                eprintln!("{note}");
+            }
+            let mut decoder = FusedDecoder::with_weights(&model, weights.matrices(engine)?)?;
+            let mut values = Vec::new();
+            decoder.window_logits(&args.tokens, |_, row| values.extend_from_slice(row))?;
+            let loss = next_token_loss(&values, model.vocab_size(), &args.tokens);
+            return print(values, model.vocab_size(), ids.len(), loss);
+        }
+    };
+    let device = placement.device;
     let seq = ids.len();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [1, seq]), &device);
     let logits = model.forward(input, Pass::Infer)?;
@@ -52,6 +78,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .into_data()
         .try_to_vec_as::<f32>()
         .map_err(|e| anyhow::anyhow!("logits: {e:?}"))?;
+    print(values, vocab, seq, loss)
+}
+
+/// The mean next-token cross-entropy of `logits [seq, vocab]` for `tokens` (`None`: one token).
+fn next_token_loss(logits: &[f32], vocab: usize, tokens: &[u32]) -> Option<f32> {
+    let rows = logits.chunks_exact(vocab).zip(&tokens[1..]);
+    let nats = rows.map(|(row, &target)| {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let total: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+        max + total.ln() - row[target as usize] as f64
+    });
+    (tokens.len() > 1).then(|| (nats.sum::<f64>() / (tokens.len() - 1) as f64) as f32)
+}
+
+/// The logits `values [seq, vocab]` and `loss` as one line of JSON; logits that are not finite
+/// are an error.
+fn print(values: Vec<f32>, vocab: usize, seq: usize, loss: Option<f32>) -> Result<ExitCode> {
     if let Some(at) = values.iter().position(|v| !v.is_finite()) {
         anyhow::bail!(
             "the logits are not finite at position {} (its weights are damaged or training \

@@ -77,13 +77,27 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         }
     };
     let fused_qkv = architecture == Architecture::Gpt2;
-    let types = FileTypes::of(&gguf, &gpt, fused_qkv, path).map_err(named)?;
+    // The rows of a query or key projection the import moved from llama.cpp's rotary layout.
+    let heads = |name: &str| match architecture {
+        Architecture::Llama(flavour) if flavour.interleaves() => {
+            llama::hf_name(name, &gpt).and_then(|(_, heads)| heads)
+        }
+        Architecture::Llama(_) | Architecture::Gpt2 => None,
+    };
+    let types = FileTypes::of(&gguf, &gpt, fused_qkv, path, heads).map_err(named)?;
     create_run(out, config.clone(), tokenizer, &model)?;
     types.write(out)?;
     notes.push(format!(
         "its matrices' types kept for --weights file: {}",
         types.summary()
     ));
+    let (kept, bytes) = types.kept();
+    if kept > 0 {
+        notes.push(format!(
+            "{kept} k-quant matrices kept in the file's own blocks ({:.1} MB, checksummed)",
+            bytes as f64 / 1e6
+        ));
+    }
     Ok(Imported {
         format: match architecture {
             Architecture::Gpt2 => "GGUF, llama.cpp's gpt2",

@@ -2,22 +2,31 @@
 //! (`file-types.json`), so that `--weights file` decodes each range of a matrix's rows in the
 //! type the file stores it in: a "Q4_K_M" file's `Q5_0` and `Q8_0` matrices as such, a file's
 //! `attn_q`, `attn_k` and `attn_v` (one matrix in tinygpt) each its own way. The decoder
-//! quantises the imported values again by ggml's reference quantisers, which give a file made
-//! by them (llama.cpp without an importance matrix) its own blocks back.
+//! quantises the imported values of blocks of 32 again by ggml's reference quantisers, which
+//! give a file made by them (llama.cpp without an importance matrix) its own blocks back; the
+//! k-quants (`Q4_K`, `Q6_K`) it multiplies as the file stores them, their bytes kept with the
+//! run (`file-blocks.bin`, rows in tinygpt's order, a SHA-256 for each tensor).
 
 use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{BlockPlan, GptConfig, Segment, WeightFormat, WeightPlan};
+use tinygpt_model::{
+    BlockPlan, BlockType, FileBlocks, GptConfig, Segment, Storage, WeightFormat, WeightPlan,
+};
 
-use super::file::{Gguf, TensorType};
+use super::file::{Gguf, Tensor, TensorType};
+use crate::checksum::sha256_hex;
 
 /// The run file that holds them.
 pub const FILE: &str = "file-types.json";
+
+/// The run file that holds the k-quant tensors' own blocks.
+pub const BLOCKS: &str = "file-blocks.bin";
 
 /// `rows` consecutive output rows stored as ggml's `type`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +34,51 @@ pub struct Range {
     pub rows: usize,
     #[serde(rename = "type")]
     pub kind: String,
+    /// Where the file's own blocks of these rows are in [`BLOCKS`] (the k-quants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<Kept>,
+}
+
+/// A tensor's blocks kept in [`BLOCKS`]: `bytes` from `offset`, whose SHA-256 is `sha256`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub tensor: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// The decoder's k-quant type of a file's type, if it multiplies that type's blocks.
+fn block_type(kind: TensorType) -> Option<BlockType> {
+    match kind {
+        TensorType::Q4_K => Some(BlockType::Q4_K),
+        TensorType::Q6_K => Some(BlockType::Q6_K),
+        TensorType::F32
+        | TensorType::F16
+        | TensorType::BF16
+        | TensorType::Q8_0
+        | TensorType::Q4_0
+        | TensorType::Q4_1
+        | TensorType::Q5_0
+        | TensorType::Q5_1
+        | TensorType::Q5_K => None,
+    }
+}
+
+/// `t`'s rows (each `row` bytes) in tinygpt's order: with `heads`, a query or key projection's
+/// rows moved back from llama.cpp's rotary layout as the import moves its values.
+fn rows_in_order(t: &Tensor, row: usize, heads: Option<usize>) -> Vec<u8> {
+    let Some(heads) = heads else {
+        return t.data.clone();
+    };
+    let n = t.data.len() / row;
+    let index: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let order = super::llama::deinterleave(&index, heads, 1);
+    order
+        .iter()
+        .flat_map(|&from| &t.data[from as usize * row..(from as usize + 1) * row])
+        .copied()
+        .collect()
 }
 
 /// One block's matrices, each as its ranges (top to bottom).
@@ -42,6 +96,9 @@ pub struct FileTypes {
     pub file: String,
     pub blocks: Vec<BlockTypes>,
     pub head: Vec<Range>,
+    /// The k-quant tensors' blocks, to be written to [`BLOCKS`] with the types.
+    #[serde(skip)]
+    pending: Vec<u8>,
 }
 
 /// The file's tensors, by llama.cpp's name, that make up each decoder matrix of block `l` of a
@@ -71,19 +128,39 @@ fn sources(fused_qkv: bool, gpt: &GptConfig, l: usize) -> [Vec<String>; 4] {
 
 impl FileTypes {
     /// The types of `gguf`'s matrices (a model of `gpt`; `fused_qkv` as [`sources`]), read
-    /// from `file`.
-    pub(super) fn of(gguf: &Gguf, gpt: &GptConfig, fused_qkv: bool, file: &Path) -> Result<Self> {
-        let ranges = |names: &[String]| -> Result<Vec<Range>> {
+    /// from `file`, and the k-quant tensors' blocks; `heads(name)`: the heads of a tensor whose
+    /// rows the import moved from llama.cpp's rotary layout.
+    pub(super) fn of(
+        gguf: &Gguf,
+        gpt: &GptConfig,
+        fused_qkv: bool,
+        file: &Path,
+        heads: impl Fn(&str) -> Option<usize>,
+    ) -> Result<Self> {
+        let mut pending = Vec::new();
+        let mut ranges = |names: &[String]| -> Result<Vec<Range>> {
             names
                 .iter()
                 .map(|name| {
                     let t = gguf
                         .tensor(name)
                         .ok_or_else(|| anyhow!("tensor {name} is missing"))?;
-                    let rows = t.ne.get(1).copied().unwrap_or(1);
+                    let rows = usize::try_from(t.ne.get(1).copied().unwrap_or(1))?;
+                    let kept = block_type(t.kind).map(|_| {
+                        let bytes = rows_in_order(t, t.data.len() / rows.max(1), heads(name));
+                        let kept = Kept {
+                            tensor: name.clone(),
+                            offset: pending.len() as u64,
+                            bytes: bytes.len() as u64,
+                            sha256: sha256_hex(&bytes),
+                        };
+                        pending.extend_from_slice(&bytes);
+                        kept
+                    });
                     Ok(Range {
-                        rows: usize::try_from(rows)?,
+                        rows,
                         kind: t.kind.name().to_string(),
+                        kept,
                     })
                 })
                 .collect()
@@ -102,17 +179,23 @@ impl FileTypes {
             Some(_) if !gpt.tie_embeddings => "output.weight",
             _ => "token_embd.weight",
         };
+        let head = ranges(&[head.to_string()])?;
         Ok(Self {
             file: file
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             blocks,
-            head: ranges(&[head.to_string()])?,
+            head,
+            pending,
         })
     }
 
-    /// Written into the run directory `dir`.
+    /// Written into the run directory `dir`: the kept blocks, then the types that name them.
     pub fn write(&self, dir: &Path) -> Result<()> {
+        if !self.pending.is_empty() {
+            std::fs::write(dir.join(BLOCKS), &self.pending)
+                .with_context(|| format!("cannot write {}", dir.join(BLOCKS).display()))?;
+        }
         let text = serde_json::to_string_pretty(self)? + "\n";
         std::fs::write(dir.join(FILE), text)
             .with_context(|| format!("cannot write {}", dir.join(FILE).display()))
@@ -159,11 +242,20 @@ impl FileTypes {
         counts.join(", ")
     }
 
-    /// The decoder's plan: each range in its file's type where the decoder has that type's
-    /// kernels (F32, F16 and BF16 as f32); the others in `Q8_0`, their values requantised, and
-    /// named in the second part.
-    pub fn plan(&self) -> Result<(Arc<WeightPlan>, Vec<&'static str>)> {
-        let mut substituted = Vec::new();
+    /// How many matrices are kept in their own blocks, and their bytes.
+    pub fn kept(&self) -> (usize, u64) {
+        let kept = self.ranges().filter_map(|r| r.kept.as_ref());
+        kept.fold((0, 0), |(n, bytes), k| (n + 1, bytes + k.bytes))
+    }
+
+    /// The decoder's plan for the run in `dir`: each range in its file's type where the
+    /// decoder has that type's kernels (F32, F16 and BF16 as f32; the k-quants the file's own
+    /// blocks, checked against their SHA-256); the others in `Q8_0`, their values requantised,
+    /// which the second part says in a line for the user.
+    pub fn plan(&self, dir: &Path) -> Result<(Arc<WeightPlan>, Option<String>)> {
+        // Types without kernels, and k-quants of a run imported before their blocks were kept.
+        let (mut substituted, mut unkept) = (Vec::new(), Vec::new());
+        let mut blocks_file = None;
         let mut segments = |ranges: &[Range]| -> Result<Vec<Segment>> {
             ranges
                 .iter()
@@ -175,21 +267,30 @@ impl FileTypes {
                         TensorType::Q8_0 => WeightFormat::Q8_0,
                         TensorType::Q5_0 => WeightFormat::Q5_0,
                         TensorType::Q4_0 => WeightFormat::Q4_0,
-                        TensorType::Q4_1
-                        | TensorType::Q5_1
-                        | TensorType::Q4_K
-                        | TensorType::Q5_K
-                        | TensorType::Q6_K => {
+                        TensorType::Q4_K | TensorType::Q6_K if r.kept.is_some() => {
+                            let kept = r.kept.as_ref().expect("kept");
+                            let bytes = read_kept(&mut blocks_file, dir, kept)?;
+                            let kind = block_type(kind).expect("a k-quant");
+                            let storage = Storage::Blocks(FileBlocks { kind, bytes });
+                            return Ok(Segment {
+                                rows: r.rows,
+                                storage,
+                            });
+                        }
+                        TensorType::Q4_K | TensorType::Q6_K => {
+                            if !unkept.contains(&kind.name()) {
+                                unkept.push(kind.name());
+                            }
+                            WeightFormat::Q8_0
+                        }
+                        TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q5_K => {
                             if !substituted.contains(&kind.name()) {
                                 substituted.push(kind.name());
                             }
                             WeightFormat::Q8_0
                         }
                     };
-                    Ok(Segment {
-                        rows: r.rows,
-                        format,
-                    })
+                    Ok(Segment::quantised(r.rows, format))
                 })
                 .collect()
         };
@@ -206,6 +307,49 @@ impl FileTypes {
         if self.blocks.is_empty() && head.is_empty() {
             bail!("the run's file types name no matrix");
         }
-        Ok((Arc::new(WeightPlan { blocks, head }), substituted))
+        let mut said = Vec::new();
+        if !substituted.is_empty() {
+            said.push(format!(
+                "{} matrices decode as q8_0 (no kernels for them yet)",
+                substituted.join(", ")
+            ));
+        }
+        if !unkept.is_empty() {
+            said.push(format!(
+                "{} matrices decode as q8_0 (the run keeps no blocks of them: import the file \
+                 again to decode them as it stores them)",
+                unkept.join(", ")
+            ));
+        }
+        let note = (!said.is_empty()).then(|| format!("{}: {}", self.file, said.join("; ")));
+        Ok((Arc::new(WeightPlan { blocks, head }), note))
     }
+}
+
+/// `kept`'s bytes from the run's [`BLOCKS`] (`file`: it opened once), refused in one line where
+/// they are missing or their SHA-256 differs.
+fn read_kept(file: &mut Option<std::fs::File>, dir: &Path, kept: &Kept) -> Result<Arc<[u8]>> {
+    let path = dir.join(BLOCKS);
+    let damaged = || {
+        anyhow!(
+            "{}: the blocks of {} are damaged (their SHA-256 differs); import the GGUF file \
+             again",
+            path.display(),
+            kept.tensor
+        )
+    };
+    if file.is_none() {
+        let opened = std::fs::File::open(&path)
+            .with_context(|| format!("cannot read {} (the run's kept blocks)", path.display()))?;
+        *file = Some(opened);
+    }
+    let f = file.as_mut().expect("opened");
+    let mut bytes = vec![0; usize::try_from(kept.bytes)?];
+    f.seek(SeekFrom::Start(kept.offset))
+        .and_then(|_| f.read_exact(&mut bytes))
+        .map_err(|_| damaged())?;
+    if sha256_hex(&bytes) != kept.sha256 {
+        return Err(damaged());
+    }
+    Ok(bytes.into())
 }

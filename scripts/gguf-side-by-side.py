@@ -12,7 +12,10 @@ Q4_K_M (`llama_model_quantize`), and times:
   time (decode tokens/s, greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
   run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (a token's products split over every
-  core by outputs, a prompt's by rows);
+  core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M file itself, imported, with
+  `generate --weights file` (each matrix in the file's type, its Q4_K and Q6_K in the file's
+  own blocks): N tokens from a one-token prompt, timed as the difference of N + 1 tokens and 1
+  (the load), best of 3;
 - the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
   its own half), best of 3, so each decode figure can say what share of the ceiling it reads
   (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied
@@ -128,6 +131,22 @@ def tinygpt_speed(tinygpt, run_dir, n_prompt, new, weights):
             result["weight_bytes_per_token"])
 
 
+def tinygpt_file_speed(tinygpt, gguf, work, new):
+    """`generate --weights file` of the GGUF file `gguf` imported: tokens/s of `new` tokens,
+    the time of `new + 1` tokens less that of 1 (loading the run), best of 3."""
+    run([tinygpt, "import", "--from", str(gguf), "--out", str(work / "imported")])
+
+    def seconds(tokens):
+        start = time.perf_counter()
+        run([tinygpt, "generate", "--checkpoint", str(work / "imported"), "--prompt", "The",
+             "--max-new-tokens", str(tokens), "--temperature", "0", "--backend", "fused",
+             "--weights", "file"])
+        return time.perf_counter() - start
+
+    load = min(seconds(1) for _ in range(3))
+    return new / (min(seconds(new + 1) for _ in range(3)) - load)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tinygpt", required=True)
@@ -175,6 +194,10 @@ def main():
                              "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
+            tg = tinygpt_file_speed(args.tinygpt, work / "q4_k_m.gguf", work, new)
+            rows.append({"shape": name, "engine": "tinygpt", "weights": "q4_k_m file",
+                         "threads": os.cpu_count(), "new_tokens": new,
+                         "decode_tok_s": round(tg, 1)})
             for row in rows[first:]:
                 print(json.dumps(row), flush=True)
     return 0

@@ -426,6 +426,9 @@ fn linear_backward(
         Weight::Q4(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
         Weight::Q5(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
         Weight::Q4K(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
+        Weight::Q41(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
+        Weight::Q51(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
+        Weight::Q5K(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
         Weight::Q6K(w) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| w.dequantise_row(j, r)),
         Weight::Stacked(parts) => dequantised_dx(dx, dy_view, (n_out, n_in), |j, r| {
             stacked_row_values(parts, j, r)

@@ -11,7 +11,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
-use super::kernels::k_quants::{q4_k::Q4KMatrix, q6_k::Q6KMatrix};
+use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
+use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
+use super::kernels::k_quants::q6_k::Q6KMatrix;
 use super::kernels::q4_0::Q4Matrix;
 use super::kernels::q5_0::Q5Matrix;
 use super::kernels::q8::Q8Matrix;
@@ -120,6 +122,12 @@ pub(crate) enum RowMatrix {
     Q5(Q5Matrix),
     /// A file's `Q4_K` blocks, as it stores them.
     Q4K(Q4KMatrix),
+    /// A file's `Q4_1` blocks, as it stores them.
+    Q41(Q41Matrix),
+    /// A file's `Q5_1` blocks, as it stores them.
+    Q51(Q51Matrix),
+    /// A file's `Q5_K` blocks, as it stores them.
+    Q5K(Q5KMatrix),
     /// A file's `Q6_K` blocks, as it stores them.
     Q6K(Q6KMatrix),
     F32(F32Rows),
@@ -185,6 +193,9 @@ impl RowMatrix {
             RowMatrix::Q4(q) => q.rows,
             RowMatrix::Q5(q) => q.rows,
             RowMatrix::Q4K(q) => q.rows,
+            RowMatrix::Q41(q) => q.rows,
+            RowMatrix::Q51(q) => q.rows,
+            RowMatrix::Q5K(q) => q.rows,
             RowMatrix::Q6K(q) => q.rows,
             RowMatrix::F32(r) => r.rows,
             RowMatrix::Columns(w) => w.len() / n_in,
@@ -200,6 +211,9 @@ impl RowMatrix {
             RowMatrix::Q4(q) => q.dequantise_row(j, out),
             RowMatrix::Q5(q) => q.dequantise_row(j, out),
             RowMatrix::Q4K(q) => q.dequantise_row(j, out),
+            RowMatrix::Q41(q) => q.dequantise_row(j, out),
+            RowMatrix::Q51(q) => q.dequantise_row(j, out),
+            RowMatrix::Q5K(q) => q.dequantise_row(j, out),
             RowMatrix::Q6K(q) => q.dequantise_row(j, out),
             RowMatrix::F32(r) => out.copy_from_slice(&r.w[j * n_in..(j + 1) * n_in]),
             RowMatrix::Columns(w) => {
@@ -219,6 +233,9 @@ impl RowMatrix {
             RowMatrix::Q4(q) => q.bytes(),
             RowMatrix::Q5(q) => q.bytes(),
             RowMatrix::Q4K(q) => q.bytes(),
+            RowMatrix::Q41(q) => q.bytes(),
+            RowMatrix::Q51(q) => q.bytes(),
+            RowMatrix::Q5K(q) => q.bytes(),
             RowMatrix::Q6K(q) => q.bytes(),
             RowMatrix::F32(r) => 4 * r.w.len(),
             RowMatrix::Columns(w) => 4 * w.len(),

@@ -4,7 +4,8 @@
 
 use super::buffer::Buffer;
 use super::dims::Dims;
-use super::kernels::k_quants::q4_k::{self, Q4KMatrix};
+use super::kernels::k_quants::q4_1::{self, Q41Matrix, Q51Matrix};
+use super::kernels::k_quants::q4_k::{self, Q4KMatrix, Q5KMatrix};
 use super::kernels::k_quants::q6_k::{self, Q6KMatrix};
 use super::kernels::matmul::linear;
 use super::kernels::q4_0::{self, Q4Matrix};
@@ -50,6 +51,9 @@ pub(super) enum Weight<'a> {
     Q4(&'a Q4Matrix),
     Q5(&'a Q5Matrix),
     Q4K(&'a Q4KMatrix),
+    Q41(&'a Q41Matrix),
+    Q51(&'a Q51Matrix),
+    Q5K(&'a Q5KMatrix),
     Q6K(&'a Q6KMatrix),
     Rows(&'a F32Rows),
     /// Ranges of output rows, each its own way, top to bottom.
@@ -73,6 +77,9 @@ impl<'a> Weight<'a> {
             RowMatrix::Q4(q) => Weight::Q4(q),
             RowMatrix::Q5(q) => Weight::Q5(q),
             RowMatrix::Q4K(q) => Weight::Q4K(q),
+            RowMatrix::Q41(q) => Weight::Q41(q),
+            RowMatrix::Q51(q) => Weight::Q51(q),
+            RowMatrix::Q5K(q) => Weight::Q5K(q),
             RowMatrix::Q6K(q) => Weight::Q6K(q),
             RowMatrix::F32(r) => Weight::Rows(r),
             RowMatrix::Columns(w) => Weight::F32(w),
@@ -89,6 +96,9 @@ impl<'a> Weight<'a> {
             Weight::Q4(w) => q4_0::product(out, x, w, b, per_row),
             Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
             Weight::Q4K(w) => q4_k::product(out, x, w, b, per_row),
+            Weight::Q41(w) => q4_1::product(out, x, w, b, per_row),
+            Weight::Q51(w) => q4_1::product(out, x, w, b, per_row),
+            Weight::Q5K(w) => q4_k::product(out, x, w, b, per_row),
             Weight::Q6K(w) => q6_k::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
@@ -205,6 +215,9 @@ impl<'a> Ctx<'a> {
                 | Weight::Q4(_)
                 | Weight::Q5(_)
                 | Weight::Q4K(_)
+                | Weight::Q41(_)
+                | Weight::Q51(_)
+                | Weight::Q5K(_)
                 | Weight::Q6K(_)
                 | Weight::Rows(_)
                 | Weight::Stacked(_)
@@ -232,6 +245,15 @@ pub(super) fn linear_split(
             split_columns(helpers, out, &|part, j0| q5_0::row_range(part, x, w, b, j0));
         }),
         Weight::Q4K(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q4_k::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q41(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q4_1::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q51(w) => q8::quantized(x, |x| {
+            split_columns(helpers, out, &|part, j0| q4_1::row_range(part, x, w, b, j0));
+        }),
+        Weight::Q5K(w) => q8::quantized(x, |x| {
             split_columns(helpers, out, &|part, j0| q4_k::row_range(part, x, w, b, j0));
         }),
         Weight::Q6K(w) => q8::quantized(x, |x| {
@@ -279,6 +301,9 @@ fn stacked_range(
                 RowMatrix::Q4(w) => q4_0::row_range(share, xq, w, bias, local),
                 RowMatrix::Q5(w) => q5_0::row_range(share, xq, w, bias, local),
                 RowMatrix::Q4K(w) => q4_k::row_range(share, xq, w, bias, local),
+                RowMatrix::Q41(w) => q4_1::row_range(share, xq, w, bias, local),
+                RowMatrix::Q51(w) => q4_1::row_range(share, xq, w, bias, local),
+                RowMatrix::Q5K(w) => q4_k::row_range(share, xq, w, bias, local),
                 RowMatrix::Q6K(w) => q6_k::row_range(share, xq, w, bias, local),
                 RowMatrix::F32(w) => rows::row_range(share, x, w, bias, local),
                 RowMatrix::Columns(w) => {

@@ -12,7 +12,8 @@ use crate::arch::Mlp;
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
-use crate::cpu::kernels::k_quants::{KMatrix, q4_k::Q4K, q6_k::Q6K};
+use crate::cpu::kernels::k_quants::q4_1::{Q41, Q51};
+use crate::cpu::kernels::k_quants::{KMatrix, q4_k::Q4K, q4_k::Q5K, q6_k::Q6K};
 use crate::cpu::kernels::q4_0::Q4Matrix;
 use crate::cpu::kernels::q5_0::Q5Matrix;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
@@ -36,11 +37,15 @@ pub enum Storage {
     Blocks(FileBlocks),
 }
 
-/// A GGUF k-quant the decoder multiplies as a file stores it.
+/// A GGUF type the decoder multiplies as a file stores it: the k-quants, and the types with a
+/// minimum per block of 32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub enum BlockType {
+    Q4_1,
+    Q5_1,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
@@ -242,7 +247,10 @@ fn stored(rows: &[f32], n_in: usize, format: WeightFormat) -> RowMatrix {
 fn kept(blocks: &FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
     let bytes = blocks.bytes.clone();
     match blocks.kind {
+        BlockType::Q4_1 => KMatrix::<Q41>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q41),
+        BlockType::Q5_1 => KMatrix::<Q51>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q51),
         BlockType::Q4_K => KMatrix::<Q4K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q4K),
+        BlockType::Q5_K => KMatrix::<Q5K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q5K),
         BlockType::Q6_K => KMatrix::<Q6K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q6K),
     }
 }

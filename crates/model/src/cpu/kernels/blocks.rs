@@ -1,5 +1,5 @@
 //! What the decoding products of GGUF's block types multiplied by `Q8_0`'s activations share
-//! (`Q4_0`, `Q5_0`, and the k-quants `Q4_K`, `Q6_K`): a matrix of rows of blocks, a kernel's
+//! (`Q4_0`, `Q5_0`, and the k-quants `Q4_K`, `Q5_K`, `Q6_K`): a matrix of rows of blocks, a kernel's
 //! two entries (a row's product and a thread's share of rows with that product inlined), and
 //! the loops around them.
 //!

@@ -1,9 +1,13 @@
 //! GGUF's k-quants for decoding, kept in the blocks a file stores them in: `Q4_K` (super-blocks
 //! of 256 values in eight groups of 32, each group a 6-bit scale and a 6-bit minimum: value =
-//! `d · sc · q − dmin · m`, `q` four bits) and `Q6_K` (sixteen groups of 16, each an 8-bit
-//! scale: value = `d · sc · (q − 32)`, `q` six bits). llama.cpp writes a "Q4_K_M" file's
-//! matrices in them where rows are a multiple of 256 long (SmolLM2-1.7B's 2048; the 135M's
-//! 1536-long down projections).
+//! `d · sc · q − dmin · m`, `q` four bits), `Q5_K` (the same, `q` five bits) and `Q6_K`
+//! (sixteen groups of 16, each an 8-bit scale: value = `d · sc · (q − 32)`, `q` six bits).
+//! llama.cpp writes a "Q4_K_M" or "Q5_K_M" file's matrices in them where rows are a multiple
+//! of 256 long (SmolLM2-1.7B's 2048; the 135M's 1536-long down projections).
+//!
+//! Beside them, the older types with a minimum per block of 32, `Q4_1` and `Q5_1` (a "Q5_K_M"
+//! file's type where rows are not a multiple of 256, as `Q5_0` is a "Q4_K_M" file's): the same
+//! product, a block a group.
 //!
 //! The activations are quantised as for `Q8_0` ([`q8::Q8Rows`]: blocks of 32, an f32 scale
 //! each), finer than ggml's `q8_K` (one scale per 256), so each group of 32 of a row's product
@@ -17,6 +21,7 @@ use half::f16;
 use super::blocks::BlockMatrix;
 use super::q8::{BLOCK, XRow};
 
+pub(crate) mod q4_1;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;
 
@@ -26,15 +31,17 @@ pub const SUPER: usize = 256;
 /// Groups of 32 (activation blocks) in a super-block.
 const GROUPS: usize = SUPER / BLOCK;
 
-/// A k-quant type's super-block: its bytes and its values.
+/// A type's block (a k-quant's super-block): its bytes and its values.
 pub(crate) trait KType: Sync + Send + 'static {
-    /// Bytes of a super-block.
+    /// Values in a block: [`SUPER`] for the k-quants, 32 for `Q4_1` and `Q5_1`.
+    const VALUES: usize = SUPER;
+    /// Bytes of a block.
     const BYTES: usize;
-    /// The super-block's 256 values, as ggml's `dequantize_row_*` computes them.
+    /// The block's values, as ggml's `dequantize_row_*` computes them.
     fn dequantise(block: &[u8], out: &mut [f32]);
 }
 
-/// A matrix `[rows, cols]` of super-blocks along each row (`cols` a multiple of [`SUPER`]),
+/// A matrix `[rows, cols]` of blocks along each row (`cols` a multiple of a block's values),
 /// stored as GGUF stores it: row after row, each row its super-blocks' bytes.
 #[derive(Debug, Clone)]
 pub(crate) struct KMatrix<T> {
@@ -48,7 +55,7 @@ impl<T: KType> KMatrix<T> {
     /// `bytes`, a file's tensor of `rows` rows of `cols`, as it stores them (shared, not
     /// copied); `None` where its length or `cols` does not fit.
     pub(crate) fn from_bytes(bytes: Arc<[u8]>, rows: usize, cols: usize) -> Option<Self> {
-        let fits = cols > 0 && cols.is_multiple_of(SUPER);
+        let fits = cols > 0 && cols.is_multiple_of(T::VALUES);
         (fits && bytes.len() == rows * Self::stride(cols)).then_some(Self {
             rows,
             cols,
@@ -59,7 +66,7 @@ impl<T: KType> KMatrix<T> {
 
     /// Bytes of a row of `cols`.
     pub(crate) fn stride(cols: usize) -> usize {
-        cols / SUPER * T::BYTES
+        cols / T::VALUES * T::BYTES
     }
 
     /// Bytes it holds: GGUF's.
@@ -77,7 +84,7 @@ impl<T: KType> KMatrix<T> {
     /// Row `j`'s values into `out [cols]`.
     pub(crate) fn dequantise_row(&self, j: usize, out: &mut [f32]) {
         let blocks = self.row(j).chunks_exact(T::BYTES);
-        for (block, values) in blocks.zip(out.chunks_exact_mut(SUPER)) {
+        for (block, values) in blocks.zip(out.chunks_exact_mut(T::VALUES)) {
             T::dequantise(block, values);
         }
     }

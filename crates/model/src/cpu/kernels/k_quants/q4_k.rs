@@ -1,7 +1,8 @@
 //! `Q4_K`: 144 bytes for 256 values: `d` and `dmin` (f16), twelve bytes of eight 6-bit scales
 //! and eight 6-bit minimums, and 128 bytes of nibbles (bytes `32p..32p + 32` hold group `2p` in
 //! their low nibbles and group `2p + 1` in their high ones). Value `i` of group `g` is
-//! `(d · sc_g) · q − dmin · m_g`.
+//! `(d · sc_g) · q − dmin · m_g`. `Q5_K` (176 bytes) is the same with a fifth bit for each
+//! value: bit `g` of byte `i` of 32 bytes between the scales and the nibbles (`q` up to 31).
 //!
 //! A group's product with an activation block `x = xd · xq` is
 //! `xd · (d · sc_g) · Σ q · xq − xd · (dmin · m_g) · Σ xq`: the first sum in lanes as `Q8_0`'s,
@@ -12,29 +13,56 @@ use super::super::blocks::{self, each_row};
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{GROUPS, KMatrix, KType, SUPER, Sets, half, lanes};
 
-/// The type.
+/// The k-quants with minimums: `Q4_K` (`FIVE` false) and `Q5_K`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Q4K;
+pub(crate) struct Minimums<const FIVE: bool>;
+
+/// `Q4_K`.
+pub(crate) type Q4K = Minimums<false>;
+/// `Q5_K`.
+pub(crate) type Q5K = Minimums<true>;
 
 /// A `Q4_K` matrix.
 pub(crate) type Q4KMatrix = KMatrix<Q4K>;
+/// A `Q5_K` matrix.
+pub(crate) type Q5KMatrix = KMatrix<Q5K>;
 
-/// Where a super-block's parts are.
+/// Where a super-block's parts are: `d`, `dmin`, the scales, `Q5_K`'s fifth bits.
 const D: usize = 0;
 const DMIN: usize = 2;
 const SCALES: usize = 4;
-const QS: usize = 16;
+const QH: usize = 16;
 
-impl KType for Q4K {
-    const BYTES: usize = 144;
+impl<const FIVE: bool> Minimums<FIVE> {
+    /// Where the nibbles start.
+    const QS: usize = if FIVE { 48 } else { 16 };
+
+    /// Group `g`'s value `i`, `q` (the nibble, and `Q5_K`'s fifth bit).
+    #[inline]
+    fn q(block: &[u8], g: usize, i: usize) -> u8 {
+        let byte = block[Self::QS + (g / 2) * BLOCK + i];
+        let nibble = if g.is_multiple_of(2) {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        };
+        match FIVE {
+            true => nibble | (((block[QH + i] >> g) & 1) << 4),
+            false => nibble,
+        }
+    }
+}
+
+impl<const FIVE: bool> KType for Minimums<FIVE> {
+    const BYTES: usize = if FIVE { 176 } else { 144 };
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
         let (d, dmin) = (half(block, D), half(block, DMIN));
-        let (sc, m) = scales(&block[SCALES..QS]);
+        let (sc, m) = scales(&block[SCALES..QH]);
         for (g, values) in out.chunks_exact_mut(BLOCK).enumerate() {
             let (d1, m1) = (d * f32::from(sc[g]), dmin * f32::from(m[g]));
             for (i, v) in values.iter_mut().enumerate() {
-                *v = d1 * f32::from(nibble(block, g, i)) - m1;
+                *v = d1 * f32::from(Self::q(block, g, i)) - m1;
             }
         }
     }
@@ -54,27 +82,16 @@ pub(crate) fn scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     (join(w0 & six, sc_high), join(w1 & six, m_high))
 }
 
-/// Value `i`'s nibble of group `g`.
-#[inline]
-fn nibble(block: &[u8], g: usize, i: usize) -> u8 {
-    let byte = block[QS + (g / 2) * BLOCK + i];
-    if g.is_multiple_of(2) {
-        byte & 0x0F
-    } else {
-        byte >> 4
-    }
-}
-
 /// The numbers every kernel computes for a row times an activation row ([`Sets`]): group `b`'s
 /// lanes of `q · xq` times `(d · sc) · xd`, its activation sum times `(dmin · m) · xd`.
-pub(crate) fn dot_reference(w: &[u8], x: XRow<'_>) -> f32 {
+pub(crate) fn dot_reference<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
     let mut sets = Sets::new();
-    for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+    for (s, block) in w.chunks_exact(Minimums::<FIVE>::BYTES).enumerate() {
         let (d, dmin) = (half(block, D), half(block, DMIN));
-        let (sc, m) = scales(&block[SCALES..QS]);
+        let (sc, m) = scales(&block[SCALES..QH]);
         for g in 0..GROUPS {
             let b = s * GROUPS + g;
-            let q = lanes(x, b, |i| i32::from(nibble(block, g, i)));
+            let q = lanes(x, b, |i| i32::from(Minimums::<FIVE>::q(block, g, i)));
             sets.add(b, q, (d * f32::from(sc[g])) * x.d[b]);
             sets.add_min(b, x.sums[b], (dmin * f32::from(m[g])) * x.d[b]);
         }
@@ -84,44 +101,75 @@ pub(crate) fn dot_reference(w: &[u8], x: XRow<'_>) -> f32 {
 
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
 /// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4KMatrix, b: &[f32], quantised: bool) {
-    blocks::product(out, x, w, b, quantised, kernel())
+pub(crate) fn product<const FIVE: bool>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &KMatrix<Minimums<FIVE>>,
+    b: &[f32],
+    quantised: bool,
+) where
+    Minimums<FIVE>: Fastest,
+{
+    blocks::product(out, x, w, b, quantised, Minimums::<FIVE>::kernel())
 }
 
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
 /// of a token's product.
-pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q4KMatrix, b: &[f32], j0: usize) {
-    (kernel().rows)(out, x, w, b, j0)
+pub(crate) fn row_range<const FIVE: bool>(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &KMatrix<Minimums<FIVE>>,
+    b: &[f32],
+    j0: usize,
+) where
+    Minimums<FIVE>: Fastest,
+{
+    (Minimums::<FIVE>::kernel().rows)(out, x, w, b, j0)
 }
 
-type Kernel = blocks::Kernel<Q4KMatrix>;
+type Kernel<const FIVE: bool> = blocks::Kernel<KMatrix<Minimums<FIVE>>>;
 
-fn kernel() -> Kernel {
-    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-    *FASTEST.get_or_init(|| kernels()[0])
+/// The fastest exact kernel of a type, chosen once: a static for each type (one in a generic
+/// function would be one for all its instances).
+pub(crate) trait Fastest: KType + Sized {
+    fn kernel() -> blocks::Kernel<KMatrix<Self>>;
+}
+
+impl Fastest for Q4K {
+    fn kernel() -> Kernel<false> {
+        static FASTEST: std::sync::OnceLock<Kernel<false>> = std::sync::OnceLock::new();
+        *FASTEST.get_or_init(|| kernels::<false>()[0])
+    }
+}
+
+impl Fastest for Q5K {
+    fn kernel() -> Kernel<true> {
+        static FASTEST: std::sync::OnceLock<Kernel<true>> = std::sync::OnceLock::new();
+        *FASTEST.get_or_init(|| kernels::<true>()[0])
+    }
 }
 
 /// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
 /// same floats bit for bit.
-pub(crate) fn kernels() -> Vec<Kernel> {
-    let reference = Kernel {
+pub(crate) fn kernels<const FIVE: bool>() -> Vec<Kernel<FIVE>> {
+    let reference = Kernel::<FIVE> {
         name: "reference",
-        dot: dot_reference,
-        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
+        dot: dot_reference::<FIVE>,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference::<FIVE>),
     };
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
         // is compiled for.
-        let avx512 = Kernel {
+        let avx512 = Kernel::<FIVE> {
             name: "avx512-vnni",
-            dot: |w, x| unsafe { avx512::dot(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+            dot: |w, x| unsafe { avx512::dot::<FIVE>(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx512::row_range::<FIVE>(out, x, w, b, j0) },
         };
-        let avx2 = Kernel {
+        let avx2 = Kernel::<FIVE> {
             name: "avx2",
-            dot: |w, x| unsafe { avx2::dot(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
+            dot: |w, x| unsafe { avx2::dot::<FIVE>(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx2::row_range::<FIVE>(out, x, w, b, j0) },
         };
         blocks::runnable(avx512, avx2, reference)
     }
@@ -143,7 +191,7 @@ unsafe fn group_scales(
     s: usize,
 ) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
     use std::arch::x86_64::*;
-    let (sc, m) = scales(&block[SCALES..QS]);
+    let (sc, m) = scales(&block[SCALES..QH]);
     let widen = |v: [u8; 8]| {
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(
             u64::from_le_bytes(v) as i64,
@@ -169,7 +217,7 @@ unsafe fn group_scales(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::avx2::{pairs, total};
-    use super::{BLOCK, GROUPS, Q4K, QS, SUPER, XRow, group_scales};
+    use super::{BLOCK, GROUPS, Minimums, QH, SUPER, XRow, group_scales};
     use crate::cpu::kernels::k_quants::KType;
     use std::arch::x86_64::*;
 
@@ -180,13 +228,13 @@ mod avx2 {
     /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot(w: &[u8], x: XRow<'_>) -> f32 {
-        let n = w.len() / Q4K::BYTES;
+    pub(super) unsafe fn dot<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
+        let n = w.len() / Minimums::<FIVE>::BYTES;
         assert!(x.q.len() >= n * SUPER && x.d.len() >= n * GROUPS && x.sums.len() >= n * GROUPS);
         let mut sets = [_mm256_setzero_ps(); 4];
         let mut mins = _mm256_setzero_ps();
         let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-        for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+        for (s, block) in w.chunks_exact(Minimums::<FIVE>::BYTES).enumerate() {
             // SAFETY: groups `8s..8s + 8` of `x` are in bounds (asserted); so are the
             // super-block's 128 bytes of nibbles.
             unsafe {
@@ -196,12 +244,26 @@ mod avx2 {
                 let mut each = [0f32; 8];
                 _mm256_storeu_ps(each.as_mut_ptr(), scales);
                 let xq = x.q.as_ptr().add(s * SUPER);
+                let qs = Minimums::<FIVE>::QS;
+                let qh = match FIVE {
+                    true => _mm256_loadu_si256(block.as_ptr().add(QH).cast()),
+                    false => _mm256_setzero_si256(),
+                };
                 for p in 0..GROUPS / 2 {
-                    let q = _mm256_loadu_si256(block.as_ptr().add(QS + p * BLOCK).cast());
-                    let (lo, hi) = (
+                    let q = _mm256_loadu_si256(block.as_ptr().add(qs + p * BLOCK).cast());
+                    let (mut lo, mut hi) = (
                         _mm256_and_si256(q, low),
                         _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
                     );
+                    if FIVE {
+                        // Group `g`'s fifth bits are bit `g` of the 32 bytes: 16 where set.
+                        let fifth = |g: usize| {
+                            let bits = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32));
+                            _mm256_slli_epi16(_mm256_and_si256(bits, _mm256_set1_epi8(1)), 4)
+                        };
+                        lo = _mm256_or_si256(lo, fifth(2 * p));
+                        hi = _mm256_or_si256(hi, fifth(2 * p + 1));
+                    }
                     let x0 = _mm256_loadu_si256(xq.add(2 * p * BLOCK).cast());
                     let x1 = _mm256_loadu_si256(xq.add((2 * p + 1) * BLOCK).cast());
                     let l0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs(lo, x0), ones));
@@ -221,22 +283,22 @@ mod avx2 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn row_range(
+    pub(super) unsafe fn row_range<const FIVE: bool>(
         out: &mut [f32],
         x: &super::Q8Rows,
-        w: &super::super::KMatrix<Q4K>,
+        w: &super::super::KMatrix<Minimums<FIVE>>,
         b: &[f32],
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x) })
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot::<FIVE>(w, x) })
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::super::avx512::{pair_scale, total};
-    use super::{BLOCK, GROUPS, Q4K, QS, SUPER, XRow, group_scales};
+    use super::{BLOCK, GROUPS, Minimums, QH, SUPER, XRow, group_scales};
     use crate::cpu::kernels::k_quants::KType;
     use std::arch::x86_64::*;
 
@@ -247,24 +309,43 @@ mod avx512 {
     /// The CPU has every feature named below (the lengths are asserted).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn dot(w: &[u8], x: XRow<'_>) -> f32 {
-        let n = w.len() / Q4K::BYTES;
+    pub(super) unsafe fn dot<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
+        let n = w.len() / Minimums::<FIVE>::BYTES;
         assert!(x.q.len() >= n * SUPER && x.d.len() >= n * GROUPS && x.sums.len() >= n * GROUPS);
         let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let mut mins = _mm256_setzero_ps();
         let mask = _mm256_set1_epi8(0x0F);
-        for (s, block) in w.chunks_exact(Q4K::BYTES).enumerate() {
+        for (s, block) in w.chunks_exact(Minimums::<FIVE>::BYTES).enumerate() {
             // SAFETY: as in the AVX2 kernel.
             unsafe {
                 let (scales, min_scales) = group_scales(block, x, s);
                 let sums = _mm256_loadu_ps(x.sums.as_ptr().add(s * GROUPS));
                 mins = _mm256_fmadd_ps(sums, min_scales, mins);
                 let xq = x.q.as_ptr().add(s * SUPER);
+                let qs = Minimums::<FIVE>::QS;
+                let qh = match FIVE {
+                    true => {
+                        let qh = _mm256_loadu_si256(block.as_ptr().add(QH).cast());
+                        _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1)
+                    }
+                    false => _mm512_setzero_si512(),
+                };
                 for p in 0..GROUPS / 2 {
-                    let q = _mm256_loadu_si256(block.as_ptr().add(QS + p * BLOCK).cast());
+                    let q = _mm256_loadu_si256(block.as_ptr().add(qs + p * BLOCK).cast());
                     let lo = _mm256_and_si256(q, mask);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-                    let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    let mut q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    if FIVE {
+                        // Bit `2p` of the fifth bits for the low half, `2p + 1` for the high.
+                        let shifts = _mm512_inserti64x4(
+                            _mm512_set1_epi16(2 * p as i16),
+                            _mm256_set1_epi16(2 * p as i16 + 1),
+                            1,
+                        );
+                        let bits =
+                            _mm512_and_si512(_mm512_srlv_epi16(qh, shifts), _mm512_set1_epi8(1));
+                        q = _mm512_or_si512(q, _mm512_slli_epi16(bits, 4));
+                    }
                     let xs = _mm512_loadu_si512(xq.add(2 * p * BLOCK).cast());
                     let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xs);
                     let lanes = _mm512_cvtepi32_ps(sums);
@@ -285,14 +366,14 @@ mod avx512 {
     /// # Safety
     /// The CPU has every feature named below.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn row_range(
+    pub(super) unsafe fn row_range<const FIVE: bool>(
         out: &mut [f32],
         x: &super::Q8Rows,
-        w: &super::super::KMatrix<Q4K>,
+        w: &super::super::KMatrix<Minimums<FIVE>>,
         b: &[f32],
         j0: usize,
     ) {
         // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x) })
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot::<FIVE>(w, x) })
     }
 }

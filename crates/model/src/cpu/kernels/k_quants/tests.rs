@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::q4_k::{self, Q4K, Q4KMatrix};
+use super::q4_1::{self, Q41, Q51};
+use super::q4_k::{self, Q4K, Q4KMatrix, Q5K};
 use super::q6_k::{self, Q6K, Q6KMatrix};
 use super::{KMatrix, KType, SUPER};
 use crate::cpu::kernels::blocks;
@@ -33,7 +34,8 @@ fn matrix<T: KType>(rows: usize, cols: usize, seed: u64, d: f32) -> KMatrix<T> {
         let mut put =
             |at: usize, v: f32| block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
         match T::BYTES {
-            144 => {
+            // d and dmin (the k-quants with minimums), or d and m (`Q4_1`, `Q5_1`).
+            144 | 176 | 20 | 24 => {
                 put(0, d);
                 put(2, d / 2.0);
             }
@@ -63,6 +65,48 @@ fn q4_k_values_are_ggmls() {
     assert_eq!(v[32], -2.0, "group 1: scale 0, minimum 1 · 2");
     assert_eq!(v[128], 0.25 * 50.0 * 10.0 - 2.0 * 21.0);
     assert_eq!(q4_k::scales(&b[4..16]).0[4], 50);
+}
+
+/// ggml's `dequantize_row_q5_K`: `Q4_K`'s values with bit `g` of byte `i` of the 32 bytes
+/// after the scales as value `i`'s fifth bit in group `g` (the nibbles after those bytes).
+#[test]
+fn q5_k_values_are_q4_ks_with_fifth_bits() {
+    let mut b = vec![0u8; 176];
+    b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    b[2..4].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+    b[4] = 2; // group 0's scale
+    b[5] = 3; // group 1's scale
+    b[8] = 1; // group 0's minimum
+    b[16] = 0b0000_0011; // value 0's fifth bits in groups 0 and 1
+    b[48] = 0x57; // value 0: nibble 7 in group 0, 5 in group 1
+    let mut v = [0.0; SUPER];
+    Q5K::dequantise(&b, &mut v);
+    assert_eq!(v[0], 0.5 * 2.0 * (7.0 + 16.0) - 1.0);
+    assert_eq!(v[32], 0.5 * 3.0 * (5.0 + 16.0));
+    assert_eq!(v[1], -1.0, "q 0, less group 0's minimum");
+}
+
+/// ggml's `dequantize_row_q4_1` and `_q5_1`: `d · q + m`, value `i` the low nibble of byte `i`,
+/// value `i + 16` its high nibble, `Q5_1`'s fifth bit `i` of the word after `m`.
+#[test]
+fn q4_1_and_q5_1_values_are_ggmls() {
+    let mut b = vec![0u8; 24];
+    b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    b[2..4].copy_from_slice(&f16::from_f32(-3.0).to_le_bytes());
+    b[4] = 0x96; // Q4_1: value 0 6, value 16 9
+    let mut v = [0.0; 32];
+    Q41::dequantise(&b[..20], &mut v);
+    assert_eq!(
+        (v[0], v[16], v[1]),
+        (0.5 * 6.0 - 3.0, 0.5 * 9.0 - 3.0, -3.0)
+    );
+    b[4..8].copy_from_slice(&(1u32 | 1 << 16).to_le_bytes()); // fifth bits of values 0, 16
+    b[8] = 0x96;
+    Q51::dequantise(&b, &mut v);
+    assert_eq!(
+        (v[0], v[16], v[1]),
+        (0.5 * 22.0 - 3.0, 0.5 * 25.0 - 3.0, -3.0)
+    );
 }
 
 /// ggml's `dequantize_row_q6_K` worked out by hand: value 0 (low nibble of byte 0, bits 0–1 of
@@ -148,10 +192,24 @@ fn kernels_agree<T: KType>(kernels: Vec<blocks::Kernel<KMatrix<T>>>, extreme: im
 
 #[test]
 fn every_q4_k_kernel_gives_the_reference_bits() {
-    kernels_agree::<Q4K>(q4_k::kernels(), |b| {
+    kernels_agree::<Q4K>(q4_k::kernels::<false>(), |b| {
         b[4..16].fill(0xFF); // every scale and minimum 63
         b[16..].fill(0xFF); // every nibble 15
     });
+}
+
+#[test]
+fn every_q5_k_kernel_gives_the_reference_bits() {
+    kernels_agree::<Q5K>(q4_k::kernels::<true>(), |b| {
+        b[4..16].fill(0xFF); // every scale and minimum 63
+        b[16..].fill(0xFF); // every fifth bit set, every nibble 15: q 31
+    });
+}
+
+#[test]
+fn every_q4_1_and_q5_1_kernel_gives_the_reference_bits() {
+    kernels_agree::<Q41>(q4_1::kernels::<false>(), |b| b[4..].fill(0xFF));
+    kernels_agree::<Q51>(q4_1::kernels::<true>(), |b| b[4..].fill(0xFF));
 }
 
 #[test]
@@ -167,7 +225,7 @@ fn every_q6_k_kernel_gives_the_reference_bits() {
 #[test]
 fn the_vector_kernels_run_where_the_cpu_has_them() {
     let names = |v: Vec<&'static str>| v.join(", ");
-    let q4 = names(q4_k::kernels().iter().map(|k| k.name).collect());
+    let q4 = names(q4_k::kernels::<false>().iter().map(|k| k.name).collect());
     let q6 = names(q6_k::kernels().iter().map(|k| k.name).collect());
     assert_eq!(q4, q6, "both types have the same kernels");
     #[cfg(target_arch = "x86_64")]

@@ -255,7 +255,7 @@ fn widen_block(w: Row<'_>, b: usize, out: &mut [i8; BLOCK]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(in crate::cpu::kernels) mod avx2 {
     use super::{BLOCK, Row};
     use crate::cpu::kernels::q4_0::avx2::nibbles;
     use crate::cpu::kernels::q8::avx2::{dot_with, products};
@@ -271,6 +271,21 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn lanes(w: Row<'_>, xq: &[i8], b: usize) -> __m256 {
+        // SAFETY: the caller keeps block `b` of both rows in bounds.
+        unsafe {
+            let set = bit_bytes(u32::from_le_bytes(*w.high.get_unchecked(b)));
+            let w = _mm256_or_si256(
+                nibbles(w.nibbles, b),
+                _mm256_andnot_si256(set, _mm256_set1_epi8(0xF0u8 as i8)),
+            );
+            products(w, _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
+        }
+    }
+
+    /// The 32 bits of `word` as 32 bytes, all ones where bit `i` is set (byte `i`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::kernels) fn bit_bytes(word: u32) -> __m256i {
         // Byte `i` of the word's copy picks byte `i / 8` of the bits, then every bit but
         // `i mod 8` is set: the byte is all ones where value `i`'s fifth bit is.
         let spread = _mm256_set_epi64x(
@@ -280,17 +295,8 @@ mod avx2 {
             0,
         );
         let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-        // SAFETY: the caller keeps block `b` of both rows in bounds.
-        unsafe {
-            let word = u32::from_le_bytes(*w.high.get_unchecked(b));
-            let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
-            let set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, others), _mm256_set1_epi8(-1));
-            let w = _mm256_or_si256(
-                nibbles(w.nibbles, b),
-                _mm256_andnot_si256(set, _mm256_set1_epi8(0xF0u8 as i8)),
-            );
-            products(w, _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
-        }
+        let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
+        _mm256_cmpeq_epi8(_mm256_or_si256(bits, others), _mm256_set1_epi8(-1))
     }
 
     /// [`super::dot_reference`] in AVX2: `Q8_0`'s sum of these lanes.

@@ -1,0 +1,319 @@
+//! `Q4_1`: 20 bytes for 32 values: `d` and `m` (f16), 16 bytes of nibbles (value `i` the low
+//! nibble of byte `i`, value `i + 16` its high nibble); value = `d · q + m`. `Q5_1` (24 bytes)
+//! adds a 32-bit word of fifth bits after `m` (bit `i` for value `i`, `q` up to 31), as `Q5_0`.
+//!
+//! A block's product with an activation block `x = xd · xq` is
+//! `xd · d · Σ q · xq + xd · m · Σ xq`: the first sum in lanes as `Q8_0`'s, the second from the
+//! block's sum of bytes kept with the activations; [`Sets`] holds `− xd · m` as the minimum's
+//! scale, so that its total adds it.
+
+use super::super::blocks::{self, each_row};
+use super::super::q8::{BLOCK, Q8Rows, XRow};
+use super::{KMatrix, KType, Sets, half, lanes};
+
+/// `Q4_1` (`FIVE` false) and `Q5_1`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offsets<const FIVE: bool>;
+
+/// `Q4_1`.
+pub(crate) type Q41 = Offsets<false>;
+/// `Q5_1`.
+pub(crate) type Q51 = Offsets<true>;
+
+/// A `Q4_1` matrix.
+pub(crate) type Q41Matrix = KMatrix<Q41>;
+/// A `Q5_1` matrix.
+pub(crate) type Q51Matrix = KMatrix<Q51>;
+
+/// Where a block's parts are: `d`, `m`, `Q5_1`'s word of fifth bits.
+const D: usize = 0;
+const M: usize = 2;
+const QH: usize = 4;
+
+impl<const FIVE: bool> Offsets<FIVE> {
+    /// Where the nibbles start.
+    const QS: usize = if FIVE { 8 } else { 4 };
+
+    /// Value `i`'s `q`.
+    #[inline]
+    fn q(block: &[u8], i: usize) -> u8 {
+        let byte = block[Self::QS + i % 16];
+        let nibble = if i < 16 { byte & 0x0F } else { byte >> 4 };
+        match FIVE {
+            true => {
+                let word =
+                    u32::from_le_bytes([block[QH], block[QH + 1], block[QH + 2], block[QH + 3]]);
+                nibble | ((((word >> i) & 1) as u8) << 4)
+            }
+            false => nibble,
+        }
+    }
+}
+
+impl<const FIVE: bool> KType for Offsets<FIVE> {
+    const VALUES: usize = BLOCK;
+    const BYTES: usize = if FIVE { 24 } else { 20 };
+
+    fn dequantise(block: &[u8], out: &mut [f32]) {
+        let (d, m) = (half(block, D), half(block, M));
+        for (i, v) in out.iter_mut().enumerate() {
+            *v = d * f32::from(Self::q(block, i)) + m;
+        }
+    }
+}
+
+/// The numbers every kernel computes for a row times an activation row ([`Sets`]): block `b`'s
+/// lanes of `q · xq` times `d · xd`, its activation sum times `−(m · xd)`.
+pub(crate) fn dot_reference<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
+    let mut sets = Sets::new();
+    for (b, block) in w.chunks_exact(Offsets::<FIVE>::BYTES).enumerate() {
+        let (d, m) = (half(block, D), half(block, M));
+        let q = lanes(x, b, |i| i32::from(Offsets::<FIVE>::q(block, i)));
+        sets.add(b, q, d * x.d[b]);
+        sets.add_min(b, x.sums[b], -(m * x.d[b]));
+    }
+    sets.total()
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
+/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
+pub(crate) fn product<const FIVE: bool>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &KMatrix<Offsets<FIVE>>,
+    b: &[f32],
+    quantised: bool,
+) where
+    Offsets<FIVE>: Fastest,
+{
+    blocks::product(out, x, w, b, quantised, Offsets::<FIVE>::kernel())
+}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
+/// of a token's product.
+pub(crate) fn row_range<const FIVE: bool>(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &KMatrix<Offsets<FIVE>>,
+    b: &[f32],
+    j0: usize,
+) where
+    Offsets<FIVE>: Fastest,
+{
+    (Offsets::<FIVE>::kernel().rows)(out, x, w, b, j0)
+}
+
+type Kernel<const FIVE: bool> = blocks::Kernel<KMatrix<Offsets<FIVE>>>;
+
+/// The fastest exact kernel of a type, chosen once (a static for each type).
+pub(crate) trait Fastest: KType + Sized {
+    fn kernel() -> blocks::Kernel<KMatrix<Self>>;
+}
+
+impl Fastest for Q41 {
+    fn kernel() -> Kernel<false> {
+        static FASTEST: std::sync::OnceLock<Kernel<false>> = std::sync::OnceLock::new();
+        *FASTEST.get_or_init(|| kernels::<false>()[0])
+    }
+}
+
+impl Fastest for Q51 {
+    fn kernel() -> Kernel<true> {
+        static FASTEST: std::sync::OnceLock<Kernel<true>> = std::sync::OnceLock::new();
+        *FASTEST.get_or_init(|| kernels::<true>()[0])
+    }
+}
+
+/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
+/// same floats bit for bit.
+pub(crate) fn kernels<const FIVE: bool>() -> Vec<Kernel<FIVE>> {
+    let reference = Kernel::<FIVE> {
+        name: "reference",
+        dot: dot_reference::<FIVE>,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference::<FIVE>),
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
+        // is compiled for.
+        let avx512 = Kernel::<FIVE> {
+            name: "avx512-vnni",
+            dot: |w, x| unsafe { avx512::dot::<FIVE>(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx512::row_range::<FIVE>(out, x, w, b, j0) },
+        };
+        let avx2 = Kernel::<FIVE> {
+            name: "avx2",
+            dot: |w, x| unsafe { avx2::dot::<FIVE>(w, x) },
+            rows: |out, x, w, b, j0| unsafe { avx2::row_range::<FIVE>(out, x, w, b, j0) },
+        };
+        blocks::runnable(avx512, avx2, reference)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    vec![reference]
+}
+
+/// Block `block`'s 32 values `q` in value order (AVX2), and its word of fifth bits where it has
+/// one.
+///
+/// # Safety
+/// The CPU has AVX2; `block` is a whole block.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn values<const FIVE: bool>(block: &[u8]) -> std::arch::x86_64::__m256i {
+    use crate::cpu::kernels::q4_0::avx2::nibbles;
+    use crate::cpu::kernels::q5_0::avx2::bit_bytes;
+    use std::arch::x86_64::*;
+    // SAFETY: the block's 16 bytes of nibbles are in bounds.
+    let n = unsafe { nibbles(&block[Offsets::<FIVE>::QS..], 0) };
+    match FIVE {
+        true => {
+            let word = u32::from_le_bytes([block[QH], block[QH + 1], block[QH + 2], block[QH + 3]]);
+            _mm256_or_si256(n, _mm256_and_si256(bit_bytes(word), _mm256_set1_epi8(0x10)))
+        }
+        false => n,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::avx2::{half, pairs, total};
+    use super::{BLOCK, D, M, Offsets, XRow, values};
+    use crate::cpu::kernels::k_quants::KType;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_reference`] in AVX2: a block's values by `maddubs` and `madd` into set
+    /// `b mod 4`, its minimum into lane `b mod 8` of the minimums.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
+        let n = w.len() / Offsets::<FIVE>::BYTES;
+        assert!(x.q.len() >= n * BLOCK && x.d.len() >= n && x.sums.len() >= n);
+        let mut sets = [_mm256_setzero_ps(); 4];
+        let mut mins = [0f32; 8];
+        let ones = _mm256_set1_epi16(1);
+        for (b, block) in w.chunks_exact(Offsets::<FIVE>::BYTES).enumerate() {
+            // SAFETY: block `b` of `x` is in bounds (asserted).
+            unsafe {
+                let xd = *x.d.get_unchecked(b);
+                let x8 = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
+                let l =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs(values::<FIVE>(block), x8), ones));
+                let scale = _mm256_set1_ps(half(block, D) * xd);
+                sets[b % 4] = _mm256_fmadd_ps(l, scale, sets[b % 4]);
+                let min = -(half(block, M) * xd);
+                mins[b % 8] = x.sums.get_unchecked(b).mul_add(min, mins[b % 8]);
+            }
+        }
+        // SAFETY: `mins` is eight floats.
+        total(sets, unsafe { _mm256_loadu_ps(mins.as_ptr()) })
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_range<const FIVE: bool>(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::super::KMatrix<Offsets<FIVE>>,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot::<FIVE>(w, x) })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::avx2::half;
+    use super::super::avx512::total;
+    use super::{BLOCK, D, M, Offsets, XRow, values};
+    use crate::cpu::kernels::k_quants::KType;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: two blocks' values in one register,
+    /// unsigned into `dpbusd` against their 64 activation bytes (a lone last block: the upper
+    /// half zero, which adds nothing).
+    ///
+    /// # Safety
+    /// The CPU has every feature named below (the lengths are asserted).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
+        let bytes = Offsets::<FIVE>::BYTES;
+        let n = w.len() / bytes;
+        assert!(x.q.len() >= n * BLOCK && x.d.len() >= n && x.sums.len() >= n);
+        let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut mins = [0f32; 8];
+        let mut b = 0;
+        while b < n {
+            let two = b + 1 < n;
+            // SAFETY: blocks `b` (and `b + 1` with `two`) of both rows are in bounds.
+            unsafe {
+                let first = &w[b * bytes..(b + 1) * bytes];
+                let (q, xs, second_scale) = match two {
+                    true => {
+                        let second = &w[(b + 1) * bytes..(b + 2) * bytes];
+                        let q = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(values::<FIVE>(first)),
+                            values::<FIVE>(second),
+                            1,
+                        );
+                        let xs = _mm512_loadu_si512(x.q.as_ptr().add(b * BLOCK).cast());
+                        (q, xs, half(second, D) * *x.d.get_unchecked(b + 1))
+                    }
+                    false => {
+                        let q = _mm512_zextsi256_si512(values::<FIVE>(first));
+                        let xs = _mm512_zextsi256_si512(_mm256_loadu_si256(
+                            x.q.as_ptr().add(b * BLOCK).cast(),
+                        ));
+                        (q, xs, 0.0)
+                    }
+                };
+                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xs));
+                let scale = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castps_pd(_mm512_set1_ps(half(first, D) * *x.d.get_unchecked(b))),
+                    _mm256_castps_pd(_mm256_set1_ps(second_scale)),
+                    1,
+                ));
+                // Blocks `4i`, `4i + 1` are sets 0 and 1; `4i + 2`, `4i + 3` sets 2 and 3.
+                match b % 4 {
+                    0 => low = _mm512_fmadd_ps(lanes, scale, low),
+                    _ => high = _mm512_fmadd_ps(lanes, scale, high),
+                }
+                for (i, block) in [(b, first)]
+                    .into_iter()
+                    .chain(two.then(|| (b + 1, &w[(b + 1) * bytes..(b + 2) * bytes])))
+                {
+                    let min = -(half(block, M) * *x.d.get_unchecked(i));
+                    mins[i % 8] = x.sums.get_unchecked(i).mul_add(min, mins[i % 8]);
+                }
+            }
+            b += 2;
+        }
+        // SAFETY: `mins` is eight floats.
+        total(low, high, unsafe { _mm256_loadu_ps(mins.as_ptr()) })
+    }
+
+    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn row_range<const FIVE: bool>(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::super::KMatrix<Offsets<FIVE>>,
+        b: &[f32],
+        j0: usize,
+    ) {
+        // SAFETY: this function has the kernel's features.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot::<FIVE>(w, x) })
+    }
+}

@@ -4,18 +4,18 @@
 For each shape (SmolLM2-135M's: 30 layers, width 576, 9 query and 3 key/value heads, SwiGLU
 1536, θ 100000, tied, 49,152 embedding rows; and the shakespeare-char preset's, with GELU's tanh
 form so that llama.cpp computes it), the script makes a run with random weights (one training
-step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0, Q5_0 and
-Q4_K_M (`llama_model_quantize`), and times:
+step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0, Q5_0,
+Q4_K_M and Q5_K_M (`llama_model_quantize`), and times:
 
 - llama.cpp (llama-cpp-python, `n_threads` 2, its default f16 KV cache): a prompt
   of P tokens in one batch (prompt tokens/s), then, from a one-token prompt, N tokens one at a
   time (decode tokens/s, greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
   run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (a token's products split over every
-  core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M file itself, imported, with
-  `generate --weights file` (each matrix in the file's type, its Q4_K and Q6_K in the file's
-  own blocks): N tokens from a one-token prompt, timed as the difference of N + 1 tokens and 1
-  (the load), best of 3;
+  core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M and Q5_K_M files themselves,
+  imported, with `generate --weights file` (each matrix in the file's type, its k-quants, Q4_1
+  and Q5_1 in the file's own blocks): N tokens from a one-token prompt, timed as the difference
+  of N + 1 tokens and 1 (the load), best of 3;
 - the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
   its own half), best of 3, so each decode figure can say what share of the ceiling it reads
   (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied
@@ -134,11 +134,12 @@ def tinygpt_speed(tinygpt, run_dir, n_prompt, new, weights):
 def tinygpt_file_speed(tinygpt, gguf, work, new):
     """`generate --weights file` of the GGUF file `gguf` imported: tokens/s of `new` tokens,
     the time of `new + 1` tokens less that of 1 (loading the run), best of 3."""
-    run([tinygpt, "import", "--from", str(gguf), "--out", str(work / "imported")])
+    imported = work / f"imported-{gguf.stem}"
+    run([tinygpt, "import", "--from", str(gguf), "--out", str(imported)])
 
     def seconds(tokens):
         start = time.perf_counter()
-        run([tinygpt, "generate", "--checkpoint", str(work / "imported"), "--prompt", "The",
+        run([tinygpt, "generate", "--checkpoint", str(imported), "--prompt", "The",
              "--max-new-tokens", str(tokens), "--temperature", "0", "--backend", "fused",
              "--weights", "file"])
         return time.perf_counter() - start
@@ -172,14 +173,14 @@ def main():
             share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
             # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0, _Q5_0 and _Q4_K_M (at a width
             # that is not a multiple of 256, mostly Q5_0, the embedding Q8_0).
-            for dtype, ftype in [("q4_0", 2), ("q5_0", 8), ("q4_k_m", 15)]:
+            for dtype, ftype in [("q4_0", 2), ("q5_0", 8), ("q4_k_m", 15), ("q5_k_m", 17)]:
                 params = llama_cpp.llama_model_quantize_default_params()
                 params.ftype, params.nthread = ftype, THREADS
                 code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
                                                       str(work / f"{dtype}.gguf").encode(), params)
                 assert code == 0, f"llama_model_quantize: {code}"
             first = len(rows)
-            for dtype in ["f32", "q8_0", "q4_0", "q5_0", "q4_k_m"]:
+            for dtype in ["f32", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m"]:
                 gguf = work / f"{dtype}.gguf"
                 pp, tg = llama_cpp_speed(gguf, ids, new)
                 rows.append({"shape": name, "engine": "llama.cpp", "weights": dtype,
@@ -194,10 +195,11 @@ def main():
                              "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
-            tg = tinygpt_file_speed(args.tinygpt, work / "q4_k_m.gguf", work, new)
-            rows.append({"shape": name, "engine": "tinygpt", "weights": "q4_k_m file",
-                         "threads": os.cpu_count(), "new_tokens": new,
-                         "decode_tok_s": round(tg, 1)})
+            for dtype in ["q4_k_m", "q5_k_m"]:
+                tg = tinygpt_file_speed(args.tinygpt, work / f"{dtype}.gguf", work, new)
+                rows.append({"shape": name, "engine": "tinygpt", "weights": f"{dtype} file",
+                             "threads": os.cpu_count(), "new_tokens": new,
+                             "decode_tok_s": round(tg, 1)})
             for row in rows[first:]:
                 print(json.dumps(row), flush=True)
     return 0

@@ -2,8 +2,8 @@
 //! (`file-types.json`, shown by `info`) and decodes each range of rows in its file's type: a
 //! q5_0 file as `--weights q5_0` does, to the logit; a file of mixed types (Q8_0 value
 //! projections among Q4_0 matrices, as llama.cpp's mixes keep some matrices in more bits)
-//! between its two types; a type without kernels in q8_0, said in one line; a run not
-//! imported from a GGUF file refused in one line.
+//! between its two types; a type kept in blocks, of a run that keeps none, in q8_0, said in one
+//! line; a run not imported from a GGUF file refused in one line.
 
 mod common;
 
@@ -124,34 +124,23 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
     assert!((mixed - f32s).abs() < 0.05 * f32s, "{mixed} vs f32 {f32s}");
     assert!(!run_with(dir, "generate", "mixed", "file").is_empty());
 
-    // A type without kernels decodes in q8_0, said once; a type that is none is refused.
+    // A type kept in blocks, of a run that keeps none (imported before they were kept):
+    // q8_0 of its values, said in one line that says how to keep them; a type that is none is
+    // refused.
     let types = dir.join("mixed/file-types.json");
     let text = std::fs::read_to_string(&types).unwrap();
-    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q5_K\"", 1)).unwrap();
     let args = ["generate", "--checkpoint", "mixed", "--backend", "fused"];
-    let out = tinygpt(
-        dir,
-        &[&args[..], &["--weights", "file", "--max-new-tokens", "4"]].concat(),
-    );
-    ok(out.clone());
-    let said = stderr(&out);
-    assert!(
-        said.contains("Q5_K matrices decode as q8_0 (no kernels"),
-        "{said}"
-    );
-    // A k-quant whose blocks the run does not keep (imported before they were kept): q8_0 too,
-    // and the line says how to keep them.
-    std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q6_K\"", 1)).unwrap();
-    let out = tinygpt(
-        dir,
-        &[&args[..], &["--weights", "file", "--max-new-tokens", "4"]].concat(),
-    );
-    ok(out.clone());
-    let said = stderr(&out);
-    assert!(
-        said.contains("Q6_K matrices decode as q8_0 (the run keeps no blocks"),
-        "{said}"
-    );
+    for kind in ["Q6_K", "Q5_1"] {
+        std::fs::write(&types, text.replacen("\"Q8_0\"", &format!("\"{kind}\""), 1)).unwrap();
+        let out = tinygpt(
+            dir,
+            &[&args[..], &["--weights", "file", "--max-new-tokens", "4"]].concat(),
+        );
+        ok(out.clone());
+        let said = stderr(&out);
+        let want = format!("{kind} matrices decode as q8_0 (the run keeps no blocks");
+        assert!(said.contains(&want), "{said}");
+    }
     std::fs::write(&types, text.replacen("\"Q8_0\"", "\"Q9_9\"", 1)).unwrap();
     fails(
         tinygpt(dir, &[&args[..], &["--weights", "file"]].concat()),

@@ -63,7 +63,7 @@ fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
             let (kept, bytes) = types.kept();
             if kept > 0 {
                 println!(
-                    "kept blocks: {kept} k-quant matrices, {:.1} MB as the file stores them \
+                    "kept blocks: {kept} matrices, {:.1} MB as the file stores them \
                      (checksummed, in {})",
                     bytes as f64 / 1e6,
                     tinygpt::interop::gguf::kept::BLOCKS

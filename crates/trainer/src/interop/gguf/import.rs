@@ -94,7 +94,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     let (kept, bytes) = types.kept();
     if kept > 0 {
         notes.push(format!(
-            "{kept} k-quant matrices kept in the file's own blocks ({:.1} MB, checksummed)",
+            "{kept} matrices kept in the file's own blocks ({:.1} MB, checksummed)",
             bytes as f64 / 1e6
         ));
     }

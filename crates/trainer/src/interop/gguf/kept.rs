@@ -4,7 +4,7 @@
 //! `attn_q`, `attn_k` and `attn_v` (one matrix in tinygpt) each its own way. The decoder
 //! quantises the imported values of blocks of 32 again by ggml's reference quantisers, which
 //! give a file made by them (llama.cpp without an importance matrix) its own blocks back; the
-//! k-quants (`Q4_K`, `Q6_K`) it multiplies as the file stores them, their bytes kept with the
+//! k-quants (`Q4_K`, `Q5_K`, `Q6_K`), `Q4_1` and `Q5_1` it multiplies as the file stores them, their bytes kept with the
 //! run (`file-blocks.bin`, rows in tinygpt's order, a SHA-256 for each tensor).
 
 use std::collections::BTreeMap;
@@ -48,20 +48,20 @@ pub struct Kept {
     pub sha256: String,
 }
 
-/// The decoder's k-quant type of a file's type, if it multiplies that type's blocks.
+/// The decoder's type for a file's type whose blocks it multiplies as the file stores them.
 fn block_type(kind: TensorType) -> Option<BlockType> {
     match kind {
+        TensorType::Q4_1 => Some(BlockType::Q4_1),
+        TensorType::Q5_1 => Some(BlockType::Q5_1),
         TensorType::Q4_K => Some(BlockType::Q4_K),
+        TensorType::Q5_K => Some(BlockType::Q5_K),
         TensorType::Q6_K => Some(BlockType::Q6_K),
         TensorType::F32
         | TensorType::F16
         | TensorType::BF16
         | TensorType::Q8_0
         | TensorType::Q4_0
-        | TensorType::Q4_1
-        | TensorType::Q5_0
-        | TensorType::Q5_1
-        | TensorType::Q5_K => None,
+        | TensorType::Q5_0 => None,
     }
 }
 
@@ -248,13 +248,13 @@ impl FileTypes {
         kept.fold((0, 0), |(n, bytes), k| (n + 1, bytes + k.bytes))
     }
 
-    /// The decoder's plan for the run in `dir`: each range in its file's type where the
-    /// decoder has that type's kernels (F32, F16 and BF16 as f32; the k-quants the file's own
-    /// blocks, checked against their SHA-256); the others in `Q8_0`, their values requantised,
-    /// which the second part says in a line for the user.
+    /// The decoder's plan for the run in `dir`: each range in its file's type (F32, F16 and
+    /// BF16 as f32; Q8_0, Q5_0 and Q4_0 quantised again; the others the file's own blocks,
+    /// checked against their SHA-256, or, for a run imported before they were kept, Q8_0 of
+    /// their values, which the second part says in a line for the user).
     pub fn plan(&self, dir: &Path) -> Result<(Arc<WeightPlan>, Option<String>)> {
-        // Types without kernels, and k-quants of a run imported before their blocks were kept.
-        let (mut substituted, mut unkept) = (Vec::new(), Vec::new());
+        // Types kept in blocks, of a run imported before their blocks were kept.
+        let mut unkept = Vec::new();
         let mut blocks_file = None;
         let mut segments = |ranges: &[Range]| -> Result<Vec<Segment>> {
             ranges
@@ -267,28 +267,26 @@ impl FileTypes {
                         TensorType::Q8_0 => WeightFormat::Q8_0,
                         TensorType::Q5_0 => WeightFormat::Q5_0,
                         TensorType::Q4_0 => WeightFormat::Q4_0,
-                        TensorType::Q4_K | TensorType::Q6_K if r.kept.is_some() => {
-                            let kept = r.kept.as_ref().expect("kept");
-                            let bytes = read_kept(&mut blocks_file, dir, kept)?;
-                            let kind = block_type(kind).expect("a k-quant");
-                            let storage = Storage::Blocks(FileBlocks { kind, bytes });
-                            return Ok(Segment {
-                                rows: r.rows,
-                                storage,
-                            });
-                        }
-                        TensorType::Q4_K | TensorType::Q6_K => {
-                            if !unkept.contains(&kind.name()) {
-                                unkept.push(kind.name());
+                        TensorType::Q4_1
+                        | TensorType::Q5_1
+                        | TensorType::Q4_K
+                        | TensorType::Q5_K
+                        | TensorType::Q6_K => match (&r.kept, block_type(kind)) {
+                            (Some(kept), Some(kind)) => {
+                                let bytes = read_kept(&mut blocks_file, dir, kept)?;
+                                let storage = Storage::Blocks(FileBlocks { kind, bytes });
+                                return Ok(Segment {
+                                    rows: r.rows,
+                                    storage,
+                                });
                             }
-                            WeightFormat::Q8_0
-                        }
-                        TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q5_K => {
-                            if !substituted.contains(&kind.name()) {
-                                substituted.push(kind.name());
+                            _ => {
+                                if !unkept.contains(&kind.name()) {
+                                    unkept.push(kind.name());
+                                }
+                                WeightFormat::Q8_0
                             }
-                            WeightFormat::Q8_0
-                        }
+                        },
                     };
                     Ok(Segment::quantised(r.rows, format))
                 })
@@ -307,21 +305,14 @@ impl FileTypes {
         if self.blocks.is_empty() && head.is_empty() {
             bail!("the run's file types name no matrix");
         }
-        let mut said = Vec::new();
-        if !substituted.is_empty() {
-            said.push(format!(
-                "{} matrices decode as q8_0 (no kernels for them yet)",
-                substituted.join(", ")
-            ));
-        }
-        if !unkept.is_empty() {
-            said.push(format!(
-                "{} matrices decode as q8_0 (the run keeps no blocks of them: import the file \
-                 again to decode them as it stores them)",
+        let note = (!unkept.is_empty()).then(|| {
+            format!(
+                "{}: {} matrices decode as q8_0 (the run keeps no blocks of them: import the \
+                 file again to decode them as it stores them)",
+                self.file,
                 unkept.join(", ")
-            ));
-        }
-        let note = (!said.is_empty()).then(|| format!("{}: {}", self.file, said.join("; ")));
+            )
+        });
         Ok((Arc::new(WeightPlan { blocks, head }), note))
     }
 }

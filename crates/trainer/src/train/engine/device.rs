@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, TensorData};
 use tinygpt_model::{Gpt, LrRatios, gpu::sum_all};
 
 use super::burn_step::{BurnModel, clip_scale, read_steps};
@@ -118,6 +118,10 @@ impl Engine for DeviceEngine {
         let (mut grads, loss, loss_scale) = self.burn.gradients(batches, dropout_seed, ranks)?;
         let flat = self.adamw.flatten(&mut grads);
         let squares = sum_all(flat.clone().square());
+        let squares = match ranks {
+            Some(ranks) => as_rank_zero(ranks, squares)?,
+            None => squares,
+        };
         let (norm, scale) = clip_scale(squares, grad_clip, loss_scale);
         let stats = Tensor::cat(vec![loss.inner(), norm], 0);
         let finite = stats.clone().is_finite().all();
@@ -144,4 +148,28 @@ impl Engine for DeviceEngine {
     fn losses(&mut self, batches: &[Batch]) -> Result<Vec<f64>> {
         self.burn.losses(batches)
     }
+}
+
+/// Rank 0's value of the one-value tensor `value` on every rank. Burn picks a reduction's
+/// kernel by timing it on each device, so two ranks may add the same summed gradients' squares
+/// in different orders; the clipping factor from them must be one for all, or the ranks'
+/// weights part (a two-rank run on lavapipe stopped so, its CPUs busy with other work).
+fn as_rank_zero(ranks: &Ranks, value: Tensor<1>) -> Result<Tensor<1>> {
+    let (device, dtype) = (value.device(), value.dtype());
+    let values = value.into_data().convert::<f32>().try_into_vec::<f32>();
+    let values = values.map_err(|e| anyhow::anyhow!("the gradients' norm: {e:?}"))?;
+    let mut bytes = values
+        .first()
+        .copied()
+        .unwrap_or(0.0)
+        .to_le_bytes()
+        .to_vec();
+    ranks.broadcast(&mut bytes);
+    let zeros: [u8; 4] = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .context("rank 0 sent no gradients' norm")?;
+    let value = f32::from_le_bytes(zeros);
+    let tensor: Tensor<1> = Tensor::from_data(TensorData::new(vec![value], [1]), &device);
+    Ok(tensor.cast(dtype))
 }

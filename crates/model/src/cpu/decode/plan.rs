@@ -37,11 +37,14 @@ pub enum Storage {
     Blocks(FileBlocks),
 }
 
-/// A GGUF type the decoder multiplies as a file stores it: the k-quants, and the types with a
-/// minimum per block of 32.
+/// A GGUF type whose blocks the decoder multiplies as a file stores them (`Q8_0`, `Q5_0` and
+/// `Q4_0` rearranged into its rows' layouts, the others as they are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub enum BlockType {
+    Q8_0,
+    Q5_0,
+    Q4_0,
     Q4_1,
     Q5_1,
     Q4_K,
@@ -212,7 +215,7 @@ fn stacked(
             Storage::Quantise(format) => stored(values, n_in, *format),
             Storage::Blocks(blocks) => kept(blocks, s.rows, n_in).ok_or_else(|| {
                 misfit(format!(
-                    "the {name}'s {:?} blocks do not hold {} rows of {n_in}",
+                    "{name}: the kept {:?} blocks do not hold {} rows of {n_in}",
                     blocks.kind, s.rows
                 ))
             })?,
@@ -247,6 +250,9 @@ fn stored(rows: &[f32], n_in: usize, format: WeightFormat) -> RowMatrix {
 fn kept(blocks: &FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
     let bytes = blocks.bytes.clone();
     match blocks.kind {
+        BlockType::Q8_0 => Q8Matrix::from_gguf(&bytes, rows, n_in).map(RowMatrix::Q8),
+        BlockType::Q5_0 => Q5Matrix::from_gguf(&bytes, rows, n_in).map(RowMatrix::Q5),
+        BlockType::Q4_0 => Q4Matrix::from_gguf(&bytes, rows, n_in).map(RowMatrix::Q4),
         BlockType::Q4_1 => KMatrix::<Q41>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q41),
         BlockType::Q5_1 => KMatrix::<Q51>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q51),
         BlockType::Q4_K => KMatrix::<Q4K>::from_bytes(bytes, rows, n_in).map(RowMatrix::Q4K),

@@ -1,11 +1,9 @@
 //! The storage types of an imported GGUF file's matrices, kept with the run
 //! (`file-types.json`), so that `--weights file` decodes each range of a matrix's rows in the
 //! type the file stores it in: a "Q4_K_M" file's `Q5_0` and `Q8_0` matrices as such, a file's
-//! `attn_q`, `attn_k` and `attn_v` (one matrix in tinygpt) each its own way. The decoder
-//! quantises the imported values of blocks of 32 again by ggml's reference quantisers, which
-//! give a file made by them (llama.cpp without an importance matrix) its own blocks back; the
-//! k-quants (`Q4_K`, `Q5_K`, `Q6_K`), `Q4_1` and `Q5_1` it multiplies as the file stores them, their bytes kept with the
-//! run (`file-blocks.bin`, rows in tinygpt's order, a SHA-256 for each tensor).
+//! `attn_q`, `attn_k` and `attn_v` (one matrix in tinygpt) each its own way. Every quantised
+//! matrix's blocks are kept with the run (`file-blocks.bin`, rows in tinygpt's order, a SHA-256
+//! for each tensor), and the decoder multiplies them as the file stores them.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -51,17 +49,15 @@ pub struct Kept {
 /// The decoder's type for a file's type whose blocks it multiplies as the file stores them.
 fn block_type(kind: TensorType) -> Option<BlockType> {
     match kind {
+        TensorType::Q8_0 => Some(BlockType::Q8_0),
+        TensorType::Q5_0 => Some(BlockType::Q5_0),
+        TensorType::Q4_0 => Some(BlockType::Q4_0),
         TensorType::Q4_1 => Some(BlockType::Q4_1),
         TensorType::Q5_1 => Some(BlockType::Q5_1),
         TensorType::Q4_K => Some(BlockType::Q4_K),
         TensorType::Q5_K => Some(BlockType::Q5_K),
         TensorType::Q6_K => Some(BlockType::Q6_K),
-        TensorType::F32
-        | TensorType::F16
-        | TensorType::BF16
-        | TensorType::Q8_0
-        | TensorType::Q4_0
-        | TensorType::Q5_0 => None,
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
     }
 }
 
@@ -249,9 +245,9 @@ impl FileTypes {
     }
 
     /// The decoder's plan for the run in `dir`: each range in its file's type (F32, F16 and
-    /// BF16 as f32; Q8_0, Q5_0 and Q4_0 quantised again; the others the file's own blocks,
-    /// checked against their SHA-256, or, for a run imported before they were kept, Q8_0 of
-    /// their values, which the second part says in a line for the user).
+    /// BF16 as f32; the quantised types the file's own blocks, checked against their SHA-256;
+    /// for a run imported before they were kept, Q8_0, Q5_0 and Q4_0 quantised again and the
+    /// others Q8_0 of their values, which the second part says in a line for the user).
     pub fn plan(&self, dir: &Path) -> Result<(Arc<WeightPlan>, Option<String>)> {
         // Types kept in blocks, of a run imported before their blocks were kept.
         let mut unkept = Vec::new();
@@ -262,6 +258,16 @@ impl FileTypes {
                 .map(|r| {
                     let kind = TensorType::named(&r.kind)
                         .ok_or_else(|| anyhow!("{} is not a ggml type tinygpt reads", r.kind))?;
+                    if let (Some(kept), Some(kind)) = (&r.kept, block_type(kind)) {
+                        let bytes = read_kept(&mut blocks_file, dir, kept)?;
+                        let storage = Storage::Blocks(FileBlocks { kind, bytes });
+                        return Ok(Segment {
+                            rows: r.rows,
+                            storage,
+                        });
+                    }
+                    // A run imported before the blocks were kept: the values quantised again
+                    // (exact for files of ggml's reference quantisers), or Q8_0 of them.
                     let format = match kind {
                         TensorType::F32 | TensorType::F16 | TensorType::BF16 => WeightFormat::F32,
                         TensorType::Q8_0 => WeightFormat::Q8_0,
@@ -271,22 +277,12 @@ impl FileTypes {
                         | TensorType::Q5_1
                         | TensorType::Q4_K
                         | TensorType::Q5_K
-                        | TensorType::Q6_K => match (&r.kept, block_type(kind)) {
-                            (Some(kept), Some(kind)) => {
-                                let bytes = read_kept(&mut blocks_file, dir, kept)?;
-                                let storage = Storage::Blocks(FileBlocks { kind, bytes });
-                                return Ok(Segment {
-                                    rows: r.rows,
-                                    storage,
-                                });
+                        | TensorType::Q6_K => {
+                            if !unkept.contains(&kind.name()) {
+                                unkept.push(kind.name());
                             }
-                            _ => {
-                                if !unkept.contains(&kind.name()) {
-                                    unkept.push(kind.name());
-                                }
-                                WeightFormat::Q8_0
-                            }
-                        },
+                            WeightFormat::Q8_0
+                        }
                     };
                     Ok(Segment::quantised(r.rows, format))
                 })

@@ -64,6 +64,31 @@ pub fn q4_0_block(x: &[f32; BLOCK]) -> (f16, [u8; NIBBLES]) {
 
 impl Q4Matrix {
     /// `values [rows, cols]` quantised row by row by [`quantize_block`].
+    /// A file's `Q4_0` tensor of `rows` rows of `cols` as it stores it (blocks of an f16 scale
+    /// and 16 bytes of nibbles, in this layout's order); `None` where it does not fit.
+    pub(crate) fn from_gguf(bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let fits = cols > 0 && cols.is_multiple_of(BLOCK);
+        if !fits || bytes.len() != rows * cols / BLOCK * (2 + NIBBLES) {
+            return None;
+        }
+        let mut m = Self {
+            rows,
+            cols,
+            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 4)],
+        };
+        for (j, row) in bytes.chunks_exact(cols / BLOCK * (2 + NIBBLES)).enumerate() {
+            let (q, d) = m.row_mut(j);
+            let blocks = row
+                .chunks_exact(2 + NIBBLES)
+                .zip(q.chunks_exact_mut(NIBBLES));
+            for ((block, q), d) in blocks.zip(d) {
+                *d = f16::from_le_bytes([block[0], block[1]]);
+                q.copy_from_slice(&block[2..]);
+            }
+        }
+        Some(m)
+    }
+
     pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {
         assert!(cols.is_multiple_of(BLOCK), "a Q4_0 row is whole blocks");
         let rows = values.len() / cols;

@@ -137,3 +137,23 @@ fn products_are_close_to_f32() {
         }
     }
 }
+
+/// A file's `Q4_0` bytes read into this layout are the matrix its own quantiser makes.
+#[test]
+fn a_files_blocks_read_as_the_quantiser_writes_them() {
+    let (rows, cols) = (3, 96);
+    let values = values(rows * cols, 5);
+    let file: Vec<u8> = values
+        .chunks_exact(BLOCK)
+        .flat_map(|x| {
+            let (d, q) = q4_0_block(x.try_into().unwrap());
+            d.to_le_bytes().into_iter().chain(q)
+        })
+        .collect();
+    let read = Q4Matrix::from_gguf(&file, rows, cols).unwrap();
+    let made = Q4Matrix::from_rows(&values, cols);
+    for j in 0..rows {
+        assert_eq!(read.row(j), made.row(j));
+    }
+    assert!(Q4Matrix::from_gguf(&file, rows, cols + 32).is_none());
+}

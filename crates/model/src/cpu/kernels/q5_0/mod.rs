@@ -105,6 +105,30 @@ impl Q5Matrix {
         m
     }
 
+    /// A file's `Q5_0` tensor of `rows` rows of `cols` as it stores it (blocks of an f16 scale,
+    /// a word of fifth bits and 16 bytes of nibbles); `None` where it does not fit.
+    pub(crate) fn from_gguf(bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let fits = cols > 0 && cols.is_multiple_of(BLOCK);
+        if !fits || bytes.len() != rows * cols / BLOCK * 22 {
+            return None;
+        }
+        let mut m = Self {
+            rows,
+            cols,
+            data: vec![f16::ZERO; rows * Self::stride(cols)],
+        };
+        for (j, row) in bytes.chunks_exact(cols / BLOCK * 22).enumerate() {
+            let (nibbles, high, scales) = m.row_mut(j);
+            let blocks = row.chunks_exact(22).zip(nibbles.chunks_exact_mut(NIBBLES));
+            for ((block, q), (d, h)) in blocks.zip(scales.iter_mut().zip(high)) {
+                *d = f16::from_le_bytes([block[0], block[1]]);
+                h.copy_from_slice(&block[2..6]);
+                q.copy_from_slice(&block[6..]);
+            }
+        }
+        Some(m)
+    }
+
     /// A linear layer's weight `w [n_in, n_out]` (Burn's layout) as `n_out` rows of `n_in`.
     pub(crate) fn from_columns(w: &[f32], n_in: usize) -> Self {
         Self::from_rows(&F32Rows::from_columns(w, n_in).w, n_in)

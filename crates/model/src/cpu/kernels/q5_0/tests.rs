@@ -178,3 +178,27 @@ fn every_kernel_the_cpu_runs_is_listed() {
     let q5: Vec<_> = kernels().iter().map(|k| k.name).collect();
     assert_eq!((q4, q5), (want.clone(), want));
 }
+
+/// A file's `Q5_0` bytes read into this layout are the matrix its own quantiser makes.
+#[test]
+fn a_files_blocks_read_as_the_quantiser_writes_them() {
+    let (rows, cols) = (3, 96);
+    let values = values(rows * cols, 6);
+    let file: Vec<u8> = values
+        .chunks_exact(BLOCK)
+        .flat_map(|x| {
+            let (d, high, q) = q5_0_block(x.try_into().unwrap());
+            d.to_le_bytes()
+                .into_iter()
+                .chain(high.to_le_bytes())
+                .chain(q)
+        })
+        .collect();
+    let read = Q5Matrix::from_gguf(&file, rows, cols).unwrap();
+    let made = Q5Matrix::from_rows(&values, cols);
+    for j in 0..rows {
+        let (a, b) = (read.row(j), made.row(j));
+        assert_eq!((a.nibbles, a.high, a.scales), (b.nibbles, b.high, b.scales));
+    }
+    assert!(Q5Matrix::from_gguf(&file[..file.len() - 1], rows, cols).is_none());
+}

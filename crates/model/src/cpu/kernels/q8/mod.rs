@@ -67,6 +67,31 @@ impl Q8Matrix {
         m
     }
 
+    /// A file's `Q8_0` tensor of `rows` rows of `cols` as it stores it (blocks of an f16 scale
+    /// and 32 bytes); `None` where its length or `cols` does not fit.
+    pub(crate) fn from_gguf(bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let fits = cols > 0 && cols.is_multiple_of(BLOCK);
+        if !fits || bytes.len() != rows * cols / BLOCK * (2 + BLOCK) {
+            return None;
+        }
+        let mut m = Self {
+            rows,
+            cols,
+            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 2)],
+        };
+        for (j, row) in bytes.chunks_exact(cols / BLOCK * (2 + BLOCK)).enumerate() {
+            let (q, d) = m.row_mut(j);
+            let blocks = row.chunks_exact(2 + BLOCK).zip(q.chunks_exact_mut(BLOCK));
+            for ((block, q), d) in blocks.zip(d) {
+                *d = f16::from_le_bytes([block[0], block[1]]);
+                q.iter_mut()
+                    .zip(&block[2..])
+                    .for_each(|(q, &b)| *q = b as i8);
+            }
+        }
+        Some(m)
+    }
+
     /// Bytes it holds: a byte a weight and two a block's scale.
     pub(crate) fn bytes(&self) -> usize {
         2 * self.data.len()

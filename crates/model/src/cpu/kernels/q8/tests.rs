@@ -158,3 +158,24 @@ fn products_are_close_to_f32() {
         }
     }
 }
+
+/// A file's `Q8_0` bytes (as ggml's quantiser writes them) read into this layout are the
+/// matrix this layout's own quantiser makes; bytes that do not fill the rows are refused.
+#[test]
+fn a_files_blocks_read_as_the_quantiser_writes_them() {
+    let (rows, cols) = (3, 96);
+    let values = values(rows * cols, 4);
+    let file: Vec<u8> = values
+        .chunks_exact(BLOCK)
+        .flat_map(|x| {
+            let (d, q) = q8_0_block(x.try_into().unwrap());
+            d.to_le_bytes().into_iter().chain(q.map(|q| q as u8))
+        })
+        .collect();
+    let read = Q8Matrix::from_gguf(&file, rows, cols).unwrap();
+    let made = Q8Matrix::from_rows(&values, cols);
+    for j in 0..rows {
+        assert_eq!(read.row(j), made.row(j));
+    }
+    assert!(Q8Matrix::from_gguf(&file[1..], rows, cols).is_none());
+}

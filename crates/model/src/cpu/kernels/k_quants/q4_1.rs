@@ -231,15 +231,50 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::super::avx2::half;
-    use super::super::avx512::total;
-    use super::{BLOCK, D, M, Offsets, XRow, values};
+    use super::super::avx512::{pair_scale, total};
+    use super::{BLOCK, D, M, Offsets, QH, XRow};
     use crate::cpu::kernels::k_quants::KType;
     use std::arch::x86_64::*;
 
-    /// [`super::dot_reference`] with AVX-512 VNNI: two blocks' values in one register,
-    /// unsigned into `dpbusd` against their 64 activation bytes (a lone last block: the upper
-    /// half zero, which adds nothing).
+    /// Blocks `b` and `b + 1`'s values in one register (`two` false: block `b`'s, the upper
+    /// half zero): their nibbles, with 16 added where `Q5_1`'s words (one 64-bit byte mask)
+    /// say.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW; the blocks read are in `w`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    unsafe fn pair<const FIVE: bool>(w: &[u8], b: usize, two: bool) -> __m512i {
+        let bytes = Offsets::<FIVE>::BYTES;
+        let qs = Offsets::<FIVE>::QS;
+        let mask = _mm512_set1_epi8(0x0F);
+        // SAFETY: the caller keeps the blocks read in `w`.
+        unsafe {
+            let at = |b: usize| w.as_ptr().add(b * bytes);
+            let nibbles = |b: usize| {
+                let q = _mm_loadu_si128(at(b).add(qs).cast());
+                _mm256_set_m128i(_mm_srli_epi16(q, 4), q)
+            };
+            let n = match two {
+                true => _mm512_inserti64x4(_mm512_castsi256_si512(nibbles(b)), nibbles(b + 1), 1),
+                false => _mm512_zextsi256_si512(nibbles(b)),
+            };
+            let n = _mm512_and_si512(n, mask);
+            match FIVE {
+                true => {
+                    let word = |b: usize| u64::from(at(b).add(QH).cast::<u32>().read_unaligned());
+                    let high = word(b) | if two { word(b + 1) << 32 } else { 0 };
+                    _mm512_mask_add_epi8(n, high, n, _mm512_set1_epi8(0x10))
+                }
+                false => n,
+            }
+        }
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: eight blocks' scales `d · xd` and minimums'
+    /// `−(m · xd)` as vectors (the minimums into lane `b mod 8` by one multiply-add), two
+    /// blocks' values in one register, unsigned into `dpbusd` against their 64 activation
+    /// bytes.
     ///
     /// # Safety
     /// The CPU has every feature named below (the lengths are asserted).
@@ -250,55 +285,55 @@ mod avx512 {
         let n = w.len() / bytes;
         assert!(x.q.len() >= n * BLOCK && x.d.len() >= n && x.sums.len() >= n);
         let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut mins = [0f32; 8];
-        let mut b = 0;
-        while b < n {
-            let two = b + 1 < n;
-            // SAFETY: blocks `b` (and `b + 1` with `two`) of both rows are in bounds.
+        let mut mins = _mm256_setzero_ps();
+        for b0 in (0..n).step_by(8) {
+            let count = (n - b0).min(8);
+            let mut halves = [[0u16; 8]; 2];
+            for i in 0..count {
+                let block = &w[(b0 + i) * bytes..];
+                halves[0][i] = u16::from_le_bytes([block[D], block[D + 1]]);
+                halves[1][i] = u16::from_le_bytes([block[M], block[M + 1]]);
+            }
+            let lanes = ((1u32 << count) - 1) as u8;
+            // SAFETY: the masked loads read blocks `b0..b0 + count`, in bounds (asserted);
+            // the blocks `pair` reads are in `w`.
             unsafe {
-                let first = &w[b * bytes..(b + 1) * bytes];
-                let (q, xs, second_scale) = match two {
-                    true => {
-                        let second = &w[(b + 1) * bytes..(b + 2) * bytes];
-                        let q = _mm512_inserti64x4(
-                            _mm512_castsi256_si512(values::<FIVE>(first)),
-                            values::<FIVE>(second),
-                            1,
-                        );
-                        let xs = _mm512_loadu_si512(x.q.as_ptr().add(b * BLOCK).cast());
-                        (q, xs, half(second, D) * *x.d.get_unchecked(b + 1))
+                let xd = _mm256_maskz_loadu_ps(lanes, x.d.as_ptr().add(b0));
+                let sums = _mm256_maskz_loadu_ps(lanes, x.sums.as_ptr().add(b0));
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(halves[0].as_ptr().cast()));
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(halves[1].as_ptr().cast()));
+                let scales = _mm256_mul_ps(d, xd);
+                let negated = _mm256_xor_ps(_mm256_mul_ps(m, xd), _mm256_set1_ps(-0.0));
+                mins = _mm256_fmadd_ps(sums, negated, mins);
+                let mut i = 0;
+                while i < count {
+                    let two = i + 1 < count;
+                    let q = pair::<FIVE>(w, b0 + i, two);
+                    let xs = match two {
+                        true => _mm512_loadu_si512(x.q.as_ptr().add((b0 + i) * BLOCK).cast()),
+                        false => _mm512_zextsi256_si512(_mm256_loadu_si256(
+                            x.q.as_ptr().add((b0 + i) * BLOCK).cast(),
+                        )),
+                    };
+                    let products = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xs);
+                    let step = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(products),
+                        pair_scale(scales, i),
+                        match i % 4 {
+                            0 => low,
+                            _ => high,
+                        },
+                    );
+                    // Blocks `4k`, `4k + 1` are sets 0 and 1; `4k + 2`, `4k + 3` sets 2 and 3.
+                    match i % 4 {
+                        0 => low = step,
+                        _ => high = step,
                     }
-                    false => {
-                        let q = _mm512_zextsi256_si512(values::<FIVE>(first));
-                        let xs = _mm512_zextsi256_si512(_mm256_loadu_si256(
-                            x.q.as_ptr().add(b * BLOCK).cast(),
-                        ));
-                        (q, xs, 0.0)
-                    }
-                };
-                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xs));
-                let scale = _mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castps_pd(_mm512_set1_ps(half(first, D) * *x.d.get_unchecked(b))),
-                    _mm256_castps_pd(_mm256_set1_ps(second_scale)),
-                    1,
-                ));
-                // Blocks `4i`, `4i + 1` are sets 0 and 1; `4i + 2`, `4i + 3` sets 2 and 3.
-                match b % 4 {
-                    0 => low = _mm512_fmadd_ps(lanes, scale, low),
-                    _ => high = _mm512_fmadd_ps(lanes, scale, high),
-                }
-                for (i, block) in [(b, first)]
-                    .into_iter()
-                    .chain(two.then(|| (b + 1, &w[(b + 1) * bytes..(b + 2) * bytes])))
-                {
-                    let min = -(half(block, M) * *x.d.get_unchecked(i));
-                    mins[i % 8] = x.sums.get_unchecked(i).mul_add(min, mins[i % 8]);
+                    i += 2;
                 }
             }
-            b += 2;
         }
-        // SAFETY: `mins` is eight floats.
-        total(low, high, unsafe { _mm256_loadu_ps(mins.as_ptr()) })
+        total(low, high, mins)
     }
 
     /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.

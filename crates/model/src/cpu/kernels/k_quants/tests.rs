@@ -147,8 +147,13 @@ fn a_tensor_of_the_wrong_length_is_refused() {
 /// Every kernel's row product is the reference's float bit for bit, and the reference is the
 /// f64 product of the dequantised weights and activations within float rounding.
 fn kernels_agree<T: KType>(kernels: Vec<blocks::Kernel<KMatrix<T>>>, extreme: impl Fn(&mut [u8])) {
-    for supers in [1, 2, 3, 5] {
-        let k = supers * SUPER;
+    // Rows of whole super-blocks, and, for the types of blocks of 32, counts of blocks that
+    // leave a part of eight (the kernels take eight blocks' scales at a time) or a lone block.
+    let lengths: &[usize] = match T::VALUES {
+        SUPER => &[SUPER, 2 * SUPER, 3 * SUPER, 5 * SUPER],
+        _ => &[32, 96, 288, 576, 608, 1024],
+    };
+    for &k in lengths {
         for (seed, d) in [(1, 0.01), (2, 1.5), (3, 1e-3)] {
             let mut w = matrix::<T>(1, k, seed, d);
             if seed == 3 {

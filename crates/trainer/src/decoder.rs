@@ -201,6 +201,17 @@ pub fn decoder<'a>(
     decoder_for(sampling_engine(placement)?, model, tokens, weights)
 }
 
+/// The fused decoder's matrices for `weights` (a quantised format, or `file`) of the run in
+/// `dir` where `placement` runs, the line [`DecodeWeights::for_run`] has for the user printed
+/// to standard error.
+pub fn fused_matrices(weights: Weights, dir: &Path, placement: &Placement) -> Result<Matrices> {
+    let (weights, note) = DecodeWeights::for_run(weights, dir)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    weights.matrices(sampling_engine(placement)?)
+}
+
 /// The engine [`decoder`] samples on where `placement` runs.
 pub fn sampling_engine(placement: &Placement) -> Result<EngineKind> {
     Ok(placement

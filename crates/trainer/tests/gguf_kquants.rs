@@ -47,20 +47,18 @@ fn imported(dir: &Path, name: &str) -> (LlamaCpp, String) {
     (seen, said)
 }
 
+/// `tinygpt logits` of the run for `tokens` with `--weights weights`, on the fused engine.
+fn logits_args(tokens: &[u32], weights: &str) -> Vec<String> {
+    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    let args = ["logits", "--checkpoint", "run", "--tokens", &list.join(",")];
+    let rest = ["--backend", "fused", "--weights", weights];
+    args.iter().chain(&rest).map(|a| a.to_string()).collect()
+}
+
 /// `logits --weights weights` of the run for `tokens`, and the loss it prints.
 fn logits_with(dir: &Path, tokens: &[u32], weights: &str) -> (Vec<Vec<f64>>, f64) {
-    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
-    let args = [
-        "logits",
-        "--checkpoint",
-        "run",
-        "--tokens",
-        &list.join(","),
-        "--backend",
-        "fused",
-        "--weights",
-        weights,
-    ];
+    let args = logits_args(tokens, weights);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let value: serde_json::Value = serde_json::from_str(ok(tinygpt(dir, &args)).trim()).unwrap();
     let rows = serde_json::from_value(value["logits"].clone()).unwrap();
     (rows, value["loss"].as_f64().unwrap())
@@ -153,18 +151,8 @@ fn damaged_kept_blocks_are_refused_in_one_line() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x10;
     std::fs::write(&blocks, &bytes).unwrap();
-    let list: Vec<String> = seen.prompt.iter().map(u32::to_string).collect();
-    let args = [
-        "logits",
-        "--checkpoint",
-        "run",
-        "--tokens",
-        &list.join(","),
-        "--backend",
-        "fused",
-        "--weights",
-        "file",
-    ];
+    let args = logits_args(&seen.prompt, "file");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fails(tinygpt(dir, &args), "are damaged");
     let generate = [
         "generate",

@@ -4,9 +4,9 @@
 
 use super::buffer::Buffer;
 use super::dims::Dims;
-use super::kernels::k_quants::q4_1::{self, Q41Matrix, Q51Matrix};
-use super::kernels::k_quants::q4_k::{self, Q4KMatrix, Q5KMatrix};
-use super::kernels::k_quants::q6_k::{self, Q6KMatrix};
+use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
+use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
+use super::kernels::k_quants::{self, q6_k::Q6KMatrix};
 use super::kernels::matmul::linear;
 use super::kernels::q4_0::{self, Q4Matrix};
 use super::kernels::q5_0::{self, Q5Matrix};
@@ -95,11 +95,11 @@ impl<'a> Weight<'a> {
             Weight::Q8(w) => q8::product(out, x, w, b, per_row),
             Weight::Q4(w) => q4_0::product(out, x, w, b, per_row),
             Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
-            Weight::Q4K(w) => q4_k::product(out, x, w, b, per_row),
-            Weight::Q41(w) => q4_1::product(out, x, w, b, per_row),
-            Weight::Q51(w) => q4_1::product(out, x, w, b, per_row),
-            Weight::Q5K(w) => q4_k::product(out, x, w, b, per_row),
-            Weight::Q6K(w) => q6_k::product(out, x, w, b, per_row),
+            Weight::Q4K(w) => k_quants::product(out, x, w, b, per_row),
+            Weight::Q41(w) => k_quants::product(out, x, w, b, per_row),
+            Weight::Q51(w) => k_quants::product(out, x, w, b, per_row),
+            Weight::Q5K(w) => k_quants::product(out, x, w, b, per_row),
+            Weight::Q6K(w) => k_quants::product(out, x, w, b, per_row),
             Weight::Rows(w) => rows::product(out, x, w, b, per_row),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
             Weight::Stacked(parts) => match x.len() / n_in {
@@ -245,19 +245,29 @@ pub(super) fn linear_split(
             split_columns(helpers, out, &|part, j0| q5_0::row_range(part, x, w, b, j0));
         }),
         Weight::Q4K(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q4_k::row_range(part, x, w, b, j0));
+            split_columns(helpers, out, &|part, j0| {
+                k_quants::row_range(part, x, w, b, j0)
+            });
         }),
         Weight::Q41(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q4_1::row_range(part, x, w, b, j0));
+            split_columns(helpers, out, &|part, j0| {
+                k_quants::row_range(part, x, w, b, j0)
+            });
         }),
         Weight::Q51(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q4_1::row_range(part, x, w, b, j0));
+            split_columns(helpers, out, &|part, j0| {
+                k_quants::row_range(part, x, w, b, j0)
+            });
         }),
         Weight::Q5K(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q4_k::row_range(part, x, w, b, j0));
+            split_columns(helpers, out, &|part, j0| {
+                k_quants::row_range(part, x, w, b, j0)
+            });
         }),
         Weight::Q6K(w) => q8::quantized(x, |x| {
-            split_columns(helpers, out, &|part, j0| q6_k::row_range(part, x, w, b, j0));
+            split_columns(helpers, out, &|part, j0| {
+                k_quants::row_range(part, x, w, b, j0)
+            });
         }),
         Weight::Rows(w) => split_columns(helpers, out, &|part, j0| {
             rows::row_range(part, x, w, b, j0);
@@ -300,11 +310,11 @@ fn stacked_range(
                 RowMatrix::Q8(w) => q8::row_range(share, xq, w, bias, local),
                 RowMatrix::Q4(w) => q4_0::row_range(share, xq, w, bias, local),
                 RowMatrix::Q5(w) => q5_0::row_range(share, xq, w, bias, local),
-                RowMatrix::Q4K(w) => q4_k::row_range(share, xq, w, bias, local),
-                RowMatrix::Q41(w) => q4_1::row_range(share, xq, w, bias, local),
-                RowMatrix::Q51(w) => q4_1::row_range(share, xq, w, bias, local),
-                RowMatrix::Q5K(w) => q4_k::row_range(share, xq, w, bias, local),
-                RowMatrix::Q6K(w) => q6_k::row_range(share, xq, w, bias, local),
+                RowMatrix::Q4K(w) => k_quants::row_range(share, xq, w, bias, local),
+                RowMatrix::Q41(w) => k_quants::row_range(share, xq, w, bias, local),
+                RowMatrix::Q51(w) => k_quants::row_range(share, xq, w, bias, local),
+                RowMatrix::Q5K(w) => k_quants::row_range(share, xq, w, bias, local),
+                RowMatrix::Q6K(w) => k_quants::row_range(share, xq, w, bias, local),
                 RowMatrix::F32(w) => rows::row_range(share, x, w, bias, local),
                 RowMatrix::Columns(w) => {
                     for (o, j) in share.iter_mut().zip(local..) {

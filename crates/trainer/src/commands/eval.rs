@@ -6,10 +6,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use tinygpt::backend::{Backend, describe};
 use tinygpt::chat::{ChatTemplate, jsonl};
-use tinygpt::config::{OptimizerKind, TrainDType};
 use tinygpt::data::{self, Split, read_corpus};
 use tinygpt::data::{conversations, corpus};
-use tinygpt::decoder::{DecodeWeights, Weights};
+use tinygpt::decoder::{Weights, fused_matrices};
 use tinygpt::eval::{evaluate, evaluate_decoded};
 use tinygpt::run::checkpoint::{Run, Which};
 
@@ -64,14 +63,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ),
         ),
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
-            let engine = placement
-                .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
-                .0;
-            let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
-            if let Some(note) = note {
-                eprintln!("{note}");
-            }
-            let matrices = weights.matrices(engine)?;
+            let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
             let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, matrices)?;
             let kept = match args.weights {
                 Weights::File => "the GGUF file's".to_string(),

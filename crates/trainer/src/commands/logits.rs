@@ -7,8 +7,7 @@ use tinygpt_model::Pass;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
 use tinygpt::backend::Backend;
-use tinygpt::config::{OptimizerKind, TrainDType};
-use tinygpt::decoder::{DecodeWeights, Weights};
+use tinygpt::decoder::{Weights, fused_matrices};
 use tinygpt::run::checkpoint::Which;
 use tinygpt_model::FusedDecoder;
 
@@ -42,14 +41,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Weights::F32 => model,
         Weights::Bf16 | Weights::F16 => args.weights.cast(model)?,
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
-            let engine = placement
-                .engine_for(TrainDType::F32, OptimizerKind::AdamW)?
-                .0;
-            let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
-            if let Some(note) = note {
-                eprintln!("{note}");
-            }
-            let mut decoder = FusedDecoder::with_weights(&model, weights.matrices(engine)?)?;
+            let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
+            let mut decoder = FusedDecoder::with_weights(&model, matrices)?;
             let mut values = Vec::new();
             decoder.window_logits(&args.tokens, |_, row| values.extend_from_slice(row))?;
             let loss = next_token_loss(&values, model.vocab_size(), &args.tokens);

@@ -18,8 +18,65 @@ use std::sync::Arc;
 
 use half::f16;
 
-use super::blocks::BlockMatrix;
-use super::q8::{BLOCK, XRow};
+use super::blocks::{self, BlockMatrix, each_row};
+use super::q8::{BLOCK, Q8Rows, XRow};
+
+/// Implements [`Kernels`] for the type `$t` from its module's kernels: `$reference`, and on
+/// x86-64 `$avx2` and `$avx512` with their shares of rows (`$avx2_rows`, `$avx512_rows`,
+/// compiled with their kernel's features so that the row's product is inlined); the fastest is
+/// chosen once, in a static of the type's own (one in a generic function would be one for all
+/// its instances).
+macro_rules! kernels_of {
+    ($t:ty, $reference:path, $avx2:path, $avx2_rows:path, $avx512:path, $avx512_rows:path) => {
+        impl crate::cpu::kernels::k_quants::Kernels for $t {
+            fn reference(w: &[u8], x: crate::cpu::kernels::q8::XRow<'_>) -> f32 {
+                $reference(w, x)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx2(w: &[u8], x: crate::cpu::kernels::q8::XRow<'_>) -> f32 {
+                // SAFETY: the caller's contract is the kernel's.
+                unsafe { $avx2(w, x) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx2_rows(
+                out: &mut [f32],
+                x: &crate::cpu::kernels::q8::Q8Rows,
+                w: &crate::cpu::kernels::k_quants::KMatrix<Self>,
+                b: &[f32],
+                j0: usize,
+            ) {
+                // SAFETY: the caller's contract is the kernel's.
+                unsafe { $avx2_rows(out, x, w, b, j0) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx512(w: &[u8], x: crate::cpu::kernels::q8::XRow<'_>) -> f32 {
+                // SAFETY: the caller's contract is the kernel's.
+                unsafe { $avx512(w, x) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx512_rows(
+                out: &mut [f32],
+                x: &crate::cpu::kernels::q8::Q8Rows,
+                w: &crate::cpu::kernels::k_quants::KMatrix<Self>,
+                b: &[f32],
+                j0: usize,
+            ) {
+                // SAFETY: the caller's contract is the kernel's.
+                unsafe { $avx512_rows(out, x, w, b, j0) }
+            }
+
+            fn fastest() -> crate::cpu::kernels::k_quants::Kernel<$t> {
+                use crate::cpu::kernels::k_quants::{Kernel, kernels};
+                static FASTEST: std::sync::OnceLock<Kernel<$t>> = std::sync::OnceLock::new();
+                *FASTEST.get_or_init(|| kernels::<$t>()[0])
+            }
+        }
+    };
+}
 
 pub(crate) mod q4_1;
 pub(crate) mod q4_k;
@@ -160,6 +217,85 @@ fn across(l: [f32; 8]) -> f32 {
 fn lanes(x: XRow<'_>, b: usize, w: impl Fn(usize) -> i32) -> [i32; 8] {
     let x = &x.q[b * BLOCK..(b + 1) * BLOCK];
     std::array::from_fn(|l| (4 * l..4 * l + 4).map(|i| w(i) * i32::from(x[i])).sum())
+}
+
+/// A type's kernels, each a row's product and a share of rows with it inlined: the plain
+/// reference and, on x86-64, AVX2 and AVX-512 VNNI, each the reference's floats bit for bit.
+pub(crate) trait Kernels: KType + Sized {
+    /// The numbers every kernel computes.
+    fn reference(w: &[u8], x: XRow<'_>) -> f32;
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2(w: &[u8], x: XRow<'_>) -> f32;
+    /// # Safety
+    /// As [`Kernels::avx2`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_rows(out: &mut [f32], x: &Q8Rows, w: &KMatrix<Self>, b: &[f32], j0: usize);
+    /// # Safety
+    /// The CPU has AVX-512 F, BW, VL and VNNI, with AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512(w: &[u8], x: XRow<'_>) -> f32;
+    /// # Safety
+    /// As [`Kernels::avx512`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512_rows(out: &mut [f32], x: &Q8Rows, w: &KMatrix<Self>, b: &[f32], j0: usize);
+    /// The first of [`kernels`], chosen once.
+    fn fastest() -> Kernel<Self>;
+}
+
+/// A kernel of type `T`'s matrices.
+pub(crate) type Kernel<T> = blocks::Kernel<KMatrix<T>>;
+
+/// Every kernel this CPU runs for `T`, fastest first; the last is the reference.
+pub(crate) fn kernels<T: Kernels>() -> Vec<Kernel<T>> {
+    let reference = Kernel::<T> {
+        name: "reference",
+        dot: T::reference,
+        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, T::reference),
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
+        // is compiled for.
+        let avx512 = Kernel::<T> {
+            name: "avx512-vnni",
+            dot: |w, x| unsafe { T::avx512(w, x) },
+            rows: |out, x, w, b, j0| unsafe { T::avx512_rows(out, x, w, b, j0) },
+        };
+        let avx2 = Kernel::<T> {
+            name: "avx2",
+            dot: |w, x| unsafe { T::avx2(w, x) },
+            rows: |out, x, w, b, j0| unsafe { T::avx2_rows(out, x, w, b, j0) },
+        };
+        blocks::runnable(avx512, avx2, reference)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    vec![reference]
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
+/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
+pub(crate) fn product<T: Kernels>(
+    out: &mut [f32],
+    x: &[f32],
+    w: &KMatrix<T>,
+    b: &[f32],
+    quantised: bool,
+) {
+    blocks::product(out, x, w, b, quantised, T::fastest())
+}
+
+/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
+/// of a token's product.
+pub(crate) fn row_range<T: Kernels>(
+    out: &mut [f32],
+    x: &Q8Rows,
+    w: &KMatrix<T>,
+    b: &[f32],
+    j0: usize,
+) {
+    (T::fastest().rows)(out, x, w, b, j0)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -7,7 +7,7 @@
 //! block's sum of bytes kept with the activations; [`Sets`] holds `− xd · m` as the minimum's
 //! scale, so that its total adds it.
 
-use super::super::blocks::{self, each_row};
+use super::super::blocks::each_row;
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{KMatrix, KType, Sets, half, lanes};
 
@@ -75,82 +75,22 @@ pub(crate) fn dot_reference<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
     sets.total()
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
-/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product<const FIVE: bool>(
-    out: &mut [f32],
-    x: &[f32],
-    w: &KMatrix<Offsets<FIVE>>,
-    b: &[f32],
-    quantised: bool,
-) where
-    Offsets<FIVE>: Fastest,
-{
-    blocks::product(out, x, w, b, quantised, Offsets::<FIVE>::kernel())
-}
-
-/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
-/// of a token's product.
-pub(crate) fn row_range<const FIVE: bool>(
-    out: &mut [f32],
-    x: &Q8Rows,
-    w: &KMatrix<Offsets<FIVE>>,
-    b: &[f32],
-    j0: usize,
-) where
-    Offsets<FIVE>: Fastest,
-{
-    (Offsets::<FIVE>::kernel().rows)(out, x, w, b, j0)
-}
-
-type Kernel<const FIVE: bool> = blocks::Kernel<KMatrix<Offsets<FIVE>>>;
-
-/// The fastest exact kernel of a type, chosen once (a static for each type).
-pub(crate) trait Fastest: KType + Sized {
-    fn kernel() -> blocks::Kernel<KMatrix<Self>>;
-}
-
-impl Fastest for Q41 {
-    fn kernel() -> Kernel<false> {
-        static FASTEST: std::sync::OnceLock<Kernel<false>> = std::sync::OnceLock::new();
-        *FASTEST.get_or_init(|| kernels::<false>()[0])
-    }
-}
-
-impl Fastest for Q51 {
-    fn kernel() -> Kernel<true> {
-        static FASTEST: std::sync::OnceLock<Kernel<true>> = std::sync::OnceLock::new();
-        *FASTEST.get_or_init(|| kernels::<true>()[0])
-    }
-}
-
-/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
-/// same floats bit for bit.
-pub(crate) fn kernels<const FIVE: bool>() -> Vec<Kernel<FIVE>> {
-    let reference = Kernel::<FIVE> {
-        name: "reference",
-        dot: dot_reference::<FIVE>,
-        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference::<FIVE>),
-    };
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
-        // is compiled for.
-        let avx512 = Kernel::<FIVE> {
-            name: "avx512-vnni",
-            dot: |w, x| unsafe { avx512::dot::<FIVE>(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx512::row_range::<FIVE>(out, x, w, b, j0) },
-        };
-        let avx2 = Kernel::<FIVE> {
-            name: "avx2",
-            dot: |w, x| unsafe { avx2::dot::<FIVE>(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx2::row_range::<FIVE>(out, x, w, b, j0) },
-        };
-        blocks::runnable(avx512, avx2, reference)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    vec![reference]
-}
+kernels_of!(
+    Q41,
+    dot_reference::<false>,
+    avx2::dot::<false>,
+    avx2::row_range::<false>,
+    avx512::dot::<false>,
+    avx512::row_range::<false>
+);
+kernels_of!(
+    Q51,
+    dot_reference::<true>,
+    avx2::dot::<true>,
+    avx2::row_range::<true>,
+    avx512::dot::<true>,
+    avx512::row_range::<true>
+);
 
 /// Block `block`'s 32 values `q` in value order (AVX2), and its word of fifth bits where it has
 /// one.
@@ -212,7 +152,7 @@ mod avx2 {
         total(sets, unsafe { _mm256_loadu_ps(mins.as_ptr()) })
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    /// [`super::super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
@@ -336,7 +276,7 @@ mod avx512 {
         total(low, high, mins)
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    /// [`super::super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
     ///
     /// # Safety
     /// The CPU has every feature named below.

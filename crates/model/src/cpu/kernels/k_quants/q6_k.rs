@@ -8,7 +8,7 @@
 //! `sc · Σ (q − 32) · xq` are exact in integers and the group takes one float scale,
 //! `d · xd`.
 
-use super::super::blocks::{self, each_row};
+use super::super::blocks::each_row;
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{GROUPS, KMatrix, KType, SUPER, Sets, half, lanes};
 
@@ -72,52 +72,14 @@ pub(crate) fn dot_reference(w: &[u8], x: XRow<'_>) -> f32 {
     sets.total()
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
-/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q6KMatrix, b: &[f32], quantised: bool) {
-    blocks::product(out, x, w, b, quantised, kernel())
-}
-
-/// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
-/// of a token's product.
-pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q6KMatrix, b: &[f32], j0: usize) {
-    (kernel().rows)(out, x, w, b, j0)
-}
-
-type Kernel = blocks::Kernel<Q6KMatrix>;
-
-fn kernel() -> Kernel {
-    static FASTEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-    *FASTEST.get_or_init(|| kernels()[0])
-}
-
-/// Every kernel this CPU runs, fastest first; the last is the reference. Each computes the
-/// same floats bit for bit.
-pub(crate) fn kernels() -> Vec<Kernel> {
-    let reference = Kernel {
-        name: "reference",
-        dot: dot_reference,
-        rows: |out, x, w, b, j0| each_row(out, x, w, b, j0, dot_reference),
-    };
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
-        // is compiled for.
-        let avx512 = Kernel {
-            name: "avx512-vnni",
-            dot: |w, x| unsafe { avx512::dot(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
-        };
-        let avx2 = Kernel {
-            name: "avx2",
-            dot: |w, x| unsafe { avx2::dot(w, x) },
-            rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
-        };
-        blocks::runnable(avx512, avx2, reference)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    vec![reference]
-}
+kernels_of!(
+    Q6K,
+    dot_reference,
+    avx2::dot,
+    avx2::row_range,
+    avx512::dot,
+    avx512::row_range
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -207,7 +169,7 @@ mod avx2 {
         total(sets, _mm256_setzero_ps())
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    /// [`super::super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
@@ -292,7 +254,7 @@ mod avx512 {
         total(low, high, _mm256_setzero_ps())
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
+    /// [`super::super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.
     ///
     /// # Safety
     /// The CPU has every feature named below.

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::q4_1::{self, Q41, Q51};
+use super::q4_1::{Q41, Q51};
 use super::q4_k::{self, Q4K, Q4KMatrix, Q5K};
 use super::q6_k::{self, Q6K, Q6KMatrix};
 use super::{KMatrix, KType, SUPER};
@@ -197,7 +197,7 @@ fn kernels_agree<T: KType>(kernels: Vec<blocks::Kernel<KMatrix<T>>>, extreme: im
 
 #[test]
 fn every_q4_k_kernel_gives_the_reference_bits() {
-    kernels_agree::<Q4K>(q4_k::kernels::<false>(), |b| {
+    kernels_agree::<Q4K>(super::kernels::<Q4K>(), |b| {
         b[4..16].fill(0xFF); // every scale and minimum 63
         b[16..].fill(0xFF); // every nibble 15
     });
@@ -205,7 +205,7 @@ fn every_q4_k_kernel_gives_the_reference_bits() {
 
 #[test]
 fn every_q5_k_kernel_gives_the_reference_bits() {
-    kernels_agree::<Q5K>(q4_k::kernels::<true>(), |b| {
+    kernels_agree::<Q5K>(super::kernels::<Q5K>(), |b| {
         b[4..16].fill(0xFF); // every scale and minimum 63
         b[16..].fill(0xFF); // every fifth bit set, every nibble 15: q 31
     });
@@ -213,13 +213,13 @@ fn every_q5_k_kernel_gives_the_reference_bits() {
 
 #[test]
 fn every_q4_1_and_q5_1_kernel_gives_the_reference_bits() {
-    kernels_agree::<Q41>(q4_1::kernels::<false>(), |b| b[4..].fill(0xFF));
-    kernels_agree::<Q51>(q4_1::kernels::<true>(), |b| b[4..].fill(0xFF));
+    kernels_agree::<Q41>(super::kernels::<Q41>(), |b| b[4..].fill(0xFF));
+    kernels_agree::<Q51>(super::kernels::<Q51>(), |b| b[4..].fill(0xFF));
 }
 
 #[test]
 fn every_q6_k_kernel_gives_the_reference_bits() {
-    kernels_agree::<Q6K>(q6_k::kernels(), |b| {
+    kernels_agree::<Q6K>(super::kernels::<Q6K>(), |b| {
         b[..192].fill(0xFF); // every q 63
         b[192..208].fill(0x80); // every scale −128
     });
@@ -230,8 +230,8 @@ fn every_q6_k_kernel_gives_the_reference_bits() {
 #[test]
 fn the_vector_kernels_run_where_the_cpu_has_them() {
     let names = |v: Vec<&'static str>| v.join(", ");
-    let q4 = names(q4_k::kernels::<false>().iter().map(|k| k.name).collect());
-    let q6 = names(q6_k::kernels().iter().map(|k| k.name).collect());
+    let q4 = names(super::kernels::<Q4K>().iter().map(|k| k.name).collect());
+    let q6 = names(super::kernels::<Q6K>().iter().map(|k| k.name).collect());
     assert_eq!(q4, q6, "both types have the same kernels");
     #[cfg(target_arch = "x86_64")]
     {
@@ -257,13 +257,13 @@ fn products_are_each_rows_product() {
     let x = values(rows * k, 5);
     let b: Vec<f32> = (0..n).map(|j| j as f32 / 10.0).collect();
     let mut out = vec![0.0; rows * n];
-    q6_k::product(&mut out, &x, &w, &b, true);
+    super::product(&mut out, &x, &w, &b, true);
     let mut q = Q8Rows::default();
     for r in 0..rows {
         q.quantize(&x[r * k..(r + 1) * k]);
         let mut share = vec![0.0; n];
-        q6_k::row_range(&mut share[..20], &q, &w, &b, 0);
-        q6_k::row_range(&mut share[20..], &q, &w, &b, 20);
+        super::row_range(&mut share[..20], &q, &w, &b, 0);
+        super::row_range(&mut share[20..], &q, &w, &b, 20);
         for j in 0..n {
             let alone = q6_k::dot_reference(w.row(j), q.one()) + b[j];
             assert_eq!(out[r * n + j].to_bits(), alone.to_bits());
@@ -273,8 +273,8 @@ fn products_are_each_rows_product() {
     let w4 = matrix::<Q4K>(n, k, 4, 0.02);
     let x = values(GEMM_ROWS * k, 6);
     let (mut quantised, mut f32s) = (vec![0.0; GEMM_ROWS * n], vec![0.0; GEMM_ROWS * n]);
-    q4_k::product(&mut quantised, &x, &w4, &b, true);
-    q4_k::product(&mut f32s, &x, &w4, &b, false);
+    super::product(&mut quantised, &x, &w4, &b, true);
+    super::product(&mut f32s, &x, &w4, &b, false);
     let largest = f32s.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (a, f) in quantised.iter().zip(&f32s) {
         assert!((a - f).abs() <= 0.02 * largest, "{a} vs {f}");

@@ -2,14 +2,14 @@
 //! placement's engine calls for (the fused CPU decoder, or Burn's on the model's device), and
 //! the guard that keeps a padded vocabulary's extra rows from ever being sampled.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use burn::tensor::FloatDType;
 use tinygpt_model::{
     BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, Matrices, ModelError,
-    WeightFormat, WeightPlan, decoding::Pick, decoding::Picked, decoding::Replay,
+    WeightFormat, decoding::Pick, decoding::Picked, decoding::Replay,
 };
 
 use crate::backend::{EngineKind, Placement};
@@ -139,26 +139,28 @@ impl Weights {
     }
 }
 
-/// `--weights` for one run: `file` read as the run's imported types ([`FileTypes`]).
+/// `--weights` for one run: `file` read as the run's imported types ([`FileTypes`]) in its
+/// directory. Their plan (and the kept blocks it reads) is made for each decoder, so that a
+/// block the decoder rearranges into its own layout is not held twice.
 #[derive(Debug, Clone)]
 pub struct DecodeWeights {
     pub weights: Weights,
-    plan: Option<Arc<WeightPlan>>,
+    file: Option<Arc<(FileTypes, PathBuf)>>,
 }
 
 impl From<Weights> for DecodeWeights {
     fn from(weights: Weights) -> Self {
         Self {
             weights,
-            plan: None,
+            file: None,
         }
     }
 }
 
 impl DecodeWeights {
-    /// `weights` for the run in `dir`, and a line for the user where `file` could not keep a
-    /// type (no kernel for it yet). `file` on a run that was not imported from a GGUF file is
-    /// an error.
+    /// `weights` for the run in `dir`, and a line for the user where `file` decodes a type in
+    /// Q8_0 (a run imported before its blocks were kept). `file` on a run that was not imported
+    /// from a GGUF file is an error.
     pub fn for_run(weights: Weights, dir: &Path) -> Result<(Self, Option<String>)> {
         if weights != Weights::File {
             return Ok((weights.into(), None));
@@ -170,19 +172,19 @@ impl DecodeWeights {
                 dir.display()
             );
         };
-        let (plan, note) = types.plan(dir)?;
+        let note = types.note();
         let weights = Self {
             weights,
-            plan: Some(plan),
+            file: Some(Arc::new((types, dir.to_path_buf()))),
         };
         Ok((weights, note))
     }
 
     /// The fused decoder's matrices on the engine `kind` ([`Weights::format`], or the run's
-    /// file types).
+    /// file types, their kept blocks read and checked now).
     pub fn matrices(&self, kind: EngineKind) -> Result<Matrices> {
-        match (&self.plan, kind) {
-            (Some(plan), EngineKind::Fused) => Ok(Matrices::Planned(plan.clone())),
+        match (&self.file, kind) {
+            (Some(file), EngineKind::Fused) => Ok(Matrices::Planned(file.0.plan(&file.1)?)),
             _ => Ok(self.weights.format(kind)?.into()),
         }
     }

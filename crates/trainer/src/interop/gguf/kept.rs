@@ -244,13 +244,32 @@ impl FileTypes {
         kept.fold((0, 0), |(n, bytes), k| (n + 1, bytes + k.bytes))
     }
 
+    /// A line for the user where the run keeps no blocks of a type that only they give
+    /// exactly (a run imported before the blocks were kept): [`FileTypes::plan`] decodes those
+    /// in Q8_0.
+    pub fn note(&self) -> Option<String> {
+        let mut unkept: Vec<&str> = Vec::new();
+        for range in self.ranges().filter(|r| r.kept.is_none()) {
+            let kind = TensorType::named(&range.kind);
+            if kind.is_some_and(|k| requantised(k).is_none()) && !unkept.contains(&&*range.kind) {
+                unkept.push(&range.kind);
+            }
+        }
+        (!unkept.is_empty()).then(|| {
+            format!(
+                "{}: {} matrices decode as q8_0 (the run keeps no blocks of them: import the \
+                 file again to decode them as it stores them)",
+                self.file,
+                unkept.join(", ")
+            )
+        })
+    }
+
     /// The decoder's plan for the run in `dir`: each range in its file's type (F32, F16 and
     /// BF16 as f32; the quantised types the file's own blocks, checked against their SHA-256;
     /// for a run imported before they were kept, Q8_0, Q5_0 and Q4_0 quantised again and the
-    /// others Q8_0 of their values, which the second part says in a line for the user).
-    pub fn plan(&self, dir: &Path) -> Result<(Arc<WeightPlan>, Option<String>)> {
-        // Types kept in blocks, of a run imported before their blocks were kept.
-        let mut unkept = Vec::new();
+    /// others Q8_0 of their values, as [`FileTypes::note`] says).
+    pub fn plan(&self, dir: &Path) -> Result<Arc<WeightPlan>> {
         let mut blocks_file = None;
         let mut segments = |ranges: &[Range]| -> Result<Vec<Segment>> {
             ranges
@@ -268,22 +287,7 @@ impl FileTypes {
                     }
                     // A run imported before the blocks were kept: the values quantised again
                     // (exact for files of ggml's reference quantisers), or Q8_0 of them.
-                    let format = match kind {
-                        TensorType::F32 | TensorType::F16 | TensorType::BF16 => WeightFormat::F32,
-                        TensorType::Q8_0 => WeightFormat::Q8_0,
-                        TensorType::Q5_0 => WeightFormat::Q5_0,
-                        TensorType::Q4_0 => WeightFormat::Q4_0,
-                        TensorType::Q4_1
-                        | TensorType::Q5_1
-                        | TensorType::Q4_K
-                        | TensorType::Q5_K
-                        | TensorType::Q6_K => {
-                            if !unkept.contains(&kind.name()) {
-                                unkept.push(kind.name());
-                            }
-                            WeightFormat::Q8_0
-                        }
-                    };
+                    let format = requantised(kind).unwrap_or(WeightFormat::Q8_0);
                     Ok(Segment::quantised(r.rows, format))
                 })
                 .collect()
@@ -301,15 +305,23 @@ impl FileTypes {
         if self.blocks.is_empty() && head.is_empty() {
             bail!("the run's file types name no matrix");
         }
-        let note = (!unkept.is_empty()).then(|| {
-            format!(
-                "{}: {} matrices decode as q8_0 (the run keeps no blocks of them: import the \
-                 file again to decode them as it stores them)",
-                self.file,
-                unkept.join(", ")
-            )
-        });
-        Ok((Arc::new(WeightPlan { blocks, head }), note))
+        Ok(Arc::new(WeightPlan { blocks, head }))
+    }
+}
+
+/// The format a type's values give exactly when quantised again by ggml's reference quantiser
+/// (f32 for the float types); `None` for the types only their kept blocks give.
+fn requantised(kind: TensorType) -> Option<WeightFormat> {
+    match kind {
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => Some(WeightFormat::F32),
+        TensorType::Q8_0 => Some(WeightFormat::Q8_0),
+        TensorType::Q5_0 => Some(WeightFormat::Q5_0),
+        TensorType::Q4_0 => Some(WeightFormat::Q4_0),
+        TensorType::Q4_1
+        | TensorType::Q5_1
+        | TensorType::Q4_K
+        | TensorType::Q5_K
+        | TensorType::Q6_K => None,
     }
 }
 

@@ -117,39 +117,62 @@ unsafe fn values<const FIVE: bool>(block: &[u8]) -> std::arch::x86_64::__m256i {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::avx2::{half, pairs, total};
+    use super::super::avx2::{pairs, total};
     use super::{BLOCK, D, M, Offsets, XRow, values};
     use crate::cpu::kernels::k_quants::KType;
     use std::arch::x86_64::*;
 
-    /// [`super::dot_reference`] in AVX2: a block's values by `maddubs` and `madd` into set
-    /// `b mod 4`, its minimum into lane `b mod 8` of the minimums.
+    /// [`super::dot_reference`] in AVX2: eight blocks' scales `d · xd` and minimums'
+    /// `−(m · xd)` as vectors (the minimums into lane `b mod 8` by one multiply-add), a block's
+    /// values by `maddubs` and `madd` into set `b mod 4`.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C (the lengths are asserted).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot<const FIVE: bool>(w: &[u8], x: XRow<'_>) -> f32 {
-        let n = w.len() / Offsets::<FIVE>::BYTES;
+        let bytes = Offsets::<FIVE>::BYTES;
+        let n = w.len() / bytes;
         assert!(x.q.len() >= n * BLOCK && x.d.len() >= n && x.sums.len() >= n);
         let mut sets = [_mm256_setzero_ps(); 4];
-        let mut mins = [0f32; 8];
+        let mut mins = _mm256_setzero_ps();
         let ones = _mm256_set1_epi16(1);
-        for (b, block) in w.chunks_exact(Offsets::<FIVE>::BYTES).enumerate() {
-            // SAFETY: block `b` of `x` is in bounds (asserted).
+        for b0 in (0..n).step_by(8) {
+            let count = (n - b0).min(8);
+            // Absent blocks of a last part of eight: scales, minimums and sums of zero, which
+            // add nothing.
+            let (mut halves, mut xd, mut sums) = ([[0u16; 8]; 2], [0f32; 8], [0f32; 8]);
+            for i in 0..count {
+                let block = &w[(b0 + i) * bytes..];
+                halves[0][i] = u16::from_le_bytes([block[D], block[D + 1]]);
+                halves[1][i] = u16::from_le_bytes([block[M], block[M + 1]]);
+            }
+            xd[..count].copy_from_slice(&x.d[b0..b0 + count]);
+            sums[..count].copy_from_slice(&x.sums[b0..b0 + count]);
+            let mut each = [0f32; 8];
+            // SAFETY: the arrays are eight wide; the blocks read are in bounds (asserted).
             unsafe {
-                let xd = *x.d.get_unchecked(b);
-                let x8 = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
-                let l =
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs(values::<FIVE>(block), x8), ones));
-                let scale = _mm256_set1_ps(half(block, D) * xd);
-                sets[b % 4] = _mm256_fmadd_ps(l, scale, sets[b % 4]);
-                let min = -(half(block, M) * xd);
-                mins[b % 8] = x.sums.get_unchecked(b).mul_add(min, mins[b % 8]);
+                let xd = _mm256_loadu_ps(xd.as_ptr());
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(halves[0].as_ptr().cast()));
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(halves[1].as_ptr().cast()));
+                _mm256_storeu_ps(each.as_mut_ptr(), _mm256_mul_ps(d, xd));
+                let negated = _mm256_xor_ps(_mm256_mul_ps(m, xd), _mm256_set1_ps(-0.0));
+                mins = _mm256_fmadd_ps(_mm256_loadu_ps(sums.as_ptr()), negated, mins);
+                for (i, &scale) in each.iter().enumerate().take(count) {
+                    let b = b0 + i;
+                    let block = &w[b * bytes..(b + 1) * bytes];
+                    let x8 = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
+                    let products = _mm256_madd_epi16(pairs(values::<FIVE>(block), x8), ones);
+                    let set = b % 4;
+                    sets[set] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(products),
+                        _mm256_set1_ps(scale),
+                        sets[set],
+                    );
+                }
             }
         }
-        // SAFETY: `mins` is eight floats.
-        total(sets, unsafe { _mm256_loadu_ps(mins.as_ptr()) })
+        total(sets, mins)
     }
 
     /// [`super::super::row_range`], compiled with the kernel's features so that [`dot`] is inlined.

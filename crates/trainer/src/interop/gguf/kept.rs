@@ -23,7 +23,7 @@ use crate::checksum::sha256_hex;
 /// The run file that holds them.
 pub const FILE: &str = "file-types.json";
 
-/// The run file that holds the k-quant tensors' own blocks.
+/// The run file that holds the quantised tensors' own blocks.
 pub const BLOCKS: &str = "file-blocks.bin";
 
 /// `rows` consecutive output rows stored as ggml's `type`.
@@ -32,7 +32,7 @@ pub struct Range {
     pub rows: usize,
     #[serde(rename = "type")]
     pub kind: String,
-    /// Where the file's own blocks of these rows are in [`BLOCKS`] (the k-quants).
+    /// Where the file's own blocks of these rows are in [`BLOCKS`] (a quantised type's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<Kept>,
 }
@@ -92,7 +92,7 @@ pub struct FileTypes {
     pub file: String,
     pub blocks: Vec<BlockTypes>,
     pub head: Vec<Range>,
-    /// The k-quant tensors' blocks, to be written to [`BLOCKS`] with the types.
+    /// The quantised tensors' blocks, to be written to [`BLOCKS`] with the types.
     #[serde(skip)]
     pending: Vec<u8>,
 }
@@ -124,7 +124,7 @@ fn sources(fused_qkv: bool, gpt: &GptConfig, l: usize) -> [Vec<String>; 4] {
 
 impl FileTypes {
     /// The types of `gguf`'s matrices (a model of `gpt`; `fused_qkv` as [`sources`]), read
-    /// from `file`, and the k-quant tensors' blocks; `heads(name)`: the heads of a tensor whose
+    /// from `file`, and the quantised tensors' blocks; `heads(name)`: the heads of a tensor whose
     /// rows the import moved from llama.cpp's rotary layout.
     pub(super) fn of(
         gguf: &Gguf,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use half::f16;
 
 use super::blocks::{self, BlockMatrix, each_row};
-use super::q8::{BLOCK, Q8Rows, XRow};
+use super::q8::{BLOCK, Q8Rows, XRow, across};
 
 /// Implements [`Kernels`] for the type `$t` from its module's kernels: `$reference`, and on
 /// x86-64 `$avx2` and `$avx512` with their shares of rows (`$avx2_rows`, `$avx512_rows`,
@@ -207,11 +207,6 @@ impl Sets {
     }
 }
 
-/// Eight lanes summed as the vector code does: `((0+4) + (2+6)) + ((1+5) + (3+7))`.
-fn across(l: [f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
 /// Group `b`'s lanes `Σ_{i<4} w(4l + i) · x[4l + i]` of a row's values `w(i)` (as `i32`).
 #[inline]
 fn lanes(x: XRow<'_>, b: usize, w: impl Fn(usize) -> i32) -> [i32; 8] {
@@ -300,26 +295,14 @@ pub(crate) fn row_range<T: Kernels>(
 
 #[cfg(target_arch = "x86_64")]
 pub(in crate::cpu::kernels) mod avx2 {
+    use crate::cpu::kernels::q8::avx2::{across, sets_total};
     use std::arch::x86_64::*;
 
     /// [`super::Sets::total`] of four set registers and a register of minimums.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(in crate::cpu::kernels) fn total(sets: [__m256; 4], mins: __m256) -> f32 {
-        let acc = _mm256_add_ps(
-            _mm256_add_ps(sets[0], sets[2]),
-            _mm256_add_ps(sets[1], sets[3]),
-        );
-        across(acc) - across(mins)
-    }
-
-    /// [`super::across`] of a register.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(in crate::cpu::kernels) fn across(v: __m256) -> f32 {
-        let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)))
+        sets_total(sets) - across(mins)
     }
 
     /// The f16 at `bytes[at..at + 2]` as f32, by F16C ([`super::half`]'s value).
@@ -341,6 +324,7 @@ pub(in crate::cpu::kernels) mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 pub(in crate::cpu::kernels) mod avx512 {
+    use crate::cpu::kernels::q8::{avx2::across, avx512::sets_total};
     use std::arch::x86_64::*;
 
     /// [`super::Sets::total`] of the register of sets 0 and 1 (`low`), of sets 2 and 3
@@ -348,10 +332,7 @@ pub(in crate::cpu::kernels) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(in crate::cpu::kernels) fn total(low: __m512, high: __m512, mins: __m256) -> f32 {
-        let sets = _mm512_add_ps(low, high);
-        let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sets), 1));
-        let acc = _mm256_add_ps(_mm512_castps512_ps256(sets), upper);
-        super::avx2::across(acc) - super::avx2::across(mins)
+        sets_total(low, high) - across(mins)
     }
 
     /// Sixteen scales for a pair of groups: `scales[i]` in the low eight lanes,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use burn::tensor::FloatDType;
 use tinygpt_model::{
-    BatchDecoder, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, Matrices, ModelError,
-    WeightFormat, decoding::Pick, decoding::Picked, decoding::Replay,
+    BatchDecoder, BlockType, Decoder, FusedBatch, FusedDecoder, Gpt, GptBatch, Matrices,
+    ModelError, WeightFormat, decoding::Pick, decoding::Picked, decoding::Replay,
 };
 
 use crate::backend::{EngineKind, Placement};
@@ -42,9 +42,15 @@ pub enum Weights {
     /// accuracy; CPU only (the fused decoder).
     #[value(name = "q5_0")]
     Q5_0,
-    /// each matrix in the type the GGUF file the run was imported from stores it (Q8_0, Q5_0,
-    /// Q4_0, f32; the types tinygpt has no kernels for yet, such as Q4_K and Q6_K, in q8_0);
-    /// CPU only (the fused decoder).
+    /// four bits in super-blocks of 256 with a scale and a minimum per 32 (GGUF's Q4_K, by
+    /// ggml's own quantiser: the blocks `export --dtype q4_k` writes; a matrix whose rows are
+    /// not a multiple of 256 long in Q5_0, as llama.cpp falls back); quantised as the model
+    /// loads (seconds); CPU only (the fused decoder).
+    #[value(name = "q4_k")]
+    Q4K,
+    /// each matrix in the type the GGUF file the run was imported from stores it, from the
+    /// file's own blocks (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K; f32 for the float
+    /// types); CPU only (the fused decoder).
     File,
 }
 
@@ -58,6 +64,7 @@ impl Weights {
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
             Self::Q5_0 => "q5_0",
+            Self::Q4K => "q4_k",
             Self::File => "file",
         }
     }
@@ -65,7 +72,9 @@ impl Weights {
     /// The dtype Burn's decoder computes its products in (q8_0 is the fused decoder's own).
     fn dtype(self) -> FloatDType {
         match self {
-            Self::F32 | Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::File => FloatDType::F32,
+            Self::F32 | Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Q4K | Self::File => {
+                FloatDType::F32
+            }
             Self::Bf16 => FloatDType::BF16,
             Self::F16 => FloatDType::F16,
         }
@@ -84,8 +93,13 @@ impl Weights {
                 "--weights file decodes a run imported from a GGUF file, each matrix in the \
                  file's type: it needs that run (generate, eval, serve)"
             ),
+            (Self::Q4K, EngineKind::Fused) => bail!(
+                "--weights q4_k stores matrices of several types (Q4_K, and Q5_0 where rows are \
+                 not whole super-blocks): generate, eval, serve and logits take it; this \
+                 takes f32, q8_0, q5_0 or q4_0"
+            ),
             (
-                Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::File,
+                Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Q4K | Self::File,
                 EngineKind::Autodiff | EngineKind::Device,
             ) => {
                 bail!(
@@ -99,7 +113,7 @@ impl Weights {
             }
             (Self::Bf16 | Self::F16, EngineKind::Fused) => bail!(
                 "--weights {} samples on a GPU (--backend cuda; f16 also on wgpu where the GPU \
-                 has it) or on flex; the fused CPU decoder keeps f32, q8_0, q5_0 or q4_0 weights",
+                 has it) or on flex; the fused CPU decoder keeps f32, q8_0, q5_0, q4_0 or q4_k weights",
                 self.name()
             ),
         })
@@ -168,7 +182,7 @@ impl DecodeWeights {
         let Some(types) = FileTypes::read(dir)? else {
             bail!(
                 "--weights file decodes each matrix in the type of the GGUF file a run was \
-                 imported from; {} was not imported from one (q8_0, q5_0 or q4_0 quantise it)",
+                 imported from; {} was not imported from one (q8_0, q5_0, q4_0 or q4_k quantise it)",
                 dir.display()
             );
         };
@@ -183,8 +197,9 @@ impl DecodeWeights {
     /// The fused decoder's matrices on the engine `kind` ([`Weights::format`], or the run's
     /// file types, their kept blocks read and checked now).
     pub fn matrices(&self, kind: EngineKind) -> Result<Matrices> {
-        match (&self.file, kind) {
-            (Some(file), EngineKind::Fused) => Ok(Matrices::Planned(file.0.plan(&file.1)?)),
+        match (&self.file, self.weights, kind) {
+            (Some(file), _, EngineKind::Fused) => Ok(Matrices::Planned(file.0.plan(&file.1)?)),
+            (_, Weights::Q4K, EngineKind::Fused) => Ok(Matrices::Encoded(BlockType::Q4_K)),
             _ => Ok(self.weights.format(kind)?.into()),
         }
     }

@@ -7,6 +7,10 @@
 //! values, tinygpt per 32: the f32 of the same file is as far from llama.cpp's) and near the
 //! dequantised import's; its loss within 0.5% of the dequantised import's; a damaged block is
 //! refused in one line.
+//!
+//! And the other way: `export --dtype q4_k|q4_k_m|q5_k_m|q6_k` writes the bytes llama.cpp's own
+//! quantiser wrote from the same model (`k_quants/quantisers/`, by
+//! `scripts/gguf-kquant-quantisers-fixture.py`), and `--weights q4_k` decodes with those blocks.
 
 mod common;
 
@@ -170,4 +174,107 @@ fn damaged_kept_blocks_are_refused_in_one_line() {
     assert_eq!(std::fs::read(&blocks).unwrap(), bytes, "nothing written");
     // The model as imported (f32) still decodes.
     ok(tinygpt(dir, &generate));
+}
+
+/// A tensor as `quantised.json` records it: its ggml type and the SHA-256 of its data.
+#[derive(Deserialize, PartialEq, Debug)]
+struct Stored {
+    r#type: String,
+    sha256: String,
+}
+
+/// `quantisers/source.gguf` (a 256-wide Llama whose down projections' rows, 288 long, are not
+/// whole super-blocks) imported into `dir/run`; what llama.cpp wrote from it at each type.
+fn source(
+    dir: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, Stored>> {
+    let here = fixture().join("quantisers");
+    std::fs::copy(here.join("source.gguf"), dir.join("source.gguf")).unwrap();
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "source.gguf", "--out", "run"],
+    ));
+    let text = std::fs::read_to_string(here.join("quantised.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// `tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k` writes the very bytes llama.cpp's own
+/// quantiser (`llama_model_quantize`, no importance matrix) wrote from the same values: its
+/// choice of type for each tensor in the `_M` mixes (Q6_K for the head and for the second
+/// layer's value and down projections), its fallbacks where rows are not whole super-blocks
+/// (Q5_0, Q5_1, Q8_0), and each block (`scripts/gguf-kquant-quantisers-fixture.py`).
+#[test]
+fn k_quant_exports_are_the_bytes_llama_cpp_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let theirs = source(dir);
+    assert_eq!(theirs.len(), 4, "q4_k, q4_k_m, q5_k_m and q6_k");
+    let mut types = std::collections::BTreeSet::new();
+    for (dtype, tensors) in &theirs {
+        let out = format!("{dtype}.gguf");
+        let args = [
+            "export",
+            "--checkpoint",
+            "run",
+            "--format",
+            "gguf",
+            "--dtype",
+        ];
+        ok(tinygpt(dir, &[&args[..], &[dtype, "--out", &out]].concat()));
+        let own = tinygpt::interop::gguf::Gguf::from_bytes(&std::fs::read(dir.join(&out)).unwrap())
+            .unwrap();
+        assert_eq!(own.tensors.len(), tensors.len(), "{dtype}");
+        for t in &own.tensors {
+            let stored = Stored {
+                r#type: t.kind.name().to_string(),
+                sha256: format!("{:x}", Sha256::digest(&t.data)),
+            };
+            assert_eq!(Some(&stored), tensors.get(&t.name), "{dtype}: {}", t.name);
+            types.insert(stored.r#type);
+        }
+    }
+    let every = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"];
+    assert!(every.iter().all(|t| types.contains(*t)), "{types:?}");
+}
+
+/// `--weights q4_k` decodes the run with the blocks `export --dtype q4_k` writes: its logits
+/// are those of the run decoding the blocks kept from that export's import (`--weights file`),
+/// bit for bit, and near the f32 model's.
+#[test]
+fn weights_q4_k_decodes_the_blocks_the_q4_k_export_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir);
+    let args = [
+        "export",
+        "--checkpoint",
+        "run",
+        "--format",
+        "gguf",
+        "--dtype",
+        "q4_k",
+    ];
+    ok(tinygpt(dir, &[&args[..], &["--out", "q4_k.gguf"]].concat()));
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "q4_k.gguf", "--out", "q4_k"],
+    ));
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 60).collect();
+    let (encoded, loss) = logits_with(dir, &prompt, "q4_k");
+    let (f32, f32_loss) = logits_with(dir, &prompt, "f32");
+    // The export's blocks as the run's own (its embedding still the source's f32 values, as
+    // `--weights q4_k` looks them up, where the import of the export has them dequantised).
+    for kept in ["file-types.json", "file-blocks.bin"] {
+        std::fs::copy(dir.join("q4_k").join(kept), dir.join("run").join(kept)).unwrap();
+    }
+    let (file, file_loss) = logits_with(dir, &prompt, "file");
+    assert_eq!(encoded, file);
+    assert_eq!(loss, file_loss);
+    let (worst, median) = apart(&encoded, &f32);
+    eprintln!("q4_k against f32: worst {worst}, median {median}; loss {loss} vs {f32_loss}");
+    assert!(worst > 0.0 && worst <= 0.05, "{worst}");
+    assert!(
+        (loss - f32_loss).abs() <= 0.02 * f32_loss,
+        "{loss} vs {f32_loss}"
+    );
 }

@@ -31,8 +31,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
     /// Score with the model's matrices as sampling keeps them with `--weights` (q8_0: int8 on
-    /// the fused CPU decoder, q5_0 and q4_0: five and four bits there; bf16, f16: half precision on a GPU or
-    /// flex), to measure what they cost; f32 scores with the model as trained.
+    /// the fused CPU decoder, q5_0, q4_0 and q4_k: five and four bits there; file: the GGUF
+    /// file's own blocks; bf16, f16: half precision on a GPU or flex), to measure what they
+    /// cost; f32 scores with the model as trained.
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
 }
@@ -62,7 +63,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 args.weights.name()
             ),
         ),
-        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
+        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
             let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
             let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, matrices)?;
             let kept = match args.weights {

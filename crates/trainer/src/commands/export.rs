@@ -17,8 +17,8 @@ use tinygpt_model::BaseWeights;
 /// Studio (GPT-2-shaped models as llama.cpp's gpt2 architecture, rotary + RMSNorm + SwiGLU
 /// models as its llama, with QK-norm as its qwen3, with ReLU² as its arcee, with the tokenizer
 /// and chat template), its matrices as --dtype says; it
-/// prints what the file changes (an exact GELU computed with tanh's approximation, f16, q8_0,
-/// q5_0 or q4_0 matrices), measured on the run's validation text.
+/// prints what the file changes (an exact GELU computed with tanh's approximation, f16 or
+/// quantised matrices), measured on the run's validation text.
 /// --format peft writes a LoRA run's adapters alone as a PEFT adapter directory, for
 /// PeftModel.from_pretrained on the base's --format hf export. Every other format merges a LoRA
 /// run's adapters into its base.
@@ -26,7 +26,7 @@ use tinygpt_model::BaseWeights;
 #[command(after_help = "Examples:\n  \
     tinygpt export --checkpoint runs/default --format nanogpt --out model.safetensors\n  \
     tinygpt export --checkpoint runs/default --format hf --out hf-model\n  \
-    tinygpt export --checkpoint runs/default --format gguf --dtype q8_0 --out model.gguf\n  \
+    tinygpt export --checkpoint runs/default --format gguf --dtype q4_k_m --out model.gguf\n  \
     tinygpt export --checkpoint runs/smollm2-lora --format peft --out my-lora-adapter")]
 pub struct Args {
     #[arg(long, value_name = "DIR")]
@@ -39,7 +39,9 @@ pub struct Args {
     /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0, q5_0 and q4_0
     /// are llama.cpp's 8-, 5- and 4-bit blocks (about a quarter, a sixth and an eighth of f32's
     /// bytes), written as llama.cpp's own quantiser writes them; matrices whose rows are not a
-    /// multiple of 32 long stay f16. [default: f32]
+    /// multiple of 32 long stay f16. q4_k and q6_k: llama.cpp's k-quants for every matrix;
+    /// q4_k_m and q5_k_m: llama.cpp's mixes (the usual downloads), each tensor in the type
+    /// llama.cpp's quantiser chooses for it and in its bytes. [default: f32]
     #[arg(long, value_enum)]
     dtype: Option<gguf::Dtype>,
     #[arg(long, value_enum, default_value_t = Which::Best)]

@@ -82,7 +82,9 @@ pub struct Args {
     /// How the model's matrices are kept while sampling: f32 as trained; bf16 or f16 on a GPU
     /// (half the bytes a token reads, summed in f32); q8_0 on the CPU (int8 in blocks of 32,
     /// GGUF's Q8_0: about a quarter of the bytes); q5_0 and q4_0 there (five and four bits in
-    /// blocks of 32, GGUF's Q5_0 and Q4_0: about a sixth and an eighth, for more accuracy lost).
+    /// blocks of 32, GGUF's Q5_0 and Q4_0: about a sixth and an eighth, for more accuracy lost);
+    /// q4_k there (GGUF's Q4_K, by ggml's own quantiser as the model loads); file: each matrix
+    /// in the GGUF file the run was imported from, from its own blocks.
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
 }

@@ -26,7 +26,7 @@ pub struct Args {
     which: Which,
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// The matrices as sampling keeps them (q8_0, q5_0, q4_0: the fused CPU decoder's blocks;
+    /// The matrices as sampling keeps them (q8_0, q5_0, q4_0, q4_k: the fused CPU decoder's blocks;
     /// file: each in the type of the GGUF file the run was imported from; bf16, f16: half
     /// precision), every row computed as a sampled token's is; f32: the model as trained.
     #[arg(long, value_enum, default_value_t = Weights::F32)]
@@ -40,7 +40,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let model = match args.weights {
         Weights::F32 => model,
         Weights::Bf16 | Weights::F16 => args.weights.cast(model)?,
-        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::File => {
+        Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
             let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
             let mut decoder = FusedDecoder::with_weights(&model, matrices)?;
             let mut values = Vec::new();

@@ -35,6 +35,10 @@ pub enum Storage {
     Quantise(WeightFormat),
     /// A file's blocks, as it stores them.
     Blocks(FileBlocks),
+    /// The model's values in the type's blocks by ggml's reference quantiser (what llama.cpp
+    /// writes for them); where a row is not whole blocks, in the type llama.cpp falls back to
+    /// ([`BlockType::fallback`]), else f32.
+    Encode(BlockType),
 }
 
 /// A GGUF type whose blocks the decoder multiplies as a file stores them (`Q8_0`, `Q5_0` and
@@ -95,8 +99,22 @@ pub struct WeightPlan {
 impl WeightPlan {
     /// Every matrix of `gpt` one segment in `format`: the plan [`Matrices::Uniform`] follows.
     pub fn uniform(gpt: &Gpt, format: WeightFormat) -> Result<Self, FusedError> {
-        let d = Dims::of(gpt)?;
-        let one = |rows: usize| vec![Segment::quantised(rows, format)];
+        Ok(Self::each(
+            &Dims::of(gpt)?,
+            gpt.h.len(),
+            Storage::Quantise(format),
+        ))
+    }
+
+    /// Every matrix of a model of dimensions `d` and `layers` blocks one segment stored as
+    /// `storage`.
+    fn each(d: &Dims, layers: usize, storage: Storage) -> Self {
+        let one = |rows: usize| {
+            vec![Segment {
+                rows,
+                storage: storage.clone(),
+            }]
+        };
         let mlp = match d.mlp {
             Mlp::None => (vec![], vec![]),
             Mlp::Gelu | Mlp::GeluTanh | Mlp::Relu2 | Mlp::SwiGlu => (one(d.fc_width), one(d.width)),
@@ -107,17 +125,19 @@ impl WeightPlan {
             fc: mlp.0,
             mlp_proj: mlp.1,
         };
-        Ok(Self {
-            blocks: vec![block; gpt.h.len()],
+        Self {
+            blocks: vec![block; layers],
             head: one(d.vocab),
-        })
+        }
     }
 }
 
-/// The decoder's matrices: every one in one format, or each as a plan says.
+/// The decoder's matrices: every one in one format, every one quantised into one type's
+/// blocks ([`Storage::Encode`]), or each as a plan says.
 #[derive(Debug, Clone)]
 pub enum Matrices {
     Uniform(WeightFormat),
+    Encoded(BlockType),
     Planned(Arc<WeightPlan>),
 }
 
@@ -133,6 +153,10 @@ impl Matrices {
     pub(crate) fn take(&self, w: &mut Params, d: &Dims) -> Result<RowWeights, FusedError> {
         match self {
             Matrices::Uniform(format) => Ok(RowWeights::take(w, d, *format)),
+            Matrices::Encoded(kind) => {
+                let plan = WeightPlan::each(d, w.blocks.len(), Storage::Encode(*kind));
+                planned(w, d, &plan)
+            }
             Matrices::Planned(plan) => planned(w, d, plan),
         }
     }
@@ -219,6 +243,7 @@ fn stacked(
                     blocks.kind, s.rows
                 ))
             })?,
+            Storage::Encode(kind) => encoded(values, s.rows, n_in, *kind),
         });
         first += s.rows;
     }
@@ -244,6 +269,21 @@ fn stored(rows: &[f32], n_in: usize, format: WeightFormat) -> RowMatrix {
             })
         }
     }
+}
+
+/// Rows `[rows, n_in]` quantised into `kind`'s blocks, or its fallback's where a row is not
+/// whole blocks of it, or kept in f32 where it is not whole blocks of either.
+fn encoded(values: &[f32], rows: usize, n_in: usize, kind: BlockType) -> RowMatrix {
+    let fits = |k: &BlockType| n_in.is_multiple_of(k.values());
+    let kind = Some(kind).filter(fits).or(kind.fallback().filter(fits));
+    let quantised = kind.and_then(|kind| {
+        let bytes = FileBlocks {
+            kind,
+            bytes: kind.encode(values).into(),
+        };
+        kept(&bytes, rows, n_in)
+    });
+    quantised.unwrap_or_else(|| stored(values, n_in, WeightFormat::F32))
 }
 
 /// A file's blocks of `rows` rows of `n_in`, as it stores them; `None` where they do not fit.

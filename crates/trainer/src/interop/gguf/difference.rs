@@ -1,15 +1,21 @@
 //! What a GGUF file changes in what a model computes, measured: a part llama.cpp approximates
-//! ([`Approximation`]) and matrices stored in f16, q8_0, q5_0 or q4_0 each move the logits. The
-//! export scores the model as trained and the model as the file holds it on the same windows
-//! of the run's validation text, by the code `eval` scores with (`--weights f16|q8_0|q5_0|q4_0`:
-//! the same figures: the embedding's rows looked up in f32, where llama.cpp reads them from
-//! the file's blocks), and says how far apart they are.
+//! ([`Approximation`]) and matrices stored in f16 or a quantised type each move the logits. The
+//! export scores the model as trained and the model as the file holds it (its quantised
+//! matrices the file's own blocks, on the fused CPU decoder) on the same windows of the run's
+//! validation text, by the code `eval` scores with (`--weights f16|q8_0|q5_0|q4_0|q4_k`: the
+//! same figures where they quantise the same way; the embedding's rows looked up in f32, where
+//! llama.cpp reads them from the file's blocks), and says how far apart they are.
+
+use std::path::Path;
 
 use anyhow::Result;
 use burn::tensor::Device;
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{FusedDecoder, Gpt, GptConfig, WeightFormat};
+use tinygpt_model::{FusedDecoder, Gpt, GptConfig, Matrices};
 
+use super::Architecture;
+use super::file::Gguf;
+use super::kept::{FileTypes, rotary_heads};
 use super::store::Dtype;
 use crate::data::Split;
 use crate::data::corpus;
@@ -85,23 +91,19 @@ impl Report {
     }
 }
 
-/// What the file of `model` (of `config`, the run's) changes when written as `dtype` with
-/// `approximations`, measured on the run's validation text. A measurement that fails is
+/// What the file `gguf` of `model` (of `config`, the run's, as `architecture`) changes when
+/// written as `dtype` with `approximations`, measured on the run's validation text. A measurement that fails is
 /// reported as not measured, saying why: the file is written either way.
 pub fn measure(
     run: &Run,
     model: &Gpt,
     config: &GptConfig,
-    approximations: &[Approximation],
-    dtype: Dtype,
+    (architecture, approximations): (Architecture, &[Approximation]),
+    (gguf, dtype): (&Gguf, Dtype),
 ) -> Report {
     let mut changes: Vec<String> = approximations.iter().map(|a| a.describe().into()).collect();
-    match dtype {
-        Dtype::F32 => {}
-        Dtype::F16 => changes.push("with f16 matrices".into()),
-        Dtype::Q8_0 => changes.push("with q8_0 matrices".into()),
-        Dtype::Q5_0 => changes.push("with q5_0 matrices".into()),
-        Dtype::Q4_0 => changes.push("with q4_0 matrices".into()),
+    if dtype != Dtype::F32 {
+        changes.push(format!("with {} matrices", dtype.name()));
     }
     if changes.is_empty() {
         return Report::Exact;
@@ -110,12 +112,17 @@ pub fn measure(
         Ok(dataset) => dataset,
         Err(why) => return Report::Unmeasured { changes, why },
     };
+    let file = FileAs {
+        architecture,
+        gguf,
+        dtype,
+    };
     match compare_file(
         run,
         model,
         config,
         approximations,
-        dtype,
+        file,
         &sample(dataset.val),
     ) {
         Ok(comparison) => Report::Measured {
@@ -145,32 +152,44 @@ fn validation(run: &Run) -> Result<crate::data::Dataset, String> {
     })
 }
 
+/// The file written: its tensors, in `dtype`, of a model of `architecture`.
+struct FileAs<'a> {
+    architecture: Architecture,
+    gguf: &'a Gguf,
+    dtype: Dtype,
+}
+
 /// `model` against the model the file holds, on `split`.
 fn compare_file(
     run: &Run,
     model: &Gpt,
     config: &GptConfig,
     approximations: &[Approximation],
-    dtype: Dtype,
+    file: FileAs<'_>,
     split: &Split,
 ) -> Result<Comparison> {
     let file_model = as_file_computes(model, config, approximations, &Device::flex())?;
     let cast;
-    let decoded = |format| -> Result<Scorer<'_>> {
-        Ok(Scorer::Decoded(Box::new(FusedDecoder::with_weights(
-            &file_model,
-            format,
-        )?)))
-    };
-    let other = match dtype {
+    let other = match file.dtype {
         Dtype::F32 => Scorer::Forward(&file_model),
         Dtype::F16 => {
             cast = Weights::F16.cast(file_model.clone())?;
             Scorer::Forward(&cast)
         }
-        Dtype::Q8_0 => decoded(WeightFormat::Q8_0)?,
-        Dtype::Q5_0 => decoded(WeightFormat::Q5_0)?,
-        Dtype::Q4_0 => decoded(WeightFormat::Q4_0)?,
+        Dtype::Q8_0
+        | Dtype::Q5_0
+        | Dtype::Q4_0
+        | Dtype::Q4_K
+        | Dtype::Q4_K_M
+        | Dtype::Q5_K_M
+        | Dtype::Q6_K => {
+            // The file's own blocks, each matrix in the type it stores it in.
+            let fused_qkv = file.architecture == Architecture::Gpt2;
+            let heads = rotary_heads(file.architecture, config);
+            let types = FileTypes::of(file.gguf, config, fused_qkv, Path::new(""), heads)?;
+            let matrices = Matrices::Planned(types.plan_held()?);
+            Scorer::Decoded(Box::new(FusedDecoder::with_weights(&file_model, matrices)?))
+        }
     };
     let block_size = run.config.model.block_size;
     compare(

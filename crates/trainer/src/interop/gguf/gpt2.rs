@@ -9,7 +9,7 @@ use tinygpt_model::{Gpt, GptConfig, names::BlockSlot, names::Slot, names::parame
 use super::difference::Approximation;
 use super::file::{Tensor, TensorType, Value};
 use super::quant;
-use super::store::{Dtype, tensor};
+use super::store::{Types, tensor};
 use crate::interop::foreign::{burn_tensors, transpose};
 use crate::interop::hf;
 
@@ -86,9 +86,10 @@ pub fn name(slot: Slot) -> String {
 
 /// The model's tensors in llama.cpp's names and PyTorch's `[out, in]` order, in the order of
 /// the parameter table; absent biases as zeros, and `output.weight` last when tied.
-pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tensor>> {
+pub fn tensors(config: &GptConfig, model: &Gpt, types: &Types) -> Result<Vec<Tensor>> {
     let table = burn_tensors(model)?;
     let mut out = Vec::new();
+    let mut embedding = None;
     for param in parameter_table(config) {
         if !param.present {
             // A tied head is written after the loop; a model without a bigram table has no
@@ -100,7 +101,7 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
                     name(param.slot),
                     &[width],
                     &vec![0.0; width],
-                    dtype,
+                    types,
                 )?);
             }
             continue;
@@ -113,12 +114,15 @@ pub fn tensors(config: &GptConfig, model: &Gpt, dtype: Dtype) -> Result<Vec<Tens
             false => (shape.clone(), bytes.clone()),
         };
         let values = quant::decode(&bytes, TensorType::F32)?;
-        out.push(tensor(name(param.slot), &shape, &values, dtype)?);
+        out.push(tensor(name(param.slot), &shape, &values, types)?);
+        if param.slot == Slot::TokenEmbedding {
+            embedding = Some((shape, values));
+        }
     }
-    if config.tie_embeddings {
-        let mut head = out[0].clone();
-        head.name = name(Slot::LmHead);
-        out.push(head);
+    // The tied head's values are the embedding's; its type is the head's own (llama.cpp's
+    // quantiser gives the two different types).
+    if let (true, Some((shape, values))) = (config.tie_embeddings, embedding) {
+        out.push(tensor(name(Slot::LmHead), &shape, &values, types)?);
     }
     Ok(out)
 }

@@ -17,7 +17,7 @@ use tinygpt_model::{GptConfig, names::Slot, names::parameter_table};
 
 use super::architecture::Architecture;
 use super::file::{Gguf, Tensor, Value};
-use super::kept::FileTypes;
+use super::kept::{self, FileTypes};
 use super::llama::Flavour;
 use super::{gpt2, llama, quant, vocabulary};
 use crate::data::tokenizer::Tokenizer;
@@ -77,13 +77,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         }
     };
     let fused_qkv = architecture == Architecture::Gpt2;
-    // The rows of a query or key projection the import moved from llama.cpp's rotary layout.
-    let heads = |name: &str| match architecture {
-        Architecture::Llama(flavour) if flavour.interleaves() => {
-            llama::hf_name(name, &gpt).and_then(|(_, heads)| heads)
-        }
-        Architecture::Llama(_) | Architecture::Gpt2 => None,
-    };
+    let heads = kept::rotary_heads(architecture, &gpt);
     let types = FileTypes::of(&gguf, &gpt, fused_qkv, path, heads).map_err(named)?;
     create_run(out, config.clone(), tokenizer, &model)?;
     types.write(out)?;

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use tinygpt_model::parts::Mlp;
-use tinygpt_model::{
-    BlockPlan, BlockType, FileBlocks, GptConfig, Segment, Storage, WeightFormat, WeightPlan,
-};
+use tinygpt_model::{BlockPlan, FileBlocks, GptConfig, Segment, Storage, WeightFormat, WeightPlan};
 
+use super::Architecture;
 use super::file::{Gguf, Tensor, TensorType};
+use super::quant::block_type;
 use crate::checksum::sha256_hex;
 
 /// The run file that holds them.
@@ -46,21 +46,6 @@ pub struct Kept {
     pub sha256: String,
 }
 
-/// The decoder's type for a file's type whose blocks it multiplies as the file stores them.
-fn block_type(kind: TensorType) -> Option<BlockType> {
-    match kind {
-        TensorType::Q8_0 => Some(BlockType::Q8_0),
-        TensorType::Q5_0 => Some(BlockType::Q5_0),
-        TensorType::Q4_0 => Some(BlockType::Q4_0),
-        TensorType::Q4_1 => Some(BlockType::Q4_1),
-        TensorType::Q5_1 => Some(BlockType::Q5_1),
-        TensorType::Q4_K => Some(BlockType::Q4_K),
-        TensorType::Q5_K => Some(BlockType::Q5_K),
-        TensorType::Q6_K => Some(BlockType::Q6_K),
-        TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
-    }
-}
-
 /// `t`'s rows (each `row` bytes) in tinygpt's order: with `heads`, a query or key projection's
 /// rows moved back from llama.cpp's rotary layout as the import moves its values.
 fn rows_in_order(t: &Tensor, row: usize, heads: Option<usize>) -> Vec<u8> {
@@ -75,6 +60,20 @@ fn rows_in_order(t: &Tensor, row: usize, heads: Option<usize>) -> Vec<u8> {
         .flat_map(|&from| &t.data[from as usize * row..(from as usize + 1) * row])
         .copied()
         .collect()
+}
+
+/// The heads of a query or key projection named `name` whose rows a file of `architecture`
+/// stores in llama.cpp's rotary layout (the import moves them back), for [`FileTypes::of`].
+pub(super) fn rotary_heads(
+    architecture: Architecture,
+    gpt: &GptConfig,
+) -> impl Fn(&str) -> Option<usize> + '_ {
+    move |name| match architecture {
+        Architecture::Llama(flavour) if flavour.interleaves() => {
+            super::llama::hf_name(name, gpt).and_then(|(_, heads)| heads)
+        }
+        Architecture::Llama(_) | Architecture::Gpt2 => None,
+    }
 }
 
 /// One block's matrices, each as its ranges (top to bottom).
@@ -171,9 +170,11 @@ impl FileTypes {
                 mlp_proj: ranges(&down)?,
             });
         }
+        // The file's head where it has one (llama.cpp multiplies by it, in its own type, even
+        // where its values are the embedding's); the embedding's rows otherwise.
         let head = match gguf.tensor("output.weight") {
-            Some(_) if !gpt.tie_embeddings => "output.weight",
-            _ => "token_embd.weight",
+            Some(_) => "output.weight",
+            None => "token_embd.weight",
         };
         let head = ranges(&[head.to_string()])?;
         Ok(Self {
@@ -271,6 +272,26 @@ impl FileTypes {
     /// others Q8_0 of their values, as [`FileTypes::note`] says).
     pub fn plan(&self, dir: &Path) -> Result<Arc<WeightPlan>> {
         let mut blocks_file = None;
+        self.plan_from(|kept| read_kept(&mut blocks_file, dir, kept))
+    }
+
+    /// The decoder's plan for the file these types were just read from ([`FileTypes::of`]),
+    /// its blocks those it holds: the model as the file stores it.
+    pub(super) fn plan_held(&self) -> Result<Arc<WeightPlan>> {
+        self.plan_from(|kept| {
+            let at = usize::try_from(kept.offset)?;
+            let bytes = self.pending.get(at..at + usize::try_from(kept.bytes)?);
+            bytes
+                .map(Arc::from)
+                .ok_or_else(|| anyhow!("the blocks of {} are not held", kept.tensor))
+        })
+    }
+
+    /// The plan, each kept range's bytes from `read`.
+    fn plan_from(
+        &self,
+        mut read: impl FnMut(&Kept) -> Result<Arc<[u8]>>,
+    ) -> Result<Arc<WeightPlan>> {
         let mut segments = |ranges: &[Range]| -> Result<Vec<Segment>> {
             ranges
                 .iter()
@@ -278,8 +299,10 @@ impl FileTypes {
                     let kind = TensorType::named(&r.kind)
                         .ok_or_else(|| anyhow!("{} is not a ggml type tinygpt reads", r.kind))?;
                     if let (Some(kept), Some(kind)) = (&r.kept, block_type(kind)) {
-                        let bytes = read_kept(&mut blocks_file, dir, kept)?;
-                        let storage = Storage::Blocks(FileBlocks { kind, bytes });
+                        let storage = Storage::Blocks(FileBlocks {
+                            kind,
+                            bytes: read(kept)?,
+                        });
                         return Ok(Segment {
                             rows: r.rows,
                             storage,

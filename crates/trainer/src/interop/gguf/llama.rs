@@ -18,7 +18,7 @@ use tinygpt_model::{Gpt, GptConfig};
 
 use super::file::{Tensor, TensorType, Value};
 use super::quant;
-use super::store::{Dtype, tensor};
+use super::store::{Types, tensor};
 use crate::interop::foreign::burn_tensors;
 use crate::interop::llama as hf_llama;
 
@@ -238,7 +238,7 @@ pub(crate) fn deinterleave(values: &[f32], heads: usize, width: usize) -> Vec<f3
 pub fn tensors(
     config: &GptConfig,
     model: &Gpt,
-    dtype: Dtype,
+    types: &Types,
     flavour: Flavour,
 ) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
@@ -250,14 +250,14 @@ pub fn tensors(
             let width = shape.iter().skip(1).product::<usize>().max(1);
             values = interleave(&values, heads, width);
         }
-        out.push(tensor(name, &shape, &values, dtype)?);
+        out.push(tensor(name, &shape, &values, types)?);
     }
     if flavour == Flavour::Qwen3 {
         let ones = vec![1.0; config.head_size()];
         for layer in 0..config.n_layer {
             for norm in ["attn_q_norm", "attn_k_norm"] {
                 let name = format!("blk.{layer}.{norm}.weight");
-                out.push(tensor(name, &[ones.len()], &ones, dtype)?);
+                out.push(tensor(name, &[ones.len()], &ones, types)?);
             }
         }
     }

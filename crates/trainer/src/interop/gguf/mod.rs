@@ -85,14 +85,20 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         ("general.file_type".into(), Value::U32(dtype.file_type())),
         ("general.quantization_version".into(), Value::U32(2)),
     ];
+    // llama's tied head is no tensor of its own (gpt2's is written as `output.weight`).
+    let types = store::Types {
+        dtype,
+        layers: config.n_layer,
+        tied: config.tie_embeddings && architecture != Architecture::Gpt2,
+    };
     let tensors = match architecture {
         Architecture::Gpt2 => {
             metadata.extend(gpt2::hparams(&config));
-            gpt2::tensors(&config, &model, dtype)?
+            gpt2::tensors(&config, &model, &types)?
         }
         Architecture::Llama(flavour) => {
             metadata.extend(llama::hparams(&config, flavour));
-            llama::tensors(&config, &model, dtype, flavour)?
+            llama::tensors(&config, &model, &types, flavour)?
         }
     };
     metadata.extend(vocabulary::entries(
@@ -115,7 +121,13 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     }
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;
-    let report = difference::measure(run, &model, &config, &approximations, dtype);
+    let report = difference::measure(
+        run,
+        &model,
+        &config,
+        (architecture, &approximations),
+        (&gguf, dtype),
+    );
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),

@@ -1,8 +1,9 @@
 //! f32 values to and from GGUF's storage types.
 //!
 //! Read: every type of [`TensorType`], each block dequantised as ggml's `dequantize_row_*`
-//! does it (the same f32 operations in the same order). Written: F32, F16, BF16, `Q8_0`, `Q5_0`
-//! and `Q4_0`, each by ggml's reference quantiser (what llama.cpp's `llama_model_quantize`
+//! does it (the same f32 operations in the same order). Written: F32, F16, BF16 and every
+//! quantised type (`Q8_0`, `Q5_0`, `Q4_0`, `Q4_1`, `Q5_1`, `Q4_K`, `Q5_K`, `Q6_K`), each by
+//! ggml's reference quantiser ([`BlockType::encode`]: what llama.cpp's `llama_model_quantize`
 //! writes without an importance matrix; `tests/gguf_llamacpp.rs` compares the bytes).
 //!
 //! `Q8_0` is ggml's block of 32 values: one f16 scale `d` then 32 signed bytes `q`, each value
@@ -12,13 +13,11 @@
 
 use anyhow::{Result, bail};
 use half::{bf16, f16};
+use tinygpt_model::BlockType;
 
 use super::file::TensorType;
 
-/// Values per `Q8_0` block.
-pub(crate) const Q8_0_BLOCK: usize = 32;
-
-/// `values` stored as `kind` (for `Q8_0`, their count a multiple of 32).
+/// `values` stored as `kind` (for the quantised types, whole blocks of it).
 pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
     Ok(match kind {
         TensorType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -30,46 +29,40 @@ pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
             .iter()
             .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
             .collect(),
-        TensorType::Q8_0 => values.chunks(Q8_0_BLOCK).flat_map(q8_0_block).collect(),
-        TensorType::Q5_0 => values.chunks(Q8_0_BLOCK).flat_map(encode_q5_0).collect(),
-        TensorType::Q4_0 => values.chunks(Q8_0_BLOCK).flat_map(encode_q4_0).collect(),
-        TensorType::Q4_1
+        TensorType::Q8_0
+        | TensorType::Q5_0
+        | TensorType::Q4_0
+        | TensorType::Q4_1
         | TensorType::Q5_1
         | TensorType::Q4_K
         | TensorType::Q5_K
         | TensorType::Q6_K => {
-            bail!("tinygpt reads {} but does not write it", kind.name())
+            let block = block_type(kind).expect("a quantised type");
+            if !values.len().is_multiple_of(block.values()) {
+                bail!(
+                    "{} values are not whole {} blocks",
+                    values.len(),
+                    kind.name()
+                );
+            }
+            block.encode(values)
         }
     })
 }
 
-/// One block of 32 values as `Q8_0`'s 34 bytes (the quantiser the decoder's `--weights q8_0`
-/// uses too: a Q8_0 file imported and sampled in int8 has its own bytes back).
-fn q8_0_block(x: &[f32]) -> [u8; 34] {
-    let x: &[f32; Q8_0_BLOCK] = x.try_into().expect("whole blocks");
-    let (d, q) = tinygpt_model::decoding::q8_0_block(x);
-    let mut block = [0u8; 34];
-    block[..2].copy_from_slice(&d.to_le_bytes());
-    for (b, q) in block[2..].iter_mut().zip(q) {
-        *b = q as u8;
+/// The decoder's type for a quantised GGUF type (`None` for the float types).
+pub(crate) fn block_type(kind: TensorType) -> Option<BlockType> {
+    match kind {
+        TensorType::Q8_0 => Some(BlockType::Q8_0),
+        TensorType::Q5_0 => Some(BlockType::Q5_0),
+        TensorType::Q4_0 => Some(BlockType::Q4_0),
+        TensorType::Q4_1 => Some(BlockType::Q4_1),
+        TensorType::Q5_1 => Some(BlockType::Q5_1),
+        TensorType::Q4_K => Some(BlockType::Q4_K),
+        TensorType::Q5_K => Some(BlockType::Q5_K),
+        TensorType::Q6_K => Some(BlockType::Q6_K),
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => None,
     }
-    block
-}
-
-/// One block of 32 values as `Q5_0`'s 22 bytes: the f16 scale, the word of fifth bits, the
-/// low nibbles (the decoder's `--weights q5_0` quantiser).
-fn encode_q5_0(x: &[f32]) -> Vec<u8> {
-    let x: &[f32; Q8_0_BLOCK] = x.try_into().expect("whole blocks");
-    let (d, high, q) = tinygpt_model::decoding::q5_0_block(x);
-    [&d.to_le_bytes()[..], &high.to_le_bytes(), &q].concat()
-}
-
-/// One block of 32 values as `Q4_0`'s 18 bytes: the f16 scale, the nibbles (the decoder's
-/// `--weights q4_0` quantiser).
-fn encode_q4_0(x: &[f32]) -> Vec<u8> {
-    let x: &[f32; Q8_0_BLOCK] = x.try_into().expect("whole blocks");
-    let (d, q) = tinygpt_model::decoding::q4_0_block(x);
-    [&d.to_le_bytes()[..], &q].concat()
 }
 
 /// The f32 values of `bytes` stored as `kind`.

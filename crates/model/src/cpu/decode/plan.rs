@@ -279,7 +279,7 @@ fn encoded(values: &[f32], rows: usize, n_in: usize, kind: BlockType) -> RowMatr
     let quantised = kind.and_then(|kind| {
         let bytes = FileBlocks {
             kind,
-            bytes: kind.encode(values).into(),
+            bytes: kind.encode_rows(values, n_in).into(),
         };
         kept(&bytes, rows, n_in)
     });

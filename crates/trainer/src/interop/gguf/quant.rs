@@ -45,7 +45,7 @@ pub fn encode(values: &[f32], kind: TensorType) -> Result<Vec<u8>> {
                     kind.name()
                 );
             }
-            block.encode(values)
+            block.encode_rows(values, block.values())
         }
     })
 }

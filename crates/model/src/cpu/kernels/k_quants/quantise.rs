@@ -404,6 +404,22 @@ impl BlockType {
         }
         out
     }
+
+    /// [`encode`](Self::encode) of rows `n_in` long, the rows split over the machine's cores
+    /// (the same bytes: each block is quantised on its own).
+    pub fn encode_rows(self, values: &[f32], n_in: usize) -> Vec<u8> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let rows = values.len() / n_in.max(1);
+        let per = rows.div_ceil(threads).max(1) * n_in.max(1);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = values
+                .chunks(per)
+                .map(|part| s.spawn(move || self.encode(part)))
+                .collect();
+            let parts = parts.into_iter().map(|p| p.join().expect("no panic"));
+            parts.collect::<Vec<_>>().concat()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -513,6 +529,16 @@ mod tests {
         ];
         for (x, want) in cases {
             assert_eq!(nearest_int(x), want, "{x}");
+        }
+    }
+
+    /// Rows quantised over several threads are the bytes of one.
+    #[test]
+    fn rows_over_threads_are_the_bytes_of_one() {
+        let x = weights(256 * 37, 5);
+        for kind in [BlockType::Q4_K, BlockType::Q6_K, BlockType::Q5_1] {
+            assert_eq!(kind.encode_rows(&x, 256), kind.encode(&x), "{kind:?}");
+            assert_eq!(kind.encode_rows(&x, kind.values()), kind.encode(&x));
         }
     }
 

@@ -151,7 +151,7 @@ fn overlapped_sums_are_the_sums_after_the_step_for_every_config() {
 fn overlapped_sums_of_lora_runs_reduce_only_the_trained_tensors() {
     let _seeded = seeded();
     let config: GptConfig = common::modern_parts();
-    for base in [BaseWeights::F32, BaseWeights::Q8_0] {
+    for base in [BaseWeights::F32, BaseWeights::Q8_0, BaseWeights::Q4K] {
         let lora = LoraConfig {
             rank: 2,
             alpha: Some(4.0),

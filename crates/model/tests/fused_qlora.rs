@@ -1,8 +1,9 @@
-//! LoRA on a base rounded to `Q8_0` (`[lora] base = "q8_0"`): the model's block matrices are
-//! their `Q8_0` rounding and nothing else changes; the fused CPU engine holds them in int8 (the
-//! bytes it says), computes Burn's loss and adapter gradients from them, the same with
-//! activation checkpointing bit for bit, sizes its buffers as the estimate says, and lends the
-//! base out and takes it back unchanged.
+//! LoRA on a quantised base (`[lora] base = "q8_0"`, and `"q4_k"`: `Q4_K`, or `Q5_0` where
+//! a matrix's inputs are not whole super-blocks of 256): the model's block matrices are their
+//! rounding to those blocks and nothing else changes; the fused CPU engine holds them in the
+//! blocks (the bytes it says), computes Burn's loss and adapter gradients from them, the same
+//! with activation checkpointing bit for bit, sizes its buffers as the estimate says, and lends
+//! the base out and takes it back unchanged.
 
 mod common;
 
@@ -11,15 +12,28 @@ use common::lora::{adapted, batch, check};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    AdamWSettings, BaseWeights, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios, ParamLayout,
-    TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
+    AdamWSettings, BaseWeights, BlockType, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios,
+    ParamLayout, TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
 };
 
-/// Adapters of `rank` on every matrix, the base in `Q8_0`.
-fn int8(rank: usize) -> LoraConfig {
+/// The quantised bases.
+const BASES: [BaseWeights; 2] = [BaseWeights::Q8_0, BaseWeights::Q4K];
+
+/// Adapters of `rank` on every matrix, the base in `base`.
+fn held(rank: usize, base: BaseWeights) -> LoraConfig {
     LoraConfig {
-        base: BaseWeights::Q8_0,
+        base,
         ..LoraConfig::new(rank)
+    }
+}
+
+/// The blocks `base` holds a matrix of `n_in` inputs in (`None`: f32).
+fn kind(base: BaseWeights, n_in: usize) -> Option<BlockType> {
+    let fits = |k: BlockType| n_in.is_multiple_of(k.values()).then_some(k);
+    match base {
+        BaseWeights::F32 => None,
+        BaseWeights::Q8_0 => fits(BlockType::Q8_0),
+        BaseWeights::Q4K => fits(BlockType::Q4_K).or_else(|| fits(BlockType::Q5_0)),
     }
 }
 
@@ -47,9 +61,38 @@ fn configs() -> Vec<GptConfig> {
     vec![classic, modern, odd_mlp]
 }
 
-/// `w [n_in, n_out]` rounded to `Q8_0` along each output's inputs, from the public block
-/// quantiser (what `export --dtype q8_0` writes).
-fn rounded(w: &[f32], n_in: usize, n_out: usize) -> Vec<f32> {
+/// The models for `base`: for `q4_k` also one 256 wide with an MLP 512 wide, whose matrices
+/// are whole super-blocks (`Q4_K`; the others' are `Q5_0`).
+fn configs_for(base: BaseWeights) -> Vec<GptConfig> {
+    let mut all = configs();
+    if base == BaseWeights::Q4K {
+        let wide = all[1].clone().with_n_embd(256).with_mlp_hidden(Some(512));
+        all.push(wide);
+    }
+    all
+}
+
+/// `w [n_in, n_out]` rounded to `base`'s blocks along each output's inputs, from the public
+/// quantisers (what `export --dtype q8_0|q4_k` writes).
+fn rounded(w: &[f32], n_in: usize, n_out: usize, base: BaseWeights) -> Vec<f32> {
+    let kind = kind(base, n_in).expect("a held matrix");
+    if kind != BlockType::Q8_0 {
+        // Rounded until the blocks give the values back (once, but for a rare row).
+        let mut rows: Vec<f32> = (0..w.len())
+            .map(|k| w[(k % n_in) * n_out + k / n_in])
+            .collect();
+        loop {
+            let mut back = vec![0.0; w.len()];
+            kind.decode(&kind.encode(&rows), &mut back);
+            if back == rows {
+                break;
+            }
+            rows = back;
+        }
+        return (0..w.len())
+            .map(|k| rows[(k % n_out) * n_in + k / n_out])
+            .collect();
+    }
     let mut out = w.to_vec();
     for j in 0..n_out {
         for i0 in (0..n_in).step_by(32) {
@@ -73,8 +116,8 @@ fn by_slot(gpt: &Gpt) -> Vec<(Slot, Vec<usize>, Vec<f32>)> {
         .collect()
 }
 
-/// Whether `slot` is one of a block's matrices whose inputs are whole blocks.
-fn int8_matrix(slot: Slot, shape: &[usize]) -> bool {
+/// Whether `slot` is one of a block's matrices that `base` holds quantised.
+fn held_matrix(slot: Slot, shape: &[usize], base: BaseWeights) -> bool {
     let matrix = matches!(
         slot,
         Slot::Block(
@@ -85,7 +128,7 @@ fn int8_matrix(slot: Slot, shape: &[usize]) -> bool {
                 | BlockSlot::MlpProjWeight
         )
     );
-    matrix && shape[0].is_multiple_of(32)
+    matrix && kind(base, shape[0]).is_some()
 }
 
 fn tokens<'a>(ids: &'a (Vec<i64>, Vec<i64>)) -> TokenBatch<'a> {
@@ -100,21 +143,25 @@ fn tokens<'a>(ids: &'a (Vec<i64>, Vec<i64>)) -> TokenBatch<'a> {
 #[test]
 fn the_base_matrices_are_rounded_and_nothing_else_changes() {
     let _seeded = seeded();
-    for config in configs() {
+    for (base_weights, config) in BASES
+        .iter()
+        .flat_map(|&b| configs_for(b).into_iter().map(move |c| (b, c)))
+    {
         let base = common::init(&config, &Device::flex().autodiff());
         let want = by_slot(&base);
-        let gpt = base.with_lora(&int8(2)).unwrap();
-        assert_eq!(gpt.lora_base(), BaseWeights::Q8_0);
+        let gpt = base.with_lora(&held(2, base_weights)).unwrap();
+        assert_eq!(gpt.lora_base(), base_weights);
         let got = by_slot(&gpt);
         let mut rounded_matrices = 0;
         for (slot, shape, values) in &want {
             let (_, _, now) = got.iter().find(|(s, ..)| s == slot).expect("kept");
-            if int8_matrix(*slot, shape) {
-                assert_eq!(now, &rounded(values, shape[0], shape[1]), "{slot:?}");
-                assert_ne!(now, values, "{slot:?} is rounded");
+            if held_matrix(*slot, shape, base_weights) {
+                let want = rounded(values, shape[0], shape[1], base_weights);
+                assert!(now == &want, "{slot:?}");
+                assert!(now != values, "{slot:?} is rounded");
                 rounded_matrices += 1;
             } else {
-                assert_eq!(now, values, "{slot:?} is kept");
+                assert!(now == values, "{slot:?} is kept");
             }
         }
         let whole = if config.mlp_width().is_multiple_of(32) {
@@ -128,39 +175,51 @@ fn the_base_matrices_are_rounded_and_nothing_else_changes() {
 }
 
 #[test]
-fn the_engine_holds_the_base_in_int8() {
+fn the_engine_holds_the_base_in_its_blocks() {
     let _seeded = seeded();
-    for config in configs() {
-        let q8 = adapted(&config, &int8(2));
+    for (base, config) in BASES
+        .iter()
+        .flat_map(|&b| configs_for(b).into_iter().map(move |c| (b, c)))
+    {
+        let q = adapted(&config, &held(2, base));
         let f32 = adapted(&config, &LoraConfig::new(2));
-        let (q8_bytes, f32_bytes) = (
-            FusedCpu::new(&q8, 1).unwrap().weight_bytes() as u64,
+        let (q_bytes, f32_bytes) = (
+            FusedCpu::new(&q, 1).unwrap().weight_bytes() as u64,
             FusedCpu::new(&f32, 1).unwrap().weight_bytes() as u64,
         );
         assert_eq!(
-            q8_bytes,
-            FusedCpu::weight_bytes_for(&config, Some(&int8(2)))
+            q_bytes,
+            FusedCpu::weight_bytes_for(&config, Some(&held(2, base)))
         );
         let plain = Some(&LoraConfig::new(2));
         assert_eq!(f32_bytes, FusedCpu::weight_bytes_for(&config, plain));
-        // Each int8 weight a byte, and an f16 scale every 32, instead of 4 bytes.
-        let saved: u64 = by_slot(&q8)
+        // Each held weight its share of its block's bytes (int8: a byte and an f16 scale every
+        // 32; Q4_K: 144 bytes every 256; Q5_0: 22 every 32) instead of 4 bytes: no row kept
+        // in f32 (the values are the blocks' own rounding).
+        let saved: u64 = by_slot(&q)
             .iter()
-            .filter(|(slot, shape, _)| int8_matrix(*slot, shape))
-            .map(|(_, shape, _)| (shape[0] * shape[1]) as u64 * (4 * 32 - 34) / 32)
+            .filter(|(slot, shape, _)| held_matrix(*slot, shape, base))
+            .map(|(_, shape, _)| {
+                let kind = kind(base, shape[0]).unwrap();
+                let weights = (shape[0] * shape[1]) as u64;
+                4 * weights - weights / kind.values() as u64 * kind.block_bytes() as u64
+            })
             .sum();
         assert!(saved > 0);
-        assert_eq!(f32_bytes - q8_bytes, saved, "{config:?}");
+        assert_eq!(f32_bytes - q_bytes, saved, "{base:?} {config:?}");
     }
 }
 
 /// Burn's autodiff of the rounded model (its matrices in f32) against the engine multiplying
-/// by the int8 copy dequantised, on one and two threads.
+/// by the quantised copy dequantised, on one and two threads.
 #[test]
-fn adapter_gradients_on_an_int8_base_match_burn_autodiff() {
+fn adapter_gradients_on_a_quantised_base_match_burn_autodiff() {
     let _seeded = seeded();
-    for config in configs() {
-        let gpt = adapted(&config, &int8(3));
+    for (base, config) in BASES
+        .iter()
+        .flat_map(|&b| configs_for(b).into_iter().map(move |c| (b, c)))
+    {
+        let gpt = adapted(&config, &held(3, base));
         // Two factors on each of a block's four matrices.
         let factors = 2 * 4 * config.n_layer;
         assert_eq!(check(&gpt, 1), factors, "{config:?}");
@@ -169,13 +228,16 @@ fn adapter_gradients_on_an_int8_base_match_burn_autodiff() {
 }
 
 #[test]
-fn checkpointing_an_int8_base_changes_nothing() {
+fn checkpointing_a_quantised_base_changes_nothing() {
     let _seeded = seeded();
-    let lora = LoraConfig {
-        dropout: 0.2,
-        ..int8(2)
-    };
-    for config in configs() {
+    for (base, config) in BASES
+        .iter()
+        .flat_map(|&b| configs().into_iter().map(move |c| (b, c)))
+    {
+        let lora = LoraConfig {
+            dropout: 0.2,
+            ..held(2, base)
+        };
         let gpt = adapted(&config.clone().with_dropout(0.1), &lora);
         let ids = batch(config.vocab_size);
         for threads in [1, 3] {
@@ -203,10 +265,13 @@ fn checkpointing_an_int8_base_changes_nothing() {
 /// After a step the buffers hold what the memory estimate reads, the dequantised block
 /// included.
 #[test]
-fn the_buffers_hold_what_the_estimate_reads_with_an_int8_base() {
+fn the_buffers_hold_what_the_estimate_reads_with_a_quantised_base() {
     let _seeded = seeded();
-    for config in configs() {
-        let gpt = adapted(&config, &int8(2));
+    for (base, config) in BASES
+        .iter()
+        .flat_map(|&b| configs_for(b).into_iter().map(move |c| (b, c)))
+    {
+        let gpt = adapted(&config, &held(2, base));
         let ids = batch(config.vocab_size);
         for (threads, checkpointing) in [(1, false), (2, true), (3, false)] {
             let mut fused = FusedCpu::new(&gpt, threads).unwrap();
@@ -214,7 +279,7 @@ fn the_buffers_hold_what_the_estimate_reads_with_an_int8_base() {
             fused.accumulate(tokens(&ids), 1.0, Some(3)).unwrap();
             let want = FusedCpu::workspace_bytes_for(
                 &config,
-                Some(&int8(2)),
+                Some(&held(2, base)),
                 (3, 12),
                 threads,
                 checkpointing,
@@ -229,9 +294,17 @@ fn the_buffers_hold_what_the_estimate_reads_with_an_int8_base() {
 /// loss, the same step.
 #[test]
 fn the_int8_base_is_lent_and_taken_back_unchanged() {
+    lent_and_taken_back(configs().remove(1), BaseWeights::Q8_0);
+}
+
+#[test]
+fn the_q4_k_base_is_lent_and_taken_back_unchanged() {
+    lent_and_taken_back(configs_for(BaseWeights::Q4K).remove(3), BaseWeights::Q4K);
+}
+
+fn lent_and_taken_back(config: GptConfig, base: BaseWeights) {
     let _seeded = seeded();
-    let config = configs().remove(1);
-    let gpt = adapted(&config, &int8(2));
+    let gpt = adapted(&config, &held(2, base));
     let want = by_slot(&gpt);
     let ids = batch(config.vocab_size);
     let settings = AdamWSettings {

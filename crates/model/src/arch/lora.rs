@@ -153,8 +153,9 @@ pub struct LoraConfig {
     /// model has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<LoraTarget>>,
-    /// How the frozen base's matrices are held: `f32` (default), or `q8_0` (QLoRA's idea in
-    /// GGUF's int8 blocks, [`BaseWeights::Q8_0`]).
+    /// How the frozen base's matrices are held: `f32` (default), `q8_0` (QLoRA's idea in
+    /// GGUF's int8 blocks, [`BaseWeights::Q8_0`]) or `q4_k` (in four bits,
+    /// [`BaseWeights::Q4K`]).
     #[serde(default, skip_serializing_if = "BaseWeights::is_f32")]
     pub base: BaseWeights,
     /// Parts of the base trained in full beside the adapters ([`TrainedPart`], PEFT's
@@ -179,6 +180,16 @@ pub enum BaseWeights {
     /// stay f32 too.
     #[serde(rename = "q8_0")]
     Q8_0,
+    /// Each matrix rounded to GGUF's `Q4_K` (super-blocks of 256 inputs, a 6-bit scale and
+    /// minimum per 32, by ggml's own quantiser: what `export --dtype q4_k` writes), or where
+    /// its inputs are not whole super-blocks to `Q5_0` (blocks of 32, llama.cpp's fallback),
+    /// before the adapters are attached, as QLoRA trains on a 4-bit base: the fused CPU engine
+    /// then holds the base in those blocks (0.5625 and 0.6875 bytes a weight instead of 4) and
+    /// multiplies by it dequantised a block at a time; Burn's engines hold the same values in
+    /// f32. A matrix whose inputs are not whole blocks of 32 stays f32, as do embeddings,
+    /// norms, biases and an untied head.
+    #[serde(rename = "q4_k")]
+    Q4K,
 }
 
 impl BaseWeights {
@@ -191,6 +202,7 @@ impl BaseWeights {
         match self {
             Self::F32 => "f32",
             Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
         }
     }
 }

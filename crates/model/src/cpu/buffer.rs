@@ -15,7 +15,7 @@ pub(crate) enum Buffer {
     /// [`ParamLayout::trains`](crate::optim::ParamLayout::trains)): none is computed or kept.
     Frozen,
     /// Weights whose values are somewhere else for now: in int8 (`[lora] base = "q8_0"`,
-    /// [`BlockParams::base_q8`](super::params::BlockParams)), in the decoder's rows
+    /// [`BlockParams::base_held`](super::params::BlockParams)), in the decoder's rows
     /// (`decode/quant.rs`), or moved into Burn's model while it holds them
     /// ([`Params::lend`](super::params::Params::lend)).
     Elsewhere,

@@ -11,13 +11,13 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
+use super::frozen::Frozen;
 use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
 use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
 use super::kernels::k_quants::q6_k::Q6KMatrix;
 use super::kernels::q4_0::Q4Matrix;
 use super::kernels::q5_0::Q5Matrix;
 use super::kernels::q8::Q8Matrix;
-use super::kernels::q8::columns::Int8Columns;
 use super::kernels::rows::F32Rows;
 use crate::arch::{BaseWeights, BlockSlot, Factor, LoraTarget, Slot};
 use crate::nn::Gpt;
@@ -47,9 +47,9 @@ pub(crate) struct BlockParams {
     pub mlp_proj_b: Buffer,
     /// The LoRA adapters on its matrices (all absent without).
     pub lora: BlockLora,
-    /// Its frozen matrices held in `Q8_0` (`[lora] base = "q8_0"`, `frozen.rs`), by
+    /// Its frozen matrices held quantised (`[lora] base = "q8_0"` or `"q4_k"`, `frozen.rs`), by
     /// [`LoraTarget`], their buffers above then [`Buffer::Elsewhere`]; `None`: in f32 above.
-    pub base_q8: [Option<Int8Columns>; 4],
+    pub base_held: [Option<Frozen>; 4],
 }
 
 /// A LoRA adapter's factors: `a [n_in, rank]`, `b [rank, n_out]`; both absent without one.

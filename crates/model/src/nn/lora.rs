@@ -10,8 +10,8 @@ use burn::nn::{DropoutConfig, Linear};
 use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
-use crate::arch::q8_0::{BLOCK, round_columns};
 use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, trained_beside};
+use crate::cpu::{held_as, round_for};
 use crate::error::GptConfigError;
 
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
@@ -29,8 +29,8 @@ impl Gpt {
     /// block: `A ~ N(0, 1/rank)` (Burn's draw, from the device's random stream: seed it with
     /// [`seeded`](crate::seeded)), `B = 0`, so the model computes what it did; every base
     /// parameter is frozen (no gradient), the factors train, and so do the parts of the base
-    /// `lora.also_train` names ([`TrainedPart`]). With `lora.base = q8_0` every
-    /// block's matrices are first rounded to `Q8_0` ([`BaseWeights::Q8_0`]). Refuses a `lora`
+    /// `lora.also_train` names ([`TrainedPart`]). With `lora.base = q8_0` or `q4_k` every
+    /// block's matrices are first rounded to those blocks ([`BaseWeights`]). Refuses a `lora`
     /// that [`LoraConfig::validate`] refuses for this model, and a model with adapters already.
     pub fn with_lora(self, lora: &LoraConfig) -> Result<Self, GptConfigError> {
         lora.validate(self.config())?;
@@ -47,7 +47,7 @@ impl Gpt {
             .set_param_group(ParamGroup::from_paths(paths));
         let base = match lora.base {
             BaseWeights::F32 => self,
-            BaseWeights::Q8_0 => self.rounded_to_q8_0(),
+            BaseWeights::Q8_0 | BaseWeights::Q4K => self.rounded_to(lora.base),
         };
         let trained = trained_beside(base.config(), &lora.also_train);
         let trained: Vec<String> = trained.into_iter().map(|p| p.burn).collect();
@@ -73,12 +73,13 @@ impl Gpt {
         self.lora_base
     }
 
-    /// This model with every block's matrices rounded to `Q8_0` along their inputs (those
-    /// whose inputs are whole blocks of 32), one matrix at a time.
-    fn rounded_to_q8_0(mut self) -> Self {
-        fn round(linear: &mut Linear) {
+    /// This model with every block's matrices rounded along their inputs to the blocks `base`
+    /// holds them in (`Q8_0`; `Q4_K`, or `Q5_0` where the inputs are not whole super-blocks;
+    /// none where they are not whole blocks of 32), one matrix at a time.
+    fn rounded_to(mut self, base: BaseWeights) -> Self {
+        let round = |linear: &mut Linear| {
             let [n_in, n_out] = linear.weight.dims();
-            if !n_in.is_multiple_of(BLOCK) {
+            if held_as(base, n_in).is_none() {
                 return;
             }
             linear.weight = linear.weight.clone().map(|w| {
@@ -87,10 +88,10 @@ impl Gpt {
                     .into_data()
                     .try_into_vec::<f32>()
                     .expect("weights are f32");
-                round_columns(&mut values, n_in);
+                round_for(base, &mut values, n_in);
                 Tensor::from_data(TensorData::new(values, [n_in, n_out]), &device)
             });
-        }
+        };
         for block in &mut self.h {
             round(&mut block.attn.c_attn);
             round(&mut block.attn.c_proj);

@@ -107,9 +107,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
                  PeftModel.from_pretrained",
                 args.out.display()
             );
-            if run.config.lora.as_ref().map(|l| l.base) == Some(BaseWeights::Q8_0) {
+            let base = run
+                .config
+                .lora
+                .as_ref()
+                .map_or(BaseWeights::F32, |l| l.base);
+            if base != BaseWeights::F32 {
                 println!(
-                    "note: these adapters were trained on the base's matrices rounded to q8_0;                      onto its f32 export they compute a little differently (--format hf exports                      the run merged, as trained)"
+                    "note: these adapters were trained on the base's matrices rounded to {}; \
+                     onto its f32 export they compute a little differently (--format hf \
+                     exports the run merged, as trained)",
+                    base.name()
                 );
             }
         }

@@ -68,10 +68,11 @@ pub struct Args {
     /// (sets lora.rank; [lora] in the config sets alpha and targets).
     #[arg(long, value_name = "RANK")]
     lora: Option<usize>,
-    /// With --lora: the frozen model's matrices as the run has them (f32), or rounded to
-    /// int8 in blocks of 32 (q8_0, QLoRA's idea), which the CPU's fused engine holds in about
-    /// a quarter of the memory (sets lora.base).
-    #[arg(long, value_name = "FORMAT", value_parser = ["f32", "q8_0"])]
+    /// With --lora: the frozen model's matrices as the run has them (f32), rounded to int8 in
+    /// blocks of 32 (q8_0, QLoRA's idea), which the CPU's fused engine holds in about a quarter
+    /// of the memory, or to four bits (q4_k: GGUF's Q4_K, Q5_0 where rows are not whole
+    /// super-blocks of 256), about a seventh (sets lora.base).
+    #[arg(long, value_name = "FORMAT", value_parser = ["f32", "q8_0", "q4_k"])]
     weights: Option<String>,
     /// With --lora: parts of the model trained in full beside the adapters (PEFT's
     /// modules_to_save), e.g. embedding,head when the new data has tokens the model never saw,

@@ -259,6 +259,44 @@ fn lora_on_an_int8_base_trains_on_every_engine_resumes_exactly_and_samples() {
     fails(tinygpt(dir, &change), "cannot change `lora.base`");
 }
 
+/// `--weights q4_k`: the base rounded to four bits (this model's rows are not whole
+/// super-blocks of 256: llama.cpp's fallback, Q5_0), held so by the fused engine; Burn's
+/// engines train on the same values; resumed bit for bit; PEFT's export says so.
+#[test]
+fn lora_on_a_q4_k_base_trains_on_every_engine_resumes_exactly_and_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(train(dir, "base", &["--max-iters", "5"]));
+    let q4 = ["--weights", "q4_k"];
+    ok(lora(dir, "q4", "fused", "6", &q4));
+    let config = std::fs::read_to_string(dir.join("q4/config.toml")).unwrap();
+    assert!(config.contains("base = \"q4_k\""), "{config}");
+    let tensors = weights(&dir.join("q4"));
+    assert_eq!(tensors.len(), 2 * 4);
+    ok(lora(dir, "int8", "fused", "6", &["--weights", "q8_0"]));
+    let first = |run: &str| metrics(&dir.join(run))[0].1;
+    assert_ne!(first("q4"), first("int8"));
+    assert!((first("q4") - first("int8")).abs() < 0.1);
+    ok(lora(dir, "halves", "fused", "3", &q4));
+    let resume = ["train", "--resume", "--out", "halves", "--max-iters", "6"];
+    ok(tinygpt(dir, &resume));
+    assert_eq!(weights(&dir.join("halves")), tensors);
+    ok(lora(dir, "flex", "flex", "6", &q4));
+    assert!((first("flex") - first("q4")).abs() < 1e-4);
+    let generate = ["generate", "--checkpoint", "q4", "--max-new-tokens", "5"];
+    ok(tinygpt(dir, &generate));
+    let peft = [
+        "export",
+        "--checkpoint",
+        "q4",
+        "--format",
+        "peft",
+        "--out",
+        "peft",
+    ];
+    assert!(ok(tinygpt(dir, &peft)).contains("rounded to q4_k"));
+}
+
 #[test]
 fn parts_trained_beside_the_adapters_train_on_every_engine_resume_exactly_and_sample() {
     let tmp = tempfile::tempdir().unwrap();

@@ -11,11 +11,11 @@ use super::muon::Velocities;
 use super::overlap::{BlockDone, FailOnPanic, GradientSum, LayerSums};
 use super::shared_moments::{MomentEntry, SharedMoments};
 use super::workspace::{Job, Sizing, TokenBatch, Workspace, floats_for};
-use crate::arch::q8_0::BLOCK;
 use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
+use crate::cpu::frozen::held_as;
 use crate::cpu::params::{Params, in_block};
 use crate::error::ModelError;
 use crate::nn::{Gpt, IGNORE_INDEX, kept_targets};
@@ -100,7 +100,7 @@ impl FusedCpu {
             .iter()
             .map(|e| w.slot(e.slot).len())
             .sum();
-        4 * f32s + w.base_q8_bytes()
+        4 * f32s + w.base_held_bytes()
     }
 
     /// What [`weight_bytes`](Self::weight_bytes) is for a model of `config` with `lora`'s
@@ -108,10 +108,9 @@ impl FusedCpu {
     pub fn weight_bytes_for(config: &GptConfig, lora: Option<&LoraConfig>) -> u64 {
         let adapters = lora.map_or(0, |lora| lora.num_params(config));
         let f32s = 4 * (config.num_params() + adapters);
-        let int8 = (int8_floats(config, lora) * config.n_layer) as u64;
-        // Each int8 weight: a byte instead of four, and a 2-byte scale every 32.
-        let block = BLOCK as u64;
-        f32s - int8 / block * (4 * block - (block + 2))
+        // Each weight held quantised: its share of its blocks' bytes instead of four.
+        let (weights, bytes) = held_weights(config, lora);
+        f32s - ((4 * weights - bytes) * config.n_layer) as u64
     }
 
     /// Bytes of activations the threads hold after the last step (what checkpointing cuts).
@@ -150,7 +149,7 @@ impl FusedCpu {
                 }
             }
         }
-        let base_rows = int8_floats(config, lora);
+        let base_rows = held_weights(config, lora).0;
         let groups = threads.max(1).min(batch);
         let floats: usize = (0..groups)
             .map(|g| {
@@ -537,17 +536,20 @@ fn split<'a>(
     jobs
 }
 
-/// Weights of one block that `lora`'s base holds in int8: with a `q8_0` base, every matrix
-/// whose inputs are whole blocks of 32 (`frozen.rs`).
-fn int8_floats(config: &GptConfig, lora: Option<&LoraConfig>) -> usize {
-    match lora.map(|lora| lora.base) {
-        Some(BaseWeights::Q8_0) => LoraTarget::all()
-            .filter_map(|t| t.shape(config))
-            .filter(|(n_in, _)| n_in.is_multiple_of(BLOCK))
-            .map(|(n_in, n_out)| n_in * n_out)
-            .sum(),
-        Some(BaseWeights::F32) | None => 0,
-    }
+/// One block's weights that `lora`'s base holds quantised (`frozen.rs`'s [`held_as`]), and the
+/// bytes their blocks take.
+fn held_weights(config: &GptConfig, lora: Option<&LoraConfig>) -> (usize, usize) {
+    let base = lora.map_or(BaseWeights::F32, |lora| lora.base);
+    let held = LoraTarget::all()
+        .filter_map(|t| t.shape(config))
+        .filter_map(|(n_in, n_out)| {
+            let kind = held_as(base, n_in)?;
+            Some((
+                n_in * n_out,
+                n_in * n_out / kind.values() * kind.block_bytes(),
+            ))
+        });
+    held.fold((0, 0), |(w, b), (weights, bytes)| (w + weights, b + bytes))
 }
 
 /// AdamW's moments to update (zero, shaped like `weights`, before the first step); copied

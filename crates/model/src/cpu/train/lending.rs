@@ -20,8 +20,8 @@ impl FusedCpu {
     /// moved into it rather than copied: they exist once, in the model. The engine goes with
     /// them: nothing steps or evaluates until [`LentWeights::reclaim`] gives it back.
     ///
-    /// A base held in int8 (`[lora] base = "q8_0"`) goes to the model dequantised, in f32:
-    /// [`release_buffers`](Self::release_buffers) first makes room for it.
+    /// A base held quantised (`[lora] base = "q8_0"` or `"q4_k"`) goes to the model
+    /// dequantised, in f32: [`release_buffers`](Self::release_buffers) first makes room for it.
     pub fn lend_weights(mut self, hollow: Gpt) -> LentWeights {
         let model = self.weights.lend(hollow);
         LentWeights { fused: self, model }

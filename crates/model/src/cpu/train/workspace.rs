@@ -161,8 +161,8 @@ pub(crate) struct Workspace {
     /// attention maps the forward uses too).
     d_resid: Vec<f32>,
     scratch: Scratch,
-    /// With a base held in int8 (`[lora] base = "q8_0"`): the block being computed's
-    /// matrices dequantised, as f32 rows.
+    /// With a base held quantised (`[lora] base = "q8_0"` or `"q4_k"`): the block being
+    /// computed's matrices dequantised, as f32 rows.
     base: RowBlock,
     pub grads: Params,
     /// Whether `grads` is known to be zero and shaped like the weights (set by the caller that
@@ -491,8 +491,8 @@ pub(crate) struct Sizing {
     pub dropout: bool,
     pub lora_ranks: [usize; 4],
     pub lora_dropout: bool,
-    /// Floats of one block's matrices held in int8 (`[lora] base = "q8_0"`), which a step
-    /// dequantises a block at a time.
+    /// Floats of one block's matrices held quantised (`[lora] base = "q8_0"` or `"q4_k"`),
+    /// which a step dequantises a block at a time.
     pub base_rows: usize,
 }
 

@@ -129,10 +129,11 @@ impl Weights {
     }
 }
 
-/// Whether the frozen base is held in int8 (`[lora] base = "q8_0"`): lent out in f32 between
-/// steps in place of the step's buffers, what each move frees given back to the system.
+/// Whether the frozen base is held quantised (`[lora] base = "q8_0"` or `"q4_k"`): lent out
+/// in f32 between steps in place of the step's buffers, what each move frees given back to
+/// the system.
 fn int8_base(fused: &FusedCpu) -> bool {
-    fused.base() == BaseWeights::Q8_0
+    fused.base() != BaseWeights::F32
 }
 
 /// Hands the allocator's free pages back to the system. Freeing the step's buffers to lend an

@@ -78,6 +78,7 @@ macro_rules! kernels_of {
     };
 }
 
+pub(crate) mod columns;
 pub(crate) mod q4_1;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;

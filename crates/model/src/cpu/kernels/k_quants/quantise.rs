@@ -13,7 +13,10 @@
 
 use half::f16;
 
-use super::SUPER;
+use super::q4_1::{Q41, Q51};
+use super::q4_k::{Q4K, Q5K};
+use super::q6_k::Q6K;
+use super::{KType, SUPER};
 use crate::cpu::decode::BlockType;
 use crate::cpu::kernels::q4_0::q4_0_block;
 use crate::cpu::kernels::q5_0::q5_0_block;
@@ -403,6 +406,58 @@ impl BlockType {
             }
         }
         out
+    }
+
+    /// `bytes` (whole blocks of the type, as [`encode`](Self::encode) writes them) as their
+    /// values into `out`, as ggml's `dequantize_row_*` computes them.
+    pub fn decode(self, bytes: &[u8], out: &mut [f32]) {
+        let size = self.block_bytes();
+        let blocks = bytes
+            .chunks_exact(size)
+            .zip(out.chunks_exact_mut(self.values()));
+        for (b, out) in blocks {
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            match self {
+                Self::Q8_0 => {
+                    for (o, &q) in out.iter_mut().zip(&b[2..]) {
+                        *o = f32::from(q as i8) * d;
+                    }
+                }
+                Self::Q5_0 => {
+                    let high = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    for (j, &q) in b[6..22].iter().enumerate() {
+                        let fifth = |bit: usize| (((high >> bit) & 1) << 4) as i32;
+                        out[j] = ((i32::from(q & 0x0f) | fifth(j)) - 16) as f32 * d;
+                        out[j + 16] = ((i32::from(q >> 4) | fifth(j + 16)) - 16) as f32 * d;
+                    }
+                }
+                Self::Q4_0 => {
+                    for (j, &q) in b[2..18].iter().enumerate() {
+                        out[j] = (i32::from(q & 0x0f) - 8) as f32 * d;
+                        out[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
+                    }
+                }
+                Self::Q4_1 => Q41::dequantise(b, out),
+                Self::Q5_1 => Q51::dequantise(b, out),
+                Self::Q4_K => Q4K::dequantise(b, out),
+                Self::Q5_K => Q5K::dequantise(b, out),
+                Self::Q6_K => Q6K::dequantise(b, out),
+            }
+        }
+    }
+
+    /// Bytes of one of the type's blocks.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 34,
+            Self::Q5_0 => 22,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => Q41::BYTES,
+            Self::Q5_1 => Q51::BYTES,
+            Self::Q4_K => Q4K::BYTES,
+            Self::Q5_K => Q5K::BYTES,
+            Self::Q6_K => Q6K::BYTES,
+        }
     }
 
     /// [`encode`](Self::encode) of rows `n_in` long, the rows split over the machine's cores

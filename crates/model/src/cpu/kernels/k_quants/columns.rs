@@ -1,0 +1,161 @@
+//! A frozen weight held in a type of GGUF's blocks for training (`[lora] base = "q4_k"`;
+//! `cpu/frozen.rs`): each output's inputs as one row of blocks, as a GGUF file stores the
+//! matrix, dequantised into training's layout `[n_in, n_out]` when a step needs it.
+
+use crate::cpu::decode::BlockType;
+
+/// Outputs dequantised together: their values land in contiguous runs of the layout.
+const TILE: usize = 16;
+
+/// A linear layer's weight `[n_in, n_out]` held as `kind`'s blocks along each output's inputs
+/// (`n_out` rows of `n_in`). The values it was made from are what it gives back, always: a row
+/// whose blocks do not give its values again (values that are not the type's own rounding)
+/// is held in f32 beside the blocks.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockColumns {
+    kind: BlockType,
+    n_in: usize,
+    n_out: usize,
+    bytes: Vec<u8>,
+    /// Rows held as f32 values: `(output, values [n_in])`.
+    exact: Vec<(usize, Vec<f32>)>,
+}
+
+impl BlockColumns {
+    /// `w [n_in, n_out]` in `kind`'s blocks (`n_in` whole blocks of it).
+    pub(crate) fn quantise(w: &[f32], n_in: usize, kind: BlockType) -> Self {
+        assert!(n_in.is_multiple_of(kind.values()), "whole blocks");
+        let n_out = w.len() / n_in;
+        let mut rows = vec![0.0; w.len()];
+        for (i, inputs) in w.chunks_exact(n_out).enumerate() {
+            for (j, &v) in inputs.iter().enumerate() {
+                rows[j * n_in + i] = v;
+            }
+        }
+        let bytes = kind.encode_rows(&rows, n_in);
+        let mut back = vec![0.0; n_in];
+        let row_bytes = bytes.len() / n_out.max(1);
+        let exact = (0..n_out)
+            .filter_map(|j| {
+                kind.decode(&bytes[j * row_bytes..(j + 1) * row_bytes], &mut back);
+                let row = &rows[j * n_in..(j + 1) * n_in];
+                let same = back
+                    .iter()
+                    .zip(row)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                (!same).then(|| (j, row.to_vec()))
+            })
+            .collect();
+        Self {
+            kind,
+            n_in,
+            n_out,
+            bytes,
+            exact,
+        }
+    }
+
+    /// Its values into `out` `[n_in, n_out]` (its allocation reused).
+    pub(crate) fn dequantise_into(&self, out: &mut Vec<f32>) {
+        let (n_in, n_out) = (self.n_in, self.n_out);
+        out.resize(n_in * n_out, 0.0);
+        let row_bytes = self.bytes.len() / n_out.max(1);
+        let mut tile = vec![0.0; TILE * n_in];
+        for j0 in (0..n_out).step_by(TILE) {
+            let rows = TILE.min(n_out - j0);
+            let bytes = &self.bytes[j0 * row_bytes..(j0 + rows) * row_bytes];
+            self.kind.decode(bytes, &mut tile[..rows * n_in]);
+            for i in 0..n_in {
+                let at = &mut out[i * n_out + j0..i * n_out + j0 + rows];
+                for (r, o) in at.iter_mut().enumerate() {
+                    *o = tile[r * n_in + i];
+                }
+            }
+        }
+        for (j, row) in &self.exact {
+            for (i, &v) in row.iter().enumerate() {
+                out[i * n_out + j] = v;
+            }
+        }
+    }
+
+    /// Its values as a new `[n_in, n_out]` buffer.
+    pub(crate) fn values(&self) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.dequantise_into(&mut out);
+        out
+    }
+
+    /// Bytes it holds: the blocks, and any rows held in f32.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.len() + self.exact.iter().map(|(_, r)| 4 * r.len()).sum::<usize>()
+    }
+
+    /// Rows held in f32 (the values were not the type's own rounding).
+    #[cfg(test)]
+    pub(crate) fn exact_rows(&self) -> usize {
+        self.exact.len()
+    }
+}
+
+/// `w [n_in, n_out]` rounded to `kind`'s blocks along each output's inputs (`n_in` whole
+/// blocks of it), by its quantiser until its blocks give the values back: the values a
+/// [`BlockColumns`] holds in its blocks alone. One rounding almost always is that point; where
+/// quantising a row's rounding picks other scales (k-quants' fitted ones can), the row is
+/// rounded again (at most a few times; a row still moving is then kept in f32 by
+/// [`BlockColumns`]).
+pub(crate) fn rounded(w: &[f32], n_in: usize, kind: BlockType) -> Vec<f32> {
+    let n_out = w.len() / n_in;
+    let mut rows: Vec<f32> = (0..n_out * n_in)
+        .map(|k| w[(k % n_in) * n_out + k / n_in])
+        .collect();
+    let mut back = vec![0.0; rows.len()];
+    for _ in 0..ROUNDS {
+        kind.decode(&kind.encode_rows(&rows, n_in), &mut back);
+        let settled = back == rows;
+        std::mem::swap(&mut rows, &mut back);
+        if settled {
+            break;
+        }
+    }
+    (0..w.len())
+        .map(|k| rows[(k % n_out) * n_in + k / n_out])
+        .collect()
+}
+
+/// Roundings at most, in [`rounded`].
+const ROUNDS: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[n_in, n_out]` values shaped like a layer's, the same on every run.
+    fn layer(n_in: usize, n_out: usize) -> Vec<f32> {
+        (0..n_in * n_out)
+            .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.1)
+            .collect()
+    }
+
+    /// Rounded by the type once, the values are held in its blocks alone and come back bit
+    /// for bit; values that are not its rounding come back too, from rows kept in f32.
+    #[test]
+    fn the_values_come_back_exactly() {
+        for (kind, n_in) in [(BlockType::Q4_K, 512), (BlockType::Q5_0, 96)] {
+            let (n_out, w) = (40, layer(n_in, 40));
+            let rounded = rounded(&w, n_in, kind);
+            assert!(rounded != w, "{kind:?} rounds");
+            let held = BlockColumns::quantise(&rounded, n_in, kind);
+            assert!(held.values() == rounded, "{kind:?}");
+            assert_eq!(held.exact_rows(), 0, "{kind:?}: its own rounding");
+            assert_eq!(
+                held.bytes(),
+                n_in * n_out / kind.values() * kind.block_bytes()
+            );
+            // Unrounded values: every row differs from its blocks, so every row is kept.
+            let raw = BlockColumns::quantise(&w, n_in, kind);
+            assert_eq!(raw.exact_rows(), n_out);
+            assert!(raw.values() == w);
+        }
+    }
+}

@@ -11,6 +11,8 @@
 //! parameters of their own ([`Slot::Adapter`](super::Slot::Adapter)). Merged, `W + (alpha/rank)
 //! · A · B` is an ordinary weight again: what sampling, serving and every export read.
 
+use super::q8_0::round_columns;
+use super::quants::{BlockType, rounded};
 use serde::{Deserialize, Serialize};
 use strum::{EnumIter, IntoEnumIterator};
 
@@ -195,6 +197,29 @@ pub enum BaseWeights {
 impl BaseWeights {
     fn is_f32(&self) -> bool {
         *self == Self::F32
+    }
+
+    /// The blocks this base holds a frozen matrix of `n_in` inputs in: `Q8_0`; `Q4_K`, or
+    /// `Q5_0` where the inputs are not whole super-blocks; `None` (f32) for `f32`, and where
+    /// the inputs are not whole blocks of 32.
+    pub fn held_as(self, n_in: usize) -> Option<BlockType> {
+        let fits = |kind: BlockType| n_in.is_multiple_of(kind.values()).then_some(kind);
+        match self {
+            Self::F32 => None,
+            Self::Q8_0 => fits(BlockType::Q8_0),
+            Self::Q4K => fits(BlockType::Q4_K).or_else(|| fits(BlockType::Q5_0)),
+        }
+    }
+
+    /// `w [n_in, n_out]` rounded along its inputs to the blocks this base holds it in
+    /// ([`held_as`](Self::held_as); unchanged where none): the values Burn's model computes
+    /// with once its adapters are attached, and which the fused engine holds again bit for bit.
+    pub(crate) fn round(self, w: &mut Vec<f32>, n_in: usize) {
+        match self.held_as(n_in) {
+            None => {}
+            Some(BlockType::Q8_0) => round_columns(w, n_in),
+            Some(kind) => *w = rounded(w, n_in, kind),
+        }
     }
 
     /// Its name in a `[lora]` table.

@@ -16,8 +16,10 @@ mod lora;
 mod parameters;
 pub mod parts;
 pub(crate) mod q8_0;
+pub mod quants;
 
 pub use config::GptConfig;
 pub use lora::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart};
 pub use parameters::{BlockSlot, ParamName, Slot, parameter_table, trained_beside};
 pub use parts::{Mlp, Norm, Position};
+pub use quants::BlockType;

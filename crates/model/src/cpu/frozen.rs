@@ -13,74 +13,9 @@
 //! model's).
 
 use super::buffer::Buffer;
-use super::decode::BlockType;
-use super::kernels::k_quants::columns::{BlockColumns, rounded};
-use super::kernels::q8::columns::Int8Columns;
+use super::kernels::k_quants::columns::Frozen;
 use super::params::{BlockParams, Params, RowBlock, RowMatrix};
-use crate::arch::q8_0::round_columns;
 use crate::arch::{BaseWeights, BlockSlot, LoraTarget, Slot};
-
-/// A frozen matrix as a quantised base holds it.
-#[derive(Debug, Clone)]
-pub(crate) enum Frozen {
-    Int8(Int8Columns),
-    Blocks(BlockColumns),
-}
-
-/// `w [n_in, n_out]` rounded along its inputs to the blocks `base` holds it in (unchanged
-/// where it holds it in f32): the values Burn's model computes with once its adapters are
-/// attached, and which the engine holds again bit for bit.
-pub(crate) fn round_for(base: BaseWeights, w: &mut Vec<f32>, n_in: usize) {
-    match held_as(base, n_in) {
-        None => {}
-        Some(BlockType::Q8_0) => round_columns(w, n_in),
-        Some(kind) => *w = rounded(w, n_in, kind),
-    }
-}
-
-/// How `base` holds a frozen matrix of `n_in` inputs: `None` in f32.
-pub(crate) fn held_as(base: BaseWeights, n_in: usize) -> Option<BlockType> {
-    let fits = |kind: BlockType| n_in.is_multiple_of(kind.values()).then_some(kind);
-    match base {
-        BaseWeights::F32 => None,
-        BaseWeights::Q8_0 => fits(BlockType::Q8_0),
-        BaseWeights::Q4K => fits(BlockType::Q4_K).or_else(|| fits(BlockType::Q5_0)),
-    }
-}
-
-impl Frozen {
-    /// `values [n_in, n_out]` held as `kind` (`Q8_0` in int8 columns).
-    fn quantise(values: &[f32], n_in: usize, kind: BlockType) -> Self {
-        match kind {
-            BlockType::Q8_0 => Frozen::Int8(Int8Columns::quantise(values, n_in)),
-            _ => Frozen::Blocks(BlockColumns::quantise(values, n_in, kind)),
-        }
-    }
-
-    /// Its values into `out` `[n_in, n_out]` (its allocation reused).
-    fn dequantise_into(&self, out: &mut Vec<f32>) {
-        match self {
-            Frozen::Int8(m) => m.dequantise_into(out),
-            Frozen::Blocks(m) => m.dequantise_into(out),
-        }
-    }
-
-    /// Its values as a new `[n_in, n_out]` buffer.
-    fn values(&self) -> Vec<f32> {
-        match self {
-            Frozen::Int8(m) => m.values(),
-            Frozen::Blocks(m) => m.values(),
-        }
-    }
-
-    /// Bytes it holds.
-    fn bytes(&self) -> usize {
-        match self {
-            Frozen::Int8(m) => m.bytes(),
-            Frozen::Blocks(m) => m.bytes(),
-        }
-    }
-}
 
 /// The matrix a slot is, if it is one of a block's.
 fn block_matrix(slot: Slot) -> Option<LoraTarget> {
@@ -102,7 +37,7 @@ fn matrix(slot: BlockSlot) -> Option<LoraTarget> {
 }
 
 impl Params {
-    /// Holds the frozen base as `base` says ([`held_as`]): every frozen block matrix it
+    /// Holds the frozen base as `base` says ([`BaseWeights::held_as`]): every frozen block matrix it
     /// quantises moves from its f32 buffer into its blocks, one at a time.
     pub(crate) fn hold_base(&mut self, base: BaseWeights) {
         self.base = base;
@@ -118,7 +53,7 @@ impl Params {
                 continue;
             };
             let block = &mut self.blocks[l];
-            let Some(kind) = held_as(base, n_in) else {
+            let Some(kind) = base.held_as(n_in) else {
                 continue;
             };
             if let Some(values) = block.buffer_mut(slot).take(Buffer::Elsewhere) {

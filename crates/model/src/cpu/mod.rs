@@ -44,7 +44,6 @@ pub use decode::{
     Storage, WeightFormat, WeightPlan, weight_bytes_per_token,
 };
 pub use error::FusedError;
-pub(crate) use frozen::{held_as, round_for};
 pub use kernels::q4_0::q4_0_block;
 pub use kernels::q5_0::q5_0_block;
 pub use kernels::q8::q8_0_block;

@@ -11,7 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::buffer::Buffer;
-use super::frozen::Frozen;
+use super::kernels::k_quants::columns::Frozen;
 use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
 use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
 use super::kernels::k_quants::q6_k::Q6KMatrix;

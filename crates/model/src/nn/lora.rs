@@ -11,7 +11,6 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::gpt::Gpt;
 use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, trained_beside};
-use crate::cpu::{held_as, round_for};
 use crate::error::GptConfigError;
 
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
@@ -79,7 +78,7 @@ impl Gpt {
     fn rounded_to(mut self, base: BaseWeights) -> Self {
         let round = |linear: &mut Linear| {
             let [n_in, n_out] = linear.weight.dims();
-            if held_as(base, n_in).is_none() {
+            if base.held_as(n_in).is_none() {
                 return;
             }
             linear.weight = linear.weight.clone().map(|w| {
@@ -88,7 +87,7 @@ impl Gpt {
                     .into_data()
                     .try_into_vec::<f32>()
                     .expect("weights are f32");
-                round_for(base, &mut values, n_in);
+                base.round(&mut values, n_in);
                 Tensor::from_data(TensorData::new(values, [n_in, n_out]), &device)
             });
         };

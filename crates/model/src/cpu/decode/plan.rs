@@ -41,20 +41,9 @@ pub enum Storage {
     Encode(BlockType),
 }
 
-/// A GGUF type whose blocks the decoder multiplies as a file stores them (`Q8_0`, `Q5_0` and
+/// The GGUF types whose blocks the decoder multiplies as a file stores them (`Q8_0`, `Q5_0` and
 /// `Q4_0` rearranged into its rows' layouts, the others as they are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum BlockType {
-    Q8_0,
-    Q5_0,
-    Q4_0,
-    Q4_1,
-    Q5_1,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-}
+pub use crate::arch::BlockType;
 
 /// A range of a file's tensor: `[rows, n_in]` values in `kind`'s super-blocks, row after row,
 /// as the file stores them.

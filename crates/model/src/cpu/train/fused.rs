@@ -15,7 +15,6 @@ use crate::arch::{BaseWeights, GptConfig, LoraConfig, LoraTarget};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
-use crate::cpu::frozen::held_as;
 use crate::cpu::params::{Params, in_block};
 use crate::error::ModelError;
 use crate::nn::{Gpt, IGNORE_INDEX, kept_targets};
@@ -536,14 +535,14 @@ fn split<'a>(
     jobs
 }
 
-/// One block's weights that `lora`'s base holds quantised (`frozen.rs`'s [`held_as`]), and the
+/// One block's weights that `lora`'s base holds quantised ([`BaseWeights::held_as`]), and the
 /// bytes their blocks take.
 fn held_weights(config: &GptConfig, lora: Option<&LoraConfig>) -> (usize, usize) {
     let base = lora.map_or(BaseWeights::F32, |lora| lora.base);
     let held = LoraTarget::all()
         .filter_map(|t| t.shape(config))
         .filter_map(|(n_in, n_out)| {
-            let kind = held_as(base, n_in)?;
+            let kind = base.held_as(n_in)?;
             Some((
                 n_in * n_out,
                 n_in * n_out / kind.values() * kind.block_bytes(),

@@ -20,6 +20,14 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    /// Whether its files store a query or key projection's rows in llama.cpp's rotary layout.
+    pub fn interleaves(self) -> bool {
+        match self {
+            Architecture::Gpt2 => false,
+            Architecture::Llama(flavour) => flavour.interleaves(),
+        }
+    }
+
     /// `general.architecture`.
     pub fn name(self) -> &'static str {
         match self {

@@ -13,7 +13,6 @@ use burn::tensor::Device;
 use tinygpt_model::parts::Mlp;
 use tinygpt_model::{FusedDecoder, Gpt, GptConfig, Matrices};
 
-use super::Architecture;
 use super::file::Gguf;
 use super::kept::{FileTypes, rotary_heads};
 use super::store::Dtype;
@@ -91,16 +90,17 @@ impl Report {
     }
 }
 
-/// What the file `gguf` of `model` (of `config`, the run's, as `architecture`) changes when
-/// written as `dtype` with `approximations`, measured on the run's validation text. A measurement that fails is
+/// What the file `file` of `model` (of `config`, the run's) changes when written with
+/// `approximations`, measured on the run's validation text. A measurement that fails is
 /// reported as not measured, saying why: the file is written either way.
 pub fn measure(
     run: &Run,
     model: &Gpt,
     config: &GptConfig,
-    (architecture, approximations): (Architecture, &[Approximation]),
-    (gguf, dtype): (&Gguf, Dtype),
+    approximations: &[Approximation],
+    file: FileAs<'_>,
 ) -> Report {
+    let dtype = file.dtype;
     let mut changes: Vec<String> = approximations.iter().map(|a| a.describe().into()).collect();
     if dtype != Dtype::F32 {
         changes.push(format!("with {} matrices", dtype.name()));
@@ -111,11 +111,6 @@ pub fn measure(
     let dataset = match validation(run) {
         Ok(dataset) => dataset,
         Err(why) => return Report::Unmeasured { changes, why },
-    };
-    let file = FileAs {
-        architecture,
-        gguf,
-        dtype,
     };
     match compare_file(
         run,
@@ -152,11 +147,14 @@ fn validation(run: &Run) -> Result<crate::data::Dataset, String> {
     })
 }
 
-/// The file written: its tensors, in `dtype`, of a model of `architecture`.
-struct FileAs<'a> {
-    architecture: Architecture,
-    gguf: &'a Gguf,
-    dtype: Dtype,
+/// The file written: its tensors, in `dtype`; `fused_qkv` where it stores the queries, keys
+/// and values as one matrix (llama.cpp's `gpt2`), `interleaved` where it stores their rows in
+/// llama.cpp's rotary layout (its `llama`).
+pub struct FileAs<'a> {
+    pub gguf: &'a Gguf,
+    pub dtype: Dtype,
+    pub fused_qkv: bool,
+    pub interleaved: bool,
 }
 
 /// `model` against the model the file holds, on `split`.
@@ -184,9 +182,8 @@ fn compare_file(
         | Dtype::Q5_K_M
         | Dtype::Q6_K => {
             // The file's own blocks, each matrix in the type it stores it in.
-            let fused_qkv = file.architecture == Architecture::Gpt2;
-            let heads = rotary_heads(file.architecture, config);
-            let types = FileTypes::of(file.gguf, config, fused_qkv, Path::new(""), heads)?;
+            let heads = rotary_heads(file.interleaved, config);
+            let types = FileTypes::of(file.gguf, config, file.fused_qkv, Path::new(""), heads)?;
             let matrices = Matrices::Planned(types.plan_held()?);
             Scorer::Decoded(Box::new(FusedDecoder::with_weights(&file_model, matrices)?))
         }

@@ -77,7 +77,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
         }
     };
     let fused_qkv = architecture == Architecture::Gpt2;
-    let heads = kept::rotary_heads(architecture, &gpt);
+    let heads = kept::rotary_heads(architecture.interleaves(), &gpt);
     let types = FileTypes::of(&gguf, &gpt, fused_qkv, path, heads).map_err(named)?;
     create_run(out, config.clone(), tokenizer, &model)?;
     types.write(out)?;

@@ -15,7 +15,6 @@ use serde::{Deserialize, Serialize};
 use tinygpt_model::parts::Mlp;
 use tinygpt_model::{BlockPlan, FileBlocks, GptConfig, Segment, Storage, WeightFormat, WeightPlan};
 
-use super::Architecture;
 use super::file::{Gguf, Tensor, TensorType};
 use super::quant::block_type;
 use crate::checksum::sha256_hex;
@@ -62,17 +61,16 @@ fn rows_in_order(t: &Tensor, row: usize, heads: Option<usize>) -> Vec<u8> {
         .collect()
 }
 
-/// The heads of a query or key projection named `name` whose rows a file of `architecture`
-/// stores in llama.cpp's rotary layout (the import moves them back), for [`FileTypes::of`].
+/// The heads of a query or key projection named `name` whose rows a file stores in llama.cpp's
+/// rotary layout (`interleaved`: a llama file's; the import moves them back), for
+/// [`FileTypes::of`].
 pub(super) fn rotary_heads(
-    architecture: Architecture,
+    interleaved: bool,
     gpt: &GptConfig,
 ) -> impl Fn(&str) -> Option<usize> + '_ {
-    move |name| match architecture {
-        Architecture::Llama(flavour) if flavour.interleaves() => {
-            super::llama::hf_name(name, gpt).and_then(|(_, heads)| heads)
-        }
-        Architecture::Llama(_) | Architecture::Gpt2 => None,
+    move |name| match interleaved {
+        true => super::llama::hf_name(name, gpt).and_then(|(_, heads)| heads),
+        false => None,
     }
 }
 

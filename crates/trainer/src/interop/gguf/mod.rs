@@ -121,13 +121,13 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     }
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;
-    let report = difference::measure(
-        run,
-        &model,
-        &config,
-        (architecture, &approximations),
-        (&gguf, dtype),
-    );
+    let file = difference::FileAs {
+        gguf: &gguf,
+        dtype,
+        fused_qkv: architecture == Architecture::Gpt2,
+        interleaved: architecture.interleaves(),
+    };
+    let report = difference::measure(run, &model, &config, &approximations, file);
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),

@@ -2,7 +2,8 @@
 //! `cpu/frozen.rs`): each output's inputs as one row of blocks, as a GGUF file stores the
 //! matrix, dequantised into training's layout `[n_in, n_out]` when a step needs it.
 
-use crate::cpu::decode::BlockType;
+use crate::arch::BlockType;
+use crate::cpu::kernels::q8::columns::Int8Columns;
 
 /// Outputs dequantised together: their values land in contiguous runs of the layout.
 const TILE: usize = 16;
@@ -98,37 +99,52 @@ impl BlockColumns {
     }
 }
 
-/// `w [n_in, n_out]` rounded to `kind`'s blocks along each output's inputs (`n_in` whole
-/// blocks of it), by its quantiser until its blocks give the values back: the values a
-/// [`BlockColumns`] holds in its blocks alone. One rounding almost always is that point; where
-/// quantising a row's rounding picks other scales (k-quants' fitted ones can), the row is
-/// rounded again (at most a few times; a row still moving is then kept in f32 by
-/// [`BlockColumns`]).
-pub(crate) fn rounded(w: &[f32], n_in: usize, kind: BlockType) -> Vec<f32> {
-    let n_out = w.len() / n_in;
-    let mut rows: Vec<f32> = (0..n_out * n_in)
-        .map(|k| w[(k % n_in) * n_out + k / n_in])
-        .collect();
-    let mut back = vec![0.0; rows.len()];
-    for _ in 0..ROUNDS {
-        kind.decode(&kind.encode_rows(&rows, n_in), &mut back);
-        let settled = back == rows;
-        std::mem::swap(&mut rows, &mut back);
-        if settled {
-            break;
-        }
-    }
-    (0..w.len())
-        .map(|k| rows[(k % n_out) * n_in + k / n_out])
-        .collect()
+/// A frozen matrix as a quantised base holds it: `Q8_0` in int8 columns, the other types as
+/// their blocks.
+#[derive(Debug, Clone)]
+pub(crate) enum Frozen {
+    Int8(Int8Columns),
+    Blocks(BlockColumns),
 }
 
-/// Roundings at most, in [`rounded`].
-const ROUNDS: usize = 4;
+impl Frozen {
+    /// `values [n_in, n_out]` held as `kind`.
+    pub(crate) fn quantise(values: &[f32], n_in: usize, kind: BlockType) -> Self {
+        match kind {
+            BlockType::Q8_0 => Frozen::Int8(Int8Columns::quantise(values, n_in)),
+            _ => Frozen::Blocks(BlockColumns::quantise(values, n_in, kind)),
+        }
+    }
+
+    /// Its values into `out` `[n_in, n_out]` (its allocation reused).
+    pub(crate) fn dequantise_into(&self, out: &mut Vec<f32>) {
+        match self {
+            Frozen::Int8(m) => m.dequantise_into(out),
+            Frozen::Blocks(m) => m.dequantise_into(out),
+        }
+    }
+
+    /// Its values as a new `[n_in, n_out]` buffer.
+    pub(crate) fn values(&self) -> Vec<f32> {
+        match self {
+            Frozen::Int8(m) => m.values(),
+            Frozen::Blocks(m) => m.values(),
+        }
+    }
+
+    /// Bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Frozen::Int8(m) => m.bytes(),
+            Frozen::Blocks(m) => m.bytes(),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::quants::rounded;
 
     /// `[n_in, n_out]` values shaped like a layer's, the same on every run.
     fn layer(n_in: usize, n_out: usize) -> Vec<f32> {

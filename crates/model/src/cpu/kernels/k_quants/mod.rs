@@ -82,7 +82,6 @@ pub(crate) mod columns;
 pub(crate) mod q4_1;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;
-pub(crate) mod quantise;
 
 /// Values in a super-block.
 pub const SUPER: usize = 256;

@@ -10,6 +10,7 @@
 use super::super::blocks::each_row;
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{KMatrix, KType, Sets, half, lanes};
+use crate::arch::BlockType;
 
 /// `Q4_1` (`FIVE` false) and `Q5_1`.
 #[derive(Debug, Clone, Copy)]
@@ -55,10 +56,12 @@ impl<const FIVE: bool> KType for Offsets<FIVE> {
     const BYTES: usize = if FIVE { 24 } else { 20 };
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
-        let (d, m) = (half(block, D), half(block, M));
-        for (i, v) in out.iter_mut().enumerate() {
-            *v = d * f32::from(Self::q(block, i)) + m;
-        }
+        let kind = if FIVE {
+            BlockType::Q5_1
+        } else {
+            BlockType::Q4_1
+        };
+        kind.decode(block, out);
     }
 }
 

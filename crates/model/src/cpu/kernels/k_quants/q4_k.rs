@@ -12,6 +12,7 @@
 use super::super::blocks::each_row;
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{GROUPS, KMatrix, KType, SUPER, Sets, half, lanes};
+use crate::arch::BlockType;
 
 /// The k-quants with minimums: `Q4_K` (`FIVE` false) and `Q5_K`.
 #[derive(Debug, Clone, Copy)]
@@ -57,14 +58,12 @@ impl<const FIVE: bool> KType for Minimums<FIVE> {
     const BYTES: usize = if FIVE { 176 } else { 144 };
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
-        let (d, dmin) = (half(block, D), half(block, DMIN));
-        let (sc, m) = scales(&block[SCALES..QH]);
-        for (g, values) in out.chunks_exact_mut(BLOCK).enumerate() {
-            let (d1, m1) = (d * f32::from(sc[g]), dmin * f32::from(m[g]));
-            for (i, v) in values.iter_mut().enumerate() {
-                *v = d1 * f32::from(Self::q(block, g, i)) - m1;
-            }
-        }
+        let kind = if FIVE {
+            BlockType::Q5_K
+        } else {
+            BlockType::Q4_K
+        };
+        kind.decode(block, out);
     }
 }
 

@@ -11,6 +11,7 @@
 use super::super::blocks::each_row;
 use super::super::q8::{BLOCK, Q8Rows, XRow};
 use super::{GROUPS, KMatrix, KType, SUPER, Sets, half, lanes};
+use crate::arch::BlockType;
 
 /// The type.
 #[derive(Debug, Clone, Copy)]
@@ -29,13 +30,7 @@ impl KType for Q6K {
     const BYTES: usize = 210;
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
-        let d = half(block, D);
-        for (g, values) in out.chunks_exact_mut(BLOCK).enumerate() {
-            for (i, v) in values.iter_mut().enumerate() {
-                let sc = f32::from(scale(block, g, i / 16));
-                *v = d * sc * f32::from(value(block, g, i));
-            }
-        }
+        BlockType::Q6_K.decode(block, out);
     }
 }
 

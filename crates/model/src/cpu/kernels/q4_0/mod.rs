@@ -12,6 +12,7 @@
 //! `Σ 8 · x`. A product of many rows (a prompt) multiplies the dequantised weights in f32, as
 //! `Q8_0`'s does.
 
+pub(crate) use crate::arch::quants::quantize_q4_0 as quantize_block;
 use half::f16;
 
 use super::blocks::{self, BlockMatrix, each_row};
@@ -31,26 +32,6 @@ pub(crate) struct Q4Matrix {
     pub rows: usize,
     pub cols: usize,
     data: Vec<f16>,
-}
-
-/// One block of 32 values as ggml's reference quantiser writes it (`quantize_row_q4_0_ref`):
-/// `d = v / -8` for the value `v` of the largest magnitude (the first such), rounded to f16;
-/// each value's nibble `min(15, trunc(x · (1/d) + 8.5))`, `1/d` taken from the f32 `d`.
-pub(crate) fn quantize_block(x: &[f32], nibbles: &mut [u8]) -> f16 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if amax < v.abs() {
-            (amax, max) = (v.abs(), v);
-        }
-    }
-    let d = max / -8.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    // C's `(int8_t)` truncates toward zero; `x · id + 8.5` is at least 0.5 here.
-    let nibble = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
-    for (j, b) in nibbles.iter_mut().enumerate() {
-        *b = nibble(x[j]) | (nibble(x[j + NIBBLES]) << 4);
-    }
-    f16::from_f32(d)
 }
 
 /// One block of 32 values as GGUF's `Q4_0` stores it: its f16 scale and 16 bytes of nibbles

@@ -11,6 +11,7 @@
 //! the fifth bits from the word and takes `Q8_0`'s byte products; AVX-512 VNNI keeps `q`
 //! unsigned into `dpbusd` and subtracts `Σ 16 · x`.
 
+pub(crate) use crate::arch::quants::quantize_q5_0 as quantize_block;
 use half::f16;
 
 use super::blocks::{self, BlockMatrix, each_row};
@@ -47,30 +48,6 @@ impl Row<'_> {
     fn high(&self, b: usize) -> u32 {
         u32::from_le_bytes(self.high[b])
     }
-}
-
-/// One block of 32 values as ggml's reference quantiser writes it (`quantize_row_q5_0_ref`):
-/// `d = v / -16` for the value `v` of the largest magnitude (the first such), rounded to f16;
-/// each value's `q = min(31, trunc(x · (1/d) + 16.5))`, `1/d` taken from the f32 `d`. Returns
-/// the scale and the high bits.
-pub(crate) fn quantize_block(x: &[f32], nibbles: &mut [u8]) -> (f16, u32) {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if amax < v.abs() {
-            (amax, max) = (v.abs(), v);
-        }
-    }
-    let d = max / -16.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    // C's `(int8_t)` truncates toward zero; `x · id + 16.5` is at least 0.5 here.
-    let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
-    let mut high = 0u32;
-    for (j, b) in nibbles.iter_mut().enumerate() {
-        let (low, up) = (q(x[j]), q(x[j + NIBBLES]));
-        *b = (low & 0x0F) | ((up & 0x0F) << 4);
-        high |= (u32::from(low >> 4) << j) | (u32::from(up >> 4) << (j + NIBBLES));
-    }
-    (f16::from_f32(d), high)
 }
 
 /// One block of 32 values as GGUF's `Q5_0` stores it: its f16 scale, its word of fifth bits

@@ -21,10 +21,19 @@ Q4_K_M and Q5_K_M (`llama_model_quantize`), and times:
   (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied
   models is the bytes a token reads to within the norms).
 
+SmolLM2-360M's and 1.7B's shapes (`smollm2-360m`, `smollm2-1.7b`) start from a Hugging Face
+directory that `scripts/smollm2-shape.py OUT CORPUS 360M|1.7B` made (`--hf DIR`, with one
+`--only`): the script imports it, exports it as q8_0 (tinygpt's Q8_0 is llama.cpp's, bit for bit;
+f32 at 1.7B would not fit beside the model in 23 GiB), has llama.cpp quantise that to Q4_K_M
+(`allow_requantize`) and times llama.cpp's Q8_0 and Q4_K_M files, tinygpt's `bench --weights
+q8_0` and the Q4_K_M file imported (`generate --weights file`, with its peak resident memory).
+
 The machine's other work distorts the figures: run nothing else meanwhile. Not for CI. From the repository root:
 
     .llama/bin/python scripts/gguf-side-by-side.py --tinygpt target/release/tinygpt \\
         --corpus input.txt
+    .llama/bin/python scripts/gguf-side-by-side.py --tinygpt target/release/tinygpt \\
+        --corpus input.txt --only smollm2-1.7b --hf SmolLM2-1.7B-shape
 """
 
 import argparse
@@ -54,6 +63,8 @@ SHAPES = {
         "model.bias=false", 'model.mlp="gelu_tanh"', 'data.tokenizer="char"',
     ], 128, 64),
 }
+# Shapes made from a Hugging Face directory (`--hf`): (prompt tokens P, new tokens N).
+HF_SHAPES = {"smollm2-360m": (512, 128), "smollm2-1.7b": (512, 64)}
 THREADS = 2
 
 
@@ -132,32 +143,95 @@ def tinygpt_speed(tinygpt, run_dir, n_prompt, new, weights):
 
 
 def tinygpt_file_speed(tinygpt, gguf, work, new):
-    """`generate --weights file` of the GGUF file `gguf` imported: tokens/s of `new` tokens,
-    the time of `new + 1` tokens less that of 1 (loading the run), best of 3."""
+    """`generate --weights file` of the GGUF file `gguf` imported: tokens/s of `new` tokens
+    after the first, from the times its output arrives (the first token's text, then the
+    last's: the load and the first token left out, as llama.cpp's decode figure leaves out its
+    load and prompt), best of 3; and the largest peak resident memory of those runs, in bytes.
+    (Timing whole runs and subtracting a one-token run's, as this script did until 2026-12-07,
+    is lost in the load's noise at 1.7B, where reading the run takes 30 s.)"""
     imported = work / f"imported-{gguf.stem}"
     run([tinygpt, "import", "--from", str(gguf), "--out", str(imported)])
+    best, peak = 0.0, 0
+    for _ in range(3):
+        proc = subprocess.Popen([tinygpt, "generate", "--checkpoint", str(imported), "--prompt",
+                                 "The", "--max-new-tokens", str(new + 1), "--temperature", "0",
+                                 "--backend", "fused", "--weights", "file"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        first = last = None
+        while chunk := proc.stdout.read(1):
+            last = time.perf_counter()
+            first = first or last
+        _, status, usage = os.wait4(proc.pid, 0)
+        assert status == 0 and first is not None, f"generate exited {status}"
+        peak = max(peak, usage.ru_maxrss * 1024)
+        best = max(best, new / (last - first))
+    return best, peak
 
-    def seconds(tokens):
-        start = time.perf_counter()
-        run([tinygpt, "generate", "--checkpoint", str(imported), "--prompt", "The",
-             "--max-new-tokens", str(tokens), "--temperature", "0", "--backend", "fused",
-             "--weights", "file"])
-        return time.perf_counter() - start
 
-    load = min(seconds(1) for _ in range(3))
-    return new / (min(seconds(new + 1) for _ in range(3)) - load)
+def hf_shape(args, name, bandwidth):
+    """The rows of a shape made from `--hf`'s directory (see the module's notes)."""
+    n_prompt, new = HF_SHAPES[name]
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        work = Path(tmp)
+        run([args.tinygpt, "import", "--from", args.hf, "--out", str(work / "run")])
+        run([args.tinygpt, "export", "--checkpoint", str(work / "run"), "--format", "gguf",
+             "--dtype", "q8_0", "--out", str(work / "q8_0.gguf")])
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.allow_requantize = 15, THREADS, True
+        code = llama_cpp.llama_model_quantize(str(work / "q8_0.gguf").encode(),
+                                              str(work / "q4_k_m.gguf").encode(), params)
+        assert code == 0, f"llama_model_quantize: {code}"
+        text = Path(args.corpus).read_text(encoding="utf-8")[: n_prompt * 8]
+        probe = llama_cpp.Llama(model_path=str(work / "q8_0.gguf"), vocab_only=True,
+                                verbose=False)
+        ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
+        probe.close()
+        share = lambda size, tg: round(size * tg / 1e9 / bandwidth[THREADS], 2)
+        for dtype in ["q8_0", "q4_k_m"]:
+            gguf = work / f"{dtype}.gguf"
+            pp, tg = llama_cpp_speed(gguf, ids, new)
+            rows.append({"shape": name, "engine": "llama.cpp", "weights": dtype,
+                         "threads": THREADS, "prompt_tokens": n_prompt,
+                         "prompt_tok_s": round(pp, 1), "new_tokens": new,
+                         "decode_tok_s": round(tg, 1), "file_bytes": gguf.stat().st_size,
+                         "share_of_read_ceiling": share(gguf.stat().st_size, tg)})
+        pp, tg, size = tinygpt_speed(args.tinygpt, work / "run", n_prompt, new, "q8_0")
+        rows.append({"shape": name, "engine": "tinygpt", "weights": "q8_0",
+                     "threads": os.cpu_count(), "prompt_tokens": n_prompt,
+                     "prompt_tok_s": round(pp, 1), "new_tokens": new,
+                     "decode_tok_s": round(tg, 1), "bytes_per_token": size,
+                     "share_of_read_ceiling": share(size, tg)})
+        # The run's f32 weights are not needed past here: room on the disk for the import.
+        subprocess.run(["rm", "-rf", str(work / "run")], check=True)
+        gguf = work / "q4_k_m.gguf"
+        tg, peak = tinygpt_file_speed(args.tinygpt, gguf, work, new)
+        rows.append({"shape": name, "engine": "tinygpt", "weights": "q4_k_m file",
+                     "threads": os.cpu_count(), "new_tokens": new, "decode_tok_s": round(tg, 1),
+                     "file_bytes": gguf.stat().st_size, "generate_peak_rss": peak})
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tinygpt", required=True)
     parser.add_argument("--corpus", required=True, help="text to train the tokenizers on")
-    parser.add_argument("--only", choices=sorted(SHAPES), action="append")
+    parser.add_argument("--only", choices=sorted(SHAPES) + sorted(HF_SHAPES), action="append")
+    parser.add_argument("--hf", help="a Hugging Face directory of the one --only shape "
+                        "(smollm2-360m, smollm2-1.7b: scripts/smollm2-shape.py made it)")
+    parser.add_argument("--work", help="where to put the files (default: the system's temp)")
     args = parser.parse_args()
+    hf = [name for name in args.only or [] if name in HF_SHAPES]
+    if hf and (not args.hf or len(args.only) != 1):
+        parser.error(f"{hf[0]} is made from --hf DIR, and alone in --only")
     bandwidth = {t: read_bandwidth(t) for t in (1, 2)}
     for t, gb_s in bandwidth.items():
         print(json.dumps({"engine": "memory", "threads": t, "read_gb_s": round(gb_s, 1)}),
               flush=True)
+    if hf:
+        for row in hf_shape(args, hf[0], bandwidth):
+            print(json.dumps(row), flush=True)
+        return 0
     rows = []
     for name in args.only or SHAPES:
         _, n_prompt, new = SHAPES[name]
@@ -196,10 +270,10 @@ def main():
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
             for dtype in ["q4_k_m", "q5_k_m"]:
-                tg = tinygpt_file_speed(args.tinygpt, work / f"{dtype}.gguf", work, new)
+                tg, peak = tinygpt_file_speed(args.tinygpt, work / f"{dtype}.gguf", work, new)
                 rows.append({"shape": name, "engine": "tinygpt", "weights": f"{dtype} file",
                              "threads": os.cpu_count(), "new_tokens": new,
-                             "decode_tok_s": round(tg, 1)})
+                             "decode_tok_s": round(tg, 1), "generate_peak_rss": peak})
             for row in rows[first:]:
                 print(json.dumps(row), flush=True)
     return 0

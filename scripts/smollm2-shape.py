@@ -3,10 +3,11 @@ key/value heads, SwiGLU 1536, θ 100000, tied, bf16), for measuring import, samp
 fine-tuning at that size without downloading the real checkpoint; its tokenizer is a BPE of 8,192
 tokens trained on CORPUS (the real model's 49,152 rows are kept as padding).
 
-    python scripts/smollm2-shape.py OUT_DIR CORPUS [360M]   # needs torch, transformers, tokenizers
+    python scripts/smollm2-shape.py OUT_DIR CORPUS [360M|1.7B]   # needs torch, transformers, tokenizers
 
 With `360M`, SmolLM2-360M's shape instead: 32 layers, width 960, 15 query and 5 key/value heads,
-SwiGLU 2560, θ 100000, tied (361.8M parameters).
+SwiGLU 2560, θ 100000, tied (361.8M parameters). With `1.7B`, SmolLM2-1.7B's: 24 layers, width
+2048, 32 query and 32 key/value heads, SwiGLU 8192, θ 130000, tied (1.71B parameters).
 """
 import json, os, sys, time, torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -27,8 +28,13 @@ sizes = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_
 if len(sys.argv) > 3 and sys.argv[3] == "360M":
     sizes = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
                  num_key_value_heads=5, initializer_range=0.02)
+theta = 100000.0
+if len(sys.argv) > 3 and sys.argv[3] == "1.7B":
+    sizes = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                 num_key_value_heads=32, initializer_range=0.02)
+    theta = 130000.0
 config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                     rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                     rope_theta=theta, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                      **sizes)
 model = LlamaForCausalLM(config).to(torch.bfloat16)
 model.save_pretrained(out, safe_serialization=True)

@@ -198,6 +198,21 @@ fn source(
     serde_json::from_str(&text).unwrap()
 }
 
+/// `export --format gguf --dtype dtype` of the run in `dir` into `dir/DTYPE.gguf`; its name.
+fn export(dir: &Path, dtype: &str) -> String {
+    let out = format!("{dtype}.gguf");
+    let args = [
+        "export",
+        "--checkpoint",
+        "run",
+        "--format",
+        "gguf",
+        "--dtype",
+    ];
+    ok(tinygpt(dir, &[&args[..], &[dtype, "--out", &out]].concat()));
+    out
+}
+
 /// `tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k` writes the very bytes llama.cpp's own
 /// quantiser (`llama_model_quantize`, no importance matrix) wrote from the same values: its
 /// choice of type for each tensor in the `_M` mixes (Q6_K for the head and for the second
@@ -211,16 +226,7 @@ fn k_quant_exports_are_the_bytes_llama_cpp_writes() {
     assert_eq!(theirs.len(), 4, "q4_k, q4_k_m, q5_k_m and q6_k");
     let mut types = std::collections::BTreeSet::new();
     for (dtype, tensors) in &theirs {
-        let out = format!("{dtype}.gguf");
-        let args = [
-            "export",
-            "--checkpoint",
-            "run",
-            "--format",
-            "gguf",
-            "--dtype",
-        ];
-        ok(tinygpt(dir, &[&args[..], &[dtype, "--out", &out]].concat()));
+        let out = export(dir, dtype);
         let own = tinygpt::interop::gguf::Gguf::from_bytes(&std::fs::read(dir.join(&out)).unwrap())
             .unwrap();
         assert_eq!(own.tensors.len(), tensors.len(), "{dtype}");
@@ -245,16 +251,7 @@ fn weights_q4_k_decodes_the_blocks_the_q4_k_export_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     source(dir);
-    let args = [
-        "export",
-        "--checkpoint",
-        "run",
-        "--format",
-        "gguf",
-        "--dtype",
-        "q4_k",
-    ];
-    ok(tinygpt(dir, &[&args[..], &["--out", "q4_k.gguf"]].concat()));
+    export(dir, "q4_k");
     ok(tinygpt(
         dir,
         &["import", "--from", "q4_k.gguf", "--out", "q4_k"],

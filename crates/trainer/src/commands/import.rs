@@ -13,10 +13,11 @@ use tinygpt::interop::{self, ImportOptions};
 /// BPE), a Hugging Face GPT-2 directory (config.json, model.safetensors or pytorch_model.bin,
 /// tokenizer.json), a Hugging Face Llama-family directory (LlamaForCausalLM: SmolLM2, TinyLlama;
 /// model.safetensors or its shards), a GGUF file of llama.cpp's gpt2, llama, qwen3 or arcee
-/// architecture (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, dequantised to f32; byte-level BPE
-/// tokenizers, or --tokenizer), a .safetensors file written by `tinygpt export --format nanogpt`, or a PEFT LoRA
-/// adapter directory (adapter_config.json, adapter_model.safetensors) with --base, the run of
-/// the model it was trained on (a LoRA run: sampled, served and exported merged, or as PEFT
+/// architecture (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, dequantised
+/// to f32, each quantised matrix also kept in its own blocks for --weights file; byte-level
+/// BPE tokenizers, or --tokenizer), a .safetensors file written by `tinygpt export --format
+/// nanogpt`, or a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)
+/// with --base, the run of the model it was trained on (a LoRA run: sampled, served and exported merged, or as PEFT
 /// again). The run can then be sampled, evaluated, exported, or fine-tuned with `train
 /// --init-from`.
 #[derive(clap::Args)]

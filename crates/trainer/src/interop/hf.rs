@@ -153,7 +153,7 @@ pub fn export(run: &Run, which: Which, out: &Path) -> Result<&'static str> {
             config_json(&gpt, activation, &run.tokenizer)?,
         ),
         None => (
-            super::llama::tensors(&gpt, &tensors)?,
+            super::llama::tensors(&gpt, tensors)?,
             super::llama::config_json(&gpt, &run.tokenizer)?,
         ),
     };

@@ -399,10 +399,11 @@ pub(super) fn expressible(config: &GptConfig) -> Result<(), String> {
 /// The `LlamaForCausalLM` tensors of a model of `gpt` whose Burn tensors are `burn`: each
 /// slot's tensor transposed to `[out, in]` where it is a linear weight and split into its
 /// sources (`c_attn` into q, k, v; `c_fc` into gate, up). A tied head is left out, as
-/// `save_pretrained` does.
+/// `save_pretrained` does. Each of `burn`'s tensors is dropped once used, so that the model is
+/// held twice at most, not three times (a 1.7B model's export fits in 23 GiB).
 pub(super) fn tensors(
     gpt: &GptConfig,
-    burn: &super::foreign::TensorTable,
+    mut burn: super::foreign::TensorTable,
 ) -> Result<Vec<NamedTensor>> {
     let mut out = Vec::new();
     for name in parameter_table(gpt) {
@@ -424,12 +425,12 @@ pub(super) fn tensors(
             continue;
         }
         let (shape, bytes) = burn
-            .get(&name.burn)
+            .remove(&name.burn)
             .ok_or_else(|| anyhow!("the model has no tensor `{}`", name.burn))?;
         let (names, linear) = sources(name.slot, gpt.mlp);
         let (shape, bytes) = match linear {
-            true => transpose(shape, bytes),
-            false => (shape.clone(), bytes.clone()),
+            true => transpose(&shape, &bytes),
+            false => (shape, bytes),
         };
         // Rows of each source along the output axis: q, k, v are `n_head` and `kv_heads`
         // heads wide; gate and up are equal halves.

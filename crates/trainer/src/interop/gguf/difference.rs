@@ -6,6 +6,7 @@
 //! same figures where they quantise the same way; the embedding's rows looked up in f32, where
 //! llama.cpp reads them from the file's blocks), and says how far apart they are.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::Result;
@@ -46,6 +47,15 @@ impl Approximation {
 
 /// Targets scored at most: enough for a loss to four decimals, quick for a small model.
 const SAMPLE_TOKENS: usize = 8192;
+
+/// Targets times parameters scored at most (8,192 targets up to 160M parameters), so that a
+/// large model's export measures in about the time a small one's does: 766 targets at 1.7B.
+const SAMPLE_WORK: usize = SAMPLE_TOKENS * 160_000_000;
+
+/// Targets scored for a model of `params` parameters: [`SAMPLE_WORK`]'s share, 256 at least.
+fn sample_tokens(params: usize) -> usize {
+    (SAMPLE_WORK / params.max(1)).clamp(256, SAMPLE_TOKENS)
+}
 
 /// What the export reports.
 pub enum Report {
@@ -112,14 +122,9 @@ pub fn measure(
         Ok(dataset) => dataset,
         Err(why) => return Report::Unmeasured { changes, why },
     };
-    match compare_file(
-        run,
-        model,
-        config,
-        approximations,
-        file,
-        &sample(dataset.val),
-    ) {
+    let tokens = sample_tokens(model.num_params());
+    let split = sample(dataset.val, tokens);
+    match compare_file(run, model, config, approximations, file, (&split, tokens)) {
         Ok(comparison) => Report::Measured {
             changes,
             comparison,
@@ -164,12 +169,13 @@ fn compare_file(
     config: &GptConfig,
     approximations: &[Approximation],
     file: FileAs<'_>,
-    split: &Split,
+    (split, tokens): (&Split, usize),
 ) -> Result<Comparison> {
     let file_model = as_file_computes(model, config, approximations, &Device::flex())?;
+    let file_model = file_model.as_ref();
     let cast;
     let other = match file.dtype {
-        Dtype::F32 => Scorer::Forward(&file_model),
+        Dtype::F32 => Scorer::Forward(file_model),
         Dtype::F16 => {
             cast = Weights::F16.cast(file_model.clone())?;
             Scorer::Forward(&cast)
@@ -185,7 +191,7 @@ fn compare_file(
             let heads = rotary_heads(file.interleaved, config);
             let types = FileTypes::of(file.gguf, config, file.fused_qkv, Path::new(""), heads)?;
             let matrices = Matrices::Planned(types.plan_held()?);
-            Scorer::Decoded(Box::new(FusedDecoder::with_weights(&file_model, matrices)?))
+            Scorer::Decoded(Box::new(FusedDecoder::with_weights(file_model, matrices)?))
         }
     };
     let block_size = run.config.model.block_size;
@@ -195,29 +201,33 @@ fn compare_file(
         &run.tokenizer,
         split,
         block_size,
-        SAMPLE_TOKENS,
+        tokens,
     )
 }
 
-/// The first [`SAMPLE_TOKENS`] or so of a packed split (others whole).
-fn sample(split: Split) -> Split {
+/// The first `n` tokens or so of a packed split (others whole).
+fn sample(split: Split, n: usize) -> Split {
     match split {
-        Split::Packed(tokens) if tokens.len() > SAMPLE_TOKENS + 1 => {
-            Split::Packed(Tokens::from_vec(tokens.slice(0, SAMPLE_TOKENS + 1)))
+        Split::Packed(tokens) if tokens.len() > n + 1 => {
+            Split::Packed(Tokens::from_vec(tokens.slice(0, n + 1)))
         }
         other => other,
     }
 }
 
 /// `model` computing as the file has it computed: the same weights, each approximated part
-/// replaced by what llama.cpp computes. An exhaustive match: a new approximation does not
-/// compile until it says what it computes.
-fn as_file_computes(
-    model: &Gpt,
+/// replaced by what llama.cpp computes (`model` itself, not a copy, where nothing is
+/// approximated). An exhaustive match: a new approximation does not compile until it says
+/// what it computes.
+fn as_file_computes<'a>(
+    model: &'a Gpt,
     config: &GptConfig,
     approximations: &[Approximation],
     device: &Device,
-) -> Result<Gpt> {
+) -> Result<Cow<'a, Gpt>> {
+    if approximations.is_empty() {
+        return Ok(Cow::Borrowed(model));
+    }
     let mut config = config.clone();
     for approximation in approximations {
         match approximation {
@@ -226,5 +236,5 @@ fn as_file_computes(
     }
     let mut file_model = config.init(device)?;
     copy_weights(model, &mut file_model)?;
-    Ok(file_model)
+    Ok(Cow::Owned(file_model))
 }

@@ -242,7 +242,8 @@ pub fn tensors(
     flavour: Flavour,
 ) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
-    for (hf, shape, bytes) in hf_llama::tensors(config, &burn_tensors(model)?)? {
+    let hf = hf_llama::tensors(config, burn_tensors(model)?)?;
+    for (hf, shape, bytes) in hf {
         let (name, heads) =
             name(&hf, config).ok_or_else(|| anyhow!("no llama.cpp name for `{hf}`"))?;
         let mut values = quant::decode(&bytes, TensorType::F32)?;

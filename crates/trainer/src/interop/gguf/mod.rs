@@ -121,6 +121,9 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     }
     let bytes = gguf.to_bytes()?;
     crate::fs::write_atomic(out, &bytes)?;
+    // The file is written: its bytes are not held while the export measures it.
+    let size = bytes.len();
+    drop(bytes);
     let file = difference::FileAs {
         gguf: &gguf,
         dtype,
@@ -131,7 +134,7 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),
-        bytes: bytes.len(),
+        bytes: size,
         report,
     })
 }

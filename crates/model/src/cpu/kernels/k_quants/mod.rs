@@ -83,8 +83,8 @@ pub(crate) mod q4_1;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;
 
-/// Values in a super-block.
-pub const SUPER: usize = 256;
+/// Values in a super-block (the format's, defined once in `arch/quants`).
+pub use crate::arch::quants::SUPER;
 
 /// Groups of 32 (activation blocks) in a super-block.
 const GROUPS: usize = SUPER / BLOCK;

@@ -248,15 +248,11 @@ pub fn return_freed_memory() {
     }
 }
 
-/// The fused CPU decoder of `model`, as [`decoder_for`] makes it on the fused engine. It keeps
-/// the weights it needs in its own layout (rows of f32 or int8), so the caller can free
-/// `model`'s tensors once it is made and sample holding one copy of the weights, not two.
-pub fn fused_decoder(
-    model: &Gpt,
-    tokens: usize,
-    weights: &DecodeWeights,
-) -> Result<Box<dyn Decoder>> {
-    let matrices = weights.matrices(EngineKind::Fused)?;
+/// The fused CPU decoder of `model` with `matrices` ([`DecodeWeights::matrices`]), as
+/// [`decoder_for`] makes it on the fused engine. It keeps the weights it needs in its own
+/// layout (rows of f32 or int8), so the caller can free `model`'s tensors once it is made and
+/// sample holding one copy of the weights, not two.
+pub fn fused_decoder(model: &Gpt, tokens: usize, matrices: Matrices) -> Result<Box<dyn Decoder>> {
     // One sequence's products split over every core (the same logits on any count).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let fused = FusedDecoder::with_weights(model, matrices)?.with_threads(threads);
@@ -271,7 +267,7 @@ pub fn decoder_for<'a>(
     weights: &DecodeWeights,
 ) -> Result<Box<dyn Decoder + 'a>> {
     match kind {
-        EngineKind::Fused => fused_decoder(model, tokens, weights),
+        EngineKind::Fused => fused_decoder(model, tokens, weights.matrices(kind)?),
         EngineKind::Autodiff | EngineKind::Device => {
             // Int8 asked of this engine is an error here, never a silent f32.
             weights.weights.format(kind)?;

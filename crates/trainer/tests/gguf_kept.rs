@@ -88,6 +88,19 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
         info.contains(&format!("kept blocks: {count} matrices")),
         "{info}"
     );
+    // Loaded for `--weights file`, the run reads none of its matrices, nor its embedding (tied:
+    // looked up in the head's blocks), and decodes as the whole model does.
+    let unread = kept::loaded_without_kept_blocks_decodes_the_same(&dir.join("q5"), &[5, 1, 9, 2]);
+    let matrices = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"];
+    let blocks = unread.iter().filter(|p| p.starts_with("h.")).count();
+    assert!(unread.contains(&"wte.weight".to_string()), "{unread:?}");
+    assert!(blocks > 0 && blocks % matrices.len() == 0, "{unread:?}");
+    for matrix in matrices {
+        assert!(
+            unread.contains(&format!("h.0.{matrix}.weight")),
+            "{unread:?}"
+        );
+    }
     // The file's own blocks and ggml's quantiser's of the imported values are the same here.
     for command in ["generate", "eval"] {
         let (file, q5) = (

@@ -107,6 +107,15 @@ fn decodes_as_llama_cpp_computes(name: &str, kind: &str) -> (f64, f64, f64) {
         info.contains(&format!("kept blocks: {} matrices", k_quants - 1)),
         "{info}"
     );
+    // Loaded for `--weights file`: no matrix read from the checkpoint (the embedding, not tied
+    // to the head here, is), the same logits.
+    let unread = kept::loaded_without_kept_blocks_decodes_the_same(&dir.join("run"), &seen.prompt);
+    let named = |path: &str| unread.iter().any(|p| p == path);
+    assert!(
+        named("lm_head.weight") && !named("wte.weight"),
+        "{unread:?}"
+    );
+    assert_eq!(unread.len(), 4 * 2 + 1, "{unread:?}");
 
     let (file, file_loss) = logits_with(dir, &seen.prompt, "file");
     let (f32, f32_loss) = logits_with(dir, &seen.prompt, "f32");

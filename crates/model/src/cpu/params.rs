@@ -3,12 +3,9 @@
 //! order and of which shapes comes from the model's [`ParamLayout`] (the parameter table's
 //! present slots): each [`Slot`] names the field it is kept in.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+mod model;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
-use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor, TensorData};
+use std::sync::Arc;
 
 use super::buffer::Buffer;
 use super::kernels::k_quants::columns::Frozen;
@@ -20,8 +17,6 @@ use super::kernels::q5_0::Q5Matrix;
 use super::kernels::q8::Q8Matrix;
 use super::kernels::rows::F32Rows;
 use crate::arch::{BaseWeights, BlockSlot, Factor, LoraTarget, Slot};
-use crate::nn::Gpt;
-use crate::nn::by_path::parameters_by_path;
 use crate::optim::ParamLayout;
 
 /// One block's parameters. Linear weights are `[in, out]` as in Burn; what a model lacks (no
@@ -405,17 +400,27 @@ impl Params {
     /// `out [width] = wte[token] + wpe[position] + bigram[pair]`: one token's input to the
     /// first block (`wte[token]` alone without a position table, rotary positions or none;
     /// `pair`, its row of the bigram table, with one: [`Dims::pair`](super::dims::Dims::pair)).
-    pub(crate) fn embed(&self, out: &mut [f32], token: usize, position: usize, pair: usize) {
+    ///
+    /// Where the embedding is not held here (a tied model whose head a decoder reads from a
+    /// file's blocks: [`WeightPlan::reads`](crate::WeightPlan::reads)), `wte[token]` is that
+    /// head's row `token`, `tied_head`.
+    pub(crate) fn embed(
+        &self,
+        out: &mut [f32],
+        (token, position, pair): (usize, usize, usize),
+        tied_head: Option<&RowMatrix>,
+    ) {
         let c = out.len();
         let (te, pe) = (token * c, position * c);
-        let wte = self.wte.values();
-        match self.wpe.get() {
-            None => out.copy_from_slice(&wte[te..te + c]),
-            Some(wpe) => {
-                for ((x, a), b) in out.iter_mut().zip(&wte[te..te + c]).zip(&wpe[pe..pe + c]) {
-                    *x = a + b;
-                }
-            }
+        match (self.wte.get(), tied_head) {
+            (Some(wte), _) => out.copy_from_slice(&wte[te..te + c]),
+            (None, Some(head)) => head.row_values(token, out),
+            (None, None) => panic!("the embedding is neither held nor a tied head's rows"),
+        }
+        if let Some(wpe) = self.wpe.get() {
+            out.iter_mut()
+                .zip(&wpe[pe..pe + c])
+                .for_each(|(x, b)| *x += b);
         }
         if let Some(bigram) = self.bigram.get() {
             let row = &bigram[pair * c..(pair + 1) * c];
@@ -423,121 +428,9 @@ impl Params {
         }
     }
 
-    /// `gpt` with these values as its parameters (ids, devices and `require_grad` kept). `gpt`
-    /// may be any model of the same architecture: its parameters are matched by slot.
-    pub(crate) fn write(&self, gpt: Gpt) -> Gpt {
-        // Each parameter's values are copied when it is replaced, so that the model's old
-        // tensor is dropped before the next is made: never a second copy of the whole model.
-        struct Write<'a>(&'a Params, HashMap<ParamId, Slot>);
-        impl ModuleMapper for Write<'_> {
-            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-                let Some(slot) = self.1.remove(&param.id) else {
-                    return param;
-                };
-                with_values(param, self.0.values(slot))
-            }
-        }
-        let slots = ParamLayout::of(&gpt)
-            .entries()
-            .iter()
-            .map(|e| (e.id, e.slot))
-            .collect();
-        gpt.map(&mut Write(self, slots))
-    }
-
-    /// `gpt` with these values as its parameters, as [`write`](Self::write) makes it, but a
-    /// frozen parameter's (LoRA's base, [`ParamLayout::trains`]) moved into it rather than
-    /// copied: its buffer here is [`Buffer::Elsewhere`] until [`reclaim`](Self::reclaim) takes
-    /// it back.
-    /// On the CPU backends the values then exist once, in the model.
-    pub(crate) fn lend(&mut self, gpt: Gpt) -> Gpt {
-        struct Lend<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
-        impl ModuleMapper for Lend<'_> {
-            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-                let Some((slot, trains)) = self.1.remove(&param.id) else {
-                    return param;
-                };
-                let values = match trains {
-                    true => self.0.slot(slot).values().to_vec(),
-                    false => self.0.take_values(slot),
-                };
-                with_values(param, values)
-            }
-        }
-        let slots = slots_of(&gpt);
-        gpt.map(&mut Lend(self, slots))
-    }
-
-    /// Takes back from `gpt` the values [`lend`](Self::lend) moved into it, and returns it
-    /// hollow: every float parameter a lazy one of the same id, shape, device and gradient
-    /// requirement, zeros if ever read (the buffers hold the values).
-    pub(crate) fn reclaim(&mut self, gpt: Gpt) -> Gpt {
-        let slots = slots_of(&gpt);
-        let hollow = gpt.map(&mut Reclaim(self, slots));
-        self.hold_base(self.base);
-        hollow
-    }
-
-    /// The values of `gpt`'s parameters moved into buffers that follow its layout (not copied
-    /// where the backend allows it: on the CPU the values then exist once), and `gpt` hollow, as
-    /// [`reclaim`](Self::reclaim) leaves it.
-    pub(crate) fn take(gpt: Gpt) -> (Self, Gpt) {
-        let layout = Arc::new(ParamLayout::of(&gpt));
-        let mut params = Self {
-            blocks: vec![BlockParams::default(); gpt.h.len()],
-            layout: layout.clone(),
-            ..Self::default()
-        };
-        params.set_lora_scale(&gpt);
-        // Every parameter counts as lent: `reclaim` moves each one's values in.
-        let slots = layout.entries().iter().map(|e| (e.id, (e.slot, false)));
-        let hollow = gpt.map(&mut Reclaim(&mut params, slots.collect()));
-        params.hold_base(hollow.lora_base());
-        (params, hollow)
-    }
-
-    /// Every block's adapter scale and dropout, `gpt`'s (0 without adapters).
-    fn set_lora_scale(&mut self, gpt: &Gpt) {
-        let scale = gpt.lora_scale().unwrap_or(0.0) as f32;
-        let dropout = gpt.lora_dropout() as f32;
-        for block in &mut self.blocks {
-            block.lora.scale = scale;
-            block.lora.dropout = dropout;
-        }
-    }
-
     /// The dropout on the adapters' inputs (0: none, or no adapters).
     pub(crate) fn lora_dropout(&self) -> f32 {
         self.blocks.first().map_or(0.0, |b| b.lora.dropout)
-    }
-
-    /// Copies the values of `gpt` (one host read per parameter) into buffers that follow
-    /// `layout`, the layout of a model of the same architecture: parameters are matched by slot.
-    pub(crate) fn read(gpt: &Gpt, layout: Arc<ParamLayout>) -> Self {
-        let mut params = Self {
-            blocks: vec![BlockParams::default(); gpt.h.len()],
-            ..Self::default()
-        };
-        let mut by_id: HashMap<ParamId, Tensor<1>> = parameters_by_path(gpt)
-            .into_values()
-            .map(|e| (e.id, e.values))
-            .collect();
-        let own = ParamLayout::of(gpt);
-        let slots = |l: &ParamLayout| l.entries().iter().map(|e| e.slot).collect::<Vec<_>>();
-        assert_eq!(
-            slots(&own),
-            slots(&layout),
-            "a model of another architecture"
-        );
-        for entry in own.entries() {
-            let values = by_id.remove(&entry.id).expect("the model's own parameter");
-            let values = values.into_data().try_into_vec::<f32>();
-            *params.slot_mut(entry.slot) = Buffer::Held(values.expect("parameters are f32"));
-        }
-        params.set_lora_scale(gpt);
-        params.layout = layout;
-        params.hold_base(gpt.lora_base());
-        params
     }
 
     /// Zeros shaped like `like`'s trained parameters, kept allocations reused: gradients and
@@ -590,78 +483,5 @@ impl Params {
                 values.iter_mut().for_each(|g| *g *= factor);
             }
         }
-    }
-
-    /// These values as the gradients of `gpt`'s parameters (a model of the same architecture,
-    /// matched by slot), on the device the optimizer reads gradients from (the backend under
-    /// autodiff).
-    pub(crate) fn to_gradients(&self, gpt: &Gpt) -> GradientsParams {
-        let mut grads = GradientsParams::new();
-        let mut by_id: HashMap<ParamId, Tensor<1>> = parameters_by_path(gpt)
-            .into_values()
-            .map(|e| (e.id, e.values))
-            .collect();
-        let layout = ParamLayout::of(gpt);
-        // A frozen parameter (LoRA's base) has no gradient.
-        for entry in layout.entries().iter().filter(|e| layout.trains(e)) {
-            let Some(param) = by_id.remove(&entry.id) else {
-                continue;
-            };
-            let values = self.slot(entry.slot).values();
-            let device: Device = param.device().inner();
-            let flat =
-                Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
-            match entry.shape[..] {
-                [n] => grads.register(entry.id, flat.reshape([n])),
-                [a, b] => grads.register(entry.id, flat.reshape([a, b])),
-                _ => unreachable!("GPT parameters are 1-D or 2-D"),
-            }
-        }
-        grads
-    }
-}
-
-/// `param` holding `values` (its shape), its id, device and gradient requirement kept; the old
-/// tensor is dropped before the new one is made, so that a model written a parameter at a time
-/// never holds a second copy of itself.
-fn with_values<const D: usize>(param: Param<Tensor<D>>, values: Vec<f32>) -> Param<Tensor<D>> {
-    param.map(|tensor| {
-        let (shape, device) = (tensor.shape(), tensor.device());
-        let require_grad = tensor.is_require_grad();
-        drop(tensor);
-        Tensor::from_data(TensorData::new(values, shape), &device).set_require_grad(require_grad)
-    })
-}
-
-/// Each parameter of `gpt` by id: its slot, and whether it trains ([`ParamLayout::trains`]).
-fn slots_of(gpt: &Gpt) -> HashMap<ParamId, (Slot, bool)> {
-    let layout = ParamLayout::of(gpt);
-    let entries = layout.entries().iter();
-    entries
-        .map(|e| (e.id, (e.slot, layout.trains(e))))
-        .collect()
-}
-
-/// Moves the values of the parameters marked frozen (`false`) whose values are not here (lent,
-/// or never read: [`Params::take`]) into their buffers, and leaves every parameter a lazy one
-/// of zeros.
-struct Reclaim<'a>(&'a mut Params, HashMap<ParamId, (Slot, bool)>);
-impl ModuleMapper for Reclaim<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let (id, tensor, _) = param.consume();
-        let (device, shape) = (tensor.device(), tensor.shape());
-        let require_grad = tensor.is_require_grad();
-        match self.1.remove(&id) {
-            Some((slot, false)) if !self.0.slot(slot).is_held() => {
-                let values = tensor.into_data().try_into_vec::<f32>();
-                *self.0.slot_mut(slot) = Buffer::Held(values.expect("parameters are f32"));
-            }
-            _ => drop(tensor),
-        }
-        let size = shape.clone();
-        let zeros = move |device: &Device, require_grad: bool| {
-            Tensor::<D>::zeros(size, device).set_require_grad(require_grad)
-        };
-        Param::uninitialized(id, zeros, device, require_grad, shape)
     }
 }

@@ -9,9 +9,7 @@ use tinygpt::backend::Backend;
 use tinygpt::backend::EngineKind;
 use tinygpt::chat::{ChatSection, ChatTemplate, Message};
 use tinygpt::data::tokenizer::{TextStream, Tokenizer};
-use tinygpt::decoder::{
-    DecodeWeights, Weights, decoder_for, fused_decoder, return_freed_memory, sampling_engine,
-};
+use tinygpt::decoder::{Weights, decoder_for, fused_decoder, return_freed_memory, sampling_engine};
 use tinygpt::run::checkpoint::Which;
 use tinygpt_model::{GenerateOptions, generate};
 
@@ -146,7 +144,8 @@ fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
+    let load = super::load::for_sampling(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let (run, model) = (load.run, load.model);
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
     // A chat template writes the conversation's start itself (transformers adds nothing to a
@@ -159,23 +158,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let options = args.options(tokenizer, &chat_stop)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::after(tokenizer, &prompt_ids);
-    let (vocab, kind) = (tokenizer.vocab_size(), sampling_engine(&placement)?);
-    let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
-    if let Some(note) = note {
-        eprintln!("{note}");
-    }
+    let (vocab, kind) = (tokenizer.vocab_size(), sampling_engine(&load.placement)?);
     let on_device;
-    let mut decoder = match kind {
+    let mut decoder = match (kind, load.matrices) {
         // The fused decoder keeps its own copy of the weights: the model's is freed here.
-        EngineKind::Fused => {
-            let fused = fused_decoder(&model, vocab, &weights)?;
+        (EngineKind::Fused, Some(matrices)) => {
+            let fused = fused_decoder(&model, vocab, matrices)?;
             drop(model);
             return_freed_memory();
             fused
         }
-        EngineKind::Autodiff | EngineKind::Device => {
+        _ => {
             on_device = args.weights.cast(model)?;
-            decoder_for(kind, &on_device, vocab, &weights)?
+            decoder_for(kind, &on_device, vocab, &load.weights)?
         }
     };
     let written = write!(out, "{echo}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tinygpt::backend::Backend;
 use tinygpt::chat::{ChatTemplate, TemplateFile};
-use tinygpt::decoder::{DecodeWeights, Weights};
+use tinygpt::decoder::Weights;
 use tinygpt::run::checkpoint::Which;
 use tinygpt::serve::{ConnectionLimits, Model, ServeOptions, serve};
 
@@ -138,7 +138,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         chat_template: ChatTemplate::Transcript(Default::default()),
     };
     options.validate()?;
-    let (run, placement, gpt, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
+    let load = super::load::for_sampling(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let (run, placement, gpt) = (load.run, load.placement, load.model);
     // On the CPU a worker a core; a GPU takes one batch, from one worker.
     if args.max_concurrent.is_none() && placement.on_host() {
         options.max_concurrent = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -148,11 +149,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .dir
         .file_name()
         .map_or_else(|| "tinygpt".into(), |n| n.to_string_lossy().into_owned());
-    let (weights, note) = DecodeWeights::for_run(args.weights, &run.dir)?;
-    if let Some(note) = note {
-        eprintln!("{note}");
-    }
-    let model = Model::new(gpt, placement, run.tokenizer, weights)?;
+    let model = Model::new(gpt, placement, run.tokenizer, (load.weights, load.matrices))?;
     let workers = options.max_concurrent;
     let at_once = match workers {
         1 => format!("1 worker, a batch of up to {}", options.max_batch),

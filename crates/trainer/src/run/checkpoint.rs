@@ -29,7 +29,9 @@ use tinygpt_model::Gpt;
 use super::adapters::{attach_adapters, write_adapters};
 use super::integrity;
 use super::lock::RunLock;
-use super::weights::{load_weights, load_weights_file, param_ids, write_weights};
+use super::weights::{
+    load_weights, load_weights_file, load_weights_file_without, param_ids, write_weights,
+};
 use crate::checksum::{sha256_file, sha256_hex};
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
@@ -251,6 +253,16 @@ impl Run {
     /// one (kept as `prev/`), saying why in [`Checkpoint::warning`]; a damaged `best` is an
     /// error naming the damaged file. `with_optimizer` reads and verifies `optimizer.bpk` too.
     pub fn checkpoint(&self, which: Which, with_optimizer: bool) -> Result<Checkpoint> {
+        self.first_readable(which, |dir| read_checkpoint(dir, with_optimizer))
+    }
+
+    /// The `which` checkpoint as `read` reads it from its directory: a damaged `last` gives
+    /// the previous one, with a warning.
+    fn first_readable(
+        &self,
+        which: Which,
+        read: impl Fn(&Path) -> Result<Checkpoint>,
+    ) -> Result<Checkpoint> {
         let name = which.dir_name();
         let candidates = match which {
             Which::Best => vec![self.dir.join(name), self.dir.join(".best.old")],
@@ -258,7 +270,7 @@ impl Run {
         };
         let mut damage: Option<anyhow::Error> = None;
         for dir in candidates.iter().filter(|d| d.join(STATE).exists()) {
-            match read_checkpoint(dir, with_optimizer) {
+            match read(dir) {
                 Ok(mut checkpoint) => {
                     checkpoint.warning = damage.map(|e| {
                         format!(
@@ -347,6 +359,41 @@ impl Run {
         Ok((model, checkpoint.state))
     }
 
+    /// The model with the `which` weights, as [`load_model`](Self::load_model) loads it, but
+    /// the parameters named in `unread` (Burn paths) neither read from the file nor made: only
+    /// a decoder that takes their values from elsewhere (a GGUF file's kept blocks:
+    /// `Matrices::unread_parameters`) may read the model. The weights file is checked against
+    /// its checksum as it is read through, never held whole. A LoRA run, whose adapters merge
+    /// into its matrices, loads whole.
+    pub fn load_model_without(
+        &self,
+        which: Which,
+        device: &Device,
+        unread: &[String],
+    ) -> Result<(Gpt, TrainState)> {
+        if unread.is_empty() || self.config.lora.is_some() {
+            return self.load_model(which, device);
+        }
+        let checkpoint = self.first_readable(which, read_checkpoint_streamed)?;
+        if let Some(warning) = &checkpoint.warning {
+            eprintln!("warning: {warning}");
+        }
+        let model = self.init_model(device)?;
+        let path = checkpoint.dir.join(WEIGHTS);
+        let unread = unread.iter().cloned().collect();
+        let model = load_weights_file_without(model, &path, &unread)
+            .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
+        Ok((model, checkpoint.state))
+    }
+
+    /// A model of this run's config on `device`, its parameters not yet made.
+    fn init_model(&self, device: &Device) -> Result<Gpt> {
+        let config = self.config.gpt(self.tokenizer.vocab_size());
+        config
+            .init_with_attention(device, self.config.train.attention_kernel)
+            .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))
+    }
+
     /// The model of `checkpoint` (one of this run's), on `device`: a LoRA run's base with its
     /// adapters attached, not merged (what training continues). Prints the checkpoint's
     /// warning, if any. Takes the checkpoint's weights (left empty), so that the file's bytes
@@ -355,10 +402,7 @@ impl Run {
         if let Some(warning) = &checkpoint.warning {
             eprintln!("warning: {warning}");
         }
-        let config = self.config.gpt(self.tokenizer.vocab_size());
-        let mut model = config
-            .init_with_attention(device, self.config.train.attention_kernel)
-            .with_context(|| format!("checkpoint {}: {CONFIG}", self.dir.display()))?;
+        let mut model = self.init_model(device)?;
         let path = checkpoint.dir.join(WEIGHTS);
         let weights = std::mem::take(&mut checkpoint.weights);
         let misfit = || format!("weights {} do not fit this run's model", path.display());
@@ -523,6 +567,31 @@ fn read_state(dir: &Path) -> Result<TrainState> {
         return Err(damaged("its checksum does not match".into()));
     }
     Ok(state)
+}
+
+/// The checkpoint in `dir` without its weights' bytes (nor the optimizer's): the weights file
+/// checked against `state.json` by reading it through, for loading it a tensor at a time.
+fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
+    let state = read_state(dir)?;
+    let path = dir.join(WEIGHTS);
+    if !path.exists() {
+        bail!("{} is missing", path.display());
+    }
+    if let Some(expected) = state.files.get(WEIGHTS)
+        && sha256_file(&path)? != *expected
+    {
+        bail!(
+            "{} is damaged: its checksum does not match the one in state.json",
+            path.display()
+        );
+    }
+    Ok(Checkpoint {
+        dir: dir.to_path_buf(),
+        state,
+        weights: Vec::new(),
+        optimizer: None,
+        warning: None,
+    })
 }
 
 /// Reads the checkpoint in `dir` and checks every file against `state.json`.

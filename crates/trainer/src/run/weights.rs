@@ -1,7 +1,7 @@
 //! A model's weights as checkpoint bytes (safetensors, Burn's parameter paths as names), copied
 //! between models, and the parameter ids an optimizer state is keyed by.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 
@@ -79,6 +79,18 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
 /// fine-tune of a large model peaks at one copy of it, not two). Every tensor must be present,
 /// f32, of its parameter's shape, and the file must hold no other.
 pub(crate) fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
+    load_weights_file_without(model, path, &HashSet::new())
+}
+
+/// [`load_weights_file`], but the parameters named in `unread` (Burn paths) are neither read
+/// nor made: the file must still hold each, of its shape, and the model keeps it unmade, so
+/// that only a reader that takes its values from elsewhere may use the model (reading one is
+/// a bug, said by name).
+pub(crate) fn load_weights_file_without(
+    model: Gpt,
+    path: &Path,
+    unread: &HashSet<String>,
+) -> Result<Gpt> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (start, tensors) = read_header(&file)
@@ -87,6 +99,7 @@ pub(crate) fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
         file: &file,
         start,
         tensors,
+        unread,
         path: Vec::new(),
         error: None,
     };
@@ -140,14 +153,15 @@ struct Load<'a> {
     file: &'a std::fs::File,
     start: u64,
     tensors: HashMap<String, FileTensor>,
+    /// The parameters left unmade ([`load_weights_file_without`]).
+    unread: &'a HashSet<String>,
     path: Vec<String>,
     error: Option<anyhow::Error>,
 }
 
 impl Load<'_> {
-    /// The values of tensor `name`, of shape `want`.
-    fn values(&mut self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
-        use std::io::{Seek, SeekFrom};
+    /// Tensor `name` of the file, taken from the table: it must be F32 of shape `want`.
+    fn tensor(&mut self, name: &str, want: &[usize]) -> Result<FileTensor> {
         let tensor = self.tensors.remove(name);
         let tensor = tensor.with_context(|| format!("tensor `{name}` is missing"))?;
         let (from, to) = tensor.offsets;
@@ -156,7 +170,15 @@ impl Load<'_> {
             let (dtype, shape) = (&tensor.dtype, &tensor.shape);
             bail!("tensor `{name}` is {dtype} {shape:?}, the model's is F32 {want:?}");
         }
-        let mut bytes = vec![0u8; len as usize];
+        Ok(tensor)
+    }
+
+    /// The values of tensor `name`, of shape `want`.
+    fn values(&mut self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
+        use std::io::{Seek, SeekFrom};
+        let tensor = self.tensor(name, want)?;
+        let (from, to) = tensor.offsets;
+        let mut bytes = vec![0u8; usize::try_from(to - from)?];
         let mut file = self.file;
         file.seek(SeekFrom::Start(self.start + from))
             .and_then(|_| file.read_exact(&mut bytes))
@@ -182,7 +204,14 @@ impl ModuleMapper for Load<'_> {
             return param;
         }
         let want: Vec<usize> = param.lazy_shape().iter().copied().collect();
-        let values = match self.values(&self.path.join("."), &want) {
+        let name = self.path.join(".");
+        if self.unread.contains(&name) {
+            if let Err(e) = self.tensor(&name, &want) {
+                self.error = Some(e);
+            }
+            return unmade(param, name);
+        }
+        let values = match self.values(&name, &want) {
             Ok(values) => values,
             Err(e) => {
                 self.error = Some(e);
@@ -197,6 +226,16 @@ impl ModuleMapper for Load<'_> {
                 .set_require_grad(require_grad)
         })
     }
+}
+
+/// `param` unmade ([`load_weights_file_without`]): its id, shape and device, and no values.
+fn unmade<const D: usize>(param: Param<Tensor<D>>, name: String) -> Param<Tensor<D>> {
+    let (id, device, shape) = (param.id, param.lazy_device(), param.lazy_shape());
+    drop(param);
+    let unread = move |_: &burn::tensor::Device, _: bool| -> Tensor<D> {
+        panic!("internal error: `{name}` was left unread by the loader, then read")
+    };
+    Param::uninitialized(id, unread, device, false, shape)
 }
 
 /// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on

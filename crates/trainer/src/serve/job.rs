@@ -4,7 +4,7 @@
 use std::panic::AssertUnwindSafe;
 
 use anyhow::Result;
-use tinygpt_model::{FusedDecoder, Gpt, GptConfig};
+use tinygpt_model::{FusedDecoder, Gpt, GptConfig, Matrices};
 use tokio::sync::{mpsc, oneshot};
 
 use super::generation::{Event, Generation};
@@ -36,18 +36,22 @@ pub enum Decoding {
 
 impl Model {
     /// `gpt` served from `placement`; on the fused engine its decoder's weights are made here
-    /// and `gpt` is dropped.
+    /// (with `matrices` where given, else `weights`' own) and `gpt` is dropped.
     pub fn new(
         gpt: Gpt,
         placement: Placement,
         tokenizer: Tokenizer,
-        weights: DecodeWeights,
+        (weights, matrices): (DecodeWeights, Option<Matrices>),
     ) -> Result<Self> {
         let engine = crate::decoder::sampling_engine(&placement)?;
         let config = gpt.config().clone();
         let decoding = match engine {
             EngineKind::Fused => {
-                let decoder = FusedDecoder::with_weights(&gpt, weights.matrices(engine)?)?;
+                let matrices = match matrices {
+                    Some(matrices) => matrices,
+                    None => weights.matrices(engine)?,
+                };
+                let decoder = FusedDecoder::with_weights(&gpt, matrices)?;
                 drop(gpt);
                 Decoding::Fused(Box::new(decoder))
             }

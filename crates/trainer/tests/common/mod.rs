@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the real binary, a tiny model, run files.
 #![allow(dead_code)] // Each test file uses its own share of them.
 
+pub mod kept;
 pub mod server;
 pub mod watched;
 

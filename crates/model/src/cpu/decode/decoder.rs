@@ -188,8 +188,13 @@ impl FusedDecoder {
             None => gpt,
         };
         let dims = Dims::of(gpt)?;
-        let mut weights = Params::read(gpt, Arc::new(ParamLayout::of(gpt)));
-        let matrices = matrices.into().take(&mut weights, &dims)?;
+        let matrices = matrices.into();
+        // What the matrices take from a file's blocks is never read (a model loaded for this
+        // decoder may not have made it: `Matrices::unread_parameters`).
+        let tied = gpt.config().tie_embeddings;
+        let layout = Arc::new(ParamLayout::of(gpt));
+        let mut weights = Params::read_where(gpt, layout, |slot| matrices.reads(slot, tied));
+        let matrices = matrices.take(&mut weights, &dims)?;
         Ok(Self::on(
             dims,
             Arc::new(DecoderWeights { weights, matrices }),
@@ -278,7 +283,8 @@ impl FusedDecoder {
         self.acts.resize(rows, &d, att, false);
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             let pair = d.pair(self.cache.before(tokens, past, past + r), tok as usize);
-            self.shared.weights.embed(x, tok as usize, past + r, pair);
+            let w = &self.shared;
+            (w.weights).embed(x, (tok as usize, past + r, pair), w.matrices.head.as_ref());
         }
         let blocks = self.shared.weights.blocks.len();
         for l in 0..blocks {

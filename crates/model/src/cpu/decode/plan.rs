@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::quant::{RowWeights, WeightFormat};
-use crate::arch::Mlp;
+use crate::arch::{BlockSlot, GptConfig, Mlp, Slot, parameter_table};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
@@ -121,6 +121,50 @@ impl WeightPlan {
     }
 }
 
+impl WeightPlan {
+    /// Whether a decoder following this plan reads `slot`'s f32 values from the model (of a
+    /// `tied` head or not). It does not read a block's matrix whose rows are all a file's
+    /// blocks ([`Storage::Blocks`]), nor the head's, nor a tied model's embedding where the
+    /// head's rows are: the embedding's rows are then looked up in those blocks, which give
+    /// the values the import made of them.
+    pub fn reads(&self, slot: Slot, tied: bool) -> bool {
+        let from_blocks = |segments: &[Segment]| {
+            !segments.is_empty()
+                && segments
+                    .iter()
+                    .all(|s| matches!(s.storage, Storage::Blocks(_)))
+        };
+        match slot {
+            Slot::Block(l, at) => {
+                let Some(b) = self.blocks.get(l) else {
+                    return true;
+                };
+                match at {
+                    BlockSlot::AttnWeight => !from_blocks(&b.qkv),
+                    BlockSlot::AttnProjWeight => !from_blocks(&b.attn_proj),
+                    BlockSlot::FcWeight => !from_blocks(&b.fc),
+                    BlockSlot::MlpProjWeight => !from_blocks(&b.mlp_proj),
+                    BlockSlot::Ln1Gain
+                    | BlockSlot::Ln1Bias
+                    | BlockSlot::AttnBias
+                    | BlockSlot::AttnProjBias
+                    | BlockSlot::Ln2Gain
+                    | BlockSlot::Ln2Bias
+                    | BlockSlot::FcBias
+                    | BlockSlot::MlpProjBias => true,
+                }
+            }
+            Slot::TokenEmbedding => !(tied && from_blocks(&self.head)),
+            Slot::LmHead => !from_blocks(&self.head),
+            Slot::PositionEmbedding
+            | Slot::BigramEmbedding
+            | Slot::FinalNormGain
+            | Slot::FinalNormBias
+            | Slot::Adapter { .. } => true,
+        }
+    }
+}
+
 /// The decoder's matrices: every one in one format, every one quantised into one type's
 /// blocks ([`Storage::Encode`]), or each as a plan says.
 #[derive(Debug, Clone)]
@@ -137,6 +181,26 @@ impl From<WeightFormat> for Matrices {
 }
 
 impl Matrices {
+    /// Whether a decoder with these matrices reads `slot`'s f32 values from the model
+    /// ([`WeightPlan::reads`]; every one but where a plan gives a file's blocks).
+    pub(crate) fn reads(&self, slot: Slot, tied: bool) -> bool {
+        match self {
+            Matrices::Uniform(_) | Matrices::Encoded(_) => true,
+            Matrices::Planned(plan) => plan.reads(slot, tied),
+        }
+    }
+
+    /// The parameters of a model of `config`, by Burn path, whose values a decoder with these
+    /// matrices never reads ([`WeightPlan::reads`]): a model loaded only to make that decoder
+    /// need not read them from its file, nor hold them.
+    pub fn unread_parameters(&self, config: &GptConfig) -> Vec<String> {
+        let table = parameter_table(config).into_iter();
+        table
+            .filter(|name| name.present && !self.reads(name.slot, config.tie_embeddings))
+            .map(|name| name.burn)
+            .collect()
+    }
+
     /// `w`'s matrices as rows, leaving in `w` only what stays in its layout (as
     /// [`RowWeights::take`]); a plan that does not fit the model is an error naming the matrix.
     pub(crate) fn take(&self, w: &mut Params, d: &Dims) -> Result<RowWeights, FusedError> {
@@ -167,15 +231,25 @@ fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, Fu
             Ok(RowBlock {
                 c_attn: segmented(
                     &mut p.c_attn_w,
-                    c,
+                    (c, d.qkv_width()),
                     &b.qkv,
                     &part("queries, keys and values"),
                 )?,
-                attn_proj: segmented(&mut p.attn_proj_w, c, &b.attn_proj, &part("projection"))?,
-                c_fc: segmented(&mut p.c_fc_w, c, &b.fc, &part("first MLP matrix"))?,
+                attn_proj: segmented(
+                    &mut p.attn_proj_w,
+                    (c, c),
+                    &b.attn_proj,
+                    &part("projection"),
+                )?,
+                c_fc: segmented(
+                    &mut p.c_fc_w,
+                    (c, d.fc_width),
+                    &b.fc,
+                    &part("first MLP matrix"),
+                )?,
                 mlp_proj: segmented(
                     &mut p.mlp_proj_w,
-                    hidden,
+                    (hidden, c),
                     &b.mlp_proj,
                     &part("MLP projection"),
                 )?,
@@ -184,36 +258,46 @@ fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, Fu
         blocks.push(block(p)?);
     }
     let head = match &w.lm_head {
-        // Tied: the embedding's rows, which its lookup still reads in f32.
-        Buffer::Absent => Some(stacked(w.wte.values(), c, &plan.head, "head")?),
-        _ => segmented(&mut w.lm_head, c, &plan.head, "head")?,
+        // Tied: the embedding's rows, which its lookup reads in f32 where they are held (and
+        // from these rows where the plan left them unread: `WeightPlan::reads`).
+        Buffer::Absent => Some(stacked(w.wte.get(), (c, d.vocab), &plan.head, "head")?),
+        _ => segmented(&mut w.lm_head, (c, d.vocab), &plan.head, "head")?,
     };
     Ok(RowWeights { blocks, head })
 }
 
 /// `w [n_in, n_out]` as rows stored as `segments` say, its buffer then freed (`None`: a
-/// matrix the model lacks, whose segments must be none).
+/// matrix the model lacks, whose segments must be none). A buffer left unread
+/// ([`Buffer::Elsewhere`]: [`WeightPlan::reads`]) is made of the segments' blocks alone.
 fn segmented(
     w: &mut Buffer,
-    n_in: usize,
+    (n_in, n_out): (usize, usize),
     segments: &[Segment],
     name: &str,
 ) -> Result<Option<RowMatrix>, FusedError> {
-    match w.take(Buffer::Elsewhere) {
-        None if segments.is_empty() => Ok(None),
-        None => Err(misfit(format!("the model has no {name}"))),
-        Some(w) => stacked(&F32Rows::from_columns(&w, n_in).w, n_in, segments, name).map(Some),
-    }
+    let rows = match w {
+        Buffer::Held(_) => w
+            .take(Buffer::Elsewhere)
+            .map(|w| F32Rows::from_columns(&w, n_in).w),
+        _ if segments.is_empty() => return Ok(None),
+        Buffer::Elsewhere => None,
+        Buffer::Absent | Buffer::Frozen => return Err(misfit(format!("the model has no {name}"))),
+    };
+    stacked(rows.as_deref(), (n_in, n_out), segments, name).map(Some)
 }
 
 /// `rows [n_out, n_in]` stored as `segments` say: one matrix where there is one segment.
+/// `rows` is `None` where the model's values were not read: then every segment must be a
+/// file's blocks.
 fn stacked(
-    rows: &[f32],
-    n_in: usize,
+    rows: Option<&[f32]>,
+    (n_in, n_out): (usize, usize),
     segments: &[Segment],
     name: &str,
 ) -> Result<RowMatrix, FusedError> {
-    let n_out = rows.len() / n_in;
+    if rows.is_some_and(|r| r.len() != n_out * n_in) {
+        return Err(misfit(format!("the {name} is not {n_out} rows of {n_in}")));
+    }
     let total: usize = segments.iter().map(|s| s.rows).sum();
     if total != n_out || segments.iter().any(|s| s.rows == 0) {
         return Err(misfit(format!(
@@ -223,16 +307,19 @@ fn stacked(
     let mut parts = Vec::with_capacity(segments.len());
     let mut first = 0;
     for s in segments {
-        let values = &rows[first * n_in..(first + s.rows) * n_in];
+        let values = || {
+            let values = rows.map(|rows| &rows[first * n_in..(first + s.rows) * n_in]);
+            values.ok_or_else(|| misfit(format!("the {name}'s values were not read")))
+        };
         parts.push(match &s.storage {
-            Storage::Quantise(format) => stored(values, n_in, *format),
+            Storage::Quantise(format) => stored(values()?, n_in, *format),
             Storage::Blocks(blocks) => kept(blocks, s.rows, n_in).ok_or_else(|| {
                 misfit(format!(
                     "{name}: the kept {:?} blocks do not hold {} rows of {n_in}",
                     blocks.kind, s.rows
                 ))
             })?,
-            Storage::Encode(kind) => encoded(values, s.rows, n_in, *kind),
+            Storage::Encode(kind) => encoded(values()?, s.rows, n_in, *kind),
         });
         first += s.rows;
     }
@@ -292,4 +379,56 @@ fn kept(blocks: &FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
 
 fn misfit(why: String) -> FusedError {
     FusedError::Storage(why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(rows: usize) -> Segment {
+        let bytes = FileBlocks {
+            kind: BlockType::Q4_K,
+            bytes: Arc::from(Vec::new()),
+        };
+        Segment {
+            rows,
+            storage: Storage::Blocks(bytes),
+        }
+    }
+
+    #[test]
+    fn a_matrix_is_read_unless_every_row_is_a_files_blocks() {
+        let block = BlockPlan {
+            qkv: vec![blocks(8), Segment::quantised(4, WeightFormat::Q8_0)],
+            attn_proj: vec![blocks(8)],
+            fc: vec![],
+            mlp_proj: vec![blocks(8)],
+        };
+        let plan = WeightPlan {
+            blocks: vec![block],
+            head: vec![blocks(16)],
+        };
+        let tied = |slot| plan.reads(slot, true);
+        let at = |s| Slot::Block(0, s);
+        assert!(
+            tied(at(BlockSlot::AttnWeight)),
+            "a range quantised from values"
+        );
+        assert!(!tied(at(BlockSlot::AttnProjWeight)));
+        assert!(!tied(at(BlockSlot::MlpProjWeight)));
+        assert!(tied(at(BlockSlot::FcWeight)), "no segment gives its rows");
+        assert!(tied(at(BlockSlot::Ln1Gain)) && tied(Slot::FinalNormGain));
+        assert!(
+            tied(Slot::Block(1, BlockSlot::AttnProjWeight)),
+            "a block the plan lacks"
+        );
+        assert!(
+            !tied(Slot::TokenEmbedding),
+            "tied: looked up in the head's blocks"
+        );
+        assert!(plan.reads(Slot::TokenEmbedding, false), "untied: its own");
+        assert!(!plan.reads(Slot::LmHead, false));
+        let uniform = Matrices::Uniform(WeightFormat::Q8_0);
+        assert!(uniform.reads(Slot::Block(0, BlockSlot::AttnProjWeight), true));
+    }
 }

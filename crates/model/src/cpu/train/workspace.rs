@@ -285,7 +285,8 @@ impl Workspace {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
         // Token (+ position, + bigram) embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
-            w.embed(row, tok as usize, r % seq, pair(d, inputs, r, seq));
+            let at = (tok as usize, r % seq, pair(d, inputs, r, seq));
+            w.embed(row, at, None);
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
         let ctx = Ctx {

@@ -14,8 +14,9 @@ Q4_K_M and Q5_K_M (`llama_model_quantize`), and times:
   run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (a token's products split over every
   core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M and Q5_K_M files themselves,
   imported, with `generate --weights file` (each matrix in the file's type, its k-quants, Q4_1
-  and Q5_1 in the file's own blocks): N tokens from a one-token prompt, timed as the difference
-  of N + 1 tokens and 1 (the load), best of 3;
+  and Q5_1 in the file's own blocks): N tokens from a one-token prompt, timed from the first
+  new token's text to the last's, and the prompt of P tokens, timed from its echo (printed once
+  the model is loaded) to the end of one new token, best of 3, with the peak resident memory;
 - the machine's read bandwidth: numpy's sum over 1 GiB of f32, at 1 and 2 threads (each thread
   its own half), best of 3, so each decode figure can say what share of the ceiling it reads
   (weights' bytes a token × tokens/s; for llama.cpp the file's size, which for these tied
@@ -142,30 +143,46 @@ def tinygpt_speed(tinygpt, run_dir, n_prompt, new, weights):
             result["weight_bytes_per_token"])
 
 
-def tinygpt_file_speed(tinygpt, gguf, work, new):
+def tinygpt_file_speed(tinygpt, gguf, work, new, prompt):
     """`generate --weights file` of the GGUF file `gguf` imported: tokens/s of `new` tokens
     after the first, from the times its output arrives (the first token's text, then the
     last's: the load and the first token left out, as llama.cpp's decode figure leaves out its
-    load and prompt), best of 3; and the largest peak resident memory of those runs, in bytes.
-    (Timing whole runs and subtracting a one-token run's, as this script did until 2026-12-07,
-    is lost in the load's noise at 1.7B, where reading the run takes 30 s.)"""
+    load and prompt), best of 3; the largest peak resident memory of those runs, in bytes; and
+    the prompt's tokens/s for `prompt` (text of P tokens, a pair (text, P)): from the echo of
+    the prompt, which `generate` prints once the model is loaded, to the end of one new token,
+    best of 3. (Timing whole runs and subtracting a one-token run's, as this script did until
+    2026-12-07, is lost in the load's noise at 1.7B.)"""
     imported = work / f"imported-{gguf.stem}"
     run([tinygpt, "import", "--from", str(gguf), "--out", str(imported)])
-    best, peak = 0.0, 0
-    for _ in range(3):
-        proc = subprocess.Popen([tinygpt, "generate", "--checkpoint", str(imported), "--prompt",
-                                 "The", "--max-new-tokens", str(new + 1), "--temperature", "0",
+
+    def generate(text, tokens):
+        """When the echo of `text` arrived, then the first byte after it, then the last byte."""
+        # Peak memory by GNU time: a child's own `ru_maxrss` counts the Python process it was
+        # forked from (Linux keeps the high-water mark across `exec`).
+        peak_file = work / "peak.txt"
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(peak_file), tinygpt,
+                                 "generate", "--checkpoint", str(imported), "--prompt", text,
+                                 "--max-new-tokens", str(tokens), "--temperature", "0",
                                  "--backend", "fused", "--weights", "file"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
-        first = last = None
-        while chunk := proc.stdout.read(1):
+        echo, seen, times = len(text.encode()), 0, []
+        while proc.stdout.read(1):
+            seen += 1
+            if seen in (1, echo + 1):
+                times.append(time.perf_counter())
             last = time.perf_counter()
-            first = first or last
-        _, status, usage = os.wait4(proc.pid, 0)
-        assert status == 0 and first is not None, f"generate exited {status}"
-        peak = max(peak, usage.ru_maxrss * 1024)
+        assert proc.wait() == 0 and len(times) >= 2, f"generate exited {proc.returncode}"
+        return times[0], times[1], last, int(peak_file.read_text().split()[-1]) * 1024
+
+    best, peak, best_pp = 0.0, 0, 0.0
+    for _ in range(3):
+        _, first, last, rss = generate("The", new + 1)
+        peak = max(peak, rss)
         best = max(best, new / (last - first))
-    return best, peak
+        echoed, _, last, rss = generate(prompt[0], 1)
+        peak = max(peak, rss)
+        best_pp = max(best_pp, prompt[1] / (last - echoed))
+    return best, peak, best_pp
 
 
 def hf_shape(args, name, bandwidth):
@@ -186,6 +203,7 @@ def hf_shape(args, name, bandwidth):
         probe = llama_cpp.Llama(model_path=str(work / "q8_0.gguf"), vocab_only=True,
                                 verbose=False)
         ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
+        prompt = probe.detokenize(ids).decode("utf-8", errors="ignore")
         probe.close()
         share = lambda size, tg: round(size * tg / 1e9 / bandwidth[THREADS], 2)
         for dtype in ["q8_0", "q4_k_m"]:
@@ -205,9 +223,10 @@ def hf_shape(args, name, bandwidth):
         # The run's f32 weights are not needed past here: room on the disk for the import.
         subprocess.run(["rm", "-rf", str(work / "run")], check=True)
         gguf = work / "q4_k_m.gguf"
-        tg, peak = tinygpt_file_speed(args.tinygpt, gguf, work, new)
+        tg, peak, pp = tinygpt_file_speed(args.tinygpt, gguf, work, new, (prompt, n_prompt))
         rows.append({"shape": name, "engine": "tinygpt", "weights": "q4_k_m file",
-                     "threads": os.cpu_count(), "new_tokens": new, "decode_tok_s": round(tg, 1),
+                     "threads": os.cpu_count(), "prompt_tokens": n_prompt,
+                     "prompt_tok_s": round(pp, 1), "new_tokens": new, "decode_tok_s": round(tg, 1),
                      "file_bytes": gguf.stat().st_size, "generate_peak_rss": peak})
     return rows
 
@@ -243,6 +262,7 @@ def main():
             probe = llama_cpp.Llama(model_path=str(work / "f32.gguf"), vocab_only=True,
                                     verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
+            prompt = probe.detokenize(ids).decode("utf-8", errors="ignore")
             probe.close()
             share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
             # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0, _Q5_0 and _Q4_K_M (at a width
@@ -270,9 +290,11 @@ def main():
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
             for dtype in ["q4_k_m", "q5_k_m"]:
-                tg, peak = tinygpt_file_speed(args.tinygpt, work / f"{dtype}.gguf", work, new)
+                gguf = work / f"{dtype}.gguf"
+                tg, peak, pp = tinygpt_file_speed(args.tinygpt, gguf, work, new, (prompt, n_prompt))
                 rows.append({"shape": name, "engine": "tinygpt", "weights": f"{dtype} file",
-                             "threads": os.cpu_count(), "new_tokens": new,
+                             "threads": os.cpu_count(), "prompt_tokens": n_prompt,
+                             "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "generate_peak_rss": peak})
             for row in rows[first:]:
                 print(json.dumps(row), flush=True)

@@ -39,8 +39,20 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, state) =
-        super::load::load(&args.checkpoint, args.which, args.backend)?;
+    // With the file's own blocks, the matrices they give are never read in f32.
+    let (run, placement, model, state, file) = match args.weights {
+        Weights::File => {
+            let (checkpoint, which) = (&args.checkpoint, args.which);
+            let load = super::load::for_sampling(checkpoint, which, args.backend, args.weights)?;
+            let (model, file) = (load.model, load.matrices);
+            (load.run, load.placement, model, load.state, file)
+        }
+        _ => {
+            let (run, placement, model, state) =
+                super::load::load(&args.checkpoint, args.which, args.backend)?;
+            (run, placement, model, state, None)
+        }
+    };
     let device = placement.device.clone();
     let (split, source) = split(&run, args.data.as_ref())?;
     let block_size = run.config.model.block_size;
@@ -64,7 +76,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ),
         ),
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
-            let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
+            let matrices = match file {
+                Some(matrices) => matrices,
+                None => fused_matrices(args.weights, &run.dir, &placement)?,
+            };
             let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, matrices)?;
             let kept = match args.weights {
                 Weights::File => "the GGUF file's".to_string(),

@@ -173,7 +173,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             decoder_for(kind, &on_device, vocab, &load.weights)?
         }
     };
-    let written = write!(out, "{echo}");
+    // Shown before the prompt is read, not with the first new token.
+    let written = write!(out, "{echo}").and_then(|_| out.flush());
     let mut write_error = written.err();
     generate(&mut *decoder, &prompt_ids, &options, |id| {
         if let Some(piece) = text.push(id)

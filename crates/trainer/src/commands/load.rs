@@ -25,7 +25,8 @@ pub(super) fn load(
     Ok((run, placement, model, state))
 }
 
-/// What `generate` and `serve` sample from ([`for_sampling`]).
+/// What `generate` and `serve` sample from, and `eval` and `logits` score with `--weights
+/// file` ([`for_sampling`]).
 pub(super) struct Sampling {
     pub run: Run,
     pub placement: Placement,
@@ -33,6 +34,7 @@ pub(super) struct Sampling {
     pub weights: DecodeWeights,
     /// The fused decoder's matrices, where it samples.
     pub matrices: Option<Matrices>,
+    pub state: TrainState,
 }
 
 /// [`load`], for sampling with `weights`: where the fused decoder samples with `--weights
@@ -61,7 +63,7 @@ pub(super) fn for_sampling(
     let config = run.config.gpt(run.tokenizer.vocab_size());
     let unread = matrices.as_ref().map(|m| m.unread_parameters(&config));
     let unread = unread.unwrap_or_default();
-    let (model, _) = run.load_model_without(which, &placement.device, &unread)?;
+    let (model, state) = run.load_model_without(which, &placement.device, &unread)?;
     let model = placement.model(model);
     Ok(Sampling {
         run,
@@ -69,5 +71,6 @@ pub(super) fn for_sampling(
         model,
         weights,
         matrices,
+        state,
     })
 }

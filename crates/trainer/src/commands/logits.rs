@@ -34,14 +34,29 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (run, placement, model, _) = super::load::load(&args.checkpoint, args.which, args.backend)?;
+    // With the file's own blocks, the matrices they give are never read in f32.
+    let (run, placement, model, file) = match args.weights {
+        Weights::File => {
+            let (checkpoint, which) = (&args.checkpoint, args.which);
+            let load = super::load::for_sampling(checkpoint, which, args.backend, args.weights)?;
+            (load.run, load.placement, load.model, load.matrices)
+        }
+        _ => {
+            let (run, placement, model, _) =
+                super::load::load(&args.checkpoint, args.which, args.backend)?;
+            (run, placement, model, None)
+        }
+    };
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;
     let model = match args.weights {
         Weights::F32 => model,
         Weights::Bf16 | Weights::F16 => args.weights.cast(model)?,
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
-            let matrices = fused_matrices(args.weights, &run.dir, &placement)?;
+            let matrices = match file {
+                Some(matrices) => matrices,
+                None => fused_matrices(args.weights, &run.dir, &placement)?,
+            };
             let mut decoder = FusedDecoder::with_weights(&model, matrices)?;
             let mut values = Vec::new();
             decoder.window_logits(&args.tokens, |_, row| values.extend_from_slice(row))?;

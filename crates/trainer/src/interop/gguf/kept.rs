@@ -364,12 +364,16 @@ fn read_kept(file: &mut Option<std::fs::File>, dir: &Path, kept: &Kept) -> Resul
         *file = Some(opened);
     }
     let f = file.as_mut().expect("opened");
-    let mut bytes = vec![0; usize::try_from(kept.bytes)?];
+    // Read in place: a `Vec` made into an `Arc` is copied, two copies of the largest tensor.
+    let zeroed = Arc::<[u8]>::new_zeroed_slice(usize::try_from(kept.bytes)?);
+    // SAFETY: zeroed bytes are valid `u8`s.
+    let mut bytes = unsafe { zeroed.assume_init() };
+    let into = Arc::get_mut(&mut bytes).expect("not shared yet");
     f.seek(SeekFrom::Start(kept.offset))
-        .and_then(|_| f.read_exact(&mut bytes))
+        .and_then(|_| f.read_exact(into))
         .map_err(|_| damaged())?;
     if sha256_hex(&bytes) != kept.sha256 {
         return Err(damaged());
     }
-    Ok(bytes.into())
+    Ok(bytes)
 }

@@ -47,3 +47,41 @@ fn int8_completions_equal_int8_generate() {
     let f32_server = Server::start(dir, "run", &["--backend", "fused"]);
     assert_ne!(logprobs(&server), logprobs(&f32_server));
 }
+
+/// `serve --weights file` of a run imported from a Q5_0 file (loaded without the matrices the
+/// file's blocks give, its embedding looked up in them) answers as `generate --weights q5_0` of
+/// the same run (the whole model loaded, the same blocks quantised again from its values).
+#[test]
+fn a_files_own_blocks_serve_as_generate_decodes_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir);
+    let export = [
+        "export",
+        "--checkpoint",
+        "run",
+        "--which",
+        "last",
+        "--format",
+        "gguf",
+        "--dtype",
+        "q5_0",
+        "--out",
+        "q5.gguf",
+    ];
+    ok(tinygpt(dir, &export));
+    std::fs::rename(dir.join("run"), dir.join("trained")).unwrap();
+    ok(tinygpt(
+        dir,
+        &["import", "--from", "q5.gguf", "--out", "run"],
+    ));
+    let server = Server::start(dir, "run", &["--backend", "fused", "--weights", "file"]);
+    let request = json!({
+        "model": "anything", "prompt": "Of Man", "max_tokens": 60, "temperature": 0.8,
+        "top_k": 20, "seed": 7,
+    });
+    let (status, completion) = server.post_json("/v1/completions", &request);
+    assert_eq!(status, 200, "{completion}");
+    let alone = generate_alone(dir, "Of Man", 7, &["--weights", "q5_0"]);
+    assert_eq!(alone, format!("Of Man{}\n", text(&completion)));
+}

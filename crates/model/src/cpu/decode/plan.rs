@@ -203,19 +203,21 @@ impl Matrices {
 
     /// `w`'s matrices as rows, leaving in `w` only what stays in its layout (as
     /// [`RowWeights::take`]); a plan that does not fit the model is an error naming the matrix.
-    pub(crate) fn take(&self, w: &mut Params, d: &Dims) -> Result<RowWeights, FusedError> {
+    /// A plan held nowhere else gives up each file's tensor as it is made into the decoder's
+    /// rows: a tensor rearranged into them is not held twice while the others are made.
+    pub(crate) fn take(self, w: &mut Params, d: &Dims) -> Result<RowWeights, FusedError> {
         match self {
-            Matrices::Uniform(format) => Ok(RowWeights::take(w, d, *format)),
+            Matrices::Uniform(format) => Ok(RowWeights::take(w, d, format)),
             Matrices::Encoded(kind) => {
-                let plan = WeightPlan::each(d, w.blocks.len(), Storage::Encode(*kind));
-                planned(w, d, &plan)
+                let plan = WeightPlan::each(d, w.blocks.len(), Storage::Encode(kind));
+                planned(w, d, plan)
             }
-            Matrices::Planned(plan) => planned(w, d, plan),
+            Matrices::Planned(plan) => planned(w, d, Arc::unwrap_or_clone(plan)),
         }
     }
 }
 
-fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, FusedError> {
+fn planned(w: &mut Params, d: &Dims, plan: WeightPlan) -> Result<RowWeights, FusedError> {
     if plan.blocks.len() != w.blocks.len() {
         return Err(misfit(format!(
             "the plan has {} blocks, the model {}",
@@ -225,32 +227,32 @@ fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, Fu
     }
     let (c, hidden) = (d.width, d.hidden);
     let mut blocks = Vec::with_capacity(plan.blocks.len());
-    for (l, (p, b)) in w.blocks.iter_mut().zip(&plan.blocks).enumerate() {
+    for (l, (p, b)) in w.blocks.iter_mut().zip(plan.blocks).enumerate() {
         let part = |name: &str| format!("block {l}'s {name}");
         let block = |p: &mut BlockParams| -> Result<RowBlock, FusedError> {
             Ok(RowBlock {
                 c_attn: segmented(
                     &mut p.c_attn_w,
                     (c, d.qkv_width()),
-                    &b.qkv,
+                    b.qkv,
                     &part("queries, keys and values"),
                 )?,
                 attn_proj: segmented(
                     &mut p.attn_proj_w,
                     (c, c),
-                    &b.attn_proj,
+                    b.attn_proj,
                     &part("projection"),
                 )?,
                 c_fc: segmented(
                     &mut p.c_fc_w,
                     (c, d.fc_width),
-                    &b.fc,
+                    b.fc,
                     &part("first MLP matrix"),
                 )?,
                 mlp_proj: segmented(
                     &mut p.mlp_proj_w,
                     (hidden, c),
-                    &b.mlp_proj,
+                    b.mlp_proj,
                     &part("MLP projection"),
                 )?,
             })
@@ -260,8 +262,8 @@ fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, Fu
     let head = match &w.lm_head {
         // Tied: the embedding's rows, which its lookup reads in f32 where they are held (and
         // from these rows where the plan left them unread: `WeightPlan::reads`).
-        Buffer::Absent => Some(stacked(w.wte.get(), (c, d.vocab), &plan.head, "head")?),
-        _ => segmented(&mut w.lm_head, (c, d.vocab), &plan.head, "head")?,
+        Buffer::Absent => Some(stacked(w.wte.get(), (c, d.vocab), plan.head, "head")?),
+        _ => segmented(&mut w.lm_head, (c, d.vocab), plan.head, "head")?,
     };
     Ok(RowWeights { blocks, head })
 }
@@ -272,7 +274,7 @@ fn planned(w: &mut Params, d: &Dims, plan: &WeightPlan) -> Result<RowWeights, Fu
 fn segmented(
     w: &mut Buffer,
     (n_in, n_out): (usize, usize),
-    segments: &[Segment],
+    segments: Vec<Segment>,
     name: &str,
 ) -> Result<Option<RowMatrix>, FusedError> {
     let rows = match w {
@@ -292,7 +294,7 @@ fn segmented(
 fn stacked(
     rows: Option<&[f32]>,
     (n_in, n_out): (usize, usize),
-    segments: &[Segment],
+    segments: Vec<Segment>,
     name: &str,
 ) -> Result<RowMatrix, FusedError> {
     if rows.is_some_and(|r| r.len() != n_out * n_in) {
@@ -311,15 +313,18 @@ fn stacked(
             let values = rows.map(|rows| &rows[first * n_in..(first + s.rows) * n_in]);
             values.ok_or_else(|| misfit(format!("the {name}'s values were not read")))
         };
-        parts.push(match &s.storage {
-            Storage::Quantise(format) => stored(values()?, n_in, *format),
-            Storage::Blocks(blocks) => kept(blocks, s.rows, n_in).ok_or_else(|| {
-                misfit(format!(
-                    "{name}: the kept {:?} blocks do not hold {} rows of {n_in}",
-                    blocks.kind, s.rows
-                ))
-            })?,
-            Storage::Encode(kind) => encoded(values()?, s.rows, n_in, *kind),
+        parts.push(match s.storage {
+            Storage::Quantise(format) => stored(values()?, n_in, format),
+            Storage::Blocks(blocks) => {
+                let kind = blocks.kind;
+                kept(blocks, s.rows, n_in).ok_or_else(|| {
+                    misfit(format!(
+                        "{name}: the kept {kind:?} blocks do not hold {} rows of {n_in}",
+                        s.rows
+                    ))
+                })?
+            }
+            Storage::Encode(kind) => encoded(values()?, s.rows, n_in, kind),
         });
         first += s.rows;
     }
@@ -357,14 +362,15 @@ fn encoded(values: &[f32], rows: usize, n_in: usize, kind: BlockType) -> RowMatr
             kind,
             bytes: kind.encode_rows(values, n_in).into(),
         };
-        kept(&bytes, rows, n_in)
+        kept(bytes, rows, n_in)
     });
     quantised.unwrap_or_else(|| stored(values, n_in, WeightFormat::F32))
 }
 
-/// A file's blocks of `rows` rows of `n_in`, as it stores them; `None` where they do not fit.
-fn kept(blocks: &FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
-    let bytes = blocks.bytes.clone();
+/// A file's blocks of `rows` rows of `n_in`, as it stores them (the bytes shared, or dropped
+/// once rearranged into the decoder's layout); `None` where they do not fit.
+fn kept(blocks: FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
+    let bytes = blocks.bytes;
     match blocks.kind {
         BlockType::Q8_0 => Q8Matrix::from_gguf(&bytes, rows, n_in).map(RowMatrix::Q8),
         BlockType::Q5_0 => Q5Matrix::from_gguf(&bytes, rows, n_in).map(RowMatrix::Q5),

@@ -39,20 +39,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    // With the file's own blocks, the matrices they give are never read in f32.
-    let (run, placement, model, state, file) = match args.weights {
-        Weights::File => {
-            let (checkpoint, which) = (&args.checkpoint, args.which);
-            let load = super::load::for_sampling(checkpoint, which, args.backend, args.weights)?;
-            let (model, file) = (load.model, load.matrices);
-            (load.run, load.placement, model, load.state, file)
-        }
-        _ => {
-            let (run, placement, model, state) =
-                super::load::load(&args.checkpoint, args.which, args.backend)?;
-            (run, placement, model, state, None)
-        }
-    };
+    let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let (run, placement, model, state) = (load.run, load.placement, load.model, load.state);
+    let file = load.matrices;
     let device = placement.device.clone();
     let (split, source) = split(&run, args.data.as_ref())?;
     let block_size = run.config.model.block_size;

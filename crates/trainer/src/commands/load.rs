@@ -25,8 +25,8 @@ pub(super) fn load(
     Ok((run, placement, model, state))
 }
 
-/// What `generate` and `serve` sample from, and `eval` and `logits` score with `--weights
-/// file` ([`for_sampling`]).
+/// What `generate` and `serve` sample from ([`for_sampling`]) and `eval` and `logits` score
+/// with ([`for_scoring`]).
 pub(super) struct Sampling {
     pub run: Run,
     pub placement: Placement,
@@ -71,6 +71,29 @@ pub(super) fn for_sampling(
         model,
         weights,
         matrices,
+        state,
+    })
+}
+
+/// What `eval` and `logits` score with `weights`: with `file`, the run loaded as
+/// [`for_sampling`] loads it (the matrices its kept blocks give never read in f32); otherwise as
+/// [`load`] loads it, no matrices made yet.
+pub(super) fn for_scoring(
+    checkpoint: &Path,
+    which: Which,
+    backend: Backend,
+    weights: Weights,
+) -> Result<Sampling> {
+    if weights == Weights::File {
+        return for_sampling(checkpoint, which, backend, weights);
+    }
+    let (run, placement, model, state) = load(checkpoint, which, backend)?;
+    Ok(Sampling {
+        run,
+        placement,
+        model,
+        weights: weights.into(),
+        matrices: None,
         state,
     })
 }

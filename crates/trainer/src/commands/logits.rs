@@ -34,19 +34,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    // With the file's own blocks, the matrices they give are never read in f32.
-    let (run, placement, model, file) = match args.weights {
-        Weights::File => {
-            let (checkpoint, which) = (&args.checkpoint, args.which);
-            let load = super::load::for_sampling(checkpoint, which, args.backend, args.weights)?;
-            (load.run, load.placement, load.model, load.matrices)
-        }
-        _ => {
-            let (run, placement, model, _) =
-                super::load::load(&args.checkpoint, args.which, args.backend)?;
-            (run, placement, model, None)
-        }
-    };
+    let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let (run, placement, model, file) = (load.run, load.placement, load.model, load.matrices);
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;
     let model = match args.weights {

@@ -237,12 +237,7 @@ fn planned(w: &mut Params, d: &Dims, plan: WeightPlan) -> Result<RowWeights, Fus
                     b.qkv,
                     &part("queries, keys and values"),
                 )?,
-                attn_proj: segmented(
-                    &mut p.attn_proj_w,
-                    (c, c),
-                    b.attn_proj,
-                    &part("projection"),
-                )?,
+                attn_proj: segmented(&mut p.attn_proj_w, (c, c), b.attn_proj, &part("projection"))?,
                 c_fc: segmented(
                     &mut p.c_fc_w,
                     (c, d.fc_width),

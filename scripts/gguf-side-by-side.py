@@ -86,6 +86,17 @@ def make(tinygpt, corpus, name, work):
              "gguf", "--dtype", dtype, "--out", str(work / f"{dtype}.gguf")])
 
 
+def prompt_of(gguf, corpus, n_prompt):
+    """A prompt of exactly `n_prompt` tokens: the corpus's first tokens as llama.cpp cuts them
+    with `gguf`'s vocabulary, their ids and their text."""
+    text = Path(corpus).read_text(encoding="utf-8")[: n_prompt * 8]
+    probe = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
+    prompt = probe.detokenize(ids).decode("utf-8", errors="ignore")
+    probe.close()
+    return ids, prompt
+
+
 def llama_cpp_speed(gguf, prompt_ids, new):
     # n_batch = n_ctx: llama-cpp-python keeps the last logits in a row of an n_batch-row array,
     # indexed by position.
@@ -199,12 +210,7 @@ def hf_shape(args, name, bandwidth):
         code = llama_cpp.llama_model_quantize(str(work / "q8_0.gguf").encode(),
                                               str(work / "q4_k_m.gguf").encode(), params)
         assert code == 0, f"llama_model_quantize: {code}"
-        text = Path(args.corpus).read_text(encoding="utf-8")[: n_prompt * 8]
-        probe = llama_cpp.Llama(model_path=str(work / "q8_0.gguf"), vocab_only=True,
-                                verbose=False)
-        ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
-        prompt = probe.detokenize(ids).decode("utf-8", errors="ignore")
-        probe.close()
+        ids, prompt = prompt_of(work / "q8_0.gguf", args.corpus, n_prompt)
         share = lambda size, tg: round(size * tg / 1e9 / bandwidth[THREADS], 2)
         for dtype in ["q8_0", "q4_k_m"]:
             gguf = work / f"{dtype}.gguf"
@@ -257,13 +263,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             make(args.tinygpt, args.corpus, name, work)
-            # A prompt of exactly n_prompt tokens: the corpus's first tokens, as llama.cpp cuts it.
-            text = Path(args.corpus).read_text(encoding="utf-8")[: n_prompt * 8]
-            probe = llama_cpp.Llama(model_path=str(work / "f32.gguf"), vocab_only=True,
-                                    verbose=False)
-            ids = probe.tokenize(text.encode(), add_bos=False, special=False)[:n_prompt]
-            prompt = probe.detokenize(ids).decode("utf-8", errors="ignore")
-            probe.close()
+            ids, prompt = prompt_of(work / "f32.gguf", args.corpus, n_prompt)
             share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
             # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0, _Q5_0 and _Q4_K_M (at a width
             # that is not a multiple of 256, mostly Q5_0, the embedding Q8_0).

@@ -4,6 +4,7 @@
 
 use super::buffer::Buffer;
 use super::dims::Dims;
+use super::kernels::blocks::Method;
 use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
 use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
 use super::kernels::k_quants::{self, q6_k::Q6KMatrix};
@@ -35,9 +36,13 @@ pub(super) struct Ctx<'a> {
     /// The block's matrices as the decoder keeps them, as rows (`None`: training's layout).
     pub matrices: Option<&'a RowBlock>,
     /// Every row of a product by rows computed as a token alone is, however many rows (a
-    /// window scored); otherwise many rows of one sequence (a prompt) take a blocked f32
-    /// product (of the dequantised weights, for `Q8_0`). Separate `streams` always are.
+    /// window scored); otherwise many rows of one sequence take a blocked product. Separate
+    /// `streams` always are.
     pub rows_alone: bool,
+    /// Many rows (a prompt's) by a quantised matrix multiply in integers where the CPU can
+    /// ([`Method::Integer`]), not in f32 of the dequantised weights: the decoder's prompt, not
+    /// training (whose gradients are of the f32 product).
+    pub integer: bool,
     /// Threads a single row's products are split over (one sequence decoding), if any.
     pub helpers: Option<&'a Helpers<'a>>,
 }
@@ -87,20 +92,27 @@ impl<'a> Weight<'a> {
         }
     }
 
-    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread, the decoder's rows row by
-    /// row with `per_row` (see [`per_row`]), else as one blocked product. Training's layout is
-    /// never separate streams: the decoder keeps its matrices as rows.
-    pub(super) fn product(self, out: &mut [f32], x: &[f32], b: &[f32], per_row: bool, n_in: usize) {
+    /// `out [rows, n_out] = x [rows, n_in] · w + b` on this thread, the decoder's rows by
+    /// `method` (see [`Method::of`]; f32 rows either row by row or blocked). Training's layout
+    /// is never separate streams: the decoder keeps its matrices as rows.
+    pub(super) fn product(
+        self,
+        out: &mut [f32],
+        x: &[f32],
+        b: &[f32],
+        method: Method,
+        n_in: usize,
+    ) {
         match self {
-            Weight::Q8(w) => q8::product(out, x, w, b, per_row),
-            Weight::Q4(w) => q4_0::product(out, x, w, b, per_row),
-            Weight::Q5(w) => q5_0::product(out, x, w, b, per_row),
-            Weight::Q4K(w) => k_quants::product(out, x, w, b, per_row),
-            Weight::Q41(w) => k_quants::product(out, x, w, b, per_row),
-            Weight::Q51(w) => k_quants::product(out, x, w, b, per_row),
-            Weight::Q5K(w) => k_quants::product(out, x, w, b, per_row),
-            Weight::Q6K(w) => k_quants::product(out, x, w, b, per_row),
-            Weight::Rows(w) => rows::product(out, x, w, b, per_row),
+            Weight::Q8(w) => q8::product(out, x, w, b, method),
+            Weight::Q4(w) => q4_0::product(out, x, w, b, method),
+            Weight::Q5(w) => q5_0::product(out, x, w, b, method),
+            Weight::Q4K(w) => k_quants::product(out, x, w, b, method),
+            Weight::Q41(w) => k_quants::product(out, x, w, b, method),
+            Weight::Q51(w) => k_quants::product(out, x, w, b, method),
+            Weight::Q5K(w) => k_quants::product(out, x, w, b, method),
+            Weight::Q6K(w) => k_quants::product(out, x, w, b, method),
+            Weight::Rows(w) => rows::product(out, x, w, b, method == Method::Alone),
             Weight::F32(w) => linear(out, x, w, b, x.len() / n_in, n_in, w.len() / n_in),
             Weight::Stacked(parts) => match x.len() / n_in {
                 0 => {}
@@ -113,7 +125,7 @@ impl<'a> Weight<'a> {
                     each_part(parts, n_in, n_out, b, |part, first, b| {
                         let n = part.out_rows(n_in);
                         scratch.resize(rows * n, 0.0);
-                        Weight::rows(part).product(&mut scratch, x, b, per_row, n_in);
+                        Weight::rows(part).product(&mut scratch, x, b, method, n_in);
                         for (o, s) in out.chunks_exact_mut(n_out).zip(scratch.chunks_exact(n)) {
                             o[first..first + n].copy_from_slice(s);
                         }
@@ -147,12 +159,11 @@ fn each_part(
     debug_assert_eq!(first, n_out, "the parts fill the matrix");
 }
 
-/// Whether a product of `rows` rows by the decoder's rows runs row by row, each as a token
-/// alone is computed (a token, separate streams or rows scored as tokens: `alone`; in int8 for
-/// `Q8_0`), or as one blocked f32 product (a prompt's chunk; of the dequantised weights for
-/// `Q8_0`).
-pub(super) fn per_row(alone: bool, rows: usize) -> bool {
-    alone || rows < q8::GEMM_ROWS
+/// How a product of `rows` rows by the decoder's rows runs: row by row, each as a token alone
+/// is computed (a token, separate streams or rows scored as tokens: `alone`), or as one
+/// blocked product (a prompt's chunk) in f32 of the dequantised weights.
+pub(super) fn per_row(alone: bool, rows: usize) -> Method {
+    Method::of(alone, false, rows)
 }
 
 impl<'a> Ctx<'a> {
@@ -196,20 +207,20 @@ impl<'a> Ctx<'a> {
         match helpers {
             Some(helpers) if rows == 1 => linear_split(out, x, w, b, helpers),
             Some(helpers) if rows >= SPLIT_ROWS => {
-                let per_row = self.per_row(w, rows);
+                let method = self.method(w, rows);
                 split_rows(helpers, out, n_out, &|part, r0| {
                     let x = &x[r0 * n_in..(r0 + part.len() / n_out) * n_in];
-                    w.product(part, x, b, per_row, n_in);
+                    w.product(part, x, b, method, n_in);
                 });
             }
-            _ => w.product(out, x, b, self.per_row(w, rows), n_in),
+            _ => w.product(out, x, b, self.method(w, rows), n_in),
         }
     }
 
-    /// [`per_row`] for this block's rows, decided on the whole product so that a thread's
+    /// [`Method::of`] this block's rows, decided on the whole product so that a thread's
     /// share of its rows is computed as the whole would be.
-    fn per_row(&self, w: Weight<'_>, rows: usize) -> bool {
-        matches!(
+    fn method(&self, w: Weight<'_>, rows: usize) -> Method {
+        let rows_of_decoder = matches!(
             w,
             Weight::Q8(_)
                 | Weight::Q4(_)
@@ -221,7 +232,15 @@ impl<'a> Ctx<'a> {
                 | Weight::Q6K(_)
                 | Weight::Rows(_)
                 | Weight::Stacked(_)
-        ) && per_row(self.rows_alone || self.streams.is_some(), rows)
+        );
+        match rows_of_decoder {
+            true => Method::of(
+                self.rows_alone || self.streams.is_some(),
+                self.integer,
+                rows,
+            ),
+            false => Method::Dequantised,
+        }
     }
 }
 

@@ -182,6 +182,7 @@ impl FusedBatch {
                 streams: Some(&r.position),
                 matrices: Some(&matrices.blocks[l]),
                 rows_alone: true,
+                integer: false,
                 helpers: None,
             };
             let (streams, scores) = (&mut self.streams, &mut r.scores);

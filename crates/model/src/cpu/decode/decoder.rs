@@ -304,6 +304,7 @@ impl FusedDecoder {
                 streams: None,
                 matrices: Some(&self.shared.matrices.blocks[l]),
                 rows_alone: head == Head::All,
+                integer: true,
                 helpers: Some(&helpers),
             };
             block::forward(p, &mut self.acts, &self.x, &mut self.next, ctx, |h| {
@@ -370,6 +371,7 @@ impl FusedDecoder {
             streams: None,
             matrices: Some(&matrices.blocks[l]),
             rows_alone: false,
+            integer: true,
             helpers: Some(&helpers),
         };
         block::queries_keys_values(p, &mut self.acts, &self.x, ctx(past, rows));

@@ -6,6 +6,7 @@
 //! Each type's module defines its blocks, its kernels and their exact reference; the loops here
 //! are the same for all, so each output is computed the same way whichever loop reaches it.
 
+use super::prefill::{self, Unpack};
 use super::q8::{self, Q8Rows, XRow};
 
 /// A matrix `[rows, cols]` of blocks along each row.
@@ -64,20 +65,47 @@ pub(crate) fn each_row<M: BlockMatrix>(
     }
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `kernel`'s quantised products (each row
-/// as it would be alone: each weight row goes past every activation row while it is in
-/// cache), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product<M: BlockMatrix>(
+/// How a product by a quantised matrix computes its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    /// Each row as a token alone is: the type's exact kernel (a token, separate streams, rows
+    /// scored as tokens).
+    Alone,
+    /// Many rows at once in integers, the activations quantised as a token's
+    /// ([`prefill`]: a prompt's chunk, where the CPU has AVX-512 VNNI).
+    Integer,
+    /// Many rows at once in f32, of the dequantised weights (training's frozen base; a
+    /// prompt on a CPU without VNNI).
+    Dequantised,
+}
+
+impl Method {
+    /// A product of `rows` rows: [`Method::Alone`] for `alone` or fewer than
+    /// [`q8::GEMM_ROWS`]; else in integers where asked (`integer`) and [`prefill::runs`].
+    pub(crate) fn of(alone: bool, integer: bool, rows: usize) -> Self {
+        match (alone || rows < q8::GEMM_ROWS, integer && prefill::runs()) {
+            (true, _) => Method::Alone,
+            (false, true) => Method::Integer,
+            (false, false) => Method::Dequantised,
+        }
+    }
+}
+
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `method`: `kernel`'s quantised products
+/// (each row as it would be alone: each weight row goes past every activation row while it
+/// is in cache), a prompt's integer product, or f32 products of the dequantised weights.
+pub(crate) fn product<M: BlockMatrix + Unpack>(
     out: &mut [f32],
     x: &[f32],
     w: &M,
     b: &[f32],
-    quantised: bool,
+    method: Method,
     kernel: Kernel<M>,
 ) {
     let (n, k) = w.shape();
-    match quantised {
-        true => q8::quantized(x, |x| {
+    match method {
+        Method::Integer => prefill::product(out, x, w, b),
+        Method::Alone => q8::quantized(x, |x| {
             let rows = x.q.len() / k;
             for j in 0..n {
                 let (row, bias) = (w.row(j), b.get(j).copied().unwrap_or(0.0));
@@ -86,7 +114,9 @@ pub(crate) fn product<M: BlockMatrix>(
                 }
             }
         }),
-        false => q8::dequantised_product(out, x, k, n, b, |j, values| w.dequantise_row(j, values)),
+        Method::Dequantised => {
+            q8::dequantised_product(out, x, k, n, b, |j, values| w.dequantise_row(j, values))
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub(crate) mod lora;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod prefetch;
+pub(crate) mod prefill;
 pub(crate) mod q4_0;
 pub(crate) mod q5_0;
 pub mod q8;

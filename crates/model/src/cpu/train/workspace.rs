@@ -297,6 +297,7 @@ impl Workspace {
             streams: None,
             matrices: None,
             rows_alone: false,
+            integer: false,
             helpers: None,
         };
         let maps = &mut self.scratch.maps;
@@ -357,6 +358,7 @@ impl Workspace {
             streams: None,
             matrices: None,
             rows_alone: false,
+            integer: false,
             helpers: None,
         };
         let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);

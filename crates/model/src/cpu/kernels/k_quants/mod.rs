@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use half::f16;
 
-use super::blocks::{self, BlockMatrix, each_row};
+use super::blocks::{self, BlockMatrix, Method, each_row};
+use super::prefill::Unpack;
 use super::q8::{BLOCK, Q8Rows, XRow, across};
 
 /// Implements [`Kernels`] for the type `$t` from its module's kernels: `$reference`, and on
@@ -97,6 +98,15 @@ pub(crate) trait KType: Sync + Send + 'static {
     const BYTES: usize;
     /// The block's values, as ggml's `dequantize_row_*` computes them.
     fn dequantise(block: &[u8], out: &mut [f32]);
+    /// Values a scale covers in a prompt's integer product ([`Unpack::GROUP`]).
+    const GROUP: usize = BLOCK;
+    /// [`Unpack::ZERO`].
+    const ZERO: i32 = 0;
+    /// [`Unpack::MINIMUMS`].
+    const MINIMUMS: bool;
+    /// The block as bytes `u [VALUES]`, its groups' scales and minimums
+    /// ([`Unpack::unpack_row`]).
+    fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]);
 }
 
 /// A matrix `[rows, cols]` of blocks along each row (`cols` a multiple of a block's values),
@@ -144,6 +154,27 @@ impl<T: KType> KMatrix<T> {
         let blocks = self.row(j).chunks_exact(T::BYTES);
         for (block, values) in blocks.zip(out.chunks_exact_mut(T::VALUES)) {
             T::dequantise(block, values);
+        }
+    }
+}
+
+impl<T: KType> Unpack for KMatrix<T> {
+    const GROUP: usize = T::GROUP;
+    const ZERO: i32 = T::ZERO;
+    const MINIMUMS: bool = T::MINIMUMS;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]) {
+        let groups = T::VALUES / T::GROUP;
+        let blocks = self.row(j).chunks_exact(T::BYTES);
+        let parts = u
+            .chunks_exact_mut(T::VALUES)
+            .zip(scales.chunks_exact_mut(groups));
+        for ((block, (u, s)), m) in blocks.zip(parts).zip(minimums.chunks_exact_mut(groups)) {
+            T::unpack(block, u, s, m);
         }
     }
 }
@@ -270,16 +301,15 @@ pub(crate) fn kernels<T: Kernels>() -> Vec<Kernel<T>> {
     vec![reference]
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
-/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `method` ([`blocks::product`]).
 pub(crate) fn product<T: Kernels>(
     out: &mut [f32],
     x: &[f32],
     w: &KMatrix<T>,
     b: &[f32],
-    quantised: bool,
+    method: Method,
 ) {
-    blocks::product(out, x, w, b, quantised, T::fastest())
+    blocks::product(out, x, w, b, method, T::fastest())
 }
 
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
@@ -348,4 +378,4 @@ pub(in crate::cpu::kernels) mod avx512 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(in crate::cpu::kernels) mod tests;

@@ -54,6 +54,15 @@ impl<const FIVE: bool> Offsets<FIVE> {
 impl<const FIVE: bool> KType for Offsets<FIVE> {
     const VALUES: usize = BLOCK;
     const BYTES: usize = if FIVE { 24 } else { 20 };
+    const MINIMUMS: bool = true;
+
+    /// Bytes `q`, scale `d`, minimum `m`.
+    fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]) {
+        for (i, u) in u.iter_mut().enumerate() {
+            *u = Self::q(block, i);
+        }
+        (scales[0], minimums[0]) = (half(block, D), half(block, M));
+    }
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
         let kind = if FIVE {

@@ -56,6 +56,37 @@ impl<const FIVE: bool> Minimums<FIVE> {
 
 impl<const FIVE: bool> KType for Minimums<FIVE> {
     const BYTES: usize = if FIVE { 176 } else { 144 };
+    const MINIMUMS: bool = true;
+
+    /// Group `g`: bytes `q`, scale `d · sc_g`, minimum `−(dmin · m_g)`.
+    fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]) {
+        let (d, dmin) = (half(block, D), half(block, DMIN));
+        let (sc, m) = self::scales(&block[SCALES..QH]);
+        // A pair of groups at a time from their 32 bytes (low nibbles, then high), the
+        // fifth bits after: whole slices, so that the loops are vector code.
+        let nibbles = &block[Self::QS..Self::QS + SUPER / 2];
+        for (pair, bytes) in u
+            .chunks_exact_mut(2 * BLOCK)
+            .zip(nibbles.chunks_exact(BLOCK))
+        {
+            let (low, high) = pair.split_at_mut(BLOCK);
+            for ((l, h), &b) in low.iter_mut().zip(high).zip(bytes) {
+                (*l, *h) = (b & 0x0F, b >> 4);
+            }
+        }
+        if FIVE {
+            let fifth: &[u8; BLOCK] = block[QH..QH + BLOCK].try_into().expect("32 bytes");
+            for (g, u) in u.chunks_exact_mut(BLOCK).enumerate() {
+                u.iter_mut()
+                    .zip(fifth)
+                    .for_each(|(u, &h)| *u |= ((h >> g) & 1) << 4);
+            }
+        }
+        for g in 0..GROUPS {
+            scales[g] = d * f32::from(sc[g]);
+            minimums[g] = -(dmin * f32::from(m[g]));
+        }
+    }
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
         let kind = if FIVE {

@@ -28,6 +28,26 @@ const D: usize = 208;
 
 impl KType for Q6K {
     const BYTES: usize = 210;
+    const GROUP: usize = 16;
+    const ZERO: i32 = 32;
+    const MINIMUMS: bool = false;
+
+    /// Group `g`'s bytes `q` (`value + 32`), the scales `d · sc` of its two halves.
+    fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
+        let d = half(block, D);
+        for (g, u) in u.chunks_exact_mut(BLOCK).enumerate() {
+            // [`value`]'s bytes as whole slices, so that the loop is vector code.
+            let (h, j) = (g / 4, g % 4);
+            let low = &block[QL + 64 * h + 32 * (j % 2)..][..BLOCK];
+            let high = &block[QH + 32 * h..][..BLOCK];
+            for ((u, &l), &hi) in u.iter_mut().zip(low).zip(high) {
+                *u = ((l >> (4 * (j / 2))) & 0x0F) | (((hi >> (2 * j)) & 3) << 4);
+            }
+            for k in 0..2 {
+                scales[2 * g + k] = d * f32::from(scale(block, g, k));
+            }
+        }
+    }
 
     fn dequantise(block: &[u8], out: &mut [f32]) {
         BlockType::Q6_K.decode(block, out);

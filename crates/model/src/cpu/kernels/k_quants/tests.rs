@@ -7,7 +7,7 @@ use super::q4_1::{Q41, Q51};
 use super::q4_k::{self, Q4K, Q4KMatrix, Q5K};
 use super::q6_k::{self, Q6K, Q6KMatrix};
 use super::{KMatrix, KType, SUPER};
-use crate::cpu::kernels::blocks;
+use crate::cpu::kernels::blocks::{self, Method};
 use crate::cpu::kernels::q8::tests::values;
 use crate::cpu::kernels::q8::{GEMM_ROWS, Q8Rows};
 
@@ -28,7 +28,12 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
 
 /// `rows` rows of `cols` of random super-blocks of `T`, their f16 scales set to `d` (and
 /// `Q4_K`'s `dmin` to `d / 2`) so that every value is finite.
-fn matrix<T: KType>(rows: usize, cols: usize, seed: u64, d: f32) -> KMatrix<T> {
+pub(in crate::cpu::kernels) fn matrix<T: KType>(
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    d: f32,
+) -> KMatrix<T> {
     let mut data = bytes(rows * KMatrix::<T>::stride(cols), seed);
     for block in data.chunks_exact_mut(T::BYTES) {
         let mut put =
@@ -257,7 +262,7 @@ fn products_are_each_rows_product() {
     let x = values(rows * k, 5);
     let b: Vec<f32> = (0..n).map(|j| j as f32 / 10.0).collect();
     let mut out = vec![0.0; rows * n];
-    super::product(&mut out, &x, &w, &b, true);
+    super::product(&mut out, &x, &w, &b, Method::Alone);
     let mut q = Q8Rows::default();
     for r in 0..rows {
         q.quantize(&x[r * k..(r + 1) * k]);
@@ -273,8 +278,8 @@ fn products_are_each_rows_product() {
     let w4 = matrix::<Q4K>(n, k, 4, 0.02);
     let x = values(GEMM_ROWS * k, 6);
     let (mut quantised, mut f32s) = (vec![0.0; GEMM_ROWS * n], vec![0.0; GEMM_ROWS * n]);
-    super::product(&mut quantised, &x, &w4, &b, true);
-    super::product(&mut f32s, &x, &w4, &b, false);
+    super::product(&mut quantised, &x, &w4, &b, Method::Alone);
+    super::product(&mut f32s, &x, &w4, &b, Method::Dequantised);
     let largest = f32s.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (a, f) in quantised.iter().zip(&f32s) {
         assert!((a - f).abs() <= 0.02 * largest, "{a} vs {f}");

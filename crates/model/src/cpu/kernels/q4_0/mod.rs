@@ -15,7 +15,8 @@
 pub(crate) use crate::arch::quants::quantize_q4_0 as quantize_block;
 use half::f16;
 
-use super::blocks::{self, BlockMatrix, each_row};
+use super::blocks::{self, BlockMatrix, Method, each_row};
+use super::prefill::Unpack;
 use super::q8::{self, BLOCK, Q8Rows};
 use super::rows::F32Rows;
 
@@ -143,10 +144,9 @@ impl Q4Matrix {
     }
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
-/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4Matrix, b: &[f32], quantised: bool) {
-    blocks::product(out, x, w, b, quantised, kernel())
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `method` ([`blocks::product`]).
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q4Matrix, b: &[f32], method: Method) {
+    blocks::product(out, x, w, b, method, kernel())
 }
 
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share
@@ -157,6 +157,32 @@ pub(crate) fn row_range(out: &mut [f32], x: &Q8Rows, w: &Q4Matrix, b: &[f32], j0
 
 /// A row: its nibbles `[cols / 2]` and its blocks' scales `[cols / 32]`.
 type Row<'a> = (&'a [u8], &'a [f16]);
+
+impl Unpack for Q4Matrix {
+    const GROUP: usize = BLOCK;
+    const ZERO: i32 = 8;
+    const MINIMUMS: bool = false;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The nibbles as bytes (value order: a block's low nibbles, then its high ones), `d`.
+    fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
+        let (q, d) = self.row(j);
+        for ((u, q), (s, d)) in u
+            .chunks_exact_mut(BLOCK)
+            .zip(q.chunks_exact(NIBBLES))
+            .zip(scales.iter_mut().zip(d))
+        {
+            let (low, high) = u.split_at_mut(NIBBLES);
+            for ((l, h), &n) in low.iter_mut().zip(high).zip(q) {
+                (*l, *h) = (n & 0x0F, n >> 4);
+            }
+            *s = d.to_f32();
+        }
+    }
+}
 
 impl BlockMatrix for Q4Matrix {
     type Row<'a> = Row<'a>;

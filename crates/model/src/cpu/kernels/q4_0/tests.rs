@@ -2,8 +2,7 @@
 //! has; the quantiser against ggml's; the products against f32's.
 
 use super::*;
-use crate::cpu::kernels::q8::GEMM_ROWS;
-use crate::cpu::kernels::q8::tests::values;
+use crate::cpu::kernels::q8::tests::{methods, values};
 
 /// ggml's `quantize_row_q4_0_ref` worked out by hand: the value of the largest magnitude maps
 /// to nibble 0 (`d = v / -8`), the others truncate `x / d + 8.5` and stop at 15; the first of
@@ -85,7 +84,7 @@ fn shares_and_rows_give_the_reference_numbers() {
     let x = values(rows * k, 9);
     let b = values(n, 10);
     let mut out = vec![0.0; rows * n];
-    product(&mut out, &x, &w, &b, true);
+    product(&mut out, &x, &w, &b, Method::Alone);
     let mut q = Q8Rows::default();
     q.quantize(&x);
     let kb = k / BLOCK;
@@ -113,11 +112,11 @@ fn shares_and_rows_give_the_reference_numbers() {
 #[test]
 fn products_are_close_to_f32() {
     let (k, n) = (96, 70);
-    for rows in [2, GEMM_ROWS + 3] {
+    for (rows, method) in methods() {
         let (w, x, b) = (values(k * n, 4), values(rows * k, 5), values(n, 6));
         let q = Q4Matrix::from_columns(&w, k);
         let mut out = vec![0.0; rows * n];
-        product(&mut out, &x, &q, &b, rows < GEMM_ROWS);
+        product(&mut out, &x, &q, &b, method);
         let mut row = vec![0.0; k];
         for j in 0..n {
             q.dequantise_row(j, &mut row);
@@ -128,9 +127,9 @@ fn products_are_close_to_f32() {
                 let got = out[r * n + j];
                 assert!((got - exact).abs() < 0.15 * scale, "{r} {j}: {got} {exact}");
                 let dequantised: f32 = (0..k).map(|i| x[i] * row[i]).sum::<f32>() + b[j];
-                let bound = match rows < GEMM_ROWS {
-                    true => 0.02 * scale,
-                    false => 1e-4 * scale,
+                let bound = match method {
+                    Method::Alone | Method::Integer => 0.02 * scale,
+                    Method::Dequantised => 1e-4 * scale,
                 };
                 assert!((got - dequantised).abs() < bound, "{r} {j}");
             }

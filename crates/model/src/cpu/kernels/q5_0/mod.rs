@@ -14,7 +14,8 @@
 pub(crate) use crate::arch::quants::quantize_q5_0 as quantize_block;
 use half::f16;
 
-use super::blocks::{self, BlockMatrix, each_row};
+use super::blocks::{self, BlockMatrix, Method, each_row};
+use super::prefill::Unpack;
 use super::q8::{self, BLOCK, Q8Rows};
 use super::rows::F32Rows;
 
@@ -174,6 +175,30 @@ impl Q5Matrix {
     }
 }
 
+impl Unpack for Q5Matrix {
+    const GROUP: usize = BLOCK;
+    const ZERO: i32 = 16;
+    const MINIMUMS: bool = false;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Each value's nibble and fifth bit as a byte, `d`.
+    fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
+        let row = self.row(j);
+        for (b, (u, s)) in u.chunks_exact_mut(BLOCK).zip(scales).enumerate() {
+            let (nibbles, high) = (&row.nibbles[b * NIBBLES..(b + 1) * NIBBLES], row.high(b));
+            let fifth = |i: usize| (((high >> i) & 1) << 4) as u8;
+            for (i, &n) in nibbles.iter().enumerate() {
+                u[i] = (n & 0x0F) | fifth(i);
+                u[i + NIBBLES] = (n >> 4) | fifth(i + NIBBLES);
+            }
+            *s = row.scales[b].to_f32();
+        }
+    }
+}
+
 impl BlockMatrix for Q5Matrix {
     type Row<'a> = Row<'a>;
 
@@ -191,10 +216,9 @@ impl BlockMatrix for Q5Matrix {
     }
 }
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by quantised products (each row as it
-/// would be alone), or, `quantised` false, by f32 products of the dequantised weights.
-pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q5Matrix, b: &[f32], quantised: bool) {
-    blocks::product(out, x, w, b, quantised, kernel())
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `method` ([`blocks::product`]).
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q5Matrix, b: &[f32], method: Method) {
+    blocks::product(out, x, w, b, method, kernel())
 }
 
 /// Outputs `j0..j0 + out.len()` of one quantised row `x` times `wᵀ` plus `b`: a thread's share

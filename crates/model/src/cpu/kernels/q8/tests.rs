@@ -23,6 +23,17 @@ fn vector_quantiser_rounds_as_the_plain_one() {
     assert_eq!((rows.q, rows.d), (q, d));
 }
 
+/// The products' methods with a number of rows each takes: a few rows alone, many in f32 and,
+/// where the CPU runs it, many in integers.
+pub(in crate::cpu::kernels) fn methods() -> Vec<(usize, Method)> {
+    let mut methods = vec![(2, Method::Alone), (GEMM_ROWS + 3, Method::Dequantised)];
+    match crate::cpu::kernels::prefill::runs() {
+        true => methods.push((GEMM_ROWS + 3, Method::Integer)),
+        false => eprintln!("skipped: a prompt's integer product (this CPU lacks AVX-512 VNNI)"),
+    }
+    methods
+}
+
 /// Values in -2.5..2.5 from `seed`, the same on every run.
 pub(in crate::cpu::kernels) fn values(len: usize, seed: u32) -> Vec<f32> {
     (0..len as u32)
@@ -144,11 +155,11 @@ fn every_kernels_share_of_rows_gives_its_products() {
 #[test]
 fn products_are_close_to_f32() {
     let (k, n) = (96, 70);
-    for rows in [2, GEMM_ROWS + 3] {
+    for (rows, method) in methods() {
         let (w, x, b) = (values(k * n, 4), values(rows * k, 5), values(n, 6));
         let q = Q8Matrix::from_columns(&w, k);
         let mut out = vec![0.0; rows * n];
-        product(&mut out, &x, &q, &b, rows < GEMM_ROWS);
+        product(&mut out, &x, &q, &b, method);
         for r in 0..rows {
             for j in 0..n {
                 let exact: f32 = (0..k).map(|i| x[r * k + i] * w[i * n + j]).sum::<f32>() + b[j];

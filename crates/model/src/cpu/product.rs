@@ -9,6 +9,7 @@ use super::kernels::k_quants::q4_1::{Q41Matrix, Q51Matrix};
 use super::kernels::k_quants::q4_k::{Q4KMatrix, Q5KMatrix};
 use super::kernels::k_quants::{self, q6_k::Q6KMatrix};
 use super::kernels::matmul::linear;
+use super::kernels::prefill;
 use super::kernels::q4_0::{self, Q4Matrix};
 use super::kernels::q5_0::{self, Q5Matrix};
 use super::kernels::q8::{self, Q8Matrix, Q8Rows};
@@ -104,7 +105,12 @@ impl<'a> Weight<'a> {
         n_in: usize,
     ) {
         match self {
-            Weight::Q8(w) => q8::product(out, x, w, b, method),
+            Weight::Q8(w) => match method {
+                Method::Integer => prefill::product(out, x, w, b),
+                Method::Alone | Method::Dequantised => {
+                    q8::product(out, x, w, b, method == Method::Alone)
+                }
+            },
             Weight::Q4(w) => q4_0::product(out, x, w, b, method),
             Weight::Q5(w) => q5_0::product(out, x, w, b, method),
             Weight::Q4K(w) => k_quants::product(out, x, w, b, method),

@@ -22,7 +22,7 @@
 //! sums are the same); tests hold the vector kernel to [`reference`] bit for bit, and both
 //! to the f32 product of the dequantised weights within a bound.
 
-use super::q8::{BLOCK, Q8Rows, quantized};
+use super::q8::{BLOCK, Q8Matrix, Q8Rows, quantized};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -50,14 +50,34 @@ pub(crate) trait Unpack: Sync {
     fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]);
 }
 
-/// Whether this CPU (and build) runs a prompt's products in integers: AVX-512 with VNNI (the
-/// block types' VNNI kernels' features). Elsewhere a prompt multiplies the dequantised
-/// weights in f32, which on AVX2 does more multiply-adds per instruction than its byte
-/// products do.
+impl Unpack for Q8Matrix {
+    const GROUP: usize = BLOCK;
+    const ZERO: i32 = 128;
+    const MINIMUMS: bool = false;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Each signed byte `q` as the unsigned `q + 128`, `d`.
+    fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
+        let (q, d) = self.row(j);
+        u.iter_mut()
+            .zip(q)
+            .for_each(|(u, &q)| *u = (q as u8) ^ 0x80);
+        scales.iter_mut().zip(d).for_each(|(s, d)| *s = d.to_f32());
+    }
+}
+
+/// Whether this CPU (and build: the `avx512` feature) runs a prompt's products in integers:
+/// AVX-512 F and BW with VNNI, and FMA. Elsewhere a prompt multiplies the dequantised weights
+/// in f32, which on AVX2 does more multiply-adds per instruction than its byte products do.
 pub(crate) fn runs() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::blocks::vector_sets().0
+        use std::arch::is_x86_feature_detected as has;
+        let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vnni") && has!("fma");
+        cfg!(feature = "avx512") && vnni
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

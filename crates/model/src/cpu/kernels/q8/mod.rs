@@ -21,7 +21,6 @@
 
 use half::f16;
 
-use super::blocks::Method;
 use super::matmul::{View, matmul_into};
 use super::prefetch;
 use super::rows::F32Rows;
@@ -175,25 +174,6 @@ pub(crate) struct Q8Rows {
     pub sums: Vec<f32>,
 }
 
-impl super::prefill::Unpack for Q8Matrix {
-    const GROUP: usize = BLOCK;
-    const ZERO: i32 = 128;
-    const MINIMUMS: bool = false;
-
-    fn dims(&self) -> (usize, usize) {
-        (self.rows, self.cols)
-    }
-
-    /// Each signed byte `q` as the unsigned `q + 128`, `d`.
-    fn unpack_row(&self, j: usize, u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
-        let (q, d) = self.row(j);
-        u.iter_mut()
-            .zip(q)
-            .for_each(|(u, &q)| *u = (q as u8) ^ 0x80);
-        scales.iter_mut().zip(d).for_each(|(s, d)| *s = d.to_f32());
-    }
-}
-
 /// One quantised activation row of [`Q8Rows`]: its bytes `[k]`, its blocks' scales and sums
 /// `[k / 32]`.
 #[derive(Debug, Clone, Copy)]
@@ -255,13 +235,13 @@ pub(crate) const GEMM_ROWS: usize = 16;
 /// Output rows of the weight panel dequantised at a time: `[PANEL, cols]` f32 stays in L2.
 const PANEL: usize = 64;
 
-/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` by `method`: in int8 (each row as it
-/// would be alone), a prompt's integer product, or f32 products of the dequantised weights.
-pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], method: Method) {
-    match method {
-        Method::Alone => quantized(x, |rows| rows_times(out, rows, w, b)),
-        Method::Integer => super::prefill::product(out, x, w, b),
-        Method::Dequantised => dequantised_product(out, x, w.cols, w.rows, b, |j, values| {
+/// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` in int8 (each row as it would be alone)
+/// or, `int8` false, by f32 products of the dequantised weights (a prompt's integer product
+/// is [`super::prefill::product`]).
+pub(crate) fn product(out: &mut [f32], x: &[f32], w: &Q8Matrix, b: &[f32], int8: bool) {
+    match int8 {
+        true => quantized(x, |rows| rows_times(out, rows, w, b)),
+        false => dequantised_product(out, x, w.cols, w.rows, b, |j, values| {
             w.dequantise_row(j, values)
         }),
     }

@@ -1,6 +1,7 @@
 //! The int8 products against their plain reference, bit for bit, on every kernel the CPU has.
 
 use super::*;
+use crate::cpu::kernels::blocks::Method;
 
 /// The activations' quantiser, compiled for the vector width, gives the bytes and scales
 /// of the plain one (libm's `round`: ties away from zero), ties included.
@@ -159,7 +160,10 @@ fn products_are_close_to_f32() {
         let (w, x, b) = (values(k * n, 4), values(rows * k, 5), values(n, 6));
         let q = Q8Matrix::from_columns(&w, k);
         let mut out = vec![0.0; rows * n];
-        product(&mut out, &x, &q, &b, method);
+        match method {
+            Method::Integer => crate::cpu::kernels::prefill::product(&mut out, &x, &q, &b),
+            _ => product(&mut out, &x, &q, &b, method == Method::Alone),
+        }
         for r in 0..rows {
             for j in 0..n {
                 let exact: f32 = (0..k).map(|i| x[r * k + i] * w[i * n + j]).sum::<f32>() + b[j];

@@ -105,12 +105,11 @@ impl<'a> Weight<'a> {
         n_in: usize,
     ) {
         match self {
-            Weight::Q8(w) => match method {
-                Method::Integer => prefill::product(out, x, w, b),
-                Method::Alone | Method::Dequantised => {
+            Weight::Q8(w) => {
+                if !(method == Method::Integer && prefill::product(out, x, w, b)) {
                     q8::product(out, x, w, b, method == Method::Alone)
                 }
-            },
+            }
             Weight::Q4(w) => q4_0::product(out, x, w, b, method),
             Weight::Q5(w) => q5_0::product(out, x, w, b, method),
             Weight::Q4K(w) => k_quants::product(out, x, w, b, method),

@@ -72,10 +72,10 @@ pub(crate) enum Method {
     /// scored as tokens).
     Alone,
     /// Many rows at once in integers, the activations quantised as a token's
-    /// ([`prefill`]: a prompt's chunk, where the CPU has AVX-512 VNNI).
+    /// ([`prefill`]: a prompt's chunk, where the CPU has a kernel for the type).
     Integer,
     /// Many rows at once in f32, of the dequantised weights (training's frozen base; a
-    /// prompt on a CPU without VNNI).
+    /// prompt on a CPU without AVX2).
     Dequantised,
 }
 
@@ -103,8 +103,9 @@ pub(crate) fn product<M: BlockMatrix + Unpack>(
     kernel: Kernel<M>,
 ) {
     let (n, k) = w.shape();
+    let integer = method == Method::Integer && prefill::product(out, x, w, b);
     match method {
-        Method::Integer => prefill::product(out, x, w, b),
+        Method::Integer if integer => {}
         Method::Alone => q8::quantized(x, |x| {
             let rows = x.q.len() / k;
             for j in 0..n {
@@ -114,7 +115,8 @@ pub(crate) fn product<M: BlockMatrix + Unpack>(
                 }
             }
         }),
-        Method::Dequantised => {
+        // A prompt on a CPU without an integer kernel for this type.
+        Method::Integer | Method::Dequantised => {
             q8::dequantised_product(out, x, k, n, b, |j, values| w.dequantise_row(j, values))
         }
     }

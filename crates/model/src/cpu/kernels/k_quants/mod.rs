@@ -104,6 +104,8 @@ pub(crate) trait KType: Sync + Send + 'static {
     const ZERO: i32 = 0;
     /// [`Unpack::MINIMUMS`].
     const MINIMUMS: bool;
+    /// [`Unpack::LARGEST`].
+    const LARGEST: u8;
     /// The block as bytes `u [VALUES]`, its groups' scales and minimums
     /// ([`Unpack::unpack_row`]).
     fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]);
@@ -162,6 +164,7 @@ impl<T: KType> Unpack for KMatrix<T> {
     const GROUP: usize = T::GROUP;
     const ZERO: i32 = T::ZERO;
     const MINIMUMS: bool = T::MINIMUMS;
+    const LARGEST: u8 = T::LARGEST;
 
     fn dims(&self) -> (usize, usize) {
         (self.rows, self.cols)

@@ -55,6 +55,7 @@ impl<const FIVE: bool> KType for Offsets<FIVE> {
     const VALUES: usize = BLOCK;
     const BYTES: usize = if FIVE { 24 } else { 20 };
     const MINIMUMS: bool = true;
+    const LARGEST: u8 = if FIVE { 31 } else { 15 };
 
     /// Bytes `q`, scale `d`, minimum `m`.
     fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]) {

@@ -57,6 +57,7 @@ impl<const FIVE: bool> Minimums<FIVE> {
 impl<const FIVE: bool> KType for Minimums<FIVE> {
     const BYTES: usize = if FIVE { 176 } else { 144 };
     const MINIMUMS: bool = true;
+    const LARGEST: u8 = if FIVE { 31 } else { 15 };
 
     /// Group `g`: bytes `q`, scale `d · sc_g`, minimum `−(dmin · m_g)`.
     fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], minimums: &mut [f32]) {

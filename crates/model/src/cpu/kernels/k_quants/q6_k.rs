@@ -31,6 +31,7 @@ impl KType for Q6K {
     const GROUP: usize = 16;
     const ZERO: i32 = 32;
     const MINIMUMS: bool = false;
+    const LARGEST: u8 = 63;
 
     /// Group `g`'s bytes `q` (`value + 32`), the scales `d · sc` of its two halves.
     fn unpack(block: &[u8], u: &mut [u8], scales: &mut [f32], _: &mut [f32]) {

@@ -34,7 +34,7 @@ fn tile<const G: usize, const MIN: bool, const R: usize>(
     let g = x.groups;
     let len = (r0 + R) * groups;
     assert!(g.start.len() >= len && g.d.len() >= len && g.d_sum.len() >= len);
-    assert!(super::runs(), "the CPU has AVX-512 VNNI");
+    assert!(super::vector_sets().0, "the CPU has AVX-512 VNNI");
     // SAFETY: the CPU has the features (asserted), and every index the kernel reads is below
     // a length asserted above.
     unsafe { tile_unchecked::<G, MIN, R>(p, x, r0, out) }
@@ -98,7 +98,7 @@ unsafe fn tile_unchecked<const G: usize, const MIN: bool, const R: usize>(
 /// transpose of 32-bit words in registers. Returns the words done (the rest are the caller's).
 pub(super) fn interleave(rows: &[u8], k: usize, q: &mut [u8]) -> usize {
     assert!(rows.len() >= LANES * k && q.len() >= LANES * k && k.is_multiple_of(4));
-    assert!(super::runs(), "the CPU has AVX-512");
+    assert!(super::vector_sets().0, "the CPU has AVX-512");
     let columns = k / 64;
     for c in 0..columns {
         // SAFETY: the CPU has AVX-512 F (asserted); row `l`'s bytes `64c..64c + 64` are in

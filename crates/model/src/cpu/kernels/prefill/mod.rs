@@ -1,7 +1,7 @@
 //! A prompt's products by a file's blocks in integers: many activation rows times a matrix of
 //! `Q4_0`, `Q5_0`, `Q8_0`, `Q4_1`, `Q5_1`, `Q4_K`, `Q5_K` or `Q6_K` blocks, the activations
 //! quantised as a token's are (blocks of 32, [`Q8Rows`]), the products summed in integers by
-//! AVX-512 VNNI, as llama.cpp's prompt is.
+//! AVX-512 VNNI (or AVX2's byte products, for every type but `Q8_0`), as llama.cpp's prompt is.
 //!
 //! Every type becomes one shape first, a panel at a time: [`LANES`] weight rows as unsigned
 //! bytes `u`, and per group of [`Unpack::GROUP`] values a float scale `s` and (for types with
@@ -25,6 +25,8 @@
 use super::q8::{BLOCK, Q8Matrix, Q8Rows, quantized};
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(test)]
 mod tests;
@@ -43,6 +45,9 @@ pub(crate) trait Unpack: Sync {
     const ZERO: i32;
     /// Whether the groups have minimums (`Q4_1`, `Q5_1`, `Q4_K`, `Q5_K`).
     const MINIMUMS: bool;
+    /// The largest byte a row holds: AVX2's byte products (`maddubs`, pairs summed in 16
+    /// bits) are exact only up to 63.
+    const LARGEST: u8;
     /// `(rows, cols)`.
     fn dims(&self) -> (usize, usize);
     /// Row `j` as bytes `u [cols]`, its groups' scales `[cols / GROUP]` and, with
@@ -54,6 +59,7 @@ impl Unpack for Q8Matrix {
     const GROUP: usize = BLOCK;
     const ZERO: i32 = 128;
     const MINIMUMS: bool = false;
+    const LARGEST: u8 = 255;
 
     fn dims(&self) -> (usize, usize) {
         (self.rows, self.cols)
@@ -69,15 +75,24 @@ impl Unpack for Q8Matrix {
     }
 }
 
-/// Whether this CPU (and build: the `avx512` feature) runs a prompt's products in integers:
-/// AVX-512 F and BW with VNNI, and FMA. Elsewhere a prompt multiplies the dequantised weights
-/// in f32, which on AVX2 does more multiply-adds per instruction than its byte products do.
+/// Whether this CPU runs the tile kernels `(AVX-512 VNNI, AVX2)`: AVX-512 F and BW with VNNI
+/// and FMA (in a build with the `avx512` feature), and AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+fn vector_sets() -> (bool, bool) {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma");
+    let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vnni") && avx2;
+    (cfg!(feature = "avx512") && vnni, avx2)
+}
+
+/// Whether this CPU runs a prompt's products in integers: with AVX-512 VNNI every type, with
+/// AVX2 the types whose bytes stay under 64 (all but `Q8_0`, whose prompt then multiplies its
+/// dequantised weights in f32, as every type's does elsewhere).
 pub(crate) fn runs() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vnni") && has!("fma");
-        cfg!(feature = "avx512") && vnni
+        let (vnni, avx2) = vector_sets();
+        vnni || avx2
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -125,7 +140,7 @@ impl Panel {
     fn interleave(&mut self, k: usize, groups: usize) {
         self.q.resize(LANES * k, 0);
         #[cfg(target_arch = "x86_64")]
-        let done = match runs() {
+        let done = match vector_sets().0 {
             true => avx512::interleave(&self.rows, k, &mut self.q),
             false => 0,
         };
@@ -193,10 +208,14 @@ pub(crate) struct Tile<'a> {
 pub(crate) type TileFn<const R: usize> = fn(&Panel, Tile<'_>, usize, &mut [[f32; LANES]; R]);
 
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty: no bias) in integers, the
-/// activations quantised per block of 32. Only where [`runs`] says so.
-pub(crate) fn product<M: Unpack>(out: &mut [f32], x: &[f32], w: &M, b: &[f32]) {
-    let (wide, one) = kernels::<M>();
-    product_with(out, x, w, b, (wide, one));
+/// activations quantised per block of 32, where this CPU has a kernel for `M`; false where it
+/// has none (nothing written: the caller multiplies the dequantised weights).
+pub(crate) fn product<M: Unpack>(out: &mut [f32], x: &[f32], w: &M, b: &[f32]) -> bool {
+    match kernels::<M>() {
+        Some(tiles) => product_with(out, x, w, b, tiles),
+        None => return false,
+    }
+    true
 }
 
 /// [`product`] with the tile kernels `(wide, one)` ([`ROWS`] rows, one row).
@@ -247,18 +266,35 @@ pub(crate) fn product_with<M: Unpack>(
     })
 }
 
-/// The fastest tile kernels for `M`: AVX-512 VNNI where [`runs`], else [`reference`].
-fn kernels<M: Unpack>() -> (TileFn<ROWS>, TileFn<1>) {
+/// The fastest tile kernels this CPU has for `M`, if any (AVX-512 VNNI, then AVX2).
+fn kernels<M: Unpack>() -> Option<(TileFn<ROWS>, TileFn<1>)> {
+    vector_kernels::<M>()
+        .into_iter()
+        .next()
+        .map(|(_, tiles)| tiles)
+}
+
+/// Every vector kernel this CPU has for `M`, fastest first, with its name.
+fn vector_kernels<M: Unpack>() -> Vec<(&'static str, (TileFn<ROWS>, TileFn<1>))> {
     #[cfg(target_arch = "x86_64")]
-    if runs() {
-        return avx512::tiles::<M>();
+    {
+        let (vnni, avx2) = vector_sets();
+        let avx2 = avx2.then(avx2::tiles::<M>).flatten();
+        let vnni = vnni.then(avx512::tiles::<M>);
+        [("avx512-vnni", vnni), ("avx2", avx2)]
+            .into_iter()
+            .filter_map(|(name, tiles)| Some((name, tiles?)))
+            .collect()
     }
-    (reference::<M, ROWS>, reference::<M, 1>)
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
 }
 
 /// The numbers every tile kernel computes, in plain Rust: for each lane and row, group by
 /// group, the integer sum from its start, then `acc = sum · (s · xd) + acc` and, with
-/// minimums, `acc = m · (xd · Σ xq) + acc`, each one fused multiply-add.
+/// minimums, `acc = m · (xd · Σ xq) + acc`, each one fused multiply-add: what the tests hold
+/// the vector kernels to.
+#[cfg(test)]
 pub(crate) fn reference<M: Unpack, const R: usize>(
     p: &Panel,
     x: Tile<'_>,

@@ -117,33 +117,59 @@ fn product_by<M: Unpack>(
     out
 }
 
-/// The vector tile kernel gives the reference's floats bit for bit, for every type: rows of
-/// whole tiles and rows past them, outputs past the last whole panel, a bias.
+/// Every vector tile kernel this CPU has gives the reference's floats bit for bit, for every
+/// type it takes: rows of whole tiles and rows past them (an odd count: AVX2's pairs and its
+/// last row alone), outputs past the last whole panel, a bias. A kernel the CPU lacks is
+/// named as skipped.
 #[test]
-fn the_vector_kernel_computes_the_reference_numbers() {
-    if !runs() {
-        eprintln!("skipped: the AVX-512 VNNI tile kernel (this CPU or build lacks it)");
-        return;
+fn the_vector_kernels_compute_the_reference_numbers() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (vnni, avx2) = vector_sets();
+        for (has, name) in [(vnni, "AVX-512 VNNI"), (avx2, "AVX2")] {
+            if !has {
+                eprintln!("skipped: the {name} tile kernel (this CPU or build lacks it)");
+            }
+        }
     }
     let (n, k, rows) = (37, 512, 2 * ROWS + 3);
     let x = values(rows * k, 7);
     let b: Vec<f32> = (0..n).map(|j| j as f32 / 8.0).collect();
     each_type(n, k, &|name, w, _| {
-        fn both<M: Unpack>(w: &M, x: &[f32], b: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        fn each<M: Unpack>(w: &M, x: &[f32], b: &[f32]) -> Vec<(&'static str, Vec<f32>)> {
             let reference = (
                 reference::<M, ROWS> as TileFn<ROWS>,
                 reference::<M, 1> as TileFn<1>,
             );
-            (
-                product_by(w, x, b, kernels::<M>()),
-                product_by(w, x, b, reference),
-            )
+            let mut all = vec![("reference", product_by(w, x, b, reference))];
+            for (kernel, tiles) in vector_kernels::<M>() {
+                all.push((kernel, product_by(w, x, b, tiles)));
+            }
+            all
         }
-        let (vector, reference) = with_type!(w, both, &x, &b);
-        for (i, (v, r)) in vector.iter().zip(&reference).enumerate() {
-            assert_eq!(v.to_bits(), r.to_bits(), "{name} output {i}: {v} vs {r}");
+        let outputs = with_type!(w, each, &x, &b);
+        let reference = &outputs[0].1;
+        for (kernel, vector) in &outputs[1..] {
+            for (i, (v, r)) in vector.iter().zip(reference).enumerate() {
+                assert_eq!(v.to_bits(), r.to_bits(), "{name} {kernel} {i}: {v} vs {r}");
+            }
         }
     });
+}
+
+/// AVX2's kernel takes every type but `Q8_0` (its bytes reach 255, past what 16-bit pairs
+/// hold), AVX-512 VNNI's every type; a CPU with neither multiplies a prompt in f32.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn each_kernel_takes_the_types_it_is_exact_for() {
+    let names = |v: Vec<(&'static str, _)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    let (vnni, avx2) = vector_sets();
+    let q8 = names(vector_kernels::<Q8Matrix>());
+    let q6 = names(vector_kernels::<crate::cpu::kernels::k_quants::KMatrix<Q6K>>());
+    assert_eq!(q8.contains(&"avx512-vnni"), vnni);
+    assert!(!q8.contains(&"avx2"));
+    assert_eq!(q6.contains(&"avx2"), avx2);
+    assert_eq!(runs(), vnni || avx2);
 }
 
 /// The integer product is within what quantising the activations to 8 bits allows of the f32
@@ -158,7 +184,11 @@ fn products_are_near_the_dequantised_f32_product() {
     let b: Vec<f32> = (0..n).map(|j| 1.0 - j as f32 / 16.0).collect();
     each_type(n, k, &|name, w, dequantise| {
         fn integer<M: Unpack>(w: &M, x: &[f32], b: &[f32]) -> Vec<f32> {
-            product_by(w, x, b, kernels::<M>())
+            let reference = (
+                reference::<M, ROWS> as TileFn<ROWS>,
+                reference::<M, 1> as TileFn<1>,
+            );
+            product_by(w, x, b, kernels::<M>().unwrap_or(reference))
         }
         let got = with_type!(w, integer, &x, &b);
         let mut row = vec![0.0; k];
@@ -179,11 +209,12 @@ fn products_are_near_the_dequantised_f32_product() {
     });
 }
 
+#[cfg(target_arch = "x86_64")]
 /// The vector interleave puts every byte where the plain one does, for rows of whole 64-byte
 /// columns and rows with a part column after them.
 #[test]
 fn the_vector_interleave_is_the_plain_one() {
-    if !runs() {
+    if !vector_sets().0 {
         eprintln!("skipped: the AVX-512 interleave (this CPU or build lacks it)");
         return;
     }

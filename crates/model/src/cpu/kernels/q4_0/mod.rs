@@ -162,6 +162,7 @@ impl Unpack for Q4Matrix {
     const GROUP: usize = BLOCK;
     const ZERO: i32 = 8;
     const MINIMUMS: bool = false;
+    const LARGEST: u8 = 15;
 
     fn dims(&self) -> (usize, usize) {
         (self.rows, self.cols)

@@ -179,6 +179,7 @@ impl Unpack for Q5Matrix {
     const GROUP: usize = BLOCK;
     const ZERO: i32 = 16;
     const MINIMUMS: bool = false;
+    const LARGEST: u8 = 31;
 
     fn dims(&self) -> (usize, usize) {
         (self.rows, self.cols)

@@ -363,9 +363,9 @@ fn sampling(
     };
     let weight_bytes = match kind {
         EngineKind::Fused => Some(weight_bytes_per_token(
-            &inference,
+            inference.config(),
             args.weights.format(EngineKind::Fused)?,
-        )?),
+        )),
         EngineKind::Autodiff | EngineKind::Device => None,
     };
     Ok(Sampling {

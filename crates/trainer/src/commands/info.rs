@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use burn::tensor::Device;
 use tinygpt::config::UpdateKind;
 use tinygpt::interop::gguf::kept::FileTypes;
 use tinygpt::run::checkpoint::{self, Checkpoint, Run, Which};
 use tinygpt::train::memory;
-use tinygpt_model::{Gpt, GptConfig, WeightFormat, decoding::weight_bytes_per_token};
+use tinygpt_model::names::Slot;
+use tinygpt_model::{GptConfig, WeightFormat, decoding::weight_bytes_per_token};
 
 /// Describe a run: config, parameters, tokenizer, steps done, best validation loss.
 #[derive(clap::Args)]
@@ -21,19 +21,25 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let run = Run::open(&args.checkpoint)?;
+    // Counted from the config, the checkpoints checked by reading them through: describing a
+    // run never builds nor loads its model (at SmolLM2-1.7B's shape, gigabytes).
     let gpt = run.config.gpt(run.tokenizer.vocab_size());
-    let model = gpt.init(&Device::flex())?;
     println!("run {}", run.dir.display());
-    print_model(&run, &gpt, &model);
+    print_model(&run, &gpt);
     print_training(&run);
-    print_costs(&run, &gpt, &model)?;
+    print_costs(&run, &gpt)?;
     println!("config ({}):", run.dir.join(checkpoint::CONFIG).display());
     print!("{}", run.config.to_toml());
     Ok(ExitCode::SUCCESS)
 }
 
 /// The architecture, its size, LoRA's adapters and the tokenizer.
-fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
+fn print_model(run: &Run, gpt: &GptConfig) {
+    let wpe = Slot::PositionEmbedding;
+    let wpe: usize = match wpe.present(gpt) {
+        true => wpe.shape(gpt).iter().product(),
+        false => 0,
+    };
     println!(
         "model: {} layers, {} heads, n_embd {}, block {}, vocab {} | {} parameters ({:.2}M without wpe)",
         gpt.n_layer,
@@ -41,8 +47,8 @@ fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
         gpt.n_embd,
         gpt.block_size,
         gpt.vocab_size,
-        model.num_params(),
-        model.num_params_non_embedding() as f64 / 1e6
+        gpt.num_params(),
+        (gpt.num_params() as usize - wpe) as f64 / 1e6
     );
     println!("parts: {}", gpt.parts());
     if let Some(lora) = &run.config.lora {
@@ -77,7 +83,7 @@ fn print_model(run: &Run, gpt: &GptConfig, model: &Gpt) {
 
 /// Where training stands (the last checkpoint's state) and whether both checkpoints are whole.
 fn print_training(run: &Run) {
-    let last = run.checkpoint(Which::Last, true);
+    let last = run.verified(Which::Last);
     match &last {
         Ok(last) => {
             let state = &last.state;
@@ -105,7 +111,7 @@ fn print_training(run: &Run) {
         }
         Err(_) => println!("trained: no readable checkpoint"),
     }
-    let best = run.checkpoint(Which::Best, false);
+    let best = run.verified(Which::Best);
     println!(
         "checkpoints: best {} | last {}",
         integrity(&best),
@@ -115,7 +121,7 @@ fn print_training(run: &Run) {
 
 /// What training and sampling it cost on this machine's CPU: the engine, the memory, the
 /// bytes a sampled token reads.
-fn print_costs(run: &Run, gpt: &GptConfig, model: &Gpt) -> Result<()> {
+fn print_costs(run: &Run, gpt: &GptConfig) -> Result<()> {
     // Where `auto` trains it on a machine without a GPU.
     let (engine, _) = tinygpt::backend::Placement::cpu()
         .engine_for(run.config.train.dtype, UpdateKind::of(&run.config))?;
@@ -134,12 +140,9 @@ fn print_costs(run: &Run, gpt: &GptConfig, model: &Gpt) -> Result<()> {
         ))
     );
     // What a sampled token reads on the CPU: the decoding cost `--weights` changes.
-    let bytes = |format| weight_bytes_per_token(model, format).map(|b| memory::human(b as u64));
-    if let (Ok(f32s), Ok(int8)) = (bytes(WeightFormat::F32), bytes(WeightFormat::Q8_0)) {
-        println!(
-            "sampling on the CPU reads {f32s} of matrices a token ({int8} with --weights q8_0)"
-        );
-    }
+    let bytes = |format| memory::human(weight_bytes_per_token(gpt, format) as u64);
+    let (f32s, int8) = (bytes(WeightFormat::F32), bytes(WeightFormat::Q8_0));
+    println!("sampling on the CPU reads {f32s} of matrices a token ({int8} with --weights q8_0)");
     Ok(())
 }
 

@@ -359,6 +359,13 @@ impl Run {
         Ok((model, checkpoint.state))
     }
 
+    /// The `which` checkpoint's state, every file `state.json` lists checked against its
+    /// checksum by reading it through (the weights and the optimizer never held): what a run
+    /// is and whether its checkpoints are whole, without loading them.
+    pub fn verified(&self, which: Which) -> Result<Checkpoint> {
+        self.first_readable(which, |dir| read_checkpoint_checked(dir, &[]))
+    }
+
     /// The model with the `which` weights, as [`load_model`](Self::load_model) loads it, but
     /// the parameters named in `unread` (Burn paths) neither read from the file nor made: only
     /// a decoder that takes their values from elsewhere (a GGUF file's kept blocks:
@@ -572,18 +579,31 @@ fn read_state(dir: &Path) -> Result<TrainState> {
 /// The checkpoint in `dir` without its weights' bytes (nor the optimizer's): the weights file
 /// checked against `state.json` by reading it through, for loading it a tensor at a time.
 fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
+    read_checkpoint_checked(dir, &[WEIGHTS])
+}
+
+/// The checkpoint in `dir` without its files' bytes, its weights and each of `names` that
+/// `state.json` lists (`&[]`: every file it lists) checked against their checksums by reading
+/// them through, never held whole.
+fn read_checkpoint_checked(dir: &Path, names: &[&str]) -> Result<Checkpoint> {
     let state = read_state(dir)?;
     let path = dir.join(WEIGHTS);
     if !path.exists() {
         bail!("{} is missing", path.display());
     }
-    if let Some(expected) = state.files.get(WEIGHTS)
-        && sha256_file(&path)? != *expected
+    let listed = state.files.iter();
+    for (name, expected) in listed.filter(|(n, _)| names.is_empty() || names.contains(&n.as_str()))
     {
-        bail!(
-            "{} is damaged: its checksum does not match the one in state.json",
-            path.display()
-        );
+        let path = dir.join(name);
+        if !path.exists() {
+            bail!("{} is missing (state.json lists it)", path.display());
+        }
+        if sha256_file(&path)? != *expected {
+            bail!(
+                "{} is damaged: its checksum does not match the one in state.json",
+                path.display()
+            );
+        }
     }
     Ok(Checkpoint {
         dir: dir.to_path_buf(),

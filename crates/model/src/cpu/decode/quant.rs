@@ -4,16 +4,14 @@
 //! biases and the KV cache stay f32; a matrix whose rows are not whole blocks of 32 stays f32
 //! too (as llama.cpp keeps it). A tied head stays the embedding's rows, which it already is.
 
-use crate::arch::Mlp;
+use crate::arch::{GptConfig, Mlp};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
-use crate::cpu::error::FusedError;
 use crate::cpu::kernels::q4_0::Q4Matrix;
 use crate::cpu::kernels::q5_0::Q5Matrix;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
 use crate::cpu::kernels::rows::F32Rows;
 use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
-use crate::nn::Gpt;
 
 /// How the fused decoder keeps the weights of its matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,11 +93,12 @@ impl RowWeights {
     }
 }
 
-/// The bytes of weights one token's forward reads in products, every block's matrices and the
-/// LM head (the embedding row and the norms left out: they are a row, not a matrix), with the
-/// matrices kept in `format`.
-pub fn weight_bytes_per_token(gpt: &Gpt, format: WeightFormat) -> Result<usize, FusedError> {
-    let d = Dims::of(gpt)?;
+/// The bytes of weights one token's forward reads in products for a model of `config`, every
+/// block's matrices and the LM head (the embedding row and the norms left out: they are a row,
+/// not a matrix), with the matrices kept in `format`. Counted from the config: nothing is
+/// built.
+pub fn weight_bytes_per_token(config: &GptConfig, format: WeightFormat) -> usize {
+    let d = Dims::from_config(config);
     let bytes = |n_in: usize, n_out: usize| match format {
         WeightFormat::Q8_0 if n_in.is_multiple_of(BLOCK) => n_in * n_out / BLOCK * (BLOCK + 2),
         WeightFormat::Q4_0 if n_in.is_multiple_of(BLOCK) => n_in * n_out / BLOCK * (BLOCK / 2 + 2),
@@ -116,5 +115,5 @@ pub fn weight_bytes_per_token(gpt: &Gpt, format: WeightFormat) -> Result<usize, 
         }
     };
     let block = bytes(c, d.qkv_width()) + bytes(c, c) + mlp;
-    Ok(gpt.h.len() * block + bytes(c, d.vocab))
+    config.n_layer * block + bytes(c, d.vocab)
 }

@@ -182,3 +182,22 @@ pub(crate) fn swap_dir(new: &Path, dst: &Path, old: &Path) -> Result<()> {
     }
     std::fs::rename(new, dst).with_context(|| format!("cannot create {}", dst.display()))
 }
+
+/// A new directory `dst` holding `src`'s files, each hard-linked (the same bytes on the disk,
+/// never written twice), or copied where the filesystem has no links. Only for files nothing
+/// writes in place: a run's checkpoint files, which every save replaces by a new directory.
+pub(crate) fn link_dir(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst).with_context(|| format!("cannot create {}", dst.display()))?;
+    for entry in std::fs::read_dir(src).with_context(|| format!("cannot read {}", src.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            let (from, to) = (entry.path(), dst.join(entry.file_name()));
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).with_context(|| {
+                    format!("cannot copy {} to {}", from.display(), to.display())
+                })?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -87,7 +87,8 @@ pub(super) fn hf_run_config(
     Ok((run_config, notes))
 }
 
-/// Creates the run directory `out` holding `model` as both checkpoints.
+/// Creates the run directory `out` holding `model` as both checkpoints (one weights file on
+/// the disk, linked into both).
 pub(super) fn create_run(
     out: &Path,
     config: RunConfig,
@@ -96,8 +97,8 @@ pub(super) fn create_run(
 ) -> Result<()> {
     let state = TrainState::default();
     Run::create(out, config, tokenizer, |run| {
-        run.save(Which::Best, model, None, &state)?;
-        run.save(Which::Last, model, None, &state)
+        run.save(Which::Last, model, None, &state)?;
+        run.save_as(Which::Last, Which::Best)
     })?;
     Ok(())
 }

@@ -440,12 +440,26 @@ impl Run {
         optimizer: Option<OptimizerFile<'_>>,
         state: &TrainState,
     ) -> Result<()> {
+        self.install(which, |tmp| write_checkpoint(tmp, model, optimizer, state))
+    }
+
+    /// The `from` checkpoint saved again as `to` (a new run's two checkpoints, the same
+    /// weights): its files hard-linked, not written a second time ([`fs::link_dir`]: a save
+    /// never writes a checkpoint's file in place, it replaces the directory).
+    pub fn save_as(&self, from: Which, to: Which) -> Result<()> {
+        let src = self.dir.join(from.dir_name());
+        self.install(to, |tmp| fs::link_dir(&src, tmp))
+    }
+
+    /// The `which` checkpoint as `fill` writes it into a temporary directory, swapped in (a
+    /// `last` being replaced kept as `prev/`); nothing changed if `fill` fails.
+    fn install(&self, which: Which, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
         let name = which.dir_name();
         let tmp = self.dir.join(format!(".{name}.tmp"));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
         }
-        let written = write_checkpoint(&tmp, model, optimizer, state);
+        let written = fill(&tmp);
         if let Err(e) = written {
             // Frees the space a full disk needs back; the old checkpoint is untouched.
             let _ = std::fs::remove_dir_all(&tmp);

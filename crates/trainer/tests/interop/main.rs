@@ -106,6 +106,33 @@ fn nanogpt_checkpoint_gives_pytorchs_logits() {
     }
 }
 
+/// An imported run's two checkpoints are one weights file on the disk (linked, not written
+/// twice: at SmolLM2-1.7B's shape 6.8 GB), and a save that replaces `last` leaves `best`
+/// whole: its bytes, its checksum.
+#[cfg(unix)]
+#[test]
+fn an_imported_runs_checkpoints_share_one_weights_file() {
+    use std::os::unix::fs::MetadataExt;
+    use tinygpt::run::checkpoint::Which;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    import_nanogpt(dir, "run");
+    let file = |which: &str| dir.join("run").join(which).join("model.safetensors");
+    let inode = |which: &str| std::fs::metadata(file(which)).unwrap().ino();
+    assert_eq!(inode("best"), inode("last"), "one file, linked into both");
+    let best = std::fs::read(file("best")).unwrap();
+    let run = Run::open(&dir.join("run")).unwrap();
+    let (model, state) = run
+        .load_model(Which::Best, &burn::tensor::Device::flex())
+        .unwrap();
+    run.save(Which::Last, &model, None, &state).unwrap();
+    assert_ne!(inode("best"), inode("last"), "a save writes a new file");
+    assert_eq!(std::fs::read(file("best")).unwrap(), best);
+    assert!(run.verified(Which::Best).unwrap().warning.is_none());
+    let info = ok(tinygpt(dir, &["info", "--checkpoint", "run"]));
+    assert!(info.contains("best step 0, checksums verified"), "{info}");
+}
+
 #[test]
 fn hugging_face_directory_gives_transformers_logits() {
     let tmp = tempfile::tempdir().unwrap();

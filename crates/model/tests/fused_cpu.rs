@@ -279,6 +279,75 @@ fn long_sequences_span_several_query_blocks() {
     check_against_burn(config, batch, 2);
 }
 
+/// The attention weights the engine gives for a run's snapshots (`FusedCpu::attention_maps`)
+/// are those of Burn's forward on the same weights, every layer and head: the classic parts,
+/// grouped heads with rotary positions and QK-norm, and the lessons' bare one-head model.
+#[test]
+fn attention_maps_are_burns() {
+    let _seeded = seeded();
+    let prompt: Vec<i64> = tokens(9, 13, 21);
+    for config in [
+        sliding(),
+        sliding()
+            .with_n_head(4)
+            .with_n_kv_head(Some(2))
+            .with_position(Position::Rope)
+            .with_rope_theta(100.0)
+            .with_qk_norm(true),
+        GptConfig::minimal(13).with_block_size(16).with_n_embd(24),
+    ] {
+        let gpt = model(&config);
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new(prompt.clone(), [1, prompt.len()]),
+            &gpt.wte.weight.device(),
+        );
+        let (_, want) = gpt.forward_with_attention(ids).unwrap();
+        let got = FusedCpu::new(&gpt, 2)
+            .unwrap()
+            .attention_maps(&prompt)
+            .unwrap();
+        assert_eq!(got.len(), want.len(), "{config:?}");
+        for (layer, (got, want)) in got.iter().zip(want).enumerate() {
+            let want = want.into_data().try_to_vec::<f32>().unwrap();
+            let seq = prompt.len();
+            assert_eq!(got.len() * seq * seq, want.len(), "heads of layer {layer}");
+            for (g, w) in got.iter().flatten().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "layer {layer}: {g} vs Burn's {w}");
+            }
+        }
+    }
+    // A prompt the model cannot take is an error, not a panic.
+    let mut fused = FusedCpu::new(&model(&sliding()), 1).unwrap();
+    assert!(fused.attention_maps(&[]).is_err());
+    assert!(fused.attention_maps(&[13]).is_err());
+}
+
+/// The head's logits are computed 128 rows at a time (never `[rows, vocab]` whole): one thread's
+/// share of 300 rows spans three chunks (128, 128 and 44), ignored targets across a chunk's
+/// edge; tied and untied heads, with a soft cap: the loss and every gradient are Burn's.
+#[test]
+fn the_head_taken_a_chunk_of_rows_at_a_time_matches_burn() {
+    let _seeded = seeded();
+    let base = sliding()
+        .with_block_size(160)
+        .with_n_layer(1)
+        .with_dropout(0.0);
+    let seq = 150;
+    let inputs = tokens(2 * seq, 13, 15);
+    let mut targets = tokens(2 * seq, 13, 16);
+    for t in &mut targets[120..140] {
+        *t = IGNORE_INDEX;
+    }
+    let batch = token_batch(&inputs, &targets, 2, seq);
+    for config in [
+        base.clone(),
+        base.clone().with_tie_embeddings(false),
+        base.with_logit_softcap(0.5),
+    ] {
+        check_against_burn(config, batch, 1);
+    }
+}
+
 #[test]
 fn gradients_accumulate_and_reset() {
     let _seeded = seeded();

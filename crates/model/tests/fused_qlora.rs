@@ -7,7 +7,8 @@
 
 mod common;
 
-use burn::tensor::Device;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::lora::{adapted, batch, check};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
@@ -338,7 +339,109 @@ fn lent_and_taken_back(config: GptConfig, base: BaseWeights) {
             assert_eq!(values, &given, "{slot:?}");
         }
     }
-    let (mut lending, _hollow) = lent.reclaim();
+    let (mut lending, hollow) = lent.reclaim();
     assert_eq!(lending.weight_bytes(), held);
     assert_eq!(step(&mut lending), step(&mut plain));
+    // What a checkpoint writes, without lending: the factors the engine holds, and the base
+    // as empty placeholders (nothing to make, nothing read).
+    let lent = plain.lend_weights(gpt.clone());
+    let trained = lending.trained_weights(&hollow);
+    assert_eq!(lending.weight_bytes(), held, "nothing lent");
+    let mut factors = 0;
+    for ((slot, shape, values), (_, _, copied)) in
+        by_slot(lent.model()).iter().zip(by_slot(&trained))
+    {
+        match slot {
+            Slot::Adapter { .. } => {
+                assert_eq!(values, &copied, "{slot:?}");
+                factors += 1;
+            }
+            _ => assert!(
+                copied.is_empty() && !shape.is_empty(),
+                "{slot:?} is a placeholder"
+            ),
+        }
+    }
+    assert_eq!(factors, 2 * 4 * config.n_layer);
+}
+
+/// A snapshot's attention maps from the engine holding the base in its blocks are Burn's of
+/// the rounded model with its adapters: nothing is lent for them.
+#[test]
+fn attention_maps_on_a_quantised_base_are_burns() {
+    let _seeded = seeded();
+    for base in BASES {
+        let config = configs_for(base).remove(1);
+        let gpt = adapted(&config, &held(2, base));
+        let prompt: Vec<i64> = batch(config.vocab_size).0[..10].to_vec();
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new(prompt.clone(), [1, prompt.len()]),
+            &gpt.wte.weight.device(),
+        );
+        let (_, want) = gpt.forward_with_attention(ids).unwrap();
+        let (mut fused, _hollow) = FusedCpu::taking(gpt, 2).unwrap();
+        let got = fused.attention_maps(&prompt).unwrap();
+        for (layer, (got, want)) in got.iter().zip(want).enumerate() {
+            let want = want.into_data().try_to_vec::<f32>().unwrap();
+            assert_eq!(got.iter().flatten().count(), want.len());
+            for (g, w) in got.iter().flatten().zip(&want) {
+                assert!(
+                    (g - w).abs() < 1e-5,
+                    "{base:?} layer {layer}: {g} vs Burn's {w}"
+                );
+            }
+        }
+    }
+}
+
+/// A base read from its file as it is first used (how the trainer loads a LoRA run's base):
+/// attaching adapters and rounding the base to `Q4_K` read none of it, the engine reads each
+/// matrix as it takes it (so the base is never whole in f32), and what it then computes is what
+/// the same base read beforehand gives, bit for bit.
+#[test]
+fn a_base_read_as_it_is_used_is_read_by_the_engine_alone() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Lazily(Arc<AtomicUsize>);
+    impl ModuleMapper for Lazily {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let (id, device, shape) = (param.id, param.lazy_device(), param.lazy_shape());
+            let (value, made) = (param.val(), self.0.clone());
+            let read = move |_: &Device, require_grad: bool| {
+                made.fetch_add(1, Ordering::SeqCst);
+                value.set_require_grad(require_grad)
+            };
+            Param::uninitialized(id, read, device, true, shape)
+        }
+    }
+    let _seeded = seeded();
+    let device = Device::flex();
+    let config = configs_for(BaseWeights::Q4K).remove(3);
+    let read = common::init(&config, &device).copied_here();
+    let made = Arc::new(AtomicUsize::new(0));
+    let unread = read.clone().map(&mut Lazily(made.clone()));
+    let lora = held(2, BaseWeights::Q4K);
+    device.seed(7);
+    let unread = unread.with_lora(&lora).unwrap();
+    assert_eq!(
+        made.load(Ordering::SeqCst),
+        0,
+        "nothing read to attach the adapters"
+    );
+    let (mut from_unread, _) = FusedCpu::taking(unread, 2).unwrap();
+    let params = ParamLayout::of(&read).entries().len();
+    assert_eq!(
+        made.load(Ordering::SeqCst),
+        params,
+        "each read once, by the engine"
+    );
+    device.seed(7);
+    let (mut from_read, _) = FusedCpu::taking(read.with_lora(&lora).unwrap(), 2).unwrap();
+    assert_eq!(from_unread.weight_bytes(), from_read.weight_bytes());
+    let ids = batch(config.vocab_size);
+    let (a, b) = (
+        from_unread.accumulate(tokens(&ids), 1.0, None).unwrap(),
+        from_read.accumulate(tokens(&ids), 1.0, None).unwrap(),
+    );
+    assert_eq!(a.to_bits(), b.to_bits());
 }

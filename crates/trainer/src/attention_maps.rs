@@ -64,6 +64,18 @@ impl AttentionMaps {
         Ok(Self { labels, maps })
     }
 
+    /// The maps of `ids` computed elsewhere (`maps[layer][head]`, each `[seq, seq]`), labelled
+    /// for a model of context `block_size`.
+    pub(crate) fn of_weights(
+        tokenizer: &Tokenizer,
+        ids: &[u32],
+        block_size: usize,
+        maps: Vec<Vec<Vec<f32>>>,
+    ) -> Result<Self> {
+        let labels = labels(tokenizer, ids, block_size)?;
+        Ok(Self { labels, maps })
+    }
+
     /// [`of_tokens`](Self::of_tokens) from the fused CPU decoder's weights (f32 or int8: the
     /// weights that decoder attends with), with no Burn model; only `layer`'s maps when one is
     /// named (the others empty).

@@ -46,19 +46,35 @@ impl Params {
         }
         let layout = self.shared_layout();
         for entry in layout.entries().iter().filter(|e| !layout.trains(e)) {
-            let (Slot::Block(l, slot), &[n_in, _]) = (entry.slot, &entry.shape[..]) else {
-                continue;
-            };
-            let Some(target) = matrix(slot) else {
-                continue;
-            };
-            let block = &mut self.blocks[l];
-            let Some(kind) = base.held_as(n_in) else {
-                continue;
-            };
-            if let Some(values) = block.buffer_mut(slot).take(Buffer::Elsewhere) {
-                block.base_held[target as usize] = Some(Frozen::quantise(&values, n_in, kind));
+            if let &[n_in, _] = &entry.shape[..] {
+                self.hold_matrix(entry.slot, n_in);
             }
+        }
+    }
+
+    /// Holds frozen `slot` (a matrix of `n_in` inputs) as the base says, if it is a block
+    /// matrix the base quantises and its f32 values are here: as each comes in
+    /// ([`take`](Self::take), [`reclaim`](Self::reclaim)), so that the base is never held
+    /// whole in f32.
+    pub(crate) fn hold_matrix(&mut self, slot: Slot, n_in: usize) {
+        let (Slot::Block(l, slot), Some(kind)) = (slot, self.base.held_as(n_in)) else {
+            return;
+        };
+        let Some(target) = matrix(slot) else {
+            return;
+        };
+        let layout = self.layout();
+        let whole = Slot::Block(l, slot);
+        if !layout
+            .entries()
+            .iter()
+            .any(|e| e.slot == whole && !layout.trains(e))
+        {
+            return;
+        }
+        let block = &mut self.blocks[l];
+        if let Some(values) = block.buffer_mut(slot).take(Buffer::Elsewhere) {
+            block.base_held[target as usize] = Some(Frozen::quantise(&values, n_in, kind));
         }
     }
 

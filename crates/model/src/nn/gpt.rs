@@ -453,7 +453,8 @@ impl Gpt {
     /// Parameters without the position embedding: the figure nanoGPT prints ("0.80M").
     pub fn num_params_non_embedding(&self) -> usize {
         let wpe = self.wpe.as_ref();
-        self.num_params() - wpe.map_or(0, |wpe| wpe.weight.shape().num_elements())
+        // The shape without reading the values (a lazy parameter stays unmade).
+        self.num_params() - wpe.map_or(0, |wpe| wpe.weight.lazy_shape().num_elements())
     }
 
     /// The parameters weight decay applies to: every 2-D weight (linear layers and embeddings),

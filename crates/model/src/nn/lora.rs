@@ -5,9 +5,9 @@
 //! `h.{l}.{matrix}.weight.lora.a` and `.b` ([`adapter_path`]), which the optimizers, the fused
 //! engine ([`ParamLayout::of`](crate::ParamLayout::of)) and checkpoints find by those paths.
 
-use burn::module::{Lora, Module, ParamGroup};
+use burn::module::{Lora, LoraAdapter, Module, Param, ParamGroup, Reparameterizer};
 use burn::nn::{DropoutConfig, Linear};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
 use super::gpt::Gpt;
 use crate::arch::{BaseWeights, Factor, LoraConfig, LoraTarget, TrainedPart, trained_beside};
@@ -16,6 +16,45 @@ use crate::error::GptConfigError;
 /// Burn's path of the adapter factor on block `layer`'s `target` matrix.
 pub fn adapter_path(layer: usize, target: LoraTarget, factor: Factor) -> String {
     format!("{}.lora.{}", matrix_path(layer, target), factor.name())
+}
+
+/// Burn's [`Lora`], but a parameter not yet read (a base read from its file as it is used,
+/// [`Gpt::with_lora`] on a model loaded lazily) stays unread: Burn's reads every matrix to
+/// learn its shape and dtype, which would make the whole base in f32 at once. The factors are
+/// drawn as Burn draws them, in the same order (`A ~ N(0, 1/rank)`, `B = 0`, at f32, the
+/// dtype such a base is read in).
+struct Lazily(Lora);
+
+impl Reparameterizer for Lazily {
+    type Reparam = LoraAdapter;
+
+    fn reparameterize<const D: usize>(
+        &mut self,
+        path: &str,
+        param: Param<Tensor<D>>,
+    ) -> (Param<Tensor<D>>, Option<LoraAdapter>) {
+        if param.is_initialized() {
+            return self.0.reparameterize(path, param);
+        }
+        let (id, device, shape) = (param.id, param.lazy_device(), param.lazy_shape());
+        let base = param.set_require_grad(false);
+        if D != 2 || !self.0.param_group.matches(&id, Some(path)) {
+            return (base, None);
+        }
+        let (rank, (d_in, d_out)) = (self.0.rank, (shape[0], shape[1]));
+        let std = self.0.init_std.unwrap_or(1.0 / rank as f64);
+        // Persistent, as Burn places them: the factors live as long as the model.
+        let (a, b) = device.memory_persistent_allocations((), |_| {
+            let a = Tensor::<2>::random([d_in, rank], Distribution::Normal(0.0, std), &device);
+            (a, Tensor::<2>::zeros([rank, d_out], &device))
+        });
+        let adapter = LoraAdapter {
+            a: Param::from_tensor(a),
+            b: Param::from_tensor(b),
+            scale: self.0.alpha / rank as f64,
+        };
+        (base, Some(adapter))
+    }
 }
 
 /// Burn's path of block `layer`'s `target` matrix.
@@ -50,7 +89,7 @@ impl Gpt {
         };
         let trained = trained_beside(base.config(), &lora.also_train);
         let trained: Vec<String> = trained.into_iter().map(|p| p.burn).collect();
-        let mut adapted = base.apply_lora(burn);
+        let mut adapted = base.apply_reparameterization(Lazily(burn));
         if !trained.is_empty() {
             adapted = adapted.unfreeze_group(ParamGroup::from_paths(trained));
         }
@@ -77,11 +116,13 @@ impl Gpt {
     /// none where they are not whole blocks of 32), one matrix at a time.
     fn rounded_to(mut self, base: BaseWeights) -> Self {
         let round = |linear: &mut Linear| {
-            let [n_in, n_out] = linear.weight.dims();
+            // Its shape without reading it (`dims` would make a lazy parameter).
+            let shape = linear.weight.lazy_shape();
+            let [n_in, n_out] = [shape[0], shape[1]];
             if base.held_as(n_in).is_none() {
                 return;
             }
-            linear.weight = linear.weight.clone().map(|w| {
+            let round = move |w: Tensor<2>| {
                 let device = w.device();
                 let mut values = w
                     .into_data()
@@ -89,7 +130,21 @@ impl Gpt {
                     .expect("weights are f32");
                 base.round(&mut values, n_in);
                 Tensor::from_data(TensorData::new(values, [n_in, n_out]), &device)
-            });
+            };
+            let weight = linear.weight.clone();
+            linear.weight = match weight.is_initialized() {
+                true => weight.map(round),
+                // Not read yet (a base read from its file as it is used): rounded when it is,
+                // so that the base is never made whole in f32 here.
+                false => {
+                    let (id, device) = (weight.id, weight.lazy_device());
+                    let shape = weight.lazy_shape();
+                    let made = move |_: &Device, require_grad: bool| {
+                        round(weight.val()).set_require_grad(require_grad)
+                    };
+                    Param::uninitialized(id, made, device, true, shape)
+                }
+            };
         };
         for block in &mut self.h {
             round(&mut block.attn.c_attn);

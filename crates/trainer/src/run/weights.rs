@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -82,6 +83,15 @@ pub(crate) fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
     load_weights_file_without(model, path, &HashSet::new())
 }
 
+/// [`load_weights_file`], the file's table checked as it checks it, but each parameter's bytes
+/// read only when the parameter is first used (a lazy parameter that reads its tensor from
+/// the open file). For a LoRA run's frozen base: the fused engine takes the parameters one at
+/// a time and rounds each block matrix to the base's blocks as it comes, so a four-bit base
+/// never exists in f32 whole (at SmolLM2-360M's shape, 1.3 GB it would hold at the start).
+pub(crate) fn load_weights_file_lazily(model: Gpt, path: &Path) -> Result<Gpt> {
+    load(model, path, &HashSet::new(), true)
+}
+
 /// [`load_weights_file`], but the parameters named in `unread` (Burn paths) are neither read
 /// nor made: the file must still hold each, of its shape, and the model keeps it unmade, so
 /// that only a reader that takes its values from elsewhere may use the model (reading one is
@@ -91,15 +101,22 @@ pub(crate) fn load_weights_file_without(
     path: &Path,
     unread: &HashSet<String>,
 ) -> Result<Gpt> {
+    load(model, path, unread, false)
+}
+
+/// [`load_weights_file_without`], each parameter read now or, `lazily`, when first used.
+fn load(model: Gpt, path: &Path, unread: &HashSet<String>, lazily: bool) -> Result<Gpt> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (start, tensors) = read_header(&file)
         .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let file = Arc::new(file);
     let mut load = Load {
         file: &file,
         start,
         tensors,
         unread,
+        lazily: lazily.then(|| (file.clone(), path.to_path_buf())),
         path: Vec::new(),
         error: None,
     };
@@ -150,11 +167,14 @@ fn read_header(file: &std::fs::File) -> Result<(u64, HashMap<String, FileTensor>
 
 /// Replaces each parameter by its tensor of the file, by Burn path; the first problem is kept.
 struct Load<'a> {
-    file: &'a std::fs::File,
+    file: &'a Arc<std::fs::File>,
     start: u64,
     tensors: HashMap<String, FileTensor>,
     /// The parameters left unmade ([`load_weights_file_without`]).
     unread: &'a HashSet<String>,
+    /// The file (and its name, for a failed read) each parameter reads itself from when first
+    /// used ([`load_weights_file_lazily`]).
+    lazily: Option<(Arc<std::fs::File>, PathBuf)>,
     path: Vec<String>,
     error: Option<anyhow::Error>,
 }
@@ -179,7 +199,7 @@ impl Load<'_> {
         let tensor = self.tensor(name, want)?;
         let (from, to) = tensor.offsets;
         let mut bytes = vec![0u8; usize::try_from(to - from)?];
-        let mut file = self.file;
+        let mut file: &std::fs::File = self.file;
         file.seek(SeekFrom::Start(self.start + from))
             .and_then(|_| file.read_exact(&mut bytes))
             .with_context(|| format!("cannot read tensor `{name}`"))?;
@@ -211,6 +231,18 @@ impl ModuleMapper for Load<'_> {
             }
             return unmade(param, name);
         }
+        if let Some((file, path)) = self.lazily.clone() {
+            return match self.tensor(&name, &want) {
+                Ok(tensor) => {
+                    let at = self.start + tensor.offsets.0;
+                    deferred(param, (file, path, at), name)
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    param
+                }
+            };
+        }
         let values = match self.values(&name, &want) {
             Ok(values) => values,
             Err(e) => {
@@ -236,6 +268,33 @@ fn unmade<const D: usize>(param: Param<Tensor<D>>, name: String) -> Param<Tensor
         panic!("internal error: `{name}` was left unread by the loader, then read")
     };
     Param::uninitialized(id, unread, device, false, shape)
+}
+
+/// `param` read from `file` at byte `at` when first used ([`load_weights_file_lazily`]; its
+/// dtype and shape checked already). A read that fails then (the disk failing mid-run) cannot
+/// be returned as an error: it stops the program, naming the file.
+fn deferred<const D: usize>(
+    param: Param<Tensor<D>>,
+    (file, path, at): (Arc<std::fs::File>, PathBuf, u64),
+    name: String,
+) -> Param<Tensor<D>> {
+    use std::os::unix::fs::FileExt;
+    let (id, device, shape) = (param.id, param.lazy_device(), param.lazy_shape());
+    drop(param);
+    let size = shape.clone();
+    let read = move |device: &burn::tensor::Device, require_grad: bool| -> Tensor<D> {
+        let mut bytes = vec![0u8; 4 * size.num_elements()];
+        if let Err(e) = file.read_exact_at(&mut bytes, at) {
+            panic!("cannot read tensor `{name}` of {}: {e}", path.display());
+        }
+        let values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("four bytes")))
+            .collect();
+        Tensor::from_data(TensorData::new(values, size), device).set_require_grad(require_grad)
+    };
+    // Trainable, as a model's own initialisation makes it (LoRA freezes its base after).
+    Param::uninitialized(id, read, device, true, shape)
 }
 
 /// `from`'s weights into `to` (same architecture), wherever each lives: the values are read on

@@ -49,6 +49,9 @@ pub(crate) struct Work<'a> {
     /// base `also_train` names (the rest of the base is frozen: no gradients, no optimizer
     /// state).
     pub lora: Option<&'a LoraConfig>,
+    /// Whether each evaluation samples from the model (`train.sample_tokens` > 0): the fused
+    /// engine then lends a base it holds quantised to Burn's model, in f32, to sample from.
+    pub samples: bool,
 }
 
 /// What a run holds besides the model's own buffers (measured: ~100 MiB for the baby model).
@@ -65,6 +68,7 @@ impl Estimate {
             threads: config.workers(),
             checkpointing: t.checkpointing,
             lora: config.lora.as_ref(),
+            samples: t.sample_tokens > 0,
         };
         Self::for_model(&gpt, work, engine)
     }
@@ -77,6 +81,7 @@ impl Estimate {
             threads,
             checkpointing,
             lora,
+            samples,
         } = work;
         let params = gpt.num_params();
         let adapters = lora.map(|lora| lora.num_params(gpt));
@@ -125,16 +130,20 @@ impl Estimate {
             overhead: OVERHEAD.saturating_add(checkpoint_copies(gpt, adapters.is_some())),
         };
         match engine {
-            EngineKind::Fused => estimate.with_int8_base(FusedCpu::weight_bytes_for(gpt, lora)),
+            EngineKind::Fused => {
+                estimate.with_int8_base(FusedCpu::weight_bytes_for(gpt, lora), samples)
+            }
             EngineKind::Autodiff | EngineKind::Device => estimate,
         }
     }
 
     /// The fused engine's peak when it holds its weights in `held` bytes: less than in f32
-    /// with a `q8_0` base (`[lora] base`). It then has two peaks: a step's, the base in int8
-    /// beside the activations, and a checkpoint's or a sample's, the base lent to Burn's model
-    /// in f32 and the activations freed to make room. The larger is the estimate.
-    fn with_int8_base(self, held: u64) -> Self {
+    /// with a `q8_0` or `q4_k` base (`[lora] base`). A step holds the base in its blocks
+    /// beside the activations; a checkpoint writes the adapters alone and a snapshot's
+    /// attention maps come from the engine, so that is the peak, unless the run `samples`:
+    /// the base is then lent to Burn's model in f32 at each evaluation, the activations freed
+    /// to make room, and the larger of the two is the estimate.
+    fn with_int8_base(self, held: u64, samples: bool) -> Self {
         if held >= self.weights {
             return self;
         }
@@ -143,6 +152,9 @@ impl Estimate {
             overhead: OVERHEAD,
             ..self
         };
+        if !samples {
+            return step;
+        }
         let lent = Self {
             activations: 0,
             ..self
@@ -289,6 +301,7 @@ mod tests {
                 threads,
                 checkpointing: false,
                 lora: None,
+                samples: true,
             };
             Estimate::for_model(&config.gpt(65), work, EngineKind::Fused).gradients / (4 * params)
         };

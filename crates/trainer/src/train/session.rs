@@ -110,7 +110,7 @@ impl Trainer {
     pub fn describe(&mut self) -> Result<String> {
         let (config, data) = (&self.config, &self.data);
         let m = &config.model;
-        let model = self.engine.model()?;
+        let model = self.engine.shapes()?;
         let (params, non_embedding) = (model.num_params(), model.num_params_non_embedding());
         let lora = match &config.lora {
             Some(lora) => format!("\nlora: {}", lora.describe(model.config())),
@@ -297,10 +297,8 @@ impl Trainer {
             skipped: state.skipped_steps,
         };
         self.metrics.record(&self.run.dir, row)?;
-        let engine = self.engine.kind();
-        let snapshot = Snapshot {
-            model: self.engine.model()?,
-            engine,
+        let mut snapshot = Snapshot {
+            engine: &mut *self.engine,
             tokenizer: &self.run.tokenizer,
             device: &self.device,
             prompt: &self.sample_prompt,

@@ -257,7 +257,12 @@ fn source_model(
         }
         None => {
             let (path, sum) = source.best_weights_file()?;
-            let model = crate::run::weights::load_weights_file(model, &path)
+            // A LoRA run's base is read as the engine takes it, a tensor at a time.
+            let load = match config.lora {
+                Some(_) => crate::run::weights::load_weights_file_lazily,
+                None => crate::run::weights::load_weights_file,
+            };
+            let model = load(model, &path)
                 .with_context(|| format!("weights {} do not fit", path.display()))?;
             (model, sum)
         }

@@ -5,10 +5,10 @@
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
-use tinygpt_model::{GenerateOptions, Gpt, generate};
+use tinygpt_model::{GenerateOptions, generate};
 
+use super::engine::Engine;
 use crate::attention_maps::AttentionMaps;
-use crate::backend::EngineKind;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, Split};
@@ -57,8 +57,10 @@ fn head(split: &Split, n: usize) -> Vec<u32> {
 
 /// What an evaluation's snapshot is taken of.
 pub(crate) struct Snapshot<'a> {
-    pub model: &'a Gpt,
-    pub engine: EngineKind,
+    /// The engine training the run: its maps where it computes them, and its model for the
+    /// rest (asked for only when needed: the fused engine lends a base held quantised to it
+    /// in f32).
+    pub engine: &'a mut dyn Engine,
     pub tokenizer: &'a Tokenizer,
     pub device: &'a Device,
     pub prompt: &'a [u32],
@@ -67,10 +69,18 @@ pub(crate) struct Snapshot<'a> {
 
 impl Snapshot<'_> {
     /// The journal line of the evaluation at `step` with these losses.
-    pub fn line(&self, step: usize, (train_loss, val_loss): (f64, f64)) -> Result<EvalLine> {
-        // Without autodiff: nothing of the forward is kept for a backward.
-        let model = self.model.valid();
-        let maps = AttentionMaps::of_tokens(&model, self.tokenizer, self.prompt, self.device)?;
+    pub fn line(&mut self, step: usize, (train_loss, val_loss): (f64, f64)) -> Result<EvalLine> {
+        let maps = match self.engine.attention_maps(self.prompt)? {
+            Some(maps) => {
+                let block = self.engine.shapes()?.block_size();
+                AttentionMaps::of_weights(self.tokenizer, self.prompt, block, maps)?
+            }
+            None => {
+                // Without autodiff: nothing of the forward is kept for a backward.
+                let model = self.engine.model()?.valid();
+                AttentionMaps::of_tokens(&model, self.tokenizer, self.prompt, self.device)?
+            }
+        };
         let attention = maps
             .maps
             .iter()
@@ -97,13 +107,15 @@ impl Snapshot<'_> {
 
     /// `train.sample_tokens` sampled after the prompt, with the run's seed: the same at the same
     /// step of a resumed run.
-    fn sample(&self) -> Result<String> {
+    fn sample(&mut self) -> Result<String> {
         let tokens = self.config.train.sample_tokens;
         if tokens == 0 {
             return Ok(String::new());
         }
         let vocab = self.tokenizer.vocab_size();
-        let mut decoder = decoder_for(self.engine, self.model, vocab, &Weights::F32.into())?;
+        let kind = self.engine.kind();
+        let model = self.engine.model()?;
+        let mut decoder = decoder_for(kind, model, vocab, &Weights::F32.into())?;
         let options = GenerateOptions {
             max_new_tokens: tokens,
             seed: self.config.train.seed,

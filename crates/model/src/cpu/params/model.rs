@@ -37,6 +37,28 @@ impl Params {
         gpt.map(&mut Write(self, slots))
     }
 
+    /// `gpt` with the values of the parameters that train ([`ParamLayout::trains`]) copied in,
+    /// and every frozen one an empty placeholder of its id (no values: nothing reads them; a
+    /// reader that walks every parameter, as a checkpoint's writer does before it filters,
+    /// finds nothing to make).
+    pub(crate) fn write_trained(&self, gpt: Gpt) -> Gpt {
+        struct Trained<'a>(&'a Params, HashMap<ParamId, (Slot, bool)>);
+        impl ModuleMapper for Trained<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                match self.1.remove(&param.id) {
+                    Some((slot, true)) => with_values(param, self.0.values(slot)),
+                    Some((_, false)) => {
+                        let (id, device) = (param.id, param.lazy_device());
+                        Param::initialized(id, Tensor::<D>::empty([0; D], &device))
+                    }
+                    None => param,
+                }
+            }
+        }
+        let slots = slots_of(&gpt);
+        gpt.map(&mut Trained(self, slots))
+    }
+
     /// `gpt` with these values as its parameters, as [`write`](Self::write) makes it, but a
     /// frozen parameter's (LoRA's base, [`ParamLayout::trains`]) moved into it rather than
     /// copied: its buffer here is [`Buffer::Elsewhere`] until [`reclaim`](Self::reclaim) takes
@@ -81,7 +103,9 @@ impl Params {
             ..Self::default()
         };
         params.set_lora_scale(&gpt);
-        // Every parameter counts as lent: `reclaim` moves each one's values in.
+        // Every parameter counts as lent: `reclaim` moves each one's values in (a frozen
+        // block matrix quantised as it comes, where the base is).
+        params.base = gpt.lora_base();
         let slots = layout.entries().iter().map(|e| (e.id, (e.slot, false)));
         let hollow = gpt.map(&mut Reclaim(&mut params, slots.collect()));
         params.hold_base(hollow.lora_base());
@@ -222,6 +246,9 @@ impl ModuleMapper for Reclaim<'_> {
             Some((slot, false)) if !self.0.slot(slot).is_held() => {
                 let values = tensor.into_data().try_into_vec::<f32>();
                 *self.0.slot_mut(slot) = Buffer::Held(values.expect("parameters are f32"));
+                if let &[n_in, _] = shape.as_slice() {
+                    self.0.hold_matrix(slot, n_in);
+                }
             }
             _ => drop(tensor),
         }

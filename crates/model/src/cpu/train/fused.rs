@@ -474,7 +474,7 @@ impl FusedCpu {
         Ok(sums.iter().sum::<f64>() / kept as f64)
     }
 
-    fn check(&self, batch: &TokenBatch<'_>) -> Result<(), FusedError> {
+    pub(super) fn check(&self, batch: &TokenBatch<'_>) -> Result<(), FusedError> {
         let cells = batch.batch * batch.seq;
         if batch.inputs.len() != cells || batch.targets.len() != cells || cells == 0 {
             return Err(FusedError::BatchShape {

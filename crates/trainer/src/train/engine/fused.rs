@@ -26,6 +26,9 @@ pub(super) struct FusedEngine {
     known: Vec<Step>,
     /// The ranks a step's micro-batches are dealt to, when there are several.
     ranks: Option<Ranks>,
+    /// A LoRA run's last checkpoint's model: the trained weights alone, the base left hollow
+    /// ([`FusedCpu::trained_weights`]); dropped at the next step.
+    trained: Option<Box<Gpt>>,
 }
 
 /// Where the weights are between calls: in the engine (the model a hollow of the same
@@ -70,6 +73,7 @@ impl FusedEngine {
             threads,
             known: Vec::new(),
             ranks,
+            trained: None,
         })
     }
 }
@@ -173,7 +177,32 @@ impl Engine for FusedEngine {
         Ok(self.weights.lent().model())
     }
 
+    fn attention_maps(&mut self, prompt: &[u32]) -> Result<Option<Vec<Vec<Vec<f32>>>>> {
+        let ids: Vec<i64> = prompt.iter().map(|&id| i64::from(id)).collect();
+        Ok(Some(self.weights.held().attention_maps(&ids)?))
+    }
+
+    fn shapes(&mut self) -> Result<&Gpt> {
+        Ok(match &self.weights {
+            Weights::Held { hollow, .. } => hollow,
+            Weights::Lent(lent) => lent.model(),
+        })
+    }
+
     fn saving(&mut self) -> Result<Saving<'_>> {
+        // A LoRA checkpoint holds the trained weights alone: the base stays where it is.
+        if let Weights::Held { fused, hollow } = &self.weights
+            && hollow.lora_scale().is_some()
+        {
+            let trained = self.trained.insert(Box::new(fused.trained_weights(hollow)));
+            let (moments, muon) = (fused.share_adamw_state(), fused.muon_state());
+            return Ok(Saving {
+                model: trained,
+                optimizer: Box::new(move |path: &Path| {
+                    state_pack::write_shared(path, moments, muon)
+                }),
+            });
+        }
         let lent = self.weights.lent();
         let (moments, muon) = (lent.fused().share_adamw_state(), lent.fused().muon_state());
         Ok(Saving {
@@ -197,6 +226,7 @@ impl Engine for FusedEngine {
         grad_clip: f64,
         lr: f64,
     ) -> Result<()> {
+        self.trained = None;
         let (fused, rule) = (self.weights.held(), &self.rule);
         let n = batches.len() as f64;
         let mut loss = 0.0;

@@ -52,6 +52,21 @@ pub trait Engine {
     /// The model with the latest weights.
     fn model(&mut self) -> Result<&Gpt>;
 
+    /// The model to read the architecture and parameter shapes of, never its values: the
+    /// fused engine's hollow one, which costs nothing to hand out (the model with its weights
+    /// lends a base held quantised out in f32).
+    fn shapes(&mut self) -> Result<&Gpt> {
+        self.model()
+    }
+
+    /// The attention weights of `prompt` under the latest weights, `maps[layer][head]` each
+    /// `[seq, seq]`, where the engine computes them itself (the fused engine); `None` where
+    /// they come from [`model`](Self::model)'s forward.
+    fn attention_maps(&mut self, prompt: &[u32]) -> Result<Option<Vec<Vec<Vec<f32>>>>> {
+        let _ = prompt;
+        Ok(None)
+    }
+
     /// The optimizer's state as Burn serialises it (`optimizer.bpk`), up to date.
     fn optimizer_bytes(&mut self) -> Result<Vec<u8>>;
 

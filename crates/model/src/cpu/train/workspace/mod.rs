@@ -1,17 +1,18 @@
 //! A batch on the host ([`TokenBatch`]) and one thread's part of a step: its activation buffers, kept between calls, and the forward and
-//! backward passes over them, layer by layer.
+//! backward passes over them, layer by layer (the head's, a chunk of rows at a time, in
+//! [`head`]).
+
+mod head;
 
 use super::overlap::BlockDone;
 use crate::arch::{LoraTarget, Mlp};
 use crate::cpu::block::{self, BlockActs, Ctx, Scratch, apply_mask};
-use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::frozen::dequantised;
 use crate::cpu::kernels::attention::{self, Shape};
 use crate::cpu::kernels::dropout::Rng;
-use crate::cpu::kernels::matmul::{View, matmul};
 use crate::cpu::kernels::norm::{self, Normed};
-use crate::cpu::kernels::{cross_entropy, rope, softcap};
+use crate::cpu::kernels::rope;
 use crate::cpu::params::{Params, RowBlock};
 
 /// A batch on the host: `inputs` and `targets` are `[batch, seq]` row-major; targets may be
@@ -63,7 +64,15 @@ impl Job<'_> {
             masks.fill(&mut work.emb_mask, 0, self.seqs);
         }
         work.forward(w, inputs, &dims);
-        let loss = cross_entropy::forward(&mut work.logits, targets, grad_scale);
+        let parts = head::Head {
+            ln_f: &work.ln_f,
+            width: work.width,
+            logits: &mut work.logits,
+            capped: &mut work.capped,
+            d_ln_f: &mut work.scratch.d_branch,
+            grads: &mut work.grads,
+        };
+        let loss = head::head(parts, w, &dims, targets, grad_scale);
         if grad_scale.is_some() {
             work.backward(w, inputs, &dims, self.block_done);
         }
@@ -153,9 +162,9 @@ pub(crate) struct Workspace {
     ln_f: Vec<f32>,
     ln_f_mean: Vec<f32>,
     ln_f_rstd: Vec<f32>,
-    /// Logits `[rows, vocab]`; the loss's gradient after the cross-entropy.
+    /// One chunk's logits `[HEAD_ROWS, vocab]`, then the loss's gradient ([`head`]).
     logits: Vec<f32>,
-    /// With a soft-cap: `tanh(raw logits / cap)`, `[rows, vocab]`.
+    /// With a soft-cap: the chunk's `tanh(raw logits / cap)`, `[HEAD_ROWS, vocab]`.
     capped: Vec<f32>,
     /// Backward: the residual gradient `[rows, width]`, and the blocks' scratch (whose
     /// attention maps the forward uses too).
@@ -219,9 +228,9 @@ impl Workspace {
         size(&mut self.ln_f, rows * c);
         size(&mut self.ln_f_mean, rows);
         size(&mut self.ln_f_rstd, rows);
-        size(&mut self.logits, rows * d.vocab);
-        let capped = if d.softcap > 0.0 { rows * d.vocab } else { 0 };
-        size(&mut self.capped, capped);
+        let logits = head::logits_floats(rows, d.vocab);
+        size(&mut self.logits, logits);
+        size(&mut self.capped, logits * usize::from(d.softcap > 0.0));
         size(&mut self.scratch.maps, 2 * seq * seq);
         if grad {
             size(&mut self.d_resid, rows * c);
@@ -282,6 +291,38 @@ impl Workspace {
     }
 
     fn forward(&mut self, w: &Params, inputs: &[i64], d: &Dims) {
+        self.forward_seeing(w, inputs, d, |_, _| {});
+    }
+
+    /// The attention weights of one sequence `inputs` under `w`, without dropout:
+    /// `maps[layer][head]`, each `[seq, seq]` row-major (rows queries, columns keys; zero
+    /// above the diagonal). A forward through the blocks; the head is not computed.
+    pub(crate) fn attention_maps(
+        &mut self,
+        d: Dims,
+        w: &Params,
+        inputs: &[i64],
+    ) -> Vec<Vec<Vec<f32>>> {
+        let seq = inputs.len();
+        self.prepare(d, w, (1, seq), false, (false, false));
+        self.dropout = None;
+        let mut maps = Vec::with_capacity(w.blocks.len());
+        self.forward_seeing(w, inputs, &d, |_, a| {
+            let heads = a.att.chunks_exact(seq * seq).take(d.heads);
+            maps.push(heads.map(<[f32]>::to_vec).collect());
+        });
+        maps
+    }
+
+    /// The forward to the final norm's output, `seen` handed each block's activations as its
+    /// forward ends (with checkpointing, before the next block's overwrite them).
+    fn forward_seeing(
+        &mut self,
+        w: &Params,
+        inputs: &[i64],
+        d: &Dims,
+        mut seen: impl FnMut(usize, &BlockActs),
+    ) {
         let (c, seq, shape) = (self.width, self.seq, self.shape());
         // Token (+ position, + bigram) embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
@@ -310,6 +351,7 @@ impl Workspace {
             block::forward(p, a, &before[l], &mut after[0], ctx, |h| {
                 attention::forward(h.y, h.att, h.qkv, h.att_mask, maps, shape);
             });
+            seen(l, a);
         }
         let x = self.resid.last().expect("embedding at least");
         let ln_f = Normed {
@@ -319,27 +361,10 @@ impl Workspace {
         };
         let (gamma, beta) = (w.ln_f_gamma.get(), w.ln_f_beta.get());
         norm::forward(d.norm, ln_f, x, gamma, beta, d.epsilon);
-        let rows = x.len() / c;
-        let h = View::new(&self.ln_f, rows, c);
-        match &w.lm_head {
-            // Tied: the embedding's rows are the head's columns.
-            Buffer::Absent => {
-                let wte = w.wte.values();
-                let vocab = wte.len() / c;
-                matmul(&mut self.logits, h, View::new(wte, vocab, c).t(), false);
-            }
-            head => {
-                let head = head.values();
-                let vocab = head.len() / c;
-                matmul(&mut self.logits, h, View::new(head, c, vocab), false);
-            }
-        }
-        if d.softcap > 0.0 {
-            softcap::forward(&mut self.logits, &mut self.capped, d.softcap);
-        }
     }
 
-    /// Gradients of every parameter into `self.grads`, from the loss gradient in `self.logits`;
+    /// Gradients of every parameter into `self.grads`, from the loss gradient with respect to
+    /// the final norm's output in `self.scratch.d_branch` ([`head::head`] put it there);
     /// `block_done` is handed each block's as it is complete (and may take its buffers).
     fn backward(
         &mut self,
@@ -349,7 +374,7 @@ impl Workspace {
         block_done: Option<BlockDone<'_>>,
     ) {
         let (seq, shape) = (self.seq, self.shape());
-        self.head_backward(w, d);
+        self.final_norm_backward(w, d);
         let ctx = Ctx {
             dims: d,
             rope: &self.rope,
@@ -397,36 +422,10 @@ impl Workspace {
         add_embedding_gradients(&mut self.grads, &self.d_resid, inputs, d, (seq, c));
     }
 
-    /// The head's backward (soft cap, LM head, final norm): `self.d_resid` holds the gradient
-    /// of the last block's output, the head's and the final norm's gradients added into
-    /// `self.grads`.
-    fn head_backward(&mut self, w: &Params, d: &Dims) {
-        let c = self.width;
-        let rows = self.ln_f.len() / c;
-        if d.softcap > 0.0 {
-            softcap::backward_in_place(&mut self.logits, &self.capped);
-        }
+    /// The final norm's backward: `self.d_resid` gets the gradient of the last block's output
+    /// from `self.scratch.d_branch`, the norm's own gradients added into `self.grads`.
+    fn final_norm_backward(&mut self, w: &Params, d: &Dims) {
         let g = &mut self.grads;
-        let dlogits = &self.logits;
-        let vocab = dlogits.len() / rows;
-        let dl = View::new(dlogits, rows, vocab);
-        let h = View::new(&self.ln_f, rows, c);
-        let d_branch = &mut self.scratch.d_branch;
-        // A frozen head (LoRA's base) has no gradient.
-        match &w.lm_head {
-            Buffer::Absent => {
-                matmul(d_branch, dl, View::new(w.wte.values(), vocab, c), false);
-                if let Some(g) = g.wte.get_mut() {
-                    matmul(g, dl.t(), h, true);
-                }
-            }
-            head => {
-                matmul(d_branch, dl, View::new(head.values(), c, vocab).t(), false);
-                if let Some(g) = g.lm_head.get_mut() {
-                    matmul(g, h.t(), dl, true);
-                }
-            }
-        }
         self.d_resid.fill(0.0);
         let x = self.resid.last().expect("embedding at least");
         let stats = (&self.ln_f_mean[..], &self.ln_f_rstd[..]);
@@ -537,13 +536,15 @@ pub(crate) fn floats_for(d: &Dims, s: Sizing) -> usize {
     } else {
         s.layers
     };
-    let softcap = if d.softcap > 0.0 { rows * d.vocab } else { 0 };
+    // One chunk of the head's logits, and of the soft cap's values beside them.
+    let logits = head::logits_floats(rows, d.vocab);
+    let softcap = logits * usize::from(d.softcap > 0.0);
     let forward = (s.layers + 1) * rows * c
         + drop(rows * c)
         + held * block
         + rows * c
         + 2 * rows
-        + rows * d.vocab
+        + logits
         + softcap
         + 2 * s.seq * s.seq
         + s.base_rows;

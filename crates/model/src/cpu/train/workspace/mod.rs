@@ -330,17 +330,7 @@ impl Workspace {
             w.embed(row, at, None);
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
-        let ctx = Ctx {
-            dims: d,
-            rope: &self.rope,
-            first: 0,
-            period: seq,
-            streams: None,
-            matrices: None,
-            rows_alone: false,
-            integer: false,
-            helpers: None,
-        };
+        let ctx = training_ctx(d, &self.rope, seq);
         let maps = &mut self.scratch.maps;
         let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
         for (l, p) in w.blocks.iter().enumerate() {
@@ -375,17 +365,7 @@ impl Workspace {
     ) {
         let (seq, shape) = (self.seq, self.shape());
         self.final_norm_backward(w, d);
-        let ctx = Ctx {
-            dims: d,
-            rope: &self.rope,
-            first: 0,
-            period: seq,
-            streams: None,
-            matrices: None,
-            rows_alone: false,
-            integer: false,
-            helpers: None,
-        };
+        let ctx = training_ctx(d, &self.rope, seq);
         let (held, dropout, seqs) = (self.checkpointing, self.dropout, self.seqs);
         let g = &mut self.grads;
         for l in (0..w.blocks.len()).rev() {
@@ -433,6 +413,23 @@ impl Workspace {
         let (dout, gain) = (&self.scratch.d_branch, w.ln_f_gamma.get());
         let d_resid = &mut self.d_resid;
         norm::backward(d.norm, d_resid, dgamma, dbeta, dout, x, stats, gain);
+    }
+}
+
+/// How a step's blocks compute: sequences of `seq` rows from position 0, training's own
+/// layout of the matrices (a quantised base's, dequantised, set in block by block), f32
+/// products, no helpers.
+fn training_ctx<'a>(d: &'a Dims, rope: &'a rope::Tables, seq: usize) -> Ctx<'a> {
+    Ctx {
+        dims: d,
+        rope,
+        first: 0,
+        period: seq,
+        streams: None,
+        matrices: None,
+        rows_alone: false,
+        integer: false,
+        helpers: None,
     }
 }
 

@@ -29,18 +29,7 @@ fn tile<const G: usize, const MIN: bool, const R: usize>(
     r0: usize,
     out: &mut [[f32; LANES]; R],
 ) {
-    let k = x.cols;
-    let groups = k / G;
-    assert!(
-        k.is_multiple_of(G) && G.is_multiple_of(8),
-        "rows of whole groups"
-    );
-    assert!(p.q.len() >= LANES * k && p.scales.len() >= LANES * groups);
-    assert!(!MIN || p.minimums.len() >= LANES * groups);
-    assert!(x.q.len() >= (r0 + R) * k);
-    let g = x.groups;
-    let len = (r0 + R) * groups;
-    assert!(g.start.len() >= len && g.d.len() >= len && g.d_sum.len() >= len);
+    super::check_tile::<G, MIN, R>(p, x, r0, 8);
     assert!(super::vector_sets().1, "the CPU has AVX2 and FMA");
     let mut pairs = out.chunks_exact_mut(2);
     for (i, pair) in (&mut pairs).enumerate() {

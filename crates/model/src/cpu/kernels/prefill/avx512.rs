@@ -22,18 +22,7 @@ fn tile<const G: usize, const MIN: bool, const R: usize>(
     r0: usize,
     out: &mut [[f32; LANES]; R],
 ) {
-    let k = x.cols;
-    let groups = k / G;
-    assert!(
-        k.is_multiple_of(G) && G.is_multiple_of(4),
-        "rows of whole groups"
-    );
-    assert!(p.q.len() >= LANES * k && p.scales.len() >= LANES * groups);
-    assert!(!MIN || p.minimums.len() >= LANES * groups);
-    assert!(x.q.len() >= (r0 + R) * k);
-    let g = x.groups;
-    let len = (r0 + R) * groups;
-    assert!(g.start.len() >= len && g.d.len() >= len && g.d_sum.len() >= len);
+    super::check_tile::<G, MIN, R>(p, x, r0, 4);
     assert!(super::vector_sets().0, "the CPU has AVX-512 VNNI");
     // SAFETY: the CPU has the features (asserted), and every index the kernel reads is below
     // a length asserted above.

@@ -207,6 +207,31 @@ pub(crate) struct Tile<'a> {
 /// Outputs `[R][LANES]` of activation rows `r0..r0 + R` times a panel.
 pub(crate) type TileFn<const R: usize> = fn(&Panel, Tile<'_>, usize, &mut [[f32; LANES]; R]);
 
+/// Asserts every bound a vector tile kernel reads within, for rows `r0..r0 + R` of `x` in
+/// groups of `G` (a multiple of `step`, the bytes one of its loads takes a row): whole groups,
+/// the panel's `LANES` rows of bytes, scales (and minimums, with `MIN`) for each group, and the
+/// tile's rows and their groups. The kernels' `unsafe` reads rest on this one check.
+#[cfg(target_arch = "x86_64")]
+fn check_tile<const G: usize, const MIN: bool, const R: usize>(
+    p: &Panel,
+    x: Tile<'_>,
+    r0: usize,
+    step: usize,
+) {
+    let k = x.cols;
+    let groups = k / G;
+    assert!(
+        k.is_multiple_of(G) && G.is_multiple_of(step),
+        "rows of whole groups"
+    );
+    assert!(p.q.len() >= LANES * k && p.scales.len() >= LANES * groups);
+    assert!(!MIN || p.minimums.len() >= LANES * groups);
+    assert!(x.q.len() >= (r0 + R) * k);
+    let g = x.groups;
+    let len = (r0 + R) * groups;
+    assert!(g.start.len() >= len && g.d.len() >= len && g.d_sum.len() >= len);
+}
+
 /// `out [rows, w.rows] = x [rows, w.cols] · wᵀ + b` (`b` empty: no bias) in integers, the
 /// activations quantised per block of 32, where this CPU has a kernel for `M`; false where it
 /// has none (nothing written: the caller multiplies the dequantised weights).

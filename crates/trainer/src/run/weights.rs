@@ -195,18 +195,11 @@ impl Load<'_> {
 
     /// The values of tensor `name`, of shape `want`.
     fn values(&mut self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
-        use std::io::{Seek, SeekFrom};
         let tensor = self.tensor(name, want)?;
         let (from, to) = tensor.offsets;
-        let mut bytes = vec![0u8; usize::try_from(to - from)?];
-        let mut file: &std::fs::File = self.file;
-        file.seek(SeekFrom::Start(self.start + from))
-            .and_then(|_| file.read_exact(&mut bytes))
-            .with_context(|| format!("cannot read tensor `{name}`"))?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("four bytes")))
-            .collect())
+        let len = usize::try_from((to - from) / 4)?;
+        read_f32s(self.file, self.start + from, len)
+            .with_context(|| format!("cannot read tensor `{name}`"))
     }
 }
 
@@ -270,6 +263,18 @@ fn unmade<const D: usize>(param: Param<Tensor<D>>, name: String) -> Param<Tensor
     Param::uninitialized(id, unread, device, false, shape)
 }
 
+/// `len` little-endian f32 values of `file` from byte `at` (the eager and the lazy loads' one
+/// read).
+fn read_f32s(file: &std::fs::File, at: u64, len: usize) -> std::io::Result<Vec<f32>> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; 4 * len];
+    file.read_exact_at(&mut bytes, at)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("four bytes")))
+        .collect())
+}
+
 /// `param` read from `file` at byte `at` when first used ([`load_weights_file_lazily`]; its
 /// dtype and shape checked already). A read that fails then (the disk failing mid-run) cannot
 /// be returned as an error: it stops the program, naming the file.
@@ -278,19 +283,14 @@ fn deferred<const D: usize>(
     (file, path, at): (Arc<std::fs::File>, PathBuf, u64),
     name: String,
 ) -> Param<Tensor<D>> {
-    use std::os::unix::fs::FileExt;
     let (id, device, shape) = (param.id, param.lazy_device(), param.lazy_shape());
     drop(param);
     let size = shape.clone();
     let read = move |device: &burn::tensor::Device, require_grad: bool| -> Tensor<D> {
-        let mut bytes = vec![0u8; 4 * size.num_elements()];
-        if let Err(e) = file.read_exact_at(&mut bytes, at) {
-            panic!("cannot read tensor `{name}` of {}: {e}", path.display());
-        }
-        let values: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("four bytes")))
-            .collect();
+        let values = match read_f32s(&file, at, size.num_elements()) {
+            Ok(values) => values,
+            Err(e) => panic!("cannot read tensor `{name}` of {}: {e}", path.display()),
+        };
         Tensor::from_data(TensorData::new(values, size), device).set_require_grad(require_grad)
     };
     // Trainable, as a model's own initialisation makes it (LoRA freezes its base after).

@@ -13,8 +13,8 @@ use common::lora::{adapted, batch, check};
 use common::seeded;
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    AdamWSettings, BaseWeights, BlockType, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios,
-    ParamLayout, TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
+    AdamWSettings, BaseWeights, BlockType, Decoder, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios,
+    ParamLayout, Pass, TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
 };
 
 /// The quantised bases.
@@ -444,4 +444,99 @@ fn a_base_read_as_it_is_used_is_read_by_the_engine_alone() {
         from_read.accumulate(tokens(&ids), 1.0, None).unwrap(),
     );
     assert_eq!(a.to_bits(), b.to_bits());
+}
+
+/// Sets every adapter's `B` to zero: the model without what its adapters add.
+struct ZeroB(Vec<String>);
+
+impl ModuleMapper for ZeroB {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.0.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.0.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.zeros_like(), mapper)
+    }
+}
+
+/// The largest difference between `got` and `want`, and `want`'s largest magnitude.
+fn apart(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    (diff, scale)
+}
+
+/// The last position's logits of Burn's forward over `context`.
+fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
+    let ids: Vec<i64> = context.iter().map(|&t| t.into()).collect();
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(ids, [1, context.len()]),
+        &gpt.wte.weight.device(),
+    );
+    let logits = gpt.forward(ids, Pass::Infer).unwrap();
+    let [_, seq, vocab] = logits.dims();
+    let last = logits.slice([0..1, seq - 1..seq, 0..vocab]);
+    last.into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// A LoRA run's snapshot samples from the engine's own weights, nothing lent: a prompt, then
+/// tokens one at a time, give Burn's logits of the model with its adapters (within 5% of the
+/// largest where the base is multiplied from its blocks, its activations quantised: measured
+/// 0.1% to 2.5%; 1e-4 in f32), far from the model's without them (40% to 390% apart), and the
+/// engine steps afterwards exactly as one that did not sample.
+#[test]
+fn a_sample_decodes_from_the_weights_the_engine_holds() {
+    let _seeded = seeded();
+    for base in [BaseWeights::F32, BaseWeights::Q8_0, BaseWeights::Q4K] {
+        for config in configs_for(base) {
+            let gpt = adapted(&config, &held(2, base));
+            let without = gpt.clone().map(&mut ZeroB(Vec::new()));
+            let stream: Vec<u32> = batch(config.vocab_size).0[..14]
+                .iter()
+                .map(|&t| t as u32)
+                .collect();
+            let (mut plain, _) = FusedCpu::taking(gpt.clone(), 2).unwrap();
+            let (mut sampling, _hollow) = FusedCpu::taking(gpt.clone(), 2).unwrap();
+            let held_bytes = sampling.weight_bytes();
+            let bound = match base {
+                BaseWeights::F32 => 1e-4,
+                BaseWeights::Q8_0 | BaseWeights::Q4K => 5e-2,
+            };
+            sampling.sample_with(2, |decoder| {
+                let mut fed = 0;
+                for step in [10, 1, 1, 1, 1] {
+                    let got = decoder.feed(&stream[fed..fed + step]).unwrap();
+                    fed += step;
+                    let (diff, scale) = apart(&got, &burn_logits(&gpt, &stream[..fed]));
+                    let (off, _) = apart(&got, &burn_logits(&without, &stream[..fed]));
+                    eprintln!(
+                        "{base:?} {} {fed}: {} vs without {}",
+                        config.n_embd,
+                        diff / scale,
+                        off / scale
+                    );
+                    assert!(
+                        diff <= bound * scale,
+                        "{base:?} {config:?} after {fed}: {diff} apart, scale {scale}"
+                    );
+                }
+            });
+            assert_eq!(sampling.weight_bytes(), held_bytes, "{base:?}: all back");
+            let ids = batch(config.vocab_size);
+            let loss = |fused: &mut FusedCpu| {
+                let loss = fused.accumulate(tokens(&ids), 1.0, None).unwrap();
+                loss.to_bits()
+            };
+            assert_eq!(loss(&mut sampling), loss(&mut plain), "{base:?} {config:?}");
+        }
+    }
 }

@@ -5,8 +5,9 @@
 //! weight; in [`BlockParams::base_held`], their f32 buffers [`Buffer::Elsewhere`].
 //! Training dequantises one block's matrices at a time into training's own layout
 //! ([`dequantised`]) and multiplies by them as by f32 weights, forward and backward (the same
-//! kernels as a base holding the rounded values in f32). Lent to Burn's model
-//! (checkpoints, samples) they go as f32 and are quantised again when taken back: the model's
+//! kernels as a base holding the rounded values in f32). Lent to Burn's model (where the
+//! trainer asks for the whole model: its checkpoints, samples and attention maps need none of
+//! the base from it) they go as f32 and are quantised again when taken back: the model's
 //! values were rounded to `Q8_0` when its adapters were attached
 //! ([`Gpt::with_lora`](crate::Gpt::with_lora)), and rounding them again gives the same bytes
 //! (where it would not, [`BlockColumns`] keeps those rows in f32: the values are always the

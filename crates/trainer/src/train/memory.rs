@@ -50,7 +50,8 @@ pub(crate) struct Work<'a> {
     /// state).
     pub lora: Option<&'a LoraConfig>,
     /// Whether each evaluation samples from the model (`train.sample_tokens` > 0): the fused
-    /// engine then lends a base it holds quantised to Burn's model, in f32, to sample from.
+    /// engine then decodes from the weights it holds, with a copy of a quantised base's
+    /// blocks of 32 in the decoder's layout and a KV cache.
     pub samples: bool,
 }
 
@@ -131,7 +132,8 @@ impl Estimate {
         };
         match engine {
             EngineKind::Fused => {
-                estimate.with_int8_base(FusedCpu::weight_bytes_for(gpt, lora), samples)
+                let sample = samples.then(|| FusedCpu::sample_bytes_for(gpt, lora));
+                estimate.with_int8_base(FusedCpu::weight_bytes_for(gpt, lora), sample)
             }
             EngineKind::Autodiff | EngineKind::Device => estimate,
         }
@@ -140,10 +142,9 @@ impl Estimate {
     /// The fused engine's peak when it holds its weights in `held` bytes: less than in f32
     /// with a `q8_0` or `q4_k` base (`[lora] base`). A step holds the base in its blocks
     /// beside the activations; a checkpoint writes the adapters alone and a snapshot's
-    /// attention maps come from the engine, so that is the peak, unless the run `samples`:
-    /// the base is then lent to Burn's model in f32 at each evaluation, the activations freed
-    /// to make room, and the larger of the two is the estimate.
-    fn with_int8_base(self, held: u64, samples: bool) -> Self {
+    /// attention maps come from the engine, so that is the peak, unless a `sample` at each
+    /// evaluation takes more: its decoder's bytes, in the room of the activations it frees.
+    fn with_int8_base(self, held: u64, sample: Option<u64>) -> Self {
         if held >= self.weights {
             return self;
         }
@@ -152,16 +153,16 @@ impl Estimate {
             overhead: OVERHEAD,
             ..self
         };
-        if !samples {
+        let Some(decoder) = sample else {
             return step;
-        }
-        let lent = Self {
-            activations: 0,
-            ..self
         };
-        match step.total() >= lent.total() {
+        let sampling = Self {
+            activations: decoder,
+            ..step
+        };
+        match step.total() >= sampling.total() {
             true => step,
-            false => lent,
+            false => sampling,
         }
     }
 
@@ -365,35 +366,37 @@ mod tests {
     }
 
     /// With a `q8_0` base the larger of the fused engine's two peaks: a step's (the base in
-    /// int8, beside the activations: a large batch) or the lent base's (in f32, no
-    /// activations: one short sequence); Burn's engines hold it in f32 throughout.
+    /// int8, beside the activations) or a sample's (the base in int8, beside the decoder's copy
+    /// of it and its cache, the activations freed); Burn's engines hold it in f32 throughout.
     #[test]
     fn an_int8_base_is_counted_at_the_larger_of_its_two_peaks() {
-        let load = |batch: usize, base: &str| {
+        let load = |batch: usize, base: &str, sample_tokens: usize| {
             let sets = [
                 "model.n_embd=256".to_string(),
                 "model.n_head=4".into(),
                 "lora.rank=4".into(),
                 format!("lora.base=\"{base}\""),
                 format!("train.batch_size={batch}"),
+                format!("train.sample_tokens={sample_tokens}"),
             ];
             ConfigSource::Preset("baby").load(&sets).unwrap()
         };
         let fused = |config: &RunConfig| Estimate::training(config, 65, EngineKind::Fused);
         for batch in [1, 64] {
-            let (int8, f32) = (load(batch, "q8_0"), load(batch, "f32"));
+            let (int8, f32) = (load(batch, "q8_0", 100), load(batch, "f32", 100));
             let (held, plain) = (fused(&int8), fused(&f32));
             assert!(held.total() < plain.total(), "{held:?} {plain:?}");
-            let bytes = FusedCpu::weight_bytes_for(&int8.gpt(65), int8.lora.as_ref());
+            let gpt = int8.gpt(65);
+            let bytes = FusedCpu::weight_bytes_for(&gpt, int8.lora.as_ref());
             assert!(bytes * 2 < plain.weights, "{bytes} of {plain:?}");
-            match batch {
-                // A step's activations are less than what the int8 base saves.
-                1 => assert_eq!((held.weights, held.activations), (plain.weights, 0)),
+            assert_eq!(held.weights, bytes);
+            let step = fused(&load(batch, "q8_0", 0));
+            let sample = FusedCpu::sample_bytes_for(&gpt, int8.lora.as_ref());
+            assert!(sample > 0);
+            assert_eq!(held.activations, step.activations.max(sample));
+            if batch == 64 {
                 // The activations, and one block's base dequantised per thread.
-                _ => {
-                    assert_eq!(held.weights, bytes);
-                    assert!(held.activations > plain.activations, "{held:?} {plain:?}");
-                }
+                assert!(step.activations > plain.activations, "{step:?} {plain:?}");
             }
             let burn = |config: &RunConfig| Estimate::training(config, 65, EngineKind::Autodiff);
             assert_eq!(burn(&int8), burn(&f32));

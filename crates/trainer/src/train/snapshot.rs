@@ -5,14 +5,14 @@
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
-use tinygpt_model::{GenerateOptions, generate};
+use tinygpt_model::{Decoder, GenerateOptions, generate};
 
 use super::engine::Engine;
 use crate::attention_maps::AttentionMaps;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{Dataset, Split};
-use crate::decoder::{Weights, decoder_for};
+use crate::decoder::{Weights, decoder_for, unpadded};
 use crate::run::journal::EvalLine;
 
 /// The most tokens of the prompt whose attention is recorded: a heatmap a person can read, and
@@ -57,9 +57,9 @@ fn head(split: &Split, n: usize) -> Vec<u32> {
 
 /// What an evaluation's snapshot is taken of.
 pub(crate) struct Snapshot<'a> {
-    /// The engine training the run: its maps where it computes them, and its model for the
-    /// rest (asked for only when needed: the fused engine lends a base held quantised to it
-    /// in f32).
+    /// The engine training the run: its maps and its sample where it computes them (the
+    /// fused engine; its own decoder for a LoRA run's sample), and its model for the rest
+    /// (asked for only when needed: the fused engine lends its weights to it).
     pub engine: &'a mut dyn Engine,
     pub tokenizer: &'a Tokenizer,
     pub device: &'a Device,
@@ -113,15 +113,24 @@ impl Snapshot<'_> {
             return Ok(String::new());
         }
         let vocab = self.tokenizer.vocab_size();
-        let kind = self.engine.kind();
-        let model = self.engine.model()?;
-        let mut decoder = decoder_for(kind, model, vocab, &Weights::F32.into())?;
         let options = GenerateOptions {
             max_new_tokens: tokens,
             seed: self.config.train.seed,
             ..GenerateOptions::default()
         };
-        let ids = generate(&mut *decoder, self.prompt, &options, |_| {})?;
+        let prompt = self.prompt;
+        let mut sample = |decoder: &mut dyn Decoder| -> Result<Vec<u32>> {
+            let mut decoder = unpadded(Box::new(decoder), vocab);
+            Ok(generate(&mut *decoder, prompt, &options, |_| {})?)
+        };
+        let ids = match self.engine.sampled(&mut sample)? {
+            Some(ids) => ids,
+            None => {
+                let kind = self.engine.kind();
+                let model = self.engine.model()?;
+                sample(&mut *decoder_for(kind, model, vocab, &Weights::F32.into())?)?
+            }
+        };
         self.tokenizer.decode(&ids)
     }
 }

@@ -201,6 +201,23 @@ impl FusedDecoder {
         ))
     }
 
+    /// A decoder of `dims` on `weights` (what stays in their layout: embeddings, norms, biases,
+    /// LoRA adapters, f32 matrices) and `matrices` (the rows it keeps), moved in: a training
+    /// engine's own weights, given back by [`into_weights`](Self::into_weights).
+    pub(crate) fn holding(dims: Dims, weights: Params, matrices: RowWeights) -> Self {
+        Self::on(dims, Arc::new(DecoderWeights { weights, matrices }))
+    }
+
+    /// The weights and rows [`holding`](Self::holding) moved in, moved out (copied where a
+    /// decoder [`share`](Self::share)d from this one still holds them).
+    pub(crate) fn into_weights(self) -> (Params, RowWeights) {
+        let shared = Arc::try_unwrap(self.shared).unwrap_or_else(|shared| DecoderWeights {
+            weights: shared.weights.clone(),
+            matrices: shared.matrices.clone(),
+        });
+        (shared.weights, shared.matrices)
+    }
+
     /// A decoder on the same weights as this one, without copying them: its own (empty) KV
     /// cache and scratch, no helper threads. Every thread of a server decodes on one copy of
     /// the weights so.

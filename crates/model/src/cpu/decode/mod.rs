@@ -14,4 +14,5 @@ mod quant;
 pub use batch::FusedBatch;
 pub use decoder::{FusedDecoder, PREFILL_CHUNK};
 pub use plan::{BlockPlan, BlockType, FileBlocks, Matrices, Segment, Storage, WeightPlan};
+pub(crate) use quant::RowWeights;
 pub use quant::{WeightFormat, weight_bytes_per_token};

@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use super::quant::{RowWeights, WeightFormat};
-use crate::arch::{BlockSlot, GptConfig, Mlp, Slot, parameter_table};
+use crate::arch::{BlockSlot, GptConfig, LoraTarget, Mlp, Slot, parameter_table};
 use crate::cpu::buffer::Buffer;
 use crate::cpu::dims::Dims;
 use crate::cpu::error::FusedError;
+use crate::cpu::kernels::k_quants::columns::Frozen;
 use crate::cpu::kernels::k_quants::q4_1::{Q41, Q51};
 use crate::cpu::kernels::k_quants::{KMatrix, q4_k::Q4K, q4_k::Q5K, q6_k::Q6K};
 use crate::cpu::kernels::q4_0::Q4Matrix;
@@ -378,6 +379,52 @@ fn kept(blocks: FileBlocks, rows: usize, n_in: usize) -> Option<RowMatrix> {
     }
 }
 
+impl RowWeights {
+    /// The rows a decoder on a training engine's weights `w` keeps: each block matrix a
+    /// quantised LoRA base holds, from its own blocks ([`frozen_rows`]), and an untied head
+    /// moved out of `w` (give it back with [`give_back`](Self::give_back)); every other matrix
+    /// stays in `w`'s f32 layout, where the decoder multiplies by it as it is.
+    pub(crate) fn of_base(w: &mut Params, d: &Dims) -> Self {
+        let block = |p: &BlockParams| {
+            let mut rows = RowBlock::default();
+            for target in LoraTarget::all() {
+                let n_in = match target {
+                    LoraTarget::Qkv | LoraTarget::AttnProj | LoraTarget::Fc => d.width,
+                    LoraTarget::MlpProj => d.hidden,
+                };
+                let held = p.base_held[target as usize].as_ref();
+                *rows.get_mut(target) = held.map(|m| frozen_rows(m, n_in));
+            }
+            rows
+        };
+        Self {
+            blocks: w.blocks.iter().map(block).collect(),
+            head: w.lm_head.take(Buffer::Elsewhere).map(RowMatrix::Columns),
+        }
+    }
+
+    /// Gives `w` back what [`of_base`](Self::of_base) moved out of it.
+    pub(crate) fn give_back(self, w: &mut Params) {
+        if let Some(RowMatrix::Columns(head)) = self.head {
+            w.lm_head = Buffer::Held(head);
+        }
+    }
+}
+
+/// A matrix of `n_in` inputs a LoRA run's quantised base holds ([`Frozen`]) as the decoder's
+/// rows, from its own blocks, never rounded again: shared where the decoder multiplies them as
+/// a file stores them, copied into its layout for `Q8_0`, `Q5_0` and `Q4_0`; in training's f32
+/// layout where rows are held in f32 beside the blocks.
+pub(crate) fn frozen_rows(m: &Frozen, n_in: usize) -> RowMatrix {
+    let blocks = match m {
+        Frozen::Int8(m) => return RowMatrix::Q8(m.rows()),
+        Frozen::Blocks(m) => m.blocks(),
+    };
+    blocks
+        .and_then(|(kind, bytes, rows)| kept(FileBlocks { kind, bytes }, rows, n_in))
+        .unwrap_or_else(|| RowMatrix::Columns(m.values()))
+}
+
 fn misfit(why: String) -> FusedError {
     FusedError::Storage(why)
 }
@@ -431,5 +478,55 @@ mod tests {
         assert!(!plan.reads(Slot::LmHead, false));
         let uniform = Matrices::Uniform(WeightFormat::Q8_0);
         assert!(uniform.reads(Slot::Block(0, BlockSlot::AttnProjWeight), true));
+    }
+
+    /// A quantised base's matrix becomes the decoder's rows with its own values: the blocks
+    /// as they are (shared for a k-quant), int8 columns as rows, and values that are not the
+    /// type's rounding (rows held in f32 beside the blocks) in training's f32 layout.
+    #[test]
+    fn a_frozen_matrix_becomes_rows_of_the_same_values() {
+        use crate::arch::quants::rounded;
+        let layer = |n_in: usize, n_out: usize| -> Vec<f32> {
+            (0..n_in * n_out)
+                .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.1)
+                .collect()
+        };
+        let n_out = 24;
+        for (kind, n_in, round) in [
+            (BlockType::Q8_0, 64, true),
+            (BlockType::Q5_0, 96, true),
+            (BlockType::Q4_K, 256, true),
+            (BlockType::Q5_0, 96, false),
+        ] {
+            let mut w = layer(n_in, n_out);
+            if round && kind != BlockType::Q8_0 {
+                w = rounded(&w, n_in, kind);
+            }
+            let frozen = Frozen::quantise(&w, n_in, kind);
+            let values = frozen.values();
+            let rows = frozen_rows(&frozen, n_in);
+            let shared = matches!(
+                (&rows, kind),
+                (RowMatrix::Q8(_), BlockType::Q8_0)
+                    | (RowMatrix::Q5(_), BlockType::Q5_0)
+                    | (RowMatrix::Q4K(_), BlockType::Q4_K)
+            );
+            assert_eq!(
+                shared, round,
+                "{kind:?}: its own blocks only when they hold the values"
+            );
+            assert_eq!(rows.out_rows(n_in), n_out);
+            let mut row = vec![0.0; n_in];
+            for j in 0..n_out {
+                rows.row_values(j, &mut row);
+                for (i, v) in row.iter().enumerate() {
+                    assert_eq!(
+                        v.to_bits(),
+                        values[i * n_out + j].to_bits(),
+                        "{kind:?} ({i}, {j})"
+                    );
+                }
+            }
+        }
     }
 }

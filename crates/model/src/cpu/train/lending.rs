@@ -3,8 +3,8 @@
 //! are moved, so that they exist once. Lending takes the engine by value and reclaiming gives
 //! it back, so a step or an evaluation while the base is in the model does not compile.
 //! What needs no base from Burn's model is had without lending: a LoRA checkpoint's trained
-//! weights ([`FusedCpu::trained_weights`]) and a snapshot's attention maps
-//! ([`FusedCpu::attention_maps`]).
+//! weights ([`FusedCpu::trained_weights`]), a snapshot's attention maps
+//! ([`FusedCpu::attention_maps`]) and a LoRA run's samples ([`FusedCpu::sample_with`]).
 
 use super::fused::FusedCpu;
 use super::workspace::{TokenBatch, Workspace};

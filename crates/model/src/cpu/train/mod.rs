@@ -3,7 +3,7 @@
 //! optimizers on the flat buffers (`adamw.rs`, `muon.rs`: Burn's arithmetic, bit for bit);
 //! AdamW's state shared with a serialiser that writes it a parameter at a time
 //! (`shared_moments.rs`); the weights lent to Burn's model for a checkpoint or a sample
-//! (`lending.rs`); a data-parallel run's gradients summed over its ranks while the backward
+//! (`lending.rs`), or decoded from in place for a LoRA run's samples (`sampling.rs`); a data-parallel run's gradients summed over its ranks while the backward
 //! goes on (`overlap.rs`).
 
 mod adamw;
@@ -12,6 +12,7 @@ mod fused_muon;
 mod lending;
 mod muon;
 mod overlap;
+mod sampling;
 mod shared_moments;
 mod workspace;
 

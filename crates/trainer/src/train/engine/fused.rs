@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use replace_with::replace_with_or_abort;
 use tinygpt_model::{BaseWeights, FusedCpu, Gpt, TokenBatch, step::LentWeights};
 
-use super::{Engine, Saving, Step};
+use super::{Engine, Sampler, Saving, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
 use crate::distributed::Ranks;
@@ -180,6 +180,19 @@ impl Engine for FusedEngine {
     fn attention_maps(&mut self, prompt: &[u32]) -> Result<Option<Vec<Vec<Vec<f32>>>>> {
         let ids: Vec<i64> = prompt.iter().map(|&id| i64::from(id)).collect();
         Ok(Some(self.weights.held().attention_maps(&ids)?))
+    }
+
+    fn sampled(&mut self, sample: Sampler<'_>) -> Result<Option<Vec<u32>>> {
+        // A LoRA run's base stays where it is (held in its blocks); any other run's model is
+        // lent as for a checkpoint.
+        if self.shapes()?.lora_scale().is_none() {
+            return Ok(None);
+        }
+        let threads = self.threads;
+        let fused = self.weights.held();
+        fused
+            .sample_with(threads, |decoder| sample(decoder))
+            .map(Some)
     }
 
     fn shapes(&mut self) -> Result<&Gpt> {

@@ -32,7 +32,7 @@ use std::path::Path;
 use anyhow::Result;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Tensor};
-use tinygpt_model::Gpt;
+use tinygpt_model::{Decoder, Gpt};
 
 use crate::backend::{EngineKind, Placement};
 use crate::config::{RunConfig, TrainDType};
@@ -40,6 +40,9 @@ use crate::data::Batch;
 use crate::distributed::Ranks;
 use crate::run::checkpoint::WriteFile;
 use crate::train::optim::Optimizer;
+
+/// What samples a snapshot's tokens on a decoder: [`Engine::sampled`].
+pub type Sampler<'a> = &'a mut dyn FnMut(&mut dyn Decoder) -> Result<Vec<u32>>;
 
 /// Trains one model; see the module docs. Every method may be called in any order.
 pub trait Engine {
@@ -64,6 +67,14 @@ pub trait Engine {
     /// they come from [`model`](Self::model)'s forward.
     fn attention_maps(&mut self, prompt: &[u32]) -> Result<Option<Vec<Vec<Vec<f32>>>>> {
         let _ = prompt;
+        Ok(None)
+    }
+
+    /// What `sample` returns, run on a decoder of the latest weights where the engine makes one
+    /// of its own (the fused engine's LoRA runs: nothing lent, the base multiplied from the
+    /// blocks it is held in); `None` where samples come from [`model`](Self::model)'s decoder.
+    fn sampled(&mut self, sample: Sampler<'_>) -> Result<Option<Vec<u32>>> {
+        let _ = sample;
         Ok(None)
     }
 

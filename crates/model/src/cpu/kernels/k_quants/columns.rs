@@ -2,6 +2,8 @@
 //! `cpu/frozen.rs`): each output's inputs as one row of blocks, as a GGUF file stores the
 //! matrix, dequantised into training's layout `[n_in, n_out]` when a step needs it.
 
+use std::sync::Arc;
+
 use crate::arch::BlockType;
 use crate::cpu::kernels::q8::columns::Int8Columns;
 
@@ -17,7 +19,8 @@ pub(crate) struct BlockColumns {
     kind: BlockType,
     n_in: usize,
     n_out: usize,
-    bytes: Vec<u8>,
+    /// Shared with a decoder sampling from them ([`BlockColumns::blocks`]).
+    bytes: Arc<[u8]>,
     /// Rows held as f32 values: `(output, values [n_in])`.
     exact: Vec<(usize, Vec<f32>)>,
 }
@@ -51,9 +54,17 @@ impl BlockColumns {
             kind,
             n_in,
             n_out,
-            bytes,
+            bytes: bytes.into(),
             exact,
         }
+    }
+
+    /// Its blocks and their rows, `n_out` rows of `n_in` values as a GGUF file stores them,
+    /// when they alone give its values (`None` where rows are held in f32 beside them).
+    pub(crate) fn blocks(&self) -> Option<(BlockType, Arc<[u8]>, usize)> {
+        self.exact
+            .is_empty()
+            .then(|| (self.kind, self.bytes.clone(), self.n_out))
     }
 
     /// Its values into `out` `[n_in, n_out]` (its allocation reused).

@@ -3,6 +3,7 @@
 
 use half::f16;
 
+use super::Q8Matrix;
 use crate::arch::q8_0::{BLOCK, quantize_block};
 
 /// A linear layer's weight `[n_in, n_out]` rounded to `Q8_0` in blocks of 32 along each
@@ -63,6 +64,24 @@ impl Int8Columns {
         let mut out = Vec::new();
         self.dequantise_into(&mut out);
         out
+    }
+
+    /// The same blocks as the decoder's rows of outputs (`n_out` rows of `n_in`): a copy in
+    /// its layout, no value rounded again.
+    pub(crate) fn rows(&self) -> Q8Matrix {
+        let n = self.n_out;
+        let n_in = self.q.len() / n.max(1);
+        let mut m = Q8Matrix::zeros(n, n_in);
+        for j in 0..n {
+            let (q, d) = m.row_mut(j);
+            q.iter_mut()
+                .enumerate()
+                .for_each(|(i, q)| *q = self.q[i * n + j]);
+            d.iter_mut()
+                .enumerate()
+                .for_each(|(b, d)| *d = self.d[b * n + j]);
+        }
+        m
     }
 
     /// Bytes it holds: a byte a weight, two a block's scale.

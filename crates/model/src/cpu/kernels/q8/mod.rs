@@ -49,11 +49,7 @@ impl Q8Matrix {
     pub(crate) fn from_rows(values: &[f32], cols: usize) -> Self {
         assert!(cols.is_multiple_of(BLOCK), "a Q8_0 row is whole blocks");
         let rows = values.len() / cols;
-        let mut m = Self {
-            rows,
-            cols,
-            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 2)],
-        };
+        let mut m = Self::zeros(rows, cols);
         for (j, values) in values.chunks_exact(cols).enumerate() {
             let (q, d) = m.row_mut(j);
             for ((x, q), d) in values
@@ -74,11 +70,7 @@ impl Q8Matrix {
         if !fits || bytes.len() != rows * cols / BLOCK * (2 + BLOCK) {
             return None;
         }
-        let mut m = Self {
-            rows,
-            cols,
-            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 2)],
-        };
+        let mut m = Self::zeros(rows, cols);
         for (j, row) in bytes.chunks_exact(cols / BLOCK * (2 + BLOCK)).enumerate() {
             let (q, d) = m.row_mut(j);
             let blocks = row.chunks_exact(2 + BLOCK).zip(q.chunks_exact_mut(BLOCK));
@@ -90,6 +82,15 @@ impl Q8Matrix {
             }
         }
         Some(m)
+    }
+
+    /// `rows` rows of `cols` zeros (`cols` whole blocks), to be written row by row.
+    fn zeros(rows: usize, cols: usize) -> Self {
+        Self {
+            rows,
+            cols,
+            data: vec![f16::ZERO; rows * (cols / BLOCK + cols / 2)],
+        }
     }
 
     /// Bytes it holds: a byte a weight and two a block's scale.

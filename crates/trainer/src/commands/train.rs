@@ -60,7 +60,8 @@ pub struct Args {
     seed: Option<u64>,
     /// Fine-tune: start from this run's best weights (a run trained or imported by tinygpt),
     /// keeping its tokenizer and architecture; model.dropout and every [train] setting come
-    /// from the config. The optimizer starts fresh.
+    /// from the config, and --set model.block_size may shorten the context (a learned
+    /// position table is cropped). The optimizer starts fresh.
     #[arg(long, value_name = "RUN")]
     init_from: Option<PathBuf>,
     /// Fine-tune with LoRA (with --init-from): train adapters of this rank on every matrix of

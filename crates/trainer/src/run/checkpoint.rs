@@ -295,7 +295,7 @@ impl Run {
 
     /// The `best` checkpoint's weights file and its checksum, checked against `state.json` by
     /// reading the file through (not into memory): for loading it a tensor at a time
-    /// ([`load_weights_file`](super::weights::load_weights_file)). A run written before
+    /// ([`load_base_weights`](super::weights::load_base_weights)). A run written before
     /// checkpoints had checksums gives the file's.
     pub(crate) fn best_weights_file(&self) -> Result<(PathBuf, String)> {
         let dir = self.dir.join(Which::Best.dir_name());

@@ -75,37 +75,68 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
     Ok(model.check_config()?)
 }
 
-/// Loads the safetensors file at `path` into `model` a tensor at a time: each parameter's bytes
-/// are read from the file as it is made, so the file is never held whole beside the model (a
-/// fine-tune of a large model peaks at one copy of it, not two). Every tensor must be present,
-/// f32, of its parameter's shape, and the file must hold no other.
-pub(crate) fn load_weights_file(model: Gpt, path: &Path) -> Result<Gpt> {
-    load_weights_file_without(model, path, &HashSet::new())
+/// A fine-tune's base: the safetensors file at `path` into `model` a tensor at a time (each
+/// parameter's bytes read from the file as it is made, so the file is never held whole beside
+/// the model: a fine-tune of a large model peaks at one copy of it, not two), or `lazily` (see
+/// [`load_weights_file_lazily`]). Every tensor must be present, f32, of its parameter's shape,
+/// and the file must hold no other; but the model's context may be shorter than the base's: a
+/// learned position table then takes the file's first rows, as nanoGPT's `crop_block_size`
+/// does (rotary positions have no table).
+pub(crate) fn load_base_weights(model: Gpt, path: &Path, lazily: bool) -> Result<Gpt> {
+    let reading = Reading {
+        lazily,
+        positions_cropped: true,
+    };
+    load(model, path, &HashSet::new(), reading)
 }
 
-/// [`load_weights_file`], the file's table checked as it checks it, but each parameter's bytes
-/// read only when the parameter is first used (a lazy parameter that reads its tensor from
-/// the open file). For a LoRA run's frozen base: the fused engine takes the parameters one at
-/// a time and rounds each block matrix to the base's blocks as it comes, so a four-bit base
-/// never exists in f32 whole (at SmolLM2-360M's shape, 1.3 GB it would hold at the start).
+/// [`load_base_weights`] of a whole base, the file's table checked as it checks it, but each
+/// parameter's bytes read only when the parameter is first used (a lazy parameter that reads
+/// its tensor from the open file). For a LoRA run's frozen base: the fused engine takes the
+/// parameters one at a time and rounds each block matrix to the base's blocks as it comes, so
+/// a four-bit base never exists in f32 whole (at SmolLM2-360M's shape, 1.3 GB it would hold at
+/// the start).
 pub(crate) fn load_weights_file_lazily(model: Gpt, path: &Path) -> Result<Gpt> {
-    load(model, path, &HashSet::new(), true)
+    load(model, path, &HashSet::new(), Reading::lazily())
 }
 
-/// [`load_weights_file`], but the parameters named in `unread` (Burn paths) are neither read
-/// nor made: the file must still hold each, of its shape, and the model keeps it unmade, so
-/// that only a reader that takes its values from elsewhere may use the model (reading one is
-/// a bug, said by name).
+/// The safetensors file at `path` into `model` a tensor at a time, every tensor present, f32
+/// and of its parameter's shape, the file holding no other; but the parameters named in
+/// `unread` (Burn paths) are neither read nor made: the file must still hold each, of its
+/// shape, and the model keeps it unmade, so that only a reader that takes its values from
+/// elsewhere may use the model (reading one is a bug, said by name).
 pub(crate) fn load_weights_file_without(
     model: Gpt,
     path: &Path,
     unread: &HashSet<String>,
 ) -> Result<Gpt> {
-    load(model, path, unread, false)
+    load(model, path, unread, Reading::default())
 }
 
-/// [`load_weights_file_without`], each parameter read now or, `lazily`, when first used.
-fn load(model: Gpt, path: &Path, unread: &HashSet<String>, lazily: bool) -> Result<Gpt> {
+/// How [`load`] reads a file's tensors.
+#[derive(Debug, Clone, Copy, Default)]
+struct Reading {
+    /// Each when its parameter is first used, not now.
+    lazily: bool,
+    /// The position table (`wpe.weight`) may have more rows in the file than the model: its
+    /// first rows are read.
+    positions_cropped: bool,
+}
+
+impl Reading {
+    fn lazily() -> Self {
+        Self {
+            lazily: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// The Burn path of the learned position table.
+const POSITIONS: &str = "wpe.weight";
+
+/// [`load_weights_file_without`], each parameter read as `reading` says.
+fn load(model: Gpt, path: &Path, unread: &HashSet<String>, reading: Reading) -> Result<Gpt> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (start, tensors) = read_header(&file)
@@ -116,7 +147,8 @@ fn load(model: Gpt, path: &Path, unread: &HashSet<String>, lazily: bool) -> Resu
         start,
         tensors,
         unread,
-        lazily: lazily.then(|| (file.clone(), path.to_path_buf())),
+        lazily: reading.lazily.then(|| (file.clone(), path.to_path_buf())),
+        positions_cropped: reading.positions_cropped,
         path: Vec::new(),
         error: None,
     };
@@ -175,21 +207,29 @@ struct Load<'a> {
     /// The file (and its name, for a failed read) each parameter reads itself from when first
     /// used ([`load_weights_file_lazily`]).
     lazily: Option<(Arc<std::fs::File>, PathBuf)>,
+    /// [`Reading::positions_cropped`].
+    positions_cropped: bool,
     path: Vec<String>,
     error: Option<anyhow::Error>,
 }
 
 impl Load<'_> {
-    /// Tensor `name` of the file, taken from the table: it must be F32 of shape `want`.
+    /// Tensor `name` of the file, taken from the table: it must be F32 of shape `want` (or,
+    /// the position table cropped, of more rows: its offsets are then its first rows').
     fn tensor(&mut self, name: &str, want: &[usize]) -> Result<FileTensor> {
         let tensor = self.tensors.remove(name);
-        let tensor = tensor.with_context(|| format!("tensor `{name}` is missing"))?;
+        let mut tensor = tensor.with_context(|| format!("tensor `{name}` is missing"))?;
         let (from, to) = tensor.offsets;
-        let len = 4 * want.iter().product::<usize>() as u64;
-        if tensor.dtype != "F32" || tensor.shape != want || to.checked_sub(from) != Some(len) {
+        let bytes = |shape: &[usize]| 4 * shape.iter().product::<usize>() as u64;
+        let cropped = self.positions_cropped
+            && name == POSITIONS
+            && matches!((&tensor.shape[..], want), ([rows, c], [fewer, w]) if fewer <= rows && c == w);
+        let same = tensor.shape == want || cropped;
+        if tensor.dtype != "F32" || !same || to.checked_sub(from) != Some(bytes(&tensor.shape)) {
             let (dtype, shape) = (&tensor.dtype, &tensor.shape);
             bail!("tensor `{name}` is {dtype} {shape:?}, the model's is F32 {want:?}");
         }
+        tensor.offsets.1 = from + bytes(want);
         Ok(tensor)
     }
 

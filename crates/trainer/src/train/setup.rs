@@ -62,7 +62,8 @@ pub struct TrainOptions {
     /// Continue the run in `out` from its last checkpoint.
     pub resume: bool,
     /// Fine-tune: start from this run's best weights, with its tokenizer and architecture
-    /// (`model.dropout` stays this config's) and a fresh optimizer.
+    /// (`model.dropout` stays this config's, and a shorter `model.block_size` set in
+    /// `overrides` is taken) and a fresh optimizer.
     pub init_from: Option<PathBuf>,
     /// The ranks training the run with this process (rank 0), when there are several.
     pub ranks: Option<Ranks>,
@@ -258,11 +259,8 @@ fn source_model(
         None => {
             let (path, sum) = source.best_weights_file()?;
             // A LoRA run's base is read as the engine takes it, a tensor at a time.
-            let load = match config.lora {
-                Some(_) => crate::run::weights::load_weights_file_lazily,
-                None => crate::run::weights::load_weights_file,
-            };
-            let model = load(model, &path)
+            let lazily = config.lora.is_some();
+            let model = crate::run::weights::load_base_weights(model, &path, lazily)
                 .with_context(|| format!("weights {} do not fit", path.display()))?;
             (model, sum)
         }
@@ -285,7 +283,16 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
         .config
         .clone()
         .unwrap_or(ConfigSource::Preset("default"));
-    let mut config = source.load(&options.overrides)?;
+    // A fine-tune's architecture is its base's: the config's own [model] is never read, so
+    // `--set model.KEY` is checked against the base (`init_source`), not the config.
+    let overrides: Vec<String> = match options.init_from {
+        Some(_) => (options.overrides.iter())
+            .filter(|o| !architecture_key(o))
+            .cloned()
+            .collect(),
+        None => options.overrides.clone(),
+    };
+    let mut config = source.load(&overrides)?;
     let out = options
         .out
         .clone()
@@ -293,7 +300,7 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
     // Before the corpus is prepared: that can take a while.
     checkpoint::refuse_existing(&out)?;
     let init = match &options.init_from {
-        Some(dir) => Some(Box::new(init_source(dir, &mut config)?)),
+        Some(dir) => Some(Box::new(init_source(dir, &mut config, &options.overrides)?)),
         None if config.lora.is_some() => bail!(
             "LoRA trains adapters on a pretrained model: give the run to fine-tune with \
              --init-from RUN (an imported model, or a run of your own)"
@@ -313,8 +320,10 @@ fn new_run(options: &TrainOptions) -> Result<(RunDir, Dataset)> {
 }
 
 /// The run `dir` that a fine-tuning run starts from; `config` takes its architecture (all but
-/// `model.dropout`) and tokenizer kind.
-fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
+/// `model.dropout`, and a shorter `model.block_size` asked for) and tokenizer kind. A `--set
+/// model.KEY` among `overrides` that would change that architecture otherwise is refused by
+/// name, not dropped.
+fn init_source(dir: &std::path::Path, config: &mut RunConfig, overrides: &[String]) -> Result<Run> {
     let source = Run::open(dir).context("--init-from")?;
     if !source.has_checkpoint() {
         bail!(
@@ -322,9 +331,13 @@ fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
             dir.display()
         );
     }
+    let context = keeps_architecture(&source.config, overrides)
+        .with_context(|| format!("--init-from {}", dir.display()))?;
     let dropout = config.model.dropout;
     config.model = source.config.model.clone();
     config.model.dropout = dropout;
+    // A shorter context: a learned position table is cropped to it as the base is read.
+    config.model.block_size = context.unwrap_or(config.model.block_size);
     // The model was taught its source's chat format, unless this config gives another.
     if config.chat.is_default() {
         config.chat = source.config.chat.clone();
@@ -339,6 +352,53 @@ fn init_source(dir: &std::path::Path, config: &mut RunConfig) -> Result<Run> {
         );
     }
     Ok(source)
+}
+
+/// Refuses a `--set model.KEY` (`model.dropout` aside) that gives the fine-tune another value
+/// than its base `source` has: the weights are the base's, and so is their shape. A shorter
+/// context is the one change allowed (`model.block_size` at most the base's): it is returned.
+fn keeps_architecture(source: &RunConfig, overrides: &[String]) -> Result<Option<usize>> {
+    let base = source.to_toml();
+    let mut context = None;
+    for assignment in overrides.iter().filter(|o| architecture_key(o)) {
+        let key = assignment.split_once('=').map_or("", |(key, _)| key.trim());
+        let mut changed = RunConfig::load_str(&base, std::slice::from_ref(assignment))?.model;
+        let (block, most) = (changed.block_size, source.model.block_size);
+        if key == "model.block_size" {
+            if block > most {
+                bail!(
+                    "`--set {assignment}`: a fine-tune's context can be shorter than its base's \
+                     ({most} tokens), not longer"
+                );
+            }
+            context = Some(block);
+            changed.block_size = most;
+        }
+        if changed != source.model {
+            let field = &key["model.".len()..];
+            let table: toml::Table = toml::from_str(&base)?;
+            let was = table
+                .get("model")
+                .and_then(|model| model.get(field))
+                .map_or_else(|| "unset".to_string(), ToString::to_string);
+            bail!(
+                "a fine-tune keeps its base's architecture, and `--set {assignment}` would \
+                 change it ({key} is {was} there); of [model], only dropout and a shorter \
+                 block_size can differ"
+            );
+        }
+    }
+    Ok(context)
+}
+
+/// Whether `assignment` (`--set section.key=value`) names a part of the architecture: a
+/// `model.` key other than dropout and `kernel` (an older name of `train.attention_kernel`).
+fn architecture_key(assignment: &str) -> bool {
+    let key = assignment
+        .split_once('=')
+        .map_or(assignment, |(key, _)| key)
+        .trim();
+    key.starts_with("model.") && !matches!(key, "model.dropout" | "model.kernel")
 }
 
 /// The run in `options.out`, with the allowed overrides applied, and its corpus split.

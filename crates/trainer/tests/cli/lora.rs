@@ -1,7 +1,8 @@
 //! LoRA fine-tuning through the binary: `train --init-from RUN --lora RANK` writes the adapters
 //! alone, trains them on the fused engine and on Burn's (on an f32 base or one rounded to
 //! `q8_0`), resumes bit for bit, samples and exports merged, and refuses in one line a base
-//! that changed, an impossible rank or target, and LoRA without a base; parts of the base
+//! that changed, an impossible rank or target, a changed architecture (a shorter context
+//! crops the base's position table) and LoRA without a base; parts of the base
 //! trained beside the adapters (`--also-train`) are checkpointed, resumed and sampled too.
 
 use std::path::Path;
@@ -128,6 +129,63 @@ fn lora_refuses_a_changed_base_and_impossible_adapters() {
     // Without a base to adapt.
     fails(train(dir, "nobase", &["--lora", "2"]), "--init-from");
     assert!(!dir.join("nobase").exists());
+    // A fine-tune keeps its base's architecture: a `--set model.KEY` that would change it is
+    // refused by name, in full as with adapters, and so is a longer context; a shorter one
+    // crops the learned position table to its first rows (nanoGPT's `crop_block_size`).
+    let base = std::fs::read_to_string(dir.join("base/config.toml")).unwrap();
+    let block: usize = base
+        .lines()
+        .find_map(|l| l.strip_prefix("block_size = "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the base's block_size");
+    let longer = format!("model.block_size={}", block + 1);
+    for lora in [&[][..], &["--lora", "2"]] {
+        let args = [&["--init-from", "base", "--set", &longer][..], lora].concat();
+        fails(train(dir, "longer", &args), "not longer");
+        let args = [
+            &["--init-from", "base", "--set", "model.n_layer=3"][..],
+            lora,
+        ]
+        .concat();
+        fails(train(dir, "deeper", &args), "model.n_layer is 1 there");
+    }
+    assert!(!dir.join("longer").exists() && !dir.join("deeper").exists());
+    let shorter = format!("model.block_size={}", block / 2);
+    // A step too small to move an f32 weight: the checkpoint holds the rows as read.
+    let still = "train.learning_rate=1e-30";
+    let args = [
+        "--init-from",
+        "base",
+        "--max-iters",
+        "1",
+        "--set",
+        &shorter,
+        "--set",
+        still,
+        "--set",
+        "train.min_lr=1e-30",
+    ];
+    ok(train(dir, "shorter", &args));
+    let rows = |run: &str| {
+        let bytes = std::fs::read(dir.join(run).join("best/model.safetensors")).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let wpe = file.tensor("wpe.weight").unwrap();
+        (wpe.shape().to_vec(), wpe.data().to_vec())
+    };
+    let ((long, all), (short, first)) = (rows("base"), rows("shorter"));
+    assert_eq!((long[0], short[0], short[1]), (block, block / 2, long[1]));
+    assert_eq!(first, all[..first.len()], "the base's first rows");
+    let args = [
+        "--init-from",
+        "base",
+        "--max-iters",
+        "1",
+        "--lora",
+        "2",
+        "--set",
+        &shorter,
+    ];
+    ok(train(dir, "shorter-lora", &args));
     // A rank above a matrix's side, a target the model lacks, a rank of 0.
     let wide = lora_of_rank(dir, "33", "wide", "fused", "2", &[]);
     fails(wide, "larger than");

@@ -4,28 +4,12 @@
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::{configs, seeded, tokens};
+use common::{configs, last_logits as burn_logits, seeded, tokens};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
-    Decoder, FusedBatch, FusedDecoder, GenerateOptions, Gpt, GptConfig, ModelError, Pass,
+    Decoder, FusedBatch, FusedDecoder, GenerateOptions, GptConfig, ModelError,
     decoding::PREFILL_CHUNK, generate,
 };
-
-/// The last position's logits of `Gpt::forward` over `context`.
-fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
-    let ids: Vec<i64> = context.iter().map(|&t| t.into()).collect();
-    let ids = Tensor::<2, Int>::from_data(
-        TensorData::new(ids, [1, context.len()]),
-        &gpt.wte.weight.device(),
-    );
-    let logits = gpt.forward(ids, Pass::Infer).unwrap();
-    let [_, seq, vocab] = logits.dims();
-    logits
-        .slice([0..1, seq - 1..seq, 0..vocab])
-        .into_data()
-        .try_to_vec::<f32>()
-        .unwrap()
-}
 
 /// A prompt fed at once (a whole window), then three tokens after it (several rows behind a
 /// cache), then one token at a time to the full block:

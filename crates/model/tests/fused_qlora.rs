@@ -9,12 +9,12 @@ mod common;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::lora::{adapted, batch, check};
-use common::seeded;
+use common::lora::{adapted, batch, check, without_adapters};
+use common::{last_logits as burn_logits, seeded};
 use tinygpt_model::parts::{Mlp, Norm, Position};
 use tinygpt_model::{
     AdamWSettings, BaseWeights, BlockType, Decoder, FusedCpu, Gpt, GptConfig, LoraConfig, LrRatios,
-    ParamLayout, Pass, TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
+    ParamLayout, TokenBatch, decoding::q8_0_block, names::BlockSlot, names::Slot,
 };
 
 /// The quantised bases.
@@ -446,25 +446,6 @@ fn a_base_read_as_it_is_used_is_read_by_the_engine_alone() {
     assert_eq!(a.to_bits(), b.to_bits());
 }
 
-/// Sets every adapter's `B` to zero: the model without what its adapters add.
-struct ZeroB(Vec<String>);
-
-impl ModuleMapper for ZeroB {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.0.push(name.to_string());
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.0.pop();
-    }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(id, tensor.zeros_like(), mapper)
-    }
-}
-
 /// The largest difference between `got` and `want`, and `want`'s largest magnitude.
 fn apart(got: &[f32], want: &[f32]) -> (f32, f32) {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -473,19 +454,6 @@ fn apart(got: &[f32], want: &[f32]) -> (f32, f32) {
         .zip(want)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     (diff, scale)
-}
-
-/// The last position's logits of Burn's forward over `context`.
-fn burn_logits(gpt: &Gpt, context: &[u32]) -> Vec<f32> {
-    let ids: Vec<i64> = context.iter().map(|&t| t.into()).collect();
-    let ids = Tensor::<2, Int>::from_data(
-        TensorData::new(ids, [1, context.len()]),
-        &gpt.wte.weight.device(),
-    );
-    let logits = gpt.forward(ids, Pass::Infer).unwrap();
-    let [_, seq, vocab] = logits.dims();
-    let last = logits.slice([0..1, seq - 1..seq, 0..vocab]);
-    last.into_data().try_to_vec::<f32>().unwrap()
 }
 
 /// A LoRA run's snapshot samples from the engine's own weights, nothing lent: a prompt, then
@@ -499,7 +467,7 @@ fn a_sample_decodes_from_the_weights_the_engine_holds() {
     for base in [BaseWeights::F32, BaseWeights::Q8_0, BaseWeights::Q4K] {
         for config in configs_for(base) {
             let gpt = adapted(&config, &held(2, base));
-            let without = gpt.clone().map(&mut ZeroB(Vec::new()));
+            let without = without_adapters(gpt.clone());
             let stream: Vec<u32> = batch(config.vocab_size).0[..14]
                 .iter()
                 .map(|&t| t as u32)

@@ -14,25 +14,44 @@ use tinygpt_model::{
 pub fn adapted(config: &GptConfig, lora: &LoraConfig) -> Gpt {
     let device = Device::flex().autodiff();
     let gpt = super::init(config, &device).with_lora(lora).unwrap();
-    struct DrawB(Vec<String>);
-    impl ModuleMapper for DrawB {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.pop();
-        }
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
-                return param;
-            }
-            let (id, tensor, mapper) = param.consume();
-            let (shape, device) = (tensor.shape(), tensor.device());
-            let drawn = Tensor::<D>::random(shape, Distribution::Normal(0.0, 0.02), &device);
-            Param::from_mapped_value(id, drawn.require_grad(), mapper)
-        }
+    gpt.map(&mut SetB(Vec::new(), B::Drawn))
+}
+
+/// `gpt` without what its adapters add: every `B` factor zero.
+pub fn without_adapters(gpt: Gpt) -> Gpt {
+    gpt.map(&mut SetB(Vec::new(), B::Zero))
+}
+
+/// What [`SetB`] makes each adapter's `B` factor.
+#[derive(Clone, Copy)]
+enum B {
+    /// Drawn from N(0, 0.02).
+    Drawn,
+    Zero,
+}
+
+/// Sets every adapter's `B` factor as its [`B`] says (the module path kept to find them).
+struct SetB(Vec<String>, B);
+
+impl ModuleMapper for SetB {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.0.push(name.to_string());
     }
-    gpt.map(&mut DrawB(Vec::new()))
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.0.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !self.0.ends_with(&["lora".to_string(), "b".to_string()]) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let (shape, device) = (tensor.shape(), tensor.device());
+        let made = match self.1 {
+            B::Drawn => Tensor::<D>::random(shape, Distribution::Normal(0.0, 0.02), &device),
+            B::Zero => tensor.zeros_like(),
+        };
+        Param::from_mapped_value(id, made.require_grad(), mapper)
+    }
 }
 
 pub fn batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {

@@ -45,6 +45,21 @@ pub fn init(config: &GptConfig, device: &Device) -> tinygpt_model::Gpt {
 }
 
 pub mod lora;
+
+/// The last position's logits of `Gpt::forward` over `context`, `[vocab]`.
+#[allow(dead_code)] // Not every test file decodes.
+pub fn last_logits(gpt: &tinygpt_model::Gpt, context: &[u32]) -> Vec<f32> {
+    use burn::tensor::{Int, TensorData};
+    let ids: Vec<i64> = context.iter().map(|&t| t.into()).collect();
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(ids, [1, context.len()]),
+        &gpt.wte.weight.device(),
+    );
+    let logits = gpt.forward(ids, tinygpt_model::Pass::Infer).unwrap();
+    let [_, seq, vocab] = logits.dims();
+    let last = logits.slice([0..1, seq - 1..seq, 0..vocab]);
+    last.into_data().try_to_vec::<f32>().unwrap()
+}
 #[path = "../../../attention/tests/support/wgpu.rs"]
 mod support_wgpu;
 #[allow(unused_imports)] // Not every test file runs on wgpu.

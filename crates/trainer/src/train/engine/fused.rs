@@ -11,6 +11,7 @@ use super::{Engine, Sampler, Saving, Step};
 use crate::backend::EngineKind;
 use crate::data::{Batch, mix};
 use crate::distributed::Ranks;
+use crate::run::checkpoint::WriteFile;
 use crate::train::optim::{Optimizer, States, UpdateRule, muon_ids, states_from_burn};
 use crate::train::state_pack::{self, states_pack};
 
@@ -153,6 +154,13 @@ fn release_freed_memory() {
     }
 }
 
+/// What writes `fused`'s optimizer state to a file (`optimizer.bpk`), a tensor at a time from
+/// the engine's own buffers: AdamW's moments shared, not copied, and Muon's momentum.
+fn optimizer_writer<'a>(fused: &FusedCpu) -> WriteFile<'a> {
+    let (moments, muon) = (fused.share_adamw_state(), fused.muon_state());
+    Box::new(move |path: &Path| state_pack::write_shared(path, moments, muon))
+}
+
 impl Engine for FusedEngine {
     fn kind(&self) -> EngineKind {
         EngineKind::Fused
@@ -207,20 +215,17 @@ impl Engine for FusedEngine {
         if let Weights::Held { fused, hollow } = &self.weights
             && hollow.lora_scale().is_some()
         {
+            let optimizer = optimizer_writer(fused);
             let trained = self.trained.insert(Box::new(fused.trained_weights(hollow)));
-            let (moments, muon) = (fused.share_adamw_state(), fused.muon_state());
             return Ok(Saving {
                 model: trained,
-                optimizer: Box::new(move |path: &Path| {
-                    state_pack::write_shared(path, moments, muon)
-                }),
+                optimizer,
             });
         }
         let lent = self.weights.lent();
-        let (moments, muon) = (lent.fused().share_adamw_state(), lent.fused().muon_state());
         Ok(Saving {
+            optimizer: optimizer_writer(lent.fused()),
             model: lent.model(),
-            optimizer: Box::new(move |path: &Path| state_pack::write_shared(path, moments, muon)),
         })
     }
 

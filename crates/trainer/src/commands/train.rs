@@ -183,9 +183,12 @@ fn lead(args: Args, ranks: Option<Ranks>, stop: &AtomicBool) -> Result<ExitCode>
     if outcome.interrupted {
         return Ok(ExitCode::from(130));
     }
-    println!(
-        "sample with: tinygpt generate --checkpoint {}",
-        outcome.dir.display()
-    );
+    match outcome.checkpointed {
+        true => println!(
+            "sample with: tinygpt generate --checkpoint {}",
+            outcome.dir.display()
+        ),
+        false => println!("no checkpoint written: the run trained no step"),
+    }
     Ok(ExitCode::SUCCESS)
 }

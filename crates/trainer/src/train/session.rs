@@ -47,6 +47,9 @@ pub struct Limits<'a> {
 pub struct Outcome {
     pub dir: PathBuf,
     pub interrupted: bool,
+    /// Whether the run has a checkpoint to sample from (none when it trained no step:
+    /// `--max-iters 0`).
+    pub checkpointed: bool,
 }
 
 /// A loss estimate of both splits.
@@ -397,6 +400,7 @@ impl Trainer {
         Ok(Outcome {
             dir: self.run.dir.clone(),
             interrupted,
+            checkpointed: self.run.has_checkpoint(),
         })
     }
 

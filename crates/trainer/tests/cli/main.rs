@@ -306,6 +306,8 @@ fn cuda_where_it_cannot_run_is_one_line_for_every_command() {
 }
 
 /// `--max-time` ends a run as asked: it saves, says so, and exits 0 (Ctrl-C exits 130).
+/// `--max-time` saves and exits 0, pointing at the checkpoint to sample from; `--max-iters 0`
+/// points at none.
 #[test]
 fn max_time_saves_and_exits_zero() {
     let tmp = tempfile::tempdir().unwrap();
@@ -319,6 +321,13 @@ fn max_time_saves_and_exits_zero() {
     let said = format!("{}{}", stdout(&out), stderr(&out));
     assert!(said.contains("time limit reached at step"), "{said}");
     assert!(dir.join("run/last").is_dir());
+    assert!(said.contains("sample with: tinygpt generate"), "{said}");
+    // A run that trains no step writes no checkpoint, and says so instead of a command that
+    // would fail.
+    let none = ok(train(dir, "none", &["--max-iters", "0"]));
+    assert!(!dir.join("none/last").exists());
+    assert!(none.contains("no checkpoint written"), "{none}");
+    assert!(!none.contains("sample with"), "{none}");
 }
 
 /// `--to-loss`: the loss it measures is `tinygpt eval`'s over the whole validation split; a

@@ -1,7 +1,7 @@
 //! A sample from the weights the fused engine holds, without Burn's model: what a LoRA run's
 //! snapshots decode. Lending the weights to Burn's model and making a decoder of it would hold
 //! a base kept quantised three times over in f32 (the model's, the merged copy's, the
-//! decoder's: 4.3 GB at SmolLM2-360M's shape); here the decoder is made of the engine's own
+//! decoder's: 4.3 GiB at SmolLM2-360M's shape); here the decoder is made of the engine's own
 //! buffers, moved in and back out, the base's matrices from their own blocks.
 
 use super::fused::FusedCpu;

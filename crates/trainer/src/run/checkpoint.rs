@@ -30,7 +30,7 @@ use super::adapters::{attach_adapters, write_adapters};
 use super::integrity;
 use super::lock::RunLock;
 use super::weights::{
-    load_weights, load_weights_file_lazily, load_weights_file_without, param_ids, write_weights,
+    load_base_weights, load_weights, load_weights_file_without, param_ids, write_weights,
 };
 use crate::checksum::{sha256_file, sha256_hex};
 use crate::config::RunConfig;
@@ -420,8 +420,8 @@ impl Run {
             }
             (Some(lora), Some(base)) => {
                 let base = base_weights(base, &self.dir)?;
-                let model =
-                    load_weights_file_lazily(model, &base).context("the LoRA run's base")?;
+                // Its context may be shorter than its base's (a position table cropped).
+                let model = load_base_weights(model, &base, true).context("the LoRA run's base")?;
                 attach_adapters(model, lora, weights).with_context(misfit)?
             }
             (Some(_), None) => bail!(

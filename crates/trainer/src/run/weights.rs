@@ -77,27 +77,20 @@ pub fn load_weights(model: &mut Gpt, bytes: Vec<u8>) -> Result<()> {
 
 /// A fine-tune's base: the safetensors file at `path` into `model` a tensor at a time (each
 /// parameter's bytes read from the file as it is made, so the file is never held whole beside
-/// the model: a fine-tune of a large model peaks at one copy of it, not two), or `lazily` (see
-/// [`load_weights_file_lazily`]). Every tensor must be present, f32, of its parameter's shape,
-/// and the file must hold no other; but the model's context may be shorter than the base's: a
-/// learned position table then takes the file's first rows, as nanoGPT's `crop_block_size`
-/// does (rotary positions have no table).
+/// the model: a fine-tune of a large model peaks at one copy of it, not two), or `lazily`: each
+/// parameter's bytes read only when it is first used (a lazy parameter that reads its tensor
+/// from the open file), for a LoRA run's frozen base, which the fused engine takes a parameter
+/// at a time and rounds each block matrix to its blocks as it comes, so that a four-bit base
+/// never exists in f32 whole (1.3 GB at SmolLM2-360M's shape). Every tensor must be present,
+/// f32, of its parameter's shape, and the file must hold no other; but the model's context may
+/// be shorter than the base's: a learned position table then takes the file's first rows, as
+/// nanoGPT's `crop_block_size` does (rotary positions have no table).
 pub(crate) fn load_base_weights(model: Gpt, path: &Path, lazily: bool) -> Result<Gpt> {
     let reading = Reading {
         lazily,
         positions_cropped: true,
     };
     load(model, path, &HashSet::new(), reading)
-}
-
-/// [`load_base_weights`] of a whole base, the file's table checked as it checks it, but each
-/// parameter's bytes read only when the parameter is first used (a lazy parameter that reads
-/// its tensor from the open file). For a LoRA run's frozen base: the fused engine takes the
-/// parameters one at a time and rounds each block matrix to the base's blocks as it comes, so
-/// a four-bit base never exists in f32 whole (at SmolLM2-360M's shape, 1.3 GB it would hold at
-/// the start).
-pub(crate) fn load_weights_file_lazily(model: Gpt, path: &Path) -> Result<Gpt> {
-    load(model, path, &HashSet::new(), Reading::lazily())
 }
 
 /// The safetensors file at `path` into `model` a tensor at a time, every tensor present, f32
@@ -121,15 +114,6 @@ struct Reading {
     /// The position table (`wpe.weight`) may have more rows in the file than the model: its
     /// first rows are read.
     positions_cropped: bool,
-}
-
-impl Reading {
-    fn lazily() -> Self {
-        Self {
-            lazily: true,
-            ..Self::default()
-        }
-    }
 }
 
 /// The Burn path of the learned position table.
@@ -205,7 +189,7 @@ struct Load<'a> {
     /// The parameters left unmade ([`load_weights_file_without`]).
     unread: &'a HashSet<String>,
     /// The file (and its name, for a failed read) each parameter reads itself from when first
-    /// used ([`load_weights_file_lazily`]).
+    /// used ([`load_base_weights`]).
     lazily: Option<(Arc<std::fs::File>, PathBuf)>,
     /// [`Reading::positions_cropped`].
     positions_cropped: bool,
@@ -315,7 +299,7 @@ fn read_f32s(file: &std::fs::File, at: u64, len: usize) -> std::io::Result<Vec<f
         .collect())
 }
 
-/// `param` read from `file` at byte `at` when first used ([`load_weights_file_lazily`]; its
+/// `param` read from `file` at byte `at` when first used ([`load_base_weights`]; its
 /// dtype and shape checked already). A read that fails then (the disk failing mid-run) cannot
 /// be returned as an error: it stops the program, naming the file.
 fn deferred<const D: usize>(

@@ -186,6 +186,11 @@ fn lora_refuses_a_changed_base_and_impossible_adapters() {
         &shorter,
     ];
     ok(train(dir, "shorter-lora", &args));
+    // Its checkpoint reads the base as the run did: cropped.
+    ok(tinygpt(
+        dir,
+        &["logits", "--checkpoint", "shorter-lora", "--tokens", "1"],
+    ));
     // A rank above a matrix's side, a target the model lacks, a rank of 0.
     let wide = lora_of_rank(dir, "33", "wide", "fused", "2", &[]);
     fails(wide, "larger than");

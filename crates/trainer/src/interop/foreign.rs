@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use burn::store::ModuleSnapshot;
@@ -16,6 +17,8 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use tinygpt_model::{Gpt, names::ParamName, names::parameter_table};
 
 use crate::config::RunConfig;
+use crate::run::streamed::Deferred;
+use crate::run::weights::read_header;
 
 /// How a file stores the model's matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +60,17 @@ enum Elem {
     F16,
     BF16,
     F64,
+}
+
+impl Elem {
+    /// Bytes a value.
+    fn size(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 | Elem::BF16 => 2,
+            Elem::F64 => 8,
+        }
+    }
 }
 
 impl ForeignTensors {
@@ -167,6 +181,53 @@ pub(crate) fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>>
         };
         let tensor = foreign(path, &name, view.shape().to_vec(), elem, view.data())?;
         out.insert(name, tensor);
+    }
+    Ok(out)
+}
+
+/// Every tensor of the safetensors file `path` under its own name, each read and widened to f32
+/// only when it is made (an import writes a tensor at a time: neither the file nor the model is
+/// held whole). What needs no values is checked now: float tensors whose bytes lie within the
+/// file and fill their shapes.
+pub(crate) fn deferred_safetensors(path: &Path) -> Result<BTreeMap<String, Deferred<'static>>> {
+    use std::os::unix::fs::FileExt;
+    let invalid = |e: &dyn std::fmt::Display| {
+        anyhow!("{} is not a valid safetensors file ({e})", path.display())
+    };
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (start, header) = read_header(&file).map_err(|e| invalid(&format!("{e:#}")))?;
+    let end = file.metadata()?.len();
+    let file = Arc::new(file);
+    let mut out = BTreeMap::new();
+    for (name, t) in header {
+        let elem = match t.dtype.as_str() {
+            "F32" => Elem::F32,
+            "F16" => Elem::F16,
+            "BF16" => Elem::BF16,
+            "F64" => Elem::F64,
+            other => bail!(
+                "{}: tensor `{name}` is {other}; weights must be floating point",
+                path.display()
+            ),
+        };
+        let (from, to) = t.offsets;
+        let bytes = t.shape.iter().product::<usize>() * elem.size();
+        if from > to || start.saturating_add(to) > end || (to - from) as usize != bytes {
+            let why = format!(
+                "tensor `{name}`'s bytes {from}..{to} do not hold {:?}",
+                t.shape
+            );
+            return Err(invalid(&why));
+        }
+        let (file, path) = (file.clone(), path.to_path_buf());
+        let make = move || {
+            let mut raw = vec![0u8; bytes];
+            file.read_exact_at(&mut raw, start + from)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            Ok(widen(elem, &raw))
+        };
+        out.insert(name, Deferred::new(t.shape, make));
     }
     Ok(out)
 }
@@ -306,6 +367,17 @@ pub fn transpose(shape: &[usize], bytes: &[u8]) -> (Vec<usize>, Vec<u8>) {
         }
     }
     (vec![cols, rows], out)
+}
+
+/// `[rows, cols]` values → `[cols, rows]`.
+pub(crate) fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; values.len()];
+    for (r, row) in values.chunks_exact(cols).enumerate().take(rows) {
+        for (c, &v) in row.iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+    out
 }
 
 /// F32 tensors as a safetensors file; deterministic (sorted names, fixed metadata).

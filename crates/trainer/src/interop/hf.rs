@@ -75,7 +75,8 @@ pub fn import(
     let model = architecture(&hf).with_context(|| dir.join("config.json").display().to_string())?;
     let tokenizer = hf_dir::tokenizer(dir, tokenizer)?;
     let weights = hf_dir::weights(dir)?;
-    let weights = ForeignTensors::named(&weights.source, weights.tensors)?;
+    let source = weights.source.clone();
+    let weights = ForeignTensors::named(&source, weights.made()?)?;
     let (config, notes) = hf_run_config(model, &tokenizer, hf.vocab_size, dir, &config)?;
     if !hf.tie_word_embeddings && !weights.tensors.contains_key(LM_HEAD) {
         bail!(

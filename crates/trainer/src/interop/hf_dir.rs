@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::de::DeserializeOwned;
 
-use super::foreign::{Foreign, read_pytorch, read_safetensors};
+use super::foreign::{Foreign, deferred_safetensors, read_pytorch};
 use crate::data::tokenizer::Tokenizer;
+use crate::run::streamed::Deferred;
 
 /// `dir`'s `config.json` (already read as `config`) as the config of `architecture` ("GPT-2",
 /// "Llama"), or a line naming the file.
@@ -37,11 +38,29 @@ pub(super) fn tokenizer(dir: &Path, tokenizer: Option<&Path>) -> Result<Tokenize
     Tokenizer::from_hf_file(&path)
 }
 
-/// A directory's weights: every tensor under the name the file gives it.
+/// A directory's weights: every tensor under the name the file gives it, read from the file
+/// when it is made (a safetensors file's; a PyTorch file's are read at once).
 pub(super) struct Weights {
     /// What errors name: the one weights file, or the shards' index.
     pub source: PathBuf,
-    pub tensors: BTreeMap<String, Foreign>,
+    pub tensors: BTreeMap<String, Deferred<'static>>,
+}
+
+impl Weights {
+    /// Every tensor, read now.
+    pub(super) fn made(self) -> Result<BTreeMap<String, Foreign>> {
+        let made = self.tensors.into_iter().map(|(name, t)| {
+            let shape = t.shape.clone();
+            Ok((
+                name,
+                Foreign {
+                    shape,
+                    values: t.values()?,
+                },
+            ))
+        });
+        made.collect()
+    }
 }
 
 /// Every tensor of `dir`'s weights: `model.safetensors`, the shards its
@@ -51,14 +70,15 @@ pub(super) fn weights(dir: &Path) -> Result<Weights> {
     let index = dir.join("model.safetensors.index.json");
     let bin = dir.join("pytorch_model.bin");
     let (source, tensors) = if single.exists() {
-        let tensors = read_safetensors(&single)?;
+        let tensors = deferred_safetensors(&single)?;
         (single, tensors)
     } else if index.exists() {
         let tensors = shards(dir, &index)?;
         (index, tensors)
     } else if bin.exists() {
-        let tensors = read_pytorch(&bin, None)?;
-        (bin, tensors)
+        let read = read_pytorch(&bin, None)?.into_iter();
+        let tensors = read.map(|(name, t)| (name, Deferred::ready(t.shape, t.values)));
+        (bin, tensors.collect())
     } else if dir.join("pytorch_model.bin.index.json").exists() {
         bail!(
             "{} holds a sharded PyTorch checkpoint, which tinygpt does not read; save it with \
@@ -75,7 +95,7 @@ pub(super) fn weights(dir: &Path) -> Result<Weights> {
 }
 
 /// Every tensor of the shards `index` lists (in `dir`), each tensor the index names present.
-fn shards(dir: &Path, index_path: &Path) -> Result<BTreeMap<String, Foreign>> {
+fn shards(dir: &Path, index_path: &Path) -> Result<BTreeMap<String, Deferred<'static>>> {
     let text = std::fs::read_to_string(index_path)
         .with_context(|| format!("cannot read {}", index_path.display()))?;
     let index: serde_json::Value = serde_json::from_str(&text)
@@ -95,7 +115,7 @@ fn shards(dir: &Path, index_path: &Path) -> Result<BTreeMap<String, Foreign>> {
                 index_path.display()
             );
         }
-        tensors.extend(read_safetensors(&dir.join(shard))?);
+        tensors.extend(deferred_safetensors(&dir.join(shard))?);
     }
     if let Some(name) = map.keys().find(|name| !tensors.contains_key(*name)) {
         bail!("{}: tensor `{name}` is in no shard", index_path.display());

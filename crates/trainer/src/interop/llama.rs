@@ -18,10 +18,11 @@ use serde::Deserialize;
 use tinygpt_model::parts::{Mlp, Norm, Position, ProjInit};
 use tinygpt_model::{GptConfig, names::BlockSlot, names::Slot, names::parameter_table};
 
-use super::foreign::{Foreign, NamedTensor, transpose, write_safetensors};
+use super::foreign::{NamedTensor, transpose, transposed};
 use super::hf_dir;
-use super::run::{Imported, create_run, hf_run_config};
+use super::run::{Imported, create_run_streamed, hf_run_config};
 use crate::data::tokenizer::Tokenizer;
+use crate::run::streamed::Deferred;
 
 /// The `LlamaConfig` fields that shape the computation, with transformers' defaults.
 #[derive(Deserialize)]
@@ -199,9 +200,11 @@ pub fn import(
         ));
     }
     let weights = hf_dir::weights(dir)?;
-    let model = build(&config.gpt(hf.vocab_size), weights.tensors)
-        .map_err(|e| anyhow!("{}: {e:#}", weights.source.display()))?;
-    create_run(out, config.clone(), tokenizer, &model)?;
+    let gpt = config.gpt(hf.vocab_size);
+    // Each slot read and widened as it is written: the model is never whole in f32.
+    let tensors =
+        build(&gpt, weights.tensors).map_err(|e| anyhow!("{}: {e:#}", weights.source.display()))?;
+    create_run_streamed(out, config.clone(), tokenizer, &gpt, tensors)?;
     Ok(Imported {
         format: "Hugging Face Llama directory",
         config,
@@ -280,13 +283,14 @@ fn sources(slot: Slot, mlp: Mlp) -> (Vec<String>, bool) {
     }
 }
 
-/// A model of `gpt` holding the Llama tensors: every present slot filled from its sources (each
-/// shape checked), and no tensor left over.
-pub(super) fn build(
+/// The tensors of a model of `gpt` (under Burn's paths, in its shapes) made from the Llama
+/// tensors `tensors`: every present slot filled from its sources (each shape checked now, the
+/// values made when the tensor is written: a quantised file's are dequantised one slot at a
+/// time), and no tensor left over.
+pub(super) fn build<'a>(
     gpt: &GptConfig,
-    mut tensors: BTreeMap<String, Foreign>,
-) -> Result<tinygpt_model::Gpt> {
-    let mut model = gpt.init(&burn::tensor::Device::flex())?;
+    mut tensors: BTreeMap<String, Deferred<'a>>,
+) -> Result<Vec<(String, Deferred<'a>)>> {
     let mut out = Vec::new();
     for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
         let want = name.slot.shape(gpt);
@@ -299,33 +303,39 @@ pub(super) fn build(
             true => (want[1], want[0]),
             false => (want[0], want.get(1).copied().unwrap_or(1)),
         };
-        let mut values = Vec::with_capacity(rows * cols);
+        let (mut pieces, mut filled) = (Vec::new(), 0);
         for source in &names {
             let t = tensors
                 .remove(source)
                 .ok_or_else(|| anyhow!("tensor `{source}` is missing"))?;
             let width: usize = t.shape.iter().skip(1).product();
-            if t.shape.is_empty() || width != cols || values.len() + t.values.len() > rows * cols {
+            if t.shape.is_empty() || width != cols || filled + t.len() > rows * cols {
                 bail!(
                     "tensor `{source}` has shape {:?}, which does not fit tinygpt's `{}` {want:?}",
                     t.shape,
                     name.burn
                 );
             }
-            values.extend(t.values);
+            filled += t.len();
+            pieces.push(t);
         }
-        if values.len() != rows * cols {
+        if filled != rows * cols {
             bail!(
                 "the tensors of tinygpt's `{}` do not fill {want:?}",
                 name.burn
             );
         }
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let (shape, bytes) = match linear {
-            true => transpose(&[rows, cols], &bytes),
-            false => (want, bytes),
-        };
-        out.push((name.burn, shape, bytes));
+        let slot = Deferred::new(want, move || {
+            let mut values = Vec::with_capacity(rows * cols);
+            for piece in pieces {
+                values.extend(piece.values()?);
+            }
+            Ok(match linear {
+                true => transposed(&values, rows, cols),
+                false => values,
+            })
+        });
+        out.push((name.burn, slot));
     }
     // A tied checkpoint may still carry `lm_head.weight` equal to the embedding; older ones
     // carry the rotary frequencies as a buffer.
@@ -336,8 +346,7 @@ pub(super) fn build(
     if let Some(extra) = tensors.keys().next() {
         bail!("unexpected tensor `{extra}` (a part tinygpt does not have?)");
     }
-    crate::run::weights::load_weights(&mut model, write_safetensors(&out)?)?;
-    Ok(model)
+    Ok(out)
 }
 
 /// Whether `LlamaForCausalLM` computes what a model of `config` computes, or the part it lacks
@@ -486,4 +495,104 @@ pub(super) fn config_json(m: &GptConfig, tokenizer: &Tokenizer) -> Result<String
         "torch_dtype": "float32",
     });
     Ok(serde_json::to_string_pretty(&config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// A Llama of one block, 2 heads of 4, SwiGLU of 12, untied.
+    fn small() -> GptConfig {
+        GptConfig {
+            vocab_size: 10,
+            block_size: 8,
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            tie_embeddings: false,
+            position: Position::Rope,
+            norm: Norm::Rms,
+            mlp: Mlp::SwiGlu,
+            mlp_hidden: Some(12),
+            bias: false,
+            ..GptConfig::default()
+        }
+    }
+
+    /// Every Llama tensor of `gpt` (a slot's rows split evenly among its sources), values
+    /// counting from each tensor's first; each counts in `made` when made.
+    fn llama<'a>(gpt: &GptConfig, made: &'a Cell<usize>) -> BTreeMap<String, Deferred<'a>> {
+        let mut out = BTreeMap::new();
+        for name in parameter_table(gpt).into_iter().filter(|p| p.present) {
+            let want = name.slot.shape(gpt);
+            let (names, linear) = sources(name.slot, gpt.mlp);
+            let (rows, cols) = match linear {
+                true => (want[1] / names.len(), want[0]),
+                false => (want[0], want.get(1).copied().unwrap_or(1)),
+            };
+            for (i, source) in names.into_iter().enumerate() {
+                let shape = if want.len() == 1 {
+                    vec![rows]
+                } else {
+                    vec![rows, cols]
+                };
+                let start = 1000.0 * i as f32;
+                let values = (0..rows * cols).map(|v| start + v as f32).collect();
+                let make = move || {
+                    made.set(made.get() + 1);
+                    Ok(values)
+                };
+                out.insert(source, Deferred::new(shape, make));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn slots_are_checked_at_once_and_made_as_they_are_written() {
+        let (gpt, made) = (small(), Cell::new(0));
+        let built = build(&gpt, llama(&gpt, &made)).unwrap();
+        assert_eq!(made.get(), 0, "no values are made before they are written");
+        let (_, attn) = built
+            .into_iter()
+            .find(|(name, _)| name == "h.0.attn.c_attn.weight")
+            .unwrap();
+        assert_eq!(attn.shape, vec![8, 24]);
+        let values = attn.values().unwrap();
+        assert_eq!(made.get(), 3, "q, k and v, once each");
+        // Burn's `[in, out]`: column j of input row i is q's, k's or v's row j % 8, column i.
+        for (i, row) in values.chunks_exact(24).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                assert_eq!(v, 1000.0 * (j / 8) as f32 + ((j % 8) * 8 + i) as f32);
+            }
+        }
+
+        let mut tensors = llama(&gpt, &made);
+        tensors.insert(
+            "model.layers.0.mlp.up_proj.weight".into(),
+            Deferred::ready(vec![13, 8], vec![0.0; 104]),
+        );
+        let error = format!("{:#}", build(&gpt, tensors).unwrap_err());
+        assert!(
+            error.contains("`model.layers.0.mlp.up_proj.weight` has shape [13, 8]"),
+            "{error}"
+        );
+        let mut tensors = llama(&gpt, &made);
+        tensors.remove("model.norm.weight");
+        let error = format!("{:#}", build(&gpt, tensors).unwrap_err());
+        assert_eq!(error, "tensor `model.norm.weight` is missing");
+        let mut tensors = llama(&gpt, &made);
+        tensors.insert(
+            "model.layers.0.extra".into(),
+            Deferred::ready(vec![1], vec![0.0]),
+        );
+        let error = format!("{:#}", build(&gpt, tensors).unwrap_err());
+        assert!(
+            error.starts_with("unexpected tensor `model.layers.0.extra`"),
+            "{error}"
+        );
+        assert_eq!(made.get(), 3, "a refused model makes nothing");
+    }
 }

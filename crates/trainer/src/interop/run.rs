@@ -4,12 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
 use tinygpt_model::{Gpt, GptConfig};
 
 use super::chat_files;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::run::checkpoint::{Run, TrainState, Which};
+use crate::run::param_ids;
+use crate::run::streamed::Deferred;
 
 /// What `tinygpt import` reads.
 #[derive(Debug, Clone, Default)]
@@ -98,6 +101,26 @@ pub(super) fn create_run(
     let state = TrainState::default();
     Run::create(out, config, tokenizer, |run| {
         run.save(Which::Last, model, None, &state)?;
+        run.save_as(Which::Last, Which::Best)
+    })?;
+    Ok(())
+}
+
+/// Creates the run directory `out` for a model of `gpt` from its `tensors` (Burn's paths, each
+/// made as it is written: the model is never held whole), as both checkpoints (one weights file
+/// on the disk, linked into both).
+pub(super) fn create_run_streamed(
+    out: &Path,
+    config: RunConfig,
+    tokenizer: Tokenizer,
+    gpt: &GptConfig,
+    tensors: Vec<(String, Deferred<'_>)>,
+) -> Result<()> {
+    // The parameters of a model made by `init` are drawn when first used: only their ids are
+    // read here.
+    let ids = param_ids(&gpt.init(&Device::flex())?);
+    Run::create(out, config, tokenizer, |run| {
+        run.save_tensors(Which::Last, tensors, ids)?;
         run.save_as(Which::Last, Which::Best)
     })?;
     Ok(())

@@ -18,32 +18,31 @@
 //! either the old or the new checkpoint readable, never a mix; a damaged file is noticed and
 //! named when the checkpoint is read.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
-use serde::{Deserialize, Serialize};
 use tinygpt_model::Gpt;
 
-use super::adapters::{attach_adapters, write_adapters};
-use super::integrity;
-use super::lock::RunLock;
-use super::weights::{
-    load_base_weights, load_weights, load_weights_file_without, param_ids, write_weights,
+use super::adapters::attach_adapters;
+pub use super::files::{Checkpoint, LoraBase, OptimizerFile, TrainState};
+pub(crate) use super::files::{OPTIMIZER, STATE, WEIGHTS, WriteFile};
+use super::files::{
+    read_checkpoint, read_checkpoint_checked, read_checkpoint_streamed, read_state,
+    seal_checkpoint, write_checkpoint,
 };
-use crate::checksum::{sha256_file, sha256_hex};
+use super::lock::RunLock;
+use super::streamed;
+use super::weights::{load_base_weights, load_weights, load_weights_file_without};
+use crate::checksum::sha256_file;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
-use crate::fs::{self, refuse_non_empty, write_atomic, write_synced};
+use crate::fs::{self, refuse_non_empty, write_atomic};
 
 pub const CONFIG: &str = "config.toml";
 pub const TOKENIZER: &str = "tokenizer.json";
 pub(crate) const METRICS: &str = "metrics.csv";
 pub(crate) const PLOT: &str = "loss.svg";
-pub(crate) const WEIGHTS: &str = "model.safetensors";
-pub(crate) const OPTIMIZER: &str = "optimizer.bpk";
-pub(crate) const STATE: &str = "state.json";
 
 /// Which saved weights to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,67 +60,6 @@ impl Which {
             Self::Last => "last",
         }
     }
-}
-
-/// `state.json`: where training stands, and the checksums of its checkpoint.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainState {
-    /// The seal of this file (see [`integrity`]); set by [`Run::save`]. Absent in runs written
-    /// before checkpoints had checksums: those load unverified. Serialised first, as the seal
-    /// requires.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checksum: Option<String>,
-    /// Optimizer steps done.
-    pub step: usize,
-    /// Tokens consumed by training so far.
-    pub tokens: u64,
-    /// Training wall time so far, in seconds.
-    pub elapsed_s: f64,
-    pub best_val_loss: Option<f64>,
-    pub best_step: Option<usize>,
-    /// The latest estimates.
-    pub train_loss: Option<f64>,
-    pub val_loss: Option<f64>,
-    /// Steps whose update was skipped because the loss or gradient norm was not finite.
-    #[serde(default)]
-    pub skipped_steps: u64,
-    /// Parameter ids in module order: safetensors has no place for them, and the optimizer's
-    /// state is keyed by them.
-    pub param_ids: Vec<u64>,
-    /// SHA-256 of each other file of the checkpoint, by file name; set by [`Run::save`].
-    #[serde(default)]
-    pub files: BTreeMap<String, String>,
-    /// A LoRA run's base: its weights are the base run's, `model.safetensors` holds the
-    /// adapters alone ([`super::lora`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora_base: Option<LoraBase>,
-    /// The `--backend` the run was trained with (`auto` included): what `--resume` takes
-    /// unless given another, so that a run continues on its own engine. Absent in runs written
-    /// before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-}
-
-/// Where a LoRA run's base weights are: a run directory, and the SHA-256 of its `best`
-/// checkpoint's weights when the LoRA run started (checked at every load).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LoraBase {
-    pub run: PathBuf,
-    pub weights_sha256: String,
-}
-
-/// A checkpoint read and verified against its checksums.
-pub struct Checkpoint {
-    pub dir: PathBuf,
-    pub state: TrainState,
-    /// `model.safetensors`.
-    pub weights: Vec<u8>,
-    /// `optimizer.bpk`, when asked for and present.
-    pub optimizer: Option<Vec<u8>>,
-    /// Why an older checkpoint was taken instead of the one asked for.
-    pub warning: Option<String>,
 }
 
 /// A loaded run: config, tokenizer and the metadata of the chosen weights.
@@ -444,6 +382,22 @@ impl Run {
         self.install(which, |tmp| write_checkpoint(tmp, model, optimizer, state))
     }
 
+    /// Saves `tensors` (Burn's parameter paths as names, each made as it is written: see
+    /// [`streamed`]) as the `which` checkpoint of a new model whose parameter ids, in module
+    /// order, are `ids`: an import, which never holds the model whole.
+    pub(crate) fn save_tensors(
+        &self,
+        which: Which,
+        tensors: Vec<(String, streamed::Deferred<'_>)>,
+        ids: Vec<u64>,
+    ) -> Result<()> {
+        let weights = |path: &Path| streamed::write(path, tensors);
+        let state = TrainState::default();
+        self.install(which, |tmp| {
+            seal_checkpoint(tmp, weights, ids, None, &state)
+        })
+    }
+
     /// The `from` checkpoint saved again as `to` (a new run's two checkpoints, the same
     /// weights): its files hard-linked, not written a second time ([`fs::link_dir`]: a save
     /// never writes a checkpoint's file in place, it replaces the directory).
@@ -502,27 +456,6 @@ fn base_weights(base: &LoraBase, dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-impl Checkpoint {
-    /// The checksum of the weights: the one `state.json` lists, or (a run written before
-    /// checkpoints had checksums) computed.
-    pub fn weights_checksum(&self) -> String {
-        match self.state.files.get(WEIGHTS) {
-            Some(sum) => sum.clone(),
-            None => sha256_hex(&self.weights),
-        }
-    }
-}
-
-/// Where a checkpoint's optimizer state comes from: bytes in hand, or what writes the file
-/// itself ([`Engine::saving`](crate::train::Engine::saving)).
-pub enum OptimizerFile<'a> {
-    Bytes(&'a [u8]),
-    Writer(WriteFile<'a>),
-}
-
-/// What writes a file at the path it is given, once.
-pub(crate) type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
-
 /// The previous `last` checkpoint's directory name.
 pub(crate) const PREVIOUS: &str = "prev";
 
@@ -535,136 +468,4 @@ pub(crate) fn refuse_existing(dir: &Path) -> Result<()> {
         );
     }
     refuse_non_empty(dir)
-}
-
-/// Writes a checkpoint into the new directory `dir`: weights, optimizer state, and last the
-/// sealed `state.json` with their checksums; each file flushed to disk.
-fn write_checkpoint(
-    dir: &Path,
-    model: &Gpt,
-    optimizer: Option<OptimizerFile<'_>>,
-    state: &TrainState,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut state = state.clone();
-    state.files.clear();
-    let path = dir.join(WEIGHTS);
-    match model.lora_scale() {
-        Some(_) => write_adapters(model, &path)?,
-        None => write_weights(model, &path)?,
-    }
-    state.files.insert(WEIGHTS.to_string(), sha256_file(&path)?);
-    let path = dir.join(OPTIMIZER);
-    let sum = match optimizer {
-        None => None,
-        Some(OptimizerFile::Bytes(bytes)) => {
-            write_synced(&path, bytes)?;
-            Some(sha256_hex(bytes))
-        }
-        Some(OptimizerFile::Writer(write)) => {
-            write(&path).with_context(|| format!("cannot write {}", path.display()))?;
-            Some(sha256_file(&path)?)
-        }
-    };
-    if let Some(sum) = sum {
-        state.files.insert(OPTIMIZER.to_string(), sum);
-    }
-    state.param_ids = param_ids(model);
-    state.checksum = Some(integrity::placeholder());
-    let text = integrity::seal(&serde_json::to_string_pretty(&state)?);
-    write_synced(&dir.join(STATE), text.as_bytes())
-}
-
-/// The sealed `state.json` of the checkpoint in `dir`.
-fn read_state(dir: &Path) -> Result<TrainState> {
-    let path = dir.join(STATE);
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let damaged = |why: String| anyhow::anyhow!("{} is damaged: {why}", path.display());
-    let text = String::from_utf8(bytes).map_err(|_| damaged("it is not text".into()))?;
-    let state: TrainState =
-        serde_json::from_str(&text).map_err(|e| damaged(format!("not valid ({e})")))?;
-    if let Some(seal) = &state.checksum
-        && !integrity::seal_holds(&text, seal)
-    {
-        return Err(damaged("its checksum does not match".into()));
-    }
-    Ok(state)
-}
-
-/// The checkpoint in `dir` without its weights' bytes (nor the optimizer's): the weights file
-/// checked against `state.json` by reading it through, for loading it a tensor at a time.
-fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
-    read_checkpoint_checked(dir, &[WEIGHTS])
-}
-
-/// The checkpoint in `dir` without its files' bytes, its weights and each of `names` that
-/// `state.json` lists (`&[]`: every file it lists) checked against their checksums by reading
-/// them through, never held whole.
-fn read_checkpoint_checked(dir: &Path, names: &[&str]) -> Result<Checkpoint> {
-    let state = read_state(dir)?;
-    let path = dir.join(WEIGHTS);
-    if !path.exists() {
-        bail!("{} is missing", path.display());
-    }
-    let listed = state.files.iter();
-    for (name, expected) in listed.filter(|(n, _)| names.is_empty() || names.contains(&n.as_str()))
-    {
-        let path = dir.join(name);
-        if !path.exists() {
-            bail!("{} is missing (state.json lists it)", path.display());
-        }
-        if sha256_file(&path)? != *expected {
-            bail!(
-                "{} is damaged: its checksum does not match the one in state.json",
-                path.display()
-            );
-        }
-    }
-    Ok(Checkpoint {
-        dir: dir.to_path_buf(),
-        state,
-        weights: Vec::new(),
-        optimizer: None,
-        warning: None,
-    })
-}
-
-/// Reads the checkpoint in `dir` and checks every file against `state.json`.
-fn read_checkpoint(dir: &Path, with_optimizer: bool) -> Result<Checkpoint> {
-    let state = read_state(dir)?;
-    let read = |name: &str| -> Result<Option<Vec<u8>>> {
-        let path = dir.join(name);
-        let expected = state.files.get(name);
-        if !path.exists() {
-            if expected.is_some() {
-                bail!("{} is missing (state.json lists it)", path.display());
-            }
-            return Ok(None);
-        }
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        if let Some(expected) = expected
-            && sha256_hex(&bytes) != *expected
-        {
-            bail!(
-                "{} is damaged: its checksum does not match the one in state.json",
-                path.display()
-            );
-        }
-        Ok(Some(bytes))
-    };
-    let weights =
-        read(WEIGHTS)?.with_context(|| format!("{} is missing", dir.join(WEIGHTS).display()))?;
-    let optimizer = if with_optimizer {
-        read(OPTIMIZER)?
-    } else {
-        None
-    };
-    Ok(Checkpoint {
-        dir: dir.to_path_buf(),
-        state,
-        weights,
-        optimizer,
-        warning: None,
-    })
 }

@@ -148,14 +148,14 @@ fn load(model: Gpt, path: &Path, unread: &HashSet<String>, reading: Reading) -> 
 }
 
 /// A tensor of a safetensors file: its dtype's name, shape, and byte range after the header.
-struct FileTensor {
-    dtype: String,
-    shape: Vec<usize>,
-    offsets: (u64, u64),
+pub(crate) struct FileTensor {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub offsets: (u64, u64),
 }
 
 /// A safetensors file's header: where the data starts, and each tensor by name.
-fn read_header(file: &std::fs::File) -> Result<(u64, HashMap<String, FileTensor>)> {
+pub(crate) fn read_header(file: &std::fs::File) -> Result<(u64, HashMap<String, FileTensor>)> {
     let mut reader = std::io::BufReader::new(file);
     let mut len = [0u8; 8];
     reader.read_exact(&mut len)?;

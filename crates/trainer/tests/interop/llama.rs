@@ -200,6 +200,15 @@ fn llama_directories_tinygpt_cannot_read_are_one_line() {
             "neither model.safetensors, model.safetensors.index.json nor pytorch_model.bin",
         ),
         (
+            "cut",
+            Box::new(|d: &Path| {
+                let path = d.join("model.safetensors");
+                let bytes = std::fs::read(&path).unwrap();
+                std::fs::write(path, &bytes[..bytes.len() - 100]).unwrap();
+            }),
+            "model.safetensors is not a valid safetensors file",
+        ),
+        (
             "short-vocab",
             Box::new(set("vocab_size", 200.into())),
             "the tokenizer has 300 tokens but",

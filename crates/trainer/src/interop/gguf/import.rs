@@ -1,6 +1,7 @@
 //! `tinygpt import --from FILE.gguf`: llama.cpp's `gpt2` and `llama` files as a run directory,
-//! every tensor dequantised to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), the tokenizer,
-//! chat template and end-of-turn token from the metadata.
+//! every tensor dequantised to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//! Q6_K; a `llama` file's a slot at a time, as the checkpoint is written), the tokenizer, chat
+//! template and end-of-turn token from the metadata.
 //!
 //! A `llama` file goes through the Hugging Face Llama import's own checks and builder
 //! ([`hf_llama::architecture`], [`hf_llama::build`]): its hyperparameters as a `config.json`
@@ -24,7 +25,10 @@ use crate::data::tokenizer::Tokenizer;
 use crate::interop::chat_files;
 use crate::interop::foreign::{Foreign, ForeignTensors, Layout};
 use crate::interop::llama as hf_llama;
-use crate::interop::run::{ImportOptions, Imported, create_run, imported_config};
+use crate::interop::run::{
+    ImportOptions, Imported, create_run, create_run_streamed, imported_config,
+};
+use crate::run::streamed::Deferred;
 
 /// Imports the GGUF file `path` into the run directory `out`.
 pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Imported> {
@@ -64,22 +68,27 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     config.chat = chat;
     notes.splice(0..0, note);
     let gpt = config.gpt(rows);
-    let model = match architecture {
-        Architecture::Gpt2 => gpt2_tensors(&gguf, &gpt)
-            .and_then(|tensors| {
-                let file = path.to_path_buf();
-                ForeignTensors { file, tensors }.model(&config, rows, Layout::Linear)
-            })
-            .map_err(named)?,
-        Architecture::Llama(flavour) => {
-            let tensors = llama_tensors(&gguf, &gpt, flavour).map_err(named)?;
-            hf_llama::build(&gpt, tensors).map_err(named)?
-        }
-    };
     let fused_qkv = architecture == Architecture::Gpt2;
     let heads = kept::rotary_heads(architecture.interleaves(), &gpt);
     let types = FileTypes::of(&gguf, &gpt, fused_qkv, path, heads).map_err(named)?;
-    create_run(out, config.clone(), tokenizer, &model)?;
+    match architecture {
+        Architecture::Gpt2 => {
+            let model = gpt2_tensors(&gguf, &gpt)
+                .and_then(|tensors| {
+                    let file = path.to_path_buf();
+                    ForeignTensors { file, tensors }.model(&config, rows, Layout::Linear)
+                })
+                .map_err(named)?;
+            create_run(out, config.clone(), tokenizer, &model)?;
+        }
+        // Each slot dequantised as it is written: the model is never whole in f32.
+        Architecture::Llama(flavour) => {
+            let tensors = llama_tensors(&gguf, &gpt, flavour, path)
+                .and_then(|tensors| hf_llama::build(&gpt, tensors))
+                .map_err(named)?;
+            create_run_streamed(out, config.clone(), tokenizer, &gpt, tensors)?;
+        }
+    }
     types.write(out)?;
     notes.push(format!(
         "its matrices' types kept for --weights file: {}",
@@ -255,12 +264,14 @@ fn llama_architecture(
 }
 
 /// A `llama` file's tensors under Hugging Face's names, queries and keys in tinygpt's rotary
-/// layout; a `qwen3` file's QK-norm gains, which must be ones (tinygpt's QK-norm has none).
-fn llama_tensors(
-    gguf: &Gguf,
+/// layout, each dequantised when it is written (a failure names `path`); a `qwen3` file's
+/// QK-norm gains, which must be ones (tinygpt's QK-norm has none).
+fn llama_tensors<'g>(
+    gguf: &'g Gguf,
     gpt: &GptConfig,
     flavour: Flavour,
-) -> Result<BTreeMap<String, Foreign>> {
+    path: &'g Path,
+) -> Result<BTreeMap<String, Deferred<'g>>> {
     let mut tensors = BTreeMap::new();
     for t in &gguf.tensors {
         let qk_norm =
@@ -280,12 +291,17 @@ fn llama_tensors(
                 t.name
             )
         })?;
-        let mut f = foreign(t)?;
-        if let (Some(heads), true) = (heads, flavour.interleaves()) {
+        let heads = heads.filter(|_| flavour.interleaves());
+        let shape = t.ne.iter().rev().map(|&d| d as usize).collect();
+        let values = move || {
+            let f = foreign(t).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
             let width = f.shape.iter().skip(1).product::<usize>().max(1);
-            f.values = llama::deinterleave(&f.values, heads, width);
-        }
-        tensors.insert(name, f);
+            Ok(match heads {
+                Some(heads) => llama::deinterleave(&f.values, heads, width),
+                None => f.values,
+            })
+        };
+        tensors.insert(name, Deferred::new(shape, values));
     }
     Ok(tensors)
 }

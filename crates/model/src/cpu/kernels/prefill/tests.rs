@@ -172,6 +172,54 @@ fn each_kernel_takes_the_types_it_is_exact_for() {
     assert_eq!(runs(), vnni || avx2);
 }
 
+/// `Q8_0`'s extreme bytes, −128 and 127 (a file's blocks may hold −128), against activations of
+/// ±127, the largest products a kernel sums: every vector kernel gives the reference's floats
+/// bit for bit, and they are the exact sums' (an overflowed sum would be off by thousands).
+#[test]
+fn q8_0s_extreme_bytes_are_exact_on_every_kernel() {
+    let (n, k, rows) = (LANES + 3, 64, ROWS + 1);
+    let mut w = Q8Matrix::zeros(n, k);
+    let byte = |j: usize, i: usize| {
+        if (i + j).is_multiple_of(3) {
+            127i8
+        } else {
+            i8::MIN
+        }
+    };
+    for j in 0..n {
+        let (q, d) = w.row_mut(j);
+        q.iter_mut().enumerate().for_each(|(i, q)| *q = byte(j, i));
+        d.fill(half::f16::from_f32(0.5));
+    }
+    let sign = |r: usize, i: usize| if (r + i).is_multiple_of(5) { 1.0 } else { -1.0 };
+    let x: Vec<f32> = (0..rows * k).map(|at| sign(at / k, at % k)).collect();
+    let tiles = (
+        reference::<Q8Matrix, ROWS> as TileFn<ROWS>,
+        reference::<Q8Matrix, 1> as TileFn<1>,
+    );
+    let reference = product_by(&w, &x, &[], tiles);
+    for r in 0..rows {
+        for j in 0..n {
+            // Each activation is ±127 of a scale 1/127; each weight byte of a scale 0.5.
+            let sum: i32 = (0..k)
+                .map(|i| i32::from(byte(j, i)) * 127 * sign(r, i) as i32)
+                .sum();
+            let exact = f64::from(sum) * 0.5 / 127.0;
+            let got = f64::from(reference[r * n + j]);
+            assert!(
+                (got - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+                "{got} vs {exact}"
+            );
+        }
+    }
+    for (kernel, tiles) in vector_kernels::<Q8Matrix>() {
+        let vector = product_by(&w, &x, &[], tiles);
+        for (i, (v, r)) in vector.iter().zip(&reference).enumerate() {
+            assert_eq!(v.to_bits(), r.to_bits(), "{kernel} {i}: {v} vs {r}");
+        }
+    }
+}
+
 /// The integer product is within what quantising the activations to 8 bits allows of the f32
 /// product of the dequantised weights, for every type (the vector kernel where the CPU has
 /// it, else the reference), and its integer sums are exact: a zero activation row gives the

@@ -190,7 +190,7 @@ fn compare_file(
             // The file's own blocks, each matrix in the type it stores it in.
             let heads = rotary_heads(file.interleaved, config);
             let types = FileTypes::of(file.gguf, config, file.fused_qkv, Path::new(""), heads)?;
-            let matrices = Matrices::Planned(types.plan_held()?);
+            let matrices = Matrices::Planned(types.plan_held(file.gguf)?);
             Scorer::Decoded(Box::new(FusedDecoder::with_weights(file_model, matrices)?))
         }
     };

@@ -89,7 +89,7 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
             create_run_streamed(out, config.clone(), tokenizer, &gpt, tensors)?;
         }
     }
-    types.write(out)?;
+    types.write(out, &gguf)?;
     notes.push(format!(
         "its matrices' types kept for --weights file: {}",
         types.summary()

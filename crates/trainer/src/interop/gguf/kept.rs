@@ -43,6 +43,25 @@ pub struct Kept {
     pub offset: u64,
     pub bytes: u64,
     pub sha256: String,
+    /// How the tensor's rows are reordered ([`rows_in_order`]): the bytes of a row, and the
+    /// heads of a query or key projection. Set by [`FileTypes::of`], which reads the file;
+    /// a run's `file-types.json` does not hold them.
+    #[serde(skip)]
+    order: (usize, Option<usize>),
+}
+
+impl Kept {
+    /// This tensor's bytes in `gguf` as [`BLOCKS`] holds them (rows in tinygpt's order).
+    fn bytes_in<'g>(&self, gguf: &'g Gguf) -> Result<std::borrow::Cow<'g, [u8]>> {
+        let t = gguf
+            .tensor(&self.tensor)
+            .ok_or_else(|| anyhow!("tensor {} is missing", self.tensor))?;
+        let (row, heads) = self.order;
+        Ok(match heads {
+            None => std::borrow::Cow::Borrowed(&t.data),
+            Some(_) => std::borrow::Cow::Owned(rows_in_order(t, row, heads)),
+        })
+    }
 }
 
 /// `t`'s rows (each `row` bytes) in tinygpt's order: with `heads`, a query or key projection's
@@ -89,9 +108,6 @@ pub struct FileTypes {
     pub file: String,
     pub blocks: Vec<BlockTypes>,
     pub head: Vec<Range>,
-    /// The quantised tensors' blocks, to be written to [`BLOCKS`] with the types.
-    #[serde(skip)]
-    pending: Vec<u8>,
 }
 
 /// The file's tensors, by llama.cpp's name, that make up each decoder matrix of block `l` of a
@@ -130,7 +146,7 @@ impl FileTypes {
         file: &Path,
         heads: impl Fn(&str) -> Option<usize>,
     ) -> Result<Self> {
-        let mut pending = Vec::new();
+        let mut offset = 0;
         let mut ranges = |names: &[String]| -> Result<Vec<Range>> {
             names
                 .iter()
@@ -139,17 +155,21 @@ impl FileTypes {
                         .tensor(name)
                         .ok_or_else(|| anyhow!("tensor {name} is missing"))?;
                     let rows = usize::try_from(t.ne.get(1).copied().unwrap_or(1))?;
-                    let kept = block_type(t.kind).map(|_| {
-                        let bytes = rows_in_order(t, t.data.len() / rows.max(1), heads(name));
-                        let kept = Kept {
-                            tensor: name.clone(),
-                            offset: pending.len() as u64,
-                            bytes: bytes.len() as u64,
-                            sha256: sha256_hex(&bytes),
-                        };
-                        pending.extend_from_slice(&bytes);
-                        kept
-                    });
+                    let kept = match block_type(t.kind) {
+                        None => None,
+                        Some(_) => {
+                            let mut kept = Kept {
+                                tensor: name.clone(),
+                                offset,
+                                bytes: t.data.len() as u64,
+                                sha256: String::new(),
+                                order: (t.data.len() / rows.max(1), heads(name)),
+                            };
+                            kept.sha256 = sha256_hex(&kept.bytes_in(gguf)?);
+                            offset += kept.bytes;
+                            Some(kept)
+                        }
+                    };
                     Ok(Range {
                         rows,
                         kind: t.kind.name().to_string(),
@@ -181,15 +201,26 @@ impl FileTypes {
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             blocks,
             head,
-            pending,
         })
     }
 
-    /// Written into the run directory `dir`: the kept blocks, then the types that name them.
-    pub fn write(&self, dir: &Path) -> Result<()> {
-        if !self.pending.is_empty() {
-            std::fs::write(dir.join(BLOCKS), &self.pending)
-                .with_context(|| format!("cannot write {}", dir.join(BLOCKS).display()))?;
+    /// Written into the run directory `dir`: the kept blocks, a tensor at a time from `gguf`
+    /// (the file these types were read from), then the types that name them.
+    pub fn write(&self, dir: &Path, gguf: &Gguf) -> Result<()> {
+        let path = dir.join(BLOCKS);
+        let cannot = || format!("cannot write {}", path.display());
+        let mut kept = self.ranges().filter_map(|r| r.kept.as_ref()).peekable();
+        if kept.peek().is_some() {
+            let mut file =
+                std::io::BufWriter::new(std::fs::File::create(&path).with_context(cannot)?);
+            for kept in kept {
+                std::io::Write::write_all(&mut file, &kept.bytes_in(gguf)?).with_context(cannot)?;
+            }
+            let file = file
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .with_context(cannot)?;
+            file.sync_all().with_context(cannot)?;
         }
         let text = serde_json::to_string_pretty(self)? + "\n";
         std::fs::write(dir.join(FILE), text)
@@ -273,16 +304,10 @@ impl FileTypes {
         self.plan_from(|kept| read_kept(&mut blocks_file, dir, kept))
     }
 
-    /// The decoder's plan for the file these types were just read from ([`FileTypes::of`]),
-    /// its blocks those it holds: the model as the file stores it.
-    pub(super) fn plan_held(&self) -> Result<Arc<WeightPlan>> {
-        self.plan_from(|kept| {
-            let at = usize::try_from(kept.offset)?;
-            let bytes = self.pending.get(at..at + usize::try_from(kept.bytes)?);
-            bytes
-                .map(Arc::from)
-                .ok_or_else(|| anyhow!("the blocks of {} are not held", kept.tensor))
-        })
+    /// The decoder's plan for `gguf`, the file these types were just read from
+    /// ([`FileTypes::of`]), its blocks those it holds: the model as the file stores it.
+    pub(super) fn plan_held(&self, gguf: &Gguf) -> Result<Arc<WeightPlan>> {
+        self.plan_from(|kept| Ok(Arc::from(kept.bytes_in(gguf)?.as_ref())))
     }
 
     /// The plan, each kept range's bytes from `read`.

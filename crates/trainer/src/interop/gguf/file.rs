@@ -13,7 +13,9 @@
 //! there, so a truncated or corrupt file is an error naming what and where, never a panic or an
 //! allocation the file's numbers ask for.
 
-use anyhow::{Result, anyhow, bail, ensure};
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const VERSION: u32 = 3;
@@ -334,7 +336,54 @@ impl Gguf {
 
     /// Reads a whole file, checking every length and offset against `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let mut r = Reader { bytes, at: 0 };
+        Self::parse(bytes, bytes.len(), |start, size| {
+            Ok(bytes[start..start + size].to_vec())
+        })
+    }
+
+    /// Reads the file at `path`: its header from its first bytes (more of them while the header
+    /// needs more), then each tensor's bytes from where they lie, so that the file is never
+    /// held whole beside its tensors. Checks as [`Gguf::from_bytes`] does; its errors name the
+    /// file.
+    pub fn read(path: &Path) -> Result<Self> {
+        Self::read_from(path, 1 << 20)
+    }
+
+    /// [`Gguf::read`], the header looked for in the first `prefix` bytes first.
+    fn read_from(path: &Path, mut prefix: usize) -> Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let cannot = || format!("cannot read {}", path.display());
+        let file = std::fs::File::open(path).with_context(cannot)?;
+        let len = usize::try_from(file.metadata().with_context(cannot)?.len())?;
+        loop {
+            let mut head = vec![0; prefix.min(len)];
+            file.read_exact_at(&mut head, 0).with_context(cannot)?;
+            let data = |start: usize, size: usize| -> Result<Vec<u8>> {
+                let mut bytes = vec![0; size];
+                file.read_exact_at(&mut bytes, start as u64)
+                    .with_context(cannot)?;
+                Ok(bytes)
+            };
+            match Self::parse(&head, len, data) {
+                Err(e) if e.downcast_ref::<Short>().is_some() => prefix = prefix.saturating_mul(4),
+                read => return read.map_err(|e| anyhow!("{}: {e:#}", path.display())),
+            }
+        }
+    }
+
+    /// A file of `len` bytes whose first bytes are `head` (all of them, or enough for the
+    /// header: else [`Short`]), each tensor's bytes from `read_tensor(start, size)` once checked to lie
+    /// within the file.
+    fn parse(
+        head: &[u8],
+        len: usize,
+        mut read_tensor: impl FnMut(usize, usize) -> Result<Vec<u8>>,
+    ) -> Result<Self> {
+        let mut r = Reader {
+            bytes: head,
+            at: 0,
+            len,
+        };
         let magic = r.take(4, "the magic number")?;
         ensure!(
             magic == MAGIC,
@@ -381,16 +430,15 @@ impl Gguf {
             let start = usize::try_from(offset)
                 .ok()
                 .and_then(|o| o.checked_add(data))
-                .filter(|&s| s.checked_add(size).is_some_and(|end| end <= bytes.len()))
+                .filter(|&s| s.checked_add(size).is_some_and(|end| end <= len))
                 .ok_or_else(|| {
                     anyhow!(
                         "tensor {name} ({} {ne:?}, {size} bytes at {offset}) lies past the end \
-                         of the file ({} bytes): truncated?",
+                         of the file ({len} bytes): truncated?",
                         kind.name(),
-                        bytes.len()
                     )
                 })?;
-            let data = bytes[start..start + size].to_vec();
+            let data = read_tensor(start, size)?;
             file.tensors.push(Tensor {
                 name,
                 ne,
@@ -436,17 +484,36 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
 
 /// A cursor over a file's bytes whose every read says what it was reading when it fails.
 struct Reader<'a> {
+    /// The file's first bytes: all of them, or a prefix that may hold the header.
     bytes: &'a [u8],
     at: usize,
+    /// The whole file's length.
+    len: usize,
 }
+
+/// A read past the end of the file's first bytes that the file has: [`Gguf::read`] reads more
+/// of them and parses again.
+#[derive(Debug)]
+struct Short;
+
+impl std::fmt::Display for Short {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the header runs past the bytes read")
+    }
+}
+
+impl std::error::Error for Short {}
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let end = end.ok_or_else(|| {
+        let end = self.at.checked_add(n);
+        if end.is_some_and(|e| e > self.bytes.len() && e <= self.len) {
+            return Err(Short.into());
+        }
+        let end = end.filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
             anyhow!(
                 "the file ends at byte {} inside {what} (truncated?)",
-                self.bytes.len()
+                self.len
             )
         })?;
         let slice = &self.bytes[self.at..end];
@@ -495,9 +562,9 @@ impl<'a> Reader<'a> {
                 // Each element takes at least a byte: a count beyond the bytes left is corrupt,
                 // and refusing it here keeps a bad count from asking for memory.
                 ensure!(
-                    n <= (self.bytes.len() - self.at) as u64,
+                    n <= (self.len - self.at) as u64,
                     "{key}: an array of {n} elements in a file with {} bytes left",
-                    self.bytes.len() - self.at
+                    self.len - self.at
                 );
                 let items = (0..n)
                     .map(|_| self.value(inner, key, depth + 1))
@@ -513,117 +580,4 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn sample() -> Gguf {
-        Gguf {
-            metadata: vec![
-                ("general.architecture".into(), Value::Str("gpt2".into())),
-                ("gpt2.block_count".into(), Value::U32(2)),
-                ("gpt2.attention.layer_norm_epsilon".into(), Value::F32(1e-5)),
-                ("flag".into(), Value::Bool(true)),
-                (
-                    "tokenizer.ggml.tokens".into(),
-                    Value::Array(vec![Value::Str("a".into()), Value::Str("Ġb".into())]),
-                ),
-                ("big".into(), Value::I64(-3)),
-            ],
-            tensors: vec![
-                Tensor {
-                    name: "w".into(),
-                    ne: vec![3, 2],
-                    kind: TensorType::F32,
-                    data: (0..24).collect(),
-                },
-                Tensor {
-                    name: "q".into(),
-                    ne: vec![32, 1],
-                    kind: TensorType::Q8_0,
-                    data: vec![7; 34],
-                },
-            ],
-        }
-    }
-
-    #[test]
-    fn a_file_reads_back_as_written() {
-        let bytes = sample().to_bytes().unwrap();
-        assert_eq!(&bytes[..4], b"GGUF");
-        assert_eq!(Gguf::from_bytes(&bytes).unwrap(), sample());
-        // Tensor data starts aligned, and each tensor's bytes too.
-        let file = Gguf::from_bytes(&bytes).unwrap();
-        assert_eq!(file.tensor("q").unwrap().data, vec![7; 34]);
-        assert_eq!(bytes.len() % DEFAULT_ALIGNMENT, 0);
-    }
-
-    #[test]
-    fn a_tensor_of_the_wrong_size_is_not_written() {
-        let mut file = sample();
-        file.tensors[1].data.pop();
-        let e = file.to_bytes().unwrap_err().to_string();
-        assert!(e.contains("tensor q: 33 bytes"), "{e}");
-        file.tensors[1].ne = vec![31, 1];
-        assert!(file.to_bytes().is_err());
-    }
-
-    #[test]
-    fn every_truncation_is_an_error() {
-        let bytes = sample().to_bytes().unwrap();
-        // The last tensor's padding is not needed to read it.
-        let needed = bytes.len() - (DEFAULT_ALIGNMENT - 34 % DEFAULT_ALIGNMENT);
-        for len in 0..needed {
-            assert!(Gguf::from_bytes(&bytes[..len]).is_err(), "read {len} bytes");
-        }
-        let e = Gguf::from_bytes(b"GGUG\x03\0\0\0").unwrap_err().to_string();
-        assert!(e.contains("not a GGUF file"), "{e}");
-        let mut v4 = bytes.clone();
-        v4[4] = 4;
-        let e = Gguf::from_bytes(&v4).unwrap_err().to_string();
-        assert!(e.contains("GGUF version 4"), "{e}");
-    }
-
-    /// A tensor of a type tinygpt does not read is refused in one line that names the type,
-    /// by ggml's name where it has one, and the types that are read.
-    #[test]
-    fn an_unread_type_is_named() {
-        let bytes = sample().to_bytes().unwrap();
-        // Tensor `q`'s header: its name, two dimensions (32, 1), then its type (8, Q8_0).
-        let mut header = vec![1, 0, 0, 0, 0, 0, 0, 0, b'q', 2, 0, 0, 0];
-        header.extend(32u64.to_le_bytes());
-        header.extend(1u64.to_le_bytes());
-        let at = bytes
-            .windows(header.len())
-            .position(|w| w == header)
-            .unwrap()
-            + header.len();
-        assert_eq!(bytes[at..at + 4], 8u32.to_le_bytes());
-        for (id, named) in [(23u32, "IQ4_XS (ggml type 23)"), (99, "ggml type 99")] {
-            let mut bad = bytes.clone();
-            bad[at..at + 4].copy_from_slice(&id.to_le_bytes());
-            let e = Gguf::from_bytes(&bad).unwrap_err().to_string();
-            assert!(
-                e.contains(&format!(
-                    "tensor q is stored as {named}, which tinygpt does not read"
-                )) && e.contains("it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"),
-                "{e}"
-            );
-            assert!(!e.contains('\n'), "{e}");
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
-        /// Any byte changed, anywhere, gives a file or an error: never a panic, never an
-        /// allocation a corrupt count asks for.
-        #[test]
-        fn mutated_files_never_panic(at in 0usize..4096, value: u8, cut in 0usize..4096) {
-            let mut bytes = sample().to_bytes().unwrap();
-            let at = at % bytes.len();
-            bytes[at] = value;
-            bytes.truncate(bytes.len() - cut % 64);
-            let _ = Gguf::from_bytes(&bytes);
-        }
-    }
-}
+mod tests;

@@ -35,10 +35,8 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     if options.meta.is_some() {
         bail!("--meta goes with a nanoGPT ckpt.pt, not a GGUF file");
     }
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let gguf = Gguf::read(path)?;
     let named = |e: anyhow::Error| anyhow!("{}: {e:#}", path.display());
-    let gguf = Gguf::from_bytes(&bytes).map_err(named)?;
-    drop(bytes);
     let tokenizer = match &options.tokenizer {
         Some(file) => Tokenizer::from_hf_file(file)?,
         None => vocabulary::read(&gguf).map_err(named)?,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, tensor::TensorView};
 use tinygpt_model::{Gpt, names::ParamName, names::parameter_table};
 
 use crate::config::RunConfig;
@@ -161,28 +161,26 @@ impl ForeignTensors {
     }
 }
 
-/// Every tensor of the safetensors file `path` under its own name, widened to f32;
-/// non-float tensors are errors naming the file and the tensor.
+/// Every tensor of the safetensors file `path` under its own name, widened to f32 now
+/// ([`deferred_safetensors`], each made); non-float tensors are errors naming the file and the
+/// tensor.
 pub(crate) fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Foreign>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = SafeTensors::deserialize(&bytes)
-        .map_err(|e| anyhow!("{} is not a valid safetensors file ({e})", path.display()))?;
-    let mut out = BTreeMap::new();
-    for (name, view) in file.tensors() {
-        let elem = match view.dtype() {
-            Dtype::F32 => Elem::F32,
-            Dtype::F16 => Elem::F16,
-            Dtype::BF16 => Elem::BF16,
-            Dtype::F64 => Elem::F64,
-            other => bail!(
-                "{}: tensor `{name}` is {other:?}; weights must be floating point",
-                path.display()
-            ),
-        };
-        let tensor = foreign(path, &name, view.shape().to_vec(), elem, view.data())?;
-        out.insert(name, tensor);
-    }
-    Ok(out)
+    made(deferred_safetensors(path)?)
+}
+
+/// Every tensor of `tensors`, made now.
+pub(crate) fn made(tensors: BTreeMap<String, Deferred<'_>>) -> Result<BTreeMap<String, Foreign>> {
+    let made = tensors.into_iter().map(|(name, t)| {
+        let shape = t.shape.clone();
+        Ok((
+            name,
+            Foreign {
+                shape,
+                values: t.values()?,
+            },
+        ))
+    });
+    made.collect()
 }
 
 /// Every tensor of the safetensors file `path` under its own name, each read and widened to f32

@@ -49,17 +49,7 @@ pub(super) struct Weights {
 impl Weights {
     /// Every tensor, read now.
     pub(super) fn made(self) -> Result<BTreeMap<String, Foreign>> {
-        let made = self.tensors.into_iter().map(|(name, t)| {
-            let shape = t.shape.clone();
-            Ok((
-                name,
-                Foreign {
-                    shape,
-                    values: t.values()?,
-                },
-            ))
-        });
-        made.collect()
+        super::foreign::made(self.tensors)
     }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """llama.cpp's own quantiser on a committed model, for `tests/gguf_kquants.rs`: the bytes that
-`tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k` must write.
+`tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k|q4_0 [--pure]` must write.
 
 It trains a small Llama-shaped run 256 wide (two layers, grouped-query attention, SwiGLU 288
 wide so that the down projections' rows are not whole super-blocks and take llama.cpp's
@@ -9,10 +9,13 @@ llama.cpp's own Q8_0; half the size of f16), saved as
 `crates/trainer/tests/fixtures/gguf/k_quants/quantisers/source.gguf`. llama.cpp's quantiser
 (llama-cpp-python's `llama_model_quantize`, no importance matrix: ggml's reference quantisers;
 `allow_requantize`, so it starts from the file's values as tinygpt's import reads them) then
-writes it as pure Q4_K, Q4_K_M, Q5_K_M and Q6_K, and `quantised.json` beside it records each
-tensor's type and the SHA-256 of its data. tinygpt imports `source.gguf`, exports it at each
-type, and the script prints the tensors whose bytes differ (none, when tinygpt writes what
-llama.cpp writes).
+writes it as pure Q4_K, Q4_K_M, Q5_K_M (as chosen and pure), Q6_K and Q4_0 (whose head it
+keeps in Q6_K at this width), and `quantised.json` beside it records each tensor's type and the
+SHA-256 of its data under the arguments tinygpt's export takes for the same file. tinygpt
+imports `source.gguf`, exports it with each, and the script prints the tensors whose bytes
+differ (none, when tinygpt writes what llama.cpp writes). An existing `source.gguf` is kept
+(remove it to train the model again: training's rounding differs between CPUs, and every
+fixture byte with it).
 
 Not for CI (llama-cpp-python compiles llama.cpp). From the repository root:
 
@@ -42,9 +45,10 @@ SETTINGS = ["model.n_layer=2", "model.n_head=2", "model.n_embd=256", "model.n_kv
             "train.eval_interval=100", "train.eval_iters=1", "train.sample_tokens=0",
             "train.seed=11"]
 STEPS = 40
-# llama.h's `llama_ftype` of each export dtype, and whether llama.cpp is asked for every matrix
-# in the type (`pure`) or for its own mix.
-DTYPES = {"q4_k": (15, True), "q4_k_m": (15, False), "q5_k_m": (17, False), "q6_k": (18, False)}
+# tinygpt's export arguments, llama.h's `llama_ftype` of the same file, and whether llama.cpp
+# is asked for every matrix in the type (`pure`) or for its own choice per tensor.
+DTYPES = {"q4_k": (15, True), "q4_k_m": (15, False), "q5_k_m": (17, False), "q6_k": (18, False),
+          "q5_k_m --pure": (17, True), "q4_0": (2, False)}
 
 
 def tensors(path):
@@ -74,24 +78,26 @@ def main():
                  work / "trained", "--max-iters", STEPS]
         for setting in SETTINGS:
             train += ["--set", setting]
-        run(*train)
-        source.unlink(missing_ok=True)
-        run(args.tinygpt, "export", "--checkpoint", work / "trained", "--format", "gguf",
-            "--dtype", "q8_0", "--out", source)
+        if source.exists():
+            print(f"kept {source}")
+        else:
+            run(*train)
+            run(args.tinygpt, "export", "--checkpoint", work / "trained", "--format", "gguf",
+                "--dtype", "q8_0", "--out", source)
         run(args.tinygpt, "import", "--from", source, "--out", work / "imported")
-        for dtype, (ftype, pure) in DTYPES.items():
+        for n, (dtype, (ftype, pure)) in enumerate(DTYPES.items()):
             params = llama_cpp.llama_model_quantize_default_params()
             params.ftype, params.nthread = ftype, 2
             params.pure, params.allow_requantize = pure, True
-            theirs_path = work / f"{dtype}.gguf"
+            theirs_path = work / f"{n}.gguf"
             code = llama_cpp.llama_model_quantize(str(source).encode(),
                                                   str(theirs_path).encode(), params)
             assert code == 0, f"llama_model_quantize: {code}"
             theirs = tensors(theirs_path)
             fixture[dtype] = theirs
-            ours_path = work / f"tinygpt-{dtype}.gguf"
+            ours_path = work / f"tinygpt-{n}.gguf"
             run(args.tinygpt, "export", "--checkpoint", work / "imported", "--format", "gguf",
-                "--dtype", dtype, "--out", ours_path)
+                "--dtype", *dtype.split(), "--out", ours_path)
             ours = tensors(ours_path)
             types = {}
             for t in theirs.values():

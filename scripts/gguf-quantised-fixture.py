@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """llama.cpp's own quantiser on a tinygpt export, for `tests/gguf_llamacpp.rs`: the bytes that
-`tinygpt export --dtype q8_0|q5_0|q4_0` must write.
+`tinygpt export --dtype q8_0|q5_0|q4_0 [--pure]` must write.
 
 For the fixture run `tests/fixtures/gguf/llama/` it exports the f32 GGUF file with tinygpt,
-has llama.cpp quantise it (llama-cpp-python's `llama_model_quantize`, `pure` so that every
-matrix gets the file type's own type, no importance matrix: ggml's reference quantisers) to
-Q8_0, Q5_0 and Q4_0, and saves each tensor's ggml type and the SHA-256 of its data in
-`quantised.json` beside the run. It then exports the same run with tinygpt at each type and
-prints the tensors whose bytes differ (none, when tinygpt writes what llama.cpp writes).
+has llama.cpp quantise it (llama-cpp-python's `llama_model_quantize`, no importance matrix:
+ggml's reference quantisers) to Q8_0, Q5_0 and Q4_0 as it chooses each tensor's type by
+default (the head in Q6_K, or Q8_0 at this width) and, for Q5_0 and Q4_0, `pure` (every matrix
+in the file type's own type), and saves each tensor's ggml type and the SHA-256 of its data in
+`quantised.json` beside the run, under the arguments tinygpt's export takes for the same
+file. It then exports the same run with tinygpt with those arguments and prints the tensors
+whose bytes differ (none, when tinygpt writes what llama.cpp writes).
 
 Not for CI (llama-cpp-python compiles llama.cpp). From the repository root:
 
@@ -28,8 +30,9 @@ import gguf
 import llama_cpp
 
 RUN = Path("crates/trainer/tests/fixtures/gguf/llama")
-# llama.cpp's file types (llama.h's `llama_ftype`).
-FTYPES = {"q8_0": 7, "q5_0": 8, "q4_0": 2}
+# tinygpt's export arguments, llama.cpp's file type (llama.h's `llama_ftype`) and `pure`.
+FILES = {"q8_0": (7, False), "q5_0": (8, False), "q4_0": (2, False),
+         "q5_0 --pure": (8, True), "q4_0 --pure": (2, True)}
 
 
 def tensors(path):
@@ -39,9 +42,9 @@ def tensors(path):
         t.data.tobytes()).hexdigest()} for t in reader.tensors}
 
 
-def export(tinygpt, dtype, out):
+def export(tinygpt, args, out):
     subprocess.run([tinygpt, "export", "--checkpoint", str(RUN), "--format", "gguf", "--dtype",
-                    dtype, "--out", str(out)], check=True, capture_output=True)
+                    *args.split(), "--out", str(out)], check=True, capture_output=True)
 
 
 def main():
@@ -52,16 +55,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         export(args.tinygpt, "f32", work / "f32.gguf")
-        for dtype, ftype in FTYPES.items():
+        for n, (dtype, (ftype, pure)) in enumerate(FILES.items()):
             params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype, params.nthread, params.pure = ftype, 2, True
+            params.ftype, params.nthread, params.pure = ftype, 2, pure
             code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
-                                                  str(work / f"{dtype}.gguf").encode(), params)
+                                                  str(work / f"{n}.gguf").encode(), params)
             assert code == 0, f"llama_model_quantize: {code}"
-            theirs = tensors(work / f"{dtype}.gguf")
+            theirs = tensors(work / f"{n}.gguf")
             fixture[dtype] = theirs
-            export(args.tinygpt, dtype, work / f"tinygpt-{dtype}.gguf")
-            ours = tensors(work / f"tinygpt-{dtype}.gguf")
+            export(args.tinygpt, dtype, work / f"tinygpt-{n}.gguf")
+            ours = tensors(work / f"tinygpt-{n}.gguf")
             types = sorted({t["type"] for t in theirs.values()})
             same = [n for n in theirs if ours.get(n) == theirs[n]]
             print(f"{dtype}: llama.cpp's types {types}; {len(same)} of {len(theirs)} tensors "

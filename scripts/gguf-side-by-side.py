@@ -4,17 +4,20 @@
 For each shape (SmolLM2-135M's: 30 layers, width 576, 9 query and 3 key/value heads, SwiGLU
 1536, θ 100000, tied, 49,152 embedding rows; and the shakespeare-char preset's, with GELU's tanh
 form so that llama.cpp computes it), the script makes a run with random weights (one training
-step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0, Q5_0,
-Q4_K_M and Q5_K_M (`llama_model_quantize`), and times:
+step), exports it as f32 and q8_0 GGUF, has llama.cpp quantise the f32 file to Q4_0 and Q5_0
+(as it chooses each tensor's type, and pure), Q4_K_M and Q5_K_M (`llama_model_quantize`), and
+times:
 
 - llama.cpp (llama-cpp-python, `n_threads` 2, its default f16 KV cache): a prompt
   of P tokens in one batch (prompt tokens/s), then, from a one-token prompt, N tokens one at a
   time (decode tokens/s, greedy), best of 3;
 - tinygpt (`--backend fused`): `bench --iters 0 --prompt-tokens P --sample-tokens N` on the
-  run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (a token's products split over every
-  core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M and Q5_K_M files themselves,
-  imported, with `generate --weights file` (each matrix in the file's type, its k-quants, Q4_1
-  and Q5_1 in the file's own blocks): N tokens from a one-token prompt, timed from the first
+  run's config, `--weights f32`, `q8_0`, `q5_0` and `q4_0` (every matrix in the type: the bytes
+  of llama.cpp's pure Q5_0 and Q4_0 files, `q5_0-pure` and `q4_0-pure`; a token's products
+  split over every core by outputs, a prompt's by rows); and llama.cpp's Q4_K_M, Q5_K_M, Q4_0
+  and Q5_0 files themselves (the last two as llama.cpp writes them, the head in Q8_0 at this
+  width), imported, with `generate --weights file` (each matrix in the file's type and its
+  own blocks): N tokens from a one-token prompt, timed from the first
   new token's text to the last's, and the prompt of P tokens, timed from its echo (printed once
   the model is loaded) to the end of one new token, best of 3, with the peak resident memory;
   and beside the Q4_K_M file, `generate --weights q8_0` of the same imported model, its runs
@@ -275,16 +278,20 @@ def main():
             make(args.tinygpt, args.corpus, name, work)
             ids, prompt = prompt_of(work / "f32.gguf", args.corpus, n_prompt)
             share = lambda size, tg, threads: round(size * tg / 1e9 / bandwidth[threads], 2)
-            # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0, _Q5_0 and _Q4_K_M (at a width
-            # that is not a multiple of 256, mostly Q5_0, the embedding Q8_0).
-            for dtype, ftype in [("q4_0", 2), ("q5_0", 8), ("q4_k_m", 15), ("q5_k_m", 17)]:
+            # llama.cpp's own quantiser: LLAMA_FTYPE_MOSTLY_Q4_0 and _Q5_0 as it writes them (the
+            # head in Q6_K, at a width that is not a multiple of 256 Q8_0) and pure (every matrix
+            # in the type: the bytes of tinygpt's `--weights q4_0` and `q5_0`), _Q4_K_M and
+            # _Q5_K_M (at such a width mostly Q5_0 and Q5_1, the embedding Q8_0).
+            made = [("q4_0", 2, False), ("q5_0", 8, False), ("q4_0-pure", 2, True),
+                    ("q5_0-pure", 8, True), ("q4_k_m", 15, False), ("q5_k_m", 17, False)]
+            for dtype, ftype, pure in made:
                 params = llama_cpp.llama_model_quantize_default_params()
-                params.ftype, params.nthread = ftype, THREADS
+                params.ftype, params.nthread, params.pure = ftype, THREADS, pure
                 code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
                                                       str(work / f"{dtype}.gguf").encode(), params)
                 assert code == 0, f"llama_model_quantize: {code}"
             first = len(rows)
-            for dtype in ["f32", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m"]:
+            for dtype in ["f32", "q8_0"] + [m[0] for m in made]:
                 gguf = work / f"{dtype}.gguf"
                 pp, tg = llama_cpp_speed(gguf, ids, new)
                 rows.append({"shape": name, "engine": "llama.cpp", "weights": dtype,
@@ -299,7 +306,9 @@ def main():
                              "prompt_tok_s": round(pp, 1), "new_tokens": new,
                              "decode_tok_s": round(tg, 1), "bytes_per_token": size,
                              "share_of_read_ceiling": share(size, tg, min(os.cpu_count(), 2))})
-            for dtype in ["q4_k_m", "q5_k_m"]:
+            # llama.cpp's own files, each decoded by tinygpt as the file stores it: the same
+            # bytes a token as llama.cpp's figure for that file.
+            for dtype in ["q4_k_m", "q5_k_m", "q4_0", "q5_0"]:
                 gguf = work / f"{dtype}.gguf"
                 # Beside the Q4_K_M file, tinygpt's own q8_0 of the same imported model, timed
                 # the same way in the same minutes: the "≥ 1.3× tinygpt's own q8_0".

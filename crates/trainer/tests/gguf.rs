@@ -352,6 +352,18 @@ fn what_gguf_cannot_hold_is_refused_and_nothing_is_written() {
         "--dtype goes with --format gguf",
     );
     assert!(!dir.join("m.safetensors").exists());
+    let pure = [
+        "export",
+        "--checkpoint",
+        "run",
+        "--format",
+        "gguf",
+        "--pure",
+        "--out",
+        "m.gguf",
+    ];
+    fails(tinygpt(dir, &pure), "--pure goes with --dtype");
+    assert!(!dir.join("m.gguf").exists());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     trained(dir, &EXPORTABLE);

@@ -66,12 +66,14 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
             "--format",
             "gguf",
         ];
+        let dtype: Vec<&str> = dtype.split(' ').collect();
         ok(tinygpt(
             dir,
-            &[&args[..], &["--dtype", dtype, "--out", out]].concat(),
+            &[&args[..], &["--dtype"], &dtype, &["--out", out]].concat(),
         ))
     };
-    export("q5_0", "q5.gguf");
+    // Every matrix in Q5_0, the head too: the blocks `--weights q5_0` makes.
+    export("q5_0 --pure", "q5.gguf");
     ok(tinygpt(
         dir,
         &["import", "--from", "q5.gguf", "--out", "q5"],

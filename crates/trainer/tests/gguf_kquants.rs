@@ -207,9 +207,11 @@ fn source(
     serde_json::from_str(&text).unwrap()
 }
 
-/// `export --format gguf --dtype dtype` of the run in `dir` into `dir/DTYPE.gguf`; its name.
+/// `export --format gguf --dtype DTYPE [--pure]` of the run in `dir` (`dtype`: what follows
+/// `--dtype`) into `dir/DTYPE[ --pure].gguf`; its name.
 fn export(dir: &Path, dtype: &str) -> String {
     let out = format!("{dtype}.gguf");
+    let dtype: Vec<&str> = dtype.split(' ').collect();
     let args = [
         "export",
         "--checkpoint",
@@ -218,21 +220,31 @@ fn export(dir: &Path, dtype: &str) -> String {
         "gguf",
         "--dtype",
     ];
-    ok(tinygpt(dir, &[&args[..], &[dtype, "--out", &out]].concat()));
+    ok(tinygpt(
+        dir,
+        &[&args[..], &dtype, &["--out", &out]].concat(),
+    ));
     out
 }
 
-/// `tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k` writes the very bytes llama.cpp's own
-/// quantiser (`llama_model_quantize`, no importance matrix) wrote from the same values: its
-/// choice of type for each tensor in the `_M` mixes (Q6_K for the head and for the second
-/// layer's value and down projections), its fallbacks where rows are not whole super-blocks
-/// (Q5_0, Q5_1, Q8_0), and each block (`scripts/gguf-kquant-quantisers-fixture.py`).
+/// `tinygpt export --dtype q4_k|q4_k_m|q5_k_m|q6_k|q4_0 [--pure]` writes the very bytes
+/// llama.cpp's own quantiser (`llama_model_quantize`, no importance matrix) wrote from the
+/// same values: its choice of type for each tensor in the `_M` mixes (Q6_K for the head and
+/// for the second layer's value and down projections) and in its Q4_0 files (the head in
+/// Q6_K), every matrix in the type with `--pure`, its fallbacks where rows are not whole
+/// super-blocks (Q5_0, Q5_1, Q8_0), and each block
+/// (`scripts/gguf-kquant-quantisers-fixture.py`).
 #[test]
 fn k_quant_exports_are_the_bytes_llama_cpp_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let theirs = source(dir);
-    assert_eq!(theirs.len(), 4, "q4_k, q4_k_m, q5_k_m and q6_k");
+    let files = ["q4_k", "q4_k_m", "q5_k_m", "q6_k", "q5_k_m --pure", "q4_0"];
+    assert!(
+        files.iter().all(|f| theirs.contains_key(*f)),
+        "{:?}",
+        theirs.keys()
+    );
     let mut types = std::collections::BTreeSet::new();
     for (dtype, tensors) in &theirs {
         let out = export(dir, dtype);
@@ -248,7 +260,7 @@ fn k_quant_exports_are_the_bytes_llama_cpp_writes() {
             types.insert(stored.r#type);
         }
     }
-    let every = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"];
+    let every = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0"];
     assert!(every.iter().all(|t| types.contains(*t)), "{types:?}");
 }
 

@@ -371,17 +371,24 @@ struct Stored {
     sha256: String,
 }
 
-/// `tinygpt export --dtype q8_0|q5_0|q4_0` writes the very bytes llama.cpp's own quantiser
-/// (`llama_model_quantize`, every matrix at the file type's type, no importance matrix) wrote
-/// from the run's f32 export: each tensor's type and the SHA-256 of its data
-/// (`scripts/gguf-quantised-fixture.py` saved them in `llama/quantised.json`).
+/// `tinygpt export --dtype q8_0|q5_0|q4_0 [--pure]` writes the very bytes llama.cpp's own
+/// quantiser (`llama_model_quantize`, no importance matrix; its choice of type per tensor,
+/// the head in Q8_0 at this width, or every matrix in the file type's type with `--pure`)
+/// wrote from the run's f32 export: each tensor's type and the SHA-256 of its data
+/// (`scripts/gguf-quantised-fixture.py` saved them in `llama/quantised.json`, each under the
+/// arguments that follow `--dtype`).
 #[test]
 fn quantised_exports_are_the_bytes_llama_cpp_writes() {
     let run = fixture("llama");
     let text = std::fs::read_to_string(run.join("quantised.json")).unwrap();
     let theirs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Stored>> =
         serde_json::from_str(&text).unwrap();
-    assert_eq!(theirs.len(), 3, "q8_0, q5_0 and q4_0");
+    let files = ["q8_0", "q5_0", "q4_0", "q5_0 --pure", "q4_0 --pure"];
+    assert!(
+        files.iter().all(|f| theirs.contains_key(*f)),
+        "{:?}",
+        theirs.keys()
+    );
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     for (dtype, tensors) in &theirs {
@@ -392,10 +399,12 @@ fn quantised_exports_are_the_bytes_llama_cpp_writes() {
             run.to_str().unwrap(),
             "--format",
             "gguf",
+            "--dtype",
         ];
+        let dtype_args: Vec<&str> = dtype.split(' ').collect();
         ok(tinygpt(
             dir,
-            &[&args[..], &["--dtype", dtype, "--out", &out]].concat(),
+            &[&args[..], &dtype_args, &["--out", &out]].concat(),
         ));
         let own = Gguf::from_bytes(&std::fs::read(dir.join(&out)).unwrap()).unwrap();
         assert_eq!(own.tensors.len(), tensors.len(), "{dtype}");

@@ -38,12 +38,19 @@ pub struct Args {
     out: PathBuf,
     /// With --format gguf: how the matrices are stored (vectors stay f32). q8_0, q5_0 and q4_0
     /// are llama.cpp's 8-, 5- and 4-bit blocks (about a quarter, a sixth and an eighth of f32's
-    /// bytes), written as llama.cpp's own quantiser writes them; matrices whose rows are not a
-    /// multiple of 32 long stay f16. q4_k and q6_k: llama.cpp's k-quants for every matrix;
+    /// bytes), written as llama.cpp's own quantiser writes them (q5_0 and q4_0 with the head in
+    /// Q6_K, as its files keep it; see --pure); matrices whose rows are not a multiple of 32
+    /// long stay f16. q4_k and q6_k: llama.cpp's k-quants for every matrix;
     /// q4_k_m and q5_k_m: llama.cpp's mixes (the usual downloads), each tensor in the type
     /// llama.cpp's quantiser chooses for it and in its bytes. [default: f32]
     #[arg(long, value_enum)]
     dtype: Option<gguf::Dtype>,
+    /// With --dtype: every matrix in that type, as llama.cpp's quantiser writes with --pure.
+    /// Without it, as llama.cpp's quantiser chooses by default: q4_0 and q5_0 keep the head in
+    /// Q6_K (Q8_0 where its rows are not a multiple of 256 long); q4_k_m and q5_k_m keep the
+    /// head and a third of the value and down projections in Q6_K.
+    #[arg(long)]
+    pure: bool,
     #[arg(long, value_enum, default_value_t = Which::Best)]
     which: Which,
 }
@@ -65,6 +72,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.dtype.is_some() && !matches!(args.format, Format::Gguf) {
         bail!("--dtype goes with --format gguf (the other formats keep f32)");
     }
+    if args.pure && args.dtype.is_none() {
+        bail!("--pure goes with --dtype (it keeps every matrix in that type)");
+    }
     let run = Run::open(&args.checkpoint)?;
     match args.format {
         Format::Nanogpt => {
@@ -85,13 +95,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Format::Gguf => {
             let dtype = args.dtype.unwrap_or(gguf::Dtype::F32);
-            let written = gguf::export(&run, args.which, dtype, &args.out)?;
+            let written = gguf::export(&run, args.which, (dtype, args.pure), &args.out)?;
             println!(
-                "wrote {} (GGUF, llama.cpp's {}: {} tensors, {:.1} MB); run it with llama.cpp: \
-                 llama-completion -m {} -c {} -p \"...\" -n N (prompt and N within {} tokens)",
+                "wrote {} (GGUF, llama.cpp's {}: {} tensors, matrices {}, {:.1} MB); run it with \
+                 llama.cpp: llama-completion -m {} -c {} -p \"...\" -n N (prompt and N within \
+                 {} tokens)",
                 args.out.display(),
                 written.architecture,
                 written.tensors,
+                written.matrices,
                 written.bytes as f64 / 1e6,
                 args.out.display(),
                 run.config.model.block_size,

@@ -66,6 +66,7 @@ fn a_files_own_blocks_serve_as_generate_decodes_them() {
         "gguf",
         "--dtype",
         "q5_0",
+        "--pure",
         "--out",
         "q5.gguf",
     ];

@@ -52,14 +52,22 @@ pub struct Written {
     pub architecture: &'static str,
     pub tensors: usize,
     pub bytes: usize,
+    /// How many matrices the file stores in each type, as "Q4_0 ×28, Q6_K ×1".
+    pub matrices: String,
     /// What the file changes in what the model computes.
     pub report: Report,
 }
 
-/// Writes the run's `which` weights to the new file `out` as `dtype`, and measures what the
-/// file changes (a part llama.cpp approximates, f16 or q8_0 matrices). Refuses, before writing
-/// anything, a model llama.cpp cannot compute, and an `out` that exists.
-pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Written> {
+/// Writes the run's `which` weights to the new file `out` as `dtype` (`pure`: every matrix in
+/// its type, where llama.cpp would choose per tensor), and measures what the file changes (a
+/// part llama.cpp approximates, f16 or q8_0 matrices). Refuses, before writing anything, a
+/// model llama.cpp cannot compute, and an `out` that exists.
+pub fn export(
+    run: &Run,
+    which: Which,
+    (dtype, pure): (Dtype, bool),
+    out: &Path,
+) -> Result<Written> {
     let config = run.config.gpt(run.tokenizer.vocab_size());
     let (architecture, approximations) = Architecture::of(&config)?;
     if out.exists() {
@@ -90,6 +98,7 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         dtype,
         layers: config.n_layer,
         tied: config.tie_embeddings && architecture != Architecture::Gpt2,
+        pure,
     };
     let tensors = match architecture {
         Architecture::Gpt2 => {
@@ -131,10 +140,16 @@ pub fn export(run: &Run, which: Which, dtype: Dtype, out: &Path) -> Result<Writt
         interleaved: architecture.interleaves(),
     };
     let report = difference::measure(run, &model, &config, &approximations, file);
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for t in gguf.tensors.iter().filter(|t| t.ne.len() > 1) {
+        *counts.entry(t.kind.name()).or_default() += 1;
+    }
+    let matrices: Vec<String> = counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),
         bytes: size,
+        matrices: matrices.join(", "),
         report,
     })
 }

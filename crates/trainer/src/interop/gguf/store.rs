@@ -19,10 +19,12 @@ pub enum Dtype {
     /// multiple of 32 long stays f16.
     #[value(name = "q8_0")]
     Q8_0,
-    /// ggml's 5-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16).
+    /// ggml's 5-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16), the
+    /// head in Q6_K as llama.cpp's Q5_0 files keep it (unless pure).
     #[value(name = "q5_0")]
     Q5_0,
-    /// ggml's 4-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16).
+    /// ggml's 4-bit blocks of 32 with an f16 scale each (rows not a multiple of 32: f16), the
+    /// head in Q6_K as llama.cpp's Q4_0 files keep it (unless pure).
     #[value(name = "q4_0")]
     Q4_0,
     /// ggml's 4-bit super-blocks of 256 (a scale and a minimum per 32) for every matrix; rows
@@ -74,12 +76,15 @@ impl Dtype {
 }
 
 /// The storage of one export's tensors: its `dtype`, for a model of `layers` blocks whose head
-/// is the token embedding's (`tied`: llama.cpp then stores `token_embd` as the head).
+/// is the token embedding's (`tied`: llama.cpp then stores `token_embd` as the head); `pure`:
+/// every matrix in the dtype's own type, as llama.cpp's quantiser writes with `--pure`, where
+/// otherwise it chooses a type per tensor (the head in Q6_K; for the `_M` mixes, more).
 #[derive(Debug, Clone, Copy)]
 pub struct Types {
     pub dtype: Dtype,
     pub layers: usize,
     pub tied: bool,
+    pub pure: bool,
 }
 
 impl Types {
@@ -94,20 +99,31 @@ impl Types {
             // llama.cpp never quantises a position table.
             _ if name == "position_embd.weight" => TensorType::F32,
             Dtype::Q8_0 | Dtype::Q5_0 | Dtype::Q4_0 if !ne0.is_multiple_of(32) => TensorType::F16,
+            // Q8_0 files keep every matrix in Q8_0, the head too.
             Dtype::Q8_0 => TensorType::Q8_0,
-            Dtype::Q5_0 => TensorType::Q5_0,
-            Dtype::Q4_0 => TensorType::Q4_0,
+            Dtype::Q5_0 => quantised(self.chosen(TensorType::Q5_0, name, ne0)),
+            Dtype::Q4_0 => quantised(self.chosen(TensorType::Q4_0, name, ne0)),
             Dtype::Q4_K => quantised(TensorType::Q4_K),
-            Dtype::Q4_K_M => quantised(self.mixed(TensorType::Q4_K, name, ne0)),
-            Dtype::Q5_K_M => quantised(self.mixed(TensorType::Q5_K, name, ne0)),
-            Dtype::Q6_K => quantised(self.mixed(TensorType::Q6_K, name, ne0)),
+            Dtype::Q4_K_M => quantised(self.chosen(TensorType::Q4_K, name, ne0)),
+            Dtype::Q5_K_M => quantised(self.chosen(TensorType::Q5_K, name, ne0)),
+            Dtype::Q6_K => quantised(self.chosen(TensorType::Q6_K, name, ne0)),
         }
     }
 
-    /// llama.cpp's choice for a `_M` mix of `base` (`llama_tensor_get_type`, for the
-    /// architectures tinygpt writes): the head in Q6_K (Q8_0 where its rows are not whole
-    /// blocks of `base`), and the value (or fused query-key-value) and down projections of the
-    /// first and last eighth of the blocks and of every third between in Q6_K.
+    /// `base`, or llama.cpp's choice for the tensor where the export is not pure.
+    fn chosen(&self, base: TensorType, name: &str, ne0: u64) -> TensorType {
+        if self.pure {
+            base
+        } else {
+            self.mixed(base, name, ne0)
+        }
+    }
+
+    /// llama.cpp's choice for a file of `base` (`llama_tensor_get_type`, for the architectures
+    /// tinygpt writes): the head in Q6_K (Q8_0 where its rows are not whole blocks of `base`),
+    /// and, for the `_M` mixes (`base` a k-quant), the value (or fused query-key-value) and
+    /// down projections of the first and last eighth of the blocks and of every third between
+    /// in Q6_K.
     fn mixed(&self, base: TensorType, name: &str, ne0: u64) -> TensorType {
         let head = name == "output.weight" || (self.tied && name == "token_embd.weight");
         if head {
@@ -186,6 +202,7 @@ mod tests {
             dtype,
             layers,
             tied,
+            pure: false,
         }
     }
 
@@ -263,6 +280,61 @@ mod tests {
         assert_eq!(
             t.storage("position_embd.weight", &[256, 64]),
             TensorType::F32
+        );
+    }
+
+    /// llama.cpp's Q4_0 and Q5_0 files keep the head in Q6_K (Q8_0 where its rows are not whole
+    /// super-blocks: the 135M's 576), every other matrix in the file's type; `--pure` keeps
+    /// the head in it too, and makes the `_M` mixes every matrix their base type.
+    #[test]
+    fn the_4_and_5_bit_files_keep_the_head_as_llama_cpp_does_unless_pure() {
+        for (dtype, base) in [
+            (Dtype::Q4_0, TensorType::Q4_0),
+            (Dtype::Q5_0, TensorType::Q5_0),
+        ] {
+            let mut t = types(dtype, 30, true);
+            assert_eq!(
+                t.storage("token_embd.weight", &[2048, 49152]),
+                TensorType::Q6_K
+            );
+            assert_eq!(
+                t.storage("token_embd.weight", &[576, 49152]),
+                TensorType::Q8_0
+            );
+            for name in [
+                "blk.0.attn_v.weight",
+                "blk.29.ffn_down.weight",
+                "blk.4.attn_q.weight",
+            ] {
+                assert_eq!(t.storage(name, &[576, 576]), base, "{name}");
+            }
+            t.pure = true;
+            assert_eq!(t.storage("token_embd.weight", &[576, 49152]), base);
+            t.tied = false;
+            t.pure = false;
+            assert_eq!(t.storage("token_embd.weight", &[576, 49152]), base);
+            assert_eq!(t.storage("output.weight", &[576, 49152]), TensorType::Q8_0);
+            assert_eq!(t.storage("output.weight", &[100, 49152]), TensorType::F16);
+        }
+        let mut t = types(Dtype::Q8_0, 30, true);
+        assert_eq!(
+            t.storage("token_embd.weight", &[2048, 49152]),
+            TensorType::Q8_0
+        );
+        t.tied = false;
+        assert_eq!(t.storage("output.weight", &[2048, 49152]), TensorType::Q8_0);
+        let mut t = types(Dtype::Q5_K_M, 24, false);
+        t.pure = true;
+        for name in [
+            "output.weight",
+            "blk.0.attn_v.weight",
+            "blk.23.ffn_down.weight",
+        ] {
+            assert_eq!(t.storage(name, &[2048, 2048]), TensorType::Q5_K, "{name}");
+        }
+        assert_eq!(
+            t.storage("blk.3.attn_k.weight", &[576, 192]),
+            TensorType::Q5_1
         );
     }
 }

@@ -94,28 +94,24 @@ fn decodes_as_llama_cpp_computes(name: &str, kind: &str) -> (f64, f64, f64) {
     let (seen, notes) = imported(dir, name);
     let k_quants = seen.types.values().filter(|t| t.ends_with("_K")).count();
     assert!(seen.types.values().any(|t| t == kind) && seen.types.values().any(|t| t == "Q6_K"));
-    // The token embedding is looked up, not multiplied: every other k-quant matrix is kept.
+    // Every k-quant matrix is kept, the untied token embedding too (looked up in its blocks).
     assert!(
         notes.contains(&format!(
-            "{} matrices kept in the file's own blocks",
-            k_quants - 1
+            "{k_quants} matrices kept in the file's own blocks"
         )),
         "{notes}"
     );
     let info = ok(tinygpt(dir, &["info", "--checkpoint", "run"]));
     assert!(
-        info.contains(&format!("kept blocks: {} matrices", k_quants - 1)),
+        info.contains(&format!("kept blocks: {k_quants} matrices")),
         "{info}"
     );
-    // Loaded for `--weights file`: no matrix read from the checkpoint (the embedding, not tied
-    // to the head here, is), the same logits.
+    // Loaded for `--weights file`: no matrix read from the checkpoint, nor the embedding (not
+    // tied to the head here: looked up in its own blocks), the same logits.
     let unread = kept::loaded_without_kept_blocks_decodes_the_same(&dir.join("run"), &seen.prompt);
     let named = |path: &str| unread.iter().any(|p| p == path);
-    assert!(
-        named("lm_head.weight") && !named("wte.weight"),
-        "{unread:?}"
-    );
-    assert_eq!(unread.len(), 4 * 2 + 1, "{unread:?}");
+    assert!(named("lm_head.weight") && named("wte.weight"), "{unread:?}");
+    assert_eq!(unread.len(), 4 * 2 + 2, "{unread:?}");
 
     let (file, file_loss) = logits_with(dir, &seen.prompt, "file");
     let (f32, f32_loss) = logits_with(dir, &seen.prompt, "f32");
@@ -280,8 +276,8 @@ fn weights_q4_k_decodes_the_blocks_the_q4_k_export_writes() {
     let prompt: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 60).collect();
     let (encoded, loss) = logits_with(dir, &prompt, "q4_k");
     let (f32, f32_loss) = logits_with(dir, &prompt, "f32");
-    // The export's blocks as the run's own (its embedding still the source's f32 values, as
-    // `--weights q4_k` looks them up, where the import of the export has them dequantised).
+    // The export's blocks as the run's own (its f32 embedding still the source's values, where
+    // the import of the export has them dequantised: both look tokens up in the blocks).
     for kept in ["file-types.json", "file-blocks.bin"] {
         std::fs::copy(dir.join("q4_k").join(kept), dir.join("run").join(kept)).unwrap();
     }

@@ -107,6 +107,15 @@ impl BlockLora {
     }
 }
 
+/// The rows a token's embedding is looked up in ([`Params::embed`]): the embedding's own
+/// (`own`, first: an untied embedding a decoder holds as a file's blocks), its f32 values
+/// where held, else a tied head's rows (`tied_head`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Lookup<'a> {
+    pub own: Option<&'a RowMatrix>,
+    pub tied_head: Option<&'a RowMatrix>,
+}
+
 /// A matrix as the decoder keeps it: rows of outputs, each output's weights contiguous
 /// (`[n_out, n_in]`, as GGUF stores them), in int8 or f32; or, for a training step, a frozen
 /// matrix dequantised into training's layout `[n_in, n_out]` (`frozen.rs`).
@@ -401,21 +410,23 @@ impl Params {
     /// first block (`wte[token]` alone without a position table, rotary positions or none;
     /// `pair`, its row of the bigram table, with one: [`Dims::pair`](super::dims::Dims::pair)).
     ///
-    /// Where the embedding is not held here (a tied model whose head a decoder reads from a
-    /// file's blocks: [`WeightPlan::reads`](crate::WeightPlan::reads)), `wte[token]` is that
-    /// head's row `token`, `tied_head`.
+    /// Where the decoder holds the embedding's own rows (an untied model's, a file's blocks),
+    /// `wte[token]` is their row `token`; where the embedding is not held here (a tied model
+    /// whose head a decoder reads from a file's blocks:
+    /// [`WeightPlan::reads`](crate::WeightPlan::reads)), that head's row.
     pub(crate) fn embed(
         &self,
         out: &mut [f32],
         (token, position, pair): (usize, usize, usize),
-        tied_head: Option<&RowMatrix>,
+        rows: Lookup<'_>,
     ) {
         let c = out.len();
         let (te, pe) = (token * c, position * c);
-        match (self.wte.get(), tied_head) {
-            (Some(wte), _) => out.copy_from_slice(&wte[te..te + c]),
-            (None, Some(head)) => head.row_values(token, out),
-            (None, None) => panic!("the embedding is neither held nor a tied head's rows"),
+        match (rows.own, self.wte.get(), rows.tied_head) {
+            (Some(own), _, _) => own.row_values(token, out),
+            (None, Some(wte), _) => out.copy_from_slice(&wte[te..te + c]),
+            (None, None, Some(head)) => head.row_values(token, out),
+            (None, None, None) => panic!("the embedding is neither held nor a tied head's rows"),
         }
         if let Some(wpe) = self.wpe.get() {
             out.iter_mut()

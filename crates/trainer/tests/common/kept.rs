@@ -1,6 +1,6 @@
 //! A run imported from a quantised GGUF file, loaded as `generate` and `serve` load it for
-//! `--weights file`: the matrices its kept blocks give (and a tied model's embedding, looked up
-//! in the head's blocks) are never read from the checkpoint nor made.
+//! `--weights file`: the matrices its kept blocks give (and the embedding, looked up in its own
+//! blocks or a tied head's) are never read from the checkpoint nor made.
 
 use std::path::Path;
 
@@ -9,7 +9,7 @@ use burn::tensor::Tensor;
 use tinygpt::backend::{Backend, EngineKind};
 use tinygpt::decoder::{DecodeWeights, Weights};
 use tinygpt::run::checkpoint::{Run, Which};
-use tinygpt_model::{FusedDecoder, Gpt};
+use tinygpt_model::{FusedDecoder, Gpt, Matrices, WeightPlan};
 
 /// Each parameter's Burn path and whether its values were made.
 fn made(gpt: &Gpt) -> Vec<(String, bool)> {
@@ -47,15 +47,28 @@ pub fn loaded_without_kept_blocks_decodes_the_same(dir: &Path, tokens: &[u32]) -
     for (path, made) in made(&lean) {
         assert_eq!(made, !unread.contains(&path), "{path}");
     }
-    let logits = |gpt: &Gpt| {
+    let logits = |gpt: &Gpt, matrices: &Matrices| {
         let mut decoder = FusedDecoder::with_weights(gpt, matrices.clone()).unwrap();
         let mut bits: Vec<u32> = Vec::new();
         let each = |_, row: &[f32]| bits.extend(row.iter().map(|v| v.to_bits()));
         decoder.window_logits(tokens, each).unwrap();
         bits
     };
-    let (from_whole, from_lean) = (logits(&whole), logits(&lean));
+    let (from_whole, from_lean) = (logits(&whole, &matrices), logits(&lean, &matrices));
     assert!(!from_whole.is_empty());
     assert!(from_whole == from_lean, "the logits differ");
+    // An embedding looked up in its own blocks gives the f32 values the import made of them.
+    let Matrices::Planned(plan) = &matrices else {
+        panic!("a file's matrices are planned");
+    };
+    if !plan.embedding.is_empty() {
+        let mut in_f32 = WeightPlan::clone(plan);
+        in_f32.embedding.clear();
+        let in_f32 = Matrices::Planned(std::sync::Arc::new(in_f32));
+        assert!(
+            logits(&whole, &in_f32) == from_whole,
+            "the embeddings differ"
+        );
+    }
     unread
 }

@@ -171,7 +171,7 @@ impl FusedBatch {
         let rows = r.x.chunks_exact_mut(c).zip(tokens).zip(&r.position);
         for (((x, &tok), &pos), &s) in rows.zip(&r.stream) {
             let pair = d.pair(self.streams[s].before(&[tok], pos, pos), tok as usize);
-            w.embed(x, (tok as usize, pos, pair), matrices.head.as_ref());
+            w.embed(x, (tok as usize, pos, pair), matrices.lookup());
         }
         for (l, p) in w.blocks.iter().enumerate() {
             let ctx = Ctx {

@@ -301,7 +301,7 @@ impl FusedDecoder {
         for (r, (x, &tok)) in self.x.chunks_exact_mut(c).zip(tokens).enumerate() {
             let pair = d.pair(self.cache.before(tokens, past, past + r), tok as usize);
             let w = &self.shared;
-            (w.weights).embed(x, (tok as usize, past + r, pair), w.matrices.head.as_ref());
+            (w.weights).embed(x, (tok as usize, past + r, pair), w.matrices.lookup());
         }
         let blocks = self.shared.weights.blocks.len();
         for l in 0..blocks {

@@ -84,6 +84,10 @@ pub struct BlockPlan {
 pub struct WeightPlan {
     pub blocks: Vec<BlockPlan>,
     pub head: Vec<Segment>,
+    /// An untied embedding's rows `[vocab, n_embd]`, each token's looked up in them (a file's
+    /// blocks: the values the import made of them); empty: looked up in the model's f32
+    /// values.
+    pub embedding: Vec<Segment>,
 }
 
 impl WeightPlan {
@@ -118,6 +122,7 @@ impl WeightPlan {
         Self {
             blocks: vec![block; layers],
             head: one(d.vocab),
+            embedding: vec![],
         }
     }
 }
@@ -125,9 +130,9 @@ impl WeightPlan {
 impl WeightPlan {
     /// Whether a decoder following this plan reads `slot`'s f32 values from the model (of a
     /// `tied` head or not). It does not read a block's matrix whose rows are all a file's
-    /// blocks ([`Storage::Blocks`]), nor the head's, nor a tied model's embedding where the
-    /// head's rows are: the embedding's rows are then looked up in those blocks, which give
-    /// the values the import made of them.
+    /// blocks ([`Storage::Blocks`]), nor the head's, nor the embedding where its own rows are
+    /// (an untied model's) or a tied head's are: the embedding's rows are then looked up in
+    /// those blocks, which give the values the import made of them.
     pub fn reads(&self, slot: Slot, tied: bool) -> bool {
         let from_blocks = |segments: &[Segment]| {
             !segments.is_empty()
@@ -155,7 +160,9 @@ impl WeightPlan {
                     | BlockSlot::MlpProjBias => true,
                 }
             }
-            Slot::TokenEmbedding => !(tied && from_blocks(&self.head)),
+            Slot::TokenEmbedding => {
+                !(from_blocks(&self.embedding) || tied && from_blocks(&self.head))
+            }
             Slot::LmHead => !from_blocks(&self.head),
             Slot::PositionEmbedding
             | Slot::BigramEmbedding
@@ -210,7 +217,15 @@ impl Matrices {
         match self {
             Matrices::Uniform(format) => Ok(RowWeights::take(w, d, format)),
             Matrices::Encoded(kind) => {
-                let plan = WeightPlan::each(d, w.blocks.len(), Storage::Encode(kind));
+                let mut plan = WeightPlan::each(d, w.blocks.len(), Storage::Encode(kind));
+                // An untied embedding in the type's blocks too, as an export in the type
+                // writes it and llama.cpp looks it up.
+                if !matches!(w.lm_head, Buffer::Absent) {
+                    plan.embedding = vec![Segment {
+                        rows: d.vocab,
+                        storage: Storage::Encode(kind),
+                    }];
+                }
                 planned(w, d, plan)
             }
             Matrices::Planned(plan) => planned(w, d, Arc::unwrap_or_clone(plan)),
@@ -261,7 +276,22 @@ fn planned(w: &mut Params, d: &Dims, plan: WeightPlan) -> Result<RowWeights, Fus
         Buffer::Absent => Some(stacked(w.wte.get(), (c, d.vocab), plan.head, "head")?),
         _ => segmented(&mut w.lm_head, (c, d.vocab), plan.head, "head")?,
     };
-    Ok(RowWeights { blocks, head })
+    // An untied embedding's own rows, where the plan gives them (its f32 values, if held,
+    // stay for what else reads them).
+    let embedding = match plan.embedding.is_empty() {
+        true => None,
+        false => Some(stacked(
+            w.wte.get(),
+            (c, d.vocab),
+            plan.embedding,
+            "embedding",
+        )?),
+    };
+    Ok(RowWeights {
+        blocks,
+        head,
+        embedding,
+    })
 }
 
 /// `w [n_in, n_out]` as rows stored as `segments` say, its buffer then freed (`None`: a
@@ -400,6 +430,7 @@ impl RowWeights {
         Self {
             blocks: w.blocks.iter().map(block).collect(),
             head: w.lm_head.take(Buffer::Elsewhere).map(RowMatrix::Columns),
+            embedding: None,
         }
     }
 
@@ -452,9 +483,10 @@ mod tests {
             fc: vec![],
             mlp_proj: vec![blocks(8)],
         };
-        let plan = WeightPlan {
+        let mut plan = WeightPlan {
             blocks: vec![block],
             head: vec![blocks(16)],
+            embedding: vec![],
         };
         let tied = |slot| plan.reads(slot, true);
         let at = |s| Slot::Block(0, s);
@@ -476,6 +508,16 @@ mod tests {
         );
         assert!(plan.reads(Slot::TokenEmbedding, false), "untied: its own");
         assert!(!plan.reads(Slot::LmHead, false));
+        plan.embedding = vec![blocks(10), Segment::quantised(6, WeightFormat::Q8_0)];
+        assert!(
+            plan.reads(Slot::TokenEmbedding, false),
+            "a range from values"
+        );
+        plan.embedding = vec![blocks(16)];
+        assert!(
+            !plan.reads(Slot::TokenEmbedding, false),
+            "untied: its own blocks"
+        );
         let uniform = Matrices::Uniform(WeightFormat::Q8_0);
         assert!(uniform.reads(Slot::Block(0, BlockSlot::AttnProjWeight), true));
     }

@@ -11,7 +11,7 @@ use crate::cpu::kernels::q4_0::Q4Matrix;
 use crate::cpu::kernels::q5_0::Q5Matrix;
 use crate::cpu::kernels::q8::{BLOCK, Q8Matrix};
 use crate::cpu::kernels::rows::F32Rows;
-use crate::cpu::params::{BlockParams, Params, RowBlock, RowMatrix};
+use crate::cpu::params::{BlockParams, Lookup, Params, RowBlock, RowMatrix};
 
 /// How the fused decoder keeps the weights of its matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,6 +39,19 @@ pub(crate) struct RowWeights {
     /// `None`: a tied head (the embedding's rows, in f32) or an untied one kept in
     /// [`Params`]' layout.
     pub head: Option<RowMatrix>,
+    /// An untied embedding's rows as a file's blocks (`None`: looked up in [`Params`]' f32
+    /// values).
+    pub embedding: Option<RowMatrix>,
+}
+
+impl RowWeights {
+    /// Where a token's embedding is looked up besides [`Params`]' f32 values.
+    pub(crate) fn lookup(&self) -> Lookup<'_> {
+        Lookup {
+            own: self.embedding.as_ref(),
+            tied_head: self.head.as_ref(),
+        }
+    }
 }
 
 /// `w [n_in, n_out]` as rows in `format` (`Q8_0` only when `n_in` is whole blocks; f32 rows
@@ -89,6 +102,7 @@ impl RowWeights {
         Self {
             blocks: w.blocks.iter_mut().map(block).collect(),
             head,
+            embedding: None,
         }
     }
 }

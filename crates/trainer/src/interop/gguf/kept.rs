@@ -108,6 +108,11 @@ pub struct FileTypes {
     pub file: String,
     pub blocks: Vec<BlockTypes>,
     pub head: Vec<Range>,
+    /// An untied model's quantised embedding (`token_embd`), which the decoder looks up in its
+    /// blocks; none where the head is the embedding's rows, or the file stores it as floats
+    /// (and in a run imported before 2026-12-07).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub embedding: Vec<Range>,
 }
 
 /// The file's tensors, by llama.cpp's name, that make up each decoder matrix of block `l` of a
@@ -190,17 +195,25 @@ impl FileTypes {
         }
         // The file's head where it has one (llama.cpp multiplies by it, in its own type, even
         // where its values are the embedding's); the embedding's rows otherwise.
-        let head = match gguf.tensor("output.weight") {
-            Some(_) => "output.weight",
-            None => "token_embd.weight",
+        let untied = gguf.tensor("output.weight").is_some();
+        let head = match untied {
+            true => "output.weight",
+            false => "token_embd.weight",
         };
         let head = ranges(&[head.to_string()])?;
+        // An untied embedding in blocks: looked up in them, never made in f32 to decode.
+        let embedding = gguf.tensor("token_embd.weight");
+        let embedding = match embedding.and_then(|t| block_type(t.kind)) {
+            Some(_) if untied => ranges(&["token_embd.weight".to_string()])?,
+            _ => vec![],
+        };
         Ok(Self {
             file: file
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             blocks,
             head,
+            embedding,
         })
     }
 
@@ -255,7 +268,8 @@ impl FileTypes {
                 .into_iter()
                 .flatten()
         });
-        blocks.chain(&self.head)
+        // The order the blocks are kept in (`of`).
+        blocks.chain(&self.head).chain(&self.embedding)
     }
 
     /// How many matrices (ranges) of each type, as "Q5_0 ×166, Q8_0 ×31".
@@ -351,7 +365,12 @@ impl FileTypes {
         if self.blocks.is_empty() && head.is_empty() {
             bail!("the run's file types name no matrix");
         }
-        Ok(Arc::new(WeightPlan { blocks, head }))
+        let embedding = segments(&self.embedding)?;
+        Ok(Arc::new(WeightPlan {
+            blocks,
+            head,
+            embedding,
+        }))
     }
 }
 

@@ -327,7 +327,7 @@ impl Workspace {
         // Token (+ position, + bigram) embeddings.
         for (r, (row, &tok)) in self.resid[0].chunks_exact_mut(c).zip(inputs).enumerate() {
             let at = (tok as usize, r % seq, pair(d, inputs, r, seq));
-            w.embed(row, at, None);
+            w.embed(row, at, Default::default());
         }
         apply_mask(&mut self.resid[0], &self.emb_mask);
         let ctx = training_ctx(d, &self.rope, seq);

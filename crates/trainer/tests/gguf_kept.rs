@@ -118,6 +118,41 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
         }
     }
 
+    // Without `--weights`, the imported run decodes its file's blocks on the CPU, and says so;
+    // a run of tinygpt's own, f32.
+    let plain = |run: &str, command: &str| {
+        let args = match command {
+            "generate" => vec![
+                "generate",
+                "--checkpoint",
+                run,
+                "--prompt",
+                "the",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "24",
+            ],
+            _ => vec!["eval", "--checkpoint", run, "--data", "val.txt"],
+        };
+        let out = tinygpt(dir, &[&args[..], &["--backend", "fused"]].concat());
+        let said = stderr(&out).contains("(--weights file)");
+        (ok(out), said)
+    };
+    let note = "the imported run decodes its blocks by default, and says so";
+    assert_eq!(
+        plain("q5", "generate"),
+        (run_with(dir, "generate", "q5", "file"), true),
+        "{note}"
+    );
+    let (scored, said) = plain("q5", "eval");
+    assert!(
+        said && scored.contains("the GGUF file's matrices"),
+        "{scored}"
+    );
+    let own = (run_with(dir, "generate", "run", "f32"), false);
+    assert_eq!(plain("run", "generate"), own);
+
     // Every value projection in Q8_0, every other matrix in Q4_0.
     export("f32", "f32.gguf");
     let mut file = Gguf::from_bytes(&std::fs::read(dir.join("f32.gguf")).unwrap()).unwrap();

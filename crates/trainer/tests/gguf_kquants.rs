@@ -176,9 +176,14 @@ fn damaged_kept_blocks_are_refused_in_one_line() {
     ];
     let from_file = [&generate[..], &["--weights", "file"]].concat();
     fails(tinygpt(dir, &from_file), "import the GGUF file again");
+    // The default for an imported run is its blocks: refused alike.
+    fails(tinygpt(dir, &generate), "or decode with --weights f32");
     assert_eq!(std::fs::read(&blocks).unwrap(), bytes, "nothing written");
     // The model as imported (f32) still decodes.
-    ok(tinygpt(dir, &generate));
+    ok(tinygpt(
+        dir,
+        &[&generate[..], &["--weights", "f32"]].concat(),
+    ));
 }
 
 /// A tensor as `quantised.json` records it: its ggml type and the SHA-256 of its data.

@@ -34,45 +34,44 @@ pub struct Args {
     /// the fused CPU decoder, q5_0, q4_0 and q4_k: five and four bits there; file: the GGUF
     /// file's own blocks; bf16, f16: half precision on a GPU or flex), to measure what they
     /// cost; f32 scores with the model as trained.
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
-    weights: Weights,
+    /// [default: file for a run imported from a quantised GGUF file, where the fused CPU
+    /// decoder runs; f32 otherwise]
+    #[arg(long, value_enum)]
+    weights: Option<Weights>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let weights = load.chosen;
     let (run, placement, model, state) = (load.run, load.placement, load.model, load.state);
     let file = load.matrices;
     let device = placement.device.clone();
     let (split, source) = split(&run, args.data.as_ref())?;
     let block_size = run.config.model.block_size;
-    let (result, on) = match args.weights {
+    let (result, on) = match weights {
         Weights::F32 => (
             evaluate(&model, &run.tokenizer, &split, block_size, &device)?,
             describe(&device),
         ),
         Weights::Bf16 | Weights::F16 => (
             evaluate(
-                &args.weights.cast(model)?,
+                &weights.cast(model)?,
                 &run.tokenizer,
                 &split,
                 block_size,
                 &device,
             )?,
-            format!(
-                "{} with {} matrices",
-                describe(&device),
-                args.weights.name()
-            ),
+            format!("{} with {} matrices", describe(&device), weights.name()),
         ),
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
             let matrices = match file {
                 Some(matrices) => matrices,
-                None => fused_matrices(args.weights, &run.dir, &placement)?,
+                None => fused_matrices(weights, &run.dir, &placement)?,
             };
             let result = evaluate_decoded(&model, &run.tokenizer, &split, block_size, matrices)?;
-            let kept = match args.weights {
+            let kept = match weights {
                 Weights::File => "the GGUF file's".to_string(),
-                _ => args.weights.name().to_string(),
+                _ => weights.name().to_string(),
             };
             (
                 result,

@@ -83,8 +83,10 @@ pub struct Args {
     /// blocks of 32, GGUF's Q5_0 and Q4_0: about a sixth and an eighth, for more accuracy lost);
     /// q4_k there (GGUF's Q4_K, by ggml's own quantiser as the model loads); file: each matrix
     /// in the GGUF file the run was imported from, from its own blocks.
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
-    weights: Weights,
+    /// [default: file for a run imported from a quantised GGUF file, where the fused CPU
+    /// decoder runs; f32 otherwise]
+    #[arg(long, value_enum)]
+    weights: Option<Weights>,
 }
 
 impl Args {
@@ -145,6 +147,7 @@ fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_sampling(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let weights = load.chosen;
     let (run, model) = (load.run, load.model);
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;
@@ -169,7 +172,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             fused
         }
         _ => {
-            on_device = args.weights.cast(model)?;
+            on_device = weights.cast(model)?;
             decoder_for(kind, &on_device, vocab, &load.weights)?
         }
     };

@@ -29,22 +29,25 @@ pub struct Args {
     /// The matrices as sampling keeps them (q8_0, q5_0, q4_0, q4_k: the fused CPU decoder's blocks;
     /// file: each in the type of the GGUF file the run was imported from; bf16, f16: half
     /// precision), every row computed as a sampled token's is; f32: the model as trained.
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
-    weights: Weights,
+    /// [default: file for a run imported from a quantised GGUF file, where the fused CPU
+    /// decoder runs; f32 otherwise]
+    #[arg(long, value_enum)]
+    weights: Option<Weights>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
+    let weights = load.chosen;
     let (run, placement, model, file) = (load.run, load.placement, load.model, load.matrices);
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;
-    let model = match args.weights {
+    let model = match weights {
         Weights::F32 => model,
-        Weights::Bf16 | Weights::F16 => args.weights.cast(model)?,
+        Weights::Bf16 | Weights::F16 => weights.cast(model)?,
         Weights::Q8_0 | Weights::Q4_0 | Weights::Q5_0 | Weights::Q4K | Weights::File => {
             let matrices = match file {
                 Some(matrices) => matrices,
-                None => fused_matrices(args.weights, &run.dir, &placement)?,
+                None => fused_matrices(weights, &run.dir, &placement)?,
             };
             let mut decoder = FusedDecoder::with_weights(&model, matrices)?;
             let mut values = Vec::new();

@@ -34,8 +34,10 @@ pub struct Args {
     /// blocks of 32, GGUF's Q5_0 and Q4_0: about a sixth and an eighth, for more accuracy lost);
     /// q4_k there (GGUF's Q4_K, by ggml's own quantiser as the model loads); file: each matrix
     /// in the GGUF file the run was imported from, from its own blocks.
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
-    weights: Weights,
+    /// [default: file for a run imported from a quantised GGUF file, where the fused CPU
+    /// decoder runs; f32 otherwise]
+    #[arg(long, value_enum)]
+    weights: Option<Weights>,
     /// Address to listen on. Anything but loopback needs --api-key.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,

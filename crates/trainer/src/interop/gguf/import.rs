@@ -95,7 +95,9 @@ pub fn import(path: &Path, options: &ImportOptions, out: &Path) -> Result<Import
     let (kept, bytes) = types.kept();
     if kept > 0 {
         notes.push(format!(
-            "{kept} matrices kept in the file's own blocks ({:.1} MB, checksummed)",
+            "{kept} matrices kept in the file's own blocks ({:.1} MB, checksummed): generate, \
+             serve, eval and logits decode them as the file stores them on the CPU \
+             (--weights f32: their values in f32)",
             bytes as f64 / 1e6
         ));
     }

@@ -397,7 +397,7 @@ fn read_kept(file: &mut Option<std::fs::File>, dir: &Path, kept: &Kept) -> Resul
     let damaged = || {
         anyhow!(
             "{}: the blocks of {} are damaged (their SHA-256 differs); import the GGUF file \
-             again",
+             again, or decode with --weights f32",
             path.display(),
             kept.tensor
         )

@@ -162,6 +162,15 @@ fn a_quantised_llama_imports_samples_and_fine_tunes() {
     let log = ok(tinygpt(dir, &args));
     assert!(log.contains("done: step 2"), "{log}");
     export(dir, &dir.join("q"), "f32", "again.gguf");
+    // An imported model has no training to continue: `--resume` says what to do instead, and
+    // leaves the run as it was.
+    let before = std::fs::read(dir.join("q/best/model.safetensors")).unwrap();
+    let resume = ["train", "--resume", "--out", "q", "--max-iters", "2"];
+    fails(
+        tinygpt(dir, &resume),
+        "fine-tune it into a new run with --init-from",
+    );
+    assert!(std::fs::read(dir.join("q/best/model.safetensors")).unwrap() == before);
 }
 
 /// `best`'s weights, (name, values) in name order.

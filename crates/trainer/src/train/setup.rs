@@ -473,9 +473,15 @@ fn saved_model(run: &Run, device: &Device) -> Result<(Gpt, ModuleOptimizer, Trai
     let model = run.model_from(&mut checkpoint, device)?;
     let model = crate::run::weights::restore_param_ids(model, &checkpoint.state.param_ids)?;
     let path = checkpoint.dir.join(checkpoint::OPTIMIZER);
-    let bytes = checkpoint
-        .optimizer
-        .with_context(|| format!("{} is missing", path.display()))?;
+    // An imported model has weights and no training to continue.
+    let bytes = checkpoint.optimizer.with_context(|| {
+        format!(
+            "{} is missing: the run has no training state to continue (an imported model has \
+             none); fine-tune it into a new run with --init-from {} --out NEW",
+            path.display(),
+            run.dir.display()
+        )
+    })?;
     let optim = load_optimizer(&run.config, &model, bytes)
         .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?;
     Ok((model, optim, checkpoint.state))

@@ -31,7 +31,9 @@ fn eval_loss(line: &str) -> f64 {
     part[5..].trim().parse().unwrap()
 }
 
-fn run_with(dir: &Path, command: &str, run: &str, weights: &str) -> String {
+/// `command` (generate, or eval on `val.txt`) of `run` on the fused engine, with the weights
+/// its default chooses.
+fn plain<'a>(command: &str, run: &'a str) -> Vec<&'a str> {
     let args = match command {
         "generate" => vec![
             "generate",
@@ -46,8 +48,12 @@ fn run_with(dir: &Path, command: &str, run: &str, weights: &str) -> String {
         ],
         _ => vec!["eval", "--checkpoint", run, "--data", "val.txt"],
     };
-    let weights = ["--backend", "fused", "--weights", weights];
-    ok(tinygpt(dir, &[&args[..], &weights].concat()))
+    [&args[..], &["--backend", "fused"]].concat()
+}
+
+fn run_with(dir: &Path, command: &str, run: &str, weights: &str) -> String {
+    let args = plain(command, run);
+    ok(tinygpt(dir, &[&args[..], &["--weights", weights]].concat()))
 }
 
 #[test]
@@ -121,21 +127,7 @@ fn a_quantised_file_decodes_each_matrix_in_its_own_type() {
     // Without `--weights`, the imported run decodes its file's blocks on the CPU, and says so;
     // a run of tinygpt's own, f32.
     let plain = |run: &str, command: &str| {
-        let args = match command {
-            "generate" => vec![
-                "generate",
-                "--checkpoint",
-                run,
-                "--prompt",
-                "the",
-                "--temperature",
-                "0",
-                "--max-new-tokens",
-                "24",
-            ],
-            _ => vec!["eval", "--checkpoint", run, "--data", "val.txt"],
-        };
-        let out = tinygpt(dir, &[&args[..], &["--backend", "fused"]].concat());
+        let out = tinygpt(dir, &plain(command, run));
         let said = stderr(&out).contains("(--weights file)");
         (ok(out), said)
     };

@@ -42,7 +42,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
-    let weights = load.chosen;
+    let weights = load.weights.weights;
     let (run, placement, model, state) = (load.run, load.placement, load.model, load.state);
     let file = load.matrices;
     let device = placement.device.clone();

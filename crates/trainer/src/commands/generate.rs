@@ -147,7 +147,7 @@ fn prompt(args: &Args, chat: &ChatSection) -> Result<(String, String, Vec<String
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_sampling(&args.checkpoint, args.which, args.backend, args.weights)?;
-    let weights = load.chosen;
+    let weights = load.weights.weights;
     let (run, model) = (load.run, load.model);
     let tokenizer = &run.tokenizer;
     let (prompt, echo, chat_stop) = prompt(&args, &run.config.chat)?;

@@ -39,7 +39,6 @@ pub(super) struct Sampling {
     pub placement: Placement,
     pub model: Gpt,
     /// The weights `--weights` asked for, or its default ([`chosen`]).
-    pub chosen: Weights,
     pub weights: DecodeWeights,
     /// The fused decoder's matrices, where it samples.
     pub matrices: Option<Matrices>,
@@ -107,7 +106,6 @@ fn sampled(
         run,
         placement,
         model,
-        chosen,
         weights,
         matrices,
         state,
@@ -134,7 +132,6 @@ pub(super) fn for_scoring(
         run,
         placement,
         model,
-        chosen,
         weights: chosen.into(),
         matrices: None,
         state,

@@ -37,7 +37,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let load = super::load::for_scoring(&args.checkpoint, args.which, args.backend, args.weights)?;
-    let weights = load.chosen;
+    let weights = load.weights.weights;
     let (run, placement, model, file) = (load.run, load.placement, load.model, load.matrices);
     let ids: Vec<i64> = args.tokens.iter().map(|&t| t.into()).collect();
     model.check_tokens(&ids)?;

@@ -115,6 +115,16 @@ pub struct FileTypes {
     pub embedding: Vec<Range>,
 }
 
+/// How many of each type `kinds` holds, in the types' order: "Q5_0 ×166, Q8_0 ×31".
+pub(super) fn counted<'k>(kinds: impl Iterator<Item = &'k str>) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for kind in kinds {
+        *counts.entry(kind).or_default() += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+    counts.join(", ")
+}
+
 /// The file's tensors, by llama.cpp's name, that make up each decoder matrix of block `l` of a
 /// model of `gpt`, top to bottom (`fused_qkv`: one `attn_qkv`, as llama.cpp's `gpt2`).
 fn sources(fused_qkv: bool, gpt: &GptConfig, l: usize) -> [Vec<String>; 4] {
@@ -274,12 +284,7 @@ impl FileTypes {
 
     /// How many matrices (ranges) of each type, as "Q5_0 ×166, Q8_0 ×31".
     pub fn summary(&self) -> String {
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for range in self.ranges() {
-            *counts.entry(&range.kind).or_default() += 1;
-        }
-        let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
-        counts.join(", ")
+        counted(self.ranges().map(|r| r.kind.as_str()))
     }
 
     /// How many matrices are kept in their own blocks, and their bytes.

@@ -140,16 +140,13 @@ pub fn export(
         interleaved: architecture.interleaves(),
     };
     let report = difference::measure(run, &model, &config, &approximations, file);
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for t in gguf.tensors.iter().filter(|t| t.ne.len() > 1) {
-        *counts.entry(t.kind.name()).or_default() += 1;
-    }
-    let matrices: Vec<String> = counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+    let matrices = gguf.tensors.iter().filter(|t| t.ne.len() > 1);
+    let matrices = kept::counted(matrices.map(|t| t.kind.name()));
     Ok(Written {
         architecture: architecture.name(),
         tensors: gguf.tensors.len(),
         bytes: size,
-        matrices: matrices.join(", "),
+        matrices,
         report,
     })
 }

@@ -19,6 +19,7 @@ pub(crate) mod q4_0;
 pub(crate) mod q5_0;
 pub mod q8;
 pub(crate) mod qk_norm;
+pub(crate) mod quads;
 pub(crate) mod relu2;
 pub(crate) mod rms_norm;
 pub(crate) mod rope;

@@ -8,8 +8,8 @@
 //! same lanes, the same sums in the same order. So a `Q4_0` row times an activation row is,
 //! bit for bit, [`q8::dot_reference`] of its widened bytes, which the tests check for each
 //! kernel: AVX2 widens in registers and takes `Q8_0`'s byte products; AVX-512 VNNI keeps the
-//! nibbles unsigned (`dpbusd`'s first operand), two blocks a register, and subtracts
-//! `Σ 8 · x`. A product of many rows (a prompt) multiplies the dequantised weights in f32, as
+//! nibbles unsigned (`dpbusd`'s first operand), four blocks' low or high nibbles a register,
+//! each lane starting from `-Σ 8 · x` ([`super::quads`]). A product of many rows (a prompt) multiplies the dequantised weights in f32, as
 //! `Q8_0`'s does.
 
 pub(crate) use crate::arch::quants::quantize_q4_0 as quantize_block;
@@ -341,81 +341,39 @@ pub(in crate::cpu::kernels) mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(in crate::cpu::kernels) mod avx512 {
-    use super::{BLOCK, NIBBLES};
-    use crate::cpu::kernels::q8::avx512::dot_with;
+mod avx512 {
+    use super::NIBBLES;
+    use crate::cpu::kernels::q8::BLOCK;
+    use crate::cpu::kernels::quads::avx512::{Quads, dot as quads_dot, nibbles};
     use half::f16;
-    use std::arch::x86_64::*;
 
-    /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
-    /// upper eight zero). The nibbles stay unsigned, as `dpbusd` wants its first operand:
-    /// lane `l`'s `Σ (n - 8) · x` is `Σ n · x - Σ 8 · x`, two `dpbusd` sums exact in `i32`,
-    /// so the lanes are the widened bytes' to the bit. (The activations' `Σ 8 · x` computed
-    /// once a token and loaded instead measured slower on a Zen 5.)
+    /// [`super::dot_reference`] with AVX-512 VNNI, of activations laid out as [`Quads`] (made
+    /// with zero 8): the nibbles stay unsigned, as `dpbusd` wants its first operand, and each
+    /// lane starts from `-Σ 8 · x`.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F, BW and VNNI, and the blocks read are in bounds.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn lanes(wq: &[u8], xq: &[i8], b: usize, two: bool) -> __m512 {
-        // SAFETY: the caller keeps the blocks read in bounds.
-        unsafe {
-            let x = match two {
-                true => _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
-                false => {
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast()))
-                }
-            };
-            let products = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles(wq, b, two), x);
-            let offsets = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), x);
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
-        }
+    /// The CPU has the features of [`dot`] (the lengths are asserted).
+    #[inline(always)]
+    unsafe fn dot_quads(wq: &[u8], ws: &[f16], xd: &[f32], x: &Quads) -> f32 {
+        assert!(wq.len() >= ws.len() * NIBBLES);
+        // SAFETY: `quads_dot` asks for `ws.len()` blocks of `x` and `xd` (it asserts them) and
+        // reads blocks `< ws.len()` of `wq` only, in bounds (asserted).
+        unsafe { quads_dot(ws, xd, x, |b, n| nibbles(wq, b, n)) }
     }
 
-    /// Blocks `b` and `b + 1`'s nibbles as 64 unsigned bytes in value order (`two` false:
-    /// block `b`'s 32, the upper half zero). Two blocks' 16 bytes each go to 128-bit lanes
-    /// `[b, b, b+1, b+1]`, the second of each pair shifted to its high nibbles.
+    /// [`super::dot_reference`] with AVX-512 VNNI: the activations laid out, then
+    /// [`dot_quads`].
     ///
     /// # Safety
-    /// The CPU has AVX-512 F, and the blocks read are in bounds.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(in crate::cpu::kernels) unsafe fn nibbles(wq: &[u8], b: usize, two: bool) -> __m512i {
-        // SAFETY: the caller keeps the blocks read in bounds.
-        let n = unsafe {
-            match two {
-                true => {
-                    let q = _mm256_loadu_si256(wq.as_ptr().add(b * NIBBLES).cast());
-                    let pairs = _mm512_permutexvar_epi64(
-                        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                        _mm512_castsi256_si512(q),
-                    );
-                    _mm512_mask_blend_epi64(0b1100_1100, pairs, _mm512_srli_epi16(pairs, 4))
-                }
-                false => {
-                    let q = _mm_loadu_si128(wq.as_ptr().add(b * NIBBLES).cast());
-                    _mm512_zextsi256_si512(_mm256_set_m128i(_mm_srli_epi16(q, 4), q))
-                }
-            }
-        };
-        _mm512_and_si512(n, _mm512_set1_epi8(0x0F))
-    }
-
-    /// [`super::dot_reference`] with AVX-512 VNNI: `Q8_0`'s sum of these lanes.
-    ///
-    /// # Safety
-    /// The CPU has every feature named below (the lengths are asserted).
-    #[inline]
+    /// The CPU has every feature named below.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn dot(wq: &[u8], ws: &[f16], xq: &[i8], xd: &[f32]) -> f32 {
-        let kb = ws.len();
-        assert!(wq.len() >= kb * NIBBLES && xq.len() >= kb * BLOCK && xd.len() >= kb);
-        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
-        unsafe { dot_with(ws, xd, |b, two| lanes(wq, xq, b, two)) }
+        let quads = Quads::new(&xq[..ws.len() * BLOCK], 8);
+        // SAFETY: this function has the features `dot_quads` asks for.
+        unsafe { dot_quads(wq, ws, xd, &quads) }
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
-    /// into the loop over the share's rows.
+    /// [`super::row_range`]: the activations laid out once for the share's rows.
     ///
     /// # Safety
     /// The CPU has every feature named below.
@@ -427,9 +385,10 @@ pub(in crate::cpu::kernels) mod avx512 {
         b: &[f32],
         j0: usize,
     ) {
-        // SAFETY: this function has the kernel's features.
+        let quads = Quads::new(&x.one().q[..w.cols], 8);
+        // SAFETY: this function has the features `dot_quads` asks for.
         super::each_row(out, x, w, b, j0, |(wq, ws), x| unsafe {
-            dot(wq, ws, x.q, x.d)
+            dot_quads(wq, ws, x.d, &quads)
         })
     }
 }

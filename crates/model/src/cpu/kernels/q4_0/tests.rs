@@ -79,30 +79,33 @@ fn every_kernel_gives_the_reference_bits() {
 /// bits plus the bias; products of several rows are each row's alone.
 #[test]
 fn shares_and_rows_give_the_reference_numbers() {
-    let (rows, k, n) = (3, 96, 40);
-    let w = Q4Matrix::from_columns(&values(k * n, 8), k);
-    let x = values(rows * k, 9);
-    let b = values(n, 10);
-    let mut out = vec![0.0; rows * n];
-    product(&mut out, &x, &w, &b, Method::Alone);
-    let mut q = Q8Rows::default();
-    q.quantize(&x);
-    let kb = k / BLOCK;
-    for r in 0..rows {
-        for j in 0..n {
-            let (wq, ws) = w.row(j);
-            let (xq, xd) = (&q.q[r * k..(r + 1) * k], &q.d[r * kb..(r + 1) * kb]);
-            let want = dot_reference(wq, ws, xq, xd) + b[j];
-            assert_eq!(out[r * n + j].to_bits(), want.to_bits(), "row {r}, {j}");
+    // 3 blocks (a short group of four), 8 (whole groups), 19 (past the 16 scales read at once).
+    for k in [96, 256, 608] {
+        let (rows, n) = (3, 40);
+        let w = Q4Matrix::from_columns(&values(k * n, 8), k);
+        let x = values(rows * k, 9);
+        let b = values(n, 10);
+        let mut out = vec![0.0; rows * n];
+        product(&mut out, &x, &w, &b, Method::Alone);
+        let mut q = Q8Rows::default();
+        q.quantize(&x);
+        let kb = k / BLOCK;
+        for r in 0..rows {
+            for j in 0..n {
+                let (wq, ws) = w.row(j);
+                let (xq, xd) = (&q.q[r * k..(r + 1) * k], &q.d[r * kb..(r + 1) * kb]);
+                let want = dot_reference(wq, ws, xq, xd) + b[j];
+                assert_eq!(out[r * n + j].to_bits(), want.to_bits(), "row {r}, {j}");
+            }
         }
-    }
-    let mut first = Q8Rows::default();
-    first.quantize(&x[..k]);
-    for Kernel { name, rows, .. } in kernels() {
-        let mut split = vec![0.0; n];
-        rows(&mut split[..7], &first, &w, &b, 0);
-        rows(&mut split[7..], &first, &w, &b, 7);
-        assert_eq!(split, out[..n], "{name}: a row split in two ranges");
+        let mut first = Q8Rows::default();
+        first.quantize(&x[..k]);
+        for Kernel { name, rows, .. } in kernels() {
+            let mut split = vec![0.0; n];
+            rows(&mut split[..7], &first, &w, &b, 0);
+            rows(&mut split[7..], &first, &w, &b, 7);
+            assert_eq!(split, out[..n], "{name}: a row split in two ranges");
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //! and the rest is `Q8_0`'s product: a row times an activation row is, bit for bit,
 //! [`q8::dot_reference`] of the widened bytes, which the tests check for each kernel. AVX2 sets
 //! the fifth bits from the word and takes `Q8_0`'s byte products; AVX-512 VNNI keeps `q`
-//! unsigned into `dpbusd` and subtracts `Σ 16 · x`.
+//! unsigned into `dpbusd`, four blocks' values `0..16` or `16..32` a register, each lane
+//! starting from `-Σ 16 · x` ([`super::quads`]), the fifth bits set by a byte mask made with
+//! BITALG where the CPU has it.
 
 pub(crate) use crate::arch::quants::quantize_q5_0 as quantize_block;
 use half::f16;
@@ -246,19 +248,29 @@ pub(crate) fn kernels() -> Vec<Kernel> {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY (all four): `runnable` keeps a kernel only where the CPU has the features it
-        // is compiled for.
+        // SAFETY (all six): `runnable` keeps a kernel only where the CPU has the features it
+        // is compiled for, and BITALG's only where the CPU has it too.
         let avx512 = Kernel {
             name: "avx512-vnni",
-            dot: |w, x| unsafe { avx512::dot(w, x.q, x.d) },
+            dot: |w, x| unsafe { avx512::one(w, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx512::row_range(out, x, w, b, j0) },
+        };
+        let bitalg = Kernel {
+            name: "avx512-vnni-bitalg",
+            dot: |w, x| unsafe { avx512::one_bitalg(w, x.q, x.d) },
+            rows: |out, x, w, b, j0| unsafe { avx512::row_range_bitalg(out, x, w, b, j0) },
         };
         let avx2 = Kernel {
             name: "avx2",
             dot: |w, x| unsafe { avx2::dot(w, x.q, x.d) },
             rows: |out, x, w, b, j0| unsafe { avx2::row_range(out, x, w, b, j0) },
         };
-        blocks::runnable(avx512, avx2, reference)
+        let mut all = blocks::runnable(avx512, avx2, reference);
+        let vnni = blocks::vector_sets().0;
+        if vnni && std::arch::is_x86_feature_detected!("avx512bitalg") {
+            all.insert(0, bitalg);
+        }
+        all
     }
     #[cfg(not(target_arch = "x86_64"))]
     vec![reference]
@@ -360,59 +372,120 @@ pub(in crate::cpu::kernels) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{BLOCK, Row};
-    use crate::cpu::kernels::q4_0::avx512::nibbles;
-    use crate::cpu::kernels::q8::avx512::dot_with;
+    use crate::cpu::kernels::quads::avx512::{Quads, dot, nibbles};
     use std::arch::x86_64::*;
 
-    /// Blocks `b` and `b + 1`'s lane sums as sixteen floats (`two` false: block `b` only, the
-    /// upper eight zero): the nibbles with `0x10` added where the high bits say (the two
-    /// blocks' words are one 64-bit byte mask), unsigned into `dpbusd`, less a `dpbusd` of
-    /// sixteens: `Σ (q - 16) · x`, exact in `i32`.
+    /// Blocks `b..b + n`'s values `q` in [`Quads`]' order: the nibbles with `0x10` added where
+    /// the blocks' words of high bits say, each byte's bit picked from its block's word by
+    /// `vpshufbitqmb` (`BITALG`), or else by a byte shuffle and a test.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F, BW and VNNI, and the blocks read are in bounds.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn lanes(w: Row<'_>, xq: &[i8], b: usize, two: bool) -> __m512 {
-        // SAFETY: the caller keeps the blocks read in bounds.
-        unsafe {
-            // Two little-endian words read as one: block `b + 1`'s bits above block `b`'s.
-            let words = w.high.as_ptr().add(b);
-            let (high, x) = match two {
-                true => (
-                    u64::from_le_bytes(words.cast::<[u8; 8]>().read()),
-                    _mm512_loadu_si512(xq.as_ptr().add(b * BLOCK).cast()),
-                ),
-                false => (
-                    u64::from(u32::from_le_bytes(*words)),
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast())),
-                ),
+    /// The CPU has AVX-512 F and BW (and BITALG with `BITALG`), and blocks `b..b + n` (`n` in
+    /// `1..=4`) are in the row. Inlined always, with no features of its own, so that it is
+    /// compiled with its caller's (BITALG's entries have it: see [`row_range_bitalg`]).
+    #[inline(always)]
+    unsafe fn group<const BITALG: bool>(w: Row<'_>, b: usize, n: usize) -> [__m512i; 2] {
+        // SAFETY: the caller keeps blocks `b..b + n` in bounds; a short group's load is masked.
+        let ([low, high], words) = unsafe {
+            let at = w.high.as_ptr().add(b).cast();
+            let words = match n {
+                4 => _mm_loadu_si128(at),
+                _ => _mm_maskz_loadu_epi32((1u8 << n) - 1, at.cast()),
             };
-            let n = nibbles(w.nibbles, b, two);
-            let q = _mm512_mask_add_epi8(n, high, n, _mm512_set1_epi8(0x10));
-            let zero = _mm512_setzero_si512();
-            let products = _mm512_dpbusd_epi32(zero, q, x);
-            let offsets = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), x);
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(products, offsets))
+            (nibbles(w.nibbles, b, n), words)
+        };
+        // SAFETY: the CPU has AVX-512 F and BW, and BITALG with `BITALG` (the caller's word).
+        unsafe {
+            let sixteen = _mm512_set1_epi8(0x10);
+            let add = |q: __m512i, bits: __mmask64| _mm512_mask_add_epi8(q, bits, q, sixteen);
+            let [first, second] = match BITALG {
+                true => bits_bitalg(words),
+                false => bits_bw(words),
+            };
+            [add(low, first), add(high, second)]
         }
     }
 
-    /// [`super::dot_reference`] with AVX-512 VNNI: `Q8_0`'s sum of these lanes.
-    ///
-    /// # Safety
-    /// The CPU has every feature named below (the lengths are asserted).
+    /// The masks of fifth bits of a group's two registers (bit `i` for byte `i`) from its four
+    /// words `[w0, w1, w2, w3]`: `vpshufbitqmb` picks each byte's bit from its 64-bit lane,
+    /// lanes `2i` and `2i + 1` holding block `i`'s word (the low half of `w0 | w1 << 32` for
+    /// even blocks, the high half for odd ones).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn dot(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
-        let kb = w.scales.len();
-        assert!(w.nibbles.len() >= kb * BLOCK / 2 && w.high.len() >= kb);
-        assert!(xq.len() >= kb * BLOCK && xd.len() >= kb);
-        // SAFETY: blocks `< kb` of both rows are in bounds (asserted).
-        unsafe { dot_with(w.scales, xd, |b, two| lanes(w, xq, b, two)) }
+    #[target_feature(enable = "avx512f,avx512bw,avx512bitalg")]
+    fn bits_bitalg(words: __m128i) -> [__mmask64; 2] {
+        let pairs = _mm512_permutexvar_epi64(
+            _mm512_setr_epi64(0, 0, 0, 0, 1, 1, 1, 1),
+            _mm512_castsi128_si512(words),
+        );
+        let (even, odd) = (0x0706_0504_0302_0100, 0x2726_2524_2322_2120);
+        let (even8, odd8) = (even + 0x0808_0808_0808_0808, odd + 0x0808_0808_0808_0808);
+        let first = _mm512_set_epi64(odd8, odd, even8, even, odd8, odd, even8, even);
+        let second = _mm512_add_epi8(first, _mm512_set1_epi8(16));
+        [
+            _mm512_bitshuffle_epi64_mask(pairs, first),
+            _mm512_bitshuffle_epi64_mask(pairs, second),
+        ]
     }
 
-    /// [`super::row_range`], compiled with the kernel's features so that [`dot`] is inlined
-    /// into the loop over the share's rows.
+    /// [`bits_bitalg`] with AVX-512 BW alone: each 128-bit lane gets its block's word, each
+    /// byte the word's byte that holds its value's bit (bytes 0 and 1 for values `0..16`, 2 and
+    /// 3 for `16..32`), and a test of that bit.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn bits_bw(words: __m128i) -> [__mmask64; 2] {
+        let words = _mm512_permutexvar_epi32(
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+            _mm512_castsi128_si512(words),
+        );
+        let bit = _mm512_set1_epi64(0x8040_2010_0804_0201u64 as i64);
+        let test = |first: i64| {
+            let (pair, next) = (
+                first * 0x0101_0101_0101_0101,
+                (first + 1) * 0x0101_0101_0101_0101,
+            );
+            let bytes = _mm512_set_epi64(next, pair, next, pair, next, pair, next, pair);
+            _mm512_test_epi8_mask(_mm512_shuffle_epi8(words, bytes), bit)
+        };
+        [test(0), test(2)]
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI, of activations laid out as [`Quads`] (made
+    /// with zero 16).
+    ///
+    /// # Safety
+    /// The CPU has the features of [`one`], and BITALG with `BITALG` (the lengths are
+    /// asserted). Inlined always, as [`group`].
+    #[inline(always)]
+    unsafe fn dot_quads<const BITALG: bool>(w: Row<'_>, xd: &[f32], x: &Quads) -> f32 {
+        let kb = w.scales.len();
+        assert!(w.nibbles.len() >= kb * BLOCK / 2 && w.high.len() >= kb);
+        // SAFETY: `dot` asks for `kb` blocks of `x` and `xd` (it asserts them) and calls
+        // `group` for blocks `< kb` only, in bounds (asserted).
+        unsafe { dot(w.scales, xd, x, |b, n| group::<BITALG>(w, b, n)) }
+    }
+
+    /// [`super::dot_reference`] with AVX-512 VNNI: the activations laid out, then
+    /// [`dot_quads`].
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn one(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+        // SAFETY: this function has the features `dot_quads` asks for.
+        unsafe { dot_quads::<false>(w, xd, &Quads::new(&xq[..w.scales.len() * BLOCK], 16)) }
+    }
+
+    /// [`one`] with BITALG's bits.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,fma,f16c")]
+    pub(super) unsafe fn one_bitalg(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+        // SAFETY: this function has the features `dot_quads` asks for, BITALG too.
+        unsafe { dot_quads::<true>(w, xd, &Quads::new(&xq[..w.scales.len() * BLOCK], 16)) }
+    }
+
+    /// [`super::row_range`]: the activations laid out once for the share's rows.
     ///
     /// # Safety
     /// The CPU has every feature named below.
@@ -424,8 +497,30 @@ mod avx512 {
         b: &[f32],
         j0: usize,
     ) {
-        // SAFETY: this function has the kernel's features.
-        super::each_row(out, x, w, b, j0, |w, x| unsafe { dot(w, x.q, x.d) })
+        let quads = Quads::new(&x.one().q[..w.cols], 16);
+        // SAFETY: this function has the features `dot_quads` asks for.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe {
+            dot_quads::<false>(w, x.d, &quads)
+        })
+    }
+
+    /// [`row_range`] with BITALG's bits.
+    ///
+    /// # Safety
+    /// The CPU has every feature named below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,fma,f16c")]
+    pub(super) unsafe fn row_range_bitalg(
+        out: &mut [f32],
+        x: &super::Q8Rows,
+        w: &super::Q5Matrix,
+        b: &[f32],
+        j0: usize,
+    ) {
+        let quads = Quads::new(&x.one().q[..w.cols], 16);
+        // SAFETY: this function has the features `dot_quads` asks for, BITALG too.
+        super::each_row(out, x, w, b, j0, |w, x| unsafe {
+            dot_quads::<true>(w, x.d, &quads)
+        })
     }
 }
 

@@ -35,12 +35,21 @@ f32 at 1.7B would not fit beside the model in 23 GiB), has llama.cpp quantise th
 (`allow_requantize`) and times llama.cpp's Q8_0 and Q4_K_M files, tinygpt's `bench --weights
 q8_0` and the Q4_K_M file imported (`generate --weights file`, with its peak resident memory).
 
+`--rounds R` (SmolLM2-135M's shape) times only the comparisons on the same file, R rounds, each
+llama.cpp's decode then tinygpt's (`generate --weights file`, and `--weights q8_0` of the Q4_K_M
+file's model) back to back, best of 3 each: llama.cpp's Q4_0 and Q4_K_M files. On a shared
+machine whose read rate moves from minute to minute, ratios of figures taken minutes apart swing
+by a quarter; each round's pair is taken within seconds, and the script prints every round and
+the median of the rounds' ratios.
+
 The machine's other work distorts the figures: run nothing else meanwhile. Not for CI. From the repository root:
 
     .llama/bin/python scripts/gguf-side-by-side.py --tinygpt target/release/tinygpt \\
         --corpus input.txt
     .llama/bin/python scripts/gguf-side-by-side.py --tinygpt target/release/tinygpt \\
         --corpus input.txt --only smollm2-1.7b --hf SmolLM2-1.7B-shape
+    .llama/bin/python scripts/gguf-side-by-side.py --tinygpt target/release/tinygpt \\
+        --corpus input.txt --rounds 5
 """
 
 import argparse
@@ -173,7 +182,8 @@ def tinygpt_file_speed(tinygpt, gguf, work, new, prompt, weights=("file",)):
     subtracting a one-token run's, as this script did until 2026-12-07, is lost in the load's
     noise at 1.7B.)"""
     imported = work / f"imported-{gguf.stem}"
-    run([tinygpt, "import", "--from", str(gguf), "--out", str(imported)])
+    if not imported.exists():
+        run([tinygpt, "import", "--from", str(gguf), "--out", str(imported)])
 
     def generate(text, tokens, w):
         """When the echo of `text` arrived, then the first byte after it, then the last byte."""
@@ -206,6 +216,46 @@ def tinygpt_file_speed(tinygpt, gguf, work, new, prompt, weights=("file",)):
             best_pp = max(best_pp, prompt[1] / (last - echoed))
             results[w] = (best, peak, best_pp)
     return results
+
+
+def rounds(args):
+    """`--rounds`: the same-file comparisons of SmolLM2-135M's shape, each round's figures taken
+    back to back (see the module's notes): a row a round and file, then the medians."""
+    name = "smollm2-135m"
+    _, _, new = SHAPES[name]
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        work = Path(tmp)
+        make(args.tinygpt, args.corpus, name, work)
+        ids, _ = prompt_of(work / "f32.gguf", args.corpus, 1)
+        ratios = {}
+        for dtype, ftype in [("q4_0", 2), ("q4_k_m", 15)]:
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype, params.nthread = ftype, THREADS
+            code = llama_cpp.llama_model_quantize(str(work / "f32.gguf").encode(),
+                                                  str(work / f"{dtype}.gguf").encode(), params)
+            assert code == 0, f"llama_model_quantize: {code}"
+        for r in range(args.rounds):
+            for dtype in ["q4_0", "q4_k_m"]:
+                gguf = work / f"{dtype}.gguf"
+                _, llama = llama_cpp_speed(gguf, ids, new)
+                weights = ("file", "q8_0") if dtype == "q4_k_m" else ("file",)
+                speeds = tinygpt_file_speed(args.tinygpt, gguf, work, new, ("The", 1), weights)
+                row = {"shape": name, "round": r + 1, "file": dtype, "new_tokens": new,
+                       "read_gb_s": round(read_bandwidth(THREADS), 1),
+                       "llama.cpp_tok_s": round(llama, 1),
+                       "tinygpt_tok_s": round(speeds["file"][0], 1),
+                       "ratio": round(speeds["file"][0] / llama, 3)}
+                ratios.setdefault(dtype, []).append(row["ratio"])
+                if "q8_0" in speeds:
+                    row["tinygpt_q8_0_tok_s"] = round(speeds["q8_0"][0], 1)
+                    row["file_over_q8_0"] = round(speeds["file"][0] / speeds["q8_0"][0], 3)
+                    ratios.setdefault("q4_k_m over q8_0", []).append(row["file_over_q8_0"])
+                print(json.dumps(row), flush=True)
+    for what, values in ratios.items():
+        print(json.dumps({"shape": name, "ratio": what, "rounds": len(values),
+                          "median": round(float(np.median(values)), 3),
+                          "min": min(values), "max": max(values)}), flush=True)
+    return 0
 
 
 def hf_shape(args, name, bandwidth):
@@ -258,7 +308,13 @@ def main():
     parser.add_argument("--hf", help="a Hugging Face directory of the one --only shape "
                         "(smollm2-360m, smollm2-1.7b: scripts/smollm2-shape.py made it)")
     parser.add_argument("--work", help="where to put the files (default: the system's temp)")
+    parser.add_argument("--rounds", type=int, help="only the same-file comparisons of "
+                        "smollm2-135m, this many rounds, each pair back to back")
     args = parser.parse_args()
+    if args.rounds is not None:
+        if args.rounds < 1 or args.only or args.hf:
+            parser.error("--rounds takes a count of 1 or more, without --only or --hf")
+        return rounds(args)
     hf = [name for name in args.only or [] if name in HF_SHAPES]
     if hf and (not args.hf or len(args.only) != 1):
         parser.error(f"{hf[0]} is made from --hf DIR, and alone in --only")

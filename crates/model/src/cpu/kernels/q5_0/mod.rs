@@ -453,8 +453,8 @@ mod avx512 {
     /// with zero 16).
     ///
     /// # Safety
-    /// The CPU has the features of [`one`], and BITALG with `BITALG` (the lengths are
-    /// asserted). Inlined always, as [`group`].
+    /// The CPU has AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C, and BITALG with `BITALG`
+    /// (the lengths are asserted). Inlined always, as [`group`].
     #[inline(always)]
     unsafe fn dot_quads<const BITALG: bool>(w: Row<'_>, xd: &[f32], x: &Quads) -> f32 {
         let kb = w.scales.len();
@@ -464,64 +464,54 @@ mod avx512 {
         unsafe { dot(w.scales, xd, x, |b, n| group::<BITALG>(w, b, n)) }
     }
 
-    /// [`super::dot_reference`] with AVX-512 VNNI: the activations laid out, then
-    /// [`dot_quads`].
-    ///
-    /// # Safety
-    /// The CPU has every feature named below.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn one(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
-        // SAFETY: this function has the features `dot_quads` asks for.
-        unsafe { dot_quads::<false>(w, xd, &Quads::new(&xq[..w.scales.len() * BLOCK], 16)) }
+    /// A kernel's two entries, `$one` ([`super::dot_reference`]: the activations laid out,
+    /// then [`dot_quads`]) and `$rows` ([`super::row_range`]: the activations laid out once for
+    /// the share's rows), compiled with `$features` (BITALG's bits with `$bitalg`). A macro:
+    /// the features are a function's own, and a function made generic over them would lose
+    /// BITALG's inlining (a closure made in a function without the feature is compiled
+    /// without it).
+    macro_rules! entries {
+        ($one:ident, $rows:ident, $bitalg:literal, $features:literal) => {
+            /// # Safety
+            /// The CPU has every feature named.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $one(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
+                let quads = Quads::new(&xq[..w.scales.len() * BLOCK], 16);
+                // SAFETY: this function has the features `dot_quads` asks for.
+                unsafe { dot_quads::<$bitalg>(w, xd, &quads) }
+            }
+
+            /// # Safety
+            /// The CPU has every feature named.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $rows(
+                out: &mut [f32],
+                x: &super::Q8Rows,
+                w: &super::Q5Matrix,
+                b: &[f32],
+                j0: usize,
+            ) {
+                let quads = Quads::new(&x.one().q[..w.cols], 16);
+                // SAFETY: this function has the features `dot_quads` asks for.
+                super::each_row(out, x, w, b, j0, |w, x| unsafe {
+                    dot_quads::<$bitalg>(w, x.d, &quads)
+                })
+            }
+        };
     }
 
-    /// [`one`] with BITALG's bits.
-    ///
-    /// # Safety
-    /// The CPU has every feature named below.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,fma,f16c")]
-    pub(super) unsafe fn one_bitalg(w: Row<'_>, xq: &[i8], xd: &[f32]) -> f32 {
-        // SAFETY: this function has the features `dot_quads` asks for, BITALG too.
-        unsafe { dot_quads::<true>(w, xd, &Quads::new(&xq[..w.scales.len() * BLOCK], 16)) }
-    }
-
-    /// [`super::row_range`]: the activations laid out once for the share's rows.
-    ///
-    /// # Safety
-    /// The CPU has every feature named below.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn row_range(
-        out: &mut [f32],
-        x: &super::Q8Rows,
-        w: &super::Q5Matrix,
-        b: &[f32],
-        j0: usize,
-    ) {
-        let quads = Quads::new(&x.one().q[..w.cols], 16);
-        // SAFETY: this function has the features `dot_quads` asks for.
-        super::each_row(out, x, w, b, j0, |w, x| unsafe {
-            dot_quads::<false>(w, x.d, &quads)
-        })
-    }
-
-    /// [`row_range`] with BITALG's bits.
-    ///
-    /// # Safety
-    /// The CPU has every feature named below.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,fma,f16c")]
-    pub(super) unsafe fn row_range_bitalg(
-        out: &mut [f32],
-        x: &super::Q8Rows,
-        w: &super::Q5Matrix,
-        b: &[f32],
-        j0: usize,
-    ) {
-        let quads = Quads::new(&x.one().q[..w.cols], 16);
-        // SAFETY: this function has the features `dot_quads` asks for, BITALG too.
-        super::each_row(out, x, w, b, j0, |w, x| unsafe {
-            dot_quads::<true>(w, x.d, &quads)
-        })
-    }
+    entries!(
+        one,
+        row_range,
+        false,
+        "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+    );
+    entries!(
+        one_bitalg,
+        row_range_bitalg,
+        true,
+        "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,fma,f16c"
+    );
 }
 
 #[cfg(test)]

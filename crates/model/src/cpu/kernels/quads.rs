@@ -7,10 +7,11 @@
 //! cross-lane permute, a shift, a blend and a mask. Four blocks' 64 bytes are one register
 //! instead: its low nibbles (one `and`) are values `0..16` of the four blocks, its high nibbles
 //! (a shift and an `and`) values `16..32`. The activations are put in that order once, as
-//! [`Quads`] (with each lane's `Σ zero · x`, which a `dpbusd` then starts from instead of
-//! computing it for every row): about half the instructions a weight of the pairwise kernels.
+//! [`avx512::Quads`] (with each lane's `Σ zero · x`, which a `dpbusd` then starts from instead
+//! of computing it for every row): about half the instructions a weight of the pairwise
+//! kernels, 1.3–1.5× faster a product on a Zen 4 (docs/perf/2026-12.md).
 //!
-//! The floats are the reference's bit for bit ([`q8::dot_reference_with`]): a lane's four
+//! The floats are the reference's bit for bit ([`super::q8::dot_reference_with`]): a lane's four
 //! products are the same four values (`4l..4l + 4` of one block), each block's lanes are
 //! multiplied and added in the same order into the same one of four sets, and the sets are
 //! put back in the pairwise kernels' registers before the same total.
@@ -101,7 +102,8 @@ pub(in crate::cpu::kernels) mod avx512 {
     }
 
     /// The low and high nibbles of blocks `b..b + n` (`n` in `1..=4`) of a row's 16-byte blocks
-    /// `nibbles`: the two registers of [`Weights`] for `Q4_0`, and `Q5_0`'s before its fifth bits.
+    /// `nibbles`: the two registers [`dot`]'s `weights` gives for `Q4_0`, and `Q5_0`'s before
+    /// its fifth bits.
     ///
     /// # Safety
     /// The CPU has AVX-512 F and BW, and blocks `b..b + n` are in `nibbles`.
@@ -137,11 +139,11 @@ pub(in crate::cpu::kernels) mod avx512 {
     /// `weights` may need more of.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; `x` was made from `ws.len()`
-    /// blocks, `xd` holds as many scales, and `weights(b, n)` may be called for every group of them: blocks
-    /// `b..b + n` (`n` in `1..=4`) of the row as unsigned bytes `q` in a group's order, values
-    /// `0..16` of each block in the first register, `16..32` in the second (past `n` anything
-    /// not read out of bounds: their activations are zero).
+    /// The CPU has AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; `x` was made from
+    /// `ws.len()` blocks, `xd` holds as many scales, and `weights(b, n)` may be called for
+    /// every group of them: blocks `b..b + n` (`n` in `1..=4`) of the row as unsigned bytes `q`
+    /// in a group's order, values `0..16` of each block in the first register, `16..32` in the
+    /// second (past `n` anything not read out of bounds: their activations are zero).
     #[inline(always)]
     pub(in crate::cpu::kernels) unsafe fn dot(
         ws: &[f16],

@@ -9,8 +9,8 @@
 //! bit for bit, [`q8::dot_reference`] of its widened bytes, which the tests check for each
 //! kernel: AVX2 widens in registers and takes `Q8_0`'s byte products; AVX-512 VNNI keeps the
 //! nibbles unsigned (`dpbusd`'s first operand), four blocks' low or high nibbles a register,
-//! each lane starting from `-Σ 8 · x` ([`super::quads`]). A product of many rows (a prompt) multiplies the dequantised weights in f32, as
-//! `Q8_0`'s does.
+//! each lane starting from `-Σ 8 · x` ([`super::quads`]). A product of many rows (a prompt)
+//! multiplies the dequantised weights in f32, as `Q8_0`'s does.
 
 pub(crate) use crate::arch::quants::quantize_q4_0 as quantize_block;
 use half::f16;

@@ -19,7 +19,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(in crate::cpu::kernels) mod avx512 {
     use crate::cpu::kernels::q8::BLOCK;
-    use crate::cpu::kernels::q8::avx512::sets_total;
+    use crate::cpu::kernels::q8::avx512::{scales16, sets_total};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -158,16 +158,11 @@ pub(in crate::cpu::kernels) mod avx512 {
         let pick = unsafe { _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) };
         for b0 in (0..kb).step_by(16) {
             let n = (kb - b0).min(16);
-            let mask = ((1u32 << n) - 1) as u16;
-            // SAFETY: the masked loads read `ws`/`xd[b0..b0 + n]`, in bounds; the groups below
-            // hold blocks `< kb` (the caller's promise for `x` and `weights`).
+            // SAFETY: blocks `b0..b0 + n` are in `ws` and `xd`; the groups below hold blocks
+            // `< kb` (the caller's promise for `x` and `weights`).
             unsafe {
-                let dw =
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws.as_ptr().add(b0).cast()));
-                let dx = _mm512_maskz_loadu_ps(mask, xd.as_ptr().add(b0));
-                // Blocks past `n` have scale +0 and activations 0: their lanes add +0, which
-                // changes no sum (a set is never -0: it starts at +0).
-                let scales = _mm512_mul_ps(dw, dx);
+                // Blocks past `n` have scale +0 and activations 0: their lanes add +0.
+                let scales = scales16(ws, xd, b0, n);
                 for i in (0..n).step_by(4) {
                     let [(xl, sl), (xh, sh)] = x.group((b0 + i) / 4);
                     let [ql, qh] = weights(b0 + i, (n - i).min(4));

@@ -678,14 +678,9 @@ pub(in crate::cpu::kernels) mod avx512 {
         let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         for b0 in (0..kb).step_by(16) {
             let n = (kb - b0).min(16);
-            let mask = ((1u32 << n) - 1) as u16;
-            // SAFETY: the masked loads read `ws`/`xd[b0..b0 + n]`, in bounds; the blocks below
-            // are `< kb`.
+            // SAFETY: blocks `b0..b0 + n` are in `ws` and `xd`; the blocks below are `< kb`.
             unsafe {
-                let dw =
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws.as_ptr().add(b0).cast()));
-                let dx = _mm512_maskz_loadu_ps(mask, xd.as_ptr().add(b0));
-                let scales = _mm512_mul_ps(dw, dx);
+                let scales = scales16(ws, xd, b0, n);
                 let scale = |i: usize| {
                     _mm512_permutexvar_ps(
                         _mm512_add_epi32(pick, _mm512_set1_epi32(i as i32)),
@@ -714,6 +709,31 @@ pub(in crate::cpu::kernels) mod avx512 {
             }
         }
         sets_total(low, high)
+    }
+
+    /// Blocks `b0..b0 + n`'s scales `ws[b] · xd[b]` (`n` in `1..=16`), sixteen at a time by
+    /// F16C; the lanes past `n` +0 (a block past the row's end then adds +0 to its set, which
+    /// changes no sum: a set is never -0).
+    ///
+    /// Inlined always, with no features of its own: compiled with its caller's.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW; blocks `b0..b0 + n` are in `ws` and `xd`.
+    #[inline(always)]
+    pub(in crate::cpu::kernels) unsafe fn scales16(
+        ws: &[f16],
+        xd: &[f32],
+        b0: usize,
+        n: usize,
+    ) -> __m512 {
+        debug_assert!((1..=16).contains(&n) && b0 + n <= ws.len().min(xd.len()));
+        let mask = ((1u32 << n) - 1) as u16;
+        // SAFETY: the masked loads read `ws`/`xd[b0..b0 + n]`, in bounds (the caller's word).
+        unsafe {
+            let dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws.as_ptr().add(b0).cast()));
+            let dx = _mm512_maskz_loadu_ps(mask, xd.as_ptr().add(b0));
+            _mm512_mul_ps(dw, dx)
+        }
     }
 
     /// The total of the register of sets 0 and 1 (`low`) and that of sets 2 and 3 (`high`):

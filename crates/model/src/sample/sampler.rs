@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::device_pick::Pick;
-use super::draw::{Sampled, argmax, draw, weights};
+use super::draw::{Sampled, argmax_logits, draw, weights};
 use super::options::GenerateOptions;
 
 /// The sampling state of one generation: its random numbers and how often each token has been
@@ -108,7 +108,7 @@ fn penalise(logits: &mut [f32], context: &[u32], counts: &[u32], o: &GenerateOpt
 /// likely token at temperature 0).
 fn pick(logits: Vec<f32>, o: &GenerateOptions, rng: &mut StdRng) -> u32 {
     if o.temperature == 0.0 {
-        return argmax(&logits);
+        return argmax_logits(&logits);
     }
     let mut weights = weights(&logits, o.temperature, o.top_k);
     if o.min_p > 0.0 {

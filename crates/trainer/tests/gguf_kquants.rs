@@ -186,6 +186,62 @@ fn damaged_kept_blocks_are_refused_in_one_line() {
     ));
 }
 
+/// An import records each tensor's SHA-256 in the sealed `state.json`: decoding from the kept
+/// blocks checks the tensors it reads (a damaged one refused in one line, nothing written),
+/// not the whole f32 file; a damaged matrix it never reads stops only what reads it (`--weights
+/// f32`).
+#[test]
+fn a_kept_runs_load_checks_the_tensors_it_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    imported(dir, "q4_k_m");
+    let weights = dir.join("run/best/model.safetensors");
+    let state = std::fs::read_to_string(dir.join("run/best/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let sums = state["tensors"]
+        .as_object()
+        .expect("each tensor's checksum");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut ranges = Vec::new();
+    for (name, view) in file.tensors() {
+        let digest = format!("{:x}", Sha256::digest(view.data()));
+        assert_eq!(sums[&name], digest.as_str(), "{name}");
+        let at = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
+        ranges.push((view.data().len(), at, name));
+    }
+    assert_eq!(sums.len(), ranges.len());
+    ranges.sort();
+    let generate = |weights: &str| {
+        let run = ["generate", "--checkpoint", "run", "--prompt", "the"];
+        let rest = [
+            "--max-new-tokens",
+            "4",
+            "--backend",
+            "fused",
+            "--weights",
+            weights,
+        ];
+        tinygpt(dir, &[&run[..], &rest[..]].concat())
+    };
+    // The largest tensor is a matrix kept in blocks: `--weights file` never reads it.
+    let (len, at, _) = ranges.last().unwrap();
+    bytes[at + len / 2] ^= 0x10;
+    std::fs::write(&weights, &bytes).unwrap();
+    ok(generate("file"));
+    fails(
+        generate("f32"),
+        "its checksum does not match the one in state.json",
+    );
+    // The smallest is a norm's gains, which every decoding reads.
+    let (len, at, name) = &ranges[0];
+    bytes[at + len / 2] ^= 0x10;
+    std::fs::write(&weights, &bytes).unwrap();
+    let said = format!("tensor `{name}`'s checksum does not match the one in state.json");
+    fails(generate("file"), &said);
+    assert_eq!(std::fs::read(&weights).unwrap(), bytes, "nothing written");
+}
+
 /// A tensor as `quantised.json` records it: its ggml type and the SHA-256 of its data.
 #[derive(Deserialize, PartialEq, Debug)]
 struct Stored {

@@ -33,7 +33,7 @@ use super::files::{
 };
 use super::lock::RunLock;
 use super::streamed;
-use super::weights::{load_base_weights, load_weights, load_weights_file_without};
+use super::weights::{check_tensors, load_base_weights, load_weights, load_weights_file_without};
 use crate::checksum::sha256_file;
 use crate::config::RunConfig;
 use crate::data::tokenizer::Tokenizer;
@@ -308,7 +308,8 @@ impl Run {
     /// the parameters named in `unread` (Burn paths) neither read from the file nor made: only
     /// a decoder that takes their values from elsewhere (a GGUF file's kept blocks:
     /// `Matrices::unread_parameters`) may read the model. The weights file is checked against
-    /// its checksum as it is read through, never held whole. A LoRA run, whose adapters merge
+    /// its checksum as it is read through, never held whole; where the checkpoint records each
+    /// tensor's (an import's), only the tensors read are checked. A LoRA run, whose adapters merge
     /// into its matrices, loads whole.
     pub fn load_model_without(
         &self,
@@ -319,13 +320,24 @@ impl Run {
         if unread.is_empty() || self.config.lora.is_some() {
             return self.load_model(which, device);
         }
-        let checkpoint = self.first_readable(which, read_checkpoint_streamed)?;
+        let unread = unread.iter().cloned().collect();
+        // An import's state holds each tensor's checksum: those read are checked, not the
+        // whole file (6.8 GB at SmolLM2-1.7B's shape, of which a decoder from the kept blocks
+        // reads a few MB).
+        let checked = |dir: &Path| {
+            let checkpoint = read_checkpoint_streamed(dir)?;
+            let sums = &checkpoint.state.tensors;
+            if !sums.is_empty() {
+                check_tensors(&dir.join(WEIGHTS), sums, &unread)?;
+            }
+            Ok(checkpoint)
+        };
+        let checkpoint = self.first_readable(which, checked)?;
         if let Some(warning) = &checkpoint.warning {
             eprintln!("warning: {warning}");
         }
         let model = self.init_model(device)?;
         let path = checkpoint.dir.join(WEIGHTS);
-        let unread = unread.iter().cloned().collect();
         let model = load_weights_file_without(model, &path, &unread)
             .with_context(|| format!("weights {} do not fit this run's model", path.display()))?;
         Ok((model, checkpoint.state))

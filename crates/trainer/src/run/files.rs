@@ -47,6 +47,12 @@ pub struct TrainState {
     /// SHA-256 of each other file of the checkpoint, by file name; set by [`Run::save`](super::Run::save).
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// SHA-256 of each tensor's bytes in the weights file, by name, where the checkpoint was
+    /// written a tensor at a time (an import): a load that reads only some of its tensors (a
+    /// quantised file's run decoding from its kept blocks) checks those, not the whole file.
+    /// Absent in other checkpoints and in runs imported before 2026-12-08.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensors: BTreeMap<String, String>,
     /// A LoRA run's base: its weights are the base run's, `model.safetensors` holds the
     /// adapters alone ([`crate::run::adapters`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +104,9 @@ pub enum OptimizerFile<'a> {
 }
 
 /// What writes a file at the path it is given, once.
+/// SHA-256 of each tensor's bytes in a weights file, by tensor name ([`TrainState::tensors`]).
+pub(crate) type TensorSums = BTreeMap<String, String>;
+
 pub(crate) type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
 
 /// Writes a checkpoint into the new directory `dir`: weights, optimizer state, and last the
@@ -108,9 +117,12 @@ pub(super) fn write_checkpoint(
     optimizer: Option<OptimizerFile<'_>>,
     state: &TrainState,
 ) -> Result<()> {
-    let weights = |path: &Path| match model.lora_scale() {
-        Some(_) => write_adapters(model, path),
-        None => write_weights(model, path),
+    let weights = |path: &Path| {
+        match model.lora_scale() {
+            Some(_) => write_adapters(model, path)?,
+            None => write_weights(model, path)?,
+        }
+        Ok(TensorSums::new())
     };
     seal_checkpoint(dir, weights, param_ids(model), optimizer, state)
 }
@@ -119,7 +131,7 @@ pub(super) fn write_checkpoint(
 /// ids are `ids`, the optimizer's file, and the sealed state naming every file's checksum.
 pub(super) fn seal_checkpoint(
     dir: &Path,
-    weights: impl FnOnce(&Path) -> Result<()>,
+    weights: impl FnOnce(&Path) -> Result<TensorSums>,
     ids: Vec<u64>,
     optimizer: Option<OptimizerFile<'_>>,
     state: &TrainState,
@@ -128,7 +140,7 @@ pub(super) fn seal_checkpoint(
     let mut state = state.clone();
     state.files.clear();
     let path = dir.join(WEIGHTS);
-    weights(&path)?;
+    state.tensors = weights(&path)?;
     state.files.insert(WEIGHTS.to_string(), sha256_file(&path)?);
     let path = dir.join(OPTIMIZER);
     let sum = match optimizer {
@@ -170,7 +182,22 @@ pub(super) fn read_state(dir: &Path) -> Result<TrainState> {
 /// The checkpoint in `dir` without its weights' bytes (nor the optimizer's): the weights file
 /// checked against `state.json` by reading it through, for loading it a tensor at a time.
 pub(super) fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
-    read_checkpoint_checked(dir, &[WEIGHTS])
+    let state = read_state(dir)?;
+    if state.tensors.is_empty() {
+        return read_checkpoint_checked(dir, &[WEIGHTS]);
+    }
+    // Each tensor's checksum is in the sealed state: the load checks those it reads.
+    let path = dir.join(WEIGHTS);
+    if !path.exists() {
+        bail!("{} is missing", path.display());
+    }
+    Ok(Checkpoint {
+        dir: dir.to_path_buf(),
+        state,
+        weights: Vec::new(),
+        optimizer: None,
+        warning: None,
+    })
 }
 
 /// The checkpoint in `dir` without its files' bytes, its weights and each of `names` that

@@ -9,6 +9,9 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, ensure};
 use safetensors::Dtype;
 
+use super::files::TensorSums;
+use crate::checksum::sha256_hex;
+
 /// How a [`Deferred`] tensor's values are made.
 type Make<'a> = Box<dyn FnOnce() -> Result<Vec<f32>> + 'a>;
 
@@ -67,6 +70,8 @@ struct View<'a, 'f> {
     shape: Vec<usize>,
     tensor: RefCell<Option<Deferred<'a>>>,
     failed: &'f RefCell<Option<anyhow::Error>>,
+    /// Each written tensor's SHA-256.
+    sums: &'f RefCell<TensorSums>,
 }
 
 impl safetensors::View for View<'_, '_> {
@@ -88,7 +93,12 @@ impl safetensors::View for View<'_, '_> {
             return Cow::Borrowed(&[]);
         };
         match tensor.values() {
-            Ok(values) => Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Ok(values) => {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let sum = sha256_hex(&bytes);
+                self.sums.borrow_mut().insert(self.name.clone(), sum);
+                Cow::Owned(bytes)
+            }
             Err(e) => {
                 let e = e.context(format!("tensor `{}`", self.name));
                 *self.failed.borrow_mut() = Some(e);
@@ -100,15 +110,16 @@ impl safetensors::View for View<'_, '_> {
 
 /// Writes `tensors` (name, values) to `path` as a safetensors file of f32 tensors, each made as
 /// it is written and dropped after, and syncs it; if one cannot be made, nothing is left at
-/// `path` and the error names the tensor.
-pub(crate) fn write(path: &Path, tensors: Vec<(String, Deferred<'_>)>) -> Result<()> {
-    let failed = RefCell::new(None);
+/// `path` and the error names the tensor. Returns each tensor's SHA-256.
+pub(crate) fn write(path: &Path, tensors: Vec<(String, Deferred<'_>)>) -> Result<TensorSums> {
+    let (failed, sums) = (RefCell::new(None), RefCell::new(TensorSums::new()));
     let views = tensors.into_iter().map(|(name, tensor)| {
         let view = View {
             name: name.clone(),
             shape: tensor.shape.clone(),
             tensor: RefCell::new(Some(tensor)),
             failed: &failed,
+            sums: &sums,
         };
         (name, view)
     });
@@ -120,7 +131,8 @@ pub(crate) fn write(path: &Path, tensors: Vec<(String, Deferred<'_>)>) -> Result
     written.map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
     std::fs::File::open(path)
         .and_then(|file| file.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(sums.into_inner())
 }
 
 #[cfg(test)]

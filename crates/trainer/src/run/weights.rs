@@ -12,6 +12,9 @@ use burn::store::{ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Tensor, TensorData};
 use tinygpt_model::Gpt;
 
+use super::files::TensorSums;
+use crate::checksum::sha256_hex;
+
 /// `model` as safetensors bytes (Burn's store; parameter paths as tensor names).
 pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
     let mut store = SafetensorsStore::from_bytes(None);
@@ -179,6 +182,34 @@ pub(crate) fn read_header(file: &std::fs::File) -> Result<(u64, HashMap<String, 
         tensors.insert(name, tensor);
     }
     Ok((8 + header_len as u64, tensors))
+}
+
+/// Checks each tensor of the safetensors file at `path` but those in `skip` against its
+/// SHA-256 in `sums` (a checkpoint's [`TensorSums`]), reading only those: a load that leaves
+/// the others unread (a quantised file's run, decoding from its kept blocks) never reads the
+/// whole file through. A tensor without a sum is refused as damaged.
+pub(crate) fn check_tensors(path: &Path, sums: &TensorSums, skip: &HashSet<String>) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (start, tensors) = read_header(&file)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let damaged = |name: &str| {
+        anyhow::anyhow!(
+            "{} is damaged: tensor `{name}`'s checksum does not match the one in state.json",
+            path.display()
+        )
+    };
+    for (name, tensor) in tensors.iter().filter(|(name, _)| !skip.contains(*name)) {
+        let (from, to) = tensor.offsets;
+        let len = to.checked_sub(from).ok_or_else(|| damaged(name))?;
+        let mut bytes = vec![0u8; usize::try_from(len)?];
+        (file.read_exact_at(&mut bytes, start + from)).map_err(|_| damaged(name))?;
+        if sums.get(name) != Some(&sha256_hex(&bytes)) {
+            return Err(damaged(name));
+        }
+    }
+    Ok(())
 }
 
 /// Replaces each parameter by its tensor of the file, by Burn path; the first problem is kept.

@@ -179,24 +179,14 @@ pub(super) fn read_state(dir: &Path) -> Result<TrainState> {
     Ok(state)
 }
 
-/// The checkpoint in `dir` without its weights' bytes (nor the optimizer's): the weights file
-/// checked against `state.json` by reading it through, for loading it a tensor at a time.
+/// The checkpoint in `dir` without its weights' bytes (nor the optimizer's), for loading them a
+/// tensor at a time: the weights file checked against `state.json` by reading it through, or,
+/// where the state records each tensor's checksum ([`TrainState::tensors`]), left to the load.
 pub(super) fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
-    let state = read_state(dir)?;
-    if state.tensors.is_empty() {
-        return read_checkpoint_checked(dir, &[WEIGHTS]);
-    }
-    // Each tensor's checksum is in the sealed state: the load checks those it reads.
-    let path = dir.join(WEIGHTS);
-    if !path.exists() {
-        bail!("{} is missing", path.display());
-    }
-    Ok(Checkpoint {
-        dir: dir.to_path_buf(),
-        state,
-        weights: Vec::new(),
-        optimizer: None,
-        warning: None,
+    // An import's state holds each tensor's checksum: the load checks those it reads, and the
+    // weights file is not read through here.
+    checked(dir, |state, name| {
+        name == WEIGHTS && state.tensors.is_empty()
     })
 }
 
@@ -204,14 +194,18 @@ pub(super) fn read_checkpoint_streamed(dir: &Path) -> Result<Checkpoint> {
 /// `state.json` lists (`&[]`: every file it lists) checked against their checksums by reading
 /// them through, never held whole.
 pub(super) fn read_checkpoint_checked(dir: &Path, names: &[&str]) -> Result<Checkpoint> {
+    checked(dir, |_, name| names.is_empty() || names.contains(&name))
+}
+
+/// The checkpoint in `dir` without its files' bytes, each file `state.json` lists that
+/// `check(state, name)` picks checked against its checksum by reading it through.
+fn checked(dir: &Path, check: impl Fn(&TrainState, &str) -> bool) -> Result<Checkpoint> {
     let state = read_state(dir)?;
     let path = dir.join(WEIGHTS);
     if !path.exists() {
         bail!("{} is missing", path.display());
     }
-    let listed = state.files.iter();
-    for (name, expected) in listed.filter(|(n, _)| names.is_empty() || names.contains(&n.as_str()))
-    {
+    for (name, expected) in state.files.iter().filter(|(n, _)| check(&state, n)) {
         let path = dir.join(name);
         if !path.exists() {
             bail!("{} is missing (state.json lists it)", path.display());

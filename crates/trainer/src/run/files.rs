@@ -10,7 +10,7 @@ use tinygpt_model::Gpt;
 
 use super::adapters::write_adapters;
 use super::integrity;
-use super::weights::{param_ids, write_weights};
+use super::weights::{TensorSums, param_ids, write_weights};
 use crate::checksum::{sha256_file, sha256_hex};
 use crate::fs::write_synced;
 
@@ -104,9 +104,6 @@ pub enum OptimizerFile<'a> {
 }
 
 /// What writes a file at the path it is given, once.
-/// SHA-256 of each tensor's bytes in a weights file, by tensor name ([`TrainState::tensors`]).
-pub(crate) type TensorSums = BTreeMap<String, String>;
-
 pub(crate) type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
 
 /// Writes a checkpoint into the new directory `dir`: weights, optimizer state, and last the

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, ensure};
 use safetensors::Dtype;
 
-use super::files::TensorSums;
+use super::weights::TensorSums;
 use crate::checksum::sha256_hex;
 
 /// How a [`Deferred`] tensor's values are made.

@@ -12,8 +12,11 @@ use burn::store::{ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Tensor, TensorData};
 use tinygpt_model::Gpt;
 
-use super::files::TensorSums;
 use crate::checksum::sha256_hex;
+
+/// SHA-256 of each tensor's bytes in a weights file, by tensor name (a checkpoint's
+/// [`TrainState::tensors`](super::TrainState::tensors)).
+pub(crate) type TensorSums = std::collections::BTreeMap<String, String>;
 
 /// `model` as safetensors bytes (Burn's store; parameter paths as tensor names).
 pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
@@ -200,9 +203,13 @@ pub(crate) fn check_tensors(path: &Path, sums: &TensorSums, skip: &HashSet<Strin
             path.display()
         )
     };
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     for (name, tensor) in tensors.iter().filter(|(name, _)| !skip.contains(*name)) {
         let (from, to) = tensor.offsets;
-        let len = to.checked_sub(from).ok_or_else(|| damaged(name))?;
+        // A damaged header's range is refused before anything is allocated for it.
+        let len = (to.checked_sub(from))
+            .filter(|_| start.checked_add(to).is_some_and(|end| end <= size))
+            .ok_or_else(|| damaged(name))?;
         let mut bytes = vec![0u8; usize::try_from(len)?];
         (file.read_exact_at(&mut bytes, start + from)).map_err(|_| damaged(name))?;
         if sums.get(name) != Some(&sha256_hex(&bytes)) {
@@ -405,4 +412,49 @@ pub fn restore_param_ids(model: Gpt, ids: &[u64]) -> Result<Gpt> {
         bail!("the checkpoint's parameter list does not match the model");
     }
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::streamed::{Deferred, write};
+
+    /// The tensors read are checked against their sums, the skipped ones not read; a damaged
+    /// tensor, or a header whose range runs past the file, is refused as damaged.
+    #[test]
+    fn check_tensors_reads_only_what_it_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let tensors = vec![
+            (
+                "a".to_string(),
+                Deferred::ready(vec![4], vec![1.0, 2.0, 3.0, 4.0]),
+            ),
+            ("b".to_string(), Deferred::ready(vec![2], vec![5.0, 6.0])),
+        ];
+        let sums = write(&path, tensors).unwrap();
+        let none = HashSet::new();
+        check_tensors(&path, &sums, &none).unwrap();
+        // `b`'s last byte changed: refused, unless it is skipped.
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = check_tensors(&path, &sums, &none).unwrap_err().to_string();
+        assert!(
+            error.contains("is damaged: tensor `b`'s checksum"),
+            "{error}"
+        );
+        check_tensors(&path, &sums, &HashSet::from(["b".to_string()])).unwrap();
+        // A header whose range runs far past the file: refused, nothing allocated for it.
+        let header = br#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8000000000000]}}"#;
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header);
+        file.extend_from_slice(&[0; 8]);
+        std::fs::write(&path, &file).unwrap();
+        let error = check_tensors(&path, &sums, &none).unwrap_err().to_string();
+        assert!(
+            error.contains("is damaged: tensor `a`'s checksum"),
+            "{error}"
+        );
+    }
 }
